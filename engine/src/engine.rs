@@ -1,0 +1,395 @@
+//! Starting shards on their cores and reaching them from other threads.
+
+use std::{
+    fs::File,
+    future::Future,
+    path::PathBuf,
+    pin::Pin,
+    rc::Rc,
+    sync::{mpsc, Arc},
+    thread::JoinHandle,
+    time::Instant,
+};
+
+use futures_channel::oneshot;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::{
+    cachefile::CacheFile,
+    config::EngineConfig,
+    device::{FaultConfig, Faults},
+    error::{EngineError, Result},
+    format::{FileIdent, Geometry},
+    index::Index,
+    key::PageKey,
+    policy::new_policy,
+    shard::{PageInfo, PutOutcome, Shard},
+    stats::ShardStats,
+};
+
+type Job = Box<dyn FnOnce(Rc<Shard>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
+/// Code to run on every shard once it is up (the network layer starts its endpoint here).
+pub type ShardInit = Arc<dyn Fn(Rc<Shard>) + Send + Sync>;
+
+/// A running engine: one pinned executor thread per shard.
+///
+/// Dropping it shuts the shards down (in-flight requests finish, files are synced).
+pub struct Engine {
+    handles: Vec<ShardHandle>,
+    threads: Vec<JoinHandle<Result<()>>>,
+    page_size: u32,
+    _locks: Vec<File>,
+}
+
+/// A `Send + Sync` handle to one shard. Each call ships a closure to the shard's thread and
+/// awaits its answer, so it works from any thread or async runtime.
+#[derive(Clone)]
+pub struct ShardHandle {
+    id: usize,
+    tx: async_channel::Sender<Job>,
+}
+
+impl ShardHandle {
+    /// The shard's index.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Runs `f` on the shard's executor and returns its result. `f` is `Send`; the future it
+    /// returns need not be.
+    pub async fn run<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Rc<Shard>) -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |shard: Rc<Shard>| {
+            Box::pin(async move {
+                let _ = tx.send(f(shard).await);
+            })
+        });
+        self.tx
+            .send(job)
+            .await
+            .map_err(|_| EngineError::ShardGone)?;
+        rx.await.map_err(|_| EngineError::ShardGone)
+    }
+
+    /// Reads part of a page into a new vector (see [`Shard::get`]).
+    pub async fn get(&self, key: PageKey, offset: u32, len: u32) -> Result<Option<Vec<u8>>> {
+        self.run(move |s| async move { Ok(s.get(&key, offset, len).await?.map(|d| d.to_vec())) })
+            .await?
+    }
+
+    /// Stores a page (see [`Shard::put`]).
+    pub async fn put(&self, key: PageKey, data: Vec<u8>, version: u64) -> Result<PutOutcome> {
+        self.run(move |s| async move { s.put(&key, &data, version).await })
+            .await?
+    }
+
+    /// Whether a page is cached.
+    pub async fn contains(&self, key: PageKey) -> Result<bool> {
+        self.run(move |s| async move { s.contains(&key) }).await
+    }
+
+    /// What the index knows about a page.
+    pub async fn page_info(&self, key: PageKey) -> Result<Option<PageInfo>> {
+        self.run(move |s| async move { s.page_info(&key) }).await
+    }
+
+    /// Removes a page.
+    pub async fn remove(&self, key: PageKey) -> Result<bool> {
+        self.run(move |s| async move { s.remove(&key).await })
+            .await?
+    }
+
+    /// Removes every page of a file held by this shard.
+    pub async fn remove_file(&self, file_id: u128) -> Result<usize> {
+        self.run(move |s| async move { s.remove_file(file_id).await })
+            .await?
+    }
+
+    /// Pins or unpins a page.
+    pub async fn set_pinned(&self, key: PageKey, pinned: bool) -> Result<bool> {
+        self.run(move |s| async move { s.set_pinned(&key, pinned).await })
+            .await?
+    }
+
+    /// Counters and occupancy.
+    pub async fn stats(&self) -> Result<ShardStats> {
+        self.run(|s| async move { s.stats() }).await
+    }
+
+    /// Injects disk faults (testing and drills).
+    pub async fn set_faults(&self, faults: FaultConfig) -> Result<()> {
+        self.run(move |s| async move { s.set_faults(faults) }).await
+    }
+}
+
+fn lock_dir(dir: &std::path::Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("pagestore.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| EngineError::io("creating lock file", Some(path.clone()), e))?;
+    // SAFETY: flock on a file descriptor we own; the lock dies with the process.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(EngineError::CacheInUse { path });
+    }
+    Ok(f)
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for the current thread.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the pointer and size describe `set`, which lives for the call.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE, the size of `set`.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+impl Engine {
+    /// Starts an engine.
+    pub fn start(config: EngineConfig) -> Result<Engine> {
+        Self::start_with(config, None)
+    }
+
+    /// Starts an engine and runs `init` on every shard's executor once it has recovered.
+    pub fn start_with(config: EngineConfig, init: Option<ShardInit>) -> Result<Engine> {
+        config.validate()?;
+        crate::probe::probe_io_uring()?;
+        let shards = config.resolved_shards();
+        let dirs = config.cache_dirs.len();
+        let per_file = config.capacity / (shards * dirs) as u64;
+        let geo = Geometry::for_capacity(config.page_size, config.chunk_size, per_file)
+            .ok_or_else(|| {
+                EngineError::Config(format!(
+                    "capacity {} split over {shards} shards x {dirs} directories leaves {per_file} \
+                     bytes per cache file, less than one {}-byte page plus metadata",
+                    config.capacity, config.page_size
+                ))
+            })?;
+
+        let mut locks = Vec::new();
+        for dir in &config.cache_dirs {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| EngineError::io("creating cache directory", Some(dir.clone()), e))?;
+            locks.push(lock_dir(dir)?);
+            check_space(dir, shards, geo.file_size)?;
+        }
+
+        let io_memory = config.page_size as usize * config.queue_depth;
+        crate::probe::raise_memlock((io_memory as u64 + (1 << 20)) * shards as u64 + (8 << 20));
+        let cpus = allowed_cpus();
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<()>)>();
+        let mut handles = Vec::new();
+        let mut threads = Vec::new();
+        for id in 0..shards {
+            let (tx, rx) = async_channel::bounded::<Job>(config.max_inflight);
+            handles.push(ShardHandle { id, tx });
+            let placement = match (config.pin_cpus, cpus.get(id % cpus.len().max(1))) {
+                (true, Some(&cpu)) if shards <= cpus.len() => Placement::Fixed(cpu),
+                _ => Placement::Unbound,
+            };
+            let cfg = config.clone();
+            let init = init.clone();
+            let ready = ready_tx.clone();
+            let builder = LocalExecutorBuilder::new(placement)
+                .name(&format!("pagestore-shard-{id}"))
+                .io_memory(io_memory);
+            let spawned = builder.spawn(move || async move {
+                let shard = match open_shard(id, shards, &cfg, geo).await {
+                    Ok(s) => Rc::new(s),
+                    Err(e) => {
+                        let _ = ready.send((id, Err(e)));
+                        return Ok(());
+                    }
+                };
+                if let Some(init) = init {
+                    init(shard.clone());
+                }
+                let _ = ready.send((id, Ok(())));
+                serve(shard, rx, cfg.max_inflight).await
+            });
+            match spawned {
+                Ok(h) => threads.push(std::thread::spawn(move || {
+                    h.join().map_err(|e| {
+                        EngineError::io("running shard", None, crate::device::to_io(e))
+                    })?
+                })),
+                Err(e) => {
+                    return Err(EngineError::io(
+                        "starting shard executor",
+                        None,
+                        crate::device::to_io(e),
+                    ))
+                }
+            }
+        }
+        drop(ready_tx);
+        let mut engine = Engine {
+            handles,
+            threads,
+            page_size: config.page_size,
+            _locks: locks,
+        };
+        let mut first_err = None;
+        for _ in 0..shards {
+            match ready_rx.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((_, Err(e))) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(EngineError::ShardGone);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            let _ = engine.stop();
+            return Err(e);
+        }
+        Ok(engine)
+    }
+
+    /// Handles to every shard, by index.
+    pub fn shards(&self) -> &[ShardHandle] {
+        &self.handles
+    }
+
+    /// The cache's page size.
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// The shard a key belongs to when the engine is used on its own (without the cluster ring):
+    /// `hash64(key) % shards`.
+    pub fn shard_of(&self, key: &PageKey) -> &ShardHandle {
+        &self.handles[(key.hash64() % self.handles.len() as u64) as usize]
+    }
+
+    /// Counters of every shard.
+    pub async fn stats(&self) -> Result<Vec<ShardStats>> {
+        let mut v = Vec::with_capacity(self.handles.len());
+        for h in &self.handles {
+            v.push(h.stats().await?);
+        }
+        Ok(v)
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish, syncs and closes the cache files.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        for h in &self.handles {
+            h.tx.close();
+        }
+        let mut first = Ok(());
+        for t in self.threads.drain(..) {
+            let r = t.join().unwrap_or(Err(EngineError::ShardGone));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "engine shutdown");
+        }
+    }
+}
+
+fn check_space(dir: &std::path::Path, shards: usize, file_size: u64) -> Result<()> {
+    let mut needed = 0u64;
+    for id in 0..shards {
+        let existing = std::fs::metadata(shard_file(dir, id)).map_or(0, |m| m.len());
+        needed += file_size.saturating_sub(existing);
+    }
+    let free = crate::probe::free_space(dir)
+        .map_err(|e| EngineError::io("checking free space of", Some(dir.to_path_buf()), e))?;
+    if needed > free {
+        return Err(EngineError::NoSpace {
+            path: dir.to_path_buf(),
+            needed,
+            available: free,
+        });
+    }
+    Ok(())
+}
+
+/// The cache file of shard `id` in a cache directory.
+pub fn shard_file(dir: &std::path::Path, id: usize) -> PathBuf {
+    dir.join(format!("shard-{id}.cache"))
+}
+
+async fn open_shard(id: usize, shards: usize, cfg: &EngineConfig, geo: Geometry) -> Result<Shard> {
+    let started = Instant::now();
+    let faults = Rc::new(Faults::default());
+    let mut files = Vec::new();
+    for (d, dir) in cfg.cache_dirs.iter().enumerate() {
+        let ident = FileIdent {
+            shard: id as u32,
+            shards: shards as u32,
+            dir: d as u32,
+            dirs: cfg.cache_dirs.len() as u32,
+        };
+        let path = shard_file(dir, id);
+        files.push(CacheFile::open(&path, geo, ident, cfg.reformat, faults.clone()).await?);
+    }
+    let nslots = geo.nslots * files.len() as u32;
+    let index = Index::new(nslots, new_policy(cfg.policy, nslots));
+    let shard = Shard::new(id, files, index, faults, started);
+    let st = shard.stats();
+    tracing::info!(
+        shard = id,
+        pages = st.recovered_pages,
+        dropped = st.recovery_dropped,
+        micros = st.recovery_micros,
+        "shard ready"
+    );
+    Ok(shard)
+}
+
+async fn serve(
+    shard: Rc<Shard>,
+    rx: async_channel::Receiver<Job>,
+    max_inflight: usize,
+) -> Result<()> {
+    let permits = Rc::new(glommio::sync::Semaphore::new(max_inflight as u64));
+    while let Ok(job) = rx.recv().await {
+        // Bound the requests running at once; the channel bound then pushes back on senders.
+        let Ok(permit) = permits.acquire_static_permit(1).await else {
+            break;
+        };
+        let fut = job(shard.clone());
+        glommio::spawn_local(async move {
+            fut.await;
+            drop(permit);
+        })
+        .detach();
+    }
+    // Closed: wait for in-flight jobs to return their permits, then close the files.
+    let _ = permits.acquire(max_inflight as u64).await;
+    match Rc::try_unwrap(shard) {
+        Ok(shard) => shard.close().await,
+        Err(shard) => shard.sync().await,
+    }
+}

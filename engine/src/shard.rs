@@ -1,0 +1,573 @@
+//! One shard: the cache files, index and counters owned by one core.
+//!
+//! Everything here runs on the shard's own executor thread. State lives in `RefCell`/`Cell`
+//! (never a lock) and no borrow is held across an `.await`. The hit path ([`Shard::get`]) is:
+//! index lookup (B-tree, no allocation) → one O_DIRECT read of the checksum chunks that cover the
+//! requested range → checksum verification → the caller gets a view into the buffer the disk
+//! wrote into.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    ops::Deref,
+    rc::Rc,
+};
+
+use glommio::io::ReadResult;
+
+use crate::{
+    cachefile::{now_ms, CacheFile, Recovered},
+    device::{FaultConfig, Faults},
+    error::{EngineError, Result},
+    event::Event,
+    format::{Geometry, SlotHeader, FLAG_PINNED},
+    index::{Index, PageMeta, Removal, SlotState},
+    key::PageKey,
+    policy::SlotId,
+    stats::{Counters, ShardStats},
+};
+
+/// Bytes of one page (or part of one) read from the cache. Dereferences to the bytes; they live in
+/// the DMA buffer the disk read went into (no copy).
+pub struct PageData(Option<ReadResult>);
+
+impl PageData {
+    /// The underlying glommio buffer view, for zero-copy senders on the same executor.
+    pub fn into_read_result(self) -> Option<ReadResult> {
+        self.0
+    }
+}
+
+impl Deref for PageData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Some(r) => r,
+            None => &[],
+        }
+    }
+}
+
+impl std::fmt::Debug for PageData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PageData({} bytes)", self.len())
+    }
+}
+
+/// What a put did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The page was written.
+    Stored,
+    /// The same key with the same version tag was already cached; nothing was written.
+    AlreadyPresent,
+}
+
+/// What the index knows about a cached page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageInfo {
+    /// Bytes in the page.
+    pub len: u32,
+    /// Under-storage version tag given at put time.
+    pub version: u64,
+    /// Insert time (ms since the Unix epoch).
+    pub inserted_ms: u64,
+    /// Whether the page is pinned.
+    pub pinned: bool,
+}
+
+/// Recovery figures of one shard.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RecoveryInfo {
+    pub pages: u64,
+    pub dropped: u64,
+    pub micros: u64,
+}
+
+/// A shard's state. Only reachable on its own executor (it is `!Send`); other threads go through
+/// [`crate::ShardHandle`].
+pub struct Shard {
+    id: usize,
+    geo: Geometry,
+    files: Vec<CacheFile>,
+    index: RefCell<Index>,
+    /// Puts in progress, so concurrent puts of one key are coalesced.
+    filling: RefCell<HashMap<PageKey, Rc<Event>>>,
+    /// Notified when the last reader of a removed page finishes.
+    reads_done: Event,
+    counters: Counters,
+    faults: Rc<Faults>,
+    recovery: Cell<RecoveryInfo>,
+}
+
+/// Ends a read when dropped, even if the reading future is cancelled.
+struct ReadGuard<'a> {
+    shard: &'a Shard,
+    slot: SlotId,
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        if self.shard.index.borrow_mut().end_read(self.slot) {
+            self.shard.reads_done.notify_all();
+        }
+    }
+}
+
+/// Removes the coalescing entry of a put when dropped, and wakes the puts waiting on it.
+struct FillGuard<'a> {
+    shard: &'a Shard,
+    key: PageKey,
+}
+
+impl Drop for FillGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(ev) = self.shard.filling.borrow_mut().remove(&self.key) {
+            ev.notify_all();
+        }
+    }
+}
+
+impl Shard {
+    pub(crate) fn new(
+        id: usize,
+        files: Vec<(CacheFile, Recovered)>,
+        index: Index,
+        faults: Rc<Faults>,
+        started: std::time::Instant,
+    ) -> Shard {
+        let geo = *files[0].0.geometry();
+        let mut shard = Shard {
+            id,
+            geo,
+            files: Vec::with_capacity(files.len()),
+            index: RefCell::new(index),
+            filling: RefCell::new(HashMap::new()),
+            reads_done: Event::default(),
+            counters: Counters::default(),
+            faults,
+            recovery: Cell::new(RecoveryInfo::default()),
+        };
+        // Restore pages oldest first so the eviction order approximates the old one.
+        let mut restored: Vec<(SlotId, SlotHeader)> = Vec::new();
+        let mut dropped = 0;
+        for (fi, (file, rec)) in files.into_iter().enumerate() {
+            dropped += rec.dropped;
+            if rec.formatted {
+                tracing::info!(shard = id, path = %file.device().path().display(), "new cache file formatted");
+            }
+            restored.extend(
+                rec.pages
+                    .into_iter()
+                    .map(|(local, h)| (fi as u32 * geo.nslots + local, h)),
+            );
+            shard.files.push(file);
+        }
+        restored.sort_by_key(|(slot, h)| (h.inserted_ms, *slot));
+        let mut losers = Vec::new();
+        {
+            let mut index = shard.index.borrow_mut();
+            for (slot, h) in &restored {
+                let meta = PageMeta {
+                    len: h.len,
+                    version: h.version,
+                    inserted_ms: h.inserted_ms,
+                };
+                if let Some(loser) = index.restore(*slot, h.key, meta, h.flags & FLAG_PINNED != 0) {
+                    losers.push(loser);
+                }
+            }
+            // Duplicates (a crash between publishing a replacement and clearing the old copy):
+            // the older copy is forgotten; its header is cleared before the slot is reused.
+            for slot in &losers {
+                index.reclaimed(*slot, false);
+            }
+        }
+        shard.recovery.set(RecoveryInfo {
+            pages: (restored.len() - losers.len()) as u64,
+            dropped: dropped + losers.len() as u64,
+            micros: started.elapsed().as_micros() as u64,
+        });
+        shard
+    }
+
+    /// This shard's index (0-based).
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The cache's page size.
+    pub fn page_size(&self) -> u32 {
+        self.geo.page_size
+    }
+
+    fn locate(&self, slot: SlotId) -> (&CacheFile, u32) {
+        let n = self.geo.nslots;
+        (&self.files[(slot / n) as usize], slot % n)
+    }
+
+    /// Whether a page is cached (and readable).
+    pub fn contains(&self, key: &PageKey) -> bool {
+        self.index.borrow().contains(key)
+    }
+
+    /// What the index knows about a cached page.
+    pub fn page_info(&self, key: &PageKey) -> Option<PageInfo> {
+        let index = self.index.borrow();
+        let slot = index.lookup(key)?;
+        let s = index.slot(slot);
+        Some(PageInfo {
+            len: s.meta.len,
+            version: s.meta.version,
+            inserted_ms: s.meta.inserted_ms,
+            pinned: s.pinned,
+        })
+    }
+
+    /// Reads bytes `[offset, offset + len)` of a page, clipped to the page's length.
+    ///
+    /// `Ok(None)` is a miss: the page is not cached, or it was and failed its checksum (it is then
+    /// dropped and counted; corrupt bytes are never returned). An `offset` past the end of the page
+    /// is [`EngineError::BadRange`].
+    pub async fn get(&self, key: &PageKey, offset: u32, len: u32) -> Result<Option<PageData>> {
+        let Some((slot, meta)) = self.index.borrow_mut().begin_read(key) else {
+            self.counters.misses.set(self.counters.misses.get() + 1);
+            return Ok(None);
+        };
+        let guard = ReadGuard { shard: self, slot };
+        if offset > meta.len {
+            return Err(EngineError::BadRange {
+                offset,
+                page_len: meta.len,
+            });
+        }
+        let end = offset.saturating_add(len).min(meta.len);
+        if end == offset {
+            self.count_hit(0);
+            return Ok(Some(PageData(None)));
+        }
+        let chunk = self.geo.chunk_size;
+        let first = offset / chunk;
+        let last = end.div_ceil(chunk); // exclusive
+        let start = first * chunk;
+        // The stored bytes end at the page length rounded up to a block.
+        let stop = (last * chunk).min(meta.len.next_multiple_of(4096));
+        let (file, local) = self.locate(slot);
+        let pos = self.geo.data_off(local) + start as u64;
+        let read = match file.device().read(pos, (stop - start) as usize).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.counters
+                    .io_errors
+                    .set(self.counters.io_errors.get() + 1);
+                return Err(EngineError::io(
+                    "reading page from",
+                    Some(file.device().path().clone()),
+                    e,
+                ));
+            }
+        };
+        let verified = (first..last).all(|c| {
+            let lo = (c * chunk - start) as usize;
+            let hi = (((c + 1) * chunk).min(meta.len) - start) as usize;
+            hi <= read.len() && crc32fast::hash(&read[lo..hi]) == file.chunk_crc(local, c)
+        });
+        if !verified {
+            drop(guard);
+            self.counters
+                .checksum_failures
+                .set(self.counters.checksum_failures.get() + 1);
+            self.counters.misses.set(self.counters.misses.get() + 1);
+            tracing::warn!(shard = self.id, %key, slot, "page failed its checksum; dropped");
+            let removal = self.index.borrow_mut().remove_if_slot(key, slot);
+            // The miss is the answer; failing to clear the header only means the page is checked
+            // (and dropped) again after a restart.
+            let _ = self.reclaim(removal).await;
+            return Ok(None);
+        }
+        let n = end - offset;
+        self.count_hit(n as u64);
+        let view = ReadResult::slice(&read, (offset - start) as usize, n as usize);
+        drop(guard);
+        Ok(Some(PageData(view)))
+    }
+
+    fn count_hit(&self, bytes: u64) {
+        let c = &self.counters;
+        c.hits.set(c.hits.get() + 1);
+        c.hit_bytes.set(c.hit_bytes.get() + bytes);
+    }
+
+    /// Stores a page (at most the page size; only a file's last page should be short).
+    ///
+    /// Readers never see a partly written page: it becomes visible only after its data, checksums
+    /// and header are on disk. A put of a key that is already cached with the same `version` does
+    /// nothing; with another version the new page replaces the old. Concurrent puts of one key
+    /// are coalesced: later ones wait for the first and then find the page present.
+    pub async fn put(&self, key: &PageKey, data: &[u8], version: u64) -> Result<PutOutcome> {
+        if data.len() > self.geo.page_size as usize {
+            return Err(EngineError::PageTooLarge {
+                len: data.len(),
+                page_size: self.geo.page_size,
+            });
+        }
+        loop {
+            if let Some(info) = self.page_info(key) {
+                if info.version == version {
+                    return Ok(PutOutcome::AlreadyPresent);
+                }
+            }
+            let pending = self.filling.borrow().get(key).cloned();
+            match pending {
+                Some(ev) => ev.listen().await,
+                None => break,
+            }
+        }
+        self.filling
+            .borrow_mut()
+            .insert(*key, Rc::new(Event::default()));
+        let _fill = FillGuard {
+            shard: self,
+            key: *key,
+        };
+        self.store(key, data, version).await?;
+        Ok(PutOutcome::Stored)
+    }
+
+    async fn store(&self, key: &PageKey, data: &[u8], version: u64) -> Result<()> {
+        let res = self.index.borrow_mut().reserve();
+        let r = res.map_err(|_| EngineError::CacheFull)?;
+        if r.evicted.is_some() {
+            self.counters
+                .evictions
+                .set(self.counters.evictions.get() + 1);
+        }
+        let slot = r.slot;
+        let (file, local) = self.locate(slot);
+        let path = || Some(file.device().path().clone());
+        let fail = |needs_clear: bool, op: &'static str, e: std::io::Error| {
+            self.index.borrow_mut().abort(slot, needs_clear);
+            self.counters
+                .io_errors
+                .set(self.counters.io_errors.get() + 1);
+            EngineError::io(op, path(), e)
+        };
+
+        // 1. A slot that held a page gets its header cleared first, so no crash can leave the
+        //    old header describing the new bytes.
+        if r.needs_clear {
+            file.with_header(local, crate::format::clear_header);
+            if let Err(e) = file.persist_header(local).await {
+                return Err(fail(true, "clearing slot header in", e));
+            }
+        }
+
+        // 2. Data and checksum table. Both belong to a slot no header points at yet.
+        let len = data.len() as u32;
+        let chunk = self.geo.chunk_size as usize;
+        let chunks = self.geo.chunks_for(len);
+        let data_crc = file.with_table(local, |table| {
+            table.fill(0);
+            for (i, c) in data.chunks(chunk).enumerate() {
+                table[i * 4..i * 4 + 4].copy_from_slice(&crc32fast::hash(c).to_le_bytes());
+            }
+            crc32fast::hash(&table[..chunks as usize * 4])
+        });
+        if len > 0 {
+            let mut buf = file.device().alloc(data.len().next_multiple_of(4096));
+            let bytes = buf.as_bytes_mut();
+            bytes[..data.len()].copy_from_slice(data);
+            bytes[data.len()..].fill(0);
+            let (w, t) = futures_lite::future::zip(
+                file.device().write(buf, self.geo.data_off(local)),
+                file.persist_table(local),
+            )
+            .await;
+            if let Err(e) = w.and(t) {
+                return Err(fail(false, "writing page to", e));
+            }
+        }
+
+        // 3. The header makes the page exist.
+        let old_pinned = self.page_info(key).is_some_and(|i| i.pinned);
+        let header = SlotHeader {
+            key: *key,
+            len,
+            data_crc,
+            version,
+            inserted_ms: now_ms(),
+            flags: if old_pinned { FLAG_PINNED } else { 0 },
+        };
+        file.with_header(local, |h| header.encode(local, h));
+        if let Err(e) = file.persist_header(local).await {
+            file.with_header(local, crate::format::clear_header);
+            return Err(fail(true, "writing page header to", e));
+        }
+        let meta = PageMeta {
+            len,
+            version,
+            inserted_ms: header.inserted_ms,
+        };
+        let displaced = self.index.borrow_mut().commit(slot, *key, meta, old_pinned);
+        let c = &self.counters;
+        c.inserts.set(c.inserts.get() + 1);
+        c.insert_bytes.set(c.insert_bytes.get() + len as u64);
+        if let Some(old) = displaced {
+            let _ = self.reclaim(Removal::Reclaim(old)).await;
+        }
+        Ok(())
+    }
+
+    /// Clears the header of a page that left the index, once its readers are done, and frees the
+    /// slot. Returns whether there was anything to reclaim.
+    async fn reclaim(&self, removal: Removal) -> Result<bool> {
+        let slot = match removal {
+            Removal::NotFound => return Ok(false),
+            Removal::Reclaim(slot) => slot,
+            Removal::Deferred(slot) => {
+                loop {
+                    let wait = self.reads_done.listen();
+                    if self.index.borrow().slot(slot).readers == 0 {
+                        break;
+                    }
+                    wait.await;
+                }
+                slot
+            }
+        };
+        debug_assert_eq!(self.index.borrow().slot(slot).state, SlotState::Doomed);
+        let (file, local) = self.locate(slot);
+        file.with_header(local, crate::format::clear_header);
+        let r = file.persist_header(local).await;
+        self.index.borrow_mut().reclaimed(slot, r.is_ok());
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                self.counters
+                    .io_errors
+                    .set(self.counters.io_errors.get() + 1);
+                Err(EngineError::io(
+                    "clearing page header in",
+                    Some(file.device().path().clone()),
+                    e,
+                ))
+            }
+        }
+    }
+
+    /// Removes a page. Returns whether it was cached. Once this returns `Ok`, the removal is on
+    /// disk (the page does not come back after a restart).
+    pub async fn remove(&self, key: &PageKey) -> Result<bool> {
+        let removal = self.index.borrow_mut().remove(key);
+        let removed = self.reclaim(removal).await?;
+        if removed {
+            self.counters.removals.set(self.counters.removals.get() + 1);
+        }
+        Ok(removed)
+    }
+
+    /// Removes every cached page of a file. Returns how many were removed.
+    pub async fn remove_file(&self, file_id: u128) -> Result<usize> {
+        let keys: Vec<PageKey> = self
+            .index
+            .borrow()
+            .keys()
+            .map(|(k, _)| *k)
+            .filter(|k| k.file_id == file_id)
+            .collect();
+        let mut n = 0;
+        let mut first_err = None;
+        for k in keys {
+            match self.remove(&k).await {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// Pins or unpins a cached page. Pinned pages are never evicted; the pin is stored in the
+    /// page header and survives restarts. Returns whether the page is cached.
+    pub async fn set_pinned(&self, key: &PageKey, pinned: bool) -> Result<bool> {
+        let Some(slot) = self.index.borrow_mut().set_pinned(key, pinned) else {
+            return Ok(false);
+        };
+        let (file, local) = self.locate(slot);
+        let g = self.geo;
+        file.with_header(local, |h| {
+            if let crate::format::HeaderState::Valid(mut hdr) =
+                SlotHeader::decode(local, g.page_size, h)
+            {
+                hdr.flags = if pinned {
+                    hdr.flags | FLAG_PINNED
+                } else {
+                    hdr.flags & !FLAG_PINNED
+                };
+                hdr.encode(local, h);
+            }
+        });
+        file.persist_header(local).await.map_err(|e| {
+            EngineError::io("writing pin flag to", Some(file.device().path().clone()), e)
+        })?;
+        Ok(true)
+    }
+
+    /// A snapshot of this shard's counters and occupancy.
+    pub fn stats(&self) -> ShardStats {
+        let index = self.index.borrow();
+        let c = &self.counters;
+        let rec = self.recovery.get();
+        ShardStats {
+            shard: self.id,
+            slots: index.nslots() as u64,
+            capacity_bytes: index.nslots() as u64 * self.geo.page_size as u64,
+            pages: index.len() as u64,
+            bytes: index.bytes(),
+            hits: c.hits.get(),
+            hit_bytes: c.hit_bytes.get(),
+            misses: c.misses.get(),
+            inserts: c.inserts.get(),
+            insert_bytes: c.insert_bytes.get(),
+            evictions: c.evictions.get(),
+            removals: c.removals.get(),
+            checksum_failures: c.checksum_failures.get(),
+            io_errors: c.io_errors.get(),
+            metadata_writes: self.files.iter().map(|f| f.meta_writes()).sum(),
+            recovered_pages: rec.pages,
+            recovery_dropped: rec.dropped,
+            recovery_micros: rec.micros,
+        }
+    }
+
+    /// Injects disk faults into this shard's I/O (testing and fault drills).
+    pub fn set_faults(&self, faults: FaultConfig) {
+        self.faults.set(faults);
+    }
+
+    /// Flushes the cache files to stable storage.
+    pub async fn sync(&self) -> Result<()> {
+        for f in &self.files {
+            f.sync()
+                .await
+                .map_err(|e| EngineError::io("syncing", Some(f.device().path().clone()), e))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn close(self) -> Result<()> {
+        self.sync().await?;
+        for f in self.files {
+            let p = f.device().path().clone();
+            f.close()
+                .await
+                .map_err(|e| EngineError::io("closing", Some(p), e))?;
+        }
+        Ok(())
+    }
+}

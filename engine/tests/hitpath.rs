@@ -1,0 +1,90 @@
+//! The hit path adds no heap allocation of its own: a cached read costs exactly the allocations
+//! of the O_DIRECT read glommio performs for it (its I/O source), measured with a counting
+//! allocator on the shard's thread.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod common;
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    cell::Cell,
+};
+
+use common::*;
+use pagestore_engine::{shard_file, PageKey};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn allocs() -> u64 {
+    ALLOCS.with(|c| c.get())
+}
+
+#[test]
+fn a_cache_hit_allocates_nothing_beyond_the_disk_read() {
+    let dir = tempdir();
+    let engine = start(config(dir.path(), 1, 256 * KIB, 8));
+    let s = &engine.shards()[0];
+    let key = PageKey::new(1, 0);
+    block_on(s.put(key, page_bytes(1, 0, 1, 256 * 1024), 1)).unwrap();
+    let path = shard_file(dir.path(), 0);
+    let (engine_allocs, raw_allocs) = block_on(s.run(move |shard| async move {
+        const N: u64 = 200;
+        // Warm up both paths once.
+        let _ = shard.get(&key, 4096, 4096).await.unwrap().unwrap();
+        let raw = glommio::io::DmaFile::open(&path).await.unwrap();
+        let _ = raw.read_at_aligned(1 << 20, 4096).await.unwrap();
+
+        let before = allocs();
+        for i in 0..N {
+            let off = ((i % 60) * 4096) as u32;
+            let got = shard.get(&key, off, 4096).await.unwrap().unwrap();
+            assert_eq!(got.len(), 4096);
+        }
+        let engine_allocs = allocs() - before;
+
+        let before = allocs();
+        for i in 0..N {
+            let r = raw
+                .read_at_aligned((1 << 20) + (i % 60) * 4096, 4096)
+                .await
+                .unwrap();
+            assert_eq!(r.len(), 4096);
+        }
+        let raw_allocs = allocs() - before;
+        raw.close().await.unwrap();
+        (engine_allocs, raw_allocs)
+    }))
+    .unwrap();
+    println!(
+        "allocations per hit: engine {} raw read {}",
+        engine_allocs as f64 / 200.0,
+        raw_allocs as f64 / 200.0
+    );
+    assert!(
+        engine_allocs <= raw_allocs,
+        "the hit path allocates: {engine_allocs} allocations for 200 hits vs {raw_allocs} for 200 raw reads"
+    );
+    let st = block_on(s.stats()).unwrap();
+    assert_eq!(st.hits, 201);
+}

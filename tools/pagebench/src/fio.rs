@@ -1,0 +1,93 @@
+//! The fio reference: the same access pattern, block size, queue depth and job count, on the same
+//! file system, in the same run.
+
+use std::process::Command;
+
+use crate::{local, Opts};
+
+/// What fio measured for one workload.
+pub struct FioResult {
+    /// Bytes per second.
+    pub bw: f64,
+    /// Operations per second.
+    pub iops: f64,
+    /// Completion latency percentiles, microseconds.
+    pub p50_us: f64,
+    /// 90th percentile.
+    pub p90_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+}
+
+impl FioResult {
+    /// JSON form.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"bytes_per_sec": self.bw, "iops": self.iops,
+            "latency_us": {"p50": self.p50_us, "p90": self.p90_us, "p99": self.p99_us}})
+    }
+}
+
+fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
+    let per_job = (o.size / o.shards as u64).max(o.page_size as u64);
+    let (rw, bs) = match workload {
+        "write" => ("write", o.page_size as u64),
+        "read" => ("randread", o.page_size as u64),
+        _ => ("randread", 4096),
+    };
+    let dir = o.dir.join("fio");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=ref",
+        &format!("--directory={}", dir.display()),
+        &format!("--size={per_job}"),
+        "--direct=1",
+        "--ioengine=io_uring",
+        &format!("--rw={rw}"),
+        &format!("--bs={bs}"),
+        &format!("--iodepth={}", o.qd),
+        &format!("--numjobs={}", o.shards),
+        "--group_reporting",
+        "--output-format=json",
+        &format!("--randseed={}", o.seed),
+    ]);
+    if rw != "write" {
+        cmd.args([
+            "--time_based",
+            &format!("--runtime={}", o.seconds.ceil() as u64),
+        ]);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run fio ({e}); install it (Debian: apt-get install fio)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cannot parse fio output: {e}"))?;
+    let dirn = if rw == "write" { "write" } else { "read" };
+    let j = &v["jobs"][0][dirn];
+    let pct = |p: &str| j["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(FioResult {
+        bw: j["bw_bytes"].as_f64().unwrap_or(0.0),
+        iops: j["iops"].as_f64().unwrap_or(0.0),
+        p50_us: pct("50.000000"),
+        p90_us: pct("90.000000"),
+        p99_us: pct("99.000000"),
+    })
+}
+
+/// fio first, then the engine, for every workload; prints both with ratios.
+pub fn compare(o: &Opts) -> Result<(), String> {
+    let mut refs = Vec::new();
+    for w in &o.workloads {
+        refs.push(run_fio(o, w)?);
+    }
+    let results = local::run_local(o)?;
+    local::report(o, &results, Some(&refs));
+    let _ = std::fs::remove_dir_all(o.dir.join("fio"));
+    Ok(())
+}

@@ -1,0 +1,408 @@
+//! The `local` target: the engine driven directly on its shard executors (no network), and the
+//! `restart` measurement.
+
+use std::{rc::Rc, time::Instant};
+
+use hdrhistogram::Histogram;
+use pagestore_engine::{format::Geometry, Engine, EngineConfig, PageKey, ShardStats};
+
+use crate::Opts;
+
+/// One workload's outcome.
+pub struct WorkloadResult {
+    /// Workload name.
+    pub name: String,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Operations completed.
+    pub ops: u64,
+    /// Wall seconds.
+    pub secs: f64,
+    /// Latency per operation, nanoseconds.
+    pub hist: Histogram<u64>,
+    /// CPU seconds (user + system) of the whole process during the workload.
+    pub cpu_secs: f64,
+    /// Hits / (hits + misses) during the workload, for reads.
+    pub hit_ratio: Option<f64>,
+}
+
+impl WorkloadResult {
+    /// Bytes per second.
+    pub fn bw(&self) -> f64 {
+        self.bytes as f64 / self.secs
+    }
+    /// Operations per second.
+    pub fn iops(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+}
+
+/// User + system CPU seconds of this process so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer for the call.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(r.ru_utime) + tv(r.ru_stime)
+}
+
+fn rng_next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1_000, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// The engine configuration for a benchmark over `o`.
+pub fn engine_config(o: &Opts, pages_per_shard: u64) -> EngineConfig {
+    let file = Geometry::new(o.page_size, 4096, pages_per_shard as u32).file_size;
+    EngineConfig {
+        cache_dirs: vec![o.dir.join("engine")],
+        capacity: file * o.shards as u64,
+        page_size: o.page_size,
+        shards: o.shards,
+        queue_depth: o.qd,
+        reformat: true,
+        ..Default::default()
+    }
+}
+
+/// Operations, bytes and latencies measured on one shard.
+type Measured = (u64, u64, Histogram<u64>);
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Write,
+    Read { block: u32 },
+}
+
+/// Runs `qd` tasks on every shard at once and merges what they measured.
+fn drive(
+    engine: &Engine,
+    o: &Opts,
+    pages: u64,
+    kind: Kind,
+) -> Result<(u64, u64, Histogram<u64>, f64), String> {
+    let start = Instant::now();
+    let secs = o.seconds;
+    let qd = o.qd;
+    let page = o.page_size;
+    let seed = o.seed;
+    let results: Vec<Result<Measured, String>> = std::thread::scope(|scope| {
+        let joins: Vec<_> = engine
+            .shards()
+            .iter()
+            .map(|h| {
+                let h = h.clone();
+                scope.spawn(move || {
+                    futures_lite::future::block_on(h.run(move |shard| async move {
+                        let id = shard.id() as u128;
+                        let mut data = vec![0u8; page as usize];
+                        let mut x = seed ^ ((id as u64 + 1) * 0x9E37_79B9_7F4A_7C15);
+                        for c in data.chunks_mut(8) {
+                            c.copy_from_slice(&rng_next(&mut x).to_le_bytes()[..c.len()]);
+                        }
+                        let data = Rc::new(data);
+                        let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
+                        let mut tasks = Vec::new();
+                        for t in 0..qd as u64 {
+                            let shard = shard.clone();
+                            let data = data.clone();
+                            tasks.push(glommio::spawn_local(async move {
+                                let mut hist = new_hist();
+                                let (mut ops, mut bytes) = (0u64, 0u64);
+                                let mut x = seed ^ ((t + 1) * 0xC2B2_AE3D_27D4_EB4F) ^ id as u64;
+                                match kind {
+                                    Kind::Write => {
+                                        let mut i = t;
+                                        while i < pages {
+                                            let t0 = Instant::now();
+                                            shard
+                                                .put(&PageKey::new(id, i), &data, 1)
+                                                .await
+                                                .map_err(|e| e.to_string())?;
+                                            let _ = hist.record(t0.elapsed().as_nanos() as u64);
+                                            ops += 1;
+                                            bytes += data.len() as u64;
+                                            i += qd as u64;
+                                        }
+                                    }
+                                    Kind::Read { block } => {
+                                        let per_page = (page / block).max(1) as u64;
+                                        while Instant::now() < deadline {
+                                            let r = rng_next(&mut x);
+                                            let p = r % pages;
+                                            let off = ((r >> 32) % per_page) as u32 * block;
+                                            let t0 = Instant::now();
+                                            let got = shard
+                                                .get(&PageKey::new(id, p), off, block)
+                                                .await
+                                                .map_err(|e| e.to_string())?
+                                                .ok_or_else(|| format!("page {p} missing"))?;
+                                            let _ = hist.record(t0.elapsed().as_nanos() as u64);
+                                            ops += 1;
+                                            bytes += got.len() as u64;
+                                        }
+                                    }
+                                }
+                                Ok::<_, String>((ops, bytes, hist))
+                            }));
+                        }
+                        let mut total = (0, 0, new_hist());
+                        for t in tasks {
+                            let (ops, bytes, hist) = t.await?;
+                            total.0 += ops;
+                            total.1 += bytes;
+                            total.2.add(hist).map_err(|e| e.to_string())?;
+                        }
+                        Ok(total)
+                    }))
+                    .map_err(|e| e.to_string())?
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("shard driver panicked".into()))
+            })
+            .collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut out = (0, 0, new_hist(), elapsed);
+    for r in results {
+        let (ops, bytes, hist) = r?;
+        out.0 += ops;
+        out.1 += bytes;
+        out.2.add(hist).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
+fn totals(engine: &Engine) -> Result<ShardStats, String> {
+    let s = futures_lite::future::block_on(engine.stats()).map_err(|e| e.to_string())?;
+    Ok(ShardStats::total(&s))
+}
+
+/// Runs the selected workloads on a fresh engine.
+pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>, String> {
+    let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
+    std::fs::create_dir_all(o.dir.join("engine")).map_err(|e| e.to_string())?;
+    let engine = Engine::start(engine_config(o, pages)).map_err(|e| e.to_string())?;
+    let mut results = Vec::new();
+    let mut filled = false;
+    for w in &o.workloads {
+        let kind = match w.as_str() {
+            "write" => Kind::Write,
+            "read" => Kind::Read { block: o.page_size },
+            _ => Kind::Read { block: 4096 },
+        };
+        if matches!(kind, Kind::Read { .. }) && !filled {
+            drive(&engine, o, pages, Kind::Write)?;
+            filled = true;
+        }
+        let before = totals(&engine)?;
+        let cpu0 = cpu_seconds();
+        let (ops, bytes, hist, secs) = drive(&engine, o, pages, kind)?;
+        let cpu = cpu_seconds() - cpu0;
+        let after = totals(&engine)?;
+        if matches!(kind, Kind::Write) {
+            filled = true;
+        }
+        let lookups = (after.hits + after.misses) - (before.hits + before.misses);
+        results.push(WorkloadResult {
+            name: w.clone(),
+            bytes,
+            ops,
+            secs,
+            hist,
+            cpu_secs: cpu,
+            hit_ratio: (lookups > 0).then(|| (after.hits - before.hits) as f64 / lookups as f64),
+        });
+        if after.checksum_failures != 0 || after.io_errors != 0 {
+            return Err(format!(
+                "{} checksum failures, {} I/O errors",
+                after.checksum_failures, after.io_errors
+            ));
+        }
+    }
+    engine.shutdown().map_err(|e| e.to_string())?;
+    Ok(results)
+}
+
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// JSON for one result.
+pub fn to_json(r: &WorkloadResult) -> serde_json::Value {
+    serde_json::json!({
+        "workload": r.name,
+        "bytes": r.bytes,
+        "ops": r.ops,
+        "seconds": r.secs,
+        "bytes_per_sec": r.bw(),
+        "iops": r.iops(),
+        "latency_us": {
+            "p50": us(&r.hist, 0.5), "p90": us(&r.hist, 0.9), "p99": us(&r.hist, 0.99),
+            "p99.9": us(&r.hist, 0.999), "max": r.hist.max() as f64 / 1000.0
+        },
+        "cpu_seconds_per_gb": r.cpu_secs / (r.bytes as f64 / 1e9),
+        "hit_ratio": r.hit_ratio,
+    })
+}
+
+/// Prints results as a table (or JSON); `reference` adds fio's figures and the ratios.
+pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[crate::fio::FioResult]>) {
+    if o.json {
+        let v: Vec<_> = results
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut j = to_json(r);
+                if let Some(f) = reference.and_then(|f| f.get(i)) {
+                    j["fio"] = f.to_json();
+                    j["ratio_bw"] = (r.bw() / f.bw).into();
+                    j["ratio_p99"] = (us(&r.hist, 0.99) / f.p99_us).into();
+                }
+                j
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    println!(
+        "page size {} KiB, {} shards, queue depth {} per shard",
+        o.page_size >> 10,
+        o.shards,
+        o.qd
+    );
+    println!(
+        "{:<8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "workload",
+        "MB/s",
+        "IOPS",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "CPU s/GB",
+        "hits"
+    );
+    for (i, r) in results.iter().enumerate() {
+        println!(
+            "{:<8} {:>10.1} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>6}",
+            r.name,
+            r.bw() / 1e6,
+            r.iops(),
+            us(&r.hist, 0.5),
+            us(&r.hist, 0.9),
+            us(&r.hist, 0.99),
+            us(&r.hist, 0.999),
+            r.hist.max() as f64 / 1000.0,
+            r.cpu_secs / (r.bytes as f64 / 1e9),
+            r.hit_ratio
+                .map_or("-".into(), |h| format!("{:.0}%", h * 100.0)),
+        );
+        if let Some(f) = reference.and_then(|f| f.get(i)) {
+            println!(
+                "{:<8} {:>10.1} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>9} {:>9} {:>8}",
+                "  fio",
+                f.bw / 1e6,
+                f.iops,
+                f.p50_us,
+                f.p90_us,
+                f.p99_us,
+                "",
+                "",
+                ""
+            );
+            println!(
+                "{:<8} {:>10.3} {:>10.3} {:>9} {:>9} {:>9.3}   (engine / fio; p99: lower is better)",
+                "  ratio",
+                r.bw() / f.bw,
+                r.iops() / f.iops,
+                "",
+                "",
+                us(&r.hist, 0.99) / f.p99_us
+            );
+        }
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// `restart`: fills a cache with `--pages` pages, then restarts it in a fresh process.
+pub fn restart(o: &Opts) -> Result<(), String> {
+    let per_shard = o.pages.div_ceil(o.shards as u64);
+    std::fs::create_dir_all(o.dir.join("engine")).map_err(|e| e.to_string())?;
+    let engine = Engine::start(engine_config(o, per_shard)).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    drive(&engine, o, per_shard, Kind::Write)?;
+    let filled = totals(&engine)?.pages;
+    println!(
+        "filled {filled} pages of {} KiB in {:.1} s",
+        o.page_size >> 10,
+        t.elapsed().as_secs_f64()
+    );
+    engine.shutdown().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let status = std::process::Command::new(exe)
+        .args([
+            "restart-open",
+            "--dir",
+            &o.dir.display().to_string(),
+            "--page-size",
+            &o.page_size.to_string(),
+            "--shards",
+            &o.shards.to_string(),
+            "--qd",
+            &o.qd.to_string(),
+            "--pages",
+            &o.pages.to_string(),
+        ])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("restart-open failed".into());
+    }
+    Ok(())
+}
+
+/// The measured half of `restart`, in a process that has not touched the cache yet.
+pub fn restart_open(o: &Opts) -> Result<(), String> {
+    let per_shard = o.pages.div_ceil(o.shards as u64);
+    let rss0 = rss_bytes();
+    let t = Instant::now();
+    let engine = Engine::start(engine_config(o, per_shard)).map_err(|e| e.to_string())?;
+    let secs = t.elapsed().as_secs_f64();
+    let rss = rss_bytes().saturating_sub(rss0);
+    let st = totals(&engine)?;
+    println!(
+        "restart: {} pages restored in {:.3} s (slowest shard's recovery {:.3} s); \
+         resident memory +{:.1} MiB = {:.0} bytes per indexed page (includes the shards' I/O arenas)",
+        st.recovered_pages,
+        secs,
+        st.recovery_micros as f64 / 1e6,
+        rss as f64 / (1 << 20) as f64,
+        rss as f64 / st.recovered_pages.max(1) as f64
+    );
+    engine.shutdown().map_err(|e| e.to_string())?;
+    Ok(())
+}

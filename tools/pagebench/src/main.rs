@@ -1,0 +1,131 @@
+//! `pagebench`: pagestore's benchmark harness.
+//!
+//! Every speed figure is printed next to a reference measured in the same run (these machines
+//! drift from run to run), as a ratio. See docs/BENCHMARKS.md.
+//!
+//! ```text
+//! pagebench local    [options]   the engine alone: write (insert), read (whole pages), read4k
+//! pagebench compare  [options]   the same workloads through fio first, then the engine, with ratios
+//! pagebench restart  [options]   fill a cache, restart it, report restart time and memory per page
+//! ```
+
+mod fio;
+mod local;
+
+use std::path::PathBuf;
+
+/// Command-line options shared by the subcommands.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// Directory for the cache files (and fio's files): must be a real disk file system.
+    pub dir: PathBuf,
+    /// Engine page size.
+    pub page_size: u32,
+    /// Shards (and fio jobs).
+    pub shards: usize,
+    /// Requests in flight per shard (and fio's iodepth per job).
+    pub qd: usize,
+    /// Seconds per read workload.
+    pub seconds: f64,
+    /// Dataset size in bytes, split over the shards.
+    pub size: u64,
+    /// Workloads to run.
+    pub workloads: Vec<String>,
+    /// Pages for `restart`.
+    pub pages: u64,
+    /// Print JSON instead of a table.
+    pub json: bool,
+    /// Random seed.
+    pub seed: u64,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            dir: PathBuf::from("pagebench-data"),
+            page_size: 4 << 20,
+            shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            qd: 8,
+            seconds: 10.0,
+            size: 4 << 30,
+            workloads: vec!["write".into(), "read".into(), "read4k".into()],
+            pages: 250_000,
+            json: false,
+            seed: 42,
+        }
+    }
+}
+
+const USAGE: &str = "usage: pagebench <local|compare|restart> [--dir DIR] [--page-size BYTES] \
+[--shards N] [--qd N] [--seconds S] [--size BYTES] [--workloads write,read,read4k] [--pages N] \
+[--seed N] [--json]
+sizes take K, M, G suffixes (powers of 1024)";
+
+/// Parses `4M`, `64K`, `2G` or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        Some('T' | 't') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("not a size: {s:?}"))
+}
+
+fn parse(args: &[String]) -> Result<(String, Opts), String> {
+    let mut o = Opts::default();
+    let cmd = args.first().ok_or(USAGE)?.clone();
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--dir" => o.dir = PathBuf::from(val()?),
+            "--page-size" => o.page_size = parse_size(&val()?)? as u32,
+            "--shards" => o.shards = val()?.parse().map_err(|e| format!("--shards: {e}"))?,
+            "--qd" => o.qd = val()?.parse().map_err(|e| format!("--qd: {e}"))?,
+            "--seconds" => o.seconds = val()?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--size" => o.size = parse_size(&val()?)?,
+            "--pages" => o.pages = val()?.parse().map_err(|e| format!("--pages: {e}"))?,
+            "--seed" => o.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--workloads" => o.workloads = val()?.split(',').map(str::to_string).collect(),
+            "--json" => o.json = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    if o.shards == 0 || o.qd == 0 {
+        return Err("--shards and --qd must be at least 1".into());
+    }
+    for w in &o.workloads {
+        if !["write", "read", "read4k"].contains(&w.as_str()) {
+            return Err(format!("unknown workload {w} (write, read, read4k)"));
+        }
+    }
+    Ok((cmd, o))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, opts) = match parse(&args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let r = match cmd.as_str() {
+        "local" => local::run_local(&opts).map(|results| local::report(&opts, &results, None)),
+        "compare" => fio::compare(&opts),
+        "restart" => local::restart(&opts),
+        "restart-open" => local::restart_open(&opts),
+        _ => Err(format!("unknown command {cmd}\n{USAGE}")),
+    };
+    if let Err(e) = r {
+        eprintln!("pagebench: {e}");
+        std::process::exit(1);
+    }
+}
