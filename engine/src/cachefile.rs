@@ -23,6 +23,7 @@ use crate::{
     event::Event,
     format::{
         clear_header, FileIdent, Geometry, HeaderState, SlotHeader, SuperError, Superblock, BLOCK,
+        FORMAT_VERSION,
     },
 };
 
@@ -160,6 +161,18 @@ impl CacheFile {
                 .map_err(|e| EngineError::io("reading superblock of", Some(path.into()), e))?;
             match Superblock::decode(&first) {
                 Err(SuperError::Blank) => need_format = true,
+                Err(SuperError::Version(v)) => {
+                    // Another release's cache: not damage. Keep it unless told to discard it.
+                    let reason = format!("format version {v}, this build reads {FORMAT_VERSION}");
+                    if !reformat {
+                        return Err(EngineError::Incompatible {
+                            path: path.to_path_buf(),
+                            reason,
+                        });
+                    }
+                    tracing::warn!(path = %path.display(), %reason, "reformatting cache file");
+                    need_format = true;
+                }
                 Err(SuperError::Invalid(why)) => {
                     // Damage, not a setting: the cache holds nothing we can trust. Rebuild it.
                     tracing::warn!(path = %path.display(), %why, "cache file damaged; reformatting");

@@ -2,7 +2,9 @@
 //!
 //! It wraps one glommio `DmaFile` (O_DIRECT over io_uring) and carries an optional fault plan so
 //! tests can make writes or reads fail with any errno (ENOSPC, EIO, ...) at a chosen moment.
-//! glommio stays behind this type and `engine.rs`, so the executor could be swapped.
+//! glommio's file API is used only here and in `cachefile.rs` (opening files); its executor only in
+//! `engine.rs`. The hit path hands out glommio's `ReadResult` (through `PageData`) so senders on
+//! the same executor can transmit from the buffer the disk wrote into.
 
 use std::{cell::Cell, io, path::PathBuf, rc::Rc};
 

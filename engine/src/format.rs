@@ -156,7 +156,9 @@ pub struct Superblock {
 pub enum SuperError {
     /// All zero: the file was created but never formatted.
     Blank,
-    /// Something is there but it is not a valid superblock of this version.
+    /// A valid superblock of another format version (written by another release).
+    Version(u32),
+    /// Something is there but it is not a valid superblock.
     Invalid(String),
 }
 
@@ -223,9 +225,7 @@ impl Superblock {
         }
         let version = get_u32(b, 8);
         if version != FORMAT_VERSION {
-            return Err(SuperError::Invalid(format!(
-                "format version {version}, this build reads {FORMAT_VERSION}"
-            )));
+            return Err(SuperError::Version(version));
         }
         if get_u32(b, 12) != HEADER_SIZE as u32 || get_u64(b, 48) != SLOT_TABLE_OFF {
             return Err(SuperError::Invalid(

@@ -390,6 +390,13 @@ impl Index {
         (reclaim, deferred)
     }
 
+    /// Keys of the Ready pages of one file, in page order (a B-tree range, not a scan).
+    pub fn file_keys(&self, file_id: u128) -> impl Iterator<Item = PageKey> + '_ {
+        self.map
+            .range(PageKey::new(file_id, 0)..=PageKey::new(file_id, u64::MAX))
+            .map(|(k, _)| *k)
+    }
+
     /// The Doomed `slot` becomes Free after the I/O layer cleared its header
     /// (`cleared == true`) or failed to (`false`: `needs_clear` stays true).
     ///

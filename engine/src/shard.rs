@@ -408,13 +408,19 @@ impl Shard {
             version,
             inserted_ms: header.inserted_ms,
         };
+        let previous = self.index.borrow().lookup(key);
         let displaced = self.index.borrow_mut().commit(slot, *key, meta, old_pinned);
         let c = &self.counters;
         c.inserts.set(c.inserts.get() + 1);
         c.insert_bytes.set(c.insert_bytes.get() + len as u64);
-        if let Some(old) = displaced {
-            let _ = self.reclaim(Removal::Reclaim(old)).await;
-        }
+        // The replaced copy is reclaimed now, or once its readers finish.
+        let removal = match (displaced, previous) {
+            (Some(old), _) => Removal::Reclaim(old),
+            (None, Some(old)) => Removal::Deferred(old),
+            (None, None) => Removal::NotFound,
+        };
+        // A failed clear leaves the slot marked for clearing before reuse; the new page is stored.
+        let _ = self.reclaim(removal).await;
         Ok(())
     }
 
@@ -466,24 +472,22 @@ impl Shard {
         Ok(removed)
     }
 
-    /// Removes every cached page of a file. Returns how many were removed.
+    /// Removes every cached page of a file. Returns how many were removed. All of them leave the
+    /// index at once (no later read sees any of them); the headers are then cleared on disk.
     pub async fn remove_file(&self, file_id: u128) -> Result<usize> {
-        let keys: Vec<PageKey> = self
-            .index
-            .borrow()
-            .keys()
-            .map(|(k, _)| *k)
-            .filter(|k| k.file_id == file_id)
-            .collect();
-        let mut n = 0;
+        let removals: Vec<Removal> = {
+            let mut index = self.index.borrow_mut();
+            let keys: Vec<PageKey> = index.file_keys(file_id).collect();
+            keys.iter().map(|k| index.remove(k)).collect()
+        };
+        let n = removals.len();
+        self.counters
+            .removals
+            .set(self.counters.removals.get() + n as u64);
         let mut first_err = None;
-        for k in keys {
-            match self.remove(&k).await {
-                Ok(true) => n += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
+        for r in removals {
+            if let Err(e) = self.reclaim(r).await {
+                first_err.get_or_insert(e);
             }
         }
         match first_err {

@@ -181,3 +181,57 @@ fn a_damaged_superblock_or_truncated_file_is_rebuilt_empty() {
         });
     }
 }
+
+#[test]
+fn a_cache_of_another_format_version_is_refused_not_wiped() {
+    let dir = tempdir();
+    let cfg = fill(dir.path());
+    let path = shard_file(dir.path(), 0);
+    // Rewrite the superblock as a (future) version 2 with a valid checksum.
+    let mut b = vec![0u8; 4096];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact(&mut b)
+        .unwrap();
+    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32_ieee(&b[..4092]);
+    b[4092..].copy_from_slice(&crc.to_le_bytes());
+    let mut f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all(&b).unwrap();
+    f.sync_all().unwrap();
+    match pagestore_engine::Engine::start(cfg.clone()) {
+        Err(pagestore_engine::EngineError::Incompatible { reason, .. }) => {
+            assert!(reason.contains("format version 2"), "{reason}");
+        }
+        Err(e) => panic!("expected Incompatible, got {e}"),
+        Ok(_) => panic!("a version 2 cache was opened"),
+    }
+    // Untouched on disk: the first block is still the version 2 superblock.
+    let mut again = vec![0u8; 4096];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact(&mut again)
+        .unwrap();
+    assert_eq!(again, b);
+    let engine = start(pagestore_engine::EngineConfig {
+        reformat: true,
+        ..cfg
+    });
+    assert_eq!(block_on(engine.shards()[0].stats()).unwrap().pages, 0);
+}
+
+/// crc32 (IEEE), bit by bit: an independent check of the superblock checksum rule.
+fn crc32_ieee(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= byte as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}

@@ -194,3 +194,69 @@ fn concurrent_put_and_get_of_one_key_never_show_partial_pages() {
         assert_eq!(s2.get(key, 0, u32::MAX).await.unwrap().unwrap(), data);
     });
 }
+
+#[test]
+fn replacing_pages_under_concurrent_reads_leaks_no_slots() {
+    let dir = tempdir();
+    let engine = start(config(dir.path(), 1, 64 * KIB, 8));
+    let s = engine.shards()[0].clone();
+    let key = PageKey::new(8, 0);
+    block_on(async {
+        s.run(move |shard| async move {
+            shard
+                .put(&key, &page_bytes(8, 0, 1, 40_000), 1)
+                .await
+                .unwrap();
+            for v in 2..=40u64 {
+                // Readers keep reading the current version while the next one is put, so some
+                // read is in flight when the new copy is published.
+                let done = std::rc::Rc::new(std::cell::Cell::new(false));
+                let mut readers = Vec::new();
+                for _ in 0..4 {
+                    let sh = shard.clone();
+                    let done = done.clone();
+                    readers.push(glommio::spawn_local(async move {
+                        let mut seen = Vec::new();
+                        while !done.get() {
+                            if let Some(p) = sh.get(&key, 0, u32::MAX).await.unwrap() {
+                                seen.push(p.to_vec());
+                            }
+                        }
+                        seen
+                    }));
+                }
+                shard
+                    .put(&key, &page_bytes(8, 0, v, 40_000), v)
+                    .await
+                    .unwrap();
+                done.set(true);
+                for r in readers {
+                    for got in r.await {
+                        let ok = got == page_bytes(8, 0, v - 1, 40_000)
+                            || got == page_bytes(8, 0, v, 40_000);
+                        assert!(ok, "a reader saw bytes of neither version");
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            s.get(key, 0, u32::MAX).await.unwrap().unwrap(),
+            page_bytes(8, 0, 40, 40_000)
+        );
+        // Every slot is still usable: 8 new pages fit next to nothing else.
+        s.remove(key).await.unwrap();
+        for p in 0..8 {
+            s.put(PageKey::new(9, p), vec![p as u8; 100], 1)
+                .await
+                .unwrap();
+        }
+        let st = s.stats().await.unwrap();
+        assert_eq!(
+            (st.slots, st.pages, st.evictions),
+            (8, 8, 0),
+            "slots leaked: {st:?}"
+        );
+    });
+}

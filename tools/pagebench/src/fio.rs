@@ -34,28 +34,46 @@ fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
         "read" => ("randread", o.page_size as u64),
         _ => ("randread", 4096),
     };
-    let dir = o.dir.join("fio");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut cmd = Command::new("fio");
     cmd.args([
-        "--name=ref",
-        &format!("--directory={}", dir.display()),
-        &format!("--size={per_job}"),
         "--direct=1",
         "--ioengine=io_uring",
         &format!("--rw={rw}"),
         &format!("--bs={bs}"),
         &format!("--iodepth={}", o.qd),
-        &format!("--numjobs={}", o.shards),
         "--group_reporting",
         "--output-format=json",
         &format!("--randseed={}", o.seed),
     ]);
-    if rw != "write" {
+    if rw == "write" {
+        // Writes go to fresh preallocated files of the same size as the engine's data.
+        let dir = o.dir.join("fio");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        cmd.args([
+            "--name=ref",
+            &format!("--directory={}", dir.display()),
+            &format!("--size={per_job}"),
+            &format!("--numjobs={}", o.shards),
+        ]);
+    } else {
+        // Reads go to the very bytes the engine read: one job per shard over the data region of
+        // that shard's cache file (same extents, same file system).
         cmd.args([
             "--time_based",
             &format!("--runtime={}", o.seconds.ceil() as u64),
+            "--readonly",
         ]);
+        let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
+        let geo = pagestore_engine::format::Geometry::new(o.page_size, 4096, pages as u32);
+        for shard in 0..o.shards {
+            let file = pagestore_engine::shard_file(&o.dir.join("engine"), shard);
+            cmd.args([
+                format!("--name=shard{shard}"),
+                format!("--filename={}", file.display()),
+                format!("--offset={}", geo.data_off),
+                format!("--size={}", pages * o.page_size as u64),
+            ]);
+        }
     }
     let out = cmd
         .output()
@@ -80,13 +98,14 @@ fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
     })
 }
 
-/// fio first, then the engine, for every workload; prints both with ratios.
+/// The engine first (it leaves its cache files in place), then fio over the same bytes, for
+/// every workload; prints both with ratios.
 pub fn compare(o: &Opts) -> Result<(), String> {
+    let results = local::run_local(o)?;
     let mut refs = Vec::new();
     for w in &o.workloads {
         refs.push(run_fio(o, w)?);
     }
-    let results = local::run_local(o)?;
     local::report(o, &results, Some(&refs));
     let _ = std::fs::remove_dir_all(o.dir.join("fio"));
     Ok(())

@@ -193,6 +193,8 @@ fn totals(engine: &Engine) -> Result<ShardStats, String> {
 /// Runs the selected workloads on a fresh engine.
 pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>, String> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
+    // Always a fresh cache: a warm one would turn the write workload into no-ops.
+    let _ = std::fs::remove_dir_all(o.dir.join("engine"));
     std::fs::create_dir_all(o.dir.join("engine")).map_err(|e| e.to_string())?;
     let engine = Engine::start(engine_config(o, pages)).map_err(|e| e.to_string())?;
     let mut results = Vec::new();
@@ -351,6 +353,7 @@ fn rss_bytes() -> u64 {
 /// `restart`: fills a cache with `--pages` pages, then restarts it in a fresh process.
 pub fn restart(o: &Opts) -> Result<(), String> {
     let per_shard = o.pages.div_ceil(o.shards as u64);
+    let _ = std::fs::remove_dir_all(o.dir.join("engine"));
     std::fs::create_dir_all(o.dir.join("engine")).map_err(|e| e.to_string())?;
     let engine = Engine::start(engine_config(o, per_shard)).map_err(|e| e.to_string())?;
     let t = Instant::now();
