@@ -103,7 +103,7 @@ fn drive(
                     futures_lite::future::block_on(h.run(move |shard| async move {
                         let id = shard.id() as u128;
                         let mut data = vec![0u8; page as usize];
-                        let mut x = seed ^ ((id as u64 + 1) * 0x9E37_79B9_7F4A_7C15);
+                        let mut x = seed ^ (id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                         for c in data.chunks_mut(8) {
                             c.copy_from_slice(&rng_next(&mut x).to_le_bytes()[..c.len()]);
                         }
@@ -116,7 +116,8 @@ fn drive(
                             tasks.push(glommio::spawn_local(async move {
                                 let mut hist = new_hist();
                                 let (mut ops, mut bytes) = (0u64, 0u64);
-                                let mut x = seed ^ ((t + 1) * 0xC2B2_AE3D_27D4_EB4F) ^ id as u64;
+                                let mut x =
+                                    seed ^ (t + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F) ^ id as u64;
                                 match kind {
                                     Kind::Write => {
                                         let mut i = t;
@@ -407,5 +408,91 @@ pub fn restart_open(o: &Opts) -> Result<(), String> {
         rss as f64 / st.recovered_pages.max(1) as f64
     );
     engine.shutdown().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `raw`: the same random reads as `read`/`read4k` (block = 4 KiB or the page size per workload),
+/// issued with glommio's `DmaFile` directly on the cache files `local` left behind, with `--qd`
+/// tasks per file on one executor per shard. The engine's overhead is its ratio to this.
+pub fn raw(o: &Opts) -> Result<(), String> {
+    let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
+    let geo = Geometry::new(o.page_size, 4096, pages as u32);
+    for w in &o.workloads {
+        let block = match w.as_str() {
+            "read" => o.page_size as u64,
+            "read4k" => 4096,
+            _ => continue,
+        };
+        let cpu0 = cpu_seconds();
+        let start = Instant::now();
+        let joins: Vec<_> = (0..o.shards)
+            .map(|shard| {
+                let path = pagestore_engine::shard_file(&o.dir.join("engine"), shard);
+                let (qd, secs, seed, page) = (o.qd as u64, o.seconds, o.seed, o.page_size as u64);
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(shard % cpus))
+                    .io_memory(page as usize * qd as usize)
+                    .spawn(move || async move {
+                        let f = Rc::new(
+                            glommio::io::DmaFile::open(&path)
+                                .await
+                                .map_err(|e| format!("{}: {e}", path.display()))?,
+                        );
+                        let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
+                        let mut tasks = Vec::new();
+                        for t in 0..qd {
+                            let f = f.clone();
+                            tasks.push(glommio::spawn_local(async move {
+                                let mut x = seed ^ (t + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+                                let (mut ops, mut hist) = (0u64, new_hist());
+                                let per_page = page / block;
+                                while Instant::now() < deadline {
+                                    let r = rng_next(&mut x);
+                                    let pos = geo.data_off
+                                        + (r % pages) * page
+                                        + ((r >> 32) % per_page) * block;
+                                    let t0 = Instant::now();
+                                    let got = f
+                                        .read_at_aligned(pos, block as usize)
+                                        .await
+                                        .map_err(|e| e.to_string())?;
+                                    if got.len() as u64 != block {
+                                        return Err("short read".to_string());
+                                    }
+                                    let _ = hist.record(t0.elapsed().as_nanos() as u64);
+                                    ops += 1;
+                                }
+                                Ok::<_, String>((ops, hist))
+                            }));
+                        }
+                        let mut total = (0u64, new_hist());
+                        for t in tasks {
+                            let (ops, h) = t.await?;
+                            total.0 += ops;
+                            total.1.add(h).map_err(|e| e.to_string())?;
+                        }
+                        Ok::<_, String>(total)
+                    })
+                    .map_err(|e| e.to_string())
+            })
+            .collect();
+        let mut ops = 0;
+        let mut hist = new_hist();
+        for j in joins {
+            let (n, h) = j?.join().map_err(|e| e.to_string())??;
+            ops += n;
+            hist.add(h).map_err(|e| e.to_string())?;
+        }
+        let r = WorkloadResult {
+            name: format!("raw-{w}"),
+            bytes: ops * block,
+            ops,
+            secs: start.elapsed().as_secs_f64(),
+            hist,
+            cpu_secs: cpu_seconds() - cpu0,
+            hit_ratio: None,
+        };
+        report(o, &[r], None);
+    }
     Ok(())
 }

@@ -7,6 +7,8 @@
 //! pagebench local    [options]   the engine alone: write (insert), read (whole pages), read4k
 //! pagebench compare  [options]   the same workloads through fio first, then the engine, with ratios
 //! pagebench restart  [options]   fill a cache, restart it, report restart time and memory per page
+//! pagebench raw      [options]   random reads of the cache files with glommio alone (no engine):
+//!                                separates the engine's cost from the executor's
 //! ```
 
 mod fio;
@@ -56,7 +58,7 @@ impl Default for Opts {
     }
 }
 
-const USAGE: &str = "usage: pagebench <local|compare|restart> [--dir DIR] [--page-size BYTES] \
+const USAGE: &str = "usage: pagebench <local|compare|restart|raw> [--dir DIR] [--page-size BYTES] \
 [--shards N] [--qd N] [--seconds S] [--size BYTES] [--workloads write,read,read4k] [--pages N] \
 [--seed N] [--json]
 sizes take K, M, G suffixes (powers of 1024)";
@@ -122,6 +124,7 @@ fn main() {
         "compare" => fio::compare(&opts),
         "restart" => local::restart(&opts),
         "restart-open" => local::restart_open(&opts),
+        "raw" => local::raw(&opts),
         _ => Err(format!("unknown command {cmd}\n{USAGE}")),
     };
     if let Err(e) = r {

@@ -1,0 +1,111 @@
+//! Seconds-long runs of every pagebench target, so the harness cannot rot. Real measurements are
+//! not part of the test suite (docs/BENCHMARKS.md).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::process::Command;
+
+fn pagebench(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagebench"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "pagebench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+const SMALL: [&str; 10] = [
+    "--size",
+    "32M",
+    "--page-size",
+    "1M",
+    "--shards",
+    "2",
+    "--qd",
+    "2",
+    "--seconds",
+    "0.3",
+];
+
+#[test]
+fn local_prints_every_workload_as_json() {
+    let d = dir();
+    let dir = d.path().to_str().unwrap();
+    let mut args = vec!["local", "--dir", dir, "--json"];
+    args.extend(SMALL);
+    let out = pagebench(&args);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let rows = v.as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["write", "read", "read4k"]);
+    for r in rows {
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["bytes_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Reads come only from the cache.
+    assert_eq!(rows[1]["hit_ratio"].as_f64(), Some(1.0));
+    // The 32 MiB write workload wrote exactly 32 MiB.
+    assert_eq!(rows[0]["bytes"].as_u64(), Some(32 << 20));
+}
+
+#[test]
+fn restart_reports_restored_pages() {
+    let d = dir();
+    let dir = d.path().to_str().unwrap();
+    let out = pagebench(&[
+        "restart",
+        "--dir",
+        dir,
+        "--page-size",
+        "64K",
+        "--pages",
+        "2000",
+        "--shards",
+        "2",
+        "--qd",
+        "4",
+    ]);
+    assert!(out.contains("restart: 2000 pages restored"), "{out}");
+}
+
+#[test]
+fn compare_and_raw_against_fio() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        // CI installs fio (.ci/run); on a machine without it this target cannot run.
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the compare smoke test");
+        return;
+    }
+    let d = dir();
+    let dir = d.path().to_str().unwrap();
+    let mut args = vec!["compare", "--dir", dir];
+    args.extend(SMALL);
+    let out = pagebench(&args);
+    assert_eq!(out.matches("  ratio").count(), 3, "{out}");
+    let mut args = vec!["raw", "--dir", dir, "--workloads", "read,read4k"];
+    args.extend(SMALL);
+    let out = pagebench(&args);
+    assert!(out.contains("raw-read4k"), "{out}");
+}
+
+#[test]
+fn bad_arguments_are_refused_with_usage() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagebench"))
+        .args(["local", "--qd", "zero"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--qd"));
+}
