@@ -7,12 +7,11 @@ use std::{
     pin::Pin,
     rc::Rc,
     sync::{mpsc, Arc},
-    thread::JoinHandle,
     time::Instant,
 };
 
 use futures_channel::oneshot;
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use crate::{
     cachefile::CacheFile,
@@ -37,7 +36,7 @@ pub type ShardInit = Arc<dyn Fn(Rc<Shard>) + Send + Sync>;
 /// Dropping it shuts the shards down (in-flight requests finish, files are synced).
 pub struct Engine {
     handles: Vec<ShardHandle>,
-    threads: Vec<JoinHandle<Result<()>>>,
+    threads: Vec<ExecutorJoinHandle<Result<()>>>,
     page_size: u32,
     _locks: Vec<File>,
 }
@@ -186,6 +185,7 @@ impl Engine {
             std::fs::create_dir_all(dir)
                 .map_err(|e| EngineError::io("creating cache directory", Some(dir.clone()), e))?;
             locks.push(lock_dir(dir)?);
+            crate::probe::probe_direct_io(dir)?;
             check_space(dir, shards, geo.file_size)?;
         }
 
@@ -223,11 +223,7 @@ impl Engine {
                 serve(shard, rx, cfg.max_inflight).await
             });
             match spawned {
-                Ok(h) => threads.push(std::thread::spawn(move || {
-                    h.join().map_err(|e| {
-                        EngineError::io("running shard", None, crate::device::to_io(e))
-                    })?
-                })),
+                Ok(h) => threads.push(h),
                 Err(e) => {
                     return Err(EngineError::io(
                         "starting shard executor",
@@ -252,14 +248,19 @@ impl Engine {
                     first_err.get_or_insert(e);
                 }
                 Err(_) => {
+                    // A shard thread died before reporting (e.g. its executor could not be
+                    // built); its own error comes back when the threads are joined.
                     first_err.get_or_insert(EngineError::ShardGone);
                     break;
                 }
             }
         }
         if let Some(e) = first_err {
-            let _ = engine.stop();
-            return Err(e);
+            let joined = engine.stop();
+            return Err(match (e, joined) {
+                (EngineError::ShardGone, Err(real)) => real,
+                (e, _) => e,
+            });
         }
         Ok(engine)
     }
@@ -300,7 +301,13 @@ impl Engine {
         }
         let mut first = Ok(());
         for t in self.threads.drain(..) {
-            let r = t.join().unwrap_or(Err(EngineError::ShardGone));
+            let r = t.join().unwrap_or_else(|e| {
+                Err(EngineError::io(
+                    "running shard",
+                    None,
+                    crate::device::to_io(e),
+                ))
+            });
             if first.is_ok() {
                 first = r;
             }

@@ -91,3 +91,29 @@ pub fn free_space(path: &std::path::Path) -> std::io::Result<u64> {
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
+
+/// Checks that files in `dir` can be opened with O_DIRECT (tmpfs before Linux 6.6, ramfs,
+/// overlayfs and many network or FUSE file systems refuse it).
+pub fn probe_direct_io(dir: &std::path::Path) -> Result<(), EngineError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(".pagestore-odirect-probe");
+    let r = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path);
+    let _ = std::fs::remove_file(&path);
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(EngineError::DirectIoUnsupported { path, source: e })
+        }
+        Err(e) => Err(EngineError::io(
+            "probing O_DIRECT in",
+            Some(dir.to_path_buf()),
+            e,
+        )),
+    }
+}

@@ -81,8 +81,11 @@ fn a_cache_hit_allocates_nothing_beyond_the_disk_read() {
         engine_allocs as f64 / 200.0,
         raw_allocs as f64 / 200.0
     );
+    // glommio's reactor allocates now and then on its own (timers, queue growth), a handful per
+    // few hundred operations, landing in either loop. One allocation per hit by the engine
+    // would add 200; allow a slack of 10.
     assert!(
-        engine_allocs <= raw_allocs,
+        engine_allocs <= raw_allocs + 10,
         "the hit path allocates: {engine_allocs} allocations for 200 hits vs {raw_allocs} for 200 raw reads"
     );
     let st = block_on(s.stats()).unwrap();

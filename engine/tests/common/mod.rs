@@ -5,6 +5,7 @@ use std::path::Path;
 
 use pagestore_engine::{format::Geometry, Engine, EngineConfig, PolicyKind};
 
+#[allow(unused_imports)]
 pub use futures_lite::future::block_on;
 
 pub const KIB: u32 = 1024;
