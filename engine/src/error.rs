@@ -63,6 +63,13 @@ pub enum EngineError {
         /// The cache's page size.
         page_size: u32,
     },
+    /// `put_buffer` was told the page is longer than its buffer.
+    BufferTooShort {
+        /// Page length given.
+        len: usize,
+        /// Bytes in the buffer.
+        capacity: usize,
+    },
     /// The shard has shut down (or its thread died); the request was not executed.
     ShardGone,
 }
@@ -132,6 +139,12 @@ impl fmt::Display for EngineError {
             }
             EngineError::PageTooLarge { len, page_size } => {
                 write!(f, "page of {len} bytes exceeds the page size {page_size}")
+            }
+            EngineError::BufferTooShort { len, capacity } => {
+                write!(
+                    f,
+                    "page length {len} exceeds its buffer of {capacity} bytes"
+                )
             }
             EngineError::ShardGone => write!(f, "the shard has shut down"),
         }

@@ -46,6 +46,8 @@ pub use config::{
 pub use device::FaultConfig;
 pub use engine::{shard_file, Engine, ShardHandle, ShardInit};
 pub use error::{EngineError, Result};
+/// glommio's DMA buffer, for [`Shard::put_buffer`].
+pub use glommio::io::DmaBuffer;
 pub use key::PageKey;
 pub use policy::PolicyKind;
 pub use shard::{PageData, PageInfo, PutOutcome, Shard};

@@ -13,7 +13,7 @@ use std::{
     rc::Rc,
 };
 
-use glommio::io::ReadResult;
+use glommio::io::{DmaBuffer, ReadResult};
 
 use crate::{
     cachefile::{now_ms, CacheFile, Recovered},
@@ -51,6 +51,23 @@ impl Deref for PageData {
 impl std::fmt::Debug for PageData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PageData({} bytes)", self.len())
+    }
+}
+
+/// The bytes of a page being stored.
+enum PageBytes<'a> {
+    /// Borrowed; copied once into a DMA buffer.
+    Slice(&'a [u8]),
+    /// Already in a DMA buffer: the first `usize` bytes.
+    Dma(DmaBuffer, usize),
+}
+
+impl PageBytes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            PageBytes::Slice(s) => s.len(),
+            PageBytes::Dma(_, n) => *n,
+        }
     }
 }
 
@@ -305,6 +322,41 @@ impl Shard {
     /// nothing; with another version the new page replaces the old. Concurrent puts of one key
     /// are coalesced: later ones wait for the first and then find the page present.
     pub async fn put(&self, key: &PageKey, data: &[u8], version: u64) -> Result<PutOutcome> {
+        self.put_bytes(key, PageBytes::Slice(data), version).await
+    }
+
+    /// A buffer for [`Shard::put_buffer`]: `len` rounded up to 4096 bytes, suitable for O_DIRECT
+    /// (from this shard's registered arena when it has room).
+    pub fn alloc_buffer(&self, len: usize) -> DmaBuffer {
+        self.files[0]
+            .device()
+            .alloc(len.next_multiple_of(4096).max(4096))
+    }
+
+    /// Like [`Shard::put`], for bytes already in a DMA buffer (from [`Shard::alloc_buffer`]): the
+    /// first `len` bytes are the page, and they are written without another copy.
+    pub async fn put_buffer(
+        &self,
+        key: &PageKey,
+        buf: DmaBuffer,
+        len: usize,
+        version: u64,
+    ) -> Result<PutOutcome> {
+        if len > buf.len() {
+            return Err(EngineError::BufferTooShort {
+                len,
+                capacity: buf.len(),
+            });
+        }
+        self.put_bytes(key, PageBytes::Dma(buf, len), version).await
+    }
+
+    async fn put_bytes(
+        &self,
+        key: &PageKey,
+        data: PageBytes<'_>,
+        version: u64,
+    ) -> Result<PutOutcome> {
         if data.len() > self.geo.page_size as usize {
             return Err(EngineError::PageTooLarge {
                 len: data.len(),
@@ -334,7 +386,7 @@ impl Shard {
         Ok(PutOutcome::Stored)
     }
 
-    async fn store(&self, key: &PageKey, data: &[u8], version: u64) -> Result<()> {
+    async fn store(&self, key: &PageKey, data: PageBytes<'_>, version: u64) -> Result<()> {
         let res = self.index.borrow_mut().reserve();
         let r = res.map_err(|_| EngineError::CacheFull)?;
         if r.evicted.is_some() {
@@ -364,20 +416,27 @@ impl Shard {
 
         // 2. Data and checksum table. Both belong to a slot no header points at yet.
         let len = data.len() as u32;
+        let padded = data.len().next_multiple_of(4096);
+        let mut buf = match data {
+            PageBytes::Slice(d) => {
+                let mut b = file.device().alloc(padded.max(4096));
+                b.as_bytes_mut()[..d.len()].copy_from_slice(d);
+                b
+            }
+            PageBytes::Dma(b, _) => b,
+        };
+        buf.as_bytes_mut()[len as usize..padded].fill(0);
+        buf.trim_to_size(padded);
         let chunk = self.geo.chunk_size as usize;
         let chunks = self.geo.chunks_for(len);
         let data_crc = file.with_table(local, |table| {
             table.fill(0);
-            for (i, c) in data.chunks(chunk).enumerate() {
+            for (i, c) in buf.as_bytes()[..len as usize].chunks(chunk).enumerate() {
                 table[i * 4..i * 4 + 4].copy_from_slice(&crc32fast::hash(c).to_le_bytes());
             }
             crc32fast::hash(&table[..chunks as usize * 4])
         });
         if len > 0 {
-            let mut buf = file.device().alloc(data.len().next_multiple_of(4096));
-            let bytes = buf.as_bytes_mut();
-            bytes[..data.len()].copy_from_slice(data);
-            bytes[data.len()..].fill(0);
             let (w, t) = futures_lite::future::zip(
                 file.device().write(buf, self.geo.data_off(local)),
                 file.persist_table(local),

@@ -260,3 +260,42 @@ fn replacing_pages_under_concurrent_reads_leaks_no_slots() {
         );
     });
 }
+
+#[test]
+fn put_buffer_stores_bytes_from_a_dma_buffer_without_a_copy() {
+    let dir = tempdir();
+    let engine = start(config(dir.path(), 1, 64 * KIB, 8));
+    let s = &engine.shards()[0];
+    let want = page_bytes(4, 0, 1, 10_000);
+    let w = want.clone();
+    let (stored, too_short) = block_on(s.run(move |shard| async move {
+        let key = PageKey::new(4, 0);
+        let mut buf = shard.alloc_buffer(w.len());
+        assert_eq!(buf.len(), 12_288);
+        buf.as_bytes_mut()[..w.len()].copy_from_slice(&w);
+        // Bytes past `len` are not part of the page, whatever they hold.
+        buf.as_bytes_mut()[w.len()..].fill(0xEE);
+        let stored = shard.put_buffer(&key, buf, w.len(), 1).await.unwrap();
+        let small = shard.alloc_buffer(100);
+        let too_short = shard.put_buffer(&PageKey::new(4, 1), small, 5000, 1).await;
+        (stored, too_short)
+    }))
+    .unwrap();
+    assert_eq!(stored, PutOutcome::Stored);
+    assert!(
+        matches!(
+            too_short,
+            Err(EngineError::BufferTooShort {
+                len: 5000,
+                capacity: 4096
+            })
+        ),
+        "{too_short:?}"
+    );
+    let got = block_on(s.get(PageKey::new(4, 0), 0, u32::MAX))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, want);
+    let info = block_on(s.page_info(PageKey::new(4, 0))).unwrap().unwrap();
+    assert_eq!(info.len, 10_000);
+}
