@@ -1,4 +1,5 @@
-//! A single-threaded "notify all" event for tasks on one shard executor.
+//! A single-threaded "notify all" event for tasks on one shard executor (used by the engine and
+//! by the network layer's per-shard endpoint).
 //!
 //! glommio has no Notify primitive; this one is a generation counter plus the wakers of the tasks
 //! waiting for the generation to move. It is `!Send` on purpose: it never crosses cores.
@@ -10,15 +11,16 @@ use std::{
     task::{Context, Poll, Waker},
 };
 
+/// Wakes every task waiting on it; see the module docs.
 #[derive(Default)]
-pub(crate) struct Event {
+pub struct Event {
     generation: Cell<u64>,
     waiters: RefCell<Vec<Waker>>,
 }
 
 impl Event {
     /// A future that completes at the next `notify_all` after this call.
-    pub(crate) fn listen(&self) -> Listen<'_> {
+    pub fn listen(&self) -> Listen<'_> {
         Listen {
             event: self,
             start: self.generation.get(),
@@ -26,7 +28,7 @@ impl Event {
     }
 
     /// Wakes every current listener.
-    pub(crate) fn notify_all(&self) {
+    pub fn notify_all(&self) {
         self.generation.set(self.generation.get().wrapping_add(1));
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for w in waiters {
@@ -35,7 +37,8 @@ impl Event {
     }
 }
 
-pub(crate) struct Listen<'a> {
+/// The future returned by [`Event::listen`].
+pub struct Listen<'a> {
     event: &'a Event,
     start: u64,
 }

@@ -31,7 +31,7 @@ mod config;
 mod device;
 mod engine;
 mod error;
-mod event;
+pub mod event;
 pub mod format;
 pub mod index;
 mod key;

@@ -1,0 +1,552 @@
+//! A per-shard QUIC endpoint, driven by quinn-proto (quinn's sans-IO state machine) on the
+//! shard's own glommio executor: its own UDP socket, its own connections, its own timers.
+//!
+//! quinn's high-level `Endpoint` needs `Send + Sync` runtime types that glommio does not have,
+//! so this module is the glue: one driver task per shard receives datagrams (GRO) with
+//! quinn-udp on a non-blocking socket, feeds them to quinn-proto, accepts bidirectional streams
+//! (one request each), hands complete requests to a [`Service`] running on the same executor,
+//! writes the replies back, and sends what quinn-proto wants sent (GSO). Nothing crosses cores.
+//!
+//! Readiness: glommio has no public "wait until readable" API. The driver waits on a 1-byte
+//! `peek_from` of a glommio socket sharing the same file (a peek consumes nothing), then drains
+//! the socket with non-blocking `recvmsg` calls. The socket is made without SO_REUSEPORT, so a
+//! second process cannot silently share the port.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::{HashMap, VecDeque},
+    future::Future,
+    io::{self, IoSliceMut},
+    net::SocketAddr,
+    pin::Pin,
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::BytesMut;
+use pagestore_engine::{event::Event, PageData};
+use quinn_proto::{
+    ConnectionHandle, DatagramEvent, Dir, EndpointConfig, Event as QEvent, ReadError, ServerConfig,
+    StreamEvent, StreamId, VarInt, WriteError,
+};
+
+/// The body of a reply: nothing, bytes owned by the reply, or a page read from the cache (sent
+/// from the buffer the disk read went into).
+pub enum Body {
+    /// No body.
+    Empty,
+    /// Owned bytes.
+    Bytes(Vec<u8>),
+    /// A cached page (or part of one).
+    Page(PageData),
+}
+
+impl Body {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Body::Empty => &[],
+            Body::Bytes(b) => b,
+            Body::Page(p) => p,
+        }
+    }
+}
+
+/// A reply: a frame head and a body, written to the request's stream in that order.
+pub struct Reply {
+    /// Encoded response frame head (preamble and header).
+    pub head: Vec<u8>,
+    /// Payload.
+    pub body: Body,
+}
+
+/// What a shard does with one request. Runs on the shard's executor.
+pub trait Service: 'static {
+    /// Answers one complete request (everything the client wrote on the stream).
+    fn call(self: Rc<Self>, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Reply>>>;
+}
+
+/// Settings of one endpoint.
+#[derive(Clone)]
+pub struct EndpointOptions {
+    /// Address to bind (one per shard: base port + shard index).
+    pub addr: SocketAddr,
+    /// TLS and transport settings for accepted connections.
+    pub server: Arc<ServerConfig>,
+    /// Largest request accepted (frame head and payload); a larger one resets the stream.
+    pub max_request: usize,
+}
+
+/// Counters of one endpoint.
+#[derive(Default, Debug)]
+pub struct EndpointStats {
+    /// Connections accepted.
+    pub connections: Cell<u64>,
+    /// Requests handed to the service.
+    pub requests: Cell<u64>,
+    /// Streams reset because a request was too large or malformed at the stream level.
+    pub rejected: Cell<u64>,
+    /// Datagrams received.
+    pub datagrams_in: Cell<u64>,
+    /// Datagram batches sent.
+    pub sends: Cell<u64>,
+}
+
+/// A running endpoint (owned by the shard that started it).
+pub struct EndpointHandle {
+    local_addr: SocketAddr,
+    stats: Rc<EndpointStats>,
+    closing: Rc<Cell<bool>>,
+    wake: Rc<Event>,
+    done: Rc<Event>,
+    finished: Rc<Cell<bool>>,
+}
+
+impl EndpointHandle {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &EndpointStats {
+        &self.stats
+    }
+
+    /// Closes every connection and stops the driver; resolves once it has stopped.
+    pub async fn close(&self) {
+        self.closing.set(true);
+        self.wake.notify_all();
+        while !self.finished.get() {
+            self.done.listen().await;
+        }
+    }
+}
+
+enum StreamState {
+    Reading(Vec<u8>),
+    Serving,
+    Writing { reply: Reply, written: usize },
+}
+
+struct Conn {
+    conn: quinn_proto::Connection,
+    streams: HashMap<StreamId, StreamState>,
+}
+
+type Done = Rc<RefCell<VecDeque<(ConnectionHandle, StreamId, Reply)>>>;
+
+struct Driver {
+    endpoint: quinn_proto::Endpoint,
+    conns: HashMap<ConnectionHandle, Conn>,
+    socket: socket2::Socket,
+    udp: quinn_udp::UdpSocketState,
+    service: Rc<dyn Service>,
+    done: Done,
+    wake: Rc<Event>,
+    stats: Rc<EndpointStats>,
+    max_request: usize,
+    recv_buf: Vec<u8>,
+    send_buf: Vec<u8>,
+}
+
+fn bind(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if addr.is_ipv6() {
+        s.set_only_v6(false)?;
+    }
+    // Large buffers absorb bursts of full-size page responses; best effort.
+    let _ = s.set_recv_buffer_size(8 << 20);
+    let _ = s.set_send_buffer_size(8 << 20);
+    s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s)
+}
+
+/// Starts an endpoint on the current glommio executor (call it from the shard, e.g. from the
+/// engine's `ShardInit` hook). Fails if the address cannot be bound.
+pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<EndpointHandle> {
+    let socket = bind(options.addr)?;
+    let local_addr = socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("bound socket has no IP address"))?;
+    let udp = quinn_udp::UdpSocketState::new((&socket).into())?;
+    let readable = {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        let fd = socket.try_clone()?.into_raw_fd();
+        // SAFETY: `fd` is a fresh duplicate of our socket's descriptor, owned by nobody else;
+        // the glommio socket takes ownership and closes it when dropped.
+        unsafe { glommio::net::UdpSocket::from_raw_fd(fd) }
+    };
+    let endpoint = quinn_proto::Endpoint::new(
+        Arc::new(EndpointConfig::default()),
+        Some(options.server.clone()),
+        true,
+        None,
+    );
+    let gro = udp.gro_segments().max(1);
+    let stats = Rc::new(EndpointStats::default());
+    let wake = Rc::new(Event::default());
+    let closing = Rc::new(Cell::new(false));
+    let done_ev = Rc::new(Event::default());
+    let finished = Rc::new(Cell::new(false));
+    let mut driver = Driver {
+        endpoint,
+        conns: HashMap::new(),
+        socket,
+        udp,
+        service,
+        done: Rc::new(RefCell::new(VecDeque::new())),
+        wake: wake.clone(),
+        stats: stats.clone(),
+        max_request: options.max_request,
+        recv_buf: vec![0u8; 65_536 * gro],
+        send_buf: Vec::with_capacity(65_536),
+    };
+    let (c, d, f) = (closing.clone(), done_ev.clone(), finished.clone());
+    glommio::spawn_local(async move {
+        if let Err(e) = driver.run(&readable, &c).await {
+            tracing::error!(error = %e, addr = %local_addr, "QUIC endpoint stopped");
+        }
+        f.set(true);
+        d.notify_all();
+    })
+    .detach();
+    Ok(EndpointHandle {
+        local_addr,
+        stats,
+        closing,
+        wake,
+        done: done_ev,
+        finished,
+    })
+}
+
+impl Driver {
+    async fn run(
+        &mut self,
+        readable: &glommio::net::UdpSocket,
+        closing: &Cell<bool>,
+    ) -> io::Result<()> {
+        let mut closed_at: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if closing.get() && closed_at.is_none() {
+                closed_at = Some(now);
+                for c in self.conns.values_mut() {
+                    c.conn.close(
+                        now,
+                        VarInt::from_u32(0),
+                        bytes::Bytes::from_static(b"shutdown"),
+                    );
+                }
+            }
+            let mut work = self.receive(now)?;
+            work |= self.take_replies();
+            let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
+            for ch in handles {
+                work |= self.drive(ch, now);
+            }
+            if let Some(t) = closed_at {
+                if self.conns.is_empty() || t.elapsed() > Duration::from_secs(3) {
+                    return Ok(());
+                }
+            }
+            if work {
+                // Cooperative: let request tasks run between driver turns.
+                futures_lite::future::yield_now().await;
+                continue;
+            }
+            let deadline = self
+                .conns
+                .values_mut()
+                .filter_map(|c| c.conn.poll_timeout())
+                .min();
+            let wait =
+                deadline.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now));
+            let mut peek = [0u8; 1];
+            let listen = self.wake.listen();
+            futures_lite::future::or(
+                async {
+                    let _ = readable.peek_from(&mut peek).await;
+                },
+                futures_lite::future::or(listen, async {
+                    glommio::timer::sleep(wait).await;
+                }),
+            )
+            .await;
+        }
+    }
+
+    /// Reads every datagram waiting on the socket.
+    fn receive(&mut self, now: Instant) -> io::Result<bool> {
+        let mut any = false;
+        loop {
+            let mut meta = [quinn_udp::RecvMeta::default()];
+            let n = {
+                let mut bufs = [IoSliceMut::new(&mut self.recv_buf)];
+                match self.udp.recv((&self.socket).into(), &mut bufs, &mut meta) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(any),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    // ICMP errors (e.g. a client went away) surface here; they are not ours.
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            any = true;
+            for m in &meta[..n] {
+                let stride = m.stride.max(1);
+                let mut off = 0;
+                while off < m.len {
+                    let end = (off + stride).min(m.len);
+                    let data = BytesMut::from(&self.recv_buf[off..end]);
+                    self.stats
+                        .datagrams_in
+                        .set(self.stats.datagrams_in.get() + 1);
+                    self.handle_datagram(now, m.addr, m.dst_ip, m.ecn, data);
+                    off = end;
+                }
+            }
+        }
+    }
+
+    fn handle_datagram(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        dst_ip: Option<std::net::IpAddr>,
+        ecn: Option<quinn_udp::EcnCodepoint>,
+        data: BytesMut,
+    ) {
+        let ecn = ecn.and_then(|e| quinn_proto::EcnCodepoint::from_bits(e as u8));
+        let mut buf = Vec::new();
+        match self.endpoint.handle(now, from, dst_ip, ecn, data, &mut buf) {
+            Some(DatagramEvent::NewConnection(incoming)) => {
+                match self.endpoint.accept(incoming, now, &mut buf, None) {
+                    Ok((ch, conn)) => {
+                        self.stats.connections.set(self.stats.connections.get() + 1);
+                        self.conns.insert(
+                            ch,
+                            Conn {
+                                conn,
+                                streams: HashMap::new(),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        if let Some(t) = e.response {
+                            self.send(&t, &buf);
+                        }
+                    }
+                }
+            }
+            Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
+                if let Some(c) = self.conns.get_mut(&ch) {
+                    c.conn.handle_event(ev);
+                }
+            }
+            Some(DatagramEvent::Response(t)) => self.send(&t, &buf),
+            None => {}
+        }
+    }
+
+    fn send(&self, t: &quinn_proto::Transmit, buf: &[u8]) {
+        let transmit = quinn_udp::Transmit {
+            destination: t.destination,
+            ecn: t.ecn.map(|e| match e {
+                quinn_proto::EcnCodepoint::Ect0 => quinn_udp::EcnCodepoint::Ect0,
+                quinn_proto::EcnCodepoint::Ect1 => quinn_udp::EcnCodepoint::Ect1,
+                quinn_proto::EcnCodepoint::Ce => quinn_udp::EcnCodepoint::Ce,
+            }),
+            contents: &buf[..t.size],
+            segment_size: t.segment_size,
+            src_ip: t.src_ip,
+        };
+        self.stats.sends.set(self.stats.sends.get() + 1);
+        // A full socket buffer drops the batch; QUIC loss recovery resends it.
+        let _ = self.udp.send((&self.socket).into(), &transmit);
+    }
+
+    /// Moves finished replies from the service tasks onto their streams.
+    fn take_replies(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let next = self.done.borrow_mut().pop_front();
+            let Some((ch, id, reply)) = next else {
+                return any;
+            };
+            any = true;
+            if let Some(c) = self.conns.get_mut(&ch) {
+                if let Some(s) = c.streams.get_mut(&id) {
+                    *s = StreamState::Writing { reply, written: 0 };
+                    write_stream(c, id);
+                }
+            }
+        }
+    }
+
+    /// Runs one connection: timers, events, new streams, reads, writes, transmits.
+    fn drive(&mut self, ch: ConnectionHandle, now: Instant) -> bool {
+        let mut work = false;
+        let Some(c) = self.conns.get_mut(&ch) else {
+            return false;
+        };
+        if c.conn.poll_timeout().is_some_and(|t| t <= now) {
+            c.conn.handle_timeout(now);
+            work = true;
+        }
+        while let Some(ev) = c.conn.poll_endpoint_events() {
+            if let Some(back) = self.endpoint.handle_event(ch, ev) {
+                c.conn.handle_event(back);
+            }
+        }
+        let mut readable = Vec::new();
+        while let Some(ev) = c.conn.poll() {
+            work = true;
+            match ev {
+                QEvent::Stream(StreamEvent::Readable { id }) => readable.push(id),
+                QEvent::Stream(StreamEvent::Writable { id }) => write_stream(c, id),
+                QEvent::Stream(StreamEvent::Stopped { id, .. }) => {
+                    c.streams.remove(&id);
+                }
+                _ => {}
+            }
+        }
+        while let Some(id) = c.conn.streams().accept(Dir::Bi) {
+            c.streams.insert(id, StreamState::Reading(Vec::new()));
+            readable.push(id);
+            work = true;
+        }
+        for id in readable {
+            if let Some(request) = read_stream(c, id, self.max_request, &self.stats) {
+                self.stats.requests.set(self.stats.requests.get() + 1);
+                let service = self.service.clone();
+                let done = self.done.clone();
+                let wake = self.wake.clone();
+                glommio::spawn_local(async move {
+                    let reply = service.call(request).await;
+                    done.borrow_mut().push_back((ch, id, reply));
+                    wake.notify_all();
+                })
+                .detach();
+            }
+        }
+        // Transmit.
+        loop {
+            self.send_buf.clear();
+            let segments =
+                crate::transport::gso_segments(c.conn.current_mtu(), self.udp.max_gso_segments());
+            match c.conn.poll_transmit(now, segments, &mut self.send_buf) {
+                Some(t) => {
+                    let transmit = quinn_udp::Transmit {
+                        destination: t.destination,
+                        ecn: t.ecn.map(|e| match e {
+                            quinn_proto::EcnCodepoint::Ect0 => quinn_udp::EcnCodepoint::Ect0,
+                            quinn_proto::EcnCodepoint::Ect1 => quinn_udp::EcnCodepoint::Ect1,
+                            quinn_proto::EcnCodepoint::Ce => quinn_udp::EcnCodepoint::Ce,
+                        }),
+                        contents: &self.send_buf[..t.size],
+                        segment_size: t.segment_size,
+                        src_ip: t.src_ip,
+                    };
+                    self.stats.sends.set(self.stats.sends.get() + 1);
+                    let _ = self.udp.send((&self.socket).into(), &transmit);
+                    work = true;
+                }
+                None => break,
+            }
+        }
+        if c.conn.is_drained() {
+            self.conns.remove(&ch);
+        }
+        work
+    }
+}
+
+/// Reads what has arrived on a request stream. Returns the whole request once the client has
+/// finished its side.
+fn read_stream(c: &mut Conn, id: StreamId, max: usize, stats: &EndpointStats) -> Option<Vec<u8>> {
+    let Some(StreamState::Reading(buf)) = c.streams.get_mut(&id) else {
+        return None;
+    };
+    let mut fin = false;
+    let mut fail = false;
+    {
+        let mut recv = c.conn.recv_stream(id);
+        let mut chunks = match recv.read(true) {
+            Ok(ch) => ch,
+            Err(_) => {
+                c.streams.remove(&id);
+                return None;
+            }
+        };
+        loop {
+            match chunks.next(usize::MAX) {
+                Ok(Some(chunk)) => {
+                    if buf.len() + chunk.bytes.len() > max {
+                        fail = true;
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk.bytes);
+                }
+                Ok(None) => {
+                    fin = true;
+                    break;
+                }
+                Err(ReadError::Blocked) => break,
+                Err(ReadError::Reset(_)) => {
+                    fail = true;
+                    break;
+                }
+            }
+        }
+        let _ = chunks.finalize();
+    }
+    if fail {
+        stats.rejected.set(stats.rejected.get() + 1);
+        let _ = c.conn.recv_stream(id).stop(VarInt::from_u32(1));
+        let _ = c.conn.send_stream(id).reset(VarInt::from_u32(1));
+        c.streams.remove(&id);
+        return None;
+    }
+    if !fin {
+        return None;
+    }
+    match c.streams.insert(id, StreamState::Serving) {
+        Some(StreamState::Reading(buf)) => Some(buf),
+        _ => None,
+    }
+}
+
+/// Writes as much of a reply as flow control allows; finishes the stream when all is written.
+fn write_stream(c: &mut Conn, id: StreamId) {
+    let Some(StreamState::Writing { reply, written }) = c.streams.get_mut(&id) else {
+        return;
+    };
+    let head = reply.head.len();
+    let total = head + reply.body.as_slice().len();
+    let mut send = c.conn.send_stream(id);
+    while *written < total {
+        let slice = if *written < head {
+            &reply.head[*written..]
+        } else {
+            &reply.body.as_slice()[*written - head..]
+        };
+        match send.write(slice) {
+            Ok(n) => *written += n,
+            Err(WriteError::Blocked) => return,
+            Err(_) => {
+                c.streams.remove(&id);
+                return;
+            }
+        }
+    }
+    let _ = send.finish();
+    c.streams.remove(&id);
+}

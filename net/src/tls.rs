@@ -1,0 +1,208 @@
+//! TLS for the QUIC endpoints: a cluster CA, node certificates signed by it, and the rustls
+//! configurations of servers (shards) and clients, with optional mutual TLS.
+//!
+//! A cluster is defined by its CA. Every node holds a certificate signed by that CA; clients
+//! verify servers against it, and with mutual TLS required, servers verify clients against it
+//! too, so a process without a cluster certificate can neither read, write nor join.
+
+use std::{path::Path, sync::Arc};
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+/// Errors building TLS material or configurations.
+#[derive(Debug)]
+pub enum TlsError {
+    /// Generating or signing a certificate failed.
+    Generate(String),
+    /// Reading or writing certificate files failed.
+    Io(std::path::PathBuf, std::io::Error),
+    /// A PEM file held no usable certificate or key.
+    Pem(std::path::PathBuf, String),
+    /// rustls refused the configuration.
+    Config(String),
+}
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsError::Generate(m) => write!(f, "generating a certificate: {m}"),
+            TlsError::Io(p, e) => write!(f, "{}: {e}", p.display()),
+            TlsError::Pem(p, m) => write!(f, "{}: {m}", p.display()),
+            TlsError::Config(m) => write!(f, "TLS configuration: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// The server name every node certificate carries and every client asks for. Nodes are
+/// identified by the cluster CA's signature, not by DNS names.
+pub const SERVER_NAME: &str = "pagestore";
+
+/// A certificate chain and its private key.
+pub struct Identity {
+    /// Leaf first.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// PKCS#8 private key.
+    pub key: PrivatePkcs8KeyDer<'static>,
+}
+
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Identity {
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+/// A cluster certificate authority: signs node and client certificates.
+pub struct ClusterCa {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+fn gen_err(e: rcgen::Error) -> TlsError {
+    TlsError::Generate(e.to_string())
+}
+
+impl ClusterCa {
+    /// A new CA with a fresh key.
+    pub fn generate(name: &str) -> Result<ClusterCa, TlsError> {
+        let key = rcgen::KeyPair::generate().map_err(gen_err)?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let cert = params.self_signed(&key).map_err(gen_err)?;
+        Ok(ClusterCa { cert, key })
+    }
+
+    /// Writes the CA certificate and key as PEM (the key file is created mode 0600).
+    pub fn save(&self, cert_pem: &Path, key_pem: &Path) -> Result<(), TlsError> {
+        write_private(cert_pem, self.cert.pem().as_bytes(), 0o644)?;
+        write_private(key_pem, self.key.serialize_pem().as_bytes(), 0o600)
+    }
+
+    /// The CA certificate (DER), for trust stores.
+    pub fn cert_der(&self) -> CertificateDer<'static> {
+        self.cert.der().clone()
+    }
+
+    /// Issues a certificate for a node or client, valid for [`SERVER_NAME`].
+    pub fn issue(&self, common_name: &str) -> Result<Identity, TlsError> {
+        let key = rcgen::KeyPair::generate().map_err(gen_err)?;
+        let mut params =
+            rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(gen_err)?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .map_err(gen_err)?;
+        Ok(Identity {
+            chain: vec![cert.der().clone(), self.cert_der()],
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+        })
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| TlsError::Io(path.into(), e))?;
+    f.write_all(bytes).map_err(|e| TlsError::Io(path.into(), e))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(ca: &CertificateDer<'static>) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(ca.clone())
+        .map_err(|e| TlsError::Config(format!("cluster CA certificate: {e}")))?;
+    Ok(roots)
+}
+
+/// A rustls server configuration for a shard endpoint: TLS 1.3, ALPN `alpn`, the node's
+/// identity, and (when `require_client_cert`) client certificates verified against the CA.
+pub fn server_config(
+    identity: &Identity,
+    ca: &CertificateDer<'static>,
+    require_client_cert: bool,
+    alpn: &[u8],
+) -> Result<rustls::ServerConfig, TlsError> {
+    let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(cfg)?;
+    let builder = if require_client_cert {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots(ca)?),
+            provider(),
+        )
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut config = builder
+        .with_single_cert(
+            identity.chain.clone(),
+            PrivateKeyDer::Pkcs8(identity.key.clone_key()),
+        )
+        .map_err(cfg)?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(config)
+}
+
+/// A rustls client configuration: servers are verified against the cluster CA; `identity` is
+/// presented when servers require client certificates.
+pub fn client_config(
+    ca: &CertificateDer<'static>,
+    identity: Option<&Identity>,
+    alpn: &[u8],
+) -> Result<rustls::ClientConfig, TlsError> {
+    let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(cfg)?
+        .with_root_certificates(roots(ca)?);
+    let mut config = match identity {
+        Some(id) => builder
+            .with_client_auth_cert(id.chain.clone(), PrivateKeyDer::Pkcs8(id.key.clone_key()))
+            .map_err(cfg)?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(config)
+}
+
+/// Reads the first certificate of a PEM file (e.g. the cluster CA certificate).
+pub fn load_cert_pem(path: &Path) -> Result<CertificateDer<'static>, TlsError> {
+    let data = std::fs::read(path).map_err(|e| TlsError::Io(path.into(), e))?;
+    let mut rd = std::io::BufReader::new(&data[..]);
+    let first = rustls_pemfile::certs(&mut rd).next();
+    match first {
+        Some(Ok(c)) => Ok(c),
+        Some(Err(e)) => Err(TlsError::Pem(path.into(), e.to_string())),
+        None => Err(TlsError::Pem(path.into(), "no certificate in file".into())),
+    }
+}

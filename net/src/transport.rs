@@ -1,0 +1,48 @@
+//! QUIC transport settings shared by shard endpoints and clients, tuned for 4 MiB pages.
+//!
+//! quinn's defaults suit small messages (1.25 MB stream window, 100 streams, 1200-byte packets).
+//! A page response is 4 MiB and a client keeps many in flight per connection, so the windows
+//! hold several pages, and path MTU discovery may grow packets to jumbo size where the path
+//! allows it (loopback, jumbo-frame networks); each GSO batch stays under 64 KiB.
+
+use std::{sync::Arc, time::Duration};
+
+use quinn_proto::{congestion::CubicConfig, MtuDiscoveryConfig, TransportConfig, VarInt};
+
+/// Largest UDP payload MTU discovery may reach.
+pub const MTU_UPPER_BOUND: u16 = 8952;
+/// Bytes one connection may have in flight from a peer (all streams together).
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
+/// Bytes one stream may have in flight: a whole page and its header.
+pub const STREAM_WINDOW: u32 = 8 << 20;
+/// Concurrent requests (bidirectional streams) per connection.
+pub const MAX_STREAMS: u32 = 512;
+
+/// The transport configuration used on both sides.
+pub fn transport_config() -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    t.stream_receive_window(VarInt::from_u32(STREAM_WINDOW))
+        .receive_window(VarInt::from_u32(CONNECTION_WINDOW))
+        .send_window(CONNECTION_WINDOW as u64)
+        .max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .keep_alive_interval(Some(Duration::from_secs(5)))
+        .max_idle_timeout(Some(VarInt::from_u32(30_000).into()));
+    let mut mtu = MtuDiscoveryConfig::default();
+    mtu.upper_bound(MTU_UPPER_BOUND);
+    t.mtu_discovery_config(Some(mtu));
+    // With large packets the default initial window (about 14 KB) would hold barely one.
+    let mut cubic = CubicConfig::default();
+    cubic.initial_window(10 * MTU_UPPER_BOUND as u64);
+    t.congestion_controller_factory(Arc::new(cubic));
+    Arc::new(t)
+}
+
+/// Segments per GSO batch for a connection whose current MTU is `mtu`: at most 10, and the batch
+/// stays under 64 KiB (the kernel refuses larger ones, and a refused batch looks like a path
+/// that drops large packets).
+pub fn gso_segments(mtu: u16, socket_max: usize) -> usize {
+    (65_000 / mtu.max(1) as usize)
+        .clamp(1, 10)
+        .min(socket_max.max(1))
+}
