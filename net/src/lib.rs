@@ -6,6 +6,9 @@
 //! tokio programs using `quinn`; both sides use [`transport::transport_config`] and the TLS
 //! settings of [`tls`].
 
+pub mod client;
 pub mod endpoint;
+pub mod node_id;
+pub mod ring;
 pub mod tls;
 pub mod transport;

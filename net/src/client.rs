@@ -1,0 +1,162 @@
+//! The client side: a pool of quinn (tokio) connections, one per shard endpoint it talks to,
+//! sending one request per bidirectional stream.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+/// Why a call failed. Every variant means the request may not have been served; none is a
+/// protocol answer (those come back in the reply).
+#[derive(Debug)]
+pub enum ClientError {
+    /// Could not set up a connection (address, TLS or handshake problem, or unreachable).
+    Connect(SocketAddr, String),
+    /// The connection or stream failed while the request was in flight.
+    Transfer(SocketAddr, String),
+    /// The reply was larger than allowed.
+    TooLarge(SocketAddr, usize),
+    /// No reply within the call timeout.
+    Timeout(SocketAddr, Duration),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Connect(a, m) => write!(f, "connecting to {a}: {m}"),
+            ClientError::Transfer(a, m) => write!(f, "request to {a} failed: {m}"),
+            ClientError::TooLarge(a, n) => write!(f, "reply from {a} exceeds {n} bytes"),
+            ClientError::Timeout(a, d) => write!(f, "no reply from {a} within {d:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// Pool settings.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// TLS server name to ask for (see [`crate::tls::SERVER_NAME`]).
+    pub server_name: String,
+    /// Largest reply accepted.
+    pub max_reply: usize,
+    /// Time allowed for one call, connection set-up included.
+    pub timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            server_name: crate::tls::SERVER_NAME.to_string(),
+            max_reply: (64 << 20) + (64 << 10),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One connection per endpoint address, opened on first use and replaced when it closes.
+/// Cheap to share (`Arc`) between tasks; every call is one QUIC stream, so calls to one shard
+/// run concurrently on one connection.
+pub struct Pool {
+    endpoint: quinn::Endpoint,
+    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    options: PoolOptions,
+}
+
+impl Pool {
+    /// A pool with its own UDP socket bound to `bind` (e.g. `127.0.0.1:0`). Must be called
+    /// inside a tokio runtime.
+    pub fn new(
+        config: quinn::ClientConfig,
+        bind: SocketAddr,
+        options: PoolOptions,
+    ) -> std::io::Result<Arc<Pool>> {
+        let mut endpoint = quinn::Endpoint::client(bind)?;
+        endpoint.set_default_client_config(config);
+        Ok(Arc::new(Pool {
+            endpoint,
+            conns: Mutex::new(HashMap::new()),
+            options,
+        }))
+    }
+
+    fn cached(&self, addr: SocketAddr) -> Option<quinn::Connection> {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns
+            .get(&addr)
+            .filter(|c| c.close_reason().is_none())
+            .cloned()
+    }
+
+    /// The live connection to `addr`, connecting if there is none.
+    pub async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, ClientError> {
+        if let Some(c) = self.cached(addr) {
+            return Ok(c);
+        }
+        let connecting = self
+            .endpoint
+            .connect(addr, &self.options.server_name)
+            .map_err(|e| ClientError::Connect(addr, e.to_string()))?;
+        let conn = connecting
+            .await
+            .map_err(|e| ClientError::Connect(addr, e.to_string()))?;
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        match conns.get(&addr) {
+            // Another task connected first: use that one.
+            Some(other) if other.close_reason().is_none() => {
+                conn.close(0u32.into(), b"duplicate");
+                Ok(other.clone())
+            }
+            _ => {
+                conns.insert(addr, conn.clone());
+                Ok(conn)
+            }
+        }
+    }
+
+    /// Sends `request` then `payload` on a new stream to `addr` and returns the whole reply.
+    pub async fn call(
+        &self,
+        addr: SocketAddr,
+        request: &[u8],
+        payload: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let timeout = self.options.timeout;
+        match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout(addr, timeout)),
+        }
+    }
+
+    async fn call_inner(
+        &self,
+        addr: SocketAddr,
+        request: &[u8],
+        payload: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let conn = self.connection(addr).await?;
+        let xfer = |e: &dyn std::fmt::Display| ClientError::Transfer(addr, e.to_string());
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(&e))?;
+        send.write_all(request).await.map_err(|e| xfer(&e))?;
+        if !payload.is_empty() {
+            send.write_all(payload).await.map_err(|e| xfer(&e))?;
+        }
+        send.finish().map_err(|e| xfer(&e))?;
+        recv.read_to_end(self.options.max_reply)
+            .await
+            .map_err(|e| match e {
+                quinn::ReadToEndError::TooLong => {
+                    ClientError::TooLarge(addr, self.options.max_reply)
+                }
+                other => xfer(&other),
+            })
+    }
+
+    /// Closes every connection.
+    pub fn close(&self) {
+        self.endpoint.close(0u32.into(), b"client closing");
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
