@@ -223,6 +223,17 @@ impl Shard {
         (&self.files[(slot / n) as usize], slot % n)
     }
 
+    fn info_of(&self, slot: SlotId) -> PageInfo {
+        let index = self.index.borrow();
+        let s = index.slot(slot);
+        PageInfo {
+            len: s.meta.len,
+            version: s.meta.version,
+            inserted_ms: s.meta.inserted_ms,
+            pinned: s.pinned,
+        }
+    }
+
     /// Whether a page is cached (and readable).
     pub fn contains(&self, key: &PageKey) -> bool {
         self.index.borrow().contains(key)
@@ -247,6 +258,17 @@ impl Shard {
     /// dropped and counted; corrupt bytes are never returned). An `offset` past the end of the page
     /// is [`EngineError::BadRange`].
     pub async fn get(&self, key: &PageKey, offset: u32, len: u32) -> Result<Option<PageData>> {
+        Ok(self.read(key, offset, len).await?.map(|(data, _)| data))
+    }
+
+    /// Like [`Shard::get`], also returning what the index knows about the page that was read
+    /// (its length and version tag, consistent with the bytes).
+    pub async fn read(
+        &self,
+        key: &PageKey,
+        offset: u32,
+        len: u32,
+    ) -> Result<Option<(PageData, PageInfo)>> {
         let Some((slot, meta)) = self.index.borrow_mut().begin_read(key) else {
             self.counters.misses.set(self.counters.misses.get() + 1);
             return Ok(None);
@@ -261,7 +283,7 @@ impl Shard {
         let end = offset.saturating_add(len).min(meta.len);
         if end == offset {
             self.count_hit(0);
-            return Ok(Some(PageData(None)));
+            return Ok(Some((PageData(None), self.info_of(slot))));
         }
         let chunk = self.geo.chunk_size;
         let first = offset / chunk;
@@ -305,8 +327,9 @@ impl Shard {
         let n = end - offset;
         self.count_hit(n as u64);
         let view = ReadResult::slice(&read, (offset - start) as usize, n as usize);
+        let info = self.info_of(slot);
         drop(guard);
-        Ok(Some(PageData(view)))
+        Ok(Some((PageData(view), info)))
     }
 
     fn count_hit(&self, bytes: u64) {

@@ -20,6 +20,8 @@ pub enum ClientError {
     TooLarge(SocketAddr, usize),
     /// No reply within the call timeout.
     Timeout(SocketAddr, Duration),
+    /// The reply was not a valid frame, or did not answer the request.
+    Protocol(SocketAddr, String),
 }
 
 impl std::fmt::Display for ClientError {
@@ -29,6 +31,7 @@ impl std::fmt::Display for ClientError {
             ClientError::Transfer(a, m) => write!(f, "request to {a} failed: {m}"),
             ClientError::TooLarge(a, n) => write!(f, "reply from {a} exceeds {n} bytes"),
             ClientError::Timeout(a, d) => write!(f, "no reply from {a} within {d:?}"),
+            ClientError::Protocol(a, m) => write!(f, "bad reply from {a}: {m}"),
         }
     }
 }
@@ -152,6 +155,37 @@ impl Pool {
                 }
                 other => xfer(&other),
             })
+    }
+
+    /// Sends one request frame (and its payload) and decodes the response frame. Returns the
+    /// response and its payload bytes.
+    pub async fn request(
+        &self,
+        addr: SocketAddr,
+        request: &crate::frame::Request,
+        payload: &[u8],
+    ) -> Result<(crate::frame::Response, Vec<u8>), ClientError> {
+        let proto = |m: String| ClientError::Protocol(addr, m);
+        let mut head = Vec::with_capacity(128);
+        crate::frame::encode_request(request, payload.len() as u32, &mut head)
+            .map_err(|e| proto(format!("cannot encode request: {e}")))?;
+        let mut raw = self.call(addr, &head, payload).await?;
+        let (response, range) =
+            crate::frame::decode_response_frame(&raw).map_err(|e| proto(e.to_string()))?;
+        if response.request_id != request.request_id && response.request_id != 0 {
+            return Err(proto(format!(
+                "response to request {} arrived on the stream of request {}",
+                response.request_id, request.request_id
+            )));
+        }
+        if !response.body.answers(&request.body) {
+            return Err(proto(format!(
+                "{:?} does not answer {:?}",
+                response.body, request.body
+            )));
+        }
+        let body = raw.split_off(range.start);
+        Ok((response, body))
     }
 
     /// Closes every connection.

@@ -233,26 +233,48 @@ impl Driver {
         readable: &glommio::net::UdpSocket,
         closing: &Cell<bool>,
     ) -> io::Result<()> {
-        let mut closed_at: Option<Instant> = None;
+        // Shutdown happens in two steps. First every open stream is reset, so no reply data is
+        // left to send. Only after the resets have had a few round trips to leave is each
+        // connection closed: quinn-proto subjects a close packet that shares a flight with
+        // pending data to congestion control, and a close stuck behind a full window never
+        // leaves before the close timer drains the connection; the client would then wait for
+        // its idle timeout instead of learning at once that the node is gone.
+        let mut closing_since: Option<Instant> = None;
+        let mut close_at: HashMap<ConnectionHandle, Instant> = HashMap::new();
         loop {
             let now = Instant::now();
-            if closing.get() && closed_at.is_none() {
-                closed_at = Some(now);
-                for c in self.conns.values_mut() {
+            if closing.get() && closing_since.is_none() {
+                closing_since = Some(now);
+                for (ch, c) in self.conns.iter_mut() {
+                    for id in c.streams.keys() {
+                        let _ = c.conn.send_stream(*id).reset(VarInt::from_u32(0));
+                    }
+                    c.streams.clear();
+                    let settle = (c.conn.rtt() * 4 + Duration::from_millis(25))
+                        .min(Duration::from_millis(500));
+                    close_at.insert(*ch, now + settle);
+                }
+            }
+            close_at.retain(|ch, at| {
+                if *at > now {
+                    return true;
+                }
+                if let Some(c) = self.conns.get_mut(ch) {
                     c.conn.close(
                         now,
                         VarInt::from_u32(0),
                         bytes::Bytes::from_static(b"shutdown"),
                     );
                 }
-            }
+                false
+            });
             let mut work = self.receive(now)?;
             work |= self.take_replies();
             let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
             for ch in handles {
                 work |= self.drive(ch, now);
             }
-            if let Some(t) = closed_at {
+            if let Some(t) = closing_since {
                 if self.conns.is_empty() || t.elapsed() > Duration::from_secs(3) {
                     return Ok(());
                 }
@@ -266,6 +288,7 @@ impl Driver {
                 .conns
                 .values_mut()
                 .filter_map(|c| c.conn.poll_timeout())
+                .chain(close_at.values().copied())
                 .min();
             let wait =
                 deadline.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now));
@@ -442,7 +465,8 @@ impl Driver {
             self.send_buf.clear();
             let segments =
                 crate::transport::gso_segments(c.conn.current_mtu(), self.udp.max_gso_segments());
-            match c.conn.poll_transmit(now, segments, &mut self.send_buf) {
+            let tr = c.conn.poll_transmit(now, segments, &mut self.send_buf);
+            match tr {
                 Some(t) => {
                     let transmit = quinn_udp::Transmit {
                         destination: t.destination,

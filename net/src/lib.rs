@@ -8,7 +8,10 @@
 
 pub mod client;
 pub mod endpoint;
+pub mod frame;
+pub mod node;
 pub mod node_id;
 pub mod ring;
+pub mod service;
 pub mod tls;
 pub mod transport;

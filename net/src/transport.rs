@@ -26,8 +26,8 @@ pub fn transport_config() -> Arc<TransportConfig> {
         .send_window(CONNECTION_WINDOW as u64)
         .max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
-        .keep_alive_interval(Some(Duration::from_secs(5)))
-        .max_idle_timeout(Some(VarInt::from_u32(30_000).into()));
+        .keep_alive_interval(Some(Duration::from_secs(3)))
+        .max_idle_timeout(Some(VarInt::from_u32(10_000).into()));
     let mut mtu = MtuDiscoveryConfig::default();
     mtu.upper_bound(MTU_UPPER_BOUND);
     t.mtu_discovery_config(Some(mtu));

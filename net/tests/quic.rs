@@ -1,76 +1,24 @@
-//! Per-shard QUIC endpoints on loopback, driven by quinn-proto on glommio, against a quinn
-//! (tokio) client: pages read byte-exact over many concurrent streams, each request served by the
-//! shard whose port it reached, mutual TLS refusing clients without a cluster certificate, and a
-//! connection dropped mid-transfer giving the client an error instead of a hang.
+//! A node's per-shard QUIC endpoints on loopback (quinn-proto on glommio) against the quinn
+//! (tokio) client pool, speaking the real wire protocol: pages byte-exact over many concurrent
+//! streams, each request served by the shard whose port it reached, writes, not-owner answers,
+//! malformed and oversized requests, mutual TLS, and connections closed mid-transfer.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use std::{
-    future::Future,
-    net::SocketAddr,
-    pin::Pin,
-    rc::Rc,
-    sync::{mpsc, Arc, Mutex},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use pagestore_engine::{format::Geometry, Engine, EngineConfig, PageKey, Shard};
+use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
 use pagestore_net::{
-    endpoint::{self, Body, EndpointHandle, EndpointOptions, Reply, Service},
+    client::{ClientError, Pool, PoolOptions},
+    frame::{self, ErrorCode, FileId, Key, PageStatus, Request, RequestBody, ResponseBody},
+    node::{Node, NodeOptions},
+    ring::{MemberId, Ring, RingConfig},
     tls::{self, ClusterCa, Identity},
     transport,
 };
 
-const ALPN: &[u8] = b"pagestore-test/1";
 const PAGE: u32 = 256 * 1024;
-
-/// Test protocol: request = file id (16 bytes LE) + page (8 bytes LE) [+ "CLOSE"]; reply head =
-/// shard id (1 byte) + found (1 byte) + length (4 bytes LE), body = the page.
-struct PageService {
-    shard: Rc<Shard>,
-    endpoint: Rc<std::cell::RefCell<Option<Rc<EndpointHandle>>>>,
-}
-
-impl Service for PageService {
-    fn call(self: Rc<Self>, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Reply>>> {
-        Box::pin(async move {
-            let bad = || Reply {
-                head: vec![self.shard.id() as u8, 2, 0, 0, 0, 0],
-                body: Body::Empty,
-            };
-            if request.len() < 24 {
-                return bad();
-            }
-            let file = u128::from_le_bytes(request[..16].try_into().unwrap());
-            let page = u64::from_le_bytes(request[16..24].try_into().unwrap());
-            if &request[24..] == b"CLOSE" {
-                // Drop every connection while replies are in flight.
-                let ep = self.endpoint.borrow().clone();
-                if let Some(ep) = ep {
-                    glommio::spawn_local(async move { ep.close().await }).detach();
-                }
-            }
-            match self.shard.get(&PageKey::new(file, page), 0, u32::MAX).await {
-                Ok(Some(data)) => {
-                    let mut head = vec![self.shard.id() as u8, 1];
-                    head.extend_from_slice(&(data.len() as u32).to_le_bytes());
-                    Reply {
-                        head,
-                        body: Body::Page(data),
-                    }
-                }
-                _ => bad(),
-            }
-        })
-    }
-}
-
-struct Cluster {
-    engine: Engine,
-    addrs: Vec<SocketAddr>,
-    ca: ClusterCa,
-    _dir: tempfile::TempDir,
-}
+const NODE: u128 = 0xA11CE;
 
 fn page_bytes(file: u128, page: u64) -> Vec<u8> {
     let mut x = file as u64 ^ page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234;
@@ -84,112 +32,101 @@ fn page_bytes(file: u128, page: u64) -> Vec<u8> {
         .collect()
 }
 
-fn cluster(require_client_cert: bool) -> Cluster {
+struct TestNode {
+    node: Node,
+    ca: ClusterCa,
+    _dir: tempfile::TempDir,
+}
+
+fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let ca = ClusterCa::generate("test cluster").unwrap();
-    let node = ca.issue("node-1").unwrap();
-    let rustls = tls::server_config(&node, &ca.cert_der(), require_client_cert, ALPN).unwrap();
+    let id = ca.issue("node").unwrap();
+    let rustls = tls::server_config(&id, &ca.cert_der(), require_client_cert, frame::ALPN).unwrap();
     let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
         quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
     ));
     server.transport_config(transport::transport_config());
-    let server = Arc::new(server);
-    let (tx, rx) = mpsc::channel::<(usize, SocketAddr)>();
-    let tx = Arc::new(Mutex::new(tx));
-    let init: pagestore_engine::ShardInit = Arc::new(move |shard: Rc<Shard>| {
-        let slot = Rc::new(std::cell::RefCell::new(None));
-        let service = Rc::new(PageService {
-            shard: shard.clone(),
-            endpoint: slot.clone(),
-        });
-        let opts = EndpointOptions {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            server: server.clone(),
-            max_request: 1 << 20,
-        };
-        let ep = Rc::new(endpoint::start(opts, service).unwrap());
-        tx.lock()
-            .unwrap()
-            .send((shard.id(), ep.local_addr()))
-            .unwrap();
-        *slot.borrow_mut() = Some(ep.clone());
-        // Keep the endpoint alive as long as the shard runs.
-        std::mem::forget(ep);
-    });
-    let file = Geometry::new(PAGE, 4096, 64).file_size;
-    let cfg = EngineConfig {
+    let engine = EngineConfig {
         cache_dirs: vec![dir.path().to_path_buf()],
-        capacity: file * 2,
+        capacity: Geometry::new(PAGE, 4096, 64).file_size * 2,
         page_size: PAGE,
         shards: 2,
         pin_cpus: false,
         queue_depth: 4,
         ..Default::default()
     };
-    let engine = Engine::start_with(cfg, Some(init)).unwrap();
-    let mut addrs = vec![None, None];
-    for _ in 0..2 {
-        let (id, addr) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        addrs[id] = Some(addr);
-    }
-    // Two pages on each shard.
+    let node = Node::start(
+        engine,
+        NodeOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            server: Arc::new(server),
+            node_id: NODE,
+            ring: Arc::new(ring),
+            max_request: (1 << 20) + 4096,
+        },
+    )
+    .unwrap();
+    // Two pages on each shard, put through the engine directly.
     futures_lite::future::block_on(async {
+        let e = node.engine().unwrap();
         for s in 0..2u64 {
             for p in 0..2u64 {
                 let file = 100 + s as u128;
-                engine.shards()[s as usize]
+                e.shards()[s as usize]
                     .put(PageKey::new(file, p), page_bytes(file, p), 1)
                     .await
                     .unwrap();
             }
         }
     });
-    Cluster {
-        engine,
-        addrs: addrs.into_iter().map(Option::unwrap).collect(),
+    TestNode {
+        node,
         ca,
         _dir: dir,
     }
 }
 
-fn client(ca: &ClusterCa, identity: Option<&Identity>) -> quinn::Endpoint {
-    let rustls = tls::client_config(&ca.cert_der(), identity, ALPN).unwrap();
+fn pool(ca: &ClusterCa, identity: Option<&Identity>) -> Arc<Pool> {
+    let rustls = tls::client_config(&ca.cert_der(), identity, frame::ALPN).unwrap();
     let mut cfg = quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
     ));
     cfg.transport_config(transport::transport_config());
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    ep.set_default_client_config(cfg);
-    ep
+    let opts = PoolOptions {
+        timeout: Duration::from_secs(15),
+        ..Default::default()
+    };
+    Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), opts).unwrap()
 }
 
-async fn request(
-    conn: &quinn::Connection,
+fn key(file: u128, page: u64) -> Key {
+    Key {
+        file_id: FileId::from_u128(file),
+        page,
+    }
+}
+
+async fn read(
+    pool: &Pool,
+    addr: SocketAddr,
     file: u128,
     page: u64,
-    extra: &[u8],
-) -> Result<(u8, u8, Vec<u8>), String> {
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-    let mut req = file.to_le_bytes().to_vec();
-    req.extend_from_slice(&page.to_le_bytes());
-    req.extend_from_slice(extra);
-    send.write_all(&req).await.map_err(|e| e.to_string())?;
-    send.finish().map_err(|e| e.to_string())?;
-    let all = recv
-        .read_to_end(16 << 20)
+    offset: u32,
+    len: u32,
+) -> Result<(ResponseBody, Vec<u8>), ClientError> {
+    let req = Request {
+        request_id: page + 1,
+        body: RequestBody::ReadRange {
+            key: key(file, page),
+            offset,
+            len,
+            epoch: 0,
+        },
+    };
+    pool.request(addr, &req, &[])
         .await
-        .map_err(|e| e.to_string())?;
-    if all.len() < 6 {
-        return Err(format!("short reply: {} bytes", all.len()));
-    }
-    let len = u32::from_le_bytes(all[2..6].try_into().unwrap()) as usize;
-    if all.len() != 6 + len {
-        return Err(format!(
-            "reply of {} bytes, header says {len}",
-            all.len() - 6
-        ));
-    }
-    Ok((all[0], all[1], all[6..].to_vec()))
+        .map(|(r, body)| (r.body, body))
 }
 
 fn tokio() -> tokio::runtime::Runtime {
@@ -201,135 +138,321 @@ fn tokio() -> tokio::runtime::Runtime {
 
 #[test]
 fn pages_byte_exact_over_many_streams_each_served_by_its_shard() {
-    let c = cluster(false);
-    let node = c.ca.issue("client").unwrap();
+    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addrs = t.node.addrs().to_vec();
     tokio().block_on(async {
-        let ep = client(&c.ca, Some(&node));
-        for (shard, addr) in c.addrs.iter().enumerate() {
-            let conn = ep.connect(*addr, tls::SERVER_NAME).unwrap().await.unwrap();
-            // 64 concurrent requests on one connection, all pages of this shard plus misses.
+        let pool = pool(&t.ca, None);
+        for (shard, addr) in addrs.iter().enumerate() {
+            // The endpoint on this port is this shard.
+            let stat = Request {
+                request_id: 9,
+                body: RequestBody::Stat,
+            };
+            match pool.request(*addr, &stat, &[]).await.unwrap().0.body {
+                ResponseBody::Stat {
+                    shard: s, pages, ..
+                } => assert_eq!((s as usize, pages), (shard, 2)),
+                other => panic!("{other:?}"),
+            }
             let mut tasks = Vec::new();
             for i in 0..64u64 {
-                let conn = conn.clone();
+                let pool = pool.clone();
+                let addr = *addr;
                 let file = 100 + shard as u128;
                 tasks.push(tokio::spawn(async move {
-                    let page = i % 3; // page 2 does not exist
-                    (page, request(&conn, file, page, b"").await)
+                    let page = i % 3; // page 2 is not cached
+                    let (off, len) = if i % 2 == 0 {
+                        (0, frame::MAX_PAGE_LEN)
+                    } else {
+                        (1000 + i as u32, 5000)
+                    };
+                    (
+                        page,
+                        off,
+                        len,
+                        read(&pool, addr, file, page, off, len).await,
+                    )
                 }));
             }
-            for t in tasks {
-                let (page, r) = t.await.unwrap();
-                let (served_by, found, body) = r.unwrap();
-                assert_eq!(
-                    served_by as usize, shard,
-                    "request reached port of shard {shard}"
-                );
+            for task in tasks {
+                let (page, off, len, r) = task.await.unwrap();
+                let (body, bytes) = r.unwrap();
                 if page == 2 {
-                    assert_eq!((found, body.len()), (2, 0));
+                    assert_eq!(body, ResponseBody::Miss);
+                    continue;
+                }
+                assert_eq!(
+                    body,
+                    ResponseBody::Data {
+                        page_len: PAGE,
+                        version: 1
+                    }
+                );
+                let want = page_bytes(100 + shard as u128, page);
+                let end = (off as usize).saturating_add(len as usize).min(want.len());
+                assert!(
+                    bytes == want[off as usize..end],
+                    "shard {shard} page {page} range {off}+{len}"
+                );
+            }
+        }
+        pool.close();
+    });
+    let served = futures_lite::future::block_on(t.node.requests_served()).unwrap();
+    assert_eq!(
+        served,
+        vec![65, 65],
+        "each shard served exactly the requests sent to its port"
+    );
+}
+
+#[test]
+fn writes_then_reads_and_remove_file() {
+    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addr = t.node.addrs()[0];
+    tokio().block_on(async {
+        let pool = pool(&t.ca, None);
+        let data = page_bytes(7, 7)[..100_000].to_vec();
+        let w = Request {
+            request_id: 1,
+            body: RequestBody::WritePage {
+                key: key(7, 7),
+                version: 3,
+                len: data.len() as u32,
+                epoch: 0,
+            },
+        };
+        assert_eq!(
+            pool.request(addr, &w, &data).await.unwrap().0.body,
+            ResponseBody::Written
+        );
+        let (body, bytes) = read(&pool, addr, 7, 7, 0, frame::MAX_PAGE_LEN)
+            .await
+            .unwrap();
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: 100_000,
+                version: 3
+            }
+        );
+        assert!(bytes == data);
+        // Several pages at once, with a miss among them.
+        let many = Request {
+            request_id: 2,
+            body: RequestBody::ReadPages {
+                pages: vec![key(7, 7), key(7, 8), key(7, 7)],
+                epoch: 0,
+            },
+        };
+        let (resp, bytes) = pool.request(addr, &many, &[]).await.unwrap();
+        let l = data.len() as u32;
+        assert_eq!(
+            resp.body,
+            ResponseBody::Pages {
+                entries: vec![
+                    PageStatus::Data { len: l },
+                    PageStatus::Miss,
+                    PageStatus::Data { len: l }
+                ]
+            }
+        );
+        assert!(bytes[..data.len()] == data[..] && bytes[data.len()..] == data[..]);
+        // A range past the end of the page is a typed error.
+        let (body, _) = read(&pool, addr, 7, 7, 200_000, 10).await.unwrap();
+        assert!(
+            matches!(
+                body,
+                ResponseBody::Error {
+                    code: ErrorCode::BadRange,
+                    ..
+                }
+            ),
+            "{body:?}"
+        );
+        let rm = Request {
+            request_id: 3,
+            body: RequestBody::RemoveFile {
+                file_id: FileId::from_u128(7),
+                epoch: 0,
+            },
+        };
+        assert_eq!(
+            pool.request(addr, &rm, &[]).await.unwrap().0.body,
+            ResponseBody::Removed { pages: 1 }
+        );
+        assert_eq!(
+            read(&pool, addr, 7, 7, 0, 10).await.unwrap().0,
+            ResponseBody::Miss
+        );
+    });
+}
+
+#[test]
+fn keys_owned_by_another_member_are_answered_not_owner() {
+    // Ring of this node (2 shards) and another node (4 shards), epoch 12.
+    let members = [(NODE, 2u16), (0xB0B, 4)]
+        .into_iter()
+        .flat_map(|(node, n)| (0..n).map(move |shard| MemberId { node, shard }));
+    let ring = Ring::new(members, RingConfig::default(), 12).unwrap();
+    let t = start_node(false, ring.clone());
+    tokio().block_on(async {
+        let pool = pool(&t.ca, None);
+        let mut checked = (0, 0);
+        for page in 0..40u64 {
+            let owner = ring.owner(555, page).unwrap();
+            for (shard, addr) in t.node.addrs().iter().enumerate() {
+                let (body, _) = read(&pool, *addr, 555, page, 0, 10).await.unwrap();
+                if owner
+                    == (MemberId {
+                        node: NODE,
+                        shard: shard as u16,
+                    })
+                {
+                    assert_eq!(body, ResponseBody::Miss, "owner answers from its cache");
+                    checked.0 += 1;
                 } else {
-                    assert_eq!(found, 1);
-                    assert!(
-                        body == page_bytes(100 + shard as u128, page),
-                        "page {page} differs"
-                    );
+                    assert_eq!(body, ResponseBody::NotOwner { epoch: 12 });
+                    checked.1 += 1;
                 }
             }
         }
-        ep.wait_idle().await;
+        assert!(checked.0 > 0 && checked.1 > 0, "{checked:?}");
+        let e = Request {
+            request_id: 1,
+            body: RequestBody::RingEpoch,
+        };
+        assert_eq!(
+            pool.request(t.node.addrs()[1], &e, &[])
+                .await
+                .unwrap()
+                .0
+                .body,
+            ResponseBody::Epoch { epoch: 12 }
+        );
     });
-    let stats = futures_lite::future::block_on(c.engine.stats()).unwrap();
-    for s in &stats {
-        assert!(s.hits >= 42, "shard {} served {} hits", s.shard, s.hits);
-    }
+}
+
+#[test]
+fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
+    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addr = t.node.addrs()[1];
+    tokio().block_on(async {
+        let pool = pool(&t.ca, None);
+        let ping = Request {
+            request_id: 5,
+            body: RequestBody::Ping { nonce: 99 },
+        };
+        for garbage in [
+            &b""[..],
+            b"hello",
+            &[0u8; 16],
+            &[0xFFu8; 200],
+            b"PSTF\x01\x00\x01\x00\x10\x00\x00\x00\x00\x00\x00\x00garbagegarbage!!",
+        ] {
+            let raw = pool.call(addr, garbage, &[]).await.unwrap();
+            let (resp, _) = frame::decode_response_frame(&raw).unwrap();
+            assert!(
+                matches!(
+                    resp.body,
+                    ResponseBody::Error {
+                        code: ErrorCode::BadRequest | ErrorCode::TooLarge,
+                        ..
+                    }
+                ),
+                "{garbage:?}: {resp:?}"
+            );
+            // The same connection still serves.
+            assert_eq!(
+                pool.request(addr, &ping, &[]).await.unwrap().0.body,
+                ResponseBody::Pong { nonce: 99 }
+            );
+        }
+        // Larger than the endpoint accepts: the stream is reset, the connection lives on.
+        let huge = vec![0u8; 2 << 20];
+        let r = pool.call(addr, &huge, &[]).await;
+        assert!(matches!(r, Err(ClientError::Transfer(..))), "{r:?}");
+        assert_eq!(
+            pool.request(addr, &ping, &[]).await.unwrap().0.body,
+            ResponseBody::Pong { nonce: 99 }
+        );
+    });
 }
 
 #[test]
 fn mutual_tls_refuses_clients_without_a_cluster_certificate() {
-    let c = cluster(true);
+    let t = start_node(true, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addr = t.node.addrs()[0];
     tokio().block_on(async {
-        // No client certificate at all.
-        let ep = client(&c.ca, None);
-        let r = async {
-            let conn = ep
-                .connect(c.addrs[0], tls::SERVER_NAME)
-                .unwrap()
-                .await
-                .map_err(|e| e.to_string())?;
-            request(&conn, 100, 0, b"").await
-        };
-        let r = tokio::time::timeout(Duration::from_secs(10), r)
-            .await
-            .expect("no hang");
-        assert!(r.is_err(), "a client without a certificate read a page");
-
-        // A certificate from another CA.
-        let other = ClusterCa::generate("intruder").unwrap();
-        let fake = other.issue("intruder").unwrap();
-        let ep2 = client(&c.ca, Some(&fake));
-        let r = async {
-            let conn = ep2
-                .connect(c.addrs[0], tls::SERVER_NAME)
-                .unwrap()
-                .await
-                .map_err(|e| e.to_string())?;
-            request(&conn, 100, 0, b"").await
-        };
-        let r = tokio::time::timeout(Duration::from_secs(10), r)
-            .await
-            .expect("no hang");
+        let no_cert = pool(&t.ca, None);
         assert!(
-            r.is_err(),
-            "a client with a foreign certificate read a page"
+            read(&no_cert, addr, 100, 0, 0, 10).await.is_err(),
+            "no certificate, yet served"
         );
-
-        // A cluster certificate works.
-        let good = c.ca.issue("client").unwrap();
-        let ep3 = client(&c.ca, Some(&good));
-        let conn = ep3
-            .connect(c.addrs[0], tls::SERVER_NAME)
-            .unwrap()
+        let intruder = ClusterCa::generate("intruder").unwrap();
+        let fake = pool(&t.ca, Some(&intruder.issue("x").unwrap()));
+        assert!(
+            read(&fake, addr, 100, 0, 0, 10).await.is_err(),
+            "foreign certificate, yet served"
+        );
+        let good = pool(&t.ca, Some(&t.ca.issue("client").unwrap()));
+        let (body, bytes) = read(&good, addr, 100, 0, 0, frame::MAX_PAGE_LEN)
             .await
             .unwrap();
-        let (_, found, body) = request(&conn, 100, 0, b"").await.unwrap();
-        assert_eq!((found, body == page_bytes(100, 0)), (1, true));
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: PAGE,
+                version: 1
+            }
+        );
+        assert!(bytes == page_bytes(100, 0));
     });
 }
 
 #[test]
-fn a_connection_dropped_mid_transfer_is_an_error_not_a_hang() {
-    let c = cluster(false);
-    tokio().block_on(async {
-        let ep = client(&c.ca, None);
-        let conn = ep
-            .connect(c.addrs[1], tls::SERVER_NAME)
-            .unwrap()
-            .await
-            .unwrap();
-        let mut tasks = Vec::new();
-        for i in 0..32u64 {
-            let conn = conn.clone();
-            tasks.push(tokio::spawn(async move {
-                request(&conn, 101, i % 2, b"").await
-            }));
-        }
-        // This request makes the server close every connection while the others are in flight.
-        let closing = request(&conn, 101, 0, b"CLOSE");
-        let all = async {
-            let _ = closing.await;
-            let mut errors = 0;
-            for t in tasks {
-                if t.await.unwrap().is_err() {
-                    errors += 1;
-                }
-            }
-            errors
+fn a_node_shutting_down_mid_transfer_gives_errors_not_hangs() {
+    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addr = t.node.addrs()[1];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // A reply far larger than the stream window (200 copies of a 256 KiB page = 50 MiB), read
+    // only a little: the server is blocked mid-transfer when it shuts down.
+    let (pool, mut recv) = rt.block_on(async {
+        let pool = pool(&t.ca, None);
+        let conn = pool.connection(addr).await.unwrap();
+        let req = Request {
+            request_id: 1,
+            body: RequestBody::ReadPages {
+                pages: vec![key(101, 0); 200],
+                epoch: 0,
+            },
         };
-        let errors = tokio::time::timeout(Duration::from_secs(20), all)
-            .await
-            .expect("client hung");
-        // Whatever had not completed when the server closed failed, rather than hanging.
-        let after = request(&conn, 101, 0, b"").await;
-        assert!(after.is_err(), "the connection should be closed");
-        let _ = errors;
+        let mut head = Vec::new();
+        frame::encode_request(&req, 0, &mut head).unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(&head).await.unwrap();
+        send.finish().unwrap();
+        let mut first = vec![0u8; 64 << 10];
+        recv.read_exact(&mut first).await.unwrap();
+        (pool, recv)
     });
+    t.node.shutdown().unwrap();
+    rt.block_on(async {
+        let rest = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(64 << 20))
+            .await
+            .expect("the client hung after the node closed mid-transfer");
+        assert!(
+            rest.is_err(),
+            "a 50 MiB reply completed although the node shut down"
+        );
+        // Nothing answers any more (a dead address fails at the handshake or times out).
+        let after =
+            tokio::time::timeout(Duration::from_secs(2), read(&pool, addr, 101, 0, 0, 10)).await;
+        assert!(!matches!(after, Ok(Ok(_))), "a closed node still answered");
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
 }

@@ -1,0 +1,235 @@
+//! A node's serving side: the engine's shards, each with its own QUIC endpoint on
+//! `base port + shard index`, serving pages from its own slice of the cache.
+
+use std::{
+    cell::RefCell,
+    net::SocketAddr,
+    rc::Rc,
+    sync::{mpsc, Arc, Mutex},
+    time::Duration,
+};
+
+use pagestore_engine::{Engine, EngineConfig, EngineError, Shard, ShardInit};
+
+use crate::{
+    endpoint::{self, EndpointHandle, EndpointOptions},
+    ring::{MemberId, Ring},
+    service::{RingView, ShardService},
+};
+
+/// How a node serves.
+#[derive(Clone)]
+pub struct NodeOptions {
+    /// Base address: shard `i` listens on port `port + i` (port 0: every shard picks a free port).
+    pub listen: SocketAddr,
+    /// TLS and transport settings of the endpoints.
+    pub server: Arc<quinn_proto::ServerConfig>,
+    /// This node's UUID.
+    pub node_id: u128,
+    /// The ring the shards start with (an empty ring: serve every key).
+    pub ring: Arc<Ring>,
+    /// Largest request accepted.
+    pub max_request: usize,
+}
+
+/// Why a node could not start.
+#[derive(Debug)]
+pub enum NodeError {
+    /// The engine could not start.
+    Engine(EngineError),
+    /// A shard could not bind its UDP port.
+    Bind(SocketAddr, std::io::Error),
+    /// A shard did not report in time.
+    Timeout,
+}
+
+impl std::fmt::Display for NodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeError::Engine(e) => write!(f, "{e}"),
+            NodeError::Bind(a, e) => write!(
+                f,
+                "cannot listen on {a} (UDP): {e}; shard ports are the base port plus the shard \
+                 index, so the whole range must be free"
+            ),
+            NodeError::Timeout => write!(f, "a shard did not start its endpoint in time"),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {}
+
+struct ShardNet {
+    endpoint: Rc<EndpointHandle>,
+    view: Rc<RingView>,
+}
+
+thread_local! {
+    /// The network state of the shard running on this thread.
+    static SHARD_NET: RefCell<Option<ShardNet>> = const { RefCell::new(None) };
+}
+
+/// A running node.
+pub struct Node {
+    engine: Option<Engine>,
+    addrs: Vec<SocketAddr>,
+    node_id: u128,
+}
+
+fn shard_addr(base: SocketAddr, shard: usize) -> SocketAddr {
+    let mut a = base;
+    if base.port() != 0 {
+        a.set_port(base.port().saturating_add(shard as u16));
+    }
+    a
+}
+
+impl Node {
+    /// Starts the engine and one endpoint per shard.
+    pub fn start(engine: EngineConfig, options: NodeOptions) -> Result<Node, NodeError> {
+        let shards = engine.resolved_shards();
+        type Report = (usize, Result<SocketAddr, (SocketAddr, std::io::Error)>);
+        let (tx, rx) = mpsc::channel::<Report>();
+        let tx = Arc::new(Mutex::new(tx));
+        let opts = options.clone();
+        let init: ShardInit = Arc::new(move |shard: Rc<Shard>| {
+            let id = shard.id();
+            let addr = shard_addr(opts.listen, id);
+            let view = Rc::new(RingView {
+                me: MemberId {
+                    node: opts.node_id,
+                    shard: id as u16,
+                },
+                ring: RefCell::new(opts.ring.clone()),
+            });
+            let service = ShardService::new(shard, view.clone());
+            let ep = endpoint::start(
+                EndpointOptions {
+                    addr,
+                    server: opts.server.clone(),
+                    max_request: opts.max_request,
+                },
+                service,
+            );
+            let report = match ep {
+                Ok(ep) => {
+                    let local = ep.local_addr();
+                    SHARD_NET.with(|n| {
+                        *n.borrow_mut() = Some(ShardNet {
+                            endpoint: Rc::new(ep),
+                            view,
+                        })
+                    });
+                    Ok(local)
+                }
+                Err(e) => Err((addr, e)),
+            };
+            if let Ok(tx) = tx.lock() {
+                let _ = tx.send((id, report));
+            }
+        });
+        let engine = Engine::start_with(engine, Some(init)).map_err(NodeError::Engine)?;
+        let mut node = Node {
+            engine: Some(engine),
+            addrs: vec![options.listen; shards],
+            node_id: options.node_id,
+        };
+        for _ in 0..shards {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok((id, Ok(addr))) => node.addrs[id] = addr,
+                Ok((_, Err((addr, e)))) => {
+                    let _ = node.shutdown_inner();
+                    return Err(NodeError::Bind(addr, e));
+                }
+                Err(_) => {
+                    let _ = node.shutdown_inner();
+                    return Err(NodeError::Timeout);
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    /// The address of each shard's endpoint, by shard index.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// This node's UUID.
+    pub fn node_id(&self) -> u128 {
+        self.node_id
+    }
+
+    /// The engine (for local access and stats).
+    pub fn engine(&self) -> Option<&Engine> {
+        self.engine.as_ref()
+    }
+
+    /// Gives every shard a new ring (e.g. after a membership change).
+    pub async fn set_ring(&self, ring: Arc<Ring>) -> Result<(), EngineError> {
+        let Some(engine) = &self.engine else {
+            return Err(EngineError::ShardGone);
+        };
+        for h in engine.shards() {
+            let r = ring.clone();
+            h.run(move |_| async move {
+                SHARD_NET.with(|n| {
+                    if let Some(net) = n.borrow().as_ref() {
+                        *net.view.ring.borrow_mut() = r;
+                    }
+                })
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Requests served by each shard's endpoint so far.
+    pub async fn requests_served(&self) -> Result<Vec<u64>, EngineError> {
+        let Some(engine) = &self.engine else {
+            return Err(EngineError::ShardGone);
+        };
+        let mut v = Vec::new();
+        for h in engine.shards() {
+            v.push(
+                h.run(|_| async move {
+                    SHARD_NET.with(|n| {
+                        n.borrow()
+                            .as_ref()
+                            .map_or(0, |net| net.endpoint.stats().requests.get())
+                    })
+                })
+                .await?,
+            );
+        }
+        Ok(v)
+    }
+
+    /// Closes every connection (clients get an error, not a hang), then stops the shards.
+    pub fn shutdown(mut self) -> Result<(), EngineError> {
+        self.shutdown_inner()
+    }
+
+    fn shutdown_inner(&mut self) -> Result<(), EngineError> {
+        let Some(engine) = self.engine.take() else {
+            return Ok(());
+        };
+        for h in engine.shards() {
+            let _ = futures_lite::future::block_on(h.run(|_| async move {
+                let ep = SHARD_NET.with(|n| n.borrow_mut().take().map(|net| net.endpoint));
+                if let Some(ep) = ep {
+                    ep.close().await;
+                }
+            }));
+        }
+        engine.shutdown()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown_inner() {
+            tracing::error!(error = %e, "node shutdown");
+        }
+    }
+}
