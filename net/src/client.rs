@@ -76,7 +76,11 @@ impl Pool {
         bind: SocketAddr,
         options: PoolOptions,
     ) -> std::io::Result<Arc<Pool>> {
-        let mut endpoint = quinn::Endpoint::client(bind)?;
+        let socket = std::net::UdpSocket::bind(bind)?;
+        let runtime = quinn::default_runtime()
+            .ok_or_else(|| std::io::Error::other("no async runtime found (call inside tokio)"))?;
+        let mut endpoint =
+            quinn::Endpoint::new(crate::transport::endpoint_config(), None, socket, runtime)?;
         endpoint.set_default_client_config(config);
         Ok(Arc::new(Pool {
             endpoint,
@@ -147,14 +151,46 @@ impl Pool {
             send.write_all(payload).await.map_err(|e| xfer(&e))?;
         }
         send.finish().map_err(|e| xfer(&e))?;
-        recv.read_to_end(self.options.max_reply)
-            .await
-            .map_err(|e| match e {
-                quinn::ReadToEndError::TooLong => {
-                    ClientError::TooLarge(addr, self.options.max_reply)
+        // Replies are frames: the preamble says how long the whole frame is, so the buffer is
+        // allocated once at its final size (no regrowth, no extra copies).
+        let mut buf = vec![0u8; crate::frame::PREAMBLE_LEN];
+        let mut got = 0;
+        while got < buf.len() {
+            match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
+                Some(n) => got += n,
+                None => {
+                    buf.truncate(got);
+                    return Ok(buf);
                 }
-                other => xfer(&other),
-            })
+            }
+        }
+        // Not a frame: read what there is (bounded) and let the caller judge it.
+        let total = crate::frame::Preamble::decode_prefix(&buf)
+            .map_or(self.options.max_reply, |p| p.frame_len());
+        if total > self.options.max_reply {
+            return Err(ClientError::TooLarge(addr, self.options.max_reply));
+        }
+        buf.resize(total, 0);
+        while got < total {
+            match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
+                Some(n) => got += n,
+                None => break,
+            }
+        }
+        buf.truncate(got);
+        if got == total
+            && recv
+                .read(&mut [0u8; 1])
+                .await
+                .map_err(|e| xfer(&e))?
+                .is_some()
+        {
+            return Err(ClientError::Protocol(
+                addr,
+                "bytes after the reply frame".into(),
+            ));
+        }
+        Ok(buf)
     }
 
     /// Sends one request frame (and its payload) and decodes the response frame. Returns the

@@ -27,8 +27,8 @@ use std::{
 use bytes::BytesMut;
 use pagestore_engine::{event::Event, PageData};
 use quinn_proto::{
-    ConnectionHandle, DatagramEvent, Dir, EndpointConfig, Event as QEvent, ReadError, ServerConfig,
-    StreamEvent, StreamId, VarInt, WriteError,
+    ConnectionHandle, DatagramEvent, Dir, Event as QEvent, ReadError, ServerConfig, StreamEvent,
+    StreamId, VarInt, WriteError,
 };
 
 /// The body of a reply: nothing, bytes owned by the reply, or a page read from the cache (sent
@@ -184,7 +184,7 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         unsafe { glommio::net::UdpSocket::from_raw_fd(fd) }
     };
     let endpoint = quinn_proto::Endpoint::new(
-        Arc::new(EndpointConfig::default()),
+        Arc::new(crate::transport::endpoint_config()),
         Some(options.server.clone()),
         true,
         None,

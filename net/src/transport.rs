@@ -7,7 +7,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use quinn_proto::{congestion::CubicConfig, MtuDiscoveryConfig, TransportConfig, VarInt};
+use quinn_proto::{
+    congestion::CubicConfig, EndpointConfig, MtuDiscoveryConfig, TransportConfig, VarInt,
+};
 
 /// Largest UDP payload MTU discovery may reach.
 pub const MTU_UPPER_BOUND: u16 = 8952;
@@ -45,4 +47,14 @@ pub fn gso_segments(mtu: u16, socket_max: usize) -> usize {
     (65_000 / mtu.max(1) as usize)
         .clamp(1, 10)
         .min(socket_max.max(1))
+}
+
+/// The endpoint configuration used on both sides. It advertises that this endpoint accepts UDP
+/// payloads up to [`MTU_UPPER_BOUND`]: quinn's default (1472) would stop the peer's MTU
+/// discovery at Ethernet size even on loopback or jumbo-frame networks.
+pub fn endpoint_config() -> EndpointConfig {
+    let mut c = EndpointConfig::default();
+    // MTU_UPPER_BOUND is within the allowed range (1200..=65527), so this cannot fail.
+    let _ = c.max_udp_payload_size(MTU_UPPER_BOUND);
+    c
 }

@@ -7,12 +7,15 @@
 //! pagebench local    [options]   the engine alone: write (insert), read (whole pages), read4k
 //! pagebench compare  [options]   the same workloads through fio first, then the engine, with ratios
 //! pagebench restart  [options]   fill a cache, restart it, report restart time and memory per page
+//! pagebench net      [options]   4 MiB page hits over QUIC from a node's shard endpoints on
+//!                                loopback (--nginx: and the same bytes from nginx over HTTPS)
 //! pagebench raw      [options]   random reads of the cache files with glommio alone (no engine):
 //!                                separates the engine's cost from the executor's
 //! ```
 
 mod fio;
 mod local;
+mod net;
 
 use std::path::PathBuf;
 
@@ -39,6 +42,8 @@ pub struct Opts {
     pub json: bool,
     /// Random seed.
     pub seed: u64,
+    /// `net`: also measure nginx over HTTPS serving the same bytes.
+    pub nginx: bool,
 }
 
 impl Default for Opts {
@@ -54,13 +59,15 @@ impl Default for Opts {
             pages: 250_000,
             json: false,
             seed: 42,
+            nginx: false,
         }
     }
 }
 
-const USAGE: &str = "usage: pagebench <local|compare|restart|raw> [--dir DIR] [--page-size BYTES] \
+const USAGE: &str =
+    "usage: pagebench <local|compare|restart|raw|net> [--dir DIR] [--page-size BYTES] \
 [--shards N] [--qd N] [--seconds S] [--size BYTES] [--workloads write,read,read4k] [--pages N] \
-[--seed N] [--json]
+[--seed N] [--json] [--nginx]
 sizes take K, M, G suffixes (powers of 1024)";
 
 /// Parses `4M`, `64K`, `2G` or plain bytes.
@@ -95,6 +102,7 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
             "--seed" => o.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--workloads" => o.workloads = val()?.split(',').map(str::to_string).collect(),
             "--json" => o.json = true,
+            "--nginx" => o.nginx = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
@@ -125,6 +133,7 @@ fn main() {
         "restart" => local::restart(&opts),
         "restart-open" => local::restart_open(&opts),
         "raw" => local::raw(&opts),
+        "net" => net::run_net(&opts, opts.nginx),
         _ => Err(format!("unknown command {cmd}\n{USAGE}")),
     };
     if let Err(e) = r {

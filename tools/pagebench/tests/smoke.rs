@@ -109,3 +109,19 @@ fn bad_arguments_are_refused_with_usage() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--qd"));
 }
+
+#[test]
+fn net_reads_pages_over_quic_on_loopback() {
+    let d = dir();
+    let dir = d.path().to_str().unwrap();
+    let mut args = vec!["net", "--dir", dir];
+    args.extend(SMALL);
+    let out = pagebench(&args);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("pagestore (QUIC)"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let mbps: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(mbps > 0.0, "{out}");
+    assert!(out.contains("QUIC path MTU reached"), "{out}");
+}

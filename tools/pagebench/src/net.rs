@@ -1,0 +1,516 @@
+//! The `net` target: 4 MiB page hits from a node's per-shard QUIC endpoints over loopback, with
+//! the same bytes served by nginx over HTTPS at the same concurrency as the reference.
+
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use hdrhistogram::Histogram;
+use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
+use pagestore_net::{
+    client::{Pool, PoolOptions},
+    frame::{self, FileId, Key, Request, RequestBody, ResponseBody},
+    node::{Node, NodeOptions},
+    ring::{Ring, RingConfig},
+    tls::{self, ClusterCa},
+    transport,
+};
+
+use crate::Opts;
+
+/// What one side measured.
+struct Side {
+    name: &'static str,
+    bytes: u64,
+    ops: u64,
+    secs: f64,
+    hist: Histogram<u64>,
+    server_cpu: f64,
+    client_cpu: f64,
+}
+
+fn page_data(shard: u64, page: u64, len: usize) -> Vec<u8> {
+    let mut x = (shard + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// CPU seconds of this process's threads, split into (threads whose name starts with `prefix`,
+/// all others).
+fn thread_cpu(prefix: &str) -> (f64, f64) {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let (mut mine, mut other) = (0.0, 0.0);
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                continue;
+            };
+            let (Some(l), Some(r)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let name = &stat[l + 1..r];
+            let f: Vec<&str> = stat[r + 2..].split_whitespace().collect();
+            let cpu = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+                + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            if name.starts_with(prefix) {
+                mine += cpu / tick;
+            } else {
+                other += cpu / tick;
+            }
+        }
+    }
+    (mine, other)
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1_000, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Runs `conns` concurrent request loops for `secs`, each calling `one` and recording latency.
+async fn drive<F, Fut>(
+    conns: usize,
+    secs: f64,
+    one: F,
+) -> Result<(u64, u64, Histogram<u64>, f64), String>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = Result<u64, String>> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let one = one.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ops, mut bytes, mut h) = (0u64, 0u64, hist());
+            let mut i = c as u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                bytes += one(c, i).await?;
+                let _ = h.record(t.elapsed().as_nanos() as u64);
+                ops += 1;
+                i += conns as u64;
+            }
+            Ok::<_, String>((ops, bytes, h))
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut ops, mut bytes, mut h) = (0, 0, hist());
+    for t in tasks {
+        let (o, b, hh) = t.await.map_err(|e| e.to_string())??;
+        ops += o;
+        bytes += b;
+        h.add(hh).map_err(|e| e.to_string())?;
+    }
+    Ok((ops, bytes, h, start.elapsed().as_secs_f64()))
+}
+
+/// `pagebench net`.
+pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
+    let page = o.page_size as usize;
+    let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
+    let conns = o.qd * o.shards;
+    let ca = ClusterCa::generate("pagebench").map_err(|e| e.to_string())?;
+    let id = ca.issue("node").map_err(|e| e.to_string())?;
+    let base = o.dir.join("net");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(base.join("engine")).map_err(|e| e.to_string())?;
+
+    // The node.
+    let rustls =
+        tls::server_config(&id, &ca.cert_der(), false, frame::ALPN).map_err(|e| e.to_string())?;
+    let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
+        quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls)
+            .map_err(|e| e.to_string())?,
+    ));
+    server.transport_config(transport::transport_config());
+    let engine = EngineConfig {
+        cache_dirs: vec![base.join("engine")],
+        capacity: Geometry::new(o.page_size, 4096, pages as u32).file_size * o.shards as u64,
+        page_size: o.page_size,
+        shards: o.shards,
+        queue_depth: o.qd,
+        reformat: true,
+        ..Default::default()
+    };
+    let ring = Ring::new([], RingConfig::default(), 0).map_err(|e| e.to_string())?;
+    let node = Node::start(
+        engine,
+        NodeOptions {
+            listen: "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+            server: Arc::new(server),
+            node_id: 1,
+            ring: Arc::new(ring),
+            max_request: 1 << 20,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let engine_ref = node.engine().ok_or("engine gone")?;
+    for s in 0..o.shards as u64 {
+        for p in 0..pages {
+            let data = page_data(s, p, page);
+            futures_lite::future::block_on(engine_ref.shards()[s as usize].put(
+                PageKey::new(s as u128, p),
+                data,
+                1,
+            ))
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    let checks: Arc<Vec<Vec<u32>>> = Arc::new(
+        (0..o.shards as u64)
+            .map(|s| (0..pages).map(|p| crc32(&page_data(s, p, page))).collect())
+            .collect(),
+    );
+    let addrs: Arc<Vec<SocketAddr>> = Arc::new(node.addrs().to_vec());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(o.shards.max(1))
+        .thread_name("pagebench-client")
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client_tls =
+        tls::client_config(&ca.cert_der(), None, frame::ALPN).map_err(|e| e.to_string())?;
+    let mut qc = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(client_tls).map_err(|e| e.to_string())?,
+    ));
+    qc.transport_config(transport::transport_config());
+    let pool = rt
+        .block_on(async {
+            Pool::new(
+                qc,
+                "127.0.0.1:0".parse().expect("literal"),
+                PoolOptions::default(),
+            )
+        })
+        .map_err(|e| e.to_string())?;
+    let shards = o.shards;
+    let (s0, c0) = thread_cpu("pagestore-shard");
+    let quic = rt.block_on(drive(conns, o.seconds, {
+        let (pool, addrs, checks) = (pool.clone(), addrs.clone(), checks.clone());
+        move |c, i| {
+            let (pool, addrs, checks) = (pool.clone(), addrs.clone(), checks.clone());
+            async move {
+                let shard = c % shards;
+                let p = (i / shards as u64) % pages;
+                let req = Request {
+                    request_id: i,
+                    body: RequestBody::ReadRange {
+                        key: Key {
+                            file_id: FileId::from_u128(shard as u128),
+                            page: p,
+                        },
+                        offset: 0,
+                        len: frame::MAX_PAGE_LEN,
+                        epoch: 0,
+                    },
+                };
+                let (resp, body) = pool
+                    .request(addrs[shard], &req, &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !matches!(resp.body, ResponseBody::Data { .. }) || body.len() != page {
+                    return Err(format!("bad answer {:?} ({} bytes)", resp.body, body.len()));
+                }
+                if i % 16 == 0 && crc32(&body) != checks[shard][p as usize] {
+                    return Err(format!("shard {shard} page {p}: wrong bytes"));
+                }
+                Ok(body.len() as u64)
+            }
+        }
+    }))?;
+    let (s1, c1) = thread_cpu("pagestore-shard");
+    let mtu = rt.block_on(async {
+        match pool.connection(addrs[0]).await {
+            Ok(c) => c.stats().path.current_mtu,
+            Err(_) => 0,
+        }
+    });
+    println!("QUIC path MTU reached: {mtu} bytes");
+    let mut sides = vec![Side {
+        name: "pagestore (QUIC)",
+        bytes: quic.1,
+        ops: quic.0,
+        secs: quic.3,
+        hist: quic.2,
+        server_cpu: s1 - s0,
+        client_cpu: c1 - c0,
+    }];
+    pool.close();
+    drop(node);
+
+    if with_nginx {
+        sides.push(nginx_side(o, &base, &ca, &id, pages, conns, &checks, &rt)?);
+    }
+    println!(
+        "loopback page hits: {} shards, {} KiB pages, {} requests in flight, {} s each",
+        o.shards,
+        page >> 10,
+        conns,
+        o.seconds
+    );
+    println!(
+        "{:<18} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14}",
+        "", "MB/s", "p50 ms", "p99 ms", "max ms", "server CPU s/GB", "client CPU s/GB"
+    );
+    for s in &sides {
+        let gb = s.bytes as f64 / 1e9;
+        println!(
+            "{:<18} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>14.3} {:>14.3}",
+            s.name,
+            s.bytes as f64 / s.secs / 1e6,
+            s.hist.value_at_quantile(0.5) as f64 / 1e6,
+            s.hist.value_at_quantile(0.99) as f64 / 1e6,
+            s.hist.max() as f64 / 1e6,
+            s.server_cpu / gb,
+            s.client_cpu / gb,
+        );
+        let _ = s.ops;
+    }
+    if sides.len() == 2 {
+        let r = (sides[0].bytes as f64 / sides[0].secs) / (sides[1].bytes as f64 / sides[1].secs);
+        println!("ratio pagestore / nginx HTTPS: {r:.3} (throughput)");
+    }
+    Ok(())
+}
+
+fn crc32(b: &[u8]) -> u32 {
+    crc32fast::hash(b)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn nginx_side(
+    o: &Opts,
+    base: &Path,
+    ca: &ClusterCa,
+    id: &tls::Identity,
+    pages: u64,
+    conns: usize,
+    checks: &Arc<Vec<Vec<u32>>>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Side, String> {
+    let page = o.page_size as usize;
+    let www = base.join("www");
+    for s in 0..o.shards as u64 {
+        std::fs::create_dir_all(www.join(format!("s{s}"))).map_err(|e| e.to_string())?;
+        for p in 0..pages {
+            std::fs::write(www.join(format!("s{s}/p{p}")), page_data(s, p, page))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let pem = |der: &[u8], label: &str| {
+        let b64 = base64(der);
+        let mut s = format!("-----BEGIN {label}-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            s.push_str(std::str::from_utf8(line).unwrap_or_default());
+            s.push('\n');
+        }
+        s.push_str(&format!("-----END {label}-----\n"));
+        s
+    };
+    let chain: String = id.chain.iter().map(|c| pem(c, "CERTIFICATE")).collect();
+    std::fs::write(base.join("cert.pem"), chain).map_err(|e| e.to_string())?;
+    std::fs::write(
+        base.join("key.pem"),
+        pem(id.key.secret_pkcs8_der(), "PRIVATE KEY"),
+    )
+    .map_err(|e| e.to_string())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let conf = format!(
+        "worker_processes {w};\ndaemon off;\npid {b}/nginx.pid;\nerror_log {b}/error.log;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{ access_log off; sendfile on; keepalive_requests 1000000; default_type application/octet-stream;\n\
+           client_body_temp_path {b}/tmp; proxy_temp_path {b}/tmp; fastcgi_temp_path {b}/tmp; uwsgi_temp_path {b}/tmp; scgi_temp_path {b}/tmp;\n\
+           server {{ listen 127.0.0.1:{port} ssl reuseport; ssl_certificate {b}/cert.pem; ssl_certificate_key {b}/key.pem;\n\
+             ssl_protocols TLSv1.3; root {b}/www; }} }}\n",
+        w = o.shards,
+        b = base.display(),
+    );
+    std::fs::create_dir_all(base.join("tmp")).map_err(|e| e.to_string())?;
+    std::fs::write(base.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+    let mut child = std::process::Command::new("nginx")
+        .args([
+            "-c",
+            &base.join("nginx.conf").display().to_string(),
+            "-p",
+            &base.display().to_string(),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            format!("cannot start nginx ({e}); install it (Debian: apt-get install nginx-light)")
+        })?;
+    std::thread::sleep(Duration::from_millis(500));
+    let nginx_cpu0 = child_cpu(child.id());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der()).map_err(|e| e.to_string())?;
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let shards = o.shards;
+    let (_, c0) = thread_cpu("pagestore-shard");
+    let result = rt.block_on(async {
+        // One keep-alive HTTPS connection per concurrent requester.
+        let mut streams = Vec::new();
+        for _ in 0..conns {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map_err(|e| e.to_string())?;
+            let name = rustls::pki_types::ServerName::try_from(tls::SERVER_NAME)
+                .map_err(|e| e.to_string())?;
+            let s = connector
+                .connect(name, tcp)
+                .await
+                .map_err(|e| e.to_string())?;
+            streams.push(Arc::new(tokio::sync::Mutex::new(s)));
+        }
+        let streams = Arc::new(streams);
+        let checks = checks.clone();
+        drive(conns, o.seconds, move |c, i| {
+            let (streams, checks) = (streams.clone(), checks.clone());
+            async move {
+                let shard = c % shards;
+                let p = (i / shards as u64) % pages;
+                let mut s = streams[c].lock().await;
+                let body = http_get(&mut *s, &format!("/s{shard}/p{p}")).await?;
+                if body.len() != page {
+                    return Err(format!("nginx returned {} bytes", body.len()));
+                }
+                if i % 16 == 0 && crc32(&body) != checks[shard][p as usize] {
+                    return Err(format!("nginx s{shard}/p{p}: wrong bytes"));
+                }
+                Ok(body.len() as u64)
+            }
+        })
+        .await
+    });
+    let nginx_cpu = child_cpu(child.id()) - nginx_cpu0;
+    let (_, c1) = thread_cpu("pagestore-shard");
+    let _ = std::process::Command::new("kill")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.wait();
+    let (ops, bytes, hist, secs) = result?;
+    Ok(Side {
+        name: "nginx (HTTPS)",
+        bytes,
+        ops,
+        secs,
+        hist,
+        server_cpu: nginx_cpu,
+        client_cpu: c1 - c0,
+    })
+}
+
+/// CPU seconds of a process and its children (nginx master and workers).
+fn child_cpu(pid: u32) -> f64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut total = 0.0;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(r) = stat.rfind(')') else { continue };
+        let f: Vec<&str> = stat[r + 2..].split_whitespace().collect();
+        let me = e.file_name().to_string_lossy().parse::<u32>().ok();
+        let ppid = f.get(1).and_then(|v| v.parse::<u32>().ok());
+        if me == Some(pid) || ppid == Some(pid) {
+            total += f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+                + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        }
+    }
+    total / tick
+}
+
+async fn http_get<S>(s: &mut S, path: &str) -> Result<Vec<u8>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: pagestore\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    s.flush().await.map_err(|e| e.to_string())?;
+    let mut head = Vec::with_capacity(512);
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut b).await.map_err(|e| e.to_string())?;
+        if n == 0 || head.len() > 16 << 10 {
+            return Err(format!(
+                "connection closed in headers after {} bytes",
+                head.len()
+            ));
+        }
+        head.push(b[0]);
+    }
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    if !text.starts_with("http/1.1 200") {
+        return Err(format!(
+            "nginx: {}",
+            text.lines().next().unwrap_or_default()
+        ));
+    }
+    let len = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>())
+        })
+        .ok_or("no content-length")?
+        .map_err(|e| e.to_string())?;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        out.push(T[(n >> 18) as usize & 63] as char);
+        out.push(T[(n >> 12) as usize & 63] as char);
+        out.push(if c.len() > 1 {
+            T[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if c.len() > 2 {
+            T[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
