@@ -206,3 +206,142 @@ pub fn load_cert_pem(path: &Path) -> Result<CertificateDer<'static>, TlsError> {
         None => Err(TlsError::Pem(path.into(), "no certificate in file".into())),
     }
 }
+
+/// Reads a certificate chain (leaf first) and its private key from PEM files.
+pub fn load_identity(cert_pem: &Path, key_pem: &Path) -> Result<Identity, TlsError> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| TlsError::Io(p.into(), e));
+    let certs = read(cert_pem)?;
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &certs[..])
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem(cert_pem.into(), e.to_string()))?;
+    if chain.is_empty() {
+        return Err(TlsError::Pem(
+            cert_pem.into(),
+            "no certificate in file".into(),
+        ));
+    }
+    let keys = read(key_pem)?;
+    let key = rustls_pemfile::pkcs8_private_keys(&mut &keys[..])
+        .next()
+        .ok_or_else(|| TlsError::Pem(key_pem.into(), "no PKCS#8 private key in file".into()))?
+        .map_err(|e| TlsError::Pem(key_pem.into(), e.to_string()))?;
+    Ok(Identity { chain, key })
+}
+
+fn pem_block(label: &str, der: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::with_capacity(der.len().div_ceil(3) * 4);
+    for c in der.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (c.get(1).copied().unwrap_or(0) as u32) << 8
+            | c.get(2).copied().unwrap_or(0) as u32;
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= c.len() {
+                b64.push(T[(n >> shift) as usize & 63] as char);
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let mut s = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        s.push_str(std::str::from_utf8(line).unwrap_or_default());
+        s.push('\n');
+    }
+    s.push_str(&format!("-----END {label}-----\n"));
+    s
+}
+
+/// Writes an identity as PEM: the chain to `cert_pem`, the key (mode 0600) to `key_pem`.
+pub fn save_identity(id: &Identity, cert_pem: &Path, key_pem: &Path) -> Result<(), TlsError> {
+    let chain: String = id
+        .chain
+        .iter()
+        .map(|c| pem_block("CERTIFICATE", c))
+        .collect();
+    write_private(cert_pem, chain.as_bytes(), 0o644)?;
+    write_private(
+        key_pem,
+        pem_block("PRIVATE KEY", id.key.secret_pkcs8_der()).as_bytes(),
+        0o600,
+    )
+}
+
+/// A node's TLS material: its identity and the CA its peers must chain to.
+pub struct NodeTls {
+    /// The node's certificate chain and key.
+    pub identity: Identity,
+    /// The cluster CA certificate (trust anchor for peers and clients).
+    pub ca: CertificateDer<'static>,
+}
+
+impl NodeTls {
+    /// The node's TLS material, kept in `dir`: loaded if `node-cert.pem`, `node-key.pem` and
+    /// `ca-cert.pem` are there; otherwise generated at first start (a new cluster CA, kept as
+    /// `ca-cert.pem`/`ca-key.pem`, and a node certificate it issues) and written there. To join
+    /// an existing cluster, put that cluster's CA certificate and a node certificate it issued in
+    /// the directory before the first start.
+    pub fn load_or_create(dir: &Path, node_name: &str) -> Result<NodeTls, TlsError> {
+        let (cert, key, ca) = (
+            dir.join("node-cert.pem"),
+            dir.join("node-key.pem"),
+            dir.join("ca-cert.pem"),
+        );
+        if cert.exists() || key.exists() {
+            let identity = load_identity(&cert, &key)?;
+            let ca = load_cert_pem(&ca)?;
+            return Ok(NodeTls { identity, ca });
+        }
+        std::fs::create_dir_all(dir).map_err(|e| TlsError::Io(dir.into(), e))?;
+        let cluster = ClusterCa::generate(&format!("pagestore cluster CA ({node_name})"))?;
+        cluster.save(&ca, &dir.join("ca-key.pem"))?;
+        let identity = cluster.issue(node_name)?;
+        save_identity(&identity, &cert, &key)?;
+        Ok(NodeTls {
+            identity,
+            ca: cluster.cert_der(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_tls_is_generated_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = NodeTls::load_or_create(dir.path(), "node-a").unwrap();
+        let b = NodeTls::load_or_create(dir.path(), "node-a").unwrap();
+        assert_eq!(a.identity.chain, b.identity.chain);
+        assert_eq!(a.ca, b.ca);
+        assert_eq!(
+            a.identity.key.secret_pkcs8_der(),
+            b.identity.key.secret_pkcs8_der()
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("node-key.pem"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // The kept material still makes valid server and client configurations.
+        server_config(&b.identity, &b.ca, true, b"x").unwrap();
+        client_config(&b.ca, Some(&b.identity), b"x").unwrap();
+    }
+
+    #[test]
+    fn a_damaged_key_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        NodeTls::load_or_create(dir.path(), "n").unwrap();
+        std::fs::write(dir.path().join("node-key.pem"), "garbage").unwrap();
+        let e = NodeTls::load_or_create(dir.path(), "n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("node-key.pem") && e.contains("private key"),
+            "{e}"
+        );
+    }
+}

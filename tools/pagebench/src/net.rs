@@ -315,23 +315,8 @@ fn nginx_side(
                 .map_err(|e| e.to_string())?;
         }
     }
-    let pem = |der: &[u8], label: &str| {
-        let b64 = base64(der);
-        let mut s = format!("-----BEGIN {label}-----\n");
-        for line in b64.as_bytes().chunks(64) {
-            s.push_str(std::str::from_utf8(line).unwrap_or_default());
-            s.push('\n');
-        }
-        s.push_str(&format!("-----END {label}-----\n"));
-        s
-    };
-    let chain: String = id.chain.iter().map(|c| pem(c, "CERTIFICATE")).collect();
-    std::fs::write(base.join("cert.pem"), chain).map_err(|e| e.to_string())?;
-    std::fs::write(
-        base.join("key.pem"),
-        pem(id.key.secret_pkcs8_der(), "PRIVATE KEY"),
-    )
-    .map_err(|e| e.to_string())?;
+    tls::save_identity(id, &base.join("cert.pem"), &base.join("key.pem"))
+        .map_err(|e| e.to_string())?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?
@@ -490,27 +475,4 @@ where
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
     Ok(body)
-}
-
-fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for c in data.chunks(3) {
-        let n = (c[0] as u32) << 16
-            | (*c.get(1).unwrap_or(&0) as u32) << 8
-            | *c.get(2).unwrap_or(&0) as u32;
-        out.push(T[(n >> 18) as usize & 63] as char);
-        out.push(T[(n >> 12) as usize & 63] as char);
-        out.push(if c.len() > 1 {
-            T[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if c.len() > 2 {
-            T[n as usize & 63] as char
-        } else {
-            '='
-        });
-    }
-    out
 }
