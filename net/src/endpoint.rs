@@ -136,11 +136,37 @@ struct Conn {
 
 type Done = Rc<RefCell<VecDeque<(ConnectionHandle, StreamId, Reply)>>>;
 
+/// The endpoint's UDP socket and quinn-udp's state for it (GSO, GRO, ECN).
+struct Udp {
+    socket: socket2::Socket,
+    state: quinn_udp::UdpSocketState,
+    stats: Rc<EndpointStats>,
+}
+
+impl Udp {
+    /// Sends one transmit (possibly a GSO batch) that quinn-proto wrote into `buf`.
+    fn send(&self, t: &quinn_proto::Transmit, buf: &[u8]) {
+        let transmit = quinn_udp::Transmit {
+            destination: t.destination,
+            ecn: t.ecn.map(|e| match e {
+                quinn_proto::EcnCodepoint::Ect0 => quinn_udp::EcnCodepoint::Ect0,
+                quinn_proto::EcnCodepoint::Ect1 => quinn_udp::EcnCodepoint::Ect1,
+                quinn_proto::EcnCodepoint::Ce => quinn_udp::EcnCodepoint::Ce,
+            }),
+            contents: &buf[..t.size],
+            segment_size: t.segment_size,
+            src_ip: t.src_ip,
+        };
+        self.stats.sends.set(self.stats.sends.get() + 1);
+        // A full socket buffer drops the batch; QUIC loss recovery resends it.
+        let _ = self.state.send((&self.socket).into(), &transmit);
+    }
+}
+
 struct Driver {
     endpoint: quinn_proto::Endpoint,
     conns: HashMap<ConnectionHandle, Conn>,
-    socket: socket2::Socket,
-    udp: quinn_udp::UdpSocketState,
+    out: Udp,
     service: Rc<dyn Service>,
     done: Done,
     wake: Rc<Event>,
@@ -198,8 +224,11 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
     let mut driver = Driver {
         endpoint,
         conns: HashMap::new(),
-        socket,
-        udp,
+        out: Udp {
+            socket,
+            state: udp,
+            stats: stats.clone(),
+        },
         service,
         done: Rc::new(RefCell::new(VecDeque::new())),
         wake: wake.clone(),
@@ -313,7 +342,11 @@ impl Driver {
             let mut meta = [quinn_udp::RecvMeta::default()];
             let n = {
                 let mut bufs = [IoSliceMut::new(&mut self.recv_buf)];
-                match self.udp.recv((&self.socket).into(), &mut bufs, &mut meta) {
+                match self
+                    .out
+                    .state
+                    .recv((&self.out.socket).into(), &mut bufs, &mut meta)
+                {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(any),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -364,7 +397,7 @@ impl Driver {
                     }
                     Err(e) => {
                         if let Some(t) = e.response {
-                            self.send(&t, &buf);
+                            self.out.send(&t, &buf);
                         }
                     }
                 }
@@ -374,26 +407,9 @@ impl Driver {
                     c.conn.handle_event(ev);
                 }
             }
-            Some(DatagramEvent::Response(t)) => self.send(&t, &buf),
+            Some(DatagramEvent::Response(t)) => self.out.send(&t, &buf),
             None => {}
         }
-    }
-
-    fn send(&self, t: &quinn_proto::Transmit, buf: &[u8]) {
-        let transmit = quinn_udp::Transmit {
-            destination: t.destination,
-            ecn: t.ecn.map(|e| match e {
-                quinn_proto::EcnCodepoint::Ect0 => quinn_udp::EcnCodepoint::Ect0,
-                quinn_proto::EcnCodepoint::Ect1 => quinn_udp::EcnCodepoint::Ect1,
-                quinn_proto::EcnCodepoint::Ce => quinn_udp::EcnCodepoint::Ce,
-            }),
-            contents: &buf[..t.size],
-            segment_size: t.segment_size,
-            src_ip: t.src_ip,
-        };
-        self.stats.sends.set(self.stats.sends.get() + 1);
-        // A full socket buffer drops the batch; QUIC loss recovery resends it.
-        let _ = self.udp.send((&self.socket).into(), &transmit);
     }
 
     /// Moves finished replies from the service tasks onto their streams.
@@ -463,24 +479,14 @@ impl Driver {
         // Transmit.
         loop {
             self.send_buf.clear();
-            let segments =
-                crate::transport::gso_segments(c.conn.current_mtu(), self.udp.max_gso_segments());
+            let segments = crate::transport::gso_segments(
+                c.conn.current_mtu(),
+                self.out.state.max_gso_segments(),
+            );
             let tr = c.conn.poll_transmit(now, segments, &mut self.send_buf);
             match tr {
                 Some(t) => {
-                    let transmit = quinn_udp::Transmit {
-                        destination: t.destination,
-                        ecn: t.ecn.map(|e| match e {
-                            quinn_proto::EcnCodepoint::Ect0 => quinn_udp::EcnCodepoint::Ect0,
-                            quinn_proto::EcnCodepoint::Ect1 => quinn_udp::EcnCodepoint::Ect1,
-                            quinn_proto::EcnCodepoint::Ce => quinn_udp::EcnCodepoint::Ce,
-                        }),
-                        contents: &self.send_buf[..t.size],
-                        segment_size: t.segment_size,
-                        src_ip: t.src_ip,
-                    };
-                    self.stats.sends.set(self.stats.sends.get() + 1);
-                    let _ = self.udp.send((&self.socket).into(), &transmit);
+                    self.out.send(&t, &self.send_buf);
                     work = true;
                 }
                 None => break,
