@@ -75,6 +75,10 @@ pub struct EndpointOptions {
     pub server: Arc<ServerConfig>,
     /// Largest request accepted (frame head and payload); a larger one resets the stream.
     pub max_request: usize,
+    /// Bytes of partly received requests one connection may make the shard hold: it may have
+    /// `max_buffered / max_request` (at least one) requests partly read at once; further streams
+    /// wait unread and QUIC flow control holds the client back.
+    pub max_buffered: usize,
 }
 
 /// Counters of one endpoint.
@@ -132,6 +136,13 @@ enum StreamState {
 struct Conn {
     conn: quinn_proto::Connection,
     streams: HashMap<StreamId, StreamState>,
+    /// Streams whose request is partly read. At most `max_buffered / max_request` at once, so a
+    /// peer cannot make the shard buffer many large requests: other streams wait unread (their
+    /// data stays in quinn-proto, where flow control holds the peer back), and each admitted one
+    /// is read to its end, so the connection always makes progress.
+    active: usize,
+    /// Streams waiting for a free place; retried as places free up.
+    paused: Vec<StreamId>,
 }
 
 type Done = Rc<RefCell<VecDeque<(ConnectionHandle, StreamId, Reply)>>>;
@@ -172,6 +183,7 @@ struct Driver {
     wake: Rc<Event>,
     stats: Rc<EndpointStats>,
     max_request: usize,
+    max_buffered: usize,
     recv_buf: Vec<u8>,
     send_buf: Vec<u8>,
 }
@@ -234,6 +246,7 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         wake: wake.clone(),
         stats: stats.clone(),
         max_request: options.max_request,
+        max_buffered: options.max_buffered.max(options.max_request),
         recv_buf: vec![0u8; 65_536 * gro],
         send_buf: Vec::with_capacity(65_536),
     };
@@ -392,6 +405,8 @@ impl Driver {
                             Conn {
                                 conn,
                                 streams: HashMap::new(),
+                                active: 0,
+                                paused: Vec::new(),
                             },
                         );
                     }
@@ -452,7 +467,11 @@ impl Driver {
                 QEvent::Stream(StreamEvent::Readable { id }) => readable.push(id),
                 QEvent::Stream(StreamEvent::Writable { id }) => write_stream(c, id),
                 QEvent::Stream(StreamEvent::Stopped { id, .. }) => {
-                    c.streams.remove(&id);
+                    if let Some(StreamState::Reading(b)) = c.streams.remove(&id) {
+                        if !b.is_empty() {
+                            c.active -= 1;
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -462,8 +481,12 @@ impl Driver {
             readable.push(id);
             work = true;
         }
+        let places = (self.max_buffered / self.max_request.max(1)).max(1);
+        if c.active < places && !c.paused.is_empty() {
+            readable.append(&mut c.paused);
+        }
         for id in readable {
-            if let Some(request) = read_stream(c, id, self.max_request, &self.stats) {
+            if let Some(request) = read_stream(c, id, self.max_request, places, &self.stats) {
                 self.stats.requests.set(self.stats.requests.get() + 1);
                 let service = self.service.clone();
                 let done = self.done.clone();
@@ -499,12 +522,26 @@ impl Driver {
     }
 }
 
-/// Reads what has arrived on a request stream. Returns the whole request once the client has
-/// finished its side.
-fn read_stream(c: &mut Conn, id: StreamId, max: usize, stats: &EndpointStats) -> Option<Vec<u8>> {
+/// Reads what has arrived on a request stream, if the stream has (or can get) one of the
+/// connection's `places` for partly read requests. Returns the whole request once the client
+/// has finished its side.
+fn read_stream(
+    c: &mut Conn,
+    id: StreamId,
+    max: usize,
+    places: usize,
+    stats: &EndpointStats,
+) -> Option<Vec<u8>> {
     let Some(StreamState::Reading(buf)) = c.streams.get_mut(&id) else {
         return None;
     };
+    let was_active = !buf.is_empty();
+    if !was_active && c.active >= places {
+        if !c.paused.contains(&id) {
+            c.paused.push(id);
+        }
+        return None;
+    }
     let mut fin = false;
     let mut fail = false;
     {
@@ -512,6 +549,9 @@ fn read_stream(c: &mut Conn, id: StreamId, max: usize, stats: &EndpointStats) ->
         let mut chunks = match recv.read(true) {
             Ok(ch) => ch,
             Err(_) => {
+                if was_active {
+                    c.active -= 1;
+                }
                 c.streams.remove(&id);
                 return None;
             }
@@ -537,6 +577,14 @@ fn read_stream(c: &mut Conn, id: StreamId, max: usize, stats: &EndpointStats) ->
             }
         }
         let _ = chunks.finalize();
+    }
+    let is_active = !buf.is_empty();
+    if fail || fin {
+        if was_active {
+            c.active -= 1;
+        }
+    } else if is_active && !was_active {
+        c.active += 1;
     }
     if fail {
         stats.rejected.set(stats.rejected.get() + 1);

@@ -30,6 +30,8 @@ pub struct NodeOptions {
     pub ring: Arc<Ring>,
     /// Largest request accepted.
     pub max_request: usize,
+    /// Request bytes one connection may have buffered at once (see [`EndpointOptions`]).
+    pub max_buffered: usize,
 }
 
 /// Why a node could not start.
@@ -108,6 +110,7 @@ impl Node {
                     addr,
                     server: opts.server.clone(),
                     max_request: opts.max_request,
+                    max_buffered: opts.max_buffered,
                 },
                 service,
             );

@@ -49,7 +49,7 @@ fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
     server.transport_config(transport::transport_config());
     let engine = EngineConfig {
         cache_dirs: vec![dir.path().to_path_buf()],
-        capacity: Geometry::new(PAGE, 4096, 64).file_size * 2,
+        capacity: Geometry::new(PAGE, 4096, 128).file_size * 2,
         page_size: PAGE,
         shards: 2,
         pin_cpus: false,
@@ -64,6 +64,8 @@ fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
             node_id: NODE,
             ring: Arc::new(ring),
             max_request: (1 << 20) + 4096,
+            // Small, so that concurrent writes must pause and resume (see the last test).
+            max_buffered: (1 << 20) + 4096,
         },
     )
     .unwrap();
@@ -455,4 +457,43 @@ fn a_node_shutting_down_mid_transfer_gives_errors_not_hangs() {
         assert!(!matches!(after, Ok(Ok(_))), "a closed node still answered");
     });
     rt.shutdown_timeout(Duration::from_secs(1));
+}
+
+#[test]
+fn many_concurrent_large_writes_complete_within_the_connection_buffer_budget() {
+    // 64 writes of ~250 KB at once (16 MB): far more than the 1 MiB a connection of this node may
+    // hold in request buffers, so the endpoint must pause reading streams and resume them as
+    // others complete.
+    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addr = t.node.addrs()[0];
+    tokio().block_on(async {
+        let pool = pool(&t.ca, None);
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                let data = page_bytes(900, i)[..250_000].to_vec();
+                let w = Request {
+                    request_id: i,
+                    body: RequestBody::WritePage {
+                        key: key(900, i),
+                        version: 1,
+                        len: data.len() as u32,
+                        epoch: 0,
+                    },
+                };
+                pool.request(addr, &w, &data).await.map(|r| r.0.body)
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), ResponseBody::Written);
+        }
+        for i in 0..64u64 {
+            let (body, bytes) = read(&pool, addr, 900, i, 0, frame::MAX_PAGE_LEN)
+                .await
+                .unwrap();
+            assert!(matches!(body, ResponseBody::Data { .. }));
+            assert!(bytes == page_bytes(900, i)[..250_000], "page {i}");
+        }
+    });
 }

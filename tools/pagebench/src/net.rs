@@ -158,6 +158,7 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
             node_id: 1,
             ring: Arc::new(ring),
             max_request: 1 << 20,
+            max_buffered: 16 << 20,
         },
     )
     .map_err(|e| e.to_string())?;
