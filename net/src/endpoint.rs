@@ -365,7 +365,12 @@ impl Driver {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     // ICMP errors (e.g. a client went away) surface here; they are not ours.
                     Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                    Err(e) => return Err(e),
+                    // Anything else (ENOBUFS, ENOMEM, ...) is transient for a UDP socket: log it
+                    // and carry on; the endpoint must not stop serving over one failed receive.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "UDP receive failed");
+                        return Ok(any);
+                    }
                 }
             };
             any = true;
