@@ -1,7 +1,7 @@
 //! The `local` target: the engine driven directly on its shard executors (no network), and the
 //! `restart` measurement.
 
-use std::{rc::Rc, time::Instant};
+use std::{collections::HashMap, rc::Rc, time::Instant};
 
 use hdrhistogram::Histogram;
 use pagestore_engine::{format::Geometry, Engine, EngineConfig, PageKey, ShardStats};
@@ -493,6 +493,46 @@ pub fn raw(o: &Opts) -> Result<(), String> {
             hit_ratio: None,
         };
         report(o, &[r], None);
+    }
+    Ok(())
+}
+
+/// `scale`: runs the selected workloads with 1, 2, 4 ... up to `--shards` shards (the dataset
+/// grows with the shard count, so every shard has the same amount of data) and prints throughput
+/// and throughput per shard for each.
+pub fn scale(o: &Opts) -> Result<(), String> {
+    let mut counts = Vec::new();
+    let mut n = 1;
+    while n < o.shards {
+        counts.push(n);
+        n *= 2;
+    }
+    counts.push(o.shards);
+    let per_shard_size = o.size / o.shards as u64;
+    println!(
+        "{:<8} {:>7} {:>12} {:>12} {:>14} {:>10}",
+        "workload", "shards", "MB/s", "IOPS", "MB/s per shard", "vs 1 shard"
+    );
+    let mut base: HashMap<String, f64> = HashMap::new();
+    for shards in counts {
+        let run = Opts {
+            shards,
+            size: per_shard_size * shards as u64,
+            ..o.clone()
+        };
+        for r in run_local(&run)? {
+            let per = r.bw() / shards as f64;
+            let first = *base.entry(r.name.clone()).or_insert(per);
+            println!(
+                "{:<8} {:>7} {:>12.1} {:>12.0} {:>14.1} {:>10.2}",
+                r.name,
+                shards,
+                r.bw() / 1e6,
+                r.iops(),
+                per / 1e6,
+                per / first
+            );
+        }
     }
     Ok(())
 }

@@ -9,6 +9,8 @@
 //! pagebench restart  [options]   fill a cache, restart it, report restart time and memory per page
 //! pagebench net      [options]   4 MiB page hits over QUIC from a node's shard endpoints on
 //!                                loopback (--nginx: and the same bytes from nginx over HTTPS)
+//! pagebench scale    [options]   the local workloads with 1, 2, 4 ... --shards shards: throughput
+//!                                per shard, to see whether a machine with more cores scales
 //! pagebench raw      [options]   random reads of the cache files with glommio alone (no engine):
 //!                                separates the engine's cost from the executor's
 //! ```
@@ -134,6 +136,7 @@ fn main() {
         "restart-open" => local::restart_open(&opts),
         "raw" => local::raw(&opts),
         "net" => net::run_net(&opts, opts.nginx),
+        "scale" => local::scale(&opts),
         _ => Err(format!("unknown command {cmd}\n{USAGE}")),
     };
     if let Err(e) = r {

@@ -125,3 +125,33 @@ fn net_reads_pages_over_quic_on_loopback() {
     assert!(mbps > 0.0, "{out}");
     assert!(out.contains("QUIC path MTU reached"), "{out}");
 }
+
+#[test]
+fn scale_prints_a_row_per_shard_count() {
+    let d = dir();
+    let dir = d.path().to_str().unwrap();
+    let out = pagebench(&[
+        "scale",
+        "--dir",
+        dir,
+        "--size",
+        "16M",
+        "--page-size",
+        "1M",
+        "--shards",
+        "2",
+        "--qd",
+        "2",
+        "--seconds",
+        "0.2",
+        "--workloads",
+        "write,read4k",
+    ]);
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("read4k")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows[0].split_whitespace().nth(1) == Some("1")
+            && rows[1].split_whitespace().nth(1) == Some("2"),
+        "{out}"
+    );
+}
