@@ -54,7 +54,8 @@ fn rng_next(x: &mut u64) -> u64 {
     *x
 }
 
-fn new_hist() -> Histogram<u64> {
+/// A latency histogram in nanoseconds (1 µs to 60 s, 3 significant digits).
+pub(crate) fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1_000, 60_000_000_000, 3).expect("valid histogram bounds")
 }
 

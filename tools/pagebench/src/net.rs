@@ -76,10 +76,6 @@ fn thread_cpu(prefix: &str) -> (f64, f64) {
     (mine, other)
 }
 
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1_000, 60_000_000_000, 3).expect("valid histogram bounds")
-}
-
 /// Runs `conns` concurrent request loops for `secs`, each calling `one` and recording latency.
 async fn drive<F, Fut>(
     conns: usize,
@@ -97,7 +93,7 @@ where
         let one = one.clone();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
-            let (mut ops, mut bytes, mut h) = (0u64, 0u64, hist());
+            let (mut ops, mut bytes, mut h) = (0u64, 0u64, crate::local::new_hist());
             let mut i = c as u64;
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
@@ -111,7 +107,7 @@ where
     }
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut ops, mut bytes, mut h) = (0, 0, hist());
+    let (mut ops, mut bytes, mut h) = (0, 0, crate::local::new_hist());
     for t in tasks {
         let (o, b, hh) = t.await.map_err(|e| e.to_string())??;
         ops += o;
