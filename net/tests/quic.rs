@@ -497,3 +497,40 @@ fn many_concurrent_large_writes_complete_within_the_connection_buffer_budget() {
         }
     });
 }
+
+#[test]
+fn garbage_datagrams_do_not_disturb_a_shard() {
+    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let addr = t.node.addrs()[0];
+    // Random bytes, truncated QUIC-looking headers, empty and oversized datagrams.
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for i in 0..2000usize {
+        let len = [0, 1, 5, 20, 1200, 1500, 9000, 60_000][i % 8];
+        let mut d = vec![0u8; len];
+        for b in d.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        if i % 3 == 0 && !d.is_empty() {
+            d[0] = 0xC0 | (d[0] & 0x0F); // long header form, random version and CIDs
+        }
+        let _ = sock.send_to(&d, addr);
+    }
+    tokio().block_on(async {
+        let pool = pool(&t.ca, None);
+        let (body, bytes) = read(&pool, addr, 100, 1, 0, frame::MAX_PAGE_LEN)
+            .await
+            .unwrap();
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: PAGE,
+                version: 1
+            }
+        );
+        assert!(bytes == page_bytes(100, 1));
+    });
+}
