@@ -1,0 +1,333 @@
+//! The under storage (UFS): a mount table mapping logical path prefixes to object stores, and
+//! version-pinned reads from them.
+//!
+//! Every object has a *version tag* (its etag, or its modification time and size where a store
+//! has no etag) that becomes part of its 128-bit file id, so a changed object gets new page keys
+//! and never hits stale pages. Reads name the version they expect; a store that holds another
+//! version answers [`UfsError::Changed`] instead of mixing versions.
+
+use std::{fmt, ops::Range, sync::Arc};
+
+use bytes::Bytes;
+use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+
+/// Errors of the under storage.
+#[derive(Debug)]
+pub enum UfsError {
+    /// A mount is misconfigured; the message names the mount and the setting.
+    Config(String),
+    /// No mount covers the path, or the object does not exist.
+    NotFound(String),
+    /// The path is not acceptable (`..`, empty segments, not absolute).
+    BadPath(String),
+    /// The object changed since its version was looked up.
+    Changed {
+        /// The logical path.
+        path: String,
+        /// The version the caller expected.
+        expected: String,
+    },
+    /// The store failed.
+    Store(String, object_store::Error),
+}
+
+impl fmt::Display for UfsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UfsError::Config(m) => write!(f, "mount configuration: {m}"),
+            UfsError::NotFound(p) => write!(f, "{p}: not found"),
+            UfsError::BadPath(m) => write!(f, "bad path: {m}"),
+            UfsError::Changed { path, expected } => write!(
+                f,
+                "{path}: the object changed (expected version {expected}); stat it again"
+            ),
+            UfsError::Store(p, e) => write!(f, "{p}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for UfsError {}
+
+/// What the table knows about one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Logical path.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Version tag (etag without quotes, or `mtime-size`).
+    pub version: String,
+    /// The file id of this path at this version (page keys are `(file_id, page)`).
+    pub file_id: u128,
+}
+
+/// One directory entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// A file (object), with its size.
+    File(String, u64),
+    /// A directory (common prefix).
+    Dir(String),
+}
+
+struct Mount {
+    /// Logical prefix without a trailing slash ("" for the root mount).
+    prefix: String,
+    url: String,
+    store: Arc<dyn ObjectStore>,
+}
+
+/// The mount table: logical prefix -> object store.
+pub struct MountTable {
+    /// Longest prefix first.
+    mounts: Vec<Mount>,
+}
+
+/// Splits `/LOGICAL=URL` (the command-line form).
+pub fn parse_mount(spec: &str) -> Result<(String, String), UfsError> {
+    let (logical, url) = spec.split_once('=').ok_or_else(|| {
+        UfsError::Config(format!(
+            "{spec:?}: expected /LOGICAL=URL, e.g. /data=file:///srv/data"
+        ))
+    })?;
+    if !logical.starts_with('/') {
+        return Err(UfsError::Config(format!(
+            "{spec:?}: the logical prefix must start with /"
+        )));
+    }
+    Ok((logical.trim_end_matches('/').to_string(), url.to_string()))
+}
+
+fn store_for(url: &str) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let u = url::Url::parse(url).map_err(|e| UfsError::Config(format!("{url}: {e}")))?;
+    let q: std::collections::HashMap<String, String> = u.query_pairs().into_owned().collect();
+    match u.scheme() {
+        "file" => {
+            let dir = u
+                .to_file_path()
+                .map_err(|_| UfsError::Config(format!("{url}: not a local path")))?;
+            if !dir.is_dir() {
+                return Err(UfsError::Config(format!(
+                    "{url}: {} is not a directory",
+                    dir.display()
+                )));
+            }
+            let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                .map_err(|e| UfsError::Store(url.into(), e))?;
+            Ok(Arc::new(fs))
+        }
+        "s3" => {
+            let bucket = u
+                .host_str()
+                .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
+            let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(bucket);
+            b = b.with_region(q.get("region").map_or("us-east-1", String::as_str));
+            if let Some(e) = q.get("endpoint") {
+                b = b
+                    .with_endpoint(e)
+                    .with_allow_http(e.starts_with("http://"))
+                    .with_virtual_hosted_style_request(false);
+            }
+            let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
+            let key = q
+                .get("access_key_id")
+                .cloned()
+                .or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok());
+            let secret = q
+                .get("secret_access_key")
+                .cloned()
+                .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
+            match (key, secret, anonymous) {
+                (Some(k), Some(s), _) => b = b.with_access_key_id(k).with_secret_access_key(s),
+                (_, _, true) => b = b.with_skip_signature(true),
+                _ => {
+                    // Never fall back silently to a cloud metadata endpoint.
+                    return Err(UfsError::Config(format!(
+                        "{url}: no credentials: set access_key_id and secret_access_key (or \
+                         AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or anonymous=true for a \
+                         public bucket"
+                    )));
+                }
+            }
+            let s3 = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
+            Ok(Arc::new(object_store::prefix::PrefixStore::new(
+                s3,
+                u.path().trim_matches('/'),
+            )))
+        }
+        "gs" | "az" | "abfs" => Err(UfsError::Config(format!(
+            "{url}: {} mounts are not built into this release yet (s3:// covers S3, R2 and other \
+             S3-compatible stores; file:// covers local directories)",
+            u.scheme()
+        ))),
+        other => Err(UfsError::Config(format!("{url}: unknown scheme {other:?}"))),
+    }
+}
+
+/// The file id of `path` at `version`: two documented 64-bit hashes (the ring's `hash64`) of
+/// `"psf1" | path | 0 | version`, high half then low half with a different leading tag.
+pub fn file_id(path: &str, version: &str) -> u128 {
+    let mut bytes = Vec::with_capacity(path.len() + version.len() + 5);
+    bytes.extend_from_slice(b"psf1");
+    bytes.extend_from_slice(path.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(version.as_bytes());
+    let hi = pagestore_net::ring::hash64(&bytes);
+    bytes[3] = b'2';
+    let lo = pagestore_net::ring::hash64(&bytes);
+    ((hi as u128) << 64) | lo as u128
+}
+
+fn version_of(meta: &object_store::ObjectMeta) -> String {
+    match &meta.e_tag {
+        Some(e) => e.trim_matches('"').to_string(),
+        None => format!(
+            "{}-{}",
+            meta.last_modified.timestamp_nanos_opt().unwrap_or(0),
+            meta.size
+        ),
+    }
+}
+
+impl MountTable {
+    /// Builds the table from `(logical prefix, URL)` pairs.
+    pub fn new(mounts: &[(String, String)]) -> Result<MountTable, UfsError> {
+        let mut out = Vec::new();
+        for (prefix, url) in mounts {
+            let prefix = prefix.trim_end_matches('/').to_string();
+            if out.iter().any(|m: &Mount| m.prefix == prefix) {
+                return Err(UfsError::Config(format!("{prefix}/ is mounted twice")));
+            }
+            out.push(Mount {
+                prefix,
+                url: url.clone(),
+                store: store_for(url)?,
+            });
+        }
+        out.sort_by_key(|m| std::cmp::Reverse(m.prefix.len()));
+        Ok(MountTable { mounts: out })
+    }
+
+    /// The mounts, as `(logical prefix, URL)`.
+    pub fn mounts(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.mounts
+            .iter()
+            .map(|m| (m.prefix.as_str(), m.url.as_str()))
+    }
+
+    fn resolve(&self, path: &str) -> Result<(&Mount, StorePath), UfsError> {
+        if !path.starts_with('/') {
+            return Err(UfsError::BadPath(format!("{path:?} is not absolute")));
+        }
+        if path.split('/').any(|s| s == ".." || s == ".") || path.contains('\0') {
+            return Err(UfsError::BadPath(format!(
+                "{path:?} contains . or .. or NUL"
+            )));
+        }
+        for m in &self.mounts {
+            let rest = if m.prefix.is_empty() {
+                Some(path)
+            } else {
+                path.strip_prefix(&m.prefix)
+                    .filter(|r| r.is_empty() || r.starts_with('/'))
+            };
+            if let Some(rest) = rest {
+                let rel = rest.trim_start_matches('/');
+                let p = StorePath::parse(rel)
+                    .map_err(|e| UfsError::BadPath(format!("{path:?}: {e}")))?;
+                return Ok((m, p));
+            }
+        }
+        Err(UfsError::NotFound(path.to_string()))
+    }
+
+    /// Size and version of an object.
+    pub async fn stat(&self, path: &str) -> Result<ObjectInfo, UfsError> {
+        let (m, p) = self.resolve(path)?;
+        let meta = m.store.head(&p).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => UfsError::NotFound(path.to_string()),
+            e => UfsError::Store(path.to_string(), e),
+        })?;
+        let version = version_of(&meta);
+        Ok(ObjectInfo {
+            path: path.to_string(),
+            size: meta.size,
+            file_id: file_id(path, &version),
+            version,
+        })
+    }
+
+    /// Reads `range` of the object at `info`'s version. Bytes past the end are not returned
+    /// (a range starting at or after the end gives no bytes).
+    pub async fn read(&self, info: &ObjectInfo, range: Range<u64>) -> Result<Bytes, UfsError> {
+        let end = range.end.min(info.size);
+        if range.start >= end {
+            return Ok(Bytes::new());
+        }
+        let (m, p) = self.resolve(&info.path)?;
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(range.start..end)),
+            ..Default::default()
+        };
+        let got = m.store.get_opts(&p, opts).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => UfsError::NotFound(info.path.clone()),
+            e => UfsError::Store(info.path.clone(), e),
+        })?;
+        // The version is checked against what was actually read (not every store honours
+        // conditional reads the same way).
+        if version_of(&got.meta) != info.version {
+            return Err(UfsError::Changed {
+                path: info.path.clone(),
+                expected: info.version.clone(),
+            });
+        }
+        got.bytes()
+            .await
+            .map_err(|e| UfsError::Store(info.path.clone(), e))
+    }
+
+    /// The entries directly under a logical directory (mount points included at the root).
+    pub async fn list(&self, dir: &str) -> Result<Vec<Entry>, UfsError> {
+        let dir = dir.trim_end_matches('/');
+        let dir = if dir.is_empty() { "/" } else { dir };
+        let mut out = Vec::new();
+        // Mount points below this directory show as directories.
+        for m in &self.mounts {
+            let parent = m.prefix.rsplit_once('/').map_or("", |(p, _)| p);
+            let parent = if parent.is_empty() { "/" } else { parent };
+            if !m.prefix.is_empty() && parent == dir {
+                out.push(Entry::Dir(
+                    m.prefix.rsplit('/').next().unwrap_or_default().to_string(),
+                ));
+            }
+        }
+        match self.resolve(dir) {
+            Ok((m, p)) => {
+                let prefix = if p.as_ref().is_empty() {
+                    None
+                } else {
+                    Some(&p)
+                };
+                let r = m
+                    .store
+                    .list_with_delimiter(prefix)
+                    .await
+                    .map_err(|e| UfsError::Store(dir.to_string(), e))?;
+                for d in r.common_prefixes {
+                    out.push(Entry::Dir(d.filename().unwrap_or_default().to_string()));
+                }
+                for o in r.objects {
+                    out.push(Entry::File(
+                        o.location.filename().unwrap_or_default().to_string(),
+                        o.size,
+                    ));
+                }
+            }
+            Err(UfsError::NotFound(_)) if !out.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+        out.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        out.dedup();
+        Ok(out)
+    }
+}

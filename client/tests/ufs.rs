@@ -1,0 +1,143 @@
+//! The mount table over real local directories (object_store's file backend): resolution,
+//! version-pinned reads, changed objects, listing, bad paths and configuration errors.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use pagestore_client::ufs::{parse_mount, Entry, MountTable, UfsError};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn setup() -> (tempfile::TempDir, MountTable) {
+    let d = tempfile::tempdir().unwrap();
+    let a = d.path().join("a");
+    let b = d.path().join("b");
+    std::fs::create_dir_all(a.join("episodes")).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(
+        a.join("episodes/e1.bin"),
+        (0..100_000u32).map(|i| i as u8).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    std::fs::write(a.join("manifest.txt"), b"hello").unwrap();
+    std::fs::write(b.join("x"), b"in b").unwrap();
+    let mounts = vec![
+        parse_mount(&format!("/data=file://{}", a.display())).unwrap(),
+        parse_mount(&format!("/data/inner=file://{}", b.display())).unwrap(),
+    ];
+    (d, MountTable::new(&mounts).unwrap())
+}
+
+#[test]
+fn reads_ranges_at_a_pinned_version_and_notices_changes() {
+    let (d, t) = setup();
+    rt().block_on(async {
+        let info = t.stat("/data/episodes/e1.bin").await.unwrap();
+        assert_eq!(info.size, 100_000);
+        let got = t.read(&info, 1000..1010).await.unwrap();
+        assert_eq!(
+            &got[..],
+            &(1000..1010u32).map(|i| i as u8).collect::<Vec<_>>()[..]
+        );
+        // Past the end: short, then empty.
+        assert_eq!(t.read(&info, 99_990..200_000).await.unwrap().len(), 10);
+        assert!(t.read(&info, 100_000..100_010).await.unwrap().is_empty());
+        // Longest prefix wins.
+        let inner = t.stat("/data/inner/x").await.unwrap();
+        assert_eq!(&t.read(&inner, 0..100).await.unwrap()[..], b"in b");
+        // Rewrite the object: new version, new file id; the old version is refused, not mixed.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.path().join("a/episodes/e1.bin"), vec![7u8; 100_001]).unwrap();
+        let new = t.stat("/data/episodes/e1.bin").await.unwrap();
+        assert_ne!(new.version, info.version);
+        assert_ne!(new.file_id, info.file_id);
+        assert!(matches!(
+            t.read(&info, 0..10).await,
+            Err(UfsError::Changed { .. })
+        ));
+        assert_eq!(&t.read(&new, 0..3).await.unwrap()[..], &[7, 7, 7]);
+    });
+}
+
+#[test]
+fn unknown_and_unsafe_paths_are_errors() {
+    let (_d, t) = setup();
+    rt().block_on(async {
+        assert!(matches!(
+            t.stat("/data/nope").await,
+            Err(UfsError::NotFound(_))
+        ));
+        assert!(matches!(
+            t.stat("/elsewhere/x").await,
+            Err(UfsError::NotFound(_))
+        ));
+        for bad in ["/data/../etc/passwd", "data/x", "/data/./x", "/data/a\0b"] {
+            assert!(
+                matches!(t.stat(bad).await, Err(UfsError::BadPath(_))),
+                "{bad}"
+            );
+        }
+    });
+}
+
+#[test]
+fn listing_shows_objects_directories_and_mount_points() {
+    let (_d, t) = setup();
+    rt().block_on(async {
+        let root = t.list("/").await.unwrap();
+        assert_eq!(root, vec![Entry::Dir("data".into())]);
+        let data = t.list("/data").await.unwrap();
+        assert!(data.contains(&Entry::Dir("episodes".into())), "{data:?}");
+        assert!(data.contains(&Entry::Dir("inner".into())), "{data:?}");
+        assert!(
+            data.contains(&Entry::File("manifest.txt".into(), 5)),
+            "{data:?}"
+        );
+        assert_eq!(
+            t.list("/data/episodes").await.unwrap(),
+            vec![Entry::File("e1.bin".into(), 100_000)]
+        );
+    });
+}
+
+#[test]
+fn configuration_errors_are_clear() {
+    let bad = |spec: &str| match parse_mount(spec).and_then(|m| MountTable::new(&[m])) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("{spec} accepted"),
+    };
+    assert!(bad("data=file:///tmp").contains("must start with /"));
+    assert!(bad("/data").contains("/LOGICAL=URL"));
+    assert!(bad("/data=file:///definitely/not/here").contains("not a directory"));
+    assert!(bad("/data=ftp://x/y").contains("unknown scheme"));
+    assert!(bad("/data=gs://bucket/x").contains("not built into this release"));
+    // No credentials and not anonymous: refused, never a silent cloud-metadata lookup.
+    std::env::remove_var("AWS_ACCESS_KEY_ID");
+    std::env::remove_var("AWS_SECRET_ACCESS_KEY");
+    let e = bad("/s3=s3://bucket/prefix?endpoint=http://127.0.0.1:9");
+    assert!(
+        e.contains("no credentials") && e.contains("anonymous=true"),
+        "{e}"
+    );
+    // With credentials, or anonymous, the mount is accepted (nothing is contacted yet).
+    let ok = parse_mount(
+        "/s3=s3://bucket/prefix?endpoint=http://127.0.0.1:9&access_key_id=a&secret_access_key=b",
+    )
+    .unwrap();
+    MountTable::new(&[ok]).unwrap();
+    let anon = parse_mount("/pub=s3://bucket?endpoint=http://127.0.0.1:9&anonymous=true").unwrap();
+    MountTable::new(&[anon]).unwrap();
+    let dup = vec![
+        parse_mount("/d=file:///tmp").unwrap(),
+        parse_mount("/d/=file:///tmp").unwrap(),
+    ];
+    assert!(MountTable::new(&dup)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("mounted twice"));
+}
