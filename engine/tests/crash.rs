@@ -32,16 +32,6 @@ fn len_for(f: u128, p: u64, v: u64) -> usize {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// The child's workload (runs only when spawned by `crash_consistency_under_sigkill`).
 #[test]
 #[ignore = "helper process for crash_consistency_under_sigkill"]

@@ -12,19 +12,6 @@ use std::collections::{HashMap, HashSet};
 use common::*;
 use pagestore_engine::{EngineConfig, PageKey, PolicyKind};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const PAGE: u32 = 64 * KIB;
 
 fn len_of(f: u128, p: u64, v: u64) -> usize {

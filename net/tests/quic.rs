@@ -102,6 +102,11 @@ fn pool(ca: &ClusterCa, identity: Option<&Identity>) -> Arc<Pool> {
     Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), opts).unwrap()
 }
 
+/// An empty ring: a stand-alone node serves every key.
+fn no_ring() -> Ring {
+    Ring::new([], RingConfig::default(), 0).unwrap()
+}
+
 fn key(file: u128, page: u64) -> Key {
     Key {
         file_id: FileId::from_u128(file),
@@ -140,7 +145,7 @@ fn tokio() -> tokio::runtime::Runtime {
 
 #[test]
 fn pages_byte_exact_over_many_streams_each_served_by_its_shard() {
-    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(false, no_ring());
     let addrs = t.node.addrs().to_vec();
     tokio().block_on(async {
         let pool = pool(&t.ca, None);
@@ -210,7 +215,7 @@ fn pages_byte_exact_over_many_streams_each_served_by_its_shard() {
 
 #[test]
 fn writes_then_reads_and_remove_file() {
-    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(false, no_ring());
     let addr = t.node.addrs()[0];
     tokio().block_on(async {
         let pool = pool(&t.ca, None);
@@ -337,7 +342,7 @@ fn keys_owned_by_another_member_are_answered_not_owner() {
 
 #[test]
 fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
-    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(false, no_ring());
     let addr = t.node.addrs()[1];
     tokio().block_on(async {
         let pool = pool(&t.ca, None);
@@ -383,7 +388,7 @@ fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
 
 #[test]
 fn mutual_tls_refuses_clients_without_a_cluster_certificate() {
-    let t = start_node(true, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(true, no_ring());
     let addr = t.node.addrs()[0];
     tokio().block_on(async {
         let no_cert = pool(&t.ca, None);
@@ -414,7 +419,7 @@ fn mutual_tls_refuses_clients_without_a_cluster_certificate() {
 
 #[test]
 fn a_node_shutting_down_mid_transfer_gives_errors_not_hangs() {
-    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(false, no_ring());
     let addr = t.node.addrs()[1];
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -464,7 +469,7 @@ fn many_concurrent_large_writes_complete_within_the_connection_buffer_budget() {
     // 64 writes of ~250 KB at once (16 MB): far more than the 1 MiB a connection of this node may
     // hold in request buffers, so the endpoint must pause reading streams and resume them as
     // others complete.
-    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(false, no_ring());
     let addr = t.node.addrs()[0];
     tokio().block_on(async {
         let pool = pool(&t.ca, None);
@@ -500,7 +505,7 @@ fn many_concurrent_large_writes_complete_within_the_connection_buffer_budget() {
 
 #[test]
 fn garbage_datagrams_do_not_disturb_a_shard() {
-    let t = start_node(false, Ring::new([], RingConfig::default(), 0).unwrap());
+    let t = start_node(false, no_ring());
     let addr = t.node.addrs()[0];
     // Random bytes, truncated QUIC-looking headers, empty and oversized datagrams.
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

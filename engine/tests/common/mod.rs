@@ -54,3 +54,21 @@ pub fn tempdir() -> tempfile::TempDir {
     let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
     tempfile::tempdir_in(base).expect("tempdir")
 }
+
+/// A small deterministic generator (xorshift64) for randomised tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Next value.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A value below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
