@@ -1,5 +1,17 @@
-//! `pagestore-client`: what a reader needs to use the cache. This first part is the under
-//! storage ([`ufs`]): the mount table over object stores, object versions and file ids. Routing
-//! reads to page owners over QUIC, read-ahead and UFS fallback build on it.
+//! `pagestore-client`: what a reader needs to use the cache.
+//!
+//! - [`ufs`]: the under storage: the mount table over object stores, object versions and file
+//!   ids; also the [`ufs::UfsSource`] a `pagestored` node loads misses through.
+//! - [`client`]: the cluster client: `stat`, `list`, `read`, parallel page fetches from the
+//!   owning shards over QUIC, replica and under-storage fallback with dead-member back-off.
+//! - [`handle`]: an open file implementing tokio's `AsyncRead` and `AsyncSeek`, version-pinned,
+//!   with read-ahead.
+//! - [`tls`]: where a client finds its TLS material.
 
+pub mod client;
+pub mod handle;
+pub mod tls;
 pub mod ufs;
+
+pub use client::{Client, ClientOptions, ClusterSource, Error, StatsSnapshot};
+pub use handle::FileHandle;

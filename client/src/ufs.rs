@@ -10,6 +10,10 @@ use std::{fmt, ops::Range, sync::Arc};
 
 use bytes::Bytes;
 use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use pagestore_net::{
+    frame::{DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind},
+    source::{Source, SourceError, SourceFuture},
+};
 
 /// Errors of the under storage.
 #[derive(Debug)]
@@ -164,19 +168,8 @@ fn store_for(url: &str) -> Result<Arc<dyn ObjectStore>, UfsError> {
     }
 }
 
-/// The file id of `path` at `version`: two documented 64-bit hashes (the ring's `hash64`) of
-/// `"psf1" | path | 0 | version`, high half then low half with a different leading tag.
-pub fn file_id(path: &str, version: &str) -> u128 {
-    let mut bytes = Vec::with_capacity(path.len() + version.len() + 5);
-    bytes.extend_from_slice(b"psf1");
-    bytes.extend_from_slice(path.as_bytes());
-    bytes.push(0);
-    bytes.extend_from_slice(version.as_bytes());
-    let hi = pagestore_net::ring::hash64(&bytes);
-    bytes[3] = b'2';
-    let lo = pagestore_net::ring::hash64(&bytes);
-    ((hi as u128) << 64) | lo as u128
-}
+/// The file id of `path` at `version` (see [`pagestore_net::ring::file_id`]).
+pub use pagestore_net::ring::file_id;
 
 fn version_of(meta: &object_store::ObjectMeta) -> String {
     match &meta.e_tag {
@@ -329,5 +322,161 @@ impl MountTable {
         out.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
         out.dedup();
         Ok(out)
+    }
+
+    /// What `path` names: an object, or a directory (a mount point, a parent of one, or a
+    /// prefix with objects under it).
+    pub async fn stat_path(&self, path: &str) -> Result<PathKind, UfsError> {
+        let trimmed = path.trim_end_matches('/');
+        let dir = if trimmed.is_empty() { "/" } else { trimmed };
+        // Mount points and their parents are directories.
+        let at_or_above = |m: &Mount| {
+            m.prefix == dir || m.prefix.starts_with(dir) && m.prefix[dir.len()..].starts_with('/')
+        };
+        if dir == "/" || self.mounts.iter().any(at_or_above) {
+            return Ok(PathKind::Dir);
+        }
+        match self.stat(dir).await {
+            Ok(info) => {
+                return Ok(PathKind::File {
+                    size: info.size,
+                    version_tag: info.version,
+                    file_id: FileId::from_u128(info.file_id),
+                })
+            }
+            Err(UfsError::NotFound(_)) => {}
+            // Some stores refuse a HEAD of a directory instead of answering NotFound.
+            Err(UfsError::Store(..)) if self.is_dir(dir).await? => return Ok(PathKind::Dir),
+            Err(e) => return Err(e),
+        }
+        if self.is_dir(dir).await? {
+            Ok(PathKind::Dir)
+        } else {
+            Err(UfsError::NotFound(path.to_string()))
+        }
+    }
+
+    async fn is_dir(&self, dir: &str) -> Result<bool, UfsError> {
+        let (m, p) = self.resolve(dir)?;
+        let r = m
+            .store
+            .list_with_delimiter(Some(&p))
+            .await
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => UfsError::NotFound(dir.to_string()),
+                e => UfsError::Store(dir.to_string(), e),
+            });
+        match r {
+            Ok(r) => Ok(!r.objects.is_empty() || !r.common_prefixes.is_empty()),
+            Err(UfsError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The entries of directory `dir` sorted by name, as the wire protocol carries them.
+    pub async fn list_entries(&self, dir: &str) -> Result<Vec<DirEntry>, UfsError> {
+        let mut v: Vec<DirEntry> = self
+            .list(dir)
+            .await?
+            .into_iter()
+            .map(|e| match e {
+                Entry::File(name, size) => DirEntry {
+                    name,
+                    is_dir: false,
+                    size,
+                },
+                Entry::Dir(name) => DirEntry {
+                    name,
+                    is_dir: true,
+                    size: 0,
+                },
+            })
+            .filter(|e| !e.name.is_empty())
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name).then(b.is_dir.cmp(&a.is_dir)));
+        // A name that is both a file and a directory (possible in object stores) shows once, as
+        // the directory.
+        v.dedup_by(|b, a| a.name == b.name);
+        Ok(v)
+    }
+
+    /// The mounts with credentials removed from their URLs (safe to show and to send).
+    pub fn public_mounts(&self) -> Vec<MountEntry> {
+        self.mounts
+            .iter()
+            .map(|m| MountEntry {
+                prefix: m.prefix.clone(),
+                url: redact(&m.url),
+            })
+            .collect()
+    }
+}
+
+/// `url` without secrets: query parameters that carry credentials are dropped.
+pub fn redact(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return url.split('?').next().unwrap_or_default().to_string();
+    };
+    let kept: Vec<(String, String)> = u
+        .query_pairs()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_ref(),
+                "access_key_id" | "secret_access_key" | "session_token" | "token"
+            )
+        })
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if kept.is_empty() {
+        u.set_query(None);
+    } else {
+        u.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    let _ = u.set_password(None);
+    u.to_string()
+}
+
+impl From<UfsError> for SourceError {
+    fn from(e: UfsError) -> SourceError {
+        let code = match &e {
+            UfsError::NotFound(_) => ErrorCode::NotFound,
+            UfsError::BadPath(_) => ErrorCode::BadRequest,
+            UfsError::Changed { .. } => ErrorCode::Changed,
+            UfsError::Config(_) => ErrorCode::Unavailable,
+            UfsError::Store(..) => ErrorCode::Io,
+        };
+        SourceError::new(code, e.to_string())
+    }
+}
+
+/// The mount table as a shard's [`Source`] (the miss path of `pagestored`).
+pub struct UfsSource(pub Arc<MountTable>);
+
+impl Source for UfsSource {
+    fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes> {
+        let table = self.0.clone();
+        let info = ObjectInfo {
+            path: file.path.clone(),
+            size: file.size,
+            version: file.version_tag.clone(),
+            file_id: file.file_id.as_u128(),
+        };
+        Box::pin(async move { Ok(table.read(&info, range).await?) })
+    }
+
+    fn stat(&self, path: &str) -> SourceFuture<PathKind> {
+        let table = self.0.clone();
+        let path = path.to_string();
+        Box::pin(async move { Ok(table.stat_path(&path).await?) })
+    }
+
+    fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>> {
+        let table = self.0.clone();
+        let path = path.to_string();
+        Box::pin(async move { Ok(table.list_entries(&path).await?) })
+    }
+
+    fn mounts(&self) -> Vec<MountEntry> {
+        self.0.public_mounts()
     }
 }

@@ -40,6 +40,8 @@ pub enum Body {
     Bytes(Vec<u8>),
     /// A cached page (or part of one).
     Page(PageData),
+    /// Shared bytes (a page just loaded from the under storage).
+    Shared(bytes::Bytes),
 }
 
 impl Body {
@@ -48,6 +50,7 @@ impl Body {
             Body::Empty => &[],
             Body::Bytes(b) => b,
             Body::Page(p) => p,
+            Body::Shared(b) => b,
         }
     }
 }

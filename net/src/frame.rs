@@ -105,6 +105,21 @@ pub const MAX_VERSION_TAG_LEN: usize = 256;
 /// Longest [`ResponseBody::Error`] message in bytes.
 pub const MAX_MESSAGE_LEN: usize = 1024;
 
+/// Most entries one [`ResponseBody::Listing`] may carry.
+pub const MAX_LIST_ENTRIES: usize = 1000;
+
+/// Longest name of a directory entry, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// Most nodes one [`ResponseBody::ClusterInfo`] may carry.
+pub const MAX_NODES: usize = 1024;
+
+/// Most mounts one [`ResponseBody::ClusterInfo`] may carry.
+pub const MAX_MOUNTS: usize = 64;
+
+/// Longest node address or mount URL, in bytes.
+pub const MAX_URL_LEN: usize = 1024;
+
 // ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
@@ -516,6 +531,93 @@ pub enum RequestBody {
         /// Ring epoch the client routed with.
         epoch: u64,
     },
+    /// Reads `len` bytes at `offset` within page `page` of `file`, loading
+    /// the page from the under storage on a miss (read-through):
+    /// [`ResponseBody::Data`] + payload, [`ResponseBody::NotOwner`], or an
+    /// error (`NotFound`, `Changed` when the object no longer has
+    /// `file.version_tag`, `BadRange` past the end of the file).
+    Fetch {
+        /// The file and where to find it.
+        file: FileRef,
+        /// Page index within the file.
+        page: u64,
+        /// First byte within the page.
+        offset: u32,
+        /// Bytes wanted.
+        len: u32,
+        /// Ring epoch the client routed with.
+        epoch: u64,
+        /// Sent to a replica rather than the owner: the shard serves it if it
+        /// is one of the key's replicas under its ring.
+        replica: bool,
+    },
+    /// Asks what a logical path is ([`ResponseBody::PathInfo`], or an error
+    /// `NotFound`). Routed to the path's ring owner, which caches the answer
+    /// for the metadata TTL; any shard answers it.
+    StatPath {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+    },
+    /// Lists a logical directory in name order, starting after `start_after`
+    /// ([`ResponseBody::Listing`]). Routed like `StatPath`.
+    List {
+        /// Absolute logical path of the directory; at most [`MAX_PATH_LEN`]
+        /// bytes.
+        path: String,
+        /// Name of the last entry already received ("" for the first page).
+        start_after: String,
+    },
+    /// Asks for the cluster's layout: members, page size, mounts
+    /// ([`ResponseBody::ClusterInfo`]).
+    Cluster,
+}
+
+/// What a logical path names.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum PathKind {
+    /// An object.
+    File {
+        /// Size in bytes.
+        size: u64,
+        /// Version tag of its content (etag, or mtime and size).
+        version_tag: String,
+        /// The file id of the path at this version.
+        file_id: FileId,
+    },
+    /// A directory (a common prefix, a mount point or one of its parents).
+    Dir,
+}
+
+/// One entry of a [`ResponseBody::Listing`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Name within the directory (no slash); at most [`MAX_NAME_LEN`] bytes.
+    pub name: String,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+}
+
+/// One node of a [`ResponseBody::ClusterInfo`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// The node's UUID.
+    pub id: FileId,
+    /// Base address (`IP:PORT`, shard `i` at port + `i`); at most
+    /// [`MAX_URL_LEN`] bytes.
+    pub addr: String,
+    /// Number of shards.
+    pub shards: u16,
+}
+
+/// One mount of a [`ResponseBody::ClusterInfo`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Logical prefix ("" for the root).
+    pub prefix: String,
+    /// Store URL with credentials removed; at most [`MAX_URL_LEN`] bytes.
+    pub url: String,
 }
 
 /// Outcome for one page of a [`RequestBody::ReadPages`] batch.
@@ -554,6 +656,9 @@ pub enum ErrorCode {
     Unauthenticated,
     /// A bug or unexpected condition on the shard.
     Internal,
+    /// The object's content changed: it no longer has the version tag the
+    /// request named. Stat the path again.
+    Changed,
 }
 
 /// A response frame's header: the echoed request id and the outcome.
@@ -635,6 +740,33 @@ pub enum ResponseBody {
         code: ErrorCode,
         /// Human-readable detail, at most [`MAX_MESSAGE_LEN`] bytes.
         message: String,
+    },
+    /// Answer to `StatPath`.
+    PathInfo {
+        /// What the path names.
+        kind: PathKind,
+    },
+    /// Answer to `List`: entries in name order, at most
+    /// [`MAX_LIST_ENTRIES`].
+    Listing {
+        /// The entries.
+        entries: Vec<DirEntry>,
+        /// Whether more entries follow (ask again with `start_after` = the
+        /// last name).
+        more: bool,
+    },
+    /// Answer to `Cluster`.
+    ClusterInfo {
+        /// Page size of the cluster, in bytes.
+        page_size: u32,
+        /// Ring epoch.
+        epoch: u64,
+        /// Replicas a client may try before the under storage.
+        replicas: u8,
+        /// The members, at most [`MAX_NODES`].
+        nodes: Vec<NodeEntry>,
+        /// The mount table, at most [`MAX_MOUNTS`].
+        mounts: Vec<MountEntry>,
     },
 }
 
@@ -721,13 +853,7 @@ impl Request {
                 Ok(())
             }
             RequestBody::LoadPages { file, pages, .. } => {
-                bounded_str("FileRef mount", &file.mount, MAX_MOUNT_LEN)?;
-                bounded_str("FileRef path", &file.path, MAX_PATH_LEN)?;
-                bounded_str(
-                    "FileRef version_tag",
-                    &file.version_tag,
-                    MAX_VERSION_TAG_LEN,
-                )?;
+                bounded_file_ref(file)?;
                 if pages.len() > MAX_LOAD_PAGES {
                     return Err(FrameError::Limit(format!(
                         "LoadPages names {} pages, at most {MAX_LOAD_PAGES} allowed",
@@ -737,7 +863,49 @@ impl Request {
                 no_payload("LoadPages", payload_len)
             }
             RequestBody::RemoveFile { .. } => no_payload("RemoveFile", payload_len),
+            RequestBody::Fetch {
+                file, offset, len, ..
+            } => {
+                bounded_file_ref(file)?;
+                let end = u64::from(*offset) + u64::from(*len);
+                if end > u64::from(MAX_PAGE_LEN) {
+                    return Err(FrameError::Limit(format!(
+                        "Fetch offset {offset} + len {len} exceeds the page limit of {MAX_PAGE_LEN}"
+                    )));
+                }
+                no_payload("Fetch", payload_len)
+            }
+            RequestBody::StatPath { path } => {
+                bounded_str("StatPath path", path, MAX_PATH_LEN)?;
+                no_payload("StatPath", payload_len)
+            }
+            RequestBody::List { path, start_after } => {
+                bounded_str("List path", path, MAX_PATH_LEN)?;
+                bounded_str("List start_after", start_after, MAX_NAME_LEN)?;
+                no_payload("List", payload_len)
+            }
+            RequestBody::Cluster => no_payload("Cluster", payload_len),
         }
+    }
+}
+
+fn bounded_file_ref(file: &FileRef) -> Result<(), FrameError> {
+    bounded_str("FileRef mount", &file.mount, MAX_MOUNT_LEN)?;
+    bounded_str("FileRef path", &file.path, MAX_PATH_LEN)?;
+    bounded_str(
+        "FileRef version_tag",
+        &file.version_tag,
+        MAX_VERSION_TAG_LEN,
+    )
+}
+
+fn bounded_count(field: &str, n: usize, max: usize) -> Result<(), FrameError> {
+    if n <= max {
+        Ok(())
+    } else {
+        Err(FrameError::Limit(format!(
+            "{field} has {n} entries, at most {max} allowed"
+        )))
     }
 }
 
@@ -790,6 +958,43 @@ impl Response {
             ResponseBody::Pong { .. } => no_payload("Pong", payload_len),
             ResponseBody::Epoch { .. } => no_payload("Epoch", payload_len),
             ResponseBody::Stat { .. } => no_payload("Stat", payload_len),
+            ResponseBody::PathInfo { kind } => {
+                if let PathKind::File { version_tag, .. } = kind {
+                    bounded_str("PathInfo version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                }
+                no_payload("PathInfo", payload_len)
+            }
+            ResponseBody::Listing { entries, .. } => {
+                bounded_count("Listing", entries.len(), MAX_LIST_ENTRIES)?;
+                for e in entries {
+                    bounded_str("Listing name", &e.name, MAX_NAME_LEN)?;
+                    if e.name.is_empty() || e.name.contains('/') || e.name.contains('\0') {
+                        return Err(FrameError::Mismatch(format!(
+                            "Listing name {:?} is empty or holds a slash or NUL",
+                            e.name
+                        )));
+                    }
+                }
+                no_payload("Listing", payload_len)
+            }
+            ResponseBody::ClusterInfo {
+                page_size,
+                nodes,
+                mounts,
+                ..
+            } => {
+                bounded_page("ClusterInfo page_size", *page_size)?;
+                bounded_count("ClusterInfo nodes", nodes.len(), MAX_NODES)?;
+                bounded_count("ClusterInfo mounts", mounts.len(), MAX_MOUNTS)?;
+                for n in nodes {
+                    bounded_str("NodeEntry addr", &n.addr, MAX_URL_LEN)?;
+                }
+                for m in mounts {
+                    bounded_str("MountEntry prefix", &m.prefix, MAX_PATH_LEN)?;
+                    bounded_str("MountEntry url", &m.url, MAX_URL_LEN)?;
+                }
+                no_payload("ClusterInfo", payload_len)
+            }
         }
     }
 }
@@ -815,6 +1020,13 @@ impl ResponseBody {
             (RequestBody::WritePage { .. }, ResponseBody::Written) => true,
             (RequestBody::LoadPages { .. }, ResponseBody::Loaded { .. }) => true,
             (RequestBody::RemoveFile { .. }, ResponseBody::Removed { .. }) => true,
+            (
+                RequestBody::Fetch { .. },
+                ResponseBody::Data { .. } | ResponseBody::NotOwner { .. },
+            ) => true,
+            (RequestBody::StatPath { .. }, ResponseBody::PathInfo { .. }) => true,
+            (RequestBody::List { .. }, ResponseBody::Listing { .. }) => true,
+            (RequestBody::Cluster, ResponseBody::ClusterInfo { .. }) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::WritePage { .. }
@@ -1163,6 +1375,22 @@ mod tests {
                 file_id: FileId::from_u128(u128::MAX),
                 epoch: 6,
             },
+            RequestBody::Fetch {
+                file: file_ref(),
+                page: 3,
+                offset: 4096,
+                len: 8192,
+                epoch: 7,
+                replica: true,
+            },
+            RequestBody::StatPath {
+                path: "/data/a/b.bin".into(),
+            },
+            RequestBody::List {
+                path: "/data".into(),
+                start_after: "b.bin".into(),
+            },
+            RequestBody::Cluster,
         ];
         bodies
             .into_iter()
@@ -1220,6 +1448,45 @@ mod tests {
                 code: ErrorCode::Internal,
                 message: String::new(),
             },
+            ResponseBody::PathInfo {
+                kind: PathKind::File {
+                    size: 5 << 20,
+                    version_tag: "9b2cf535f27731c974343645a3985328".into(),
+                    file_id: FileId::from_u128(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
+                },
+            },
+            ResponseBody::PathInfo {
+                kind: PathKind::Dir,
+            },
+            ResponseBody::Listing {
+                entries: vec![
+                    DirEntry {
+                        name: "a".into(),
+                        is_dir: true,
+                        size: 0,
+                    },
+                    DirEntry {
+                        name: "b.bin".into(),
+                        is_dir: false,
+                        size: 12345,
+                    },
+                ],
+                more: true,
+            },
+            ResponseBody::ClusterInfo {
+                page_size: 4 << 20,
+                epoch: 1,
+                replicas: 1,
+                nodes: vec![NodeEntry {
+                    id: FileId::from_u128(7),
+                    addr: "127.0.0.1:7400".into(),
+                    shards: 2,
+                }],
+                mounts: vec![MountEntry {
+                    prefix: "/data".into(),
+                    url: "file:///srv/data".into(),
+                }],
+            },
         ];
         let mut out: Vec<Response> = bodies
             .into_iter()
@@ -1239,6 +1506,7 @@ mod tests {
             ErrorCode::Unavailable,
             ErrorCode::Unauthenticated,
             ErrorCode::Internal,
+            ErrorCode::Changed,
         ] {
             out.push(Response {
                 request_id: 1,
@@ -2416,6 +2684,31 @@ mod tests {
                 }),
             (arb_file_id(), any::<u64>())
                 .prop_map(|(file_id, epoch)| RequestBody::RemoveFile { file_id, epoch }),
+            (
+                arb_file_id(),
+                arb_string(120),
+                any::<u64>(),
+                0..=MAX_PAGE_LEN,
+                any::<bool>()
+            )
+                .prop_flat_map(|(file_id, path, page, offset, replica)| {
+                    (0..=MAX_PAGE_LEN - offset).prop_map(move |len| RequestBody::Fetch {
+                        file: FileRef {
+                            file_id,
+                            path: path.clone(),
+                            ..FileRef::default()
+                        },
+                        page,
+                        offset,
+                        len,
+                        epoch: page ^ 7,
+                        replica,
+                    })
+                }),
+            arb_string(120).prop_map(|path| RequestBody::StatPath { path }),
+            (arb_string(120), arb_string(40))
+                .prop_map(|(path, start_after)| RequestBody::List { path, start_after }),
+            Just(RequestBody::Cluster),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
     }
@@ -2431,6 +2724,7 @@ mod tests {
             Just(ErrorCode::Unavailable),
             Just(ErrorCode::Unauthenticated),
             Just(ErrorCode::Internal),
+            Just(ErrorCode::Changed),
         ]
     }
 
@@ -2476,6 +2770,51 @@ mod tests {
                 }),
             (arb_error_code(), arb_string(200))
                 .prop_map(|(code, message)| ResponseBody::Error { code, message }),
+            (any::<u64>(), arb_string(40), arb_file_id()).prop_map(
+                |(size, version_tag, file_id)| ResponseBody::PathInfo {
+                    kind: PathKind::File {
+                        size,
+                        version_tag,
+                        file_id,
+                    },
+                }
+            ),
+            Just(ResponseBody::PathInfo {
+                kind: PathKind::Dir
+            }),
+            (
+                proptest::collection::vec(
+                    ("[a-z0-9._-]{1,20}", any::<bool>(), any::<u64>())
+                        .prop_map(|(name, is_dir, size)| DirEntry { name, is_dir, size }),
+                    0..=20
+                ),
+                any::<bool>()
+            )
+                .prop_map(|(entries, more)| ResponseBody::Listing { entries, more }),
+            (
+                1..=MAX_PAGE_LEN,
+                any::<u64>(),
+                any::<u8>(),
+                proptest::collection::vec(
+                    (arb_file_id(), arb_string(30), any::<u16>())
+                        .prop_map(|(id, addr, shards)| NodeEntry { id, addr, shards }),
+                    0..=8
+                ),
+                proptest::collection::vec(
+                    (arb_string(30), arb_string(60))
+                        .prop_map(|(prefix, url)| MountEntry { prefix, url }),
+                    0..=4
+                )
+            )
+                .prop_map(|(page_size, epoch, replicas, nodes, mounts)| {
+                    ResponseBody::ClusterInfo {
+                        page_size,
+                        epoch,
+                        replicas,
+                        nodes,
+                        mounts,
+                    }
+                }),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
     }

@@ -14,5 +14,6 @@ pub mod node;
 pub mod node_id;
 pub mod ring;
 pub mod service;
+pub mod source;
 pub mod tls;
 pub mod transport;

@@ -151,9 +151,84 @@ impl Membership {
     }
 }
 
+/// Parses a static member file: one node per line, `UUID ADDRESS SHARDS` separated by
+/// whitespace (`ADDRESS` is the base `IP:PORT`; shard `i` listens on port + `i`). Blank lines and
+/// text after `#` are ignored. Errors name the line.
+pub fn parse_member_file(text: &str) -> Result<Vec<NodeInfo>, String> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: &str| {
+            format!(
+                "member file line {}: {why}: {raw:?} (expected: UUID IP:PORT SHARDS)",
+                i + 1
+            )
+        };
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() != 3 {
+            return Err(bad("three fields needed"));
+        }
+        let id = crate::node_id::parse_uuid(f[0]).ok_or_else(|| bad("not a UUID"))?;
+        let addr: SocketAddr = f[1].parse().map_err(|_| bad("not an IP:PORT address"))?;
+        let shards: u16 = f[2]
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| bad("the shard count must be a number from 1 to 65535"))?;
+        out.push(NodeInfo { id, addr, shards });
+    }
+    if out.is_empty() {
+        return Err("the member file lists no nodes".into());
+    }
+    Ok(out)
+}
+
+/// Writes `nodes` in the member-file format (see [`parse_member_file`]).
+pub fn format_member_file(nodes: &[NodeInfo]) -> String {
+    let mut s = String::from("# pagestore members: UUID  base address  shards\n");
+    for n in nodes {
+        s.push_str(&format!("{} {} {}\n", format_uuid(n.id), n.addr, n.shards));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_files_round_trip_and_errors_name_the_line() {
+        let nodes = vec![
+            node(0x1234, "127.0.0.1:7400", 2),
+            node(u128::MAX - 5, "[::1]:9000", 16),
+        ];
+        let text = format_member_file(&nodes);
+        assert_eq!(parse_member_file(&text).unwrap(), nodes);
+        let with_comments = format!("\n  # comment\n{text}\n# end\n");
+        assert_eq!(parse_member_file(&with_comments).unwrap(), nodes);
+        for (bad, why) in [
+            ("", "no nodes"),
+            ("x 127.0.0.1:1 2", "line 1: not a UUID"),
+            (
+                "00000000-0000-4000-8000-000000000001 localhost:1 2",
+                "IP:PORT",
+            ),
+            (
+                "00000000-0000-4000-8000-000000000001 127.0.0.1:1 0",
+                "shard count",
+            ),
+            (
+                "\n00000000-0000-4000-8000-000000000001 127.0.0.1:1",
+                "line 2: three fields",
+            ),
+        ] {
+            let e = parse_member_file(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
 
     fn node(id: u128, addr: &str, shards: u16) -> NodeInfo {
         NodeInfo {

@@ -13,9 +13,22 @@ use pagestore_engine::{Engine, EngineConfig, EngineError, Shard, ShardInit};
 
 use crate::{
     endpoint::{self, EndpointHandle, EndpointOptions},
+    frame::NodeEntry,
     ring::{MemberId, Ring},
     service::{RingView, ShardService},
+    source::{Loader, LoaderOptions, Source},
 };
+
+/// The under storage a node loads misses from, and the tokio runtime its requests run on.
+#[derive(Clone)]
+pub struct NodeSource {
+    /// The store.
+    pub source: Arc<dyn Source>,
+    /// Where the store's futures run (a runtime the caller keeps alive while the node runs).
+    pub runtime: tokio::runtime::Handle,
+    /// Per-shard limits and the metadata TTL.
+    pub options: LoaderOptions,
+}
 
 /// How a node serves.
 #[derive(Clone)]
@@ -32,6 +45,12 @@ pub struct NodeOptions {
     pub max_request: usize,
     /// Request bytes one connection may have buffered at once (see [`EndpointOptions`]).
     pub max_buffered: usize,
+    /// The under storage (none: a pure cache that answers misses with `Miss`/`Unavailable`).
+    pub source: Option<NodeSource>,
+    /// The cluster's nodes, as the `Cluster` request reports them.
+    pub nodes: Vec<NodeEntry>,
+    /// Replicas clients may try before the under storage.
+    pub replicas: u8,
 }
 
 /// Why a node could not start.
@@ -64,6 +83,24 @@ impl std::error::Error for NodeError {}
 struct ShardNet {
     endpoint: Rc<EndpointHandle>,
     view: Rc<RingView>,
+    loader: Option<Rc<Loader>>,
+}
+
+/// Miss-path counters of one shard (see [`crate::source::LoaderStats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoaderCounters {
+    /// Page loads sent to the under storage.
+    pub ufs_reads: u64,
+    /// Bytes read from the under storage.
+    pub ufs_bytes: u64,
+    /// Failed under-storage requests.
+    pub ufs_errors: u64,
+    /// Misses that joined a load in flight.
+    pub coalesced: u64,
+    /// Metadata answers from the TTL cache.
+    pub metadata_hits: u64,
+    /// Metadata requests sent to the store.
+    pub metadata_misses: u64,
 }
 
 thread_local! {
@@ -103,8 +140,18 @@ impl Node {
                     shard: id as u16,
                 },
                 ring: RefCell::new(opts.ring.clone()),
+                nodes: RefCell::new(Arc::new(opts.nodes.clone())),
+                replicas: opts.replicas,
             });
-            let service = ShardService::new(shard, view.clone());
+            let loader = opts.source.as_ref().map(|s| {
+                Loader::new(
+                    shard.clone(),
+                    s.source.clone(),
+                    s.runtime.clone(),
+                    s.options.clone(),
+                )
+            });
+            let service = ShardService::new(shard, view.clone(), loader.clone());
             let ep = endpoint::start(
                 EndpointOptions {
                     addr,
@@ -121,6 +168,7 @@ impl Node {
                         *n.borrow_mut() = Some(ShardNet {
                             endpoint: Rc::new(ep),
                             view,
+                            loader,
                         })
                     });
                     Ok(local)
@@ -200,6 +248,38 @@ impl Node {
                         n.borrow()
                             .as_ref()
                             .map_or(0, |net| net.endpoint.stats().requests.get())
+                    })
+                })
+                .await?,
+            );
+        }
+        Ok(v)
+    }
+
+    /// Miss-path counters of each shard, by shard index.
+    pub async fn loader_counters(&self) -> Result<Vec<LoaderCounters>, EngineError> {
+        let Some(engine) = &self.engine else {
+            return Err(EngineError::ShardGone);
+        };
+        let mut v = Vec::new();
+        for h in engine.shards() {
+            v.push(
+                h.run(|_| async move {
+                    SHARD_NET.with(|n| {
+                        n.borrow()
+                            .as_ref()
+                            .and_then(|net| net.loader.as_ref())
+                            .map_or_else(LoaderCounters::default, |l| {
+                                let s = l.stats();
+                                LoaderCounters {
+                                    ufs_reads: s.ufs_reads.get(),
+                                    ufs_bytes: s.ufs_bytes.get(),
+                                    ufs_errors: s.ufs_errors.get(),
+                                    coalesced: s.coalesced.get(),
+                                    metadata_hits: s.metadata_hits.get(),
+                                    metadata_misses: s.metadata_misses.get(),
+                                }
+                            })
                     })
                 })
                 .await?,

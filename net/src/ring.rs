@@ -235,6 +235,32 @@ pub fn hash64(bytes: &[u8]) -> u64 {
     fmix64(fnv1a64(bytes))
 }
 
+/// The file id of logical `path` at content version `version`: the high half
+/// is `hash64("psf1" ‖ path ‖ 0x00 ‖ version)`, the low half the same with
+/// tag `"psf2"`. Because the version is part of it, a changed object gets new
+/// page keys and can never hit pages cached for its old content.
+pub fn file_id(path: &str, version: &str) -> u128 {
+    let mut bytes = Vec::with_capacity(path.len() + version.len() + 5);
+    bytes.extend_from_slice(b"psf1");
+    bytes.extend_from_slice(path.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(version.as_bytes());
+    let hi = hash64(&bytes);
+    bytes[3] = b'2';
+    let lo = hash64(&bytes);
+    ((hi as u128) << 64) | lo as u128
+}
+
+/// Ring position of a path's metadata (`StatPath`, `List`):
+/// `hash64("psm1" ‖ path)`. The member owning this hash caches the path's
+/// metadata.
+pub fn path_hash(path: &str) -> u64 {
+    let mut bytes = Vec::with_capacity(path.len() + 4);
+    bytes.extend_from_slice(b"psm1");
+    bytes.extend_from_slice(path.as_bytes());
+    hash64(&bytes)
+}
+
 /// Position of probe `j` (counting from 0) of key hash `h`:
 /// `fmix64(h + (j + 1) * 0x9e3779b97f4a7c15)`.
 pub fn probe_position(h: u64, j: u32) -> u64 {

@@ -7,8 +7,12 @@ use pagestore_engine::{EngineError, PageKey, Shard};
 
 use crate::{
     endpoint::{Body, Reply, Service},
-    frame::{self, ErrorCode, FrameError, Key, PageStatus, RequestBody, Response, ResponseBody},
-    ring::{MemberId, Ring},
+    frame::{
+        self, ErrorCode, FrameError, Key, NodeEntry, PageStatus, RequestBody, Response,
+        ResponseBody,
+    },
+    ring::{self, MemberId, Ring},
+    source::{page_version, Loader},
 };
 
 /// One shard's view of the ring: which member it is, and the ring it believes in.
@@ -17,6 +21,10 @@ pub struct RingView {
     pub me: MemberId,
     /// The current ring; replaced when membership changes.
     pub ring: RefCell<Arc<Ring>>,
+    /// The nodes of the ring, as `Cluster` answers them.
+    pub nodes: RefCell<Arc<Vec<NodeEntry>>>,
+    /// Replicas clients may try before the under storage (0: none).
+    pub replicas: u8,
 }
 
 impl RingView {
@@ -30,6 +38,17 @@ impl RingView {
         }
     }
 
+    /// Whether this shard is one of the first `replicas` fallbacks for `key` (the members after
+    /// the owner on distinct nodes).
+    pub fn is_replica(&self, key: &Key) -> bool {
+        if self.replicas == 0 {
+            return false;
+        }
+        let ring = self.ring.borrow();
+        ring.replicas(key.file_id.as_u128(), key.page, 1 + self.replicas as usize)
+            .contains(&self.me)
+    }
+
     /// The ring epoch this shard believes in.
     pub fn epoch(&self) -> u64 {
         self.ring.borrow().epoch()
@@ -40,12 +59,22 @@ impl RingView {
 pub struct ShardService {
     shard: Rc<Shard>,
     view: Rc<RingView>,
+    loader: Option<Rc<Loader>>,
 }
 
 impl ShardService {
-    /// A service for `shard` with ring view `view`.
-    pub fn new(shard: Rc<Shard>, view: Rc<RingView>) -> Rc<ShardService> {
-        Rc::new(ShardService { shard, view })
+    /// A service for `shard` with ring view `view`, loading misses through `loader` (none: the
+    /// node has no under storage, and `Fetch` misses, `StatPath` and `List` are `Unavailable`).
+    pub fn new(
+        shard: Rc<Shard>,
+        view: Rc<RingView>,
+        loader: Option<Rc<Loader>>,
+    ) -> Rc<ShardService> {
+        Rc::new(ShardService {
+            shard,
+            view,
+            loader,
+        })
     }
 }
 
@@ -54,6 +83,7 @@ fn reply(request_id: u64, body: ResponseBody, payload: Body) -> Reply {
         Body::Empty => 0,
         Body::Bytes(b) => b.len(),
         Body::Page(p) => p.len(),
+        Body::Shared(b) => b.len(),
     };
     let response = Response { request_id, body };
     let mut head = Vec::with_capacity(128);
@@ -225,10 +255,119 @@ impl ShardService {
             RequestBody::LoadPages { .. } => error(
                 id,
                 ErrorCode::Unavailable,
-                "this node has no under storage configured",
+                "LoadPages is not served yet; use Fetch",
             ),
+            RequestBody::Fetch {
+                file,
+                page,
+                offset,
+                len,
+                replica,
+                ..
+            } => {
+                let key = Key {
+                    file_id: file.file_id,
+                    page,
+                };
+                if !(self.view.owns(&key) || replica && self.view.is_replica(&key)) {
+                    return not_owner();
+                }
+                if file.file_id.as_u128() != ring::file_id(&file.path, &file.version_tag) {
+                    return error(
+                        id,
+                        ErrorCode::BadRequest,
+                        "file_id does not match the path and version tag",
+                    );
+                }
+                match self.shard.read(&page_key(&key), offset, len).await {
+                    Ok(Some((data, info))) => {
+                        return reply(
+                            id,
+                            ResponseBody::Data {
+                                page_len: info.len,
+                                version: info.version,
+                            },
+                            Body::Page(data),
+                        )
+                    }
+                    Ok(None) => {}
+                    Err(e @ EngineError::BadRange { .. }) => return engine_error(id, &e),
+                    // A failing cache disk must not fail the read: load the page instead.
+                    Err(e) => tracing::warn!(error = %e, "cache read failed; loading the page"),
+                }
+                let Some(loader) = &self.loader else {
+                    return error(
+                        id,
+                        ErrorCode::Unavailable,
+                        "this node has no under storage configured",
+                    );
+                };
+                match loader.load_page(&file, page).await {
+                    Ok(bytes) => {
+                        let start = offset as usize;
+                        if start > bytes.len() {
+                            return error(
+                                id,
+                                ErrorCode::BadRange,
+                                format!(
+                                    "offset {offset} is past the end of the page ({} bytes)",
+                                    bytes.len()
+                                ),
+                            );
+                        }
+                        let end = start.saturating_add(len as usize).min(bytes.len());
+                        reply(
+                            id,
+                            ResponseBody::Data {
+                                page_len: bytes.len() as u32,
+                                version: page_version(&file.version_tag),
+                            },
+                            Body::Shared(bytes.slice(start..end)),
+                        )
+                    }
+                    Err(e) => error(id, e.code, e.message),
+                }
+            }
+            RequestBody::StatPath { path } => {
+                let Some(loader) = &self.loader else {
+                    return no_source(id);
+                };
+                match loader.stat(&path).await {
+                    Ok(kind) => reply(id, ResponseBody::PathInfo { kind }, Body::Empty),
+                    Err(e) => error(id, e.code, e.message),
+                }
+            }
+            RequestBody::List { path, start_after } => {
+                let Some(loader) = &self.loader else {
+                    return no_source(id);
+                };
+                match loader.list(&path, &start_after).await {
+                    Ok((entries, more)) => {
+                        reply(id, ResponseBody::Listing { entries, more }, Body::Empty)
+                    }
+                    Err(e) => error(id, e.code, e.message),
+                }
+            }
+            RequestBody::Cluster => {
+                let body = ResponseBody::ClusterInfo {
+                    page_size: self.shard.page_size(),
+                    epoch: self.view.epoch(),
+                    replicas: self.view.replicas,
+                    nodes: self.view.nodes.borrow().as_ref().clone(),
+                    mounts: self.loader.as_ref().map_or_else(Vec::new, |l| l.mounts()),
+                };
+                reply(id, body, Body::Empty)
+            }
         }
     }
+}
+
+fn no_source(id: u64) -> Reply {
+    error(
+        id,
+        ErrorCode::Unavailable,
+        "this node has no under storage configured",
+    )
 }
 
 fn bad_frame(e: &FrameError) -> Reply {

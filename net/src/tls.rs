@@ -39,6 +39,9 @@ impl std::error::Error for TlsError {}
 /// identified by the cluster CA's signature, not by DNS names.
 pub const SERVER_NAME: &str = "pagestore";
 
+/// Common name of the cluster CAs that `pagestored` and `pagectl` create.
+pub const CA_NAME: &str = "pagestore cluster CA";
+
 /// A certificate chain and its private key.
 pub struct Identity {
     /// Leaf first.
@@ -70,6 +73,45 @@ impl ClusterCa {
     /// A new CA with a fresh key.
     pub fn generate(name: &str) -> Result<ClusterCa, TlsError> {
         let key = rcgen::KeyPair::generate().map_err(gen_err)?;
+        ClusterCa::generate_with_key(name, key)
+    }
+
+    /// Loads a CA written by [`ClusterCa::save`] with the standard name [`CA_NAME`] (as
+    /// `pagestored` and `pagectl` create them), so that it can issue more certificates.
+    pub fn load(cert_pem: &Path, key_pem: &Path) -> Result<ClusterCa, TlsError> {
+        let cert = load_cert_pem(cert_pem)?;
+        let key_text =
+            std::fs::read_to_string(key_pem).map_err(|e| TlsError::Io(key_pem.into(), e))?;
+        let key = rcgen::KeyPair::from_pem(&key_text)
+            .map_err(|e| TlsError::Pem(key_pem.into(), format!("not a PEM private key: {e}")))?;
+        let ca = ClusterCa::generate_with_key(CA_NAME, key)?;
+        // The rebuilt certificate must name the same subject and key as the one on disk, or
+        // certificates it issues would not chain to it.
+        let ours = ca.cert.der().as_ref();
+        let subject_and_key_match = cert
+            .as_ref()
+            .windows(CA_NAME.len())
+            .any(|w| w == CA_NAME.as_bytes())
+            && {
+                let spki = ca.key.public_key_der();
+                cert.as_ref()
+                    .windows(spki.len())
+                    .any(|w| w == spki.as_slice())
+                    && ours.windows(spki.len()).any(|w| w == spki.as_slice())
+            };
+        if !subject_and_key_match {
+            return Err(TlsError::Pem(
+                cert_pem.into(),
+                format!(
+                    "not a CA made by pagestore (subject {CA_NAME:?}) with the key in {}",
+                    key_pem.display()
+                ),
+            ));
+        }
+        Ok(ca)
+    }
+
+    fn generate_with_key(name: &str, key: rcgen::KeyPair) -> Result<ClusterCa, TlsError> {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params
@@ -276,25 +318,33 @@ pub struct NodeTls {
 }
 
 impl NodeTls {
-    /// The node's TLS material, kept in `dir`: loaded if `node-cert.pem`, `node-key.pem` and
-    /// `ca-cert.pem` are there; otherwise generated at first start (a new cluster CA, kept as
-    /// `ca-cert.pem`/`ca-key.pem`, and a node certificate it issues) and written there. To join
-    /// an existing cluster, put that cluster's CA certificate and a node certificate it issued in
-    /// the directory before the first start.
+    /// The node's TLS material, kept in `dir`:
+    /// - loaded if `node-cert.pem` and `node-key.pem` are there (with `ca-cert.pem`);
+    /// - else, if the cluster's `ca-cert.pem` and `ca-key.pem` are there, a node certificate
+    ///   is issued from that CA and written (how nodes join one cluster: copy the CA files into
+    ///   each node's TLS directory before its first start);
+    /// - else a new cluster CA is generated (`ca-cert.pem`, `ca-key.pem`) and a node
+    ///   certificate issued from it: a one-node cluster, or the first node of a new one.
     pub fn load_or_create(dir: &Path, node_name: &str) -> Result<NodeTls, TlsError> {
-        let (cert, key, ca) = (
+        let (cert, key, ca_cert, ca_key) = (
             dir.join("node-cert.pem"),
             dir.join("node-key.pem"),
             dir.join("ca-cert.pem"),
+            dir.join("ca-key.pem"),
         );
         if cert.exists() || key.exists() {
             let identity = load_identity(&cert, &key)?;
-            let ca = load_cert_pem(&ca)?;
+            let ca = load_cert_pem(&ca_cert)?;
             return Ok(NodeTls { identity, ca });
         }
         std::fs::create_dir_all(dir).map_err(|e| TlsError::Io(dir.into(), e))?;
-        let cluster = ClusterCa::generate(&format!("pagestore cluster CA ({node_name})"))?;
-        cluster.save(&ca, &dir.join("ca-key.pem"))?;
+        let cluster = if ca_cert.exists() && ca_key.exists() {
+            ClusterCa::load(&ca_cert, &ca_key)?
+        } else {
+            let c = ClusterCa::generate(CA_NAME)?;
+            c.save(&ca_cert, &ca_key)?;
+            c
+        };
         let identity = cluster.issue(node_name)?;
         save_identity(&identity, &cert, &key)?;
         Ok(NodeTls {
@@ -328,6 +378,53 @@ mod tests {
         // The kept material still makes valid server and client configurations.
         server_config(&b.identity, &b.ca, true, b"x").unwrap();
         client_config(&b.ca, Some(&b.identity), b"x").unwrap();
+    }
+
+    #[test]
+    fn nodes_join_a_cluster_by_sharing_its_ca_files() {
+        let ca_dir = tempfile::tempdir().unwrap();
+        let ca = ClusterCa::generate(CA_NAME).unwrap();
+        ca.save(
+            &ca_dir.path().join("ca-cert.pem"),
+            &ca_dir.path().join("ca-key.pem"),
+        )
+        .unwrap();
+        let node_dir = tempfile::tempdir().unwrap();
+        for f in ["ca-cert.pem", "ca-key.pem"] {
+            std::fs::copy(ca_dir.path().join(f), node_dir.path().join(f)).unwrap();
+        }
+        let node = NodeTls::load_or_create(node_dir.path(), "n1").unwrap();
+        assert_eq!(node.ca, ca.cert_der(), "the node keeps the cluster's CA");
+        // A certificate issued by the reloaded CA verifies against the original CA certificate.
+        let reloaded = ClusterCa::load(
+            &ca_dir.path().join("ca-cert.pem"),
+            &ca_dir.path().join("ca-key.pem"),
+        )
+        .unwrap();
+        let client = reloaded.issue("client").unwrap();
+        let roots = roots(&ca.cert_der()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider(),
+        )
+        .build()
+        .unwrap();
+        verifier
+            .verify_client_cert(&client.chain[0], &[], rustls::pki_types::UnixTime::now())
+            .unwrap();
+        // A CA with another key is refused.
+        let other = ClusterCa::generate(CA_NAME).unwrap();
+        other
+            .save(
+                &ca_dir.path().join("x-cert.pem"),
+                &ca_dir.path().join("x-key.pem"),
+            )
+            .unwrap();
+        assert!(ClusterCa::load(
+            &ca_dir.path().join("ca-cert.pem"),
+            &ca_dir.path().join("x-key.pem")
+        )
+        .is_err());
     }
 
     #[test]

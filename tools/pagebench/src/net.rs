@@ -155,6 +155,9 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
             ring: Arc::new(ring),
             max_request: 1 << 20,
             max_buffered: 16 << 20,
+            source: None,
+            nodes: Vec::new(),
+            replicas: 0,
         },
     )
     .map_err(|e| e.to_string())?;

@@ -1,0 +1,721 @@
+//! The cluster client: resolves logical paths to objects and page keys, fetches pages from
+//! their owning shards over QUIC (in parallel, bounded), and falls back to a replica and then to
+//! the under storage when an owner is unreachable, so that a reader gets correct bytes while any
+//! worker is down.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{stream, StreamExt, TryStreamExt};
+use pagestore_net::{
+    client::{Pool, PoolOptions},
+    frame::{
+        DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, Request, RequestBody,
+        ResponseBody,
+    },
+    members::{parse_member_file, Membership, NodeInfo},
+    ring::{path_hash, MemberId, RingConfig},
+};
+
+use crate::ufs::{MountTable, ObjectInfo, UfsError};
+
+/// Why a client call failed.
+#[derive(Debug)]
+pub enum Error {
+    /// The path does not exist.
+    NotFound(String),
+    /// The path is a directory where a file was expected.
+    IsDir(String),
+    /// The path is a file where a directory was expected.
+    NotDir(String),
+    /// The path is not acceptable (relative, `..`).
+    BadPath(String),
+    /// The object changed since it was opened; open it again.
+    Changed(String),
+    /// The byte range cannot be served.
+    BadRange(String),
+    /// Neither the cluster nor (with fallback on) the under storage could answer.
+    Unavailable(String),
+    /// Client configuration (cluster file, TLS, mounts) is wrong.
+    Config(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::NotFound(p) => write!(f, "{p}: no such file or directory"),
+            Error::IsDir(p) => write!(f, "{p}: is a directory"),
+            Error::NotDir(p) => write!(f, "{p}: not a directory"),
+            Error::BadPath(m) => write!(f, "bad path: {m}"),
+            Error::Changed(m) => write!(f, "{m}"),
+            Error::BadRange(m) => write!(f, "bad range: {m}"),
+            Error::Unavailable(m) => write!(f, "unavailable: {m}"),
+            Error::Config(m) => write!(f, "configuration: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        use std::io::ErrorKind as K;
+        let kind = match &e {
+            Error::NotFound(_) => K::NotFound,
+            Error::IsDir(_) => K::IsADirectory,
+            Error::NotDir(_) => K::NotADirectory,
+            Error::BadPath(_) | Error::BadRange(_) => K::InvalidInput,
+            Error::Changed(_) => K::StaleNetworkFileHandle,
+            Error::Unavailable(_) => K::Other,
+            Error::Config(_) => K::InvalidInput,
+        };
+        std::io::Error::new(kind, e)
+    }
+}
+
+impl From<UfsError> for Error {
+    fn from(e: UfsError) -> Error {
+        match e {
+            UfsError::NotFound(p) => Error::NotFound(p),
+            UfsError::BadPath(m) => Error::BadPath(m),
+            e @ UfsError::Changed { .. } => Error::Changed(e.to_string()),
+            UfsError::Config(m) => Error::Config(m),
+            e @ UfsError::Store(..) => Error::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// Where the client finds the cluster.
+#[derive(Clone, Debug)]
+pub enum ClusterSource {
+    /// A static member file (see `docs/OPERATIONS.md`).
+    File(std::path::PathBuf),
+    /// Any member's base address; the member list is asked from it.
+    Addr(SocketAddr),
+}
+
+impl ClusterSource {
+    /// `IP:PORT` is an address; anything else is a member file path.
+    pub fn parse(s: &str) -> ClusterSource {
+        match s.parse::<SocketAddr>() {
+            Ok(a) => ClusterSource::Addr(a),
+            Err(_) => ClusterSource::File(s.into()),
+        }
+    }
+}
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Read from a replica, then from the under storage, when an owner fails (default on).
+    pub fallback: bool,
+    /// Time allowed for one request to a shard, connecting included (default 3 s). A member
+    /// that does not answer within it is marked dead.
+    pub call_timeout: Duration,
+    /// Page requests in flight per read call (default 8).
+    pub parallel: usize,
+    /// Pages a file handle fetches ahead of a sequential reader (default 4).
+    pub readahead: usize,
+    /// First back-off after a member fails; doubles per failure up to `max_backoff`
+    /// (defaults 1 s and 30 s). While backed off, requests skip the member without waiting.
+    pub min_backoff: Duration,
+    /// Longest back-off.
+    pub max_backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            fallback: true,
+            call_timeout: Duration::from_secs(3),
+            parallel: 8,
+            readahead: 4,
+            min_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The client's counters (all monotonic).
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    /// Page requests answered by the owning shard.
+    pub owner_reads: AtomicU64,
+    /// Page requests answered by a replica.
+    pub replica_reads: AtomicU64,
+    /// Page reads served straight from the under storage because the cluster could not.
+    pub fallbacks: AtomicU64,
+    /// Metadata requests (stat, list) served straight from the under storage.
+    pub metadata_fallbacks: AtomicU64,
+    /// Bytes received from shards.
+    pub cluster_bytes: AtomicU64,
+    /// Bytes read from the under storage directly.
+    pub ufs_bytes: AtomicU64,
+    /// Requests to a member that failed (timeouts, resets, errors that are not answers).
+    pub member_failures: AtomicU64,
+    /// Requests that skipped a member because it is backed off.
+    pub skipped_dead: AtomicU64,
+}
+
+/// A snapshot of [`ClientStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// See [`ClientStats::owner_reads`].
+    pub owner_reads: u64,
+    /// See [`ClientStats::replica_reads`].
+    pub replica_reads: u64,
+    /// See [`ClientStats::fallbacks`].
+    pub fallbacks: u64,
+    /// See [`ClientStats::metadata_fallbacks`].
+    pub metadata_fallbacks: u64,
+    /// See [`ClientStats::cluster_bytes`].
+    pub cluster_bytes: u64,
+    /// See [`ClientStats::ufs_bytes`].
+    pub ufs_bytes: u64,
+    /// See [`ClientStats::member_failures`].
+    pub member_failures: u64,
+    /// See [`ClientStats::skipped_dead`].
+    pub skipped_dead: u64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+struct Health {
+    dead_until: Instant,
+    backoff: Duration,
+    probing: bool,
+}
+
+/// The cluster as the client sees it.
+struct Layout {
+    membership: Membership,
+    page_size: u32,
+    replicas: u8,
+    mounts: Vec<MountEntry>,
+}
+
+/// A client of one cluster. Cheap to share: wrap it in an `Arc` (file handles need one).
+pub struct Client {
+    pool: Arc<Pool>,
+    layout: Layout,
+    ufs: Option<Arc<MountTable>>,
+    health: Mutex<HashMap<SocketAddr, Health>>,
+    stats: ClientStats,
+    options: ClientOptions,
+    next_id: AtomicU64,
+}
+
+/// Outcome of one request to one member.
+enum Attempt<T> {
+    /// An answer (data or a definite error such as NotFound).
+    Answer(Result<T, Error>),
+    /// The member could not answer; try elsewhere.
+    Failed,
+}
+
+impl Client {
+    /// Connects to a cluster: reads the member list (from the file, or from the member at the
+    /// address), asks a member for the page size and mounts, and opens the under storage for
+    /// fallback. `ufs`: the mount table to fall back to; `None` builds one from the cluster's
+    /// mounts (credentials for S3 mounts then come from the `AWS_*` environment variables).
+    /// Must be called inside a tokio runtime.
+    pub async fn connect(
+        source: &ClusterSource,
+        tls: quinn::ClientConfig,
+        ufs: Option<Arc<MountTable>>,
+        options: ClientOptions,
+    ) -> Result<Arc<Client>, Error> {
+        let (listed, probe): (Option<Vec<NodeInfo>>, Vec<SocketAddr>) = match source {
+            ClusterSource::File(path) => {
+                let nodes = read_member_file(path)?;
+                let addrs = nodes.iter().map(|n| n.addr).collect();
+                (Some(nodes), addrs)
+            }
+            ClusterSource::Addr(a) => (None, vec![*a]),
+        };
+        let loopback = probe.iter().all(|a| a.ip().is_loopback());
+        let bind: SocketAddr = match (probe.first(), loopback) {
+            (Some(a), true) if a.is_ipv6() => "[::1]:0",
+            (_, true) => "127.0.0.1:0",
+            (Some(a), false) if a.is_ipv6() => "[::]:0",
+            _ => "0.0.0.0:0",
+        }
+        .parse()
+        .map_err(|e| Error::Config(format!("{e}")))?;
+        let pool = Pool::new(
+            tls,
+            bind,
+            PoolOptions {
+                timeout: options.call_timeout,
+                ..PoolOptions::default()
+            },
+        )
+        .map_err(|e| Error::Config(format!("cannot open a UDP socket: {e}")))?;
+        let mut last_err = String::from("no member to ask");
+        let mut info = None;
+        for addr in &probe {
+            let req = Request {
+                request_id: 1,
+                body: RequestBody::Cluster,
+            };
+            match pool.request(*addr, &req, &[]).await {
+                Ok((resp, _)) => match resp.body {
+                    ResponseBody::ClusterInfo {
+                        page_size,
+                        replicas,
+                        nodes,
+                        mounts,
+                        ..
+                    } => {
+                        info = Some((page_size, replicas, nodes, mounts));
+                        break;
+                    }
+                    other => last_err = format!("{addr} answered {other:?}"),
+                },
+                Err(e) => last_err = e.to_string(),
+            }
+        }
+        let Some((page_size, replicas, nodes, mounts)) = info else {
+            return Err(Error::Unavailable(format!(
+                "no cluster member answered ({last_err}); check --cluster, that pagestored runs, \
+                 and the TLS settings"
+            )));
+        };
+        if page_size == 0 {
+            return Err(Error::Config("the cluster reports a page size of 0".into()));
+        }
+        let nodes = match listed {
+            Some(n) => n,
+            None => nodes
+                .iter()
+                .map(|n| {
+                    Ok(NodeInfo {
+                        id: n.id.as_u128(),
+                        addr: n.addr.parse().map_err(|_| {
+                            Error::Config(format!("member address {:?} is not IP:PORT", n.addr))
+                        })?,
+                        shards: n.shards,
+                    })
+                })
+                .collect::<Result<Vec<_>, Error>>()?,
+        };
+        let membership = Membership::new(nodes, RingConfig::default(), 1)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let ufs = match ufs {
+            Some(u) => Some(u),
+            None if options.fallback => fallback_table(&mounts),
+            None => None,
+        };
+        Ok(Arc::new(Client {
+            pool,
+            layout: Layout {
+                membership,
+                page_size,
+                replicas,
+                mounts,
+            },
+            ufs,
+            health: Mutex::new(HashMap::new()),
+            stats: ClientStats::default(),
+            options,
+            next_id: AtomicU64::new(2),
+        }))
+    }
+
+    /// The cluster's page size.
+    pub fn page_size(&self) -> u32 {
+        self.layout.page_size
+    }
+
+    /// The cluster's mount table (credentials removed).
+    pub fn mounts(&self) -> &[MountEntry] {
+        &self.layout.mounts
+    }
+
+    /// The member list.
+    pub fn membership(&self) -> &Membership {
+        &self.layout.membership
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.stats;
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            owner_reads: g(&s.owner_reads),
+            replica_reads: g(&s.replica_reads),
+            fallbacks: g(&s.fallbacks),
+            metadata_fallbacks: g(&s.metadata_fallbacks),
+            cluster_bytes: g(&s.cluster_bytes),
+            ufs_bytes: g(&s.ufs_bytes),
+            member_failures: g(&s.member_failures),
+            skipped_dead: g(&s.skipped_dead),
+        }
+    }
+
+    /// Whether a request may go to `addr` now: not backed off, or the one probe allowed after
+    /// the back-off ran out.
+    fn usable(&self, addr: SocketAddr) -> bool {
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        match h.get_mut(&addr) {
+            None => true,
+            Some(s) if !s.probing && Instant::now() >= s.dead_until => {
+                s.probing = true;
+                true
+            }
+            Some(_) => {
+                bump(&self.stats.skipped_dead, 1);
+                false
+            }
+        }
+    }
+
+    fn succeeded(&self, addr: SocketAddr) {
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        if h.remove(&addr).is_some() {
+            tracing::info!(%addr, "member answers again");
+        }
+    }
+
+    fn failed(&self, addr: SocketAddr, why: &str) {
+        bump(&self.stats.member_failures, 1);
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let (min, max) = (self.options.min_backoff, self.options.max_backoff);
+        let e = h.entry(addr).or_insert(Health {
+            dead_until: Instant::now(),
+            backoff: Duration::ZERO,
+            probing: false,
+        });
+        e.backoff = (e.backoff * 2).clamp(min, max);
+        e.dead_until = Instant::now() + e.backoff;
+        e.probing = false;
+        tracing::warn!(%addr, backoff = ?e.backoff, why, "member failed; backing off");
+    }
+
+    /// Sends `body` to `addr` and classifies the outcome.
+    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Vec<u8>)> {
+        if !self.usable(addr) {
+            return Attempt::Failed;
+        }
+        let req = Request {
+            request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            body,
+        };
+        match self.pool.request(addr, &req, &[]).await {
+            Err(e) => {
+                self.failed(addr, &e.to_string());
+                Attempt::Failed
+            }
+            Ok((resp, payload)) => {
+                // Any answer means the member is alive.
+                self.succeeded(addr);
+                match &resp.body {
+                    ResponseBody::Error { code, message } => match code {
+                        ErrorCode::NotFound => {
+                            Attempt::Answer(Err(Error::NotFound(message.clone())))
+                        }
+                        ErrorCode::Changed => Attempt::Answer(Err(Error::Changed(message.clone()))),
+                        ErrorCode::BadRange => {
+                            Attempt::Answer(Err(Error::BadRange(message.clone())))
+                        }
+                        ErrorCode::BadRequest => {
+                            Attempt::Answer(Err(Error::BadPath(message.clone())))
+                        }
+                        // The shard is up but could not serve this (its disk, its store, load):
+                        // try elsewhere without marking it dead.
+                        _ => {
+                            tracing::debug!(%addr, ?code, message, "member could not serve");
+                            Attempt::Failed
+                        }
+                    },
+                    // Our ring disagrees with the member's: serve elsewhere this time.
+                    ResponseBody::NotOwner { epoch } => {
+                        tracing::warn!(%addr, epoch, "member says it is not the owner");
+                        Attempt::Failed
+                    }
+                    _ => Attempt::Answer(Ok((resp.body, payload))),
+                }
+            }
+        }
+    }
+
+    fn metadata_owner(&self, path: &str) -> Option<SocketAddr> {
+        let m = self
+            .layout
+            .membership
+            .ring()
+            .owner_of_hash(path_hash(path))?;
+        self.layout.membership.addr_of(m)
+    }
+
+    fn ufs(&self) -> Result<&MountTable, Error> {
+        if !self.options.fallback {
+            return Err(Error::Unavailable(
+                "the owning member cannot be reached and fallback is off".into(),
+            ));
+        }
+        self.ufs.as_deref().ok_or_else(|| {
+            Error::Unavailable(
+                "the owning member cannot be reached and no under storage is configured on this \
+                 client for fallback"
+                    .into(),
+            )
+        })
+    }
+
+    /// What `path` names.
+    pub async fn stat_path(&self, path: &str) -> Result<PathKind, Error> {
+        check_path(path)?;
+        if let Some(addr) = self.metadata_owner(path) {
+            let body = RequestBody::StatPath { path: path.into() };
+            if let Attempt::Answer(r) = self.ask(addr, body).await {
+                return match r.map_err(|e| named(e, path))? {
+                    (ResponseBody::PathInfo { kind }, _) => Ok(kind),
+                    (other, _) => Err(Error::Unavailable(format!("unexpected answer {other:?}"))),
+                };
+            }
+        }
+        let ufs = self.ufs()?;
+        bump(&self.stats.metadata_fallbacks, 1);
+        Ok(ufs.stat_path(path).await?)
+    }
+
+    /// Size, version and file id of the file at `path` (an error for directories).
+    pub async fn stat(&self, path: &str) -> Result<ObjectInfo, Error> {
+        match self.stat_path(path).await? {
+            PathKind::File {
+                size,
+                version_tag,
+                file_id,
+            } => Ok(ObjectInfo {
+                path: path.to_string(),
+                size,
+                version: version_tag,
+                file_id: file_id.as_u128(),
+            }),
+            PathKind::Dir => Err(Error::IsDir(path.to_string())),
+        }
+    }
+
+    /// Every entry of directory `path`, sorted by name.
+    pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>, Error> {
+        check_path(path)?;
+        let path = match path.trim_end_matches('/') {
+            "" => "/",
+            p => p,
+        };
+        if let Some(addr) = self.metadata_owner(path) {
+            let mut out: Vec<DirEntry> = Vec::new();
+            loop {
+                let body = RequestBody::List {
+                    path: path.into(),
+                    start_after: out.last().map(|e| e.name.clone()).unwrap_or_default(),
+                };
+                match self.ask(addr, body).await {
+                    Attempt::Answer(r) => match r.map_err(|e| named(e, path))? {
+                        (ResponseBody::Listing { entries, more }, _) => {
+                            let progressed = !entries.is_empty();
+                            out.extend(entries);
+                            if !more || !progressed {
+                                return self.listed(path, out).await;
+                            }
+                        }
+                        (other, _) => {
+                            return Err(Error::Unavailable(format!("unexpected answer {other:?}")))
+                        }
+                    },
+                    Attempt::Failed => break,
+                }
+            }
+        }
+        let ufs = self.ufs()?;
+        bump(&self.stats.metadata_fallbacks, 1);
+        let v = ufs.list_entries(path).await?;
+        self.listed(path, v).await
+    }
+
+    /// An empty listing of something that is not a directory is an error.
+    async fn listed(&self, path: &str, v: Vec<DirEntry>) -> Result<Vec<DirEntry>, Error> {
+        if v.is_empty() {
+            match self.stat_path(path).await? {
+                PathKind::Dir => {}
+                PathKind::File { .. } => return Err(Error::NotDir(path.to_string())),
+            }
+        }
+        Ok(v)
+    }
+
+    /// Reads `len` bytes at `offset` of page `page` of `info` (fewer at the end of the file):
+    /// from the owner, else a replica, else the under storage.
+    pub async fn read_page(
+        &self,
+        info: &ObjectInfo,
+        page: u64,
+        offset: u32,
+        len: u32,
+    ) -> Result<Bytes, Error> {
+        let ps = u64::from(self.layout.page_size);
+        let page_start = page.saturating_mul(ps);
+        if page_start >= info.size {
+            return Ok(Bytes::new());
+        }
+        let file = FileRef {
+            file_id: FileId::from_u128(info.file_id),
+            mount: String::new(),
+            path: info.path.clone(),
+            version_tag: info.version.clone(),
+            size: info.size,
+        };
+        let ring = self.layout.membership.ring();
+        let members: Vec<MemberId> =
+            ring.replicas(info.file_id, page, 1 + self.layout.replicas as usize);
+        for (i, m) in members.iter().enumerate() {
+            let Some(addr) = self.layout.membership.addr_of(*m) else {
+                continue;
+            };
+            let body = RequestBody::Fetch {
+                file: file.clone(),
+                page,
+                offset,
+                len,
+                epoch: ring.epoch(),
+                replica: i > 0,
+            };
+            match self.ask(addr, body).await {
+                Attempt::Answer(r) => {
+                    let (_, payload) = r?;
+                    bump(&self.stats.cluster_bytes, payload.len() as u64);
+                    bump(
+                        if i == 0 {
+                            &self.stats.owner_reads
+                        } else {
+                            &self.stats.replica_reads
+                        },
+                        1,
+                    );
+                    return Ok(Bytes::from(payload));
+                }
+                Attempt::Failed => {
+                    if !self.options.fallback {
+                        return Err(Error::Unavailable(format!(
+                            "member {addr} could not serve page {page} of {} and fallback is off",
+                            info.path
+                        )));
+                    }
+                }
+            }
+        }
+        let ufs = self.ufs()?;
+        let start = page_start + u64::from(offset);
+        let end = (start + u64::from(len)).min(page_start + ps).min(info.size);
+        let bytes = ufs.read(info, start..end.max(start)).await?;
+        bump(&self.stats.fallbacks, 1);
+        bump(&self.stats.ufs_bytes, bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    /// Reads up to `len` bytes at `offset` of `info` (fewer at the end of the file, none past
+    /// it), fetching the covered pages in parallel.
+    pub async fn read_at(&self, info: &ObjectInfo, offset: u64, len: u64) -> Result<Bytes, Error> {
+        let end = offset.saturating_add(len).min(info.size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let ps = u64::from(self.layout.page_size);
+        let (first, last) = (offset / ps, (end - 1) / ps);
+        if first == last {
+            let off = (offset - first * ps) as u32;
+            return self
+                .read_page(info, first, off, (end - offset) as u32)
+                .await;
+        }
+        let parts = stream::iter(first..=last)
+            .map(|p| {
+                let s = offset.max(p * ps);
+                let e = end.min((p + 1) * ps);
+                self.read_page(info, p, (s - p * ps) as u32, (e - s) as u32)
+            })
+            .buffered(self.options.parallel.max(1));
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        let mut parts = std::pin::pin!(parts);
+        while let Some(b) = parts.try_next().await? {
+            out.extend_from_slice(&b);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Reads `range` of the file at `path` (clipped at its end).
+    pub async fn read(&self, path: &str, range: std::ops::Range<u64>) -> Result<Bytes, Error> {
+        let info = self.stat(path).await?;
+        self.read_at(&info, range.start, range.end.saturating_sub(range.start))
+            .await
+    }
+
+    /// Opens `path` for reading: the handle reads the version that exists now, whatever
+    /// happens to the object later.
+    pub async fn open(self: &Arc<Self>, path: &str) -> Result<crate::FileHandle, Error> {
+        let info = self.stat(path).await?;
+        Ok(crate::FileHandle::new(self.clone(), info))
+    }
+}
+
+/// A NotFound answer names the path the caller asked for (the member's text says the same in
+/// its own words).
+fn named(e: Error, path: &str) -> Error {
+    match e {
+        Error::NotFound(_) => Error::NotFound(path.to_string()),
+        e => e,
+    }
+}
+
+fn check_path(path: &str) -> Result<(), Error> {
+    if !path.starts_with('/') {
+        return Err(Error::BadPath(format!("{path:?} is not absolute")));
+    }
+    if path.split('/').any(|s| s == ".." || s == ".") || path.contains('\0') {
+        return Err(Error::BadPath(format!("{path:?} contains . or .. or NUL")));
+    }
+    Ok(())
+}
+
+fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::Config(format!(
+            "cannot read member file {}: {e} (--cluster takes a member file or IP:PORT)",
+            path.display()
+        ))
+    })?;
+    parse_member_file(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+}
+
+/// A mount table for fallback from the cluster's (credential-free) mounts. Mounts that cannot
+/// be opened here (e.g. S3 without credentials in the environment) are left out with a warning:
+/// their reads then depend on the cluster.
+fn fallback_table(mounts: &[MountEntry]) -> Option<Arc<MountTable>> {
+    let mut ok = Vec::new();
+    for m in mounts {
+        let pair = (m.prefix.clone(), m.url.clone());
+        match MountTable::new(std::slice::from_ref(&pair)) {
+            Ok(_) => ok.push(pair),
+            Err(e) => tracing::warn!(mount = %m.prefix, error = %e, "no fallback for this mount"),
+        }
+    }
+    MountTable::new(&ok).ok().map(Arc::new)
+}

@@ -1,0 +1,44 @@
+//! Where a client finds its TLS material: a directory holding the cluster CA certificate
+//! (`ca-cert.pem`, required: servers are verified against it) and, for clusters that require
+//! client certificates, either `client-cert.pem` + `client-key.pem`, or the CA key
+//! (`ca-key.pem`), from which an in-memory client certificate is issued. A node's own TLS
+//! directory (`<cache dir>/tls`) therefore works for a client on that node.
+
+use std::{path::Path, sync::Arc};
+
+use pagestore_net::{frame, tls, transport};
+
+use crate::client::Error;
+
+/// A quinn client configuration from the TLS directory `dir`.
+pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, Error> {
+    let cfg = |e: &dyn std::fmt::Display| Error::Config(format!("TLS: {e}"));
+    let ca_path = dir.join("ca-cert.pem");
+    if !ca_path.exists() {
+        return Err(Error::Config(format!(
+            "no cluster CA certificate at {}: point --tls-dir (or PAGESTORE_TLS_DIR) at a \
+             directory holding the cluster's ca-cert.pem (pagestored writes it to \
+             <cache dir>/tls at first start)",
+            ca_path.display()
+        )));
+    }
+    let ca = tls::load_cert_pem(&ca_path).map_err(|e| cfg(&e))?;
+    let (cert, key, ca_key) = (
+        dir.join("client-cert.pem"),
+        dir.join("client-key.pem"),
+        dir.join("ca-key.pem"),
+    );
+    let identity = if cert.exists() && key.exists() {
+        Some(tls::load_identity(&cert, &key).map_err(|e| cfg(&e))?)
+    } else if ca_key.exists() {
+        let ca = tls::ClusterCa::load(&ca_path, &ca_key).map_err(|e| cfg(&e))?;
+        Some(ca.issue("pagestore client").map_err(|e| cfg(&e))?)
+    } else {
+        None
+    };
+    let rustls = tls::client_config(&ca, identity.as_ref(), frame::ALPN).map_err(|e| cfg(&e))?;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(rustls).map_err(|e| cfg(&e))?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(transport::transport_config());
+    Ok(config)
+}

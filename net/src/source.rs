@@ -1,0 +1,459 @@
+//! The miss path: where a shard gets pages and metadata it does not have.
+//!
+//! The under storage ([`Source`]) is implemented elsewhere (the client crate's mount table over
+//! `object_store`) and runs on a tokio runtime: its futures are `Send` and are spawned onto the
+//! runtime handle the node was given, never polled on a shard's glommio executor. The shard-local
+//! [`Loader`] bridges the two with one-shot channels and adds what a cache needs in front of a
+//! slow store:
+//!
+//! - a bound on under-storage requests in flight per shard (a semaphore);
+//! - single flight: concurrent misses on one page make one request, and the page's bytes are
+//!   handed to every waiter (the load runs as a detached shard task, so a reader that goes away
+//!   does not cancel it for the others);
+//! - a TTL cache of path metadata and directory listings (negative answers included), so the
+//!   member that owns a path answers most `StatPath`/`List` requests without the store.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    future::Future,
+    ops::Range,
+    pin::Pin,
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use pagestore_engine::{EngineError, PageKey, Shard};
+
+use crate::frame::{DirEntry, ErrorCode, FileRef, MountEntry, PathKind};
+
+/// Why the under storage could not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceError {
+    /// The category sent to clients (`NotFound`, `Changed`, `BadRequest`, `Io`, `Unavailable`).
+    pub code: ErrorCode,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl SourceError {
+    /// An error of category `code`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> SourceError {
+        SourceError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+/// A `Send` future of the under storage.
+pub type SourceFuture<T> = Pin<Box<dyn Future<Output = Result<T, SourceError>> + Send>>;
+
+/// The under storage as a shard sees it. Implementations must be cheap to call from any thread;
+/// the futures they return run on the node's tokio runtime.
+pub trait Source: Send + Sync + 'static {
+    /// Reads `range` of `file` at exactly `file.version_tag` (fewer bytes only at the end of the
+    /// object); `Changed` if the object now has another version.
+    fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes>;
+    /// What `path` names.
+    fn stat(&self, path: &str) -> SourceFuture<PathKind>;
+    /// Every entry of directory `path`, sorted by name.
+    fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>>;
+    /// The mount table, credentials removed.
+    fn mounts(&self) -> Vec<MountEntry>;
+}
+
+/// Settings of a shard's [`Loader`].
+#[derive(Clone, Debug)]
+pub struct LoaderOptions {
+    /// Under-storage requests in flight per shard (default 16).
+    pub max_inflight: usize,
+    /// How long path metadata and listings are trusted (default 10 s). A rewritten object is
+    /// seen by new readers at most this long after the change.
+    pub metadata_ttl: Duration,
+    /// Metadata entries kept per shard before the cache is emptied (default 100,000).
+    pub max_metadata: usize,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            max_inflight: 16,
+            metadata_ttl: Duration::from_secs(10),
+            max_metadata: 100_000,
+        }
+    }
+}
+
+/// Counters of one shard's loader.
+#[derive(Default, Debug)]
+pub struct LoaderStats {
+    /// Page loads sent to the under storage.
+    pub ufs_reads: Cell<u64>,
+    /// Bytes read from the under storage.
+    pub ufs_bytes: Cell<u64>,
+    /// Under-storage requests that failed (metadata included).
+    pub ufs_errors: Cell<u64>,
+    /// Misses that joined a load already in flight.
+    pub coalesced: Cell<u64>,
+    /// Loaded pages the cache could not keep (served anyway).
+    pub store_failures: Cell<u64>,
+    /// Metadata requests answered from the TTL cache.
+    pub metadata_hits: Cell<u64>,
+    /// Metadata requests sent to the under storage.
+    pub metadata_misses: Cell<u64>,
+}
+
+type PageResult = Result<Bytes, SourceError>;
+
+/// A cached answer and when it was fetched.
+type Timed<T> = (Instant, T);
+
+enum Flight {
+    /// The load is running; these wait for it.
+    Loading(Vec<futures_channel::oneshot::Sender<PageResult>>),
+    /// Loaded and being written to the cache: later misses take these bytes.
+    Storing(Bytes),
+}
+
+/// One shard's bridge to the under storage (see the module docs). Not `Send`: it lives on its
+/// shard's thread.
+pub struct Loader {
+    shard: Rc<Shard>,
+    source: Arc<dyn Source>,
+    runtime: tokio::runtime::Handle,
+    options: LoaderOptions,
+    permits: Rc<glommio::sync::Semaphore>,
+    flights: RefCell<HashMap<PageKey, Flight>>,
+    paths: RefCell<HashMap<String, Timed<Result<PathKind, SourceError>>>>,
+    lists: RefCell<HashMap<String, Timed<Rc<Vec<DirEntry>>>>>,
+    stats: LoaderStats,
+}
+
+/// Bytes a `Listing` response may spend on names before it stops (the header limit is 64 KiB).
+const LISTING_BUDGET: usize = 48 << 10;
+
+/// The version number pages loaded at `version_tag` are stored with (`hash64` of the tag).
+pub fn page_version(version_tag: &str) -> u64 {
+    crate::ring::hash64(version_tag.as_bytes())
+}
+
+impl Loader {
+    /// A loader for `shard`, running store requests on `runtime`.
+    pub fn new(
+        shard: Rc<Shard>,
+        source: Arc<dyn Source>,
+        runtime: tokio::runtime::Handle,
+        options: LoaderOptions,
+    ) -> Rc<Loader> {
+        Rc::new(Loader {
+            shard,
+            source,
+            runtime,
+            permits: Rc::new(glommio::sync::Semaphore::new(
+                options.max_inflight.max(1) as u64
+            )),
+            options,
+            flights: RefCell::new(HashMap::new()),
+            paths: RefCell::new(HashMap::new()),
+            lists: RefCell::new(HashMap::new()),
+            stats: LoaderStats::default(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &LoaderStats {
+        &self.stats
+    }
+
+    /// The mount table of the source.
+    pub fn mounts(&self) -> Vec<MountEntry> {
+        self.source.mounts()
+    }
+
+    /// Runs `fut` on the tokio side, holding one of this shard's permits.
+    async fn on_tokio<T: Send + 'static>(&self, fut: SourceFuture<T>) -> Result<T, SourceError> {
+        let _permit = self
+            .permits
+            .acquire_permit(1)
+            .await
+            .map_err(|_| SourceError::new(ErrorCode::Unavailable, "shard is shutting down"))?;
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        let r = rx.await.unwrap_or_else(|_| {
+            Err(SourceError::new(
+                ErrorCode::Unavailable,
+                "the under-storage runtime stopped",
+            ))
+        });
+        if r.is_err() {
+            self.stats.ufs_errors.set(self.stats.ufs_errors.get() + 1);
+        }
+        r
+    }
+
+    /// The whole of page `page` of `file` (`page_size` bytes, fewer for the last page), from the
+    /// under storage, then kept in the cache. Concurrent calls for one page share one load.
+    pub async fn load_page(self: &Rc<Self>, file: &FileRef, page: u64) -> PageResult {
+        let key = PageKey::new(file.file_id.as_u128(), page);
+        let (rx, leader) = {
+            let mut flights = self.flights.borrow_mut();
+            match flights.get_mut(&key) {
+                Some(Flight::Storing(bytes)) => {
+                    self.stats.coalesced.set(self.stats.coalesced.get() + 1);
+                    return Ok(bytes.clone());
+                }
+                Some(Flight::Loading(waiters)) => {
+                    self.stats.coalesced.set(self.stats.coalesced.get() + 1);
+                    let (tx, rx) = futures_channel::oneshot::channel();
+                    waiters.push(tx);
+                    (rx, false)
+                }
+                None => {
+                    let (tx, rx) = futures_channel::oneshot::channel();
+                    flights.insert(key, Flight::Loading(vec![tx]));
+                    (rx, true)
+                }
+            }
+        };
+        if leader {
+            // Spawned only after the map's borrow ends: glommio may start running the task
+            // right away.
+            let me = self.clone();
+            let file = file.clone();
+            glommio::spawn_local(async move { me.run_load(key, file, page).await }).detach();
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(SourceError::new(
+                ErrorCode::Unavailable,
+                "the page load was abandoned (shard stopping)",
+            ))
+        })
+    }
+
+    async fn run_load(self: Rc<Self>, key: PageKey, file: FileRef, page: u64) {
+        let page_size = u64::from(self.shard.page_size());
+        let start = page.saturating_mul(page_size);
+        let end = start.saturating_add(page_size).min(file.size);
+        let result = if start >= file.size && !(start == 0 && file.size == 0) {
+            Err(SourceError::new(
+                ErrorCode::BadRange,
+                format!(
+                    "page {page} starts at byte {start}, past the end of {} ({} bytes)",
+                    file.path, file.size
+                ),
+            ))
+        } else {
+            self.stats.ufs_reads.set(self.stats.ufs_reads.get() + 1);
+            let r = self.on_tokio(self.source.read(&file, start..end)).await;
+            match r {
+                Ok(b) if b.len() as u64 != end - start => Err(SourceError::new(
+                    ErrorCode::Changed,
+                    format!(
+                        "{}: expected {} bytes at offset {start}, the store returned {}; the \
+                         object changed",
+                        file.path,
+                        end - start,
+                        b.len()
+                    ),
+                )),
+                r => r,
+            }
+        };
+        let waiters = {
+            let mut flights = self.flights.borrow_mut();
+            let waiters = match flights.remove(&key) {
+                Some(Flight::Loading(w)) => w,
+                _ => Vec::new(),
+            };
+            if let Ok(bytes) = &result {
+                flights.insert(key, Flight::Storing(bytes.clone()));
+            }
+            waiters
+        };
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+        if let Ok(bytes) = result {
+            self.stats
+                .ufs_bytes
+                .set(self.stats.ufs_bytes.get() + bytes.len() as u64);
+            if let Err(e) = self
+                .shard
+                .put(&key, &bytes, page_version(&file.version_tag))
+                .await
+            {
+                self.stats
+                    .store_failures
+                    .set(self.stats.store_failures.get() + 1);
+                match e {
+                    EngineError::CacheFull => {
+                        tracing::debug!(path = %file.path, page, "cache full: page served, not kept")
+                    }
+                    e => {
+                        tracing::warn!(path = %file.path, page, error = %e, "keeping a loaded page failed")
+                    }
+                }
+            }
+            self.flights.borrow_mut().remove(&key);
+        }
+    }
+
+    fn trim_metadata(&self) {
+        if self.paths.borrow().len() >= self.options.max_metadata {
+            self.paths.borrow_mut().clear();
+        }
+        if self.lists.borrow().len() > self.options.max_metadata / 16 {
+            self.lists.borrow_mut().clear();
+        }
+    }
+
+    /// What `path` names, from the TTL cache or the store. `NotFound` answers are cached too.
+    pub async fn stat(&self, path: &str) -> Result<PathKind, SourceError> {
+        if let Some((at, r)) = self.paths.borrow().get(path) {
+            if at.elapsed() < self.options.metadata_ttl {
+                self.stats
+                    .metadata_hits
+                    .set(self.stats.metadata_hits.get() + 1);
+                return r.clone();
+            }
+        }
+        self.stats
+            .metadata_misses
+            .set(self.stats.metadata_misses.get() + 1);
+        let r = self.on_tokio(self.source.stat(path)).await;
+        let cacheable = match &r {
+            Ok(_) => true,
+            Err(e) => e.code == ErrorCode::NotFound,
+        };
+        if cacheable {
+            self.trim_metadata();
+            self.paths
+                .borrow_mut()
+                .insert(path.to_string(), (Instant::now(), r.clone()));
+        }
+        r
+    }
+
+    /// One page of directory `path`'s listing: entries after `start_after`, and whether more
+    /// follow.
+    pub async fn list(
+        &self,
+        path: &str,
+        start_after: &str,
+    ) -> Result<(Vec<DirEntry>, bool), SourceError> {
+        let cached = self
+            .lists
+            .borrow()
+            .get(path)
+            .filter(|(at, _)| at.elapsed() < self.options.metadata_ttl)
+            .map(|(_, l)| l.clone());
+        let all = match cached {
+            Some(l) => {
+                self.stats
+                    .metadata_hits
+                    .set(self.stats.metadata_hits.get() + 1);
+                l
+            }
+            None => {
+                self.stats
+                    .metadata_misses
+                    .set(self.stats.metadata_misses.get() + 1);
+                let l = Rc::new(self.on_tokio(self.source.list(path)).await?);
+                self.trim_metadata();
+                self.lists
+                    .borrow_mut()
+                    .insert(path.to_string(), (Instant::now(), l.clone()));
+                l
+            }
+        };
+        Ok(listing_page(&all, start_after))
+    }
+}
+
+/// The entries of `all` (sorted by name) after `start_after`, bounded by
+/// [`crate::frame::MAX_LIST_ENTRIES`] and the header budget; `true` if more follow.
+pub fn listing_page(all: &[DirEntry], start_after: &str) -> (Vec<DirEntry>, bool) {
+    let from = all.partition_point(|e| e.name.as_str() <= start_after);
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    for e in &all[from..] {
+        if out.len() == crate::frame::MAX_LIST_ENTRIES || bytes + e.name.len() + 32 > LISTING_BUDGET
+        {
+            return (out, true);
+        }
+        bytes += e.name.len() + 32;
+        out.push(e.clone());
+    }
+    (out, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(n: usize) -> Vec<DirEntry> {
+        let mut v: Vec<DirEntry> = (0..n)
+            .map(|i| DirEntry {
+                name: format!("f{i:06}"),
+                is_dir: i % 7 == 0,
+                size: i as u64,
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    #[test]
+    fn listing_pages_cover_everything_once_in_order() {
+        for n in [0, 1, 999, 1000, 1001, 10_000] {
+            let all = entries(n);
+            let mut got = Vec::new();
+            let mut after = String::new();
+            loop {
+                let (page, more) = listing_page(&all, &after);
+                assert!(page.len() <= crate::frame::MAX_LIST_ENTRIES);
+                got.extend(page.iter().cloned());
+                if !more {
+                    break;
+                }
+                after = page.last().unwrap().name.clone();
+            }
+            assert_eq!(got, all, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn long_names_stay_within_the_header_budget() {
+        let all: Vec<DirEntry> = (0..500)
+            .map(|i| DirEntry {
+                name: format!("{i:04}{}", "x".repeat(1000)),
+                is_dir: false,
+                size: 1,
+            })
+            .collect();
+        let (page, more) = listing_page(&all, "");
+        assert!(more);
+        assert!(page.len() < 60, "{}", page.len());
+        let resp = crate::frame::Response {
+            request_id: 1,
+            body: crate::frame::ResponseBody::Listing {
+                entries: page,
+                more,
+            },
+        };
+        crate::frame::encode_response(&resp, 0, &mut Vec::new()).unwrap();
+    }
+}

@@ -1,0 +1,193 @@
+//! `pagectl`: the pagestore command line: read files and list directories through the
+//! cluster, and manage cluster certificates.
+
+use std::{io::Write, path::PathBuf, sync::Arc};
+
+use pagestore_client::{tls, Client, ClientOptions, ClusterSource, Error};
+use pagestore_net::{frame::PathKind, tls::ClusterCa};
+use pagestore_tools::{flag, home, init_logging, Args, DEFAULT_LISTEN};
+use tokio::io::AsyncReadExt;
+
+const USAGE: &str = "\
+usage: pagectl [OPTIONS] COMMAND
+
+commands:
+  cat PATH...        write files to standard output
+  ls [-l] PATH       list a directory (or show one file)
+  stat PATH          size, version and file id of a path
+  ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
+                     each node's TLS directory before its first start to form one cluster
+
+options:
+  --cluster FILE|IP:PORT  member file or any member's address (default $PAGESTORE_CLUSTER or
+                          127.0.0.1:7400)
+  --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
+                          client-key.pem, or ca-key.pem, if the cluster requires client
+                          certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
+  --no-fallback           fail instead of reading the under storage when a member is down
+  --timeout SECS          time allowed per request to a member (default 3)";
+
+fn main() {
+    init_logging();
+    let code = match real_main() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("pagectl: {e}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn real_main() -> Result<(), String> {
+    let mut args = Args::from_env();
+    let mut cluster = std::env::var("PAGESTORE_CLUSTER").unwrap_or_else(|_| DEFAULT_LISTEN.into());
+    let mut tls_dir = std::env::var_os("PAGESTORE_TLS_DIR")
+        .map_or_else(|| home().join("cache").join("tls"), PathBuf::from);
+    let mut options = ClientOptions::default();
+    let mut words = Vec::new();
+    let mut long = false;
+    while let Some(arg) = args.next() {
+        match flag(&arg) {
+            "--cluster" => cluster = args.value(&arg)?,
+            "--tls-dir" => tls_dir = args.value(&arg)?.into(),
+            "--no-fallback" => options.fallback = false,
+            "--timeout" => {
+                options.call_timeout =
+                    std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
+            }
+            "-l" => long = true,
+            "-h" | "--help" | "help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            f if f.starts_with("--") => return Err(format!("unknown option {f:?}\n\n{USAGE}")),
+            _ => words.push(arg),
+        }
+    }
+    let Some((command, rest)) = words.split_first() else {
+        return Err(format!("no command\n\n{USAGE}"));
+    };
+    if command == "ca-init" {
+        let [dir] = rest else {
+            return Err("usage: pagectl ca-init DIR".into());
+        };
+        return ca_init(dir.into());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let tls = tls::client_config(&tls_dir).map_err(|e| e.to_string())?;
+        let client = Client::connect(&ClusterSource::parse(&cluster), tls, None, options)
+            .await
+            .map_err(|e| e.to_string())?;
+        match (command.as_str(), rest) {
+            ("cat", paths) if !paths.is_empty() => {
+                for p in paths {
+                    cat(&client, p).await?;
+                }
+                Ok(())
+            }
+            ("ls", [path]) => ls(&client, path, long).await,
+            ("ls", []) => ls(&client, "/", long).await,
+            ("stat", [path]) => stat(&client, path).await,
+            _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
+        }
+    })
+}
+
+fn ca_init(dir: PathBuf) -> Result<(), String> {
+    let (cert, key) = (dir.join("ca-cert.pem"), dir.join("ca-key.pem"));
+    if cert.exists() || key.exists() {
+        return Err(format!(
+            "{} already holds a CA; remove it first if you really want a new one",
+            dir.display()
+        ));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ca = ClusterCa::generate(pagestore_net::tls::CA_NAME).map_err(|e| e.to_string())?;
+    ca.save(&cert, &key).map_err(|e| e.to_string())?;
+    println!("wrote {} and {}", cert.display(), key.display());
+    Ok(())
+}
+
+async fn cat(client: &Arc<Client>, path: &str) -> Result<(), String> {
+    let mut f = client.open(path).await.map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; client.page_size() as usize];
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    loop {
+        let n = f.read(&mut buf).await.map_err(|e| format!("{path}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        match out.write_all(&buf[..n]) {
+            Ok(()) => {}
+            // `pagectl cat f | head` is not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(format!("writing standard output: {e}")),
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("writing standard output: {e}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+async fn ls(client: &Client, path: &str, long: bool) -> Result<(), String> {
+    let entries = match client.list(path).await {
+        Ok(e) => e,
+        Err(Error::NotDir(_)) => {
+            let info = client.stat(path).await.map_err(|e| e.to_string())?;
+            println!(
+                "{}",
+                if long {
+                    format!("{:>14}  {path}", info.size)
+                } else {
+                    path.into()
+                }
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut out = String::new();
+    for e in entries {
+        let name = if e.is_dir {
+            format!("{}/", e.name)
+        } else {
+            e.name
+        };
+        if long {
+            out.push_str(&format!(
+                "{:>14}  {name}\n",
+                if e.is_dir { 0 } else { e.size }
+            ));
+        } else {
+            out.push_str(&name);
+            out.push('\n');
+        }
+    }
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    Ok(())
+}
+
+async fn stat(client: &Client, path: &str) -> Result<(), String> {
+    match client.stat_path(path).await.map_err(|e| e.to_string())? {
+        PathKind::Dir => println!("{path}: directory"),
+        PathKind::File {
+            size,
+            version_tag,
+            file_id,
+        } => println!(
+            "{path}: file\n  size     {size}\n  version  {version_tag}\n  file id  {:032x}\n  pages    {}",
+            file_id.as_u128(),
+            size.div_ceil(u64::from(client.page_size()))
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,309 @@
+//! `pagestored`: the pagestore daemon. One process per machine: an engine shard per core, each
+//! serving its slice of the ring over QUIC and loading misses from the under storage.
+//!
+//! With no arguments it runs the embedded single-node default: cache in
+//! `$PAGESTORE_HOME/cache`, the local directory `$PAGESTORE_HOME/data` mounted at `/data`,
+//! QUIC on 127.0.0.1:7400.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use pagestore_client::ufs::{parse_mount, MountTable, UfsSource};
+use pagestore_engine::EngineConfig;
+use pagestore_net::{
+    frame::{FileId, NodeEntry},
+    members::{format_member_file, parse_member_file, Membership, NodeInfo},
+    node::{Node, NodeOptions, NodeSource},
+    node_id::{self, format_uuid},
+    ring::RingConfig,
+    source::LoaderOptions,
+    tls::NodeTls,
+    transport,
+};
+use pagestore_tools::{flag, home, init_logging, parse_size, Args, DEFAULT_LISTEN};
+
+const USAGE: &str = "\
+usage: pagestored [OPTIONS]            run a node (no options: the single-node default)
+       pagestored node-id [--cache-dir DIR]
+                                       print this node's UUID (created on first use)
+
+options:
+  --cache-dir DIR        cache directory, repeatable (default $PAGESTORE_HOME/cache)
+  --cache-size SIZE      cache capacity over all directories (default 1G)
+  --page-size SIZE       page size, 64K..64M (default 4M)
+  --shards N             engine shards (default: one per CPU)
+  --mount /LOGICAL=URL   a mount, repeatable (default /data=file://$PAGESTORE_HOME/data);
+                         URL: file:///dir or s3://bucket/prefix?endpoint=..&region=..
+  --listen IP:PORT       QUIC base address; shard i uses port+i (default 127.0.0.1:7400)
+  --members FILE         static member list (default: this node alone)
+  --tls-dir DIR          TLS material (default <first cache dir>/tls)
+  --require-client-cert  refuse clients without a certificate from the cluster CA
+  --metadata-ttl SECS    how long file metadata and listings are cached (default 10)
+  --replicas N           replicas clients may try before the under storage (default 0)
+  --ufs-inflight N       under-storage requests in flight per shard (default 16)
+  --ufs-threads N        threads running under-storage requests (default 2)
+  --reformat             rebuild cache files made with other settings (drops their pages)
+  --no-pin               do not pin shards to CPUs
+
+PAGESTORE_HOME defaults to /var/tmp/pagestore; PAGESTORE_LOG sets the log level.";
+
+struct Config {
+    cache_dirs: Vec<PathBuf>,
+    cache_size: u64,
+    page_size: u32,
+    shards: usize,
+    mounts: Vec<(String, String)>,
+    listen: SocketAddr,
+    members: Option<PathBuf>,
+    tls_dir: Option<PathBuf>,
+    require_client_cert: bool,
+    metadata_ttl: Duration,
+    replicas: u8,
+    ufs_inflight: usize,
+    ufs_threads: usize,
+    reformat: bool,
+    pin: bool,
+}
+
+fn parse(mut args: Args) -> Result<Option<Config>, String> {
+    let mut c = Config {
+        cache_dirs: Vec::new(),
+        cache_size: 1 << 30,
+        page_size: 4 << 20,
+        shards: 0,
+        mounts: Vec::new(),
+        listen: DEFAULT_LISTEN.parse().map_err(|e| format!("{e}"))?,
+        members: None,
+        tls_dir: None,
+        require_client_cert: false,
+        metadata_ttl: Duration::from_secs(10),
+        replicas: 0,
+        ufs_inflight: 16,
+        ufs_threads: 2,
+        reformat: false,
+        pin: true,
+    };
+    let mut node_id_cmd = false;
+    while let Some(arg) = args.next() {
+        match flag(&arg) {
+            "node-id" => node_id_cmd = true,
+            "--cache-dir" => c.cache_dirs.push(args.value(&arg)?.into()),
+            "--cache-size" => c.cache_size = parse_size(&args.value(&arg)?)?,
+            "--page-size" => {
+                c.page_size = u32::try_from(parse_size(&args.value(&arg)?)?)
+                    .map_err(|_| "--page-size is at most 64M".to_string())?
+            }
+            "--shards" => c.shards = args.parsed(&arg)?,
+            "--mount" => c
+                .mounts
+                .push(parse_mount(&args.value(&arg)?).map_err(|e| e.to_string())?),
+            "--listen" => c.listen = args.parsed(&arg)?,
+            "--members" => c.members = Some(args.value(&arg)?.into()),
+            "--tls-dir" => c.tls_dir = Some(args.value(&arg)?.into()),
+            "--require-client-cert" => c.require_client_cert = true,
+            "--metadata-ttl" => {
+                c.metadata_ttl = Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.0))
+            }
+            "--replicas" => c.replicas = args.parsed(&arg)?,
+            "--ufs-inflight" => c.ufs_inflight = args.parsed(&arg)?,
+            "--ufs-threads" => c.ufs_threads = args.parsed::<usize>(&arg)?.max(1),
+            "--reformat" => c.reformat = true,
+            "--no-pin" => c.pin = false,
+            "-h" | "--help" | "help" => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
+        }
+    }
+    if c.cache_dirs.is_empty() {
+        c.cache_dirs.push(home().join("cache"));
+    }
+    if node_id_cmd {
+        let id =
+            node_id::load_or_create(&c.cache_dirs[0].join("node-id")).map_err(|e| e.to_string())?;
+        println!("{}", format_uuid(id));
+        return Ok(None);
+    }
+    if c.mounts.is_empty() {
+        let data = home().join("data");
+        std::fs::create_dir_all(&data).map_err(|e| {
+            format!(
+                "cannot create the default data directory {}: {e}",
+                data.display()
+            )
+        })?;
+        c.mounts
+            .push(("/data".to_string(), format!("file://{}", data.display())));
+    }
+    Ok(Some(c))
+}
+
+fn main() {
+    init_logging();
+    match parse(Args::from_env()).and_then(|c| c.map_or(Ok(()), run)) {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("pagestored: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn run(c: Config) -> Result<(), String> {
+    for d in &c.cache_dirs {
+        std::fs::create_dir_all(d)
+            .map_err(|e| format!("cannot create cache directory {}: {e}", d.display()))?;
+    }
+    let first = &c.cache_dirs[0];
+    let id = node_id::load_or_create(&first.join("node-id")).map_err(|e| e.to_string())?;
+    let tls_dir = c.tls_dir.clone().unwrap_or_else(|| first.join("tls"));
+    let tls = NodeTls::load_or_create(&tls_dir, &format_uuid(id)).map_err(|e| e.to_string())?;
+    let engine = EngineConfig {
+        cache_dirs: c.cache_dirs.clone(),
+        capacity: c.cache_size,
+        page_size: c.page_size,
+        shards: c.shards,
+        pin_cpus: c.pin,
+        reformat: c.reformat,
+        ..EngineConfig::default()
+    };
+    let shards = engine.resolved_shards();
+    let me = NodeInfo {
+        id,
+        addr: c.listen,
+        shards: u16::try_from(shards).map_err(|_| "too many shards".to_string())?,
+    };
+    let nodes = match &c.members {
+        None => vec![me],
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read member file {}: {e}", path.display()))?;
+            let nodes = parse_member_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            match nodes.iter().find(|n| n.id == id) {
+                Some(n) if *n == me => {}
+                Some(n) => {
+                    return Err(format!(
+                        "{} lists this node ({}) at {} with {} shards, but it runs at {} with {} \
+                         shards; fix the file or the flags",
+                        path.display(),
+                        format_uuid(id),
+                        n.addr,
+                        n.shards,
+                        me.addr,
+                        me.shards
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "{} does not list this node; add the line:\n{}",
+                        path.display(),
+                        format_member_file(&[me]).lines().nth(1).unwrap_or_default()
+                    ))
+                }
+            }
+            nodes
+        }
+    };
+    let membership = Membership::new(nodes.iter().copied(), RingConfig::default(), 1)
+        .map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(c.ufs_threads)
+        .thread_name("pagestored-ufs")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+    let mounts = {
+        let _guard = runtime.enter();
+        MountTable::new(&c.mounts).map_err(|e| e.to_string())?
+    };
+    let mounts = Arc::new(mounts);
+    let rustls = pagestore_net::tls::server_config(
+        &tls.identity,
+        &tls.ca,
+        c.require_client_cert,
+        pagestore_net::frame::ALPN,
+    )
+    .map_err(|e| e.to_string())?;
+    let crypto = quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls)
+        .map_err(|e| format!("TLS: {e}"))?;
+    let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(transport::transport_config());
+    let node = Node::start(
+        engine,
+        NodeOptions {
+            listen: c.listen,
+            server: Arc::new(server),
+            node_id: id,
+            ring: Arc::new(membership.ring().clone()),
+            max_request: c.page_size as usize + (64 << 10),
+            max_buffered: 64 << 20,
+            source: Some(NodeSource {
+                source: Arc::new(UfsSource(mounts.clone())),
+                runtime: runtime.handle().clone(),
+                options: LoaderOptions {
+                    max_inflight: c.ufs_inflight,
+                    metadata_ttl: c.metadata_ttl,
+                    ..LoaderOptions::default()
+                },
+            }),
+            nodes: membership
+                .nodes()
+                .map(|n| NodeEntry {
+                    id: FileId::from_u128(n.id),
+                    addr: n.addr.to_string(),
+                    shards: n.shards,
+                })
+                .collect(),
+            replicas: c.replicas,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let last_port = c.listen.port().saturating_add(me.shards - 1);
+    println!(
+        "pagestored: node {} serving {} shard(s) on {} (UDP ports {}-{})",
+        format_uuid(id),
+        shards,
+        c.listen.ip(),
+        c.listen.port(),
+        last_port
+    );
+    for d in &c.cache_dirs {
+        println!(
+            "  cache      {} ({} bytes over all directories)",
+            d.display(),
+            c.cache_size
+        );
+    }
+    for (prefix, url) in mounts.mounts() {
+        println!(
+            "  mount      {} <- {}",
+            if prefix.is_empty() { "/" } else { prefix },
+            pagestore_client::ufs::redact(url)
+        );
+    }
+    println!("  tls        {}", tls_dir.display());
+    println!(
+        "  members    {} node(s){}",
+        membership.nodes().count(),
+        c.members
+            .as_ref()
+            .map_or(String::new(), |p| format!(" from {}", p.display()))
+    );
+    println!("ready: try `pagectl ls /` (stop with Ctrl-C)");
+    let signal = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => Ok::<_, String>("SIGINT"),
+            _ = term.recv() => Ok("SIGTERM"),
+        }
+    })?;
+    tracing::info!(
+        signal,
+        "shutting down: closing connections, persisting the index"
+    );
+    node.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    println!("pagestored: stopped");
+    Ok(())
+}

@@ -1,0 +1,365 @@
+//! Three real `pagestored` processes on 127.0.0.1 over a local-directory under storage, read
+//! through the client library and `pagectl`: byte-exact cold and warm reads, hit counters,
+//! mutual TLS, a worker killed mid-read, a rewritten object, unknown paths and short reads.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use common::{bytes, Cluster, Settings};
+use futures_util::{stream, StreamExt};
+use pagestore_client::{Client, ClientOptions, ClusterSource, Error};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+const MIB: usize = 1 << 20;
+
+fn data_dir(c: &Cluster) -> std::path::PathBuf {
+    let d = c.dir.path().join("data");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn settings_over(dir: &std::path::Path) -> Settings {
+    Settings {
+        mounts: vec![format!("/data=file://{}", dir.display())],
+        ..Settings::default()
+    }
+}
+
+/// A cluster over a fresh data directory (created before the nodes start).
+fn cluster_with_data(mtls: bool, fill: impl FnOnce(&std::path::Path)) -> Cluster {
+    let data = tempfile::tempdir_in("/var/tmp").unwrap().keep();
+    fill(&data);
+    let mut s = settings_over(&data);
+    s.mtls = mtls;
+    let c = Cluster::start(s);
+    // Keep the data inside the cluster's directory so it is removed with it.
+    let inside = data_dir(&c);
+    std::fs::remove_dir(&inside).unwrap();
+    std::os::unix::fs::symlink(&data, &inside).unwrap();
+    c
+}
+
+async fn read_all(client: &Arc<Client>, path: &str) -> Vec<u8> {
+    let mut f = client.open(path).await.unwrap();
+    let mut out = Vec::new();
+    f.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_serve_200_files_byte_exact_cold_then_warm_with_mutual_tls() {
+    let ps = MIB;
+    let mut sizes = vec![0, 1, ps - 1, ps, ps + 1, 100 * MIB + 3];
+    let mut x = 7u64;
+    while sizes.len() < 200 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        sizes.push((x >> 33) as usize % (5 * ps / 2));
+    }
+    let files: Vec<(String, Vec<u8>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("/data/d{}/f{i:03}", i % 7), bytes(i as u64 + 1, n)))
+        .collect();
+    let c = cluster_with_data(true, |root| {
+        for (p, b) in &files {
+            let path = root.join(p.trim_start_matches("/data/"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b).unwrap();
+        }
+    });
+    let client = c.client(ClientOptions::default()).await;
+    assert_eq!(client.page_size() as usize, ps);
+
+    // A client without a certificate from the cluster CA is refused.
+    let no_cert = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        c.ca_dir.join("ca-cert.pem"),
+        no_cert.path().join("ca-cert.pem"),
+    )
+    .unwrap();
+    let tls = pagestore_client::tls::client_config(no_cert.path()).unwrap();
+    let refused = Client::connect(
+        &ClusterSource::File(c.members.clone()),
+        tls,
+        None,
+        ClientOptions {
+            call_timeout: Duration::from_secs(2),
+            ..ClientOptions::default()
+        },
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(Error::Unavailable(_))),
+        "{:?}",
+        refused.err()
+    );
+
+    let total_pages: u64 = sizes.iter().map(|&n| n.div_ceil(ps) as u64).sum();
+    let (h0, m0) = c.hits_and_misses(&client).await;
+    for pass in ["cold", "warm"] {
+        let results: Vec<(usize, Vec<u8>)> = stream::iter(files.iter().enumerate())
+            .map(|(i, (p, _))| {
+                let client = client.clone();
+                async move { (i, read_all(&client, p).await) }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        for (i, got) in results {
+            assert!(
+                got == files[i].1,
+                "{pass} read of {} ({} bytes) differs",
+                files[i].0,
+                files[i].1.len()
+            );
+        }
+        let (h, m) = c.hits_and_misses(&client).await;
+        if pass == "cold" {
+            assert_eq!(h - h0, 0, "nothing was cached before the cold pass");
+            assert_eq!(m - m0, total_pages, "every page missed once");
+        } else {
+            assert_eq!(
+                h - h0,
+                total_pages,
+                "the warm pass hit every page in the cache"
+            );
+            assert_eq!(m - m0, total_pages, "and missed none");
+        }
+    }
+    let s = client.stats();
+    assert_eq!(s.fallbacks, 0, "{s:?}");
+    assert_eq!(s.owner_reads, 2 * total_pages, "{s:?}");
+
+    // The same bytes through pagectl, and a listing.
+    let out = c.pagectl(&["cat", &files[5].0]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout == files[5].1);
+    let out = c.pagectl(&["ls", "/data/d0"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let mut expected: Vec<String> = files
+        .iter()
+        .filter(|(p, _)| p.starts_with("/data/d0/"))
+        .map(|(p, _)| p.rsplit('/').next().unwrap().to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
+    let ps = MIB;
+    let content = bytes(3, 3 * ps + 10);
+    let c = cluster_with_data(false, |root| {
+        std::fs::create_dir_all(root.join("dir")).unwrap();
+        std::fs::write(root.join("dir/file"), &content).unwrap();
+    });
+    let client = c.client(ClientOptions::default()).await;
+    assert!(matches!(
+        client.stat("/data/nope").await,
+        Err(Error::NotFound(p)) if p == "/data/nope"
+    ));
+    assert!(matches!(
+        client.open("/data/dir").await,
+        Err(Error::IsDir(_))
+    ));
+    assert!(matches!(
+        client.list("/data/dir/file").await,
+        Err(Error::NotDir(_))
+    ));
+    assert!(matches!(
+        client.list("/data/missing").await,
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        client.stat("/data/../etc/passwd").await,
+        Err(Error::BadPath(_))
+    ));
+    assert!(matches!(
+        client.stat("relative").await,
+        Err(Error::BadPath(_))
+    ));
+    // Reads past the end are short; at or after the end they are empty.
+    let size = content.len() as u64;
+    let r = client
+        .read("/data/dir/file", size - 10..size + 100)
+        .await
+        .unwrap();
+    assert_eq!(&r[..], &content[content.len() - 10..]);
+    assert!(client
+        .read("/data/dir/file", size..size + 5)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(client
+        .read("/data/dir/file", size + 7..size + 9)
+        .await
+        .unwrap()
+        .is_empty());
+    // A range across page boundaries.
+    let r = client
+        .read("/data/dir/file", ps as u64 - 5..2 * ps as u64 + 5)
+        .await
+        .unwrap();
+    assert!(r[..] == content[ps - 5..2 * ps + 5]);
+    // Seeks.
+    let mut f = client.open("/data/dir/file").await.unwrap();
+    let mut buf = vec![0u8; 100];
+    f.seek(std::io::SeekFrom::End(-50)).await.unwrap();
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).await.unwrap();
+    assert_eq!(&tail[..], &content[content.len() - 50..]);
+    assert_eq!(f.read(&mut buf).await.unwrap(), 0, "EOF");
+    f.seek(std::io::SeekFrom::Start(ps as u64 + 3))
+        .await
+        .unwrap();
+    f.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf[..], &content[ps + 3..ps + 103]);
+    assert!(f
+        .seek(std::io::SeekFrom::Current(-(10 * ps as i64)))
+        .await
+        .is_err());
+    // pagectl: a missing file is an error with the path in it, and exit status 1.
+    let out = c.pagectl(&["cat", "/data/nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/data/nope"));
+    let out = c.pagectl(&["ls", "/"]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "data/\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
+    let content = bytes(11, 120 * MIB + 17);
+    let mut c = cluster_with_data(false, |root| {
+        std::fs::write(root.join("long"), &content).unwrap();
+    });
+    let client = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(1),
+            ..ClientOptions::default()
+        })
+        .await;
+    let mut f = client.open("/data/long").await.unwrap();
+    let mut got = Vec::with_capacity(content.len());
+    let mut buf = vec![0u8; 256 << 10];
+    let mut killed = false;
+    loop {
+        let n = f.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if !killed && got.len() > 30 * MIB {
+            c.kill(1);
+            killed = true;
+        }
+    }
+    assert!(got == content, "the read completed byte-exact");
+    let s = client.stats();
+    assert!(s.fallbacks > 0, "{s:?}");
+    assert!(s.member_failures > 0, "{s:?}");
+    // Once known dead, the member is skipped rather than waited for on every page.
+    assert!(s.skipped_dead > 0, "{s:?}");
+    assert!(
+        s.member_failures < s.fallbacks,
+        "back-off: fewer timeouts than fallbacks ({s:?})"
+    );
+
+    // With fallback off, a page owned by the dead node is an error, not a hang.
+    let strict = c
+        .client(ClientOptions {
+            fallback: false,
+            call_timeout: Duration::from_secs(1),
+            ..ClientOptions::default()
+        })
+        .await;
+    let info = strict.stat("/data/long").await;
+    // The metadata owner may be the dead node: then stat fails too, which is also correct.
+    if let Ok(info) = info {
+        let r = strict.read_at(&info, 0, info.size).await;
+        assert!(
+            matches!(r, Err(Error::Unavailable(_))),
+            "{:?}",
+            r.map(|b| b.len())
+        );
+    }
+
+    // The node comes back with its cache: its pages are hits again.
+    c.start_node(1);
+    let again = c.client(ClientOptions::default()).await;
+    let (h0, _) = c.hits_and_misses(&again).await;
+    let all = again
+        .read("/data/long", 0..content.len() as u64)
+        .await
+        .unwrap();
+    assert!(all[..] == content[..]);
+    let (h1, _) = c.hits_and_misses(&again).await;
+    assert!(h1 > h0, "restarted node served from its cache");
+    assert_eq!(again.stats().fallbacks, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_object_is_read_new_after_the_ttl_and_never_mixed() {
+    let v1 = bytes(21, 3 * MIB);
+    let v2 = bytes(22, 3 * MIB);
+    let data = std::sync::Mutex::new(None);
+    let c = cluster_with_data(false, |root| {
+        std::fs::write(root.join("obj"), &v1).unwrap();
+        *data.lock().unwrap() = Some(root.to_path_buf());
+    });
+    let root = data.lock().unwrap().clone().unwrap();
+    let client = c.client(ClientOptions::default()).await;
+    let mut old = client.open("/data/obj").await.unwrap();
+    let mut first = vec![0u8; MIB];
+    old.read_exact(&mut first).await.unwrap();
+    assert!(first[..] == v1[..MIB]);
+
+    std::fs::write(root.join("obj"), &v2).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // metadata TTL is 1 s
+    let now = client.read("/data/obj", 0..v2.len() as u64).await.unwrap();
+    assert!(
+        now[..] == v2[..],
+        "new readers see the new version after the TTL"
+    );
+
+    // The handle opened before the rewrite never mixes versions: its uncached pages can no
+    // longer be read at its version, so it fails instead.
+    let mut rest = Vec::new();
+    match old.read_to_end(&mut rest).await {
+        Ok(_) => assert!(rest[..] == v1[MIB..], "old handle mixed versions"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::StaleNetworkFileHandle, "{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_node_cleanly_and_its_cache_survives() {
+    let content = bytes(31, 8 * MIB);
+    let mut c = cluster_with_data(false, |root| {
+        std::fs::write(root.join("f"), &content).unwrap();
+    });
+    let client = c.client(ClientOptions::default()).await;
+    assert!(client.read("/data/f", 0..u64::MAX).await.unwrap()[..] == content[..]);
+    for i in 0..3 {
+        assert!(c.terminate(i).success(), "node {i} exits 0 on SIGTERM");
+    }
+    for i in 0..3 {
+        c.start_node(i);
+    }
+    let client = c.client(ClientOptions::default()).await;
+    let (h0, m0) = c.hits_and_misses(&client).await;
+    assert!(client.read("/data/f", 0..u64::MAX).await.unwrap()[..] == content[..]);
+    let (h1, m1) = c.hits_and_misses(&client).await;
+    assert_eq!(
+        (h1 - h0, m1 - m0),
+        (8, 0),
+        "all 8 pages hit after the restart"
+    );
+}
