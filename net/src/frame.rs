@@ -1916,7 +1916,7 @@ mod tests {
         let root = frame.len() - std::mem::size_of::<ArchivedResponse>();
         assert_eq!(frame[root + 8], 10, "Error is variant 10");
         assert_eq!(frame[root + 9], 4, "Io is code 4");
-        frame[root + 9] = 9;
+        frame[root + 9] = 10;
         assert!(matches!(
             decode_response_frame(&frame),
             Err(FrameError::Invalid(_))
@@ -2220,11 +2220,12 @@ mod tests {
     // -- golden vectors -----------------------------------------------------
 
     /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
-    /// no payload. 16-byte preamble + 80-byte header (no front padding).
+    /// no payload. 16-byte preamble + 96-byte header (no front padding).
     const GOLDEN_PING: &str = "\
-        50535446010001005000000000000000\
+        50535446010001006000000000000000\
         01000000000000000000000000000000\
         efcdab89674523010000000000000000\
+        00000000000000000000000000000000\
         00000000000000000000000000000000\
         00000000000000000000000000000000\
         00000000000000000000000000000000";
@@ -2233,12 +2234,51 @@ mod tests {
     /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
     /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
     const GOLDEN_READ_RANGE: &str = "\
-        50535446010001005000000000000000\
+        50535446010001006000000000000000\
         02000000000000000300000000000000\
         18171615141312112827262524232221\
         03000000000000000010000000200000\
         07000000000000000000000000000000\
+        00000000000000000000000000000000\
         00000000000000000000000000000000";
+
+    /// `Request { request_id: 4, body: Fetch { file: FileRef { file_id: FILE_A,
+    /// mount: "", path: "/d/x", version_tag: "v1", size: 5 MiB }, page: 1,
+    /// offset: 16, len: 32, epoch: 7, replica: true } }`: strings of at most 8
+    /// bytes are stored inline, padded with 0xff.
+    const GOLDEN_FETCH: &str = "\
+        50535446010001006000000000000000\
+        04000000000000000800000000000000\
+        18171615141312112827262524232221\
+        ffffffffffffffff2f642f78ffffffff\
+        7631ffffffffffff0000500000000000\
+        01000000000000001000000020000000\
+        07000000000000000100000000000000";
+
+    #[test]
+    fn golden_fetch() {
+        let req = Request {
+            request_id: 4,
+            body: RequestBody::Fetch {
+                file: FileRef {
+                    file_id: FILE_A,
+                    mount: String::new(),
+                    path: "/d/x".into(),
+                    version_tag: "v1".into(),
+                    size: 5 << 20,
+                },
+                page: 1,
+                offset: 16,
+                len: 32,
+                epoch: 7,
+                replica: true,
+            },
+        };
+        let mut out = Vec::new();
+        encode_request(&req, 0, &mut out).unwrap();
+        assert_eq!(hex(&out), hex(&unhex(GOLDEN_FETCH)));
+        assert_eq!(decode_request_frame(&unhex(GOLDEN_FETCH)).unwrap().0, req);
+    }
 
     /// `Response { request_id: 1, body: Pong { nonce: 0x0123456789abcdef } }`,
     /// no payload. 16-byte preamble + 64-byte header, of which the first 8
@@ -2254,12 +2294,13 @@ mod tests {
     /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
     /// no payload: the two keys (48 bytes) precede the 80-byte root.
     const GOLDEN_READ_PAGES: &str = "\
-        50535446010001008000000000000000\
+        50535446010001009000000000000000\
         18171615141312112827262524232221\
         03000000000000001817161514131211\
         28272625242322210400000000000000\
         030000000000000004000000c4ffffff\
         02000000000000000700000000000000\
+        00000000000000000000000000000000\
         00000000000000000000000000000000\
         00000000000000000000000000000000\
         00000000000000000000000000000000";
@@ -2328,11 +2369,11 @@ mod tests {
                 size_of::<ArchivedRequestBody>(),
                 align_of::<ArchivedRequestBody>()
             ),
-            (72, 8)
+            (88, 8)
         );
         assert_eq!(
             (size_of::<ArchivedRequest>(), align_of::<ArchivedRequest>()),
-            (80, 8)
+            (96, 8)
         );
         assert_eq!(
             (

@@ -777,7 +777,22 @@ mod tests {
         bytes.extend_from_slice(&GOLDEN_NODES[1].to_le_bytes());
         bytes.extend_from_slice(&42u64.to_le_bytes());
         assert_eq!(hash64(&bytes), h);
+        // File ids and metadata positions.
+        assert_eq!(file_id("/data/a.bin", "v1"), GOLDEN_FILE_ID);
+        assert_eq!(path_hash("/data/a.bin"), GOLDEN_PATH_HASH);
+        assert_eq!(
+            (file_id("/data/a.bin", "v1") >> 64) as u64,
+            hash64(b"psf1/data/a.bin\0v1")
+        );
+        assert_eq!(
+            file_id("/data/a.bin", "v1") as u64,
+            hash64(b"psf2/data/a.bin\0v1")
+        );
+        assert_ne!(file_id("/data/a.bin", "v2"), GOLDEN_FILE_ID);
     }
+
+    const GOLDEN_FILE_ID: u128 = 0x9a250d8fa67cd351b7089ebce875f8a8;
+    const GOLDEN_PATH_HASH: u64 = 0x0a580ae177b82289;
 
     /// Owners and 3 replicas on the ring of 3 nodes x 2 shards with the
     /// default settings; (node number in `GOLDEN_NODES`, shard).

@@ -347,9 +347,11 @@ impl NodeTls {
         };
         let identity = cluster.issue(node_name)?;
         save_identity(&identity, &cert, &key)?;
+        // The trust anchor is the certificate on disk (a reloaded CA signs the same way but its
+        // own certificate's bytes differ).
         Ok(NodeTls {
             identity,
-            ca: cluster.cert_der(),
+            ca: load_cert_pem(&ca_cert)?,
         })
     }
 }

@@ -126,12 +126,20 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
     }
     if c.mounts.is_empty() {
         let data = home().join("data");
-        std::fs::create_dir_all(&data).map_err(|e| {
-            format!(
-                "cannot create the default data directory {}: {e}",
-                data.display()
-            )
-        })?;
+        if !data.exists() {
+            std::fs::create_dir_all(&data).map_err(|e| {
+                format!(
+                    "cannot create the default data directory {}: {e}",
+                    data.display()
+                )
+            })?;
+            // Something to read on a fresh machine: `pagectl cat /data/README.txt`.
+            let _ = std::fs::write(
+                data.join("README.txt"),
+                "This directory is mounted at /data by the default pagestored.\n\
+                 Put files here and read them through the cache: pagectl cat /data/NAME\n",
+            );
+        }
         c.mounts
             .push(("/data".to_string(), format!("file://{}", data.display())));
     }

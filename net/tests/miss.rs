@@ -1,0 +1,989 @@
+//! The shard-side miss path behind the real QUIC endpoint, with an in-process fake under storage
+//! (fault injection): read-through with exact bytes and cache hits afterwards, single flight, the
+//! per-shard bound on store requests, errors answered as errors (never cached), ring ownership
+//! and replicas for `Fetch`, the metadata TTL cache, paged listings and `Cluster`.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    ops::Range,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use pagestore_engine::{format::Geometry, EngineConfig, PageKey, ShardHandle};
+use pagestore_net::{
+    client::{Pool, PoolOptions},
+    frame::{
+        self, DirEntry, ErrorCode, FileId, FileRef, MountEntry, NodeEntry, PathKind, Request,
+        RequestBody, ResponseBody,
+    },
+    node::{LoaderCounters, Node, NodeOptions, NodeSource},
+    ring::{self, MemberId, Ring, RingConfig},
+    source::{page_version, LoaderOptions, Source, SourceError, SourceFuture},
+    tls::{self, ClusterCa},
+    transport,
+};
+
+const PAGE: u32 = 64 * 1024;
+const P: u64 = PAGE as u64;
+const NODE: u128 = 0xA11CE;
+const OTHER: u128 = 0xB0B;
+
+/// Deterministic pseudo-random bytes.
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// The fake under storage
+// ---------------------------------------------------------------------------
+
+/// What the fake holds and what it saw. Shared by the test and the [`FakeSource`] the node gets.
+#[derive(Default)]
+struct FakeState {
+    /// path -> (version tag, content).
+    files: Mutex<HashMap<String, (String, Vec<u8>)>>,
+    /// Directory listings (sorted by name), by directory path.
+    dirs: Mutex<HashMap<String, Vec<DirEntry>>>,
+    mounts: Vec<MountEntry>,
+    reads: AtomicU64,
+    stats: AtomicU64,
+    lists: AtomicU64,
+    /// Every read: (path, range asked for).
+    read_log: Mutex<Vec<(String, Range<u64>)>>,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+    /// Delay of each read, in milliseconds (0: none).
+    delay_ms: AtomicU64,
+    /// Reads fail with `Io` while set.
+    fail_reads: AtomicBool,
+}
+
+impl FakeState {
+    fn put_file(&self, path: &str, version: &str, data: Vec<u8>) {
+        self.files
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), (version.to_string(), data));
+    }
+
+    fn set_dir(&self, path: &str, entries: Vec<DirEntry>) {
+        self.dirs.lock().unwrap().insert(path.to_string(), entries);
+    }
+
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    fn stats(&self) -> u64 {
+        self.stats.load(Ordering::SeqCst)
+    }
+
+    fn lists(&self) -> u64 {
+        self.lists.load(Ordering::SeqCst)
+    }
+
+    /// Reads of `path` that started at byte `start`.
+    fn reads_at(&self, path: &str, start: u64) -> usize {
+        self.read_log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, r)| p == path && r.start == start)
+            .count()
+    }
+
+    fn answer_read(&self, file: &FileRef, range: Range<u64>) -> Result<Bytes, SourceError> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(SourceError::new(ErrorCode::Io, "injected read failure"));
+        }
+        let files = self.files.lock().unwrap();
+        let Some((version, data)) = files.get(&file.path) else {
+            return Err(SourceError::new(
+                ErrorCode::NotFound,
+                format!("{} not found", file.path),
+            ));
+        };
+        if *version != file.version_tag {
+            return Err(SourceError::new(
+                ErrorCode::Changed,
+                format!(
+                    "{} is at version {version}, not {}",
+                    file.path, file.version_tag
+                ),
+            ));
+        }
+        let len = data.len() as u64;
+        let start = range.start.min(len) as usize;
+        let end = range.end.min(len).max(range.start.min(len)) as usize;
+        Ok(Bytes::copy_from_slice(&data[start..end]))
+    }
+
+    fn answer_stat(&self, path: &str) -> Result<PathKind, SourceError> {
+        if let Some((version, data)) = self.files.lock().unwrap().get(path) {
+            return Ok(PathKind::File {
+                size: data.len() as u64,
+                version_tag: version.clone(),
+                file_id: FileId::from_u128(ring::file_id(path, version)),
+            });
+        }
+        let prefix = format!("{}/", path.trim_end_matches('/'));
+        let is_dir = self.dirs.lock().unwrap().contains_key(path)
+            || self
+                .files
+                .lock()
+                .unwrap()
+                .keys()
+                .any(|p| p.starts_with(&prefix));
+        if is_dir {
+            Ok(PathKind::Dir)
+        } else {
+            Err(SourceError::new(
+                ErrorCode::NotFound,
+                format!("{path} not found"),
+            ))
+        }
+    }
+}
+
+/// The [`Source`] the node is given.
+struct FakeSource(Arc<FakeState>);
+
+impl Source for FakeSource {
+    fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes> {
+        let s = self.0.clone();
+        let file = file.clone();
+        Box::pin(async move {
+            s.reads.fetch_add(1, Ordering::SeqCst);
+            s.read_log
+                .lock()
+                .unwrap()
+                .push((file.path.clone(), range.clone()));
+            let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            let delay = s.delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            let r = s.answer_read(&file, range);
+            s.in_flight.fetch_sub(1, Ordering::SeqCst);
+            r
+        })
+    }
+
+    fn stat(&self, path: &str) -> SourceFuture<PathKind> {
+        let s = self.0.clone();
+        let path = path.to_string();
+        Box::pin(async move {
+            s.stats.fetch_add(1, Ordering::SeqCst);
+            s.answer_stat(&path)
+        })
+    }
+
+    fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>> {
+        let s = self.0.clone();
+        let path = path.to_string();
+        Box::pin(async move {
+            s.lists.fetch_add(1, Ordering::SeqCst);
+            s.dirs
+                .lock()
+                .unwrap()
+                .get(&path)
+                .cloned()
+                .ok_or_else(|| SourceError::new(ErrorCode::NotFound, format!("{path} not found")))
+        })
+    }
+
+    fn mounts(&self) -> Vec<MountEntry> {
+        self.0.mounts.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A node over the fake
+// ---------------------------------------------------------------------------
+
+struct Setup {
+    shards: usize,
+    loader: LoaderOptions,
+    ring: Ring,
+    replicas: u8,
+    nodes: Vec<NodeEntry>,
+    mounts: Vec<MountEntry>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            shards: 2,
+            loader: LoaderOptions::default(),
+            ring: Ring::new([], RingConfig::default(), 0).unwrap(),
+            replicas: 0,
+            nodes: Vec::new(),
+            mounts: Vec::new(),
+        }
+    }
+}
+
+/// Fields drop in order: the node stops before the runtime its loads run on.
+struct Harness {
+    node: Node,
+    rt: tokio::runtime::Runtime,
+    fake: Arc<FakeState>,
+    ca: ClusterCa,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    fn start(setup: Setup) -> Harness {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let ca = ClusterCa::generate("miss test cluster").unwrap();
+        let id = ca.issue("node").unwrap();
+        let rustls = tls::server_config(&id, &ca.cert_der(), false, frame::ALPN).unwrap();
+        let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
+            quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
+        ));
+        server.transport_config(transport::transport_config());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fake = Arc::new(FakeState {
+            mounts: setup.mounts,
+            ..Default::default()
+        });
+        let engine = EngineConfig {
+            cache_dirs: vec![dir.path().to_path_buf()],
+            capacity: Geometry::new(PAGE, 4096, 256).file_size * setup.shards as u64,
+            page_size: PAGE,
+            shards: setup.shards,
+            pin_cpus: false,
+            queue_depth: 4,
+            ..Default::default()
+        };
+        let node = Node::start(
+            engine,
+            NodeOptions {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                server: Arc::new(server),
+                node_id: NODE,
+                ring: Arc::new(setup.ring),
+                max_request: (1 << 20) + 4096,
+                max_buffered: (1 << 20) + 4096,
+                source: Some(NodeSource {
+                    source: Arc::new(FakeSource(fake.clone())),
+                    runtime: rt.handle().clone(),
+                    options: setup.loader,
+                }),
+                nodes: setup.nodes,
+                replicas: setup.replicas,
+            },
+        )
+        .unwrap();
+        Harness {
+            node,
+            rt,
+            fake,
+            ca,
+            _dir: dir,
+        }
+    }
+
+    fn addr(&self, shard: usize) -> SocketAddr {
+        self.node.addrs()[shard]
+    }
+
+    fn shard(&self, shard: usize) -> &ShardHandle {
+        &self.node.engine().unwrap().shards()[shard]
+    }
+
+    /// A client pool; call inside `self.rt`.
+    fn pool(&self) -> Arc<Pool> {
+        let rustls = tls::client_config(&self.ca.cert_der(), None, frame::ALPN).unwrap();
+        let mut cfg = quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
+        ));
+        cfg.transport_config(transport::transport_config());
+        let opts = PoolOptions {
+            timeout: Duration::from_secs(15),
+            ..Default::default()
+        };
+        Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), opts).unwrap()
+    }
+
+    /// The loader counters summed over shards.
+    async fn counters(&self) -> LoaderCounters {
+        let all = self.node.loader_counters().await.unwrap();
+        all.iter()
+            .fold(LoaderCounters::default(), |a, c| LoaderCounters {
+                ufs_reads: a.ufs_reads + c.ufs_reads,
+                ufs_bytes: a.ufs_bytes + c.ufs_bytes,
+                ufs_errors: a.ufs_errors + c.ufs_errors,
+                coalesced: a.coalesced + c.coalesced,
+                metadata_hits: a.metadata_hits + c.metadata_hits,
+                metadata_misses: a.metadata_misses + c.metadata_misses,
+            })
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Sends `body` to `addr` and returns the answer and its payload.
+async fn ask(pool: &Pool, addr: SocketAddr, body: RequestBody) -> (ResponseBody, Vec<u8>) {
+    let req = Request {
+        request_id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        body,
+    };
+    let (resp, bytes) = pool.request(addr, &req, &[]).await.unwrap();
+    (resp.body, bytes)
+}
+
+fn file_ref(path: &str, version: &str, size: u64) -> FileRef {
+    FileRef {
+        file_id: FileId::from_u128(ring::file_id(path, version)),
+        mount: String::new(),
+        path: path.to_string(),
+        version_tag: version.to_string(),
+        size,
+    }
+}
+
+fn fetch(file: &FileRef, page: u64, offset: u32, len: u32) -> RequestBody {
+    fetch_as(file, page, offset, len, false)
+}
+
+fn fetch_as(file: &FileRef, page: u64, offset: u32, len: u32, replica: bool) -> RequestBody {
+    RequestBody::Fetch {
+        file: file.clone(),
+        page,
+        offset,
+        len,
+        epoch: 0,
+        replica,
+    }
+}
+
+#[track_caller]
+fn assert_error(body: &ResponseBody, want: ErrorCode) {
+    match body {
+        ResponseBody::Error { code, .. } if *code == want => {}
+        other => panic!("expected an Error {want:?}, got {other:?}"),
+    }
+}
+
+fn key(file: &FileRef, page: u64) -> PageKey {
+    PageKey::new(file.file_id.as_u128(), page)
+}
+
+/// Waits until a loaded page has been written to the cache (that happens after the reply).
+async fn wait_cached(shard: &ShardHandle, key: PageKey) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !shard.contains(key).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "loaded page {key:?} never reached the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[test]
+fn read_through_returns_exact_bytes_then_hits_the_cache() {
+    let h = Harness::start(Setup::default());
+    let path = "/d/a.bin";
+    let data = content(1, (2 * P + P / 2) as usize);
+    h.fake.put_file(path, "v1", data.clone());
+    let f = file_ref(path, "v1", data.len() as u64);
+    let version = page_version("v1");
+    let addr = h.addr(0);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        // (page, offset, len, bytes of the file expected, page_len)
+        let cold = [
+            (0, 0, PAGE, 0..P, PAGE),
+            (1, 1000, 5000, P + 1000..P + 6000, PAGE),
+            (2, 0, frame::MAX_PAGE_LEN, 2 * P..2 * P + P / 2, PAGE / 2),
+        ];
+        for (i, (page, offset, len, want, page_len)) in cold.into_iter().enumerate() {
+            let (body, bytes) = ask(&pool, addr, fetch(&f, page, offset, len)).await;
+            assert_eq!(
+                body,
+                ResponseBody::Data { page_len, version },
+                "page {page}"
+            );
+            assert!(
+                bytes == data[want.start as usize..want.end as usize],
+                "page {page} {offset}+{len}: wrong bytes ({} returned)",
+                bytes.len()
+            );
+            assert_eq!(h.fake.reads(), i as u64 + 1, "one store read per cold page");
+        }
+        // The store was asked for whole pages, the last one clipped to the file.
+        let log = h.fake.read_log.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            vec![
+                (path.to_string(), 0..P),
+                (path.to_string(), P..2 * P),
+                (path.to_string(), 2 * P..2 * P + P / 2),
+            ]
+        );
+        for page in 0..3 {
+            wait_cached(h.shard(0), key(&f, page)).await;
+        }
+        let before = h.shard(0).stats().await.unwrap();
+        // Hits: a range inside page 0, and one of the last page that crosses its end.
+        let (body, bytes) = ask(&pool, addr, fetch(&f, 0, 777, 10_000)).await;
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: PAGE,
+                version
+            }
+        );
+        assert!(bytes == data[777..10_777]);
+        let (body, bytes) = ask(&pool, addr, fetch(&f, 2, PAGE / 2 - 100, 1000)).await;
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: PAGE / 2,
+                version
+            }
+        );
+        assert!(bytes == data[(2 * P + P / 2 - 100) as usize..]);
+        let after = h.shard(0).stats().await.unwrap();
+        assert_eq!(after.hits, before.hits + 2, "the second fetches were hits");
+        assert_eq!(h.fake.reads(), 3, "hits must not reach the store");
+        let per_shard = h.node.loader_counters().await.unwrap();
+        assert_eq!(per_shard[0].ufs_reads, 3);
+        assert_eq!(per_shard[0].ufs_bytes, data.len() as u64);
+        assert_eq!(
+            per_shard[1],
+            LoaderCounters::default(),
+            "shard 1 was not asked"
+        );
+        pool.close();
+    });
+}
+
+#[test]
+fn an_empty_file_has_one_empty_page() {
+    let h = Harness::start(Setup::default());
+    h.fake.put_file("/z/empty", "e1", Vec::new());
+    let f = file_ref("/z/empty", "e1", 0);
+    let addr = h.addr(1);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        for _ in 0..2 {
+            let (body, bytes) = ask(&pool, addr, fetch(&f, 0, 0, PAGE)).await;
+            assert_eq!(
+                body,
+                ResponseBody::Data {
+                    page_len: 0,
+                    version: page_version("e1")
+                }
+            );
+            assert!(bytes.is_empty());
+        }
+        let (body, _) = ask(&pool, addr, fetch(&f, 1, 0, PAGE)).await;
+        assert_error(&body, ErrorCode::BadRange);
+        pool.close();
+    });
+}
+
+#[test]
+fn concurrent_misses_on_one_page_make_one_store_read() {
+    let h = Harness::start(Setup::default());
+    let path = "/sf/x";
+    let data = content(2, 3 * P as usize);
+    h.fake.put_file(path, "v7", data.clone());
+    h.fake.delay_ms.store(200, Ordering::SeqCst);
+    let f = file_ref(path, "v7", data.len() as u64);
+    let addr = h.addr(0);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        // Connect first, so that the 16 fetches arrive together.
+        let (pong, _) = ask(&pool, addr, RequestBody::Ping { nonce: 1 }).await;
+        assert_eq!(pong, ResponseBody::Pong { nonce: 1 });
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let pool = pool.clone();
+                let f = f.clone();
+                tokio::spawn(
+                    async move { ask(&pool, addr, fetch(&f, 1, 0, frame::MAX_PAGE_LEN)).await },
+                )
+            })
+            .collect();
+        for t in tasks {
+            let (body, bytes) = t.await.unwrap();
+            assert_eq!(
+                body,
+                ResponseBody::Data {
+                    page_len: PAGE,
+                    version: page_version("v7")
+                }
+            );
+            assert!(bytes == data[P as usize..2 * P as usize]);
+        }
+        assert_eq!(
+            h.fake.reads_at(path, P),
+            1,
+            "the page was read more than once"
+        );
+        assert_eq!(h.fake.reads(), 1);
+        let c = h.counters().await;
+        assert_eq!(c.ufs_reads, 1);
+        assert!(c.coalesced >= 15, "only {} misses coalesced", c.coalesced);
+        pool.close();
+    });
+}
+
+#[test]
+fn store_reads_in_flight_per_shard_are_bounded() {
+    let h = Harness::start(Setup {
+        shards: 1,
+        loader: LoaderOptions {
+            max_inflight: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let path = "/b/ten";
+    let data = content(3, 10 * P as usize);
+    h.fake.put_file(path, "v1", data.clone());
+    h.fake.delay_ms.store(100, Ordering::SeqCst);
+    let f = file_ref(path, "v1", data.len() as u64);
+    let addr = h.addr(0);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        ask(&pool, addr, RequestBody::Ping { nonce: 2 }).await;
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..10u64)
+            .map(|page| {
+                let pool = pool.clone();
+                let f = f.clone();
+                tokio::spawn(
+                    async move { (page, ask(&pool, addr, fetch(&f, page, 0, PAGE)).await) },
+                )
+            })
+            .collect();
+        for t in tasks {
+            let (page, (body, bytes)) = t.await.unwrap();
+            assert!(
+                matches!(body, ResponseBody::Data { page_len: PAGE, .. }),
+                "{body:?}"
+            );
+            assert!(
+                bytes == data[(page * P) as usize..((page + 1) * P) as usize],
+                "page {page}"
+            );
+        }
+        let elapsed = start.elapsed();
+        let max = h.fake.max_in_flight.load(Ordering::SeqCst);
+        assert!(
+            max <= 2,
+            "{max} store reads in flight on one shard, limit 2"
+        );
+        assert_eq!(
+            max, 2,
+            "the reads never overlapped: the test proves nothing"
+        );
+        assert_eq!(h.fake.reads(), 10);
+        // 10 reads of 100 ms, two at a time.
+        assert!(
+            elapsed >= Duration::from_millis(450),
+            "10 delayed reads finished in {elapsed:?}"
+        );
+        pool.close();
+    });
+}
+
+#[test]
+fn store_and_request_errors_are_answers_and_failures_are_not_cached() {
+    let h = Harness::start(Setup::default());
+    let path = "/e/f";
+    let data = content(4, (2 * P + P / 2) as usize);
+    h.fake.put_file(path, "v2", data.clone());
+    h.fake
+        .put_file("/e/short", "s1", content(5, (P + 10) as usize));
+    let f = file_ref(path, "v2", data.len() as u64);
+    let addr = h.addr(0);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        // The object has another version now.
+        let stale = file_ref(path, "v1", data.len() as u64);
+        let (body, _) = ask(&pool, addr, fetch(&stale, 0, 0, PAGE)).await;
+        assert_error(&body, ErrorCode::Changed);
+        // No such object.
+        let (body, _) = ask(
+            &pool,
+            addr,
+            fetch(&file_ref("/e/none", "v1", P), 0, 0, PAGE),
+        )
+        .await;
+        assert_error(&body, ErrorCode::NotFound);
+        // The object is shorter than the FileRef says: the last page comes back short.
+        let (body, _) = ask(
+            &pool,
+            addr,
+            fetch(&file_ref("/e/short", "s1", 2 * P), 1, 0, PAGE),
+        )
+        .await;
+        assert_error(&body, ErrorCode::Changed);
+        let reads = h.fake.reads();
+        assert_eq!(reads, 3);
+
+        // A file id that is not the path's at that version: refused before any store request.
+        let mut forged = f.clone();
+        forged.file_id = FileId::from_u128(ring::file_id(path, "v1"));
+        let (body, _) = ask(&pool, addr, fetch(&forged, 0, 0, PAGE)).await;
+        assert_error(&body, ErrorCode::BadRequest);
+        forged.file_id = FileId::from_u128(0xDEAD_BEEF);
+        let (body, _) = ask(&pool, addr, fetch(&forged, 0, 0, PAGE)).await;
+        assert_error(&body, ErrorCode::BadRequest);
+        // A page past the end of the file: refused without a store request.
+        let (body, _) = ask(&pool, addr, fetch(&f, 3, 0, PAGE)).await;
+        assert_error(&body, ErrorCode::BadRange);
+        let (body, _) = ask(&pool, addr, fetch(&f, u64::MAX, 0, PAGE)).await;
+        assert_error(&body, ErrorCode::BadRange);
+        assert_eq!(h.fake.reads(), reads, "a refused request reached the store");
+        // An offset past the end of the (last, short) page: cold, then cached.
+        for _ in 0..2 {
+            let (body, _) = ask(&pool, addr, fetch(&f, 2, PAGE / 2 + 1, 10)).await;
+            assert_error(&body, ErrorCode::BadRange);
+            wait_cached(h.shard(0), key(&f, 2)).await;
+        }
+        assert_eq!(h.fake.reads(), reads + 1);
+
+        // The store fails: each fetch is an Io error and asks the store again.
+        let at0 = h.fake.reads_at(path, 0); // the stale-version read above
+        h.fake.fail_reads.store(true, Ordering::SeqCst);
+        for _ in 0..2 {
+            let (body, _) = ask(&pool, addr, fetch(&f, 0, 0, PAGE)).await;
+            assert_error(&body, ErrorCode::Io);
+        }
+        assert_eq!(h.fake.reads_at(path, 0), at0 + 2, "a failure was cached");
+        assert!(!h.shard(0).contains(key(&f, 0)).await.unwrap());
+        // Repaired: the same page loads.
+        h.fake.fail_reads.store(false, Ordering::SeqCst);
+        let (body, bytes) = ask(&pool, addr, fetch(&f, 0, 0, PAGE)).await;
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: PAGE,
+                version: page_version("v2")
+            }
+        );
+        assert!(bytes == data[..P as usize]);
+        assert_eq!(h.fake.reads_at(path, 0), at0 + 3);
+        let c = h.counters().await;
+        // The short read is a successful store request turned into `Changed`: not a store error.
+        assert_eq!(c.ufs_errors, 4, "Changed, NotFound and two Io failures");
+        pool.close();
+    });
+}
+
+#[test]
+fn fetches_for_keys_this_shard_neither_owns_nor_replicates_are_not_owner() {
+    // This node's two shards and one shard of another node, epoch 7.
+    let members = [
+        MemberId {
+            node: NODE,
+            shard: 0,
+        },
+        MemberId {
+            node: NODE,
+            shard: 1,
+        },
+        MemberId {
+            node: OTHER,
+            shard: 0,
+        },
+    ];
+    let ring = Ring::new(members, RingConfig::default(), 7).unwrap();
+    let h = Harness::start(Setup {
+        ring: ring.clone(),
+        replicas: 1,
+        ..Default::default()
+    });
+    let path = "/o/f";
+    let pages = 48u64;
+    let data = content(6, (pages * P) as usize);
+    h.fake.put_file(path, "v1", data.clone());
+    let f = file_ref(path, "v1", data.len() as u64);
+    let fid = f.file_id.as_u128();
+    h.rt.block_on(async {
+        let pool = h.pool();
+        // [owner serves, replica serves, other node's key refused, sibling shard's key refused]
+        let mut seen = [0u32; 4];
+        for page in 0..pages {
+            let owner = ring.owner(fid, page).unwrap();
+            let set = ring.replicas(fid, page, 2);
+            for shard in 0..2u16 {
+                let me = MemberId { node: NODE, shard };
+                for replica in [false, true] {
+                    let (body, bytes) = ask(
+                        &pool,
+                        h.addr(shard as usize),
+                        fetch_as(&f, page, 5, 100, replica),
+                    )
+                    .await;
+                    let serves = owner == me || (replica && set.contains(&me));
+                    if serves {
+                        assert!(
+                            matches!(body, ResponseBody::Data { page_len: PAGE, .. }),
+                            "page {page} shard {shard} replica {replica}: {body:?}"
+                        );
+                        let at = (page * P + 5) as usize;
+                        assert!(bytes == data[at..at + 100]);
+                        seen[usize::from(owner != me)] += 1;
+                    } else {
+                        assert_eq!(
+                            body,
+                            ResponseBody::NotOwner { epoch: 7 },
+                            "page {page} shard {shard} replica {replica}"
+                        );
+                        if owner.node == OTHER && !replica {
+                            seen[2] += 1;
+                        }
+                        if owner.node == NODE && replica {
+                            seen[3] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 0), "cases not covered: {seen:?}");
+
+        // The other node leaves (epoch 8): its keys move to this node's shards.
+        let ring8 = Ring::new(members[..2].iter().copied(), RingConfig::default(), 8).unwrap();
+        h.node.set_ring(Arc::new(ring8.clone())).await.unwrap();
+        let page = (0..pages)
+            .find(|&p| ring.owner(fid, p).unwrap().node == OTHER)
+            .unwrap();
+        let owner = ring8.owner(fid, page).unwrap();
+        for shard in 0..2u16 {
+            let (body, _) = ask(&pool, h.addr(shard as usize), fetch(&f, page, 0, 10)).await;
+            if owner.shard == shard {
+                assert!(matches!(body, ResponseBody::Data { .. }), "{body:?}");
+            } else {
+                assert_eq!(body, ResponseBody::NotOwner { epoch: 8 });
+            }
+        }
+        pool.close();
+    });
+}
+
+#[test]
+fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
+    let ttl = Duration::from_millis(400);
+    let h = Harness::start(Setup {
+        loader: LoaderOptions {
+            metadata_ttl: ttl,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    h.fake.put_file("/m/a", "v1", vec![1; 1000]);
+    let entries: Vec<DirEntry> = (0..2500u64)
+        .map(|i| DirEntry {
+            name: format!("f{i:05}"),
+            is_dir: i % 10 == 0,
+            size: if i % 10 == 0 { 0 } else { i },
+        })
+        .collect();
+    h.fake.set_dir("/big", entries.clone());
+    let addr = h.addr(0);
+    let stat = |p: &str| RequestBody::StatPath {
+        path: p.to_string(),
+    };
+    let info = |size: u64, v: &str| ResponseBody::PathInfo {
+        kind: PathKind::File {
+            size,
+            version_tag: v.to_string(),
+            file_id: FileId::from_u128(ring::file_id("/m/a", v)),
+        },
+    };
+    h.rt.block_on(async {
+        let pool = h.pool();
+        ask(&pool, addr, RequestBody::Ping { nonce: 3 }).await;
+        let t0 = Instant::now();
+        assert_eq!(ask(&pool, addr, stat("/m/a")).await.0, info(1000, "v1"));
+        assert_eq!(ask(&pool, addr, stat("/m/a")).await.0, info(1000, "v1"));
+        // Rewritten: within the TTL the shard still answers the cached version.
+        h.fake.put_file("/m/a", "v2", vec![2; 2000]);
+        assert_eq!(ask(&pool, addr, stat("/m/a")).await.0, info(1000, "v1"));
+        assert_eq!(
+            h.fake.stats(),
+            1,
+            "three stats within the TTL ({:?} elapsed) reached the store more than once",
+            t0.elapsed()
+        );
+        // Not found, twice: cached as well.
+        for _ in 0..2 {
+            assert_error(
+                &ask(&pool, addr, stat("/m/none")).await.0,
+                ErrorCode::NotFound,
+            );
+        }
+        assert_eq!(h.fake.stats(), 2, "a NotFound answer was not cached");
+        tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+        assert_eq!(ask(&pool, addr, stat("/m/a")).await.0, info(2000, "v2"));
+        assert_eq!(h.fake.stats(), 3);
+        assert_eq!(ask(&pool, addr, stat("/m/a")).await.0, info(2000, "v2"));
+        assert_eq!(h.fake.stats(), 3);
+        assert_error(
+            &ask(&pool, addr, stat("/m/none")).await.0,
+            ErrorCode::NotFound,
+        );
+        assert_eq!(
+            h.fake.stats(),
+            4,
+            "an expired NotFound was still answered from the cache"
+        );
+        assert_eq!(
+            ask(&pool, addr, stat("/m")).await.0,
+            ResponseBody::PathInfo {
+                kind: PathKind::Dir
+            }
+        );
+        let c = h.counters().await;
+        assert_eq!((c.metadata_misses, c.metadata_hits), (5, 4));
+
+        // 2,500 entries, a page at a time.
+        let mut got = Vec::new();
+        let mut mores = Vec::new();
+        let mut start_after = String::new();
+        loop {
+            let (body, _) = ask(
+                &pool,
+                addr,
+                RequestBody::List {
+                    path: "/big".into(),
+                    start_after: start_after.clone(),
+                },
+            )
+            .await;
+            let ResponseBody::Listing {
+                entries: page,
+                more,
+            } = body
+            else {
+                panic!("{body:?}");
+            };
+            assert!(
+                !page.is_empty() || !more,
+                "an empty page that says more follow"
+            );
+            mores.push(more);
+            if let Some(last) = page.last() {
+                start_after = last.name.clone();
+            }
+            got.extend(page);
+            if !more {
+                break;
+            }
+            assert!(mores.len() < 10, "the listing does not end");
+        }
+        assert!(
+            got == entries,
+            "{} entries listed, not every entry once in order",
+            got.len()
+        );
+        assert!(mores.len() >= 3, "{} pages", mores.len());
+        assert!(
+            mores[..mores.len() - 1].iter().all(|&m| m),
+            "more was false before the last page: {mores:?}"
+        );
+        assert_eq!(
+            h.fake.lists(),
+            1,
+            "the listing was not cached between pages"
+        );
+        let (body, _) = ask(
+            &pool,
+            addr,
+            RequestBody::List {
+                path: "/nope".into(),
+                start_after: String::new(),
+            },
+        )
+        .await;
+        assert_error(&body, ErrorCode::NotFound);
+        pool.close();
+    });
+}
+
+#[test]
+fn cluster_reports_page_size_nodes_replicas_and_mounts() {
+    let members = [(NODE, 2u16), (OTHER, 4)]
+        .into_iter()
+        .flat_map(|(node, n)| (0..n).map(move |shard| MemberId { node, shard }));
+    let ring = Ring::new(members, RingConfig::default(), 3).unwrap();
+    let nodes = vec![
+        NodeEntry {
+            id: FileId::from_u128(NODE),
+            addr: "127.0.0.1:7000".into(),
+            shards: 2,
+        },
+        NodeEntry {
+            id: FileId::from_u128(OTHER),
+            addr: "10.0.0.2:7000".into(),
+            shards: 4,
+        },
+    ];
+    let mounts = vec![
+        MountEntry {
+            prefix: String::new(),
+            url: "mem://root".into(),
+        },
+        MountEntry {
+            prefix: "/s3".into(),
+            url: "s3://bucket/data".into(),
+        },
+    ];
+    let h = Harness::start(Setup {
+        ring,
+        replicas: 2,
+        nodes: nodes.clone(),
+        mounts: mounts.clone(),
+        ..Default::default()
+    });
+    h.rt.block_on(async {
+        let pool = h.pool();
+        for shard in 0..2 {
+            let (body, _) = ask(&pool, h.addr(shard), RequestBody::Cluster).await;
+            assert_eq!(
+                body,
+                ResponseBody::ClusterInfo {
+                    page_size: PAGE,
+                    epoch: 3,
+                    replicas: 2,
+                    nodes: nodes.clone(),
+                    mounts: mounts.clone(),
+                }
+            );
+        }
+        pool.close();
+    });
+}
