@@ -650,7 +650,22 @@ impl Client {
             .map(|p| {
                 let s = offset.max(p * ps);
                 let e = end.min((p + 1) * ps);
-                self.read_page(info, p, (s - p * ps) as u32, (e - s) as u32)
+                async move {
+                    let b = self
+                        .read_page(info, p, (s - p * ps) as u32, (e - s) as u32)
+                        .await?;
+                    // A short page inside the file means the object is not what was opened.
+                    if b.len() as u64 != e - s {
+                        return Err(Error::Changed(format!(
+                            "{}: page {p} has {} bytes where {} were expected; the object \
+                             changed",
+                            info.path,
+                            b.len(),
+                            e - s
+                        )));
+                    }
+                    Ok(b)
+                }
             })
             .buffered(self.options.parallel.max(1));
         let mut out = BytesMut::with_capacity((end - offset) as usize);

@@ -268,7 +268,7 @@ impl MountTable {
         })?;
         // The version is checked against what was actually read (not every store honours
         // conditional reads the same way).
-        if version_of(&got.meta) != info.version {
+        if version_of(&got.meta) != info.version || got.meta.size != info.size {
             return Err(UfsError::Changed {
                 path: info.path.clone(),
                 expected: info.version.clone(),

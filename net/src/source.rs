@@ -10,8 +10,8 @@
 //! - single flight: concurrent misses on one page make one request, and the page's bytes are
 //!   handed to every waiter (the load runs as a detached shard task, so a reader that goes away
 //!   does not cancel it for the others);
-//! - a TTL cache of path metadata and directory listings (negative answers included), so the
-//!   member that owns a path answers most `StatPath`/`List` requests without the store.
+//! - a TTL cache of path metadata (`NotFound` answers included) and of directory listings, so
+//!   the member that owns a path answers most `StatPath`/`List` requests without the store.
 
 use std::{
     cell::{Cell, RefCell},

@@ -3,6 +3,8 @@
 
 use std::{path::PathBuf, str::FromStr};
 
+pub mod local_cluster;
+
 /// Where the embedded single-node default keeps everything (override with `PAGESTORE_HOME`).
 pub const DEFAULT_HOME: &str = "/var/tmp/pagestore";
 

@@ -7,38 +7,22 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::{bytes, Cluster, Settings};
+use common::{bytes, Cluster};
 use futures_util::{stream, StreamExt};
 use pagestore_client::{Client, ClientOptions, ClusterSource, Error};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 const MIB: usize = 1 << 20;
 
-fn data_dir(c: &Cluster) -> std::path::PathBuf {
-    let d = c.dir.path().join("data");
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn settings_over(dir: &std::path::Path) -> Settings {
-    Settings {
-        mounts: vec![format!("/data=file://{}", dir.display())],
-        ..Settings::default()
-    }
-}
-
-/// A cluster over a fresh data directory (created before the nodes start).
+/// A cluster over a data directory filled by `fill` before the nodes start.
 fn cluster_with_data(mtls: bool, fill: impl FnOnce(&std::path::Path)) -> Cluster {
-    let data = tempfile::tempdir_in("/var/tmp").unwrap().keep();
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
     fill(&data);
-    let mut s = settings_over(&data);
+    s.mounts = vec![format!("/data=file://{}", data.display())];
     s.mtls = mtls;
-    let c = Cluster::start(s);
-    // Keep the data inside the cluster's directory so it is removed with it.
-    let inside = data_dir(&c);
-    std::fs::remove_dir(&inside).unwrap();
-    std::os::unix::fs::symlink(&data, &inside).unwrap();
-    c
+    Cluster::start(dir, s)
 }
 
 async fn read_all(client: &Arc<Client>, path: &str) -> Vec<u8> {
@@ -258,7 +242,7 @@ async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
         }
         got.extend_from_slice(&buf[..n]);
         if !killed && got.len() > 30 * MIB {
-            c.kill(1);
+            c.inner.kill(1);
             killed = true;
         }
     }
@@ -310,12 +294,10 @@ async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
 async fn a_rewritten_object_is_read_new_after_the_ttl_and_never_mixed() {
     let v1 = bytes(21, 3 * MIB);
     let v2 = bytes(22, 3 * MIB);
-    let data = std::sync::Mutex::new(None);
     let c = cluster_with_data(false, |root| {
         std::fs::write(root.join("obj"), &v1).unwrap();
-        *data.lock().unwrap() = Some(root.to_path_buf());
     });
-    let root = data.lock().unwrap().clone().unwrap();
+    let root = c.dir.path().join("data");
     let client = c.client(ClientOptions::default()).await;
     let mut old = client.open("/data/obj").await.unwrap();
     let mut first = vec![0u8; MIB];

@@ -7,7 +7,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::{bytes, Cluster, Settings};
+use common::{bytes, Cluster};
 use pagestore_client::{ufs::MountTable, Client, ClientOptions};
 use pagestore_testkit::{sha256_hex, S3Server};
 
@@ -42,10 +42,9 @@ async fn a_cluster_over_s3_reads_byte_exact_and_falls_back_to_s3() {
         "s3://training-data/set1?endpoint={}&region=us-east-1&access_key_id={KEY}&secret_access_key={SECRET}",
         s3.endpoint()
     );
-    let mut c = Cluster::start(Settings {
-        mounts: vec![format!("/s3={url}")],
-        ..Settings::default()
-    });
+    let (dir, mut settings) = common::settings();
+    settings.mounts = vec![format!("/s3={url}")];
+    let mut c = Cluster::start(dir, settings);
     // The cluster hands out its mounts without the credentials.
     let plain = c.client(ClientOptions::default()).await;
     let shown = &plain.mounts()[0].url;
@@ -114,7 +113,7 @@ async fn a_cluster_over_s3_reads_byte_exact_and_falls_back_to_s3() {
     ));
 
     // A worker dies: every file still reads byte-exact, partly straight from S3.
-    c.kill(2);
+    c.inner.kill(2);
     for (name, b) in &files {
         let got = client
             .read(&format!("/s3/{name}"), 0..u64::MAX)

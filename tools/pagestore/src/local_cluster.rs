@@ -1,0 +1,316 @@
+//! A cluster of real `pagestored` processes on 127.0.0.1, for tests and benchmarks: one shared
+//! CA, one static member file, free UDP port ranges, and helpers to start, kill and stop nodes.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::{SocketAddr, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Arc},
+    time::{Duration, Instant},
+};
+
+use pagestore_client::{tls, Client, ClientOptions, ClusterSource};
+use pagestore_net::{
+    client::{Pool, PoolOptions},
+    frame::{Request, RequestBody, ResponseBody},
+    tls::{ClusterCa, CA_NAME},
+};
+
+/// How to start the cluster.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The `pagestored` binary.
+    pub binary: PathBuf,
+    /// Where the nodes' cache directories, the CA and the member file go (must support O_DIRECT).
+    pub dir: PathBuf,
+    /// Nodes.
+    pub nodes: usize,
+    /// Shards per node.
+    pub shards: u16,
+    /// `--page-size`.
+    pub page_size: String,
+    /// `--cache-size` per node.
+    pub cache_size: String,
+    /// `--mount` values.
+    pub mounts: Vec<String>,
+    /// `--require-client-cert`.
+    pub mtls: bool,
+    /// `--metadata-ttl`.
+    pub metadata_ttl: String,
+    /// More flags for every node.
+    pub extra: Vec<String>,
+}
+
+impl Settings {
+    /// Three nodes of two shards, 1 MiB pages, 256 MiB of cache each, a 1 s metadata TTL.
+    pub fn new(binary: impl Into<PathBuf>, dir: impl Into<PathBuf>) -> Settings {
+        Settings {
+            binary: binary.into(),
+            dir: dir.into(),
+            nodes: 3,
+            shards: 2,
+            page_size: "1M".into(),
+            cache_size: "256M".into(),
+            mounts: Vec::new(),
+            mtls: false,
+            metadata_ttl: "1".into(),
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// One node process.
+#[derive(Debug)]
+pub struct NodeProc {
+    /// The running process, if any.
+    pub child: Option<Child>,
+    /// Base address (shard `i` on port + `i`).
+    pub base: SocketAddr,
+    /// Its cache directory.
+    pub cache_dir: PathBuf,
+    args: Vec<String>,
+}
+
+/// The running cluster. Dropping it kills every node.
+#[derive(Debug)]
+pub struct LocalCluster {
+    binary: PathBuf,
+    /// The cluster CA's directory (`ca-cert.pem`, `ca-key.pem`): a client TLS directory.
+    pub ca_dir: PathBuf,
+    /// The member file.
+    pub members: PathBuf,
+    /// The nodes.
+    pub nodes: Vec<NodeProc>,
+    /// Shards per node.
+    pub shards: u16,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// `count` consecutive free UDP ports on 127.0.0.1.
+fn free_ports(count: u16) -> Result<u16, String> {
+    let mut x = (u64::from(std::process::id()) << 20)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let base = 20_000 + (x % 30_000) as u16;
+        let held: Vec<_> = (0..count)
+            .map_while(|i| UdpSocket::bind(("127.0.0.1", base + i)).ok())
+            .collect();
+        if held.len() == count as usize {
+            return Ok(base);
+        }
+    }
+    Err("no free range of UDP ports on 127.0.0.1".into())
+}
+
+impl LocalCluster {
+    /// Creates the CA, the member file and the nodes' directories, then starts every node.
+    pub fn start(s: Settings) -> Result<LocalCluster, String> {
+        let ca_dir = s.dir.join("ca");
+        std::fs::create_dir_all(&ca_dir).map_err(|e| err(&ca_dir.display().to_string(), e))?;
+        let ca = ClusterCa::generate(CA_NAME).map_err(|e| err("CA", e))?;
+        ca.save(&ca_dir.join("ca-cert.pem"), &ca_dir.join("ca-key.pem"))
+            .map_err(|e| err("CA", e))?;
+        let ports = free_ports(s.shards * s.nodes as u16)?;
+        let mut nodes = Vec::new();
+        let mut member_lines = String::new();
+        for i in 0..s.nodes {
+            let cache_dir = s.dir.join(format!("node{i}"));
+            let tls_dir = cache_dir.join("tls");
+            std::fs::create_dir_all(&tls_dir).map_err(|e| err("node directory", e))?;
+            for f in ["ca-cert.pem", "ca-key.pem"] {
+                std::fs::copy(ca_dir.join(f), tls_dir.join(f)).map_err(|e| err(f, e))?;
+            }
+            let out = Command::new(&s.binary)
+                .args(["node-id", "--cache-dir"])
+                .arg(&cache_dir)
+                .output()
+                .map_err(|e| err(&s.binary.display().to_string(), e))?;
+            if !out.status.success() {
+                return Err(format!("pagestored node-id failed: {out:?}"));
+            }
+            let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let base = SocketAddr::from(([127, 0, 0, 1], ports + i as u16 * s.shards));
+            member_lines.push_str(&format!("{id} {base} {}\n", s.shards));
+            let mut args: Vec<String> = [
+                "--cache-dir",
+                &cache_dir.display().to_string(),
+                "--cache-size",
+                &s.cache_size,
+                "--page-size",
+                &s.page_size,
+                "--shards",
+                &s.shards.to_string(),
+                "--listen",
+                &base.to_string(),
+                "--metadata-ttl",
+                &s.metadata_ttl,
+                "--no-pin",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            for m in &s.mounts {
+                args.push("--mount".into());
+                args.push(m.clone());
+            }
+            if s.mtls {
+                args.push("--require-client-cert".into());
+            }
+            args.extend(s.extra.iter().cloned());
+            nodes.push(NodeProc {
+                child: None,
+                base,
+                cache_dir,
+                args,
+            });
+        }
+        let members = s.dir.join("members");
+        std::fs::write(&members, member_lines).map_err(|e| err("member file", e))?;
+        let mut c = LocalCluster {
+            binary: s.binary,
+            ca_dir,
+            members,
+            nodes,
+            shards: s.shards,
+        };
+        for i in 0..c.nodes.len() {
+            c.start_node(i)?;
+        }
+        Ok(c)
+    }
+
+    /// Starts node `i` and waits (at most a minute) until it says it is ready.
+    pub fn start_node(&mut self, i: usize) -> Result<(), String> {
+        let members = self.members.clone();
+        let n = &mut self.nodes[i];
+        let mut child = Command::new(&self.binary)
+            .args(&n.args)
+            .arg("--members")
+            .arg(&members)
+            .env(
+                "PAGESTORE_LOG",
+                std::env::var("PAGESTORE_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| err("starting pagestored", e))?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("ready") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            return Err(format!("node {i} did not become ready: {:?}", child.wait()));
+        }
+        n.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs node `i` (no goodbye to its clients) and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops node `i` with SIGTERM and returns its exit status.
+    pub fn terminate(&mut self, i: usize) -> Result<std::process::ExitStatus, String> {
+        let mut c = self.nodes[i].child.take().ok_or("node not running")?;
+        let pid = libc::pid_t::try_from(c.id()).map_err(|e| err("pid", e))?;
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            return Err(err("kill", std::io::Error::last_os_error()));
+        }
+        c.wait().map_err(|e| err("wait", e))
+    }
+
+    /// Where clients find the cluster.
+    pub fn source(&self) -> ClusterSource {
+        ClusterSource::File(self.members.clone())
+    }
+
+    /// A client of the cluster (must be called inside a tokio runtime).
+    pub async fn client(&self, options: ClientOptions) -> Result<Arc<Client>, String> {
+        let tls = tls::client_config(&self.ca_dir).map_err(|e| e.to_string())?;
+        Client::connect(&self.source(), tls, None, options)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// `(hits, misses)` summed over every shard of every running node.
+    pub async fn hits_and_misses(&self) -> Result<(u64, u64), String> {
+        let tls = tls::client_config(&self.ca_dir).map_err(|e| e.to_string())?;
+        let pool = Pool::new(
+            tls,
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            PoolOptions::default(),
+        )
+        .map_err(|e| err("pool", e))?;
+        let mut total = (0, 0);
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            for s in 0..self.shards {
+                let mut a = n.base;
+                a.set_port(a.port() + s);
+                let req = Request {
+                    request_id: 9,
+                    body: RequestBody::Stat,
+                };
+                let (resp, _) = pool
+                    .request(a, &req, &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match resp.body {
+                    ResponseBody::Stat { hits, misses, .. } => {
+                        total.0 += hits;
+                        total.1 += misses;
+                    }
+                    other => return Err(format!("{a} answered Stat with {other:?}")),
+                }
+            }
+        }
+        pool.close();
+        Ok(total)
+    }
+
+    /// Runs `pagectl` with this cluster's member file and TLS directory.
+    pub fn pagectl(&self, pagectl: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
+        Command::new(pagectl)
+            .arg("--cluster")
+            .arg(&self.members)
+            .arg("--tls-dir")
+            .arg(&self.ca_dir)
+            .args(args)
+            .output()
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// Seconds since `start`, for timelines.
+pub fn since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
