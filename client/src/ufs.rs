@@ -79,6 +79,7 @@ struct Mount {
     prefix: String,
     url: String,
     store: Arc<dyn ObjectStore>,
+    emulate: Emulation,
 }
 
 /// The mount table: logical prefix -> object store.
@@ -105,6 +106,56 @@ pub fn parse_mount(spec: &str) -> Result<(String, String), UfsError> {
 fn store_for(url: &str) -> Result<Arc<dyn ObjectStore>, UfsError> {
     let u = url::Url::parse(url).map_err(|e| UfsError::Config(format!("{url}: {e}")))?;
     let q: std::collections::HashMap<String, String> = u.query_pairs().into_owned().collect();
+    base_store_for(url, &u, &q)
+}
+
+/// Benchmark knobs of a mount URL (`emulate_latency_ms`, `emulate_mbps`): make a nearby store
+/// behave like a distant one. Every request waits the latency; reads also wait their size at the
+/// given bandwidth (per request).
+#[derive(Clone, Copy, Debug, Default)]
+struct Emulation {
+    latency: std::time::Duration,
+    bytes_per_sec: Option<f64>,
+}
+
+impl Emulation {
+    fn parse(url: &str) -> Result<Emulation, UfsError> {
+        let u = url::Url::parse(url).map_err(|e| UfsError::Config(format!("{url}: {e}")))?;
+        let mut e = Emulation::default();
+        for (k, v) in u.query_pairs() {
+            let num = || {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .ok_or_else(|| {
+                        UfsError::Config(format!("{url}: {k}={v} is not a positive number"))
+                    })
+            };
+            match k.as_ref() {
+                "emulate_latency_ms" => {
+                    e.latency = std::time::Duration::from_secs_f64(num()? / 1e3)
+                }
+                "emulate_mbps" => e.bytes_per_sec = Some(num()? * 1e6),
+                _ => {}
+            }
+        }
+        Ok(e)
+    }
+
+    async fn wait(&self, bytes: u64) {
+        let transfer = self.bytes_per_sec.map_or(0.0, |bw| bytes as f64 / bw);
+        let d = self.latency + std::time::Duration::from_secs_f64(transfer);
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+    }
+}
+
+fn base_store_for(
+    url: &str,
+    u: &url::Url,
+    q: &std::collections::HashMap<String, String>,
+) -> Result<Arc<dyn ObjectStore>, UfsError> {
     match u.scheme() {
         "file" => {
             let dir = u
@@ -195,6 +246,7 @@ impl MountTable {
                 prefix,
                 url: url.clone(),
                 store: store_for(url)?,
+                emulate: Emulation::parse(url)?,
             });
         }
         out.sort_by_key(|m| std::cmp::Reverse(m.prefix.len()));
@@ -237,6 +289,7 @@ impl MountTable {
     /// Size and version of an object.
     pub async fn stat(&self, path: &str) -> Result<ObjectInfo, UfsError> {
         let (m, p) = self.resolve(path)?;
+        m.emulate.wait(0).await;
         let meta = m.store.head(&p).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => UfsError::NotFound(path.to_string()),
             e => UfsError::Store(path.to_string(), e),
@@ -258,6 +311,7 @@ impl MountTable {
             return Ok(Bytes::new());
         }
         let (m, p) = self.resolve(&info.path)?;
+        m.emulate.wait(end - range.start).await;
         let opts = GetOptions {
             range: Some(GetRange::Bounded(range.start..end)),
             ..Default::default()

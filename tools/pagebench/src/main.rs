@@ -13,8 +13,13 @@
 //!                                per shard, to see whether a machine with more cores scales
 //! pagebench raw      [options]   random reads of the cache files with glommio alone (no engine):
 //!                                separates the engine's cost from the executor's
+//! pagebench cluster  [options]   3 pagestored processes on loopback over a local-directory under
+//!                                storage: cold and warm reads through the client against
+//!                                object_store straight from the store and the local engine; a
+//!                                node SIGKILLed during a scan
 //! ```
 
+mod cluster;
 mod fio;
 mod local;
 mod net;
@@ -46,6 +51,10 @@ pub struct Opts {
     pub seed: u64,
     /// `net`: also measure nginx over HTTPS serving the same bytes.
     pub nginx: bool,
+    /// `cluster`: latency added to every under-storage request (emulating a distant store).
+    pub ufs_latency_ms: Option<f64>,
+    /// `cluster`: bandwidth of each under-storage request, MB/s (emulating a distant store).
+    pub ufs_mbps: Option<f64>,
 }
 
 impl Default for Opts {
@@ -62,14 +71,16 @@ impl Default for Opts {
             json: false,
             seed: 42,
             nginx: false,
+            ufs_latency_ms: None,
+            ufs_mbps: None,
         }
     }
 }
 
 const USAGE: &str =
-    "usage: pagebench <local|compare|restart|raw|net> [--dir DIR] [--page-size BYTES] \
+    "usage: pagebench <local|compare|restart|raw|net|scale|cluster> [--dir DIR] [--page-size BYTES] \
 [--shards N] [--qd N] [--seconds S] [--size BYTES] [--workloads write,read,read4k] [--pages N] \
-[--seed N] [--json] [--nginx]
+[--seed N] [--json] [--nginx] [--ufs-latency-ms MS] [--ufs-mbps MBPS]
 sizes take K, M, G suffixes (powers of 1024)";
 
 /// Parses `4M`, `64K`, `2G` or plain bytes.
@@ -105,6 +116,16 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
             "--workloads" => o.workloads = val()?.split(',').map(str::to_string).collect(),
             "--json" => o.json = true,
             "--nginx" => o.nginx = true,
+            "--ufs-latency-ms" => {
+                o.ufs_latency_ms = Some(
+                    val()?
+                        .parse()
+                        .map_err(|e| format!("--ufs-latency-ms: {e}"))?,
+                )
+            }
+            "--ufs-mbps" => {
+                o.ufs_mbps = Some(val()?.parse().map_err(|e| format!("--ufs-mbps: {e}"))?)
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
@@ -137,6 +158,7 @@ fn main() {
         "raw" => local::raw(&opts),
         "net" => net::run_net(&opts, opts.nginx),
         "scale" => local::scale(&opts),
+        "cluster" => cluster::run_cluster(&opts),
         _ => Err(format!("unknown command {cmd}\n{USAGE}")),
     };
     if let Err(e) = r {

@@ -217,6 +217,17 @@ async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/data/nope"));
     let out = c.pagectl(&["ls", "/"]);
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "data/\n");
+    // Any member's address works instead of the member file.
+    let out = std::process::Command::new(common::PAGECTL)
+        .arg("--cluster")
+        .arg(c.nodes[1].base.to_string())
+        .arg("--tls-dir")
+        .arg(&c.ca_dir)
+        .args(["cat", "/data/dir/file"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout == content);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

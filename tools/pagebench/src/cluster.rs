@@ -1,0 +1,434 @@
+//! The `cluster` target: reads through the client library from 3 real `pagestored` processes on
+//! loopback, over a local-directory under storage, against references measured in the same run:
+//!
+//! - **ufs**: the same pages read straight from the under storage with object_store (the
+//!   no-cache baseline; the cold pass should reach at least 0.9x of it);
+//! - **cold**: every page once through the cluster (each a miss: the owner loads it);
+//! - **warm**: every page again (each a hit);
+//! - **local**: the engine alone reading 4 MiB pages in-process (the ceiling for warm reads);
+//! - **kill**: a long warm scan during which one node is SIGKILLed: throughput before, during
+//!   and after, and how long until the first read falls back.
+//!
+//! Each pass checks that it read the same bytes as the baseline (a crc32 per page).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use futures_util::{stream, StreamExt};
+use pagestore_client::{
+    ufs::{MountTable, ObjectInfo},
+    Client, ClientOptions,
+};
+use pagestore_tools::local_cluster::{LocalCluster, Settings};
+
+use crate::Opts;
+
+/// One measured pass.
+struct Pass {
+    name: &'static str,
+    bytes: u64,
+    secs: f64,
+    client_cpu: f64,
+    server_cpu: f64,
+}
+
+impl Pass {
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.secs / 1e9
+    }
+}
+
+fn pagestored_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("PAGESTORED") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let p = exe.with_file_name("pagestored");
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} not found: build it first (cargo build --release -p pagestore-tools) or set \
+             PAGESTORED",
+            p.display()
+        ))
+    }
+}
+
+/// CPU seconds (user + system) used so far by process `pid`.
+fn proc_cpu(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // utime and stime are fields 14 and 15 (1-based), i.e. 11 and 12 after the name.
+    (ticks(11) + ticks(12)) / hz
+}
+
+fn cluster_cpu(c: &LocalCluster) -> f64 {
+    c.nodes
+        .iter()
+        .filter_map(|n| n.child.as_ref())
+        .map(|ch| proc_cpu(ch.id()))
+        .sum()
+}
+
+fn fill(x: &mut u64, buf: &mut [u8]) {
+    for chunk in buf.chunks_mut(8) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+/// Writes `files` files of `file_size` bytes under `dir` (kept between runs of the same shape).
+fn dataset(dir: &Path, files: u64, file_size: u64, seed: u64) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    for f in 0..files {
+        let path = dir.join(format!("f{f:05}"));
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == file_size) {
+            continue;
+        }
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (f + 1);
+        let mut out = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+        let mut left = file_size as usize;
+        while left > 0 {
+            let n = left.min(buf.len());
+            fill(&mut x, &mut buf[..n]);
+            std::io::Write::write_all(&mut out, &buf[..n]).map_err(|e| e.to_string())?;
+            left -= n;
+        }
+    }
+    Ok(())
+}
+
+/// Reads every page of `infos` with `qd` pages in flight through `read`, returning the bytes
+/// and a crc32 per page in (file, page) order.
+async fn read_pages<F, Fut>(
+    infos: &[ObjectInfo],
+    page: u64,
+    qd: usize,
+    read: F,
+) -> Result<(u64, Vec<u32>), String>
+where
+    F: Fn(ObjectInfo, u64) -> Fut,
+    Fut: std::future::Future<Output = Result<bytes::Bytes, String>>,
+{
+    let work: Vec<(usize, u64)> = infos
+        .iter()
+        .enumerate()
+        .flat_map(|(i, info)| (0..info.size.div_ceil(page)).map(move |p| (i, p)))
+        .collect();
+    let mut crcs = vec![0u32; work.len()];
+    let mut total = 0u64;
+    let mut results = stream::iter(work.iter().enumerate())
+        .map(|(slot, &(i, p))| {
+            let fut = read(infos[i].clone(), p);
+            async move { (slot, fut.await) }
+        })
+        .buffer_unordered(qd.max(1));
+    while let Some((slot, r)) = results.next().await {
+        let b = r?;
+        total += b.len() as u64;
+        crcs[slot] = crc32fast::hash(&b);
+    }
+    Ok((total, crcs))
+}
+
+/// Runs the whole comparison.
+pub fn run_cluster(o: &Opts) -> Result<(), String> {
+    let binary = pagestored_binary()?;
+    let root = o.dir.join("cluster");
+    let ufs_dir = root.join("ufs");
+    let page = u64::from(o.page_size);
+    let file_size = (64 << 20).max(page);
+    let files = (o.size / file_size).max(1);
+    dataset(&ufs_dir, files, file_size, o.seed)?;
+    let nodes_dir = root.join("nodes");
+    let _ = std::fs::remove_dir_all(&nodes_dir);
+    let mut emulate = Vec::new();
+    if let Some(ms) = o.ufs_latency_ms {
+        emulate.push(format!("emulate_latency_ms={ms}"));
+    }
+    if let Some(m) = o.ufs_mbps {
+        emulate.push(format!("emulate_mbps={m}"));
+    }
+    let query = if emulate.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", emulate.join("&"))
+    };
+    let mount = format!("/bench=file://{}{query}", ufs_dir.display());
+    let mut settings = Settings::new(&binary, &nodes_dir);
+    settings.shards = o.shards as u16;
+    settings.page_size = o.page_size.to_string();
+    settings.cache_size = (o.size * 2 / 3 + (256 << 20)).to_string();
+    settings.mounts = vec![mount.clone()];
+    settings.metadata_ttl = "600".into();
+    let mut cluster = LocalCluster::start(settings)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let warm = rt.block_on(async { measure(o, &mut cluster, &mount, files).await });
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&nodes_dir);
+    let warm = warm?;
+    // The ceiling: the engine alone, in this process, reading whole pages (same page size, same
+    // pages in flight per shard).
+    let local = crate::local::run_local(&Opts {
+        workloads: vec!["read".into()],
+        size: o.size.min(2 << 30),
+        seconds: o.seconds.min(5.0),
+        ..o.clone()
+    })?;
+    let ceiling = local.first().map_or(f64::NAN, |r| r.bw() / 1e9);
+    println!(
+        "\nlocal engine ceiling (engine alone, {} shard(s), whole-page reads): {ceiling:.2} GB/s; \
+         warm cluster / local = {:.2}x",
+        o.shards,
+        warm / ceiling
+    );
+    Ok(())
+}
+
+/// Runs the passes and the kill timeline; returns the warm pass's GB/s.
+async fn measure(
+    o: &Opts,
+    cluster: &mut LocalCluster,
+    mount: &str,
+    files: u64,
+) -> Result<f64, String> {
+    let page = u64::from(o.page_size);
+    let (prefix, url) = mount.split_once('=').ok_or("bad mount")?;
+    let ufs = Arc::new(
+        MountTable::new(&[(prefix.to_string(), url.to_string())]).map_err(|e| e.to_string())?,
+    );
+    let client = cluster
+        .client(ClientOptions {
+            parallel: o.qd,
+            ..ClientOptions::default()
+        })
+        .await?;
+    let mut infos = Vec::new();
+    for f in 0..files {
+        let path = format!("/bench/f{f:05}");
+        infos.push(client.stat(&path).await.map_err(|e| e.to_string())?);
+    }
+    let total_bytes: u64 = infos.iter().map(|i| i.size).sum();
+    println!(
+        "cluster: 3 nodes x {} shard(s), {} files, {:.2} GB, page {} KiB, {} pages in flight; \
+         under storage {}",
+        o.shards,
+        files,
+        total_bytes as f64 / 1e9,
+        page >> 10,
+        o.qd,
+        pagestore_client::ufs::redact(url)
+    );
+
+    let mut passes = Vec::new();
+    // The no-cache baseline: object_store straight from the under storage.
+    let (c0, s0, t0) = (
+        crate::local::cpu_seconds(),
+        cluster_cpu(cluster),
+        Instant::now(),
+    );
+    let (bytes, reference) = read_pages(&infos, page, o.qd, |info, p| {
+        let ufs = ufs.clone();
+        async move {
+            let start = p * page;
+            ufs.read(&info, start..(start + page).min(info.size))
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await?;
+    passes.push(Pass {
+        name: "ufs (object_store, no cache)",
+        bytes,
+        secs: t0.elapsed().as_secs_f64(),
+        client_cpu: crate::local::cpu_seconds() - c0,
+        server_cpu: cluster_cpu(cluster) - s0,
+    });
+    let (h0, m0) = cluster.hits_and_misses().await?;
+    for name in ["cold (miss: owner loads)", "warm (hit)"] {
+        let (c0, s0, t0) = (
+            crate::local::cpu_seconds(),
+            cluster_cpu(cluster),
+            Instant::now(),
+        );
+        let (bytes, crcs) = read_pages(&infos, page, o.qd, |info, p| {
+            let client = client.clone();
+            async move {
+                client
+                    .read_page(&info, p, 0, page as u32)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await?;
+        if crcs != reference {
+            return Err(format!("{name}: the bytes differ from the under storage's"));
+        }
+        passes.push(Pass {
+            name,
+            bytes,
+            secs: t0.elapsed().as_secs_f64(),
+            client_cpu: crate::local::cpu_seconds() - c0,
+            server_cpu: cluster_cpu(cluster) - s0,
+        });
+    }
+    let (h1, m1) = cluster.hits_and_misses().await?;
+    let pages: u64 = infos.iter().map(|i| i.size.div_ceil(page)).sum();
+
+    println!(
+        "\n{:<30} {:>8} {:>10} {:>14} {:>14}",
+        "pass", "GB/s", "vs ufs", "client CPU s/GB", "server CPU s/GB"
+    );
+    let base = passes[0].gbps();
+    for p in &passes {
+        let gb = p.bytes as f64 / 1e9;
+        println!(
+            "{:<30} {:>8.2} {:>9.2}x {:>14.2} {:>14.2}",
+            p.name,
+            p.gbps(),
+            p.gbps() / base,
+            p.client_cpu / gb,
+            p.server_cpu / gb
+        );
+    }
+    println!(
+        "hits {} / misses {} over the two passes ({} pages each); fallbacks {}",
+        h1 - h0,
+        m1 - m0,
+        pages,
+        client.stats().fallbacks
+    );
+    println!(
+        "cold / ufs = {:.2}x (target >= 0.9x); warm / cold = {:.2}x",
+        passes[1].gbps() / base,
+        passes[2].gbps() / passes[1].gbps()
+    );
+
+    kill_timeline(o, cluster, &client, &infos, &reference).await?;
+    Ok(passes[2].gbps())
+}
+
+/// A warm scan of everything, one file at a time through file handles (read-ahead), with node 2
+/// SIGKILLed a third of the way through.
+async fn kill_timeline(
+    o: &Opts,
+    cluster: &mut LocalCluster,
+    client: &Arc<Client>,
+    infos: &[ObjectInfo],
+    reference: &[u32],
+) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let page = u64::from(o.page_size) as usize;
+    let total: u64 = infos.iter().map(|i| i.size).sum();
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let sampler = {
+        let done = done.clone();
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            loop {
+                samples.push((
+                    start.elapsed().as_secs_f64(),
+                    done.load(Ordering::Relaxed),
+                    client.stats().fallbacks,
+                ));
+                if done.load(Ordering::Relaxed) >= total {
+                    return samples;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let mut killed_at = None;
+    let mut slot = 0;
+    let mut buf = vec![0u8; page];
+    for info in infos {
+        let mut f = client.open(&info.path).await.map_err(|e| e.to_string())?;
+        loop {
+            let mut got = 0;
+            while got < page {
+                let n = f.read(&mut buf[got..]).await.map_err(|e| e.to_string())?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            if got == 0 {
+                break;
+            }
+            if crc32fast::hash(&buf[..got]) != reference[slot] {
+                return Err(format!(
+                    "{}: page bytes differ during the kill run",
+                    info.path
+                ));
+            }
+            slot += 1;
+            let d = done.fetch_add(got as u64, Ordering::Relaxed) + got as u64;
+            if killed_at.is_none() && d >= total / 3 {
+                cluster.kill(2);
+                killed_at = Some(start.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let end = start.elapsed().as_secs_f64();
+    let samples = sampler.await.map_err(|e| e.to_string())?;
+    let kill = killed_at.ok_or("the scan ended before the kill")?;
+    let detect = samples
+        .iter()
+        .find(|(_, _, fb)| *fb > 0)
+        .map(|(t, _, _)| t - kill);
+    let bytes_at = |t: f64| {
+        samples
+            .iter()
+            .take_while(|(s, _, _)| *s <= t)
+            .last()
+            .map_or(0, |(_, b, _)| *b)
+    };
+    let rate = |a: f64, b: f64| (bytes_at(b) - bytes_at(a)) as f64 / (b - a).max(1e-9) / 1e9;
+    let during_end = (kill + 5.0).min(end);
+    println!(
+        "\nkill run: {:.2} GB warm scan through file handles, node 2 SIGKILLed at {kill:.2} s",
+        total as f64 / 1e9
+    );
+    println!(
+        "  before {:.2} GB/s | first {:.1} s after {:.2} GB/s | after that {:.2} GB/s | first \
+         fallback {} after the kill | {} fallbacks, {} member failures, {} skipped while dead",
+        rate(0.0, kill),
+        during_end - kill,
+        rate(kill, during_end),
+        if end > during_end {
+            rate(during_end, end)
+        } else {
+            f64::NAN
+        },
+        detect.map_or("never".into(), |d| format!("{d:.2} s")),
+        client.stats().fallbacks,
+        client.stats().member_failures,
+        client.stats().skipped_dead
+    );
+    println!("  every page read byte-exact (crc32 against the under storage's)");
+    Ok(())
+}
