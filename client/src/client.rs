@@ -683,6 +683,66 @@ impl Client {
             .await
     }
 
+    /// Tells every shard of every node that `path` changed: they drop the pages of `old` (the
+    /// file id of the version replaced, if known) and their cached metadata of the path. Nodes
+    /// that cannot be reached are skipped (their metadata expires with the TTL; their pages of
+    /// the old version are never read again, because new readers use the new file id). Returns
+    /// the pages dropped.
+    pub async fn invalidate(&self, path: &str, old: Option<u128>) -> u64 {
+        let mut asks = Vec::new();
+        for n in self.layout.membership.nodes() {
+            for s in 0..n.shards {
+                asks.push(self.ask(
+                    n.shard_addr(s),
+                    RequestBody::Invalidate {
+                        path: path.to_string(),
+                        file_id: FileId::from_u128(old.unwrap_or(0)),
+                    },
+                ));
+            }
+        }
+        let mut pages = 0;
+        for a in futures_util::future::join_all(asks).await {
+            if let Attempt::Answer(Ok((ResponseBody::Removed { pages: n }, _))) = a {
+                pages += u64::from(n);
+            }
+        }
+        pages
+    }
+
+    /// Writes `data` as the object at `path` in the under storage (write-through), then
+    /// invalidates what the cluster caches of its old version. Needs a mount table with write
+    /// access on this client (`Client::connect` with `ufs`).
+    pub async fn put(&self, path: &str, data: Bytes) -> Result<ObjectInfo, Error> {
+        check_path(path)?;
+        let ufs = self.writable()?;
+        let old = ufs.stat(path).await.ok().map(|i| i.file_id);
+        ufs.put(path, data).await?;
+        self.invalidate(path, old).await;
+        Ok(ufs.stat(path).await?)
+    }
+
+    /// Deletes the object at `path` in the under storage, then invalidates it in the cluster.
+    pub async fn delete(&self, path: &str) -> Result<(), Error> {
+        check_path(path)?;
+        let ufs = self.writable()?;
+        let old = ufs.stat(path).await.ok().map(|i| i.file_id);
+        ufs.delete(path).await?;
+        self.invalidate(path, old).await;
+        Ok(())
+    }
+
+    /// The mount table for writes (whatever the fallback setting).
+    pub fn writable(&self) -> Result<&MountTable, Error> {
+        self.ufs.as_deref().ok_or_else(|| {
+            Error::Config(
+                "writes go through to the under storage: give the client a mount table with \
+                 credentials"
+                    .into(),
+            )
+        })
+    }
+
     /// Opens `path` for reading: the handle reads the version that exists now, whatever
     /// happens to the object later.
     pub async fn open(self: &Arc<Self>, path: &str) -> Result<crate::FileHandle, Error> {

@@ -333,6 +333,38 @@ impl MountTable {
             .map_err(|e| UfsError::Store(info.path.clone(), e))
     }
 
+    /// Writes `data` as the object at `path` (replacing it), in one request.
+    pub async fn put(&self, path: &str, data: Bytes) -> Result<(), UfsError> {
+        let (m, p) = self.resolve(path)?;
+        m.store
+            .put(&p, data.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| UfsError::Store(path.to_string(), e))
+    }
+
+    /// Starts a multipart write of the object at `path` (for large objects: parts are sent as
+    /// they come and the object appears when the upload completes).
+    pub async fn put_multipart(
+        &self,
+        path: &str,
+    ) -> Result<Box<dyn object_store::MultipartUpload>, UfsError> {
+        let (m, p) = self.resolve(path)?;
+        m.store
+            .put_multipart(&p)
+            .await
+            .map_err(|e| UfsError::Store(path.to_string(), e))
+    }
+
+    /// Deletes the object at `path`.
+    pub async fn delete(&self, path: &str) -> Result<(), UfsError> {
+        let (m, p) = self.resolve(path)?;
+        m.store.delete(&p).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => UfsError::NotFound(path.to_string()),
+            e => UfsError::Store(path.to_string(), e),
+        })
+    }
+
     /// The entries directly under a logical directory (mount points included at the root).
     pub async fn list(&self, dir: &str) -> Result<Vec<Entry>, UfsError> {
         let dir = dir.trim_end_matches('/');

@@ -570,6 +570,15 @@ pub enum RequestBody {
     /// Asks for the cluster's layout: members, page size, mounts
     /// ([`ResponseBody::ClusterInfo`]).
     Cluster,
+    /// The object at `path` was written or deleted: drop the pages of its
+    /// old version `file_id` and any cached metadata of `path` and of its
+    /// directory ([`ResponseBody::Removed`]). Sent to every shard.
+    Invalidate {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+        /// File id of the version to drop (0: none known).
+        file_id: FileId,
+    },
 }
 
 /// What a logical path names.
@@ -885,6 +894,10 @@ impl Request {
                 no_payload("List", payload_len)
             }
             RequestBody::Cluster => no_payload("Cluster", payload_len),
+            RequestBody::Invalidate { path, .. } => {
+                bounded_str("Invalidate path", path, MAX_PATH_LEN)?;
+                no_payload("Invalidate", payload_len)
+            }
         }
     }
 }
@@ -1027,6 +1040,7 @@ impl ResponseBody {
             (RequestBody::StatPath { .. }, ResponseBody::PathInfo { .. }) => true,
             (RequestBody::List { .. }, ResponseBody::Listing { .. }) => true,
             (RequestBody::Cluster, ResponseBody::ClusterInfo { .. }) => true,
+            (RequestBody::Invalidate { .. }, ResponseBody::Removed { .. }) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::WritePage { .. }
@@ -1391,6 +1405,10 @@ mod tests {
                 start_after: "b.bin".into(),
             },
             RequestBody::Cluster,
+            RequestBody::Invalidate {
+                path: "/data/a/b.bin".into(),
+                file_id: FileId::from_u128(99),
+            },
         ];
         bodies
             .into_iter()
@@ -2750,6 +2768,8 @@ mod tests {
             (arb_string(120), arb_string(40))
                 .prop_map(|(path, start_after)| RequestBody::List { path, start_after }),
             Just(RequestBody::Cluster),
+            (arb_string(120), arb_file_id())
+                .prop_map(|(path, file_id)| RequestBody::Invalidate { path, file_id }),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
     }

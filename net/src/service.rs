@@ -348,6 +348,18 @@ impl ShardService {
                     Err(e) => error(id, e.code, e.message),
                 }
             }
+            RequestBody::Invalidate { path, file_id } => {
+                if let Some(loader) = &self.loader {
+                    loader.forget(&path);
+                }
+                if file_id.as_u128() == 0 {
+                    return reply(id, ResponseBody::Removed { pages: 0 }, Body::Empty);
+                }
+                match self.shard.remove_file(file_id.as_u128()).await {
+                    Ok(n) => reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty),
+                    Err(e) => engine_error(id, &e),
+                }
+            }
             RequestBody::Cluster => {
                 let body = ResponseBody::ClusterInfo {
                     page_size: self.shard.page_size(),

@@ -347,6 +347,20 @@ impl Loader {
         r
     }
 
+    /// Forgets what is cached about `path`: its metadata, its listing, and its directory's
+    /// listing (after a write or a delete). Returns how many entries were dropped.
+    pub fn forget(&self, path: &str) -> usize {
+        let parent = match path.trim_end_matches('/').rsplit_once('/') {
+            Some(("", _)) | None => "/",
+            Some((p, _)) => p,
+        };
+        let mut n = usize::from(self.paths.borrow_mut().remove(path).is_some());
+        let mut lists = self.lists.borrow_mut();
+        n += usize::from(lists.remove(path).is_some());
+        n += usize::from(lists.remove(parent).is_some());
+        n
+    }
+
     /// One page of directory `path`'s listing: entries after `start_after`, and whether more
     /// follow.
     pub async fn list(

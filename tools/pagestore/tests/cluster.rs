@@ -356,3 +356,63 @@ async fn sigterm_stops_a_node_cleanly_and_its_cache_survives() {
         "all 8 pages hit after the restart"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_the_client_is_read_back_at_once_despite_the_ttl() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("obj"), bytes(41, 2 * MIB + 5)).unwrap();
+    let mount = format!("/data=file://{}", data.display());
+    s.mounts = vec![mount.clone()];
+    s.metadata_ttl = "600".into();
+    let c = Cluster::start(dir, s);
+    let ufs = Arc::new(
+        pagestore_client::ufs::MountTable::new(&[
+            pagestore_client::ufs::parse_mount(&mount).unwrap()
+        ])
+        .unwrap(),
+    );
+    let tls = pagestore_client::tls::client_config(&c.ca_dir).unwrap();
+    let client = Client::connect(&c.source(), tls, Some(ufs), ClientOptions::default())
+        .await
+        .unwrap();
+    // Cache the old version (metadata and pages).
+    let old = client.read("/data/obj", 0..u64::MAX).await.unwrap();
+    assert_eq!(old.len(), 2 * MIB + 5);
+    let new = bytes(42, MIB + 77);
+    let info = client.put("/data/obj", new.clone().into()).await.unwrap();
+    assert_eq!(info.size, new.len() as u64);
+    // Within the 600 s TTL, yet the new bytes: the write invalidated the cached metadata.
+    let got = client.read("/data/obj", 0..u64::MAX).await.unwrap();
+    assert!(got[..] == new[..]);
+    // A new object shows up in its directory's listing at once, and a deleted one goes.
+    client
+        .put("/data/fresh", vec![7u8; 10].into())
+        .await
+        .unwrap();
+    let names: Vec<String> = client
+        .list("/data")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["fresh", "obj"]);
+    client.delete("/data/fresh").await.unwrap();
+    assert!(matches!(
+        client.stat("/data/fresh").await,
+        Err(Error::NotFound(_))
+    ));
+    // A client without a mount table (fallback off: none is built) cannot write.
+    let reader = c
+        .client(ClientOptions {
+            fallback: false,
+            ..ClientOptions::default()
+        })
+        .await;
+    assert!(matches!(
+        reader.put("/data/x", vec![1u8].into()).await,
+        Err(Error::Config(_))
+    ));
+}
