@@ -210,11 +210,84 @@ fn base_store_for(
                 u.path().trim_matches('/'),
             )))
         }
-        "gs" | "az" | "abfs" => Err(UfsError::Config(format!(
-            "{url}: {} mounts are not built into this release yet (s3:// covers S3, R2 and other \
-             S3-compatible stores; file:// covers local directories)",
-            u.scheme()
-        ))),
+        "gs" => {
+            let bucket = u
+                .host_str()
+                .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
+            let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(bucket);
+            if let Some(e) = q.get("endpoint") {
+                b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
+            }
+            let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
+            let key_file = q
+                .get("service_account_path")
+                .cloned()
+                .or_else(|| std::env::var("GOOGLE_SERVICE_ACCOUNT").ok())
+                .or_else(|| std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok());
+            b = match (key_file, q.get("service_account_key"), anonymous) {
+                (_, Some(json), _) => b.with_service_account_key(json),
+                (Some(path), None, _) => b.with_service_account_path(path),
+                (None, None, true) => b.with_skip_signature(true),
+                (None, None, false) => {
+                    return Err(UfsError::Config(format!(
+                        "{url}: no credentials: set service_account_path (or \
+                         GOOGLE_APPLICATION_CREDENTIALS) to a service account key file, or \
+                         anonymous=true for a public bucket"
+                    )))
+                }
+            };
+            let gcs = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
+            Ok(Arc::new(object_store::prefix::PrefixStore::new(
+                gcs,
+                u.path().trim_matches('/'),
+            )))
+        }
+        "az" | "abfs" => {
+            let container = u
+                .host_str()
+                .ok_or_else(|| UfsError::Config(format!("{url}: no container")))?;
+            let account = q
+                .get("account")
+                .cloned()
+                .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_NAME").ok())
+                .ok_or_else(|| {
+                    UfsError::Config(format!(
+                        "{url}: no storage account: set account= (or AZURE_STORAGE_ACCOUNT_NAME)"
+                    ))
+                })?;
+            let mut b = object_store::azure::MicrosoftAzureBuilder::new()
+                .with_account(account)
+                .with_container_name(container);
+            if let Some(e) = q.get("endpoint") {
+                b = b
+                    .with_endpoint(e.clone())
+                    .with_allow_http(e.starts_with("http://"));
+            }
+            let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
+            let key = q
+                .get("access_key")
+                .cloned()
+                .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_KEY").ok());
+            b = match (key, q.get("sas"), anonymous) {
+                (Some(k), _, _) => b.with_access_key(k),
+                (None, Some(sas), _) => b.with_config(
+                    object_store::azure::AzureConfigKey::SasKey,
+                    sas.as_str(),
+                ),
+                (None, None, true) => b.with_skip_signature(true),
+                (None, None, false) => {
+                    return Err(UfsError::Config(format!(
+                        "{url}: no credentials: set access_key (or AZURE_STORAGE_ACCOUNT_KEY), \
+                         sas, or anonymous=true for a public container"
+                    )))
+                }
+            };
+            let az = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
+            Ok(Arc::new(object_store::prefix::PrefixStore::new(
+                az,
+                u.path().trim_matches('/'),
+            )))
+        }
         other => Err(UfsError::Config(format!("{url}: unknown scheme {other:?}"))),
     }
 }
@@ -508,7 +581,13 @@ pub fn redact(url: &str) -> String {
         .filter(|(k, _)| {
             !matches!(
                 k.as_ref(),
-                "access_key_id" | "secret_access_key" | "session_token" | "token"
+                "access_key_id"
+                    | "secret_access_key"
+                    | "session_token"
+                    | "token"
+                    | "access_key"
+                    | "sas"
+                    | "service_account_key"
             )
         })
         .map(|(k, v)| (k.into_owned(), v.into_owned()))

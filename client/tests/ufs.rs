@@ -114,7 +114,37 @@ fn configuration_errors_are_clear() {
     assert!(bad("/data").contains("/LOGICAL=URL"));
     assert!(bad("/data=file:///definitely/not/here").contains("not a directory"));
     assert!(bad("/data=ftp://x/y").contains("unknown scheme"));
-    assert!(bad("/data=gs://bucket/x").contains("not built into this release"));
+    // GCS and Azure: credentials are required unless anonymous, exactly like S3.
+    for v in [
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+    ] {
+        std::env::remove_var(v);
+    }
+    let e = bad("/g=gs://bucket/x");
+    assert!(e.contains("no credentials") && e.contains("service_account_path"), "{e}");
+    let e = bad("/a=az://container/x");
+    assert!(e.contains("no storage account"), "{e}");
+    let e = bad("/a=az://container/x?account=acct");
+    assert!(e.contains("no credentials") && e.contains("access_key"), "{e}");
+    for ok in [
+        "/g=gs://bucket/x?anonymous=true",
+        "/g=gs://bucket/x?anonymous=true&endpoint=http://127.0.0.1:9",
+        "/a=az://container/x?account=acct&anonymous=true",
+        "/a=az://container/x?account=acct&access_key=a2V5&endpoint=http://127.0.0.1:9/acct",
+    ] {
+        MountTable::new(&[parse_mount(ok).unwrap()]).unwrap();
+    }
+    // Secrets never leave in the public mount list.
+    let t = MountTable::new(&[parse_mount(
+        "/a=az://container/x?account=acct&access_key=U0VDUkVUS0VZ&endpoint=http://127.0.0.1:9/acct",
+    )
+    .unwrap()])
+    .unwrap();
+    let shown = &t.public_mounts()[0].url;
+    assert!(!shown.contains("U0VDUkVUS0VZ") && shown.contains("account=acct"), "{shown}");
     // No credentials and not anonymous: refused, never a silent cloud-metadata lookup.
     std::env::remove_var("AWS_ACCESS_KEY_ID");
     std::env::remove_var("AWS_SECRET_ACCESS_KEY");
