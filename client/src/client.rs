@@ -217,6 +217,17 @@ pub struct Client {
     next_id: AtomicU64,
 }
 
+/// What [`Client::load`] did for one file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOutcome {
+    /// Pages loaded from the under storage now.
+    pub loaded: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Pages that were cached already (skipped).
+    pub present: u64,
+}
+
 /// Outcome of one request to one member.
 enum Attempt<T> {
     /// An answer (data or a definite error such as NotFound).
@@ -681,6 +692,68 @@ impl Client {
         let info = self.stat(path).await?;
         self.read_at(&info, range.start, range.end.saturating_sub(range.start))
             .await
+    }
+
+    /// Preloads every page of `info` into the cluster: the pages are grouped by owner and each
+    /// owner is asked (`LoadPages`) to load those it does not hold yet from the under storage.
+    /// Returns the pages newly loaded, their bytes, and the pages that were already cached.
+    pub async fn load(&self, info: &ObjectInfo) -> Result<LoadOutcome, Error> {
+        let ps = u64::from(self.layout.page_size);
+        let pages = info.size.div_ceil(ps);
+        let ring = self.layout.membership.ring();
+        let mut by_owner: HashMap<SocketAddr, Vec<u64>> = HashMap::new();
+        for p in 0..pages {
+            let addr = ring
+                .owner(info.file_id, p)
+                .and_then(|m| self.layout.membership.addr_of(m))
+                .ok_or_else(|| Error::Unavailable("the ring has no members".into()))?;
+            by_owner.entry(addr).or_default().push(p);
+        }
+        let file = FileRef {
+            file_id: FileId::from_u128(info.file_id),
+            mount: String::new(),
+            path: info.path.clone(),
+            version_tag: info.version.clone(),
+            size: info.size,
+        };
+        let mut asks = Vec::new();
+        for (addr, list) in by_owner {
+            for batch in list.chunks(256) {
+                let body = RequestBody::LoadPages {
+                    file: file.clone(),
+                    pages: batch.to_vec(),
+                    epoch: ring.epoch(),
+                };
+                let n = batch.len() as u64;
+                asks.push(async move { (addr, n, self.ask(addr, body).await) });
+            }
+        }
+        let mut out = LoadOutcome::default();
+        for (addr, n, a) in futures_util::future::join_all(asks).await {
+            match a {
+                Attempt::Answer(Ok((ResponseBody::Loaded { pages, bytes }, _))) => {
+                    out.loaded += u64::from(pages);
+                    out.bytes += bytes;
+                    out.present += n.saturating_sub(u64::from(pages));
+                }
+                Attempt::Answer(Ok((other, _))) => {
+                    return Err(Error::Unavailable(format!("{addr} answered {other:?}")))
+                }
+                Attempt::Answer(Err(e)) => return Err(e),
+                Attempt::Failed => {
+                    return Err(Error::Unavailable(format!(
+                        "member {addr} could not load pages of {}",
+                        info.path
+                    )))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The mount table this client reads the under storage with directly (fallback), if any.
+    pub fn ufs_table(&self) -> Option<&MountTable> {
+        self.ufs.as_deref()
     }
 
     /// Tells every shard of every node that `path` changed: they drop the pages of `old` (the

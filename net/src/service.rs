@@ -252,11 +252,9 @@ impl ShardService {
                     Err(e) => engine_error(id, &e),
                 }
             }
-            RequestBody::LoadPages { .. } => error(
-                id,
-                ErrorCode::Unavailable,
-                "LoadPages is not served yet; use Fetch",
-            ),
+            RequestBody::LoadPages { file, pages, .. } => {
+                self.load_pages(id, file, pages).await
+            }
             RequestBody::Fetch {
                 file,
                 page,
@@ -370,6 +368,73 @@ impl ShardService {
                 };
                 reply(id, body, Body::Empty)
             }
+        }
+    }
+}
+
+impl ShardService {
+    /// Preloading: every page of `pages` this shard owns and does not hold yet is loaded from
+    /// the under storage (all at once; the loader bounds the store requests in flight).
+    async fn load_pages(&self, id: u64, file: frame::FileRef, pages: Vec<u64>) -> Reply {
+        if file.file_id.as_u128() != ring::file_id(&file.path, &file.version_tag) {
+            return error(
+                id,
+                ErrorCode::BadRequest,
+                "file_id does not match the path and version tag",
+            );
+        }
+        let Some(loader) = &self.loader else {
+            return no_source(id);
+        };
+        let mut tasks = Vec::new();
+        for page in pages {
+            let key = Key {
+                file_id: file.file_id,
+                page,
+            };
+            if !self.view.owns(&key) {
+                return reply(
+                    id,
+                    ResponseBody::NotOwner {
+                        epoch: self.view.epoch(),
+                    },
+                    Body::Empty,
+                );
+            }
+            if self.shard.contains(&page_key(&key)) {
+                continue;
+            }
+            let (loader, file) = (loader.clone(), file.clone());
+            tasks.push(glommio::spawn_local(async move {
+                loader.load_page(&file, page).await
+            }));
+        }
+        let (mut loaded, mut bytes, mut failed) = (0u32, 0u64, None);
+        for t in tasks {
+            match t.await {
+                Ok(b) => {
+                    loaded += 1;
+                    bytes += b.len() as u64;
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => error(
+                id,
+                e.code,
+                format!("{} (pages loaded before the failure: {loaded})", e.message),
+            ),
+            None => reply(
+                id,
+                ResponseBody::Loaded {
+                    pages: loaded,
+                    bytes,
+                },
+                Body::Empty,
+            ),
         }
     }
 }

@@ -416,3 +416,84 @@ async fn a_write_through_the_client_is_read_back_at_once_despite_the_ttl() {
         Err(Error::Config(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preload_jobs_load_every_page_once_and_verify_repairs_stale_files() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("set/sub")).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| {
+            let name = if i % 3 == 0 {
+                format!("set/sub/f{i}")
+            } else {
+                format!("set/f{i}")
+            };
+            (
+                name,
+                bytes(500 + i, (i as usize % 4) * MIB + 1000 * i as usize),
+            )
+        })
+        .collect();
+    for (n, b) in &files {
+        std::fs::write(data.join(n), b).unwrap();
+    }
+    let manifest = "{\"path\": \"/data/set/f1\"}\n/data/set/f2\n";
+    std::fs::write(data.join("manifest.jsonl"), manifest).unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    s.metadata_ttl = "600".into();
+    let c = Cluster::start(dir, s);
+    let pages: u64 = files
+        .iter()
+        .map(|(_, b)| b.len().div_ceil(MIB) as u64)
+        .sum();
+
+    // A manifest stored in the namespace itself, with a JSON line and a plain line.
+    let out = c.pagectl(&["load", "--manifest", "/data/manifest.jsonl"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let f1_f2 = (files[1].1.len().div_ceil(MIB) + files[2].1.len().div_ceil(MIB)) as u64;
+    assert!(text.contains(&format!("loaded {f1_f2} pages")), "{text}");
+    assert!(text.contains("time to first page"), "{text}");
+
+    // The whole prefix: the two files already loaded are skipped.
+    let out = c.pagectl(&["load", "--prefix", "/data/set"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(&format!("loaded {} pages", pages - f1_f2))
+            && text.contains(&format!("{f1_f2} pages were cached already")),
+        "{text}"
+    );
+    // Everything is a hit now.
+    let client = c.client(ClientOptions::default()).await;
+    let (h0, m0) = c.hits_and_misses(&client).await;
+    for (n, b) in &files {
+        let got = client
+            .read(&format!("/data/{n}"), 0..u64::MAX)
+            .await
+            .unwrap();
+        assert!(got[..] == b[..], "{n}");
+    }
+    let (h1, m1) = c.hits_and_misses(&client).await;
+    assert_eq!((h1 - h0, m1 - m0), (pages, 0), "every page was preloaded");
+
+    // A file rewritten behind the cache's back: --verify notices and repairs it.
+    let changed = bytes(999, files[4].1.len());
+    std::fs::write(c.dir.path().join("data").join(&files[4].0), &changed).unwrap();
+    let out = c.pagectl(&["load", "--prefix", "/data/set", "--verify"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("1 files repaired"), "{text}");
+    assert!(text.contains(&format!("{pages} pages compared")), "{text}");
+    let got = client
+        .read(&format!("/data/{}", files[4].0), 0..u64::MAX)
+        .await
+        .unwrap();
+    assert!(got[..] == changed[..], "new readers see the repaired file");
+
+    // Errors name the file.
+    let out = c.pagectl(&["load", "--prefix", "/data/nothing-here"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing-here"));
+}

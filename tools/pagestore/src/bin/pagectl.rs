@@ -15,6 +15,12 @@ commands:
   cat PATH...        write files to standard output
   ls [-l] PATH       list a directory (or show one file)
   stat PATH          size, version and file id of a path
+  load (--manifest FILE | --prefix PATH) [--parallel N] [--verify]
+                     preload files into the cache: a manifest lists one logical path per line
+                     (or JSON lines with a \"path\" field; FILE may be a local file or a path in
+                     the namespace); --prefix takes every file under a directory. Pages already
+                     cached are skipped. --verify also compares every cached page with the
+                     under storage and reloads what differs. Runs until the job is done.
   ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
                      each node's TLS directory before its first start to form one cluster
 
@@ -47,6 +53,9 @@ fn real_main() -> Result<(), String> {
     let mut options = ClientOptions::default();
     let mut words = Vec::new();
     let mut long = false;
+    let mut manifest = None;
+    let mut prefix = None;
+    let mut load_opts = pagestore_tools::load::LoadOptions::default();
     while let Some(arg) = args.next() {
         match flag(&arg) {
             "--cluster" => cluster = args.value(&arg)?,
@@ -57,6 +66,11 @@ fn real_main() -> Result<(), String> {
                     std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
             }
             "-l" => long = true,
+            "--manifest" => manifest = Some(args.value(&arg)?),
+            "--prefix" => prefix = Some(args.value(&arg)?),
+            "--parallel" => load_opts.parallel = args.parsed(&arg)?,
+            "--verify" => load_opts.verify = true,
+            "--wait" => {}
             "-h" | "--help" | "help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -93,6 +107,7 @@ fn real_main() -> Result<(), String> {
             ("ls", [path]) => ls(&client, path, long).await,
             ("ls", []) => ls(&client, "/", long).await,
             ("stat", [path]) => stat(&client, path).await,
+            ("load", []) => load(&client, manifest, prefix, &load_opts).await,
             _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
         }
     })
@@ -173,6 +188,66 @@ async fn ls(client: &Client, path: &str, long: bool) -> Result<(), String> {
         }
     }
     let _ = std::io::stdout().write_all(out.as_bytes());
+    Ok(())
+}
+
+async fn load(
+    client: &Arc<Client>,
+    manifest: Option<String>,
+    prefix: Option<String>,
+    opts: &pagestore_tools::load::LoadOptions,
+) -> Result<(), String> {
+    use pagestore_tools::load;
+    let t0 = std::time::Instant::now();
+    let paths = match (manifest, prefix) {
+        (Some(m), None) => {
+            let text = if std::path::Path::new(&m).exists() || !m.starts_with('/') {
+                std::fs::read_to_string(&m).map_err(|e| format!("manifest {m}: {e}"))?
+            } else {
+                let b = client
+                    .read(&m, 0..u64::MAX)
+                    .await
+                    .map_err(|e| format!("manifest {m}: {e}"))?;
+                String::from_utf8(b.to_vec()).map_err(|_| format!("manifest {m}: not UTF-8"))?
+            };
+            load::parse_manifest(&text)?
+        }
+        (None, Some(p)) => load::walk(client, &p).await?,
+        _ => return Err("load needs exactly one of --manifest FILE or --prefix PATH".into()),
+    };
+    let resolve = t0.elapsed().as_secs_f64();
+    eprintln!("job: {} files (resolved in {resolve:.2} s)", paths.len());
+    let mut r = load::run_job(client.clone(), paths, opts).await;
+    r.resolve_secs = resolve;
+    println!(
+        "loaded {} pages ({:.1} MB) from the under storage, {} pages were cached already; \
+         {} of {} files failed",
+        r.pages_loaded,
+        r.bytes_loaded as f64 / 1e6,
+        r.pages_present,
+        r.failed,
+        r.files
+    );
+    println!(
+        "time to first page {}; to completion {:.2} s ({:.1} MB/s over {:.1} MB)",
+        r.first_page_secs
+            .map_or("-".into(), |s| format!("{:.3} s", s + resolve)),
+        r.total_secs + resolve,
+        r.bytes_total as f64 / 1e6 / r.total_secs.max(1e-3),
+        r.bytes_total as f64 / 1e6
+    );
+    if opts.verify {
+        println!(
+            "verify: {} pages compared with the under storage; {} files repaired",
+            r.pages_verified, r.repaired
+        );
+    }
+    for (p, why) in &r.failures {
+        eprintln!("failed: {p}: {why}");
+    }
+    if r.failed > 0 {
+        return Err(format!("{} files failed", r.failed));
+    }
     Ok(())
 }
 

@@ -1,0 +1,333 @@
+//! Preload jobs (`pagectl load`): resolve a manifest or a prefix to files, then ask each page's
+//! owning shard to load it from the under storage. The CLI is the job's only coordinator: no
+//! node keeps job state, and nothing sits on the data path.
+
+use std::{
+    collections::VecDeque,
+    io::IsTerminal,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use futures_util::{stream, StreamExt};
+use pagestore_client::{Client, Error};
+
+/// How to run a job.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Files in flight at once.
+    pub parallel: usize,
+    /// Also check every page against the under storage and repair what differs.
+    pub verify: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            parallel: 16,
+            verify: false,
+        }
+    }
+}
+
+/// What a job did.
+#[derive(Clone, Debug, Default)]
+pub struct JobReport {
+    /// Files in the job.
+    pub files: u64,
+    /// Files that failed (see `failures`).
+    pub failed: u64,
+    /// Pages loaded from the under storage by this job.
+    pub pages_loaded: u64,
+    /// Pages that were cached already.
+    pub pages_present: u64,
+    /// Bytes loaded.
+    pub bytes_loaded: u64,
+    /// Bytes of the files in the job.
+    pub bytes_total: u64,
+    /// Seconds from the start of the job to the first page cached (loaded or found present).
+    pub first_page_secs: Option<f64>,
+    /// Seconds the whole job took.
+    pub total_secs: f64,
+    /// Seconds spent resolving the manifest or prefix to files.
+    pub resolve_secs: f64,
+    /// With `verify`: pages compared with the under storage.
+    pub pages_verified: u64,
+    /// With `verify`: files whose cached version was stale, or whose pages differed, and were
+    /// reloaded.
+    pub repaired: u64,
+    /// The first failures: (path, why).
+    pub failures: Vec<(String, String)>,
+}
+
+/// Paths named by a manifest: one logical path per line, or JSON lines with a `path` field.
+/// Blank lines and lines starting with `#` are skipped.
+pub fn parse_manifest(text: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let path = if line.starts_with('{') {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| format!("manifest line {}: not JSON: {e}", i + 1))?;
+            v.get("path")
+                .and_then(|p| p.as_str())
+                .ok_or_else(|| format!("manifest line {}: no string field \"path\"", i + 1))?
+                .to_string()
+        } else {
+            line.to_string()
+        };
+        if !path.starts_with('/') {
+            return Err(format!(
+                "manifest line {}: {path:?} is not an absolute logical path (e.g. /data/x.bin)",
+                i + 1
+            ));
+        }
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// Every file under `prefix` (a directory, or one file), walking directories concurrently.
+pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, String> {
+    let root = match prefix.trim_end_matches('/') {
+        "" => "/".to_string(),
+        p => p.to_string(),
+    };
+    match client.list(&root).await {
+        Err(Error::NotDir(_)) => return Ok(vec![root]),
+        Err(e) => return Err(e.to_string()),
+        Ok(_) => {}
+    }
+    let mut files = Vec::new();
+    let mut dirs = VecDeque::from([root]);
+    while !dirs.is_empty() {
+        let batch: Vec<String> = dirs.drain(..).collect();
+        let listed: Vec<(String, Result<Vec<pagestore_net::frame::DirEntry>, Error>)> =
+            stream::iter(batch)
+                .map(|d| async move {
+                    let r = client.list(&d).await;
+                    (d, r)
+                })
+                .buffer_unordered(16)
+                .collect()
+                .await;
+        for (dir, r) in listed {
+            let entries = r.map_err(|e| format!("{dir}: {e}"))?;
+            for e in entries {
+                let p = if dir == "/" {
+                    format!("/{}", e.name)
+                } else {
+                    format!("{dir}/{}", e.name)
+                };
+                if e.is_dir {
+                    dirs.push_back(p);
+                } else {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+struct Progress {
+    files_done: AtomicU64,
+    bytes_done: AtomicU64,
+    failed: AtomicU64,
+    first_page: Mutex<Option<f64>>,
+}
+
+/// Loads every file of `paths` (see the module docs), printing progress to standard error: a
+/// line rewritten in place on a terminal, a plain line every few seconds otherwise.
+pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions) -> JobReport {
+    let start = Instant::now();
+    let total_files = paths.len() as u64;
+    let progress = Arc::new(Progress {
+        files_done: AtomicU64::new(0),
+        bytes_done: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        first_page: Mutex::new(None),
+    });
+    let ticker = {
+        let progress = progress.clone();
+        let tty = std::io::stderr().is_terminal();
+        tokio::spawn(async move {
+            let every = if tty {
+                Duration::from_millis(250)
+            } else {
+                Duration::from_secs(5)
+            };
+            loop {
+                tokio::time::sleep(every).await;
+                print_progress(&progress, total_files, start, tty, false);
+            }
+        })
+    };
+    let report = Arc::new(Mutex::new(JobReport {
+        files: total_files,
+        ..JobReport::default()
+    }));
+    stream::iter(paths)
+        .for_each_concurrent(opts.parallel.max(1), |path| {
+            let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
+            async move {
+                let r = load_one(&client, &path, opts.verify).await;
+                let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+                match r {
+                    Ok(one) => {
+                        if one.loaded + one.present > 0 {
+                            let mut f = progress
+                                .first_page
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner());
+                            f.get_or_insert(start.elapsed().as_secs_f64());
+                        }
+                        rep.pages_loaded += one.loaded;
+                        rep.pages_present += one.present;
+                        rep.bytes_loaded += one.bytes;
+                        rep.bytes_total += one.size;
+                        rep.pages_verified += one.verified;
+                        rep.repaired += u64::from(one.repaired);
+                        progress.bytes_done.fetch_add(one.size, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        rep.failed += 1;
+                        progress.failed.fetch_add(1, Ordering::Relaxed);
+                        if rep.failures.len() < 20 {
+                            rep.failures.push((path.clone(), e));
+                        }
+                    }
+                }
+                progress.files_done.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .await;
+    ticker.abort();
+    print_progress(
+        &progress,
+        total_files,
+        start,
+        std::io::stderr().is_terminal(),
+        true,
+    );
+    let mut rep = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    rep.total_secs = start.elapsed().as_secs_f64();
+    rep.first_page_secs = *progress
+        .first_page
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    rep
+}
+
+fn print_progress(p: &Progress, total: u64, start: Instant, tty: bool, last: bool) {
+    let done = p.files_done.load(Ordering::Relaxed);
+    let bytes = p.bytes_done.load(Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64().max(1e-3);
+    let rate = bytes as f64 / secs;
+    let eta = if done > 0 && done < total {
+        format!("{:.0}s", secs * (total - done) as f64 / done as f64)
+    } else {
+        "-".into()
+    };
+    let line = format!(
+        "files {done}/{total}  {:.1} MB  {:.1} MB/s  ETA {eta}  failed {}",
+        bytes as f64 / 1e6,
+        rate / 1e6,
+        p.failed.load(Ordering::Relaxed)
+    );
+    if tty {
+        eprint!("\r\x1b[2K{line}{}", if last { "\n" } else { "" });
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+struct OneFile {
+    size: u64,
+    loaded: u64,
+    present: u64,
+    bytes: u64,
+    verified: u64,
+    repaired: bool,
+}
+
+async fn load_one(client: &Client, path: &str, verify: bool) -> Result<OneFile, String> {
+    let mut info = client.stat(path).await.map_err(|e| e.to_string())?;
+    let mut repaired = false;
+    if verify {
+        // The cluster's metadata must name the version the under storage holds now.
+        if let Some(ufs) = client.ufs_table() {
+            let now = ufs.stat(path).await.map_err(|e| e.to_string())?;
+            if now.version != info.version {
+                client.invalidate(path, Some(info.file_id)).await;
+                info = now;
+                repaired = true;
+            }
+        }
+    }
+    let out = client.load(&info).await.map_err(|e| e.to_string())?;
+    let mut verified = 0;
+    if verify {
+        let ufs = client.ufs_table().ok_or(
+            "--verify needs to read the under storage directly (for S3 mounts: credentials in \
+             this environment)",
+        )?;
+        let ps = u64::from(client.page_size());
+        for p in 0..info.size.div_ceil(ps) {
+            let cached = client
+                .read_page(&info, p, 0, ps as u32)
+                .await
+                .map_err(|e| e.to_string())?;
+            let start = p * ps;
+            let source = ufs
+                .read(&info, start..(start + ps).min(info.size))
+                .await
+                .map_err(|e| e.to_string())?;
+            verified += 1;
+            if cached != source {
+                client.invalidate(path, Some(info.file_id)).await;
+                client.load(&info).await.map_err(|e| e.to_string())?;
+                repaired = true;
+                break;
+            }
+        }
+    }
+    Ok(OneFile {
+        size: info.size,
+        loaded: out.loaded,
+        present: out.present,
+        bytes: out.bytes,
+        verified,
+        repaired,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_take_plain_and_json_lines() {
+        let m = "# comment\n/data/a\n\n{\"path\": \"/data/b\", \"size\": 3}\n  /data/c  \n";
+        assert_eq!(
+            parse_manifest(m).unwrap(),
+            vec!["/data/a", "/data/b", "/data/c"]
+        );
+        assert!(parse_manifest("relative/path")
+            .unwrap_err()
+            .contains("line 1"));
+        assert!(parse_manifest("/a\n{\"nopath\": 1}")
+            .unwrap_err()
+            .contains("line 2"));
+        assert!(parse_manifest("{not json")
+            .unwrap_err()
+            .contains("not JSON"));
+    }
+}
