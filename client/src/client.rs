@@ -217,6 +217,21 @@ pub struct Client {
     next_id: AtomicU64,
 }
 
+/// One shard's counters, as `Stat` reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardCounters {
+    /// Pages cached.
+    pub pages: u64,
+    /// Bytes cached.
+    pub bytes: u64,
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Read hits since the shard started.
+    pub hits: u64,
+    /// Read misses since the shard started.
+    pub misses: u64,
+}
+
 /// What [`Client::load`] did for one file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoadOutcome {
@@ -749,6 +764,44 @@ impl Client {
             }
         }
         Ok(out)
+    }
+
+    /// Every shard's counters (`Stat`), by node and shard; `None` where the shard did not answer.
+    pub async fn shard_stats(&self) -> Vec<(NodeInfo, u16, Option<ShardCounters>)> {
+        let mut asks = Vec::new();
+        for n in self.layout.membership.nodes() {
+            for s in 0..n.shards {
+                let addr = n.shard_addr(s);
+                asks.push(async move {
+                    let req = Request {
+                        request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                        body: RequestBody::Stat,
+                    };
+                    let c = match self.pool.request(addr, &req, &[]).await {
+                        Ok((resp, _)) => match resp.body {
+                            ResponseBody::Stat {
+                                pages,
+                                bytes,
+                                capacity_bytes,
+                                hits,
+                                misses,
+                                ..
+                            } => Some(ShardCounters {
+                                pages,
+                                bytes,
+                                capacity_bytes,
+                                hits,
+                                misses,
+                            }),
+                            _ => None,
+                        },
+                        Err(_) => None,
+                    };
+                    (*n, s, c)
+                });
+            }
+        }
+        futures_util::future::join_all(asks).await
     }
 
     /// The mount table this client reads the under storage with directly (fallback), if any.

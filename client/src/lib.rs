@@ -13,5 +13,5 @@ pub mod handle;
 pub mod tls;
 pub mod ufs;
 
-pub use client::{Client, ClientOptions, ClusterSource, Error, LoadOutcome, StatsSnapshot};
+pub use client::{Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardCounters, StatsSnapshot};
 pub use handle::FileHandle;

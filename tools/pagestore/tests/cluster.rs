@@ -145,6 +145,7 @@ async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
     let c = cluster_with_data(false, |root| {
         std::fs::create_dir_all(root.join("dir")).unwrap();
         std::fs::write(root.join("dir/file"), &content).unwrap();
+        std::fs::write(root.join("dir/text"), "one\ntwo\nthree\n").unwrap();
     });
     let client = c.client(ClientOptions::default()).await;
     assert!(matches!(
@@ -217,6 +218,27 @@ async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/data/nope"));
     let out = c.pagectl(&["ls", "/"]);
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "data/\n");
+    let out = c.pagectl(&["head", "-n", "2", "/data/dir/text"]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "one\ntwo\n");
+    let out = c.pagectl(&["stat"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("cluster: 3 nodes (0 down)"), "{text}");
+    let out = c.pagectl(&["ring"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let node_shares: f64 = text
+        .lines()
+        .filter(|l| !l.starts_with(' ') && l.ends_with('%'))
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .unwrap()
+                .trim_end_matches('%')
+                .parse::<f64>()
+                .unwrap()
+        })
+        .sum();
+    assert!((node_shares - 100.0).abs() < 0.1, "{text}");
     // Any member's address works instead of the member file.
     let out = std::process::Command::new(common::PAGECTL)
         .arg("--cluster")

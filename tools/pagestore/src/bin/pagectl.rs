@@ -14,7 +14,11 @@ usage: pagectl [OPTIONS] COMMAND
 commands:
   cat PATH...        write files to standard output
   ls [-l] PATH       list a directory (or show one file)
-  stat PATH          size, version and file id of a path
+  stat [PATH]        without PATH: nodes, shards, capacity, use and hit ratio of the cluster;
+                     with PATH: size, version, file id and pages of a path
+  ring               each node's and shard's share of the ring
+  head [-n LINES] PATH
+                     the first lines of a file (default 10)
   load (--manifest FILE | --prefix PATH) [--parallel N] [--verify]
                      preload files into the cache: a manifest lists one logical path per line
                      (or JSON lines with a \"path\" field; FILE may be a local file or a path in
@@ -53,6 +57,7 @@ fn real_main() -> Result<(), String> {
     let mut options = ClientOptions::default();
     let mut words = Vec::new();
     let mut long = false;
+    let mut lines: usize = 10;
     let mut manifest = None;
     let mut prefix = None;
     let mut load_opts = pagestore_tools::load::LoadOptions::default();
@@ -66,6 +71,7 @@ fn real_main() -> Result<(), String> {
                     std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
             }
             "-l" => long = true,
+            "-n" => lines = args.parsed(&arg)?,
             "--manifest" => manifest = Some(args.value(&arg)?),
             "--prefix" => prefix = Some(args.value(&arg)?),
             "--parallel" => load_opts.parallel = args.parsed(&arg)?,
@@ -107,6 +113,9 @@ fn real_main() -> Result<(), String> {
             ("ls", [path]) => ls(&client, path, long).await,
             ("ls", []) => ls(&client, "/", long).await,
             ("stat", [path]) => stat(&client, path).await,
+            ("stat", []) => cluster_stat(&client).await,
+            ("ring", []) => ring(&client),
+            ("head", [path]) => head(&client, path, lines).await,
             ("load", []) => load(&client, manifest, prefix, &load_opts).await,
             _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
         }
@@ -248,6 +257,132 @@ async fn load(
     if r.failed > 0 {
         return Err(format!("{} files failed", r.failed));
     }
+    Ok(())
+}
+
+async fn cluster_stat(client: &Client) -> Result<(), String> {
+    let stats = client.shard_stats().await;
+    let gb = |b: u64| b as f64 / 1e9;
+    println!(
+        "{:<38} {:<22} {:>6} {:>10} {:>10} {:>6} {:>9}",
+        "node", "address", "shards", "capacity", "used", "used%", "hit ratio"
+    );
+    let mut total = pagestore_client::ShardCounters::default();
+    let mut down = 0;
+    for n in client.membership().nodes() {
+        let mine: Vec<_> = stats.iter().filter(|(m, _, _)| m.id == n.id).collect();
+        let mut c = pagestore_client::ShardCounters::default();
+        let mut answered = 0;
+        for (_, _, s) in &mine {
+            if let Some(s) = s {
+                answered += 1;
+                c.pages += s.pages;
+                c.bytes += s.bytes;
+                c.capacity_bytes += s.capacity_bytes;
+                c.hits += s.hits;
+                c.misses += s.misses;
+            }
+        }
+        if answered == 0 {
+            down += 1;
+            println!(
+                "{:<38} {:<22} {:>6} {:>10}",
+                pagestore_net::node_id::format_uuid(n.id),
+                n.addr,
+                n.shards,
+                "DOWN"
+            );
+            continue;
+        }
+        let lookups = c.hits + c.misses;
+        println!(
+            "{:<38} {:<22} {:>6} {:>8.2}GB {:>8.2}GB {:>5.1}% {:>9}",
+            pagestore_net::node_id::format_uuid(n.id),
+            n.addr,
+            format!("{answered}/{}", n.shards),
+            gb(c.capacity_bytes),
+            gb(c.bytes),
+            100.0 * c.bytes as f64 / c.capacity_bytes.max(1) as f64,
+            if lookups == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}%", 100.0 * c.hits as f64 / lookups as f64)
+            }
+        );
+        total.pages += c.pages;
+        total.bytes += c.bytes;
+        total.capacity_bytes += c.capacity_bytes;
+        total.hits += c.hits;
+        total.misses += c.misses;
+    }
+    let lookups = total.hits + total.misses;
+    println!(
+        "cluster: {} nodes ({down} down), {:.2} GB of {:.2} GB used, {} pages; hit ratio {} \
+         ({} hits, {} misses since the nodes started)",
+        client.membership().nodes().count(),
+        gb(total.bytes),
+        gb(total.capacity_bytes),
+        total.pages,
+        if lookups == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}%", 100.0 * total.hits as f64 / lookups as f64)
+        },
+        total.hits,
+        total.misses
+    );
+    if down > 0 {
+        return Err(format!(
+            "{down} node(s) did not answer: check that pagestored runs there and that UDP to its \
+             ports is open"
+        ));
+    }
+    Ok(())
+}
+
+fn ring(client: &Client) -> Result<(), String> {
+    let shares = client.membership().ring().shares();
+    let mut by_node: std::collections::BTreeMap<u128, f64> = std::collections::BTreeMap::new();
+    for (m, share) in &shares {
+        *by_node.entry(m.node).or_default() += share;
+    }
+    println!("{:<38} {:>6} {:>8}", "node / shard", "", "share");
+    for n in client.membership().nodes() {
+        println!(
+            "{:<38} {:>6} {:>7.2}%",
+            pagestore_net::node_id::format_uuid(n.id),
+            format!("{} sh.", n.shards),
+            100.0 * by_node.get(&n.id).copied().unwrap_or(0.0)
+        );
+        for (m, share) in shares.iter().filter(|(m, _)| m.node == n.id) {
+            println!("  shard {:<30} {:>6} {:>7.2}%", m.shard, "", 100.0 * share);
+        }
+    }
+    Ok(())
+}
+
+async fn head(client: &Arc<Client>, path: &str, lines: usize) -> Result<(), String> {
+    let mut f = client.open(path).await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut seen = 0;
+    'read: while seen < lines {
+        let n = f.read(&mut buf).await.map_err(|e| format!("{path}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        for (i, b) in buf[..n].iter().enumerate() {
+            if *b == b'\n' {
+                seen += 1;
+                if seen == lines {
+                    out.extend_from_slice(&buf[..=i]);
+                    break 'read;
+                }
+            }
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let _ = std::io::stdout().write_all(&out);
     Ok(())
 }
 
