@@ -84,6 +84,24 @@ struct ShardNet {
     endpoint: Rc<EndpointHandle>,
     view: Rc<RingView>,
     loader: Option<Rc<Loader>>,
+    service: Rc<ShardService>,
+}
+
+/// Everything one shard reports for monitoring ([`Node::metrics`]).
+#[derive(Clone, Debug)]
+pub struct ShardMetrics {
+    /// The engine's counters.
+    pub engine: pagestore_engine::ShardStats,
+    /// The miss path's counters.
+    pub loader: LoaderCounters,
+    /// Requests served by the shard's endpoint.
+    pub requests: u64,
+    /// Request service time, microseconds: p50, p90, p99, p99.9, max.
+    pub latency_us: [u64; 5],
+    /// Sum of request service times, microseconds.
+    pub latency_sum_us: u64,
+    /// The ring epoch the shard serves under.
+    pub epoch: u64,
 }
 
 /// Miss-path counters of one shard (see [`crate::source::LoaderStats`]).
@@ -152,6 +170,7 @@ impl Node {
                 )
             });
             let service = ShardService::new(shard, view.clone(), loader.clone());
+            let service_ref = service.clone();
             let ep = endpoint::start(
                 EndpointOptions {
                     addr,
@@ -169,6 +188,7 @@ impl Node {
                             endpoint: Rc::new(ep),
                             view,
                             loader,
+                            service: service_ref,
                         })
                     });
                     Ok(local)
@@ -252,6 +272,48 @@ impl Node {
                 })
                 .await?,
             );
+        }
+        Ok(v)
+    }
+
+    /// Everything each shard reports for monitoring, by shard index.
+    pub async fn metrics(&self) -> Result<Vec<ShardMetrics>, EngineError> {
+        let Some(engine) = &self.engine else {
+            return Err(EngineError::ShardGone);
+        };
+        let loaders = self.loader_counters().await?;
+        let mut v = Vec::new();
+        for (i, h) in engine.shards().iter().enumerate() {
+            let m = h
+                .run(|shard| async move {
+                    let engine = shard.stats();
+                    SHARD_NET.with(|n| {
+                        let n = n.borrow();
+                        let (requests, latency_us, latency_sum_us, epoch) = match n.as_ref() {
+                            Some(net) => {
+                                let h = net.service.latency();
+                                let q = |x: f64| h.value_at_quantile(x);
+                                (
+                                    net.endpoint.stats().requests.get(),
+                                    [q(0.5), q(0.9), q(0.99), q(0.999), h.max()],
+                                    (h.mean() * h.len() as f64) as u64,
+                                    net.view.epoch(),
+                                )
+                            }
+                            None => (0, [0; 5], 0, 0),
+                        };
+                        (engine, requests, latency_us, latency_sum_us, epoch)
+                    })
+                })
+                .await?;
+            v.push(ShardMetrics {
+                engine: m.0,
+                loader: loaders.get(i).copied().unwrap_or_default(),
+                requests: m.1,
+                latency_us: m.2,
+                latency_sum_us: m.3,
+                epoch: m.4,
+            });
         }
         Ok(v)
     }

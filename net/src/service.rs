@@ -60,6 +60,8 @@ pub struct ShardService {
     shard: Rc<Shard>,
     view: Rc<RingView>,
     loader: Option<Rc<Loader>>,
+    /// Service time of every request, in microseconds (1 µs to 60 s).
+    latency: RefCell<hdrhistogram::Histogram<u64>>,
 }
 
 impl ShardService {
@@ -74,7 +76,13 @@ impl ShardService {
             shard,
             view,
             loader,
+            latency: RefCell::new(new_latency_histogram()),
         })
+    }
+
+    /// The request service-time histogram (microseconds).
+    pub fn latency(&self) -> std::cell::Ref<'_, hdrhistogram::Histogram<u64>> {
+        self.latency.borrow()
     }
 }
 
@@ -148,7 +156,13 @@ fn page_key(k: &Key) -> PageKey {
 
 impl Service for ShardService {
     fn call(self: Rc<Self>, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Reply>>> {
-        Box::pin(async move { self.handle(&request).await })
+        Box::pin(async move {
+            let start = std::time::Instant::now();
+            let reply = self.handle(&request).await;
+            let micros = start.elapsed().as_micros().max(1) as u64;
+            self.latency.borrow_mut().saturating_record(micros);
+            reply
+        })
     }
 }
 
@@ -436,6 +450,15 @@ impl ShardService {
                 Body::Empty,
             ),
         }
+    }
+}
+
+/// A histogram for service times in microseconds, 1 µs to 60 s at 3 significant digits.
+fn new_latency_histogram() -> hdrhistogram::Histogram<u64> {
+    match hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3) {
+        Ok(h) => h,
+        // The bounds are constants that hdrhistogram accepts; fall back to auto-resizing.
+        Err(_) => hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!()),
     }
 }
 

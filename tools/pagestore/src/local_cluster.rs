@@ -69,6 +69,8 @@ pub struct NodeProc {
     pub base: SocketAddr,
     /// Its cache directory.
     pub cache_dir: PathBuf,
+    /// Its admin endpoint (`http://IP:PORT`), once started.
+    pub admin: Option<String>,
     args: Vec<String>,
 }
 
@@ -155,6 +157,8 @@ impl LocalCluster {
                 "--metadata-ttl",
                 &s.metadata_ttl,
                 "--no-pin",
+                "--admin",
+                "127.0.0.1:0",
             ]
             .iter()
             .map(|a| a.to_string())
@@ -171,6 +175,7 @@ impl LocalCluster {
                 child: None,
                 base,
                 cache_dir,
+                admin: None,
                 args,
             });
         }
@@ -208,16 +213,23 @@ impl LocalCluster {
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            let mut admin = None;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if let Some(url) = line.trim().strip_prefix("admin") {
+                    admin = url.trim().strip_suffix("/metrics").map(str::to_string);
+                }
                 if line.starts_with("ready") {
-                    let _ = tx.send(());
+                    let _ = tx.send(admin.take());
                 }
             }
         });
-        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
-            let _ = child.kill();
-            return Err(format!("node {i} did not become ready: {:?}", child.wait()));
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(admin) => n.admin = admin,
+            Err(_) => {
+                let _ = child.kill();
+                return Err(format!("node {i} did not become ready: {:?}", child.wait()));
+            }
         }
         n.child = Some(child);
         Ok(())
@@ -308,6 +320,27 @@ impl Drop for LocalCluster {
             self.kill(i);
         }
     }
+}
+
+/// A plain HTTP/1.0 GET of `path` from `base` (`http://IP:PORT`): the status code and body.
+pub fn http_get(base: &str, path: &str) -> Result<(u16, String), String> {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| err(addr, e))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| err(addr, e))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| err(addr, e))?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).map_err(|e| err(addr, e))?;
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("{addr}: not an HTTP response"))?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    Ok((status, body))
 }
 
 /// Seconds since `start`, for timelines.

@@ -377,6 +377,30 @@ async fn sigterm_stops_a_node_cleanly_and_its_cache_survives() {
         (8, 0),
         "all 8 pages hit after the restart"
     );
+
+    // The admin endpoints agree with the shards.
+    use pagestore_tools::local_cluster::http_get;
+    let mut hits = 0u64;
+    for n in &c.nodes {
+        let base = n.admin.as_deref().unwrap();
+        let (code, body) = http_get(base, "/health").unwrap();
+        assert_eq!(code, 200, "{body}");
+        let (code, metrics) = http_get(base, "/metrics").unwrap();
+        assert_eq!(code, 200);
+        for line in metrics
+            .lines()
+            .filter(|l| l.starts_with("pagestore_hits_total{"))
+        {
+            hits += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+        }
+        assert!(metrics.contains("pagestore_byte_hit_ratio{"), "{metrics}");
+        assert!(metrics.contains("quantile=\"0.99\""), "{metrics}");
+        let (code, ring) = http_get(base, "/v1/ring").unwrap();
+        assert_eq!(code, 200);
+        assert!(ring.contains("\"epoch\":1"), "{ring}");
+        assert_eq!(http_get(base, "/nope").unwrap().0, 404);
+    }
+    assert_eq!(hits, h1, "/metrics counts the same hits as Stat");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

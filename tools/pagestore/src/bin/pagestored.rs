@@ -41,6 +41,8 @@ options:
   --replicas N           replicas clients may try before the under storage (default 0)
   --ufs-inflight N       under-storage requests in flight per shard (default 16)
   --ufs-threads N        threads running under-storage requests (default 2)
+  --admin IP:PORT        admin HTTP endpoint: /health, /metrics, /v1/ring (default
+                         127.0.0.1:7399; port 0 picks a free one; off disables it)
   --reformat             rebuild cache files made with other settings (drops their pages)
   --no-pin               do not pin shards to CPUs
 
@@ -62,6 +64,7 @@ struct Config {
     ufs_threads: usize,
     reformat: bool,
     pin: bool,
+    admin: Option<SocketAddr>,
 }
 
 fn parse(mut args: Args) -> Result<Option<Config>, String> {
@@ -81,6 +84,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         ufs_threads: 2,
         reformat: false,
         pin: true,
+        admin: Some(SocketAddr::from(([127, 0, 0, 1], 7399))),
     };
     let mut node_id_cmd = false;
     while let Some(arg) = args.next() {
@@ -107,6 +111,17 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
             "--ufs-inflight" => c.ufs_inflight = args.parsed(&arg)?,
             "--ufs-threads" => c.ufs_threads = args.parsed::<usize>(&arg)?.max(1),
             "--reformat" => c.reformat = true,
+            "--admin" => {
+                let v = args.value(&arg)?;
+                c.admin = if v == "off" {
+                    None
+                } else {
+                    Some(
+                        v.parse()
+                            .map_err(|e| format!("--admin {v:?}: {e} (IP:PORT or off)"))?,
+                    )
+                };
+            }
             "--no-pin" => c.pin = false,
             "-h" | "--help" | "help" => {
                 println!("{USAGE}");
@@ -266,6 +281,26 @@ fn run(c: Config) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
+    let node = Arc::new(node);
+    let admin = match c.admin {
+        None => None,
+        Some(addr) => {
+            let a = Arc::new(pagestore_tools::admin::Admin {
+                node: Arc::downgrade(&node),
+                membership: membership.clone(),
+            });
+            Some(
+                runtime
+                    .block_on(pagestore_tools::admin::serve(a, addr))
+                    .map_err(|e| {
+                        format!(
+                            "cannot serve the admin endpoint on {addr}: {e} (choose another with \
+                             --admin IP:PORT, or --admin off)"
+                        )
+                    })?,
+            )
+        }
+    };
     let last_port = c.listen.port().saturating_add(me.shards - 1);
     println!(
         "pagestored: node {} serving {} shard(s) on {} (UDP ports {}-{})",
@@ -290,6 +325,9 @@ fn run(c: Config) -> Result<(), String> {
         );
     }
     println!("  tls        {}", tls_dir.display());
+    if let Some(a) = admin {
+        println!("  admin      http://{a}/metrics");
+    }
     println!(
         "  members    {} node(s){}",
         membership.nodes().count(),
@@ -310,6 +348,10 @@ fn run(c: Config) -> Result<(), String> {
         signal,
         "shutting down: closing connections, persisting the index"
     );
+    // The node first (in-flight requests may still need the under-storage runtime), then the
+    // runtime. The admin endpoint holds only a weak reference, so this is the last one.
+    let node =
+        Arc::try_unwrap(node).map_err(|_| "shutdown: the node is still in use".to_string())?;
     node.shutdown().map_err(|e| format!("shutdown: {e}"))?;
     runtime.shutdown_timeout(Duration::from_secs(5));
     println!("pagestored: stopped");
