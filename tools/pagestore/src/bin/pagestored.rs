@@ -22,11 +22,15 @@ use pagestore_net::{
 use pagestore_tools::{flag, home, init_logging, parse_size, Args, DEFAULT_LISTEN};
 
 const USAGE: &str = "\
-usage: pagestored [OPTIONS]            run a node (no options: the single-node default)
+usage: pagestored [--config FILE] [OPTIONS]
+                                       run a node (no options: the single-node default)
        pagestored node-id [--cache-dir DIR]
                                        print this node's UUID (created on first use)
 
-options:
+options (each may also be set in the TOML file given with --config or PAGESTORE_CONFIG;
+flags win over the file):
+  --config FILE          TOML configuration (see docs/OPERATIONS.md)
+  --policy lru|s3fifo    eviction policy (default lru; s3fifo resists scans)
   --cache-dir DIR        cache directory, repeatable (default $PAGESTORE_HOME/cache)
   --cache-size SIZE      cache capacity over all directories (default 1G)
   --page-size SIZE       page size, 64K..64M (default 4M)
@@ -65,6 +69,104 @@ struct Config {
     reformat: bool,
     pin: bool,
     admin: Option<SocketAddr>,
+    policy: pagestore_engine::PolicyKind,
+}
+
+/// The TOML configuration file: the same settings as the flags, with underscores.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    cache_dirs: Option<Vec<String>>,
+    cache_size: Option<toml::Value>,
+    page_size: Option<toml::Value>,
+    shards: Option<u64>,
+    policy: Option<String>,
+    mounts: Option<std::collections::BTreeMap<String, String>>,
+    listen: Option<String>,
+    members: Option<String>,
+    tls_dir: Option<String>,
+    require_client_cert: Option<bool>,
+    metadata_ttl: Option<f64>,
+    replicas: Option<u64>,
+    ufs_inflight: Option<u64>,
+    ufs_threads: Option<u64>,
+    admin: Option<String>,
+    pin: Option<bool>,
+}
+
+/// The file's settings as flags, to be parsed before the command line's (so that flags win).
+/// Repeatable settings (cache directories, mounts) given on the command line replace the
+/// file's instead of adding to them.
+fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    let f: FileConfig =
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let on_cli = |name: &str| cli.iter().any(|a| flag(a) == name);
+    let value = |v: &toml::Value| match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(x) => x.to_string(),
+        other => format!("{other:?}"),
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut push = |k: &str, v: String| {
+        out.push(k.to_string());
+        out.push(v);
+    };
+    if !on_cli("--cache-dir") {
+        for d in f.cache_dirs.unwrap_or_default() {
+            push("--cache-dir", d);
+        }
+    }
+    if !on_cli("--mount") {
+        for (prefix, url) in f.mounts.unwrap_or_default() {
+            push("--mount", format!("{prefix}={url}"));
+        }
+    }
+    if let Some(v) = &f.cache_size {
+        push("--cache-size", value(v));
+    }
+    if let Some(v) = &f.page_size {
+        push("--page-size", value(v));
+    }
+    if let Some(v) = f.shards {
+        push("--shards", v.to_string());
+    }
+    if let Some(v) = f.policy {
+        push("--policy", v);
+    }
+    if let Some(v) = f.listen {
+        push("--listen", v);
+    }
+    if let Some(v) = f.members {
+        push("--members", v);
+    }
+    if let Some(v) = f.tls_dir {
+        push("--tls-dir", v);
+    }
+    if let Some(v) = f.metadata_ttl {
+        push("--metadata-ttl", v.to_string());
+    }
+    if let Some(v) = f.replicas {
+        push("--replicas", v.to_string());
+    }
+    if let Some(v) = f.ufs_inflight {
+        push("--ufs-inflight", v.to_string());
+    }
+    if let Some(v) = f.ufs_threads {
+        push("--ufs-threads", v.to_string());
+    }
+    if let Some(v) = f.admin {
+        push("--admin", v);
+    }
+    if f.require_client_cert == Some(true) {
+        out.push("--require-client-cert".into());
+    }
+    if f.pin == Some(false) {
+        out.push("--no-pin".into());
+    }
+    Ok(out)
 }
 
 fn parse(mut args: Args) -> Result<Option<Config>, String> {
@@ -85,6 +187,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         reformat: false,
         pin: true,
         admin: Some(SocketAddr::from(([127, 0, 0, 1], 7399))),
+        policy: pagestore_engine::PolicyKind::Lru,
     };
     let mut node_id_cmd = false;
     while let Some(arg) = args.next() {
@@ -111,6 +214,16 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
             "--ufs-inflight" => c.ufs_inflight = args.parsed(&arg)?,
             "--ufs-threads" => c.ufs_threads = args.parsed::<usize>(&arg)?.max(1),
             "--reformat" => c.reformat = true,
+            "--config" => {
+                // Read before the other flags (see `main`).
+                args.value(&arg)?;
+            }
+            "--policy" => {
+                let v = args.value(&arg)?;
+                c.policy = v
+                    .parse()
+                    .map_err(|_| format!("--policy {v:?}: use lru or s3fifo"))?;
+            }
             "--admin" => {
                 let v = args.value(&arg)?;
                 c.admin = if v == "off" {
@@ -163,7 +276,26 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
 
 fn main() {
     init_logging();
-    match parse(Args::from_env()).and_then(|c| c.map_or(Ok(()), run)) {
+    let cli: Vec<String> = std::env::args().skip(1).collect();
+    let config = cli
+        .iter()
+        .position(|a| flag(a) == "--config")
+        .and_then(|i| match cli[i].split_once('=') {
+            Some((_, v)) => Some(v.to_string()),
+            None => cli.get(i + 1).cloned(),
+        })
+        .or_else(|| std::env::var("PAGESTORE_CONFIG").ok());
+    let args = match config {
+        None => Ok(cli),
+        Some(path) => config_args(path.as_ref(), &cli).map(|mut a| {
+            a.extend(cli);
+            a
+        }),
+    };
+    match args
+        .and_then(|a| parse(Args::from_vec(a)))
+        .and_then(|c| c.map_or(Ok(()), run))
+    {
         Ok(()) => {}
         Err(e) => {
             eprintln!("pagestored: {e}");
@@ -188,6 +320,7 @@ fn run(c: Config) -> Result<(), String> {
         shards: c.shards,
         pin_cpus: c.pin,
         reformat: c.reformat,
+        policy: c.policy,
         ..EngineConfig::default()
     };
     let shards = engine.resolved_shards();

@@ -1,0 +1,166 @@
+//! `pagestored` on its own: the embedded default (a data directory and a cache under
+//! `PAGESTORE_HOME`), the TOML config file with flags overriding it, and configuration errors.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::{PAGECTL, PAGESTORED};
+
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts pagestored and returns it with the lines it printed up to "ready".
+fn start(home: &std::path::Path, args: &[&str]) -> (Daemon, Vec<String>) {
+    let mut child = Command::new(PAGESTORED)
+        .args(args)
+        .env("PAGESTORE_HOME", home)
+        .env("PAGESTORE_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for l in BufReader::new(out).lines() {
+            let l = l.unwrap();
+            let ready = l.starts_with("ready");
+            lines.push(l);
+            if ready {
+                let _ = tx.send(lines.clone());
+            }
+        }
+    });
+    let lines = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    (Daemon(child), lines)
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn the_embedded_default_serves_its_data_directory() {
+    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    let port = free_udp_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (_d, lines) = start(
+        home.path(),
+        &[
+            "--listen", &listen, "--shards", "1", "--no-pin", "--admin", "off",
+        ],
+    );
+    let text = lines.join("\n");
+    assert!(
+        text.contains(&format!("/data <- file://{}/data", home.path().display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}/cache", home.path().display())),
+        "{text}"
+    );
+    // pagectl finds the node's CA through PAGESTORE_HOME, like a user on that machine.
+    let out = Command::new(PAGECTL)
+        .args(["--cluster", &listen, "cat", "/data/README.txt"])
+        .env("PAGESTORE_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pagectl cat /data/NAME"));
+}
+
+#[test]
+fn a_config_file_sets_everything_and_flags_win() {
+    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    let data = home.path().join("elsewhere");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("x"), "from the config's mount").unwrap();
+    let (p1, p2) = (free_udp_port(), free_udp_port());
+    let cfg = home.path().join("pagestored.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dirs = [\"{}/c\"]\ncache_size = \"256M\"\npage_size = \"1M\"\nshards = 1\n\
+             policy = \"s3fifo\"\nlisten = \"127.0.0.1:{p1}\"\nadmin = \"off\"\npin = false\n\
+             [mounts]\n\"/cfg\" = \"file://{}\"\n",
+            home.path().display(),
+            data.display()
+        ),
+    )
+    .unwrap();
+    let listen = format!("127.0.0.1:{p2}");
+    let (_d, lines) = start(
+        home.path(),
+        &["--config", cfg.to_str().unwrap(), "--listen", &listen],
+    );
+    let text = lines.join("\n");
+    assert!(
+        text.contains(&format!("UDP ports {p2}-{p2}")),
+        "the flag wins: {text}"
+    );
+    assert!(text.contains("/cfg <- file://"), "{text}");
+    let out = Command::new(PAGECTL)
+        .args(["--cluster", &listen, "--tls-dir"])
+        .arg(home.path().join("c/tls"))
+        .args(["cat", "/cfg/x"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from the config's mount"
+    );
+}
+
+#[test]
+fn configuration_errors_are_clear_and_exit_2() {
+    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(PAGESTORED)
+            .args(args)
+            .env("PAGESTORE_HOME", home.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let bad = home.path().join("bad.toml");
+    std::fs::write(&bad, "bogus = 1\n").unwrap();
+    assert!(run(&["--config", bad.to_str().unwrap()]).contains("unknown field `bogus`"));
+    assert!(run(&["--config", "/nonexistent.toml"]).contains("cannot read config file"));
+    assert!(run(&["--policy", "mru"]).contains("use lru or s3fifo"));
+    assert!(run(&["--mount", "data=file:///tmp"]).contains("must start with /"));
+    assert!(
+        run(&["--mount", "/s3=s3://bucket?endpoint=http://127.0.0.1:1"]).contains("no credentials")
+    );
+    assert!(run(&["--frobnicate"]).contains("unknown argument"));
+    let members = home.path().join("members");
+    std::fs::write(
+        &members,
+        "00000000-0000-4000-8000-000000000001 127.0.0.1:1 1\n",
+    )
+    .unwrap();
+    let e = run(&[
+        "--members",
+        members.to_str().unwrap(),
+        "--no-pin",
+        "--admin",
+        "off",
+    ]);
+    assert!(e.contains("does not list this node; add the line"), "{e}");
+}
