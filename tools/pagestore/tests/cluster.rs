@@ -538,6 +538,34 @@ async fn preload_jobs_load_every_page_once_and_verify_repairs_stale_files() {
         .unwrap();
     assert!(got[..] == changed[..], "new readers see the repaired file");
 
+    // free drops the cached pages (the data stays in the under storage).
+    let out = c.pagectl(&["free", "/data/set/sub"]);
+    assert!(out.status.success(), "{out:?}");
+    let sub_pages: u64 = files
+        .iter()
+        .filter(|(n, _)| n.starts_with("set/sub/"))
+        .map(|(_, b)| b.len().div_ceil(MIB) as u64)
+        .sum();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(&format!("freed {sub_pages} cached pages of 4 files")),
+        "{text}"
+    );
+    let (h2, m2) = c.hits_and_misses(&client).await;
+    for (n, b) in files.iter().filter(|(n, _)| n.starts_with("set/sub/")) {
+        let got = client
+            .read(&format!("/data/{n}"), 0..u64::MAX)
+            .await
+            .unwrap();
+        assert!(got[..] == b[..], "{n}");
+    }
+    let (h3, m3) = c.hits_and_misses(&client).await;
+    assert_eq!(
+        (h3 - h2, m3 - m2),
+        (0, sub_pages),
+        "freed pages are misses again"
+    );
+
     // Errors name the file.
     let out = c.pagectl(&["load", "--prefix", "/data/nothing-here"]);
     assert!(!out.status.success());

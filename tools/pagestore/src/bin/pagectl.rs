@@ -25,6 +25,8 @@ commands:
                      the namespace); --prefix takes every file under a directory. Pages already
                      cached are skipped. --verify also compares every cached page with the
                      under storage and reloads what differs. Runs until the job is done.
+  free PATH          drop every cached page of the files under PATH (a directory or a file);
+                     the under storage is not touched
   ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
                      each node's TLS directory before its first start to form one cluster
 
@@ -115,6 +117,7 @@ fn real_main() -> Result<(), String> {
             ("stat", [path]) => stat(&client, path).await,
             ("stat", []) => cluster_stat(&client).await,
             ("ring", []) => ring(&client),
+            ("free", [path]) => free(&client, path).await,
             ("head", [path]) => head(&client, path, lines).await,
             ("load", []) => load(&client, manifest, prefix, &load_opts).await,
             _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
@@ -337,6 +340,20 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
              ports is open"
         ));
     }
+    Ok(())
+}
+
+async fn free(client: &Arc<Client>, path: &str) -> Result<(), String> {
+    let files = pagestore_tools::load::walk(client, path).await?;
+    let mut pages = 0;
+    for f in &files {
+        let info = client.stat(f).await.map_err(|e| format!("{f}: {e}"))?;
+        pages += client.invalidate(f, Some(info.file_id)).await;
+    }
+    println!(
+        "freed {pages} cached pages of {} files under {path}",
+        files.len()
+    );
     Ok(())
 }
 
