@@ -329,6 +329,13 @@ fn run(c: Config) -> Result<(), String> {
         addr: c.listen,
         shards: u16::try_from(shards).map_err(|_| "too many shards".to_string())?,
     };
+    if c.members.is_some() && c.listen.ip().is_unspecified() {
+        return Err(format!(
+            "--listen {} is not an address other machines can reach: members and clients \
+             connect to the address in the member file, so listen on this node's own IP",
+            c.listen
+        ));
+    }
     let nodes = match &c.members {
         None => vec![me],
         Some(path) => {
