@@ -155,3 +155,49 @@ fn scale_prints_a_row_per_shard_count() {
         "{out}"
     );
 }
+
+#[test]
+fn cluster_runs_three_real_nodes_and_checks_every_byte() {
+    // `cargo test --workspace` builds pagestored next to pagebench.
+    let pagestored =
+        std::path::Path::new(env!("CARGO_BIN_EXE_pagebench")).with_file_name("pagestored");
+    assert!(
+        pagestored.exists(),
+        "{} missing: build it with cargo build -p pagestore-tools",
+        pagestored.display()
+    );
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pagebench"))
+        .args(["cluster", "--dir", d.path().to_str().unwrap()])
+        .args([
+            "--size",
+            "128M",
+            "--page-size",
+            "1M",
+            "--shards",
+            "1",
+            "--qd",
+            "4",
+        ])
+        .args(["--seconds", "0.3", "--ufs-latency-ms", "2"])
+        .env("PAGESTORED", &pagestored)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "cold / ufs =",
+        "hits 128 / misses 128",
+        "every page read byte-exact",
+        "local engine ceiling",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} missing from:\n{stdout}"
+        );
+    }
+}
