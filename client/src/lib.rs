@@ -13,5 +13,7 @@ pub mod handle;
 pub mod tls;
 pub mod ufs;
 
-pub use client::{Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardCounters, StatsSnapshot};
+pub use client::{
+    Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardCounters, StatsSnapshot,
+};
 pub use handle::FileHandle;

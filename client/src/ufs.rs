@@ -214,7 +214,8 @@ fn base_store_for(
             let bucket = u
                 .host_str()
                 .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
-            let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(bucket);
+            let mut b =
+                object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(bucket);
             if let Some(e) = q.get("endpoint") {
                 b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
             }
@@ -270,10 +271,9 @@ fn base_store_for(
                 .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_KEY").ok());
             b = match (key, q.get("sas"), anonymous) {
                 (Some(k), _, _) => b.with_access_key(k),
-                (None, Some(sas), _) => b.with_config(
-                    object_store::azure::AzureConfigKey::SasKey,
-                    sas.as_str(),
-                ),
+                (None, Some(sas), _) => {
+                    b.with_config(object_store::azure::AzureConfigKey::SasKey, sas.as_str())
+                }
                 (None, None, true) => b.with_skip_signature(true),
                 (None, None, false) => {
                     return Err(UfsError::Config(format!(

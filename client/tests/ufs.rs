@@ -124,11 +124,17 @@ fn configuration_errors_are_clear() {
         std::env::remove_var(v);
     }
     let e = bad("/g=gs://bucket/x");
-    assert!(e.contains("no credentials") && e.contains("service_account_path"), "{e}");
+    assert!(
+        e.contains("no credentials") && e.contains("service_account_path"),
+        "{e}"
+    );
     let e = bad("/a=az://container/x");
     assert!(e.contains("no storage account"), "{e}");
     let e = bad("/a=az://container/x?account=acct");
-    assert!(e.contains("no credentials") && e.contains("access_key"), "{e}");
+    assert!(
+        e.contains("no credentials") && e.contains("access_key"),
+        "{e}"
+    );
     for ok in [
         "/g=gs://bucket/x?anonymous=true",
         "/g=gs://bucket/x?anonymous=true&endpoint=http://127.0.0.1:9",
@@ -144,7 +150,10 @@ fn configuration_errors_are_clear() {
     .unwrap()])
     .unwrap();
     let shown = &t.public_mounts()[0].url;
-    assert!(!shown.contains("U0VDUkVUS0VZ") && shown.contains("account=acct"), "{shown}");
+    assert!(
+        !shown.contains("U0VDUkVUS0VZ") && shown.contains("account=acct"),
+        "{shown}"
+    );
     // No credentials and not anonymous: refused, never a silent cloud-metadata lookup.
     std::env::remove_var("AWS_ACCESS_KEY_ID");
     std::env::remove_var("AWS_SECRET_ACCESS_KEY");

@@ -266,9 +266,7 @@ impl ShardService {
                     Err(e) => engine_error(id, &e),
                 }
             }
-            RequestBody::LoadPages { file, pages, .. } => {
-                self.load_pages(id, file, pages).await
-            }
+            RequestBody::LoadPages { file, pages, .. } => self.load_pages(id, file, pages).await,
             RequestBody::Fetch {
                 file,
                 page,

@@ -3,7 +3,11 @@
 
 use std::{path::PathBuf, str::FromStr};
 
+pub mod admin;
+pub mod load;
 pub mod local_cluster;
+pub mod pagefs;
+pub mod pages3;
 
 /// Where the embedded single-node default keeps everything (override with `PAGESTORE_HOME`).
 pub const DEFAULT_HOME: &str = "/var/tmp/pagestore";

@@ -163,6 +163,11 @@ fn configuration_errors_are_clear_and_exit_2() {
         "off",
     ]);
     assert!(e.contains("does not list this node; add the line"), "{e}");
-    let e = run(&["--members", members.to_str().unwrap(), "--listen", "0.0.0.0:7400"]);
+    let e = run(&[
+        "--members",
+        members.to_str().unwrap(),
+        "--listen",
+        "0.0.0.0:7400",
+    ]);
     assert!(e.contains("listen on this node's own IP"), "{e}");
 }

@@ -1,0 +1,461 @@
+//! `pagefs` mounted for real (FUSE, as root) over three `pagestored` processes: every file read
+//! through the mount is byte-exact, eight processes reading random ranges at once get exact
+//! bytes, a 10,000-entry directory lists whole, errors map to the right errno, a stopped worker
+//! stalls only the reads that need it, a killed worker costs speed but not bytes, and SIGTERM
+//! unmounts.
+//!
+//! Needs root and /dev/fuse (as in CI). Every mount is undone by a drop guard, so a failing
+//! test leaves no mount behind.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    os::unix::fs::{FileExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use common::{bytes, Cluster};
+use pagestore_client::ClientOptions;
+use pagestore_testkit::sha256_hex;
+
+const PAGEFS: &str = env!("CARGO_BIN_EXE_pagefs");
+const MIB: usize = 1 << 20;
+
+/// A cluster over a data directory holding `files` (logical paths under `/data`).
+fn cluster_with(files: &BTreeMap<String, Vec<u8>>) -> Cluster {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for (p, b) in files {
+        let path = data.join(p.trim_start_matches("/data/"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b).unwrap();
+    }
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    Cluster::start(dir, s)
+}
+
+fn mounted(mp: &Path) -> bool {
+    let want = mp.display().to_string();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+}
+
+/// A running `pagefs`. Dropping it stops the process and makes sure nothing stays mounted.
+struct Mount {
+    child: Option<Child>,
+    lines: mpsc::Receiver<String>,
+    mp: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Mount {
+    fn start(c: &Cluster, extra: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let mp = std::fs::canonicalize(dir.path()).unwrap();
+        let mut child = Command::new(PAGEFS)
+            .arg(&mp)
+            .arg("--cluster")
+            .arg(&c.members)
+            .arg("--tls-dir")
+            .arg(&c.ca_dir)
+            .args(extra)
+            .env(
+                "PAGESTORE_LOG",
+                std::env::var("PAGESTORE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut m = Mount {
+            child: Some(child),
+            lines,
+            mp,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match m.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) if l.starts_with("ready") => break,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(_) => {
+                    let status = m.child.as_mut().unwrap().try_wait();
+                    panic!("pagefs did not become ready ({status:?}); it needs root and /dev/fuse");
+                }
+            }
+        }
+        assert!(mounted(&m.mp), "ready means mounted");
+        m
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.mp.join(p.trim_start_matches('/'))
+    }
+
+    /// SIGTERM; the exit status and what it printed after "ready".
+    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let mut child = self.child.take().unwrap();
+        assert_eq!(kill(child.id(), libc::SIGTERM), 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("pagefs did not exit within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = self.lines.try_iter().collect();
+        (status, out)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill(child.id(), libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if mounted(&self.mp) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
+        }
+        if mounted(&self.mp) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mp)
+                .status();
+        }
+    }
+}
+
+/// kill(2) on a child of this process.
+fn kill(pid: u32, sig: libc::c_int) -> i32 {
+    // SAFETY: kill(2) takes two integers; no memory is involved.
+    unsafe { libc::kill(pid as libc::pid_t, sig) }
+}
+
+fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.unwrap_err().raw_os_error().unwrap()
+}
+
+/// `len` bytes at `off` of `path` through `dd` (a separate process, as a data loader's worker).
+fn dd(path: &Path, off: usize, len: usize) -> Vec<u8> {
+    let out = Command::new("dd")
+        .arg(format!("if={}", path.display()))
+        .args([
+            "bs=1M",
+            "iflag=skip_bytes,count_bytes,fullblock",
+            "status=none",
+        ])
+        .arg(format!("skip={off}"))
+        .arg(format!("count={len}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    out.stdout
+}
+
+fn lcg(x: &mut u64) -> u64 {
+    *x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *x >> 33
+}
+
+#[test]
+fn a_mount_is_byte_exact_lists_10000_entries_and_maps_errors_like_posix() {
+    let ps = MIB;
+    let mut files = BTreeMap::new();
+    for (i, n) in [0, 1, ps - 1, ps, ps + 1, 5 * ps + 3]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = ["a", "a/b", "a/b/c"][i % 3];
+        files.insert(format!("/data/{dir}/f{i}"), bytes(i as u64 + 1, n));
+    }
+    let v1 = bytes(50, 3 * ps / 2);
+    files.insert("/data/rw/obj".into(), v1.clone());
+    let big = bytes(99, 24 * ps + 777);
+    files.insert("/data/rand/big".into(), big.clone());
+    let many: Vec<String> = (0..10_000).map(|i| format!("entry-{i:05}")).collect();
+    for (i, name) in many.iter().enumerate() {
+        files.insert(format!("/data/many/{name}"), format!("{i}\n").into_bytes());
+    }
+    let c = cluster_with(&files);
+    let m = Mount::start(&c, &[]);
+
+    // Eight processes read random ranges of a cold file at once: page boundaries, the tail,
+    // past the end.
+    let big_path = m.path("/data/rand/big");
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (big, big_path) = (&big, &big_path);
+            s.spawn(move || {
+                let mut x = t + 1;
+                for r in 0..8 {
+                    let (off, len) = match r {
+                        0 => ((t as usize + 1) * ps - 100, 200),
+                        1 => (big.len() - 10, 100),
+                        2 => (big.len() + 5, 10),
+                        _ => (
+                            lcg(&mut x) as usize % big.len(),
+                            1 + lcg(&mut x) as usize % (3 * ps),
+                        ),
+                    };
+                    let got = dd(big_path, off, len);
+                    let want = &big[off.min(big.len())..(off + len).min(big.len())];
+                    assert!(got == want, "process {t}: {len} bytes at {off} differ");
+                }
+            });
+        }
+    });
+
+    // Every file, whole, through std::fs: sizes, modes, sha256.
+    for (p, b) in files.iter().filter(|(p, _)| !p.starts_with("/data/many/")) {
+        let path = m.path(p);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(meta.is_file(), "{p}");
+        assert_eq!(meta.len(), b.len() as u64, "{p}");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o444, "{p}");
+        assert_eq!(
+            sha256_hex(&std::fs::read(&path).unwrap()),
+            sha256_hex(b),
+            "{p} read through the mount differs from the source"
+        );
+    }
+    let dir_meta = std::fs::metadata(m.path("/data/a/b")).unwrap();
+    assert!(dir_meta.is_dir());
+    assert_eq!(dir_meta.permissions().mode() & 0o7777, 0o555);
+    let names = |p: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(m.path(p))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("/"), ["data"]);
+    assert_eq!(names("/data"), ["a", "many", "rand", "rw"]);
+    assert_eq!(names("/data/a/b"), ["c", "f1", "f4"]);
+
+    // 10,000 entries over many readdir calls, each once, then read back by name.
+    let t = Instant::now();
+    let listed = names("/data/many");
+    let list_time = t.elapsed();
+    assert_eq!(listed.len(), 10_000);
+    assert!(listed == many, "the listing differs from the directory");
+    for i in [0, 1, 4_999, 9_999] {
+        let got = std::fs::read(m.path(&format!("/data/many/{}", many[i]))).unwrap();
+        assert_eq!(got, format!("{i}\n").into_bytes());
+    }
+    eprintln!("listed 10,000 entries through FUSE in {list_time:?}");
+
+    // Errors, as POSIX says.
+    let e = std::fs::metadata(m.path("/data/nope")).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    assert_eq!(errno(std::fs::read(m.path("/data/a/nope"))), libc::ENOENT);
+    assert_eq!(
+        errno(std::fs::read_dir(m.path("/data/a/f0"))),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(std::fs::metadata(m.path("/data/a/f0/x"))),
+        libc::ENOTDIR
+    );
+    assert_eq!(errno(std::fs::read(m.path("/data/a"))), libc::EISDIR);
+    // Read-only.
+    assert_eq!(
+        errno(std::fs::File::create(m.path("/data/new"))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(m.path("/data/a/f0"))
+        ),
+        libc::EROFS
+    );
+    assert_eq!(errno(std::fs::create_dir(m.path("/data/d"))), libc::EROFS);
+    assert_eq!(
+        errno(std::fs::remove_file(m.path("/data/a/f0"))),
+        libc::EROFS
+    );
+
+    // Short reads at the end, empty ones past it.
+    let (p, content) = files.iter().find(|(_, b)| b.len() == ps + 1).unwrap();
+    let f = std::fs::File::open(m.path(p)).unwrap();
+    let mut buf = vec![0u8; 100];
+    let size = content.len() as u64;
+    assert_eq!(f.read_at(&mut buf, size - 3).unwrap(), 3);
+    assert_eq!(&buf[..3], &content[content.len() - 3..]);
+    assert_eq!(f.read_at(&mut buf, size).unwrap(), 0);
+    assert_eq!(f.read_at(&mut buf, size + 4096).unwrap(), 0);
+    drop(f);
+
+    // An object rewritten in the under storage, larger: once the nodes' metadata expires (1 s)
+    // a new open reads the new version whole, although the kernel cached the old size (and
+    // pages) for the 10 s attribute TTL.
+    let obj = m.path("/data/rw/obj");
+    assert!(std::fs::read(&obj).unwrap() == v1);
+    let v2 = bytes(51, 5 * ps / 2 + 9);
+    std::fs::write(c.dir.path().join("data/rw/obj"), &v2).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let got = std::fs::read(&obj).unwrap();
+    assert_eq!(got.len(), v2.len(), "the new version's size");
+    assert!(got == v2, "the new version's bytes, none of the old");
+
+    // SIGTERM unmounts and exits 0.
+    let mp = m.mp.clone();
+    let (status, out) = m.terminate();
+    assert!(status.success(), "pagefs exits 0 on SIGTERM: {status:?}");
+    assert!(!mounted(&mp), "the mount is gone");
+    assert!(out.iter().any(|l| l.starts_with("unmounted")), "{out:?}");
+}
+
+/// The member index owning `addr` (a shard address).
+fn node_of(c: &Cluster, addr: std::net::SocketAddr) -> usize {
+    c.nodes
+        .iter()
+        .position(|n| (n.base.port()..n.base.port() + c.shards).contains(&addr.port()))
+        .unwrap()
+}
+
+#[test]
+fn a_stopped_worker_stalls_only_its_reads_and_a_killed_one_costs_no_bytes() {
+    // Single-page files: for each we know which nodes serve its metadata and its page.
+    let mut files = BTreeMap::new();
+    for i in 0..40 {
+        files.insert(
+            format!("/data/s/f{i:02}"),
+            bytes(1000 + i, 600_000 + i as usize),
+        );
+    }
+    files.insert("/data/long".into(), bytes(7, 9 * MIB + 5));
+    let mut c = cluster_with(&files);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt.block_on(c.client(ClientOptions::default()));
+    let ring = client.membership().ring();
+    let nodes_of = |p: &str| -> Vec<usize> {
+        let info = rt.block_on(client.stat(p)).unwrap();
+        let meta = ring
+            .owner_of_hash(pagestore_net::ring::path_hash(p))
+            .unwrap();
+        let page = ring.owner(info.file_id, 0).unwrap();
+        [meta, page]
+            .iter()
+            .map(|m| node_of(&c, client.membership().addr_of(*m).unwrap()))
+            .collect()
+    };
+    let small: Vec<&String> = files.keys().filter(|p| p.starts_with("/data/s/")).collect();
+    let slow = *small.iter().find(|p| nodes_of(p)[1] == 1).unwrap();
+    let quick = *small.iter().find(|p| !nodes_of(p).contains(&1)).unwrap();
+
+    let m = Mount::start(&c, &["--timeout", "2"]);
+    // Names are known (and cached) before the worker stops.
+    assert_eq!(std::fs::read_dir(m.path("/data/s")).unwrap().count(), 40);
+
+    assert_eq!(
+        kill(c.nodes[1].child.as_ref().unwrap().id(), libc::SIGSTOP),
+        0
+    );
+    let slow_path = m.path(slow);
+    let t0 = Instant::now();
+    let stalled = std::thread::spawn(move || std::fs::read(slow_path).unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    // Another reader is not held up by the stalled one.
+    let t1 = Instant::now();
+    let got = std::fs::read(m.path(quick)).unwrap();
+    let quick_time = t1.elapsed();
+    assert!(got == files[quick]);
+    assert!(
+        !stalled.is_finished(),
+        "the read that needs the stopped worker waits for its timeout"
+    );
+    assert!(
+        quick_time < Duration::from_millis(1000),
+        "a read from live workers took {quick_time:?} while another was stalled"
+    );
+    let slow_bytes = stalled.join().unwrap();
+    assert!(
+        slow_bytes == files[slow],
+        "the stalled read completes byte-exact"
+    );
+    eprintln!(
+        "stalled read: {:?}; concurrent read from live workers: {quick_time:?}",
+        t0.elapsed()
+    );
+
+    // Now the worker dies: every file (metadata and pages it owned) still reads byte-exact.
+    c.inner.kill(1);
+    for (p, b) in &files {
+        let got = std::fs::read(m.path(p)).unwrap();
+        assert!(got == *b, "{p} differs after a worker died");
+    }
+    let (status, out) = m.terminate();
+    assert!(status.success(), "{status:?}");
+    let stats = out
+        .iter()
+        .find(|l| l.starts_with("unmounted"))
+        .unwrap_or_else(|| panic!("{out:?}"));
+    let fallbacks: u64 = stats
+        .split("fallbacks: ")
+        .nth(1)
+        .and_then(|s| s.split(|ch: char| !ch.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert!(
+        fallbacks > 0,
+        "reads fell back to the under storage: {stats}"
+    );
+}
+
+#[test]
+fn bad_mount_points_are_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let run = |mp: &Path| {
+        let out = Command::new(PAGEFS)
+            .arg(mp)
+            .args(["--cluster", "127.0.0.1:9"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    assert!(run(dir.path()).contains("is not empty"));
+    assert!(run(&file).contains("is not a directory"));
+    assert!(run(&dir.path().join("missing")).contains("create an empty directory"));
+    let out = Command::new(PAGEFS).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage: pagefs MOUNTPOINT"));
+}

@@ -1,0 +1,685 @@
+//! The S3 gateway `pages3` in front of three real `pagestored` processes over a local
+//! directory, driven by real S3 clients: boto3 and s3fs from a Python virtual environment
+//! (created under `target/pyenv` on first use), and object_store's S3 client from Rust.
+//!
+//! Covered: ListBuckets, GetBucketLocation, HeadBucket; ListObjectsV2 (and v1) with prefixes,
+//! the `/` delimiter, start-after, continuation tokens and small max-keys over a directory of
+//! 10,000 files; whole and ranged GetObject (206 + Content-Range, 416 past the end), HeadObject,
+//! If-Match; SigV4 (a wrong secret and an unknown key get 403, unsigned requests are refused
+//! unless `--anonymous`, which allows reads only); `..` and percent-encoded traversal refused
+//! (also as raw signed requests); PutObject (small and large) then GetObject returning the new
+//! bytes at once; a three-part multipart upload; DeleteObject; a gateway without `--mount`
+//! refusing writes; a clean stop on SIGTERM; and a refusal to start without credentials.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use common::{bytes, Cluster};
+use futures_util::TryStreamExt;
+use object_store::{aws::AmazonS3Builder, path::Path as StorePath, ObjectStore, ObjectStoreExt};
+
+const PAGES3: &str = env!("CARGO_BIN_EXE_pages3");
+const KEY: &str = "pages3-test-key";
+const SECRET: &str = "pages3-test-secret/with+odd=chars";
+const MIB: usize = 1 << 20;
+const BIG_DIR_FILES: usize = 10_000;
+
+/// Files under the bucket `tree/` (nested directories, names that sort around `/`).
+const TREE: &[&str] = &[
+    "tree/a-b.txt",
+    "tree/a/x.bin",
+    "tree/a/y/z.bin",
+    "tree/a0.txt",
+    "tree/b/c/d/e.bin",
+    "tree/top.txt",
+];
+
+/// A running gateway; killed when dropped.
+struct Gateway {
+    child: Child,
+    endpoint: String,
+    log: PathBuf,
+}
+
+impl Gateway {
+    fn start(c: &Cluster, name: &str, extra: &[&str]) -> Gateway {
+        let log = c.dir.path().join(format!("{name}.log"));
+        let staging = c.dir.path().join(format!("{name}-staging"));
+        let mut child = Command::new(PAGES3)
+            .args(["--listen", "127.0.0.1:0", "--cluster"])
+            .arg(&c.members)
+            .arg("--tls-dir")
+            .arg(&c.ca_dir)
+            .arg("--staging-dir")
+            .arg(&staging)
+            .args(extra)
+            .env_remove("PAGES3_ACCESS_KEY")
+            .env_remove("PAGES3_SECRET_KEY")
+            .env("PAGESTORE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(url) = line.strip_prefix("ready ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(endpoint) => Gateway {
+                child,
+                endpoint,
+                log,
+            },
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "pages3 did not print its ready line within 30 s; its log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status (within 20 s).
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "pages3 did not stop within 20 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The virtual environment's python with boto3 and s3fs, created on first use.
+fn python() -> PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    static SETUP: Mutex<()> = Mutex::new(());
+    let _g = SETUP.lock().unwrap_or_else(|p| p.into_inner());
+    PY.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .canonicalize()
+            .unwrap();
+        let venv = root.join("target").join("pyenv");
+        let py = venv.join("bin").join("python");
+        let ready = || {
+            Command::new(&py)
+                .args(["-c", "import boto3, s3fs, fsspec"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if ready() {
+            return py;
+        }
+        let out = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run python3 ({e}): install python3 and python3-venv (apt-get install python3-venv)"));
+        assert!(
+            out.status.success(),
+            "cannot create a Python virtual environment at {}: {}\ninstall the venv module: \
+             apt-get install python3-venv",
+            venv.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A recent s3fs: left alone, pip may settle on an ancient one that suits the newest
+        // boto3 but not fsspec.
+        let out = Command::new(venv.join("bin").join("pip"))
+            .args(["install", "-q", "boto3", "s3fs>=2024.1"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pip install boto3 s3fs into {} failed:\n{}{}",
+            venv.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(ready(), "boto3/s3fs still not importable after pip install");
+        py
+    })
+    .clone()
+}
+
+/// Runs a Python script (written to a temporary file); panics with its output if it fails.
+fn run_python(name: &str, script: &str, env: &[(&str, String)], gw: &[&Gateway]) {
+    let py = python();
+    let mut file = tempfile::Builder::new()
+        .prefix(name)
+        .suffix(".py")
+        .tempfile()
+        .unwrap();
+    std::io::Write::write_all(&mut file, script.as_bytes()).unwrap();
+    let t0 = Instant::now();
+    let out = Command::new(py)
+        .arg(file.path())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_ENDPOINT_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ALL OK"),
+        "{name} failed ({:?}):\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway logs\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        gw.iter().map(|g| g.log()).collect::<Vec<_>>().join("\n")
+    );
+    eprintln!("{name}: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+fn cluster_with_data() -> (Cluster, PathBuf) {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    let write = |rel: &str, b: &[u8]| {
+        let p = data.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+    };
+    for i in 0..BIG_DIR_FILES {
+        write(&format!("big/f{i:05}"), format!("{i}\n").as_bytes());
+    }
+    write("objs/a.bin", &bytes(1, 3 * MIB + 12_345));
+    write("objs/small.txt", b"hello pages3\n");
+    write("objs/empty", b"");
+    write("objs/with space+plus.txt", b"odd name\n");
+    for (i, t) in TREE.iter().enumerate() {
+        write(t, &bytes(100 + i as u64, 1000 + i));
+    }
+    write("readme.txt", b"top-level file of the bucket\n");
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    (Cluster::start(dir, s), data)
+}
+
+const S3FS_SCRIPT: &str = r#"
+import os, fsspec, s3fs
+EP, KEY, SECRET, DATA = (os.environ[k] for k in ("EP", "KEY", "SECRET", "DATA"))
+TREE = os.environ["TREE"].split(",")
+
+def check(cond, *msg):
+    if not cond:
+        raise AssertionError(" ".join(map(str, msg)))
+
+a = open(os.path.join(DATA, "objs/a.bin"), "rb").read()
+fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, client_kwargs={"endpoint_url": EP})
+
+check([b.rstrip("/") for b in fs.ls("")] == ["data"], fs.ls(""))
+top = sorted(fs.ls("data"))
+check(top == ["data/big", "data/objs", "data/readme.txt", "data/tree"], top)
+objs = sorted(fs.ls("data/objs"))
+check("data/objs/a.bin" in objs and "data/objs/with space+plus.txt" in objs, objs)
+tree = sorted(fs.ls("data/tree"))
+check(tree == ["data/tree/a", "data/tree/a-b.txt", "data/tree/a0.txt", "data/tree/b", "data/tree/top.txt"], tree)
+check(fs.isdir("data/tree/a") and not fs.isfile("data/tree/a"))
+check(fs.isfile("data/objs/a.bin"))
+check(not fs.exists("data/objs/nope"))
+check(fs.info("data/objs/a.bin")["size"] == len(a), fs.info("data/objs/a.bin"))
+found = sorted(fs.find("data/tree"))
+check(found == sorted("data/" + t for t in TREE), found)
+
+with fs.open("data/objs/a.bin", "rb") as f:
+    f.seek(1048570)
+    check(f.read(20) == a[1048570:1048590], "seek+read across a page boundary")
+    f.seek(-10, 2)
+    check(f.read() == a[-10:], "seek from the end")
+    f.seek(0)
+    check(f.read() == a, "whole read")
+check(fs.cat_file("data/objs/a.bin", start=5, end=105) == a[5:105])
+check(fs.cat("data/objs/with space+plus.txt") == b"odd name\n")
+
+# The documented form: fsspec.open with storage options.
+with fsspec.open("s3://data/objs/a.bin", "rb", key=KEY, secret=SECRET,
+                 client_kwargs={"endpoint_url": EP}) as f:
+    f.seek(3 * 1024 * 1024)
+    check(f.read() == a[3 * 1024 * 1024:])
+print("ALL OK")
+"#;
+
+const BOTO3_SCRIPT: &str = r#"
+import os, sys, hashlib, http.client, urllib.parse
+import boto3, botocore
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+EP, EP_ANON, KEY, SECRET, DATA = (os.environ[k] for k in ("EP", "EP_ANON", "KEY", "SECRET", "DATA"))
+TREE = os.environ["TREE"].split(",")
+N = int(os.environ["BIG"])
+cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1, "mode": "standard"},
+             region_name="us-east-1")
+
+def client(key=KEY, secret=SECRET, ep=EP):
+    return boto3.client("s3", endpoint_url=ep, aws_access_key_id=key,
+                        aws_secret_access_key=secret, config=cfg)
+
+s3 = client()
+unsigned = boto3.client("s3", endpoint_url=EP,
+                        config=cfg.merge(Config(signature_version=botocore.UNSIGNED)))
+
+def local(key):
+    return open(os.path.join(DATA, key), "rb").read()
+
+def err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code")
+    raise AssertionError("expected an error")
+
+def check(cond, *msg):
+    if not cond:
+        raise AssertionError(" ".join(map(str, msg)))
+
+def status(r):
+    return r["ResponseMetadata"]["HTTPStatusCode"]
+
+# --- buckets
+names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+check(names == ["data"], names)
+loc = s3.get_bucket_location(Bucket="data")
+check(loc.get("LocationConstraint") in (None, ""), loc)
+s3.head_bucket(Bucket="data")
+check(err(lambda: s3.head_bucket(Bucket="nope"))[0] == 404)
+check(err(lambda: s3.list_objects_v2(Bucket="nope")) == (404, "NoSuchBucket"))
+check(err(lambda: s3.get_object(Bucket="nope", Key="x")) == (404, "NoSuchBucket"))
+
+# --- 10,000 keys through pagination
+expected = ["big/f%05d" % i for i in range(N)]
+keys, pages = [], 0
+for page in s3.get_paginator("list_objects_v2").paginate(Bucket="data", Prefix="big/"):
+    pages += 1
+    keys += [o["Key"] for o in page.get("Contents", [])]
+check(keys == expected, "paginator", len(keys), pages)
+check(pages == 10, pages)
+keys, token, calls = [], None, 0
+while True:
+    kw = dict(Bucket="data", Prefix="big/", MaxKeys=777)
+    if token:
+        kw["ContinuationToken"] = token
+    r = s3.list_objects_v2(**kw)
+    calls += 1
+    got = [o["Key"] for o in r.get("Contents", [])]
+    check(r["KeyCount"] == len(got) and len(got) <= 777, r["KeyCount"], len(got))
+    keys += got
+    if not r["IsTruncated"]:
+        break
+    token = r["NextContinuationToken"]
+check(keys == expected and len(set(keys)) == N, "MaxKeys=777", len(keys))
+check(calls == (N + 776) // 777, calls)
+keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(
+    Bucket="data", Prefix="big/f09", PaginationConfig={"PageSize": 100}) for o in p.get("Contents", [])]
+check(keys == expected[9000:], "PageSize=100", len(keys))
+r = s3.list_objects_v2(Bucket="data", Prefix="big/", StartAfter="big/f09990")
+check([o["Key"] for o in r["Contents"]] == expected[9991:], "StartAfter")
+check(all(o["Size"] == len(("%d\n" % int(o["Key"][5:]))) for o in r["Contents"]), "sizes")
+keys = [o["Key"] for p in s3.get_paginator("list_objects").paginate(Bucket="data", Prefix="big/")
+        for o in p.get("Contents", [])]
+check(keys == expected, "ListObjects v1 paginator", len(keys))
+r = s3.list_objects_v2(Bucket="data", Prefix="big/", MaxKeys=0)
+check(r["KeyCount"] == 0 and not r["IsTruncated"], r)
+
+# --- prefixes and the delimiter
+r = s3.list_objects_v2(Bucket="data", Delimiter="/")
+check([p["Prefix"] for p in r["CommonPrefixes"]] == ["big/", "objs/", "tree/"], r.get("CommonPrefixes"))
+check([o["Key"] for o in r["Contents"]] == ["readme.txt"], r.get("Contents"))
+r = s3.list_objects_v2(Bucket="data", Prefix="tree/")
+check([o["Key"] for o in r["Contents"]] == sorted(TREE), [o["Key"] for o in r["Contents"]])
+r = s3.list_objects_v2(Bucket="data", Prefix="tree/", Delimiter="/")
+check([p["Prefix"] for p in r["CommonPrefixes"]] == ["tree/a/", "tree/b/"], r["CommonPrefixes"])
+check([o["Key"] for o in r["Contents"]] == ["tree/a-b.txt", "tree/a0.txt", "tree/top.txt"])
+seq, token = [], None
+while True:
+    kw = dict(Bucket="data", Prefix="tree/", Delimiter="/", MaxKeys=1)
+    if token:
+        kw["ContinuationToken"] = token
+    r = s3.list_objects_v2(**kw)
+    items = [o["Key"] for o in r.get("Contents", [])] + [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+    check(len(items) == 1 and r["KeyCount"] == 1, r)
+    seq += items
+    if not r["IsTruncated"]:
+        break
+    token = r["NextContinuationToken"]
+check(seq == ["tree/a-b.txt", "tree/a/", "tree/a0.txt", "tree/b/", "tree/top.txt"], "key order", seq)
+keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(
+    Bucket="data", Prefix="tree/", PaginationConfig={"PageSize": 2}) for o in p.get("Contents", [])]
+check(keys == sorted(TREE), "recursive, 2 per page", keys)
+r = s3.list_objects_v2(Bucket="data", Prefix="tree/a")
+check([o["Key"] for o in r["Contents"]] == ["tree/a-b.txt", "tree/a/x.bin", "tree/a/y/z.bin", "tree/a0.txt"], r["Contents"])
+r = s3.list_objects_v2(Bucket="data", Prefix="tree/a/", Delimiter="/")
+check([o["Key"] for o in r["Contents"]] == ["tree/a/x.bin"] and [p["Prefix"] for p in r["CommonPrefixes"]] == ["tree/a/y/"])
+r = s3.list_objects_v2(Bucket="data", Prefix="objs/with ")
+check([o["Key"] for o in r["Contents"]] == ["objs/with space+plus.txt"], r.get("Contents"))
+r = s3.list_objects_v2(Bucket="data", Prefix="nothing/here/")
+check(r["KeyCount"] == 0 and "Contents" not in r, r)
+r = s3.list_objects(Bucket="data", Prefix="tree/", Delimiter="/")
+check([p["Prefix"] for p in r["CommonPrefixes"]] == ["tree/a/", "tree/b/"], r)
+
+# --- reads
+a = local("objs/a.bin")
+r = s3.get_object(Bucket="data", Key="objs/a.bin")
+check(status(r) == 200 and r["ContentLength"] == len(a))
+check(r["Body"].read() == a, "whole object")
+etag = r["ETag"]
+check(etag.startswith('"') and etag.endswith('"') and len(etag) > 2, etag)
+for rng, lo, hi in [("bytes=100-1048675", 100, 1048676), ("bytes=-10", len(a) - 10, len(a)),
+                    ("bytes=%d-" % (len(a) - 5), len(a) - 5, len(a)),
+                    ("bytes=10-%d" % (len(a) + 100), 10, len(a)), ("bytes=0-0", 0, 1),
+                    ("bytes=1048576-3145727", 1048576, 3145728)]:
+    r = s3.get_object(Bucket="data", Key="objs/a.bin", Range=rng)
+    check(status(r) == 206, rng, status(r))
+    check(r["ContentRange"] == "bytes %d-%d/%d" % (lo, hi - 1, len(a)), rng, r["ContentRange"])
+    check(r["ContentLength"] == hi - lo, rng)
+    check(r["Body"].read() == a[lo:hi], "range bytes", rng)
+for rng in ["bytes=%d-" % len(a), "bytes=%d-%d" % (len(a) + 10, len(a) + 20)]:
+    check(err(lambda: s3.get_object(Bucket="data", Key="objs/a.bin", Range=rng)) == (416, "InvalidRange"), rng)
+check(s3.get_object(Bucket="data", Key="objs/empty")["Body"].read() == b"")
+check(err(lambda: s3.get_object(Bucket="data", Key="objs/empty", Range="bytes=0-0"))[0] == 416)
+h = s3.head_object(Bucket="data", Key="objs/a.bin")
+check(h["ContentLength"] == len(a) and h["ETag"] == etag, h)
+check("LastModified" in h)
+check(err(lambda: s3.head_object(Bucket="data", Key="objs/nope"))[0] == 404)
+check(err(lambda: s3.get_object(Bucket="data", Key="objs/nope")) == (404, "NoSuchKey"))
+check(err(lambda: s3.get_object(Bucket="data", Key="tree/a")) == (404, "NoSuchKey"))
+check(err(lambda: s3.get_object(Bucket="data", Key="tree/a/")) == (404, "NoSuchKey"))
+check(s3.get_object(Bucket="data", Key="objs/a.bin", IfMatch=etag)["Body"].read() == a)
+check(err(lambda: s3.get_object(Bucket="data", Key="objs/a.bin", IfMatch='"other"'))[0] == 412)
+check(s3.get_object(Bucket="data", Key="objs/with space+plus.txt")["Body"].read() == b"odd name\n")
+
+# --- authentication
+bad = client(secret="not-the-secret")
+check(err(lambda: bad.list_objects_v2(Bucket="data")) == (403, "SignatureDoesNotMatch"))
+check(err(lambda: bad.get_object(Bucket="data", Key="objs/a.bin")) == (403, "SignatureDoesNotMatch"))
+check(err(lambda: bad.put_object(Bucket="data", Key="objs/x", Body=b"x")) == (403, "SignatureDoesNotMatch"))
+check(err(lambda: client(key="nobody").list_buckets()) == (403, "InvalidAccessKeyId"))
+check(err(lambda: unsigned.list_objects_v2(Bucket="data")) == (403, "AccessDenied"))
+check(err(lambda: unsigned.get_object(Bucket="data", Key="objs/a.bin")) == (403, "AccessDenied"))
+check(not os.path.exists(os.path.join(DATA, "objs/x")))
+
+# --- traversal, through boto3 and as raw signed requests
+for k in ["../etc/passwd", "objs/../objs/a.bin", "%2e%2e/etc/passwd", "objs/%2E%2E/%2e%2e/x",
+          "./objs/a.bin", "objs/..%2fa.bin", "objs/%252e%252e/a.bin", "objs//a.bin"]:
+    check(err(lambda: s3.get_object(Bucket="data", Key=k)) == (400, "InvalidArgument"), "get", k)
+    check(err(lambda: s3.head_object(Bucket="data", Key=k))[0] == 400, "head", k)
+    check(err(lambda: s3.put_object(Bucket="data", Key=k, Body=b"x")) == (400, "InvalidArgument"), "put", k)
+    if "//" in k:
+        # No key has an empty segment: such a prefix simply matches nothing.
+        check(s3.list_objects_v2(Bucket="data", Prefix=k)["KeyCount"] == 0, "list", k)
+    else:
+        check(err(lambda: s3.list_objects_v2(Bucket="data", Prefix=k)) == (400, "InvalidArgument"), "list", k)
+
+def raw(path):
+    # Sent as written; signed over the canonical form (decoded once, then URI-encoded), which
+    # is what the server checks.
+    u = urllib.parse.urlsplit(EP)
+    canonical = urllib.parse.quote(urllib.parse.unquote(path), safe="/~")
+    req = AWSRequest(method="GET", url=EP + canonical,
+                     headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+    S3SigV4Auth(Credentials(KEY, SECRET), "s3", "us-east-1").add_auth(req)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("GET", path, headers=dict(req.headers.items()))
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+st, body = raw("/data/objs/small.txt")
+check(st == 200 and body == local("objs/small.txt"), "raw signed request", st, body)
+for p in ["/data/%2e%2e/%2e%2e/etc/passwd", "/data/../../etc/passwd", "/data/objs/%2E%2E%2Fa.bin",
+          "/data/objs/%252e%252e/a.bin", "/data/objs/./a.bin", "/data/objs/a.bin%00"]:
+    st, body = raw(p)
+    check(st == 400 and b"InvalidArgument" in body, "raw", p, st, body)
+for p in ["/../etc/passwd", "/%2e%2e/etc/passwd"]:
+    st, body = raw(p)
+    check(st == 400, "raw bucket", p, st, body)
+
+# --- writes: PutObject then GetObject returns the new bytes (cached pages invalidated)
+old = local("objs/small.txt")
+check(s3.get_object(Bucket="data", Key="objs/small.txt")["Body"].read() == old)
+new = bytes(range(256)) * 4099
+r = s3.put_object(Bucket="data", Key="objs/small.txt", Body=new)
+check(status(r) == 200 and r["ETag"].startswith('"'))
+got = s3.get_object(Bucket="data", Key="objs/small.txt")
+check(got["Body"].read() == new and got["ContentLength"] == len(new), "new bytes at once")
+check(got["ETag"] == r["ETag"], got["ETag"], r["ETag"])
+check(local("objs/small.txt") == new, "written through to the store")
+big = os.urandom(20 * 1024 * 1024 + 7)
+s3.put_object(Bucket="data", Key="fresh/dir/big.bin", Body=big)
+check(hashlib.sha256(s3.get_object(Bucket="data", Key="fresh/dir/big.bin")["Body"].read()).digest()
+      == hashlib.sha256(big).digest(), "20 MiB put")
+check(local("fresh/dir/big.bin") == big)
+r = s3.list_objects_v2(Bucket="data", Prefix="fresh/")
+check([o["Key"] for o in r["Contents"]] == ["fresh/dir/big.bin"], r.get("Contents"))
+check(err(lambda: s3.put_object(Bucket="data", Key="fresh/marker/", Body=b"")) == (400, "InvalidArgument"))
+
+# --- multipart: three parts, at least 5 MiB except the last
+key = "mp/obj.bin"
+uid = s3.create_multipart_upload(Bucket="data", Key=key)["UploadId"]
+parts = [os.urandom(5 * 1024 * 1024), os.urandom(5 * 1024 * 1024 + 3), os.urandom(1234)]
+etags = [s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=i + 1, Body=p)["ETag"]
+         for i, p in enumerate(parts)]
+check(not os.path.exists(os.path.join(DATA, key)), "nothing visible before completion")
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+      MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"bad"'}]})) == (400, "InvalidPart"))
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+      MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": etags[1]}, {"PartNumber": 1, "ETag": etags[0]}]}))
+      == (400, "InvalidPartOrder"))
+r = s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid, MultipartUpload={
+    "Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]})
+check(r["ETag"].startswith('"'), r)
+whole = b"".join(parts)
+check(s3.get_object(Bucket="data", Key=key)["Body"].read() == whole, "multipart object")
+check(local(key) == whole)
+check(err(lambda: s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=4, Body=b"x"))
+      == (404, "NoSuchUpload"))
+uid = s3.create_multipart_upload(Bucket="data", Key="mp/small.bin")["UploadId"]
+e1 = s3.upload_part(Bucket="data", Key="mp/small.bin", UploadId=uid, PartNumber=1, Body=b"a" * 100)["ETag"]
+e2 = s3.upload_part(Bucket="data", Key="mp/small.bin", UploadId=uid, PartNumber=2, Body=b"b" * 100)["ETag"]
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key="mp/small.bin", UploadId=uid,
+      MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]}))
+      == (400, "EntityTooSmall"))
+s3.abort_multipart_upload(Bucket="data", Key="mp/small.bin", UploadId=uid)
+check(err(lambda: s3.abort_multipart_upload(Bucket="data", Key="mp/small.bin", UploadId=uid))
+      == (404, "NoSuchUpload"))
+check(not os.path.exists(os.path.join(DATA, "mp/small.bin")))
+
+# --- delete
+s3.delete_object(Bucket="data", Key="fresh/dir/big.bin")
+check(err(lambda: s3.head_object(Bucket="data", Key="fresh/dir/big.bin"))[0] == 404)
+check(not os.path.exists(os.path.join(DATA, "fresh/dir/big.bin")))
+s3.delete_object(Bucket="data", Key="fresh/never-was")
+
+# --- the --anonymous gateway: unsigned reads yes, unsigned writes no, signed reads as usual
+anon = boto3.client("s3", endpoint_url=EP_ANON,
+                    config=cfg.merge(Config(signature_version=botocore.UNSIGNED)))
+check(anon.get_object(Bucket="data", Key="objs/a.bin", Range="bytes=0-99")["Body"].read() == a[:100])
+check([o["Key"] for o in anon.list_objects_v2(Bucket="data", Prefix="tree/")["Contents"]] == sorted(TREE))
+check(err(lambda: anon.put_object(Bucket="data", Key="objs/anon", Body=b"x")) == (403, "AccessDenied"))
+check(not os.path.exists(os.path.join(DATA, "objs/anon")))
+signed = client(ep=EP_ANON)
+check(signed.get_object(Bucket="data", Key="objs/a.bin")["Body"].read() == a)
+check(err(lambda: client(ep=EP_ANON, secret="wrong").get_object(Bucket="data", Key="objs/a.bin"))[0] == 403)
+# Started without --mount: read-only even for signed requests.
+check(err(lambda: signed.put_object(Bucket="data", Key="objs/ro", Body=b"x")) == (501, "NotImplemented"))
+check(err(lambda: signed.create_multipart_upload(Bucket="data", Key="objs/ro")) == (501, "NotImplemented"))
+check(err(lambda: signed.delete_object(Bucket="data", Key="objs/a.bin")) == (501, "NotImplemented"))
+check(not os.path.exists(os.path.join(DATA, "objs/ro")) and os.path.exists(os.path.join(DATA, "objs/a.bin")))
+print("ALL OK")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_s3fs_and_object_store_through_pages3() {
+    let t0 = Instant::now();
+    // The venv first (its first creation is slow), concurrently with the cluster start.
+    let py = std::thread::spawn(python);
+    let (c, data) = cluster_with_data();
+    py.join().unwrap();
+    let mount = format!("/data=file://{}", data.display());
+    let mut gw = Gateway::start(
+        &c,
+        "gw",
+        &[
+            "--access-key",
+            KEY,
+            "--secret-key",
+            SECRET,
+            "--mount",
+            &mount,
+        ],
+    );
+    let anon = Gateway::start(
+        &c,
+        "anon",
+        // No --mount: read-only.
+        &["--access-key", KEY, "--secret-key", SECRET, "--anonymous"],
+    );
+    eprintln!(
+        "cluster and gateways up: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let env = vec![
+        ("EP", gw.endpoint.clone()),
+        ("EP_ANON", anon.endpoint.clone()),
+        ("KEY", KEY.to_string()),
+        ("SECRET", SECRET.to_string()),
+        ("DATA", data.display().to_string()),
+        ("TREE", TREE.join(",")),
+        ("BIG", BIG_DIR_FILES.to_string()),
+    ];
+
+    // s3fs first: it reads objects the boto3 script later rewrites.
+    run_python("s3fs", S3FS_SCRIPT, &env, &[&gw]);
+
+    // object_store's S3 client.
+    let s3 = AmazonS3Builder::new()
+        .with_endpoint(&gw.endpoint)
+        .with_allow_http(true)
+        .with_access_key_id(KEY)
+        .with_secret_access_key(SECRET)
+        .with_region("us-east-1")
+        .with_bucket_name("data")
+        .with_virtual_hosted_style_request(false)
+        .build()
+        .unwrap();
+    let a = std::fs::read(data.join("objs/a.bin")).unwrap();
+    let loc = StorePath::from("objs/a.bin");
+    let got = s3.get(&loc).await.unwrap().bytes().await.unwrap();
+    assert!(got == a, "object_store get");
+    let r = s3.get_range(&loc, 1_000_000..2_100_000).await.unwrap();
+    assert!(r[..] == a[1_000_000..2_100_000], "object_store range get");
+    let meta = s3.head(&loc).await.unwrap();
+    assert_eq!(meta.size, a.len() as u64);
+    assert!(meta.e_tag.is_some());
+    let mut listed: Vec<String> = s3
+        .list(Some(&StorePath::from("tree")))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    listed.sort();
+    assert_eq!(listed, TREE);
+    let d = s3
+        .list_with_delimiter(Some(&StorePath::from("tree")))
+        .await
+        .unwrap();
+    let prefixes: Vec<String> = d.common_prefixes.iter().map(|p| p.to_string()).collect();
+    let objects: Vec<String> = d.objects.iter().map(|o| o.location.to_string()).collect();
+    assert_eq!(prefixes, ["tree/a", "tree/b"]);
+    assert_eq!(objects, ["tree/a-b.txt", "tree/a0.txt", "tree/top.txt"]);
+    let big: Vec<String> = s3
+        .list(Some(&StorePath::from("big")))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        big.len(),
+        BIG_DIR_FILES,
+        "object_store lists every key once"
+    );
+    let expected: Vec<String> = (0..BIG_DIR_FILES).map(|i| format!("big/f{i:05}")).collect();
+    assert!(big == expected, "object_store listing order");
+    assert!(s3.get(&StorePath::from("objs/nope")).await.is_err());
+    eprintln!("object_store: done at {:.1} s", t0.elapsed().as_secs_f64());
+
+    run_python("boto3", BOTO3_SCRIPT, &env, &[&gw, &anon]);
+
+    // A clean stop; staged uploads are gone.
+    let st = gw.terminate();
+    assert!(st.success(), "pages3 exit status after SIGTERM: {st:?}");
+    let staging = c.dir.path().join("gw-staging");
+    let left: Vec<_> = std::fs::read_dir(&staging).unwrap().flatten().collect();
+    assert!(
+        left.is_empty(),
+        "staging directory not empty: {:?}",
+        left.iter().map(|e| e.path()).collect::<Vec<_>>()
+    );
+    eprintln!("total: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn refuses_to_start_without_credentials() {
+    let out = Command::new(PAGES3)
+        .args(["--listen", "127.0.0.1:0", "--cluster", "127.0.0.1:9"])
+        .env_remove("PAGES3_ACCESS_KEY")
+        .env_remove("PAGES3_SECRET_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to start without credentials") && err.contains("--anonymous"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
+    // Half a key pair is refused too.
+    let out = Command::new(PAGES3)
+        .args(["--access-key", "k", "--cluster", "127.0.0.1:9"])
+        .env_remove("PAGES3_SECRET_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-key"));
+}
