@@ -326,8 +326,68 @@ async fn measure(
         passes[2].gbps() / passes[1].gbps()
     );
 
+    for block in [4096u64, 128 << 10] {
+        random_reads(o, &client, &infos, block).await?;
+    }
     kill_timeline(o, cluster, &client, &infos, &reference).await?;
     Ok(passes[2].gbps())
+}
+
+/// Warm random reads of `block` bytes at uniformly random offsets of random files, `qd` in
+/// flight, for `o.seconds`: IOPS and latency through the client library.
+async fn random_reads(
+    o: &Opts,
+    client: &Arc<Client>,
+    infos: &[ObjectInfo],
+    block: u64,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
+    let ops = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for w in 0..o.qd.max(1) as u64 {
+        let (client, infos, ops) = (client.clone(), infos.to_vec(), ops.clone());
+        let mut x = o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (w + 1);
+        tasks.push(tokio::spawn(async move {
+            let mut hist = crate::local::new_hist();
+            while Instant::now() < deadline {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let info = &infos[(x % infos.len() as u64) as usize];
+                let off = ((x >> 20) % (info.size.saturating_sub(block) / block).max(1)) * block;
+                let t = Instant::now();
+                let b = client
+                    .read_at(info, off, block)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if b.len() as u64 != block.min(info.size - off) {
+                    return Err(format!("short read at {off} of {}", info.path));
+                }
+                hist.saturating_record(t.elapsed().as_nanos() as u64);
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(hist)
+        }));
+    }
+    let start = Instant::now();
+    let mut hist = crate::local::new_hist();
+    for t in tasks {
+        let h = t.await.map_err(|e| e.to_string())??;
+        hist.add(&h).map_err(|e| e.to_string())?;
+    }
+    let secs = start.elapsed().as_secs_f64().max(o.seconds);
+    let n = ops.load(Ordering::Relaxed);
+    println!(
+        "warm random {} KiB reads through the client: {:.0} IOPS, {:.1} MB/s, p50 {:.0} us, p99 \
+         {:.0} us ({} in flight)",
+        block >> 10,
+        n as f64 / secs,
+        (n * block) as f64 / secs / 1e6,
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+        o.qd
+    );
+    Ok(())
 }
 
 /// A warm scan of everything, one file at a time through file handles (read-ahead), with node 2

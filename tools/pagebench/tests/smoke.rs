@@ -193,6 +193,8 @@ fn cluster_runs_three_real_nodes_and_checks_every_byte() {
         "cold / ufs =",
         "hits 128 / misses 128",
         "every page read byte-exact",
+        "warm random 4 KiB reads through the client",
+        "warm random 128 KiB reads through the client",
         "local engine ceiling",
     ] {
         assert!(

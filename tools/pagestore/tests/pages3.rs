@@ -161,10 +161,18 @@ fn python() -> PathBuf {
             venv.display(),
             String::from_utf8_lossy(&out.stderr)
         );
-        // A recent s3fs: left alone, pip may settle on an ancient one that suits the newest
-        // boto3 but not fsspec.
+        // Exact versions that work together: left alone, pip backtracks through s3fs and
+        // aiobotocore releases (to ancient ones, or to pins the package index may not serve).
         let out = Command::new(venv.join("bin").join("pip"))
-            .args(["install", "-q", "boto3", "s3fs>=2024.1"])
+            .args([
+                "install",
+                "-q",
+                "boto3==1.43.117",
+                "botocore==1.43.117",
+                "aiobotocore==3.10.0",
+                "s3fs==2026.9.0",
+                "fsspec==2026.9.0",
+            ])
             .output()
             .unwrap();
         assert!(
