@@ -887,13 +887,7 @@ fn named(e: Error, path: &str) -> Error {
 }
 
 fn check_path(path: &str) -> Result<(), Error> {
-    if !path.starts_with('/') {
-        return Err(Error::BadPath(format!("{path:?} is not absolute")));
-    }
-    if path.split('/').any(|s| s == ".." || s == ".") || path.contains('\0') {
-        return Err(Error::BadPath(format!("{path:?} contains . or .. or NUL")));
-    }
-    Ok(())
+    Ok(crate::ufs::check_path(path)?)
 }
 
 fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {

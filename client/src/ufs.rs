@@ -292,6 +292,20 @@ fn base_store_for(
     }
 }
 
+/// Checks that `path` is an acceptable logical path: absolute, without `.` or `..` segments or
+/// NUL bytes.
+pub fn check_path(path: &str) -> Result<(), UfsError> {
+    if !path.starts_with('/') {
+        return Err(UfsError::BadPath(format!("{path:?} is not absolute")));
+    }
+    if path.split('/').any(|s| s == ".." || s == ".") || path.contains('\0') {
+        return Err(UfsError::BadPath(format!(
+            "{path:?} contains . or .. or NUL"
+        )));
+    }
+    Ok(())
+}
+
 /// The file id of `path` at `version` (see [`pagestore_net::ring::file_id`]).
 pub use pagestore_net::ring::file_id;
 
@@ -334,14 +348,7 @@ impl MountTable {
     }
 
     fn resolve(&self, path: &str) -> Result<(&Mount, StorePath), UfsError> {
-        if !path.starts_with('/') {
-            return Err(UfsError::BadPath(format!("{path:?} is not absolute")));
-        }
-        if path.split('/').any(|s| s == ".." || s == ".") || path.contains('\0') {
-            return Err(UfsError::BadPath(format!(
-                "{path:?} contains . or .. or NUL"
-            )));
-        }
+        check_path(path)?;
         for m in &self.mounts {
             let rest = if m.prefix.is_empty() {
                 Some(path)

@@ -255,99 +255,60 @@ impl Node {
         Ok(())
     }
 
-    /// Requests served by each shard's endpoint so far.
-    pub async fn requests_served(&self) -> Result<Vec<u64>, EngineError> {
+    /// Runs `f` on every shard, with that shard and its network state (`None` before its
+    /// endpoint starts or after it stops), and collects the results by shard index.
+    async fn on_each_shard<T: Send + 'static>(
+        &self,
+        f: fn(&Shard, Option<&ShardNet>) -> T,
+    ) -> Result<Vec<T>, EngineError> {
         let Some(engine) = &self.engine else {
             return Err(EngineError::ShardGone);
         };
         let mut v = Vec::new();
         for h in engine.shards() {
             v.push(
-                h.run(|_| async move {
-                    SHARD_NET.with(|n| {
-                        n.borrow()
-                            .as_ref()
-                            .map_or(0, |net| net.endpoint.stats().requests.get())
-                    })
-                })
+                h.run(
+                    move |shard| async move { SHARD_NET.with(|n| f(&shard, n.borrow().as_ref())) },
+                )
                 .await?,
             );
         }
         Ok(v)
+    }
+
+    /// Requests served by each shard's endpoint so far.
+    pub async fn requests_served(&self) -> Result<Vec<u64>, EngineError> {
+        self.on_each_shard(|_, net| net.map_or(0, |n| n.endpoint.stats().requests.get()))
+            .await
     }
 
     /// Everything each shard reports for monitoring, by shard index.
     pub async fn metrics(&self) -> Result<Vec<ShardMetrics>, EngineError> {
-        let Some(engine) = &self.engine else {
-            return Err(EngineError::ShardGone);
-        };
-        let loaders = self.loader_counters().await?;
-        let mut v = Vec::new();
-        for (i, h) in engine.shards().iter().enumerate() {
-            let m = h
-                .run(|shard| async move {
-                    let engine = shard.stats();
-                    SHARD_NET.with(|n| {
-                        let n = n.borrow();
-                        let (requests, latency_us, latency_sum_us, epoch) = match n.as_ref() {
-                            Some(net) => {
-                                let h = net.service.latency();
-                                let q = |x: f64| h.value_at_quantile(x);
-                                (
-                                    net.endpoint.stats().requests.get(),
-                                    [q(0.5), q(0.9), q(0.99), q(0.999), h.max()],
-                                    (h.mean() * h.len() as f64) as u64,
-                                    net.view.epoch(),
-                                )
-                            }
-                            None => (0, [0; 5], 0, 0),
-                        };
-                        (engine, requests, latency_us, latency_sum_us, epoch)
-                    })
-                })
-                .await?;
-            v.push(ShardMetrics {
-                engine: m.0,
-                loader: loaders.get(i).copied().unwrap_or_default(),
-                requests: m.1,
-                latency_us: m.2,
-                latency_sum_us: m.3,
-                epoch: m.4,
-            });
-        }
-        Ok(v)
+        self.on_each_shard(|shard, net| {
+            let mut m = ShardMetrics {
+                engine: shard.stats(),
+                loader: loader_counters(net),
+                requests: 0,
+                latency_us: [0; 5],
+                latency_sum_us: 0,
+                epoch: 0,
+            };
+            if let Some(net) = net {
+                let h = net.service.latency();
+                let q = |x: f64| h.value_at_quantile(x);
+                m.requests = net.endpoint.stats().requests.get();
+                m.latency_us = [q(0.5), q(0.9), q(0.99), q(0.999), h.max()];
+                m.latency_sum_us = (h.mean() * h.len() as f64) as u64;
+                m.epoch = net.view.epoch();
+            }
+            m
+        })
+        .await
     }
 
     /// Miss-path counters of each shard, by shard index.
     pub async fn loader_counters(&self) -> Result<Vec<LoaderCounters>, EngineError> {
-        let Some(engine) = &self.engine else {
-            return Err(EngineError::ShardGone);
-        };
-        let mut v = Vec::new();
-        for h in engine.shards() {
-            v.push(
-                h.run(|_| async move {
-                    SHARD_NET.with(|n| {
-                        n.borrow()
-                            .as_ref()
-                            .and_then(|net| net.loader.as_ref())
-                            .map_or_else(LoaderCounters::default, |l| {
-                                let s = l.stats();
-                                LoaderCounters {
-                                    ufs_reads: s.ufs_reads.get(),
-                                    ufs_bytes: s.ufs_bytes.get(),
-                                    ufs_errors: s.ufs_errors.get(),
-                                    coalesced: s.coalesced.get(),
-                                    metadata_hits: s.metadata_hits.get(),
-                                    metadata_misses: s.metadata_misses.get(),
-                                }
-                            })
-                    })
-                })
-                .await?,
-            );
-        }
-        Ok(v)
+        self.on_each_shard(|_, net| loader_counters(net)).await
     }
 
     /// Closes every connection (clients get an error, not a hang), then stops the shards.
@@ -369,6 +330,21 @@ impl Node {
         }
         engine.shutdown()
     }
+}
+
+fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
+    net.and_then(|n| n.loader.as_ref())
+        .map_or_else(LoaderCounters::default, |l| {
+            let s = l.stats();
+            LoaderCounters {
+                ufs_reads: s.ufs_reads.get(),
+                ufs_bytes: s.ufs_bytes.get(),
+                ufs_errors: s.ufs_errors.get(),
+                coalesced: s.coalesced.get(),
+                metadata_hits: s.metadata_hits.get(),
+                metadata_misses: s.metadata_misses.get(),
+            }
+        })
 }
 
 impl Drop for Node {

@@ -86,10 +86,7 @@ fn cluster_cpu(c: &LocalCluster) -> f64 {
 
 fn fill(x: &mut u64, buf: &mut [u8]) {
     for chunk in buf.chunks_mut(8) {
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        let b = x.to_le_bytes();
+        let b = crate::local::rng_next(x).to_le_bytes();
         chunk.copy_from_slice(&b[..chunk.len()]);
     }
 }
@@ -350,9 +347,7 @@ async fn random_reads(
         tasks.push(tokio::spawn(async move {
             let mut hist = crate::local::new_hist();
             while Instant::now() < deadline {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                crate::local::rng_next(&mut x);
                 let info = &infos[(x % infos.len() as u64) as usize];
                 let off = ((x >> 20) % (info.size.saturating_sub(block) / block).max(1)) * block;
                 let t = Instant::now();

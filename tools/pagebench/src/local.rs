@@ -47,7 +47,8 @@ pub fn cpu_seconds() -> f64 {
     tv(r.ru_utime) + tv(r.ru_stime)
 }
 
-fn rng_next(x: &mut u64) -> u64 {
+/// One xorshift64 step: the harness's deterministic pseudo-random source.
+pub(crate) fn rng_next(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;

@@ -19,6 +19,8 @@
 //!                                node SIGKILLed during a scan
 //! ```
 
+use pagestore_tools::parse_size;
+
 mod cluster;
 mod fio;
 mod local;
@@ -82,21 +84,6 @@ const USAGE: &str =
 [--shards N] [--qd N] [--seconds S] [--size BYTES] [--workloads write,read,read4k] [--pages N] \
 [--seed N] [--json] [--nginx] [--ufs-latency-ms MS] [--ufs-mbps MBPS]
 sizes take K, M, G suffixes (powers of 1024)";
-
-/// Parses `4M`, `64K`, `2G` or plain bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        Some('T' | 't') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("not a size: {s:?}"))
-}
 
 fn parse(args: &[String]) -> Result<(String, Opts), String> {
     let mut o = Opts::default();

@@ -133,10 +133,114 @@ fn ring_json(m: &Membership) -> String {
     serde_json::json!({ "epoch": m.ring().epoch(), "nodes": nodes }).to_string()
 }
 
+/// One per-shard metric family: name (after `pagestore_`), type, help text, value.
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ShardMetrics) -> u64,
+);
+
+/// The per-shard families of `/metrics` (docs/OPERATIONS.md lists them).
+const PER_SHARD: &[Family] = &[
+    (
+        "hits_total",
+        "counter",
+        "Page reads served from the cache.",
+        |s| s.engine.hits,
+    ),
+    (
+        "misses_total",
+        "counter",
+        "Page reads not in the cache.",
+        |s| s.engine.misses,
+    ),
+    (
+        "hit_bytes_total",
+        "counter",
+        "Bytes served from the cache.",
+        |s| s.engine.hit_bytes,
+    ),
+    (
+        "ufs_bytes_total",
+        "counter",
+        "Bytes read from the under storage (misses and preloads).",
+        |s| s.loader.ufs_bytes,
+    ),
+    (
+        "ufs_reads_total",
+        "counter",
+        "Page loads sent to the under storage.",
+        |s| s.loader.ufs_reads,
+    ),
+    (
+        "ufs_errors_total",
+        "counter",
+        "Under-storage requests that failed.",
+        |s| s.loader.ufs_errors,
+    ),
+    (
+        "coalesced_misses_total",
+        "counter",
+        "Misses that joined a load already in flight.",
+        |s| s.loader.coalesced,
+    ),
+    (
+        "metadata_cache_hits_total",
+        "counter",
+        "Path metadata and listings answered from the TTL cache.",
+        |s| s.loader.metadata_hits,
+    ),
+    (
+        "metadata_cache_misses_total",
+        "counter",
+        "Path metadata and listings fetched from the under storage.",
+        |s| s.loader.metadata_misses,
+    ),
+    (
+        "requests_total",
+        "counter",
+        "Requests served by the shard's QUIC endpoint.",
+        |s| s.requests,
+    ),
+    ("inserts_total", "counter", "Pages written.", |s| {
+        s.engine.inserts
+    }),
+    ("insert_bytes_total", "counter", "Bytes written.", |s| {
+        s.engine.insert_bytes
+    }),
+    ("evictions_total", "counter", "Pages evicted.", |s| {
+        s.engine.evictions
+    }),
+    (
+        "checksum_failures_total",
+        "counter",
+        "Pages whose data failed its checksum (dropped, never served).",
+        |s| s.engine.checksum_failures,
+    ),
+    ("io_errors_total", "counter", "Disk errors.", |s| {
+        s.engine.io_errors
+    }),
+    ("capacity_bytes", "gauge", "Cache capacity.", |s| {
+        s.engine.capacity_bytes
+    }),
+    ("used_bytes", "gauge", "Bytes cached.", |s| s.engine.bytes),
+    ("free_bytes", "gauge", "Capacity not holding pages.", |s| {
+        s.engine.capacity_bytes.saturating_sub(s.engine.bytes)
+    }),
+    ("pages", "gauge", "Pages cached.", |s| s.engine.pages),
+    (
+        "ring_epoch",
+        "gauge",
+        "Ring epoch the shard serves under.",
+        |s| s.epoch,
+    ),
+];
+
 /// The Prometheus text exposition of a node's shards.
 pub fn render(node: &str, shards: &[ShardMetrics]) -> String {
     let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&ShardMetrics) -> u64| {
+    for (name, kind, help, value) in PER_SHARD {
         let _ = writeln!(out, "# HELP pagestore_{name} {help}");
         let _ = writeln!(out, "# TYPE pagestore_{name} {kind}");
         for (i, s) in shards.iter().enumerate() {
@@ -146,99 +250,7 @@ pub fn render(node: &str, shards: &[ShardMetrics]) -> String {
                 value(s)
             );
         }
-    };
-    family(
-        "hits_total",
-        "counter",
-        "Page reads served from the cache.",
-        &|s| s.engine.hits,
-    );
-    family(
-        "misses_total",
-        "counter",
-        "Page reads not in the cache.",
-        &|s| s.engine.misses,
-    );
-    family(
-        "hit_bytes_total",
-        "counter",
-        "Bytes served from the cache.",
-        &|s| s.engine.hit_bytes,
-    );
-    family(
-        "ufs_bytes_total",
-        "counter",
-        "Bytes read from the under storage (misses and preloads).",
-        &|s| s.loader.ufs_bytes,
-    );
-    family(
-        "ufs_reads_total",
-        "counter",
-        "Page loads sent to the under storage.",
-        &|s| s.loader.ufs_reads,
-    );
-    family(
-        "ufs_errors_total",
-        "counter",
-        "Under-storage requests that failed.",
-        &|s| s.loader.ufs_errors,
-    );
-    family(
-        "coalesced_misses_total",
-        "counter",
-        "Misses that joined a load already in flight.",
-        &|s| s.loader.coalesced,
-    );
-    family(
-        "metadata_cache_hits_total",
-        "counter",
-        "Path metadata and listings answered from the TTL cache.",
-        &|s| s.loader.metadata_hits,
-    );
-    family(
-        "metadata_cache_misses_total",
-        "counter",
-        "Path metadata and listings fetched from the under storage.",
-        &|s| s.loader.metadata_misses,
-    );
-    family(
-        "requests_total",
-        "counter",
-        "Requests served by the shard's QUIC endpoint.",
-        &|s| s.requests,
-    );
-    family("inserts_total", "counter", "Pages written.", &|s| {
-        s.engine.inserts
-    });
-    family("insert_bytes_total", "counter", "Bytes written.", &|s| {
-        s.engine.insert_bytes
-    });
-    family("evictions_total", "counter", "Pages evicted.", &|s| {
-        s.engine.evictions
-    });
-    family(
-        "checksum_failures_total",
-        "counter",
-        "Pages whose data failed its checksum (dropped, never served).",
-        &|s| s.engine.checksum_failures,
-    );
-    family("io_errors_total", "counter", "Disk errors.", &|s| {
-        s.engine.io_errors
-    });
-    family("capacity_bytes", "gauge", "Cache capacity.", &|s| {
-        s.engine.capacity_bytes
-    });
-    family("used_bytes", "gauge", "Bytes cached.", &|s| s.engine.bytes);
-    family("free_bytes", "gauge", "Capacity not holding pages.", &|s| {
-        s.engine.capacity_bytes.saturating_sub(s.engine.bytes)
-    });
-    family("pages", "gauge", "Pages cached.", &|s| s.engine.pages);
-    family(
-        "ring_epoch",
-        "gauge",
-        "Ring epoch the shard serves under.",
-        &|s| s.epoch,
-    );
+    }
     let _ = writeln!(
         out,
         "# HELP pagestore_request_latency_microseconds Request service time on the shard."
