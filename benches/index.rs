@@ -7,7 +7,7 @@ mod timing;
 use std::{collections::HashMap, hint::black_box};
 
 use pagestore_engine::{
-    index::{Index, PageMeta},
+    index::{Index, Lookup, PageMeta},
     policy::new_policy,
     PageKey, PolicyKind,
 };
@@ -67,7 +67,7 @@ fn main() {
         // A hit as the shard does it: begin_read (lookup + policy access) and end_read.
         let hit = ns_per_op(lookups.len() as u64, || {
             for k in &lookups {
-                if let Some((slot, _)) = idx.begin_read(black_box(k)) {
+                if let Lookup::Hit(slot, _) = idx.begin_read(black_box(k), 0) {
                     idx.end_read(slot);
                 }
             }

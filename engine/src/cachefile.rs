@@ -25,6 +25,7 @@ use crate::{
         clear_header, FileIdent, Geometry, HeaderState, SlotHeader, SuperError, Superblock, BLOCK,
         FORMAT_VERSION,
     },
+    rules::Rules,
 };
 
 /// Bytes per read while loading the metadata region at start-up.
@@ -43,7 +44,8 @@ struct BlockWrites {
 pub(crate) struct Recovered {
     /// Valid pages: local slot and header.
     pub pages: Vec<(u32, SlotHeader)>,
-    /// Headers that were damaged or whose checksum table did not match (cleared).
+    /// Headers that were damaged, whose checksum table did not match, or whose rule number no
+    /// longer means what it meant when the page was stored (cleared).
     pub dropped: u64,
     /// True if the file was created or reformatted.
     pub formatted: bool,
@@ -98,12 +100,15 @@ fn ensure_first_block(path: &Path) -> io::Result<()> {
 
 impl CacheFile {
     /// Opens (creating or formatting as needed) the cache file at `path` and recovers its index.
+    /// `rules` is the engine's rule table: pages stored under another set of rule prefixes are
+    /// dropped (see [`CacheFile::recover`]).
     pub(crate) async fn open(
         path: &Path,
         geo: Geometry,
         ident: FileIdent,
         reformat: bool,
         faults: Rc<Faults>,
+        rules: &Rules,
     ) -> Result<(CacheFile, Recovered)> {
         let existed = path.exists();
         ensure_first_block(path)
@@ -153,6 +158,7 @@ impl CacheFile {
         };
 
         let mut need_format = !existed || size == 0;
+        let mut found = None;
         if !need_format {
             let first = cf
                 .dev
@@ -212,6 +218,7 @@ impl CacheFile {
                             ident.dirs
                         ));
                     }
+                    found = Some(sb);
                     if why.is_empty() && size < geo.file_size {
                         tracing::warn!(path = %path.display(), size, "cache file truncated; reformatting");
                         need_format = true;
@@ -229,21 +236,25 @@ impl CacheFile {
             }
         }
 
-        if need_format {
-            cf.format(ident).await?;
-            return Ok((
-                cf,
-                Recovered {
-                    formatted: true,
-                    ..Default::default()
-                },
-            ));
-        }
-        let rec = cf.recover().await?;
+        let fingerprint = rules.fingerprint();
+        let sb = match found {
+            Some(sb) if !need_format => sb,
+            _ => {
+                cf.format(ident, fingerprint).await?;
+                return Ok((
+                    cf,
+                    Recovered {
+                        formatted: true,
+                        ..Default::default()
+                    },
+                ));
+            }
+        };
+        let rec = cf.recover(sb, fingerprint, rules.len()).await?;
         Ok((cf, rec))
     }
 
-    async fn format(&mut self, ident: FileIdent) -> Result<()> {
+    async fn format(&mut self, ident: FileIdent, rules: u64) -> Result<()> {
         let path = self.dev.path().clone();
         let err = |op: &'static str, p: &PathBuf| {
             let p = p.clone();
@@ -280,6 +291,7 @@ impl CacheFile {
             ident,
             created_ms: now_ms(),
             instance: random_u128(),
+            rules,
         }
         .encode(&mut mirror[..BLOCK as usize]);
         *self.mirror.borrow_mut() = mirror;
@@ -292,7 +304,18 @@ impl CacheFile {
 
     /// Loads the metadata region and returns every page whose header and checksum table agree.
     /// Damaged headers are cleared on disk. Page data is not read.
-    async fn recover(&mut self) -> Result<Recovered> {
+    ///
+    /// `sb` is the file's superblock. If it records another rule fingerprint than `fingerprint`
+    /// (the set of rule prefixes changed), every page is dropped: its rule number may now name
+    /// another rule, and a page that a new rule covers has no number at all. Pages whose rule
+    /// number is past the `nrules` rules are dropped too. The superblock gets the new
+    /// fingerprint once the cleared headers are on disk.
+    async fn recover(
+        &mut self,
+        sb: Superblock,
+        fingerprint: u64,
+        nrules: usize,
+    ) -> Result<Recovered> {
         let path = self.dev.path().clone();
         let mut mirror = vec![0u8; self.geo.meta_end as usize];
         let mut pos = 0u64;
@@ -315,10 +338,22 @@ impl CacheFile {
         let g = self.geo;
         let mut rec = Recovered::default();
         let mut dirty_blocks = Vec::new();
+        let rules_changed = sb.rules != fingerprint;
+        let mut rule_dropped = 0u64;
         for slot in 0..g.nslots {
             let ho = g.header_off(slot) as usize;
             match SlotHeader::decode(slot, g.page_size, &mirror[ho..ho + 64]) {
                 HeaderState::Empty => {}
+                HeaderState::Valid(_) if rules_changed => {
+                    clear_header(&mut mirror[ho..ho + 64]);
+                    dirty_blocks.push(ho as u64 / BLOCK);
+                    rule_dropped += 1;
+                }
+                HeaderState::Valid(h) if usize::from(h.rule) > nrules => {
+                    clear_header(&mut mirror[ho..ho + 64]);
+                    dirty_blocks.push(ho as u64 / BLOCK);
+                    rule_dropped += 1;
+                }
                 HeaderState::Valid(h) => {
                     let to = g.table_off(slot) as usize;
                     let n = g.chunks_for(h.len) as usize * 4;
@@ -343,6 +378,31 @@ impl CacheFile {
             self.persist_block(b).await.map_err(|e| {
                 EngineError::io("clearing damaged headers in", Some(path.clone()), e)
             })?;
+        }
+        if rule_dropped > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                pages = rule_dropped,
+                "the rule prefixes changed since these pages were stored; dropped them (their \
+                 rule cannot be recomputed without their paths)"
+            );
+            rec.dropped += rule_dropped;
+        }
+        if rules_changed {
+            // The cleared headers must be on disk before the superblock says the remaining
+            // rule numbers (none) follow the new table.
+            self.dev
+                .sync()
+                .await
+                .map_err(|e| EngineError::io("syncing", Some(path.clone()), e))?;
+            Superblock {
+                rules: fingerprint,
+                ..sb
+            }
+            .encode(&mut self.mirror.borrow_mut()[..BLOCK as usize]);
+            self.persist_block(0)
+                .await
+                .map_err(|e| EngineError::io("writing superblock of", Some(path.clone()), e))?;
         }
         Ok(rec)
     }

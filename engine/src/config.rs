@@ -1,8 +1,8 @@
 //! Engine configuration.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, sync::Arc};
 
-use crate::{error::EngineError, policy::PolicyKind};
+use crate::{error::EngineError, policy::PolicyKind, rules::Rules};
 
 /// Smallest supported page size.
 pub const MIN_PAGE_SIZE: u32 = 64 << 10;
@@ -42,6 +42,9 @@ pub struct EngineConfig {
     /// Discard existing cache files that were made with other settings or whose superblock is
     /// damaged, instead of refusing to start.
     pub reformat: bool,
+    /// Quota, TTL and pin per logical-path prefix (see [`crate::rules`]); empty by default.
+    /// Pages are stored under a rule with [`crate::Shard::put_in_rule`].
+    pub rules: Arc<Rules>,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +60,7 @@ impl Default for EngineConfig {
             queue_depth: 16,
             max_inflight: 256,
             reformat: false,
+            rules: Arc::default(),
         }
     }
 }
@@ -104,7 +108,9 @@ impl EngineConfig {
         if self.queue_depth == 0 || self.max_inflight == 0 {
             return bad("queue depth and max in-flight requests must be at least 1".into());
         }
-        Ok(())
+        self.rules
+            .limits(self.resolved_shards(), self.page_size)
+            .map(|_| ())
     }
 
     /// The shard count after resolving 0 to the available CPUs.

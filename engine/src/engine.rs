@@ -19,9 +19,10 @@ use crate::{
     device::{FaultConfig, Faults},
     error::{EngineError, Result},
     format::{FileIdent, Geometry},
-    index::Index,
+    index::{Index, RuleStats},
     key::PageKey,
     policy::new_policy,
+    rules::Rules,
     shard::{PageInfo, PutOutcome, Shard},
     stats::ShardStats,
 };
@@ -38,6 +39,7 @@ pub struct Engine {
     handles: Vec<ShardHandle>,
     threads: Vec<ExecutorJoinHandle<Result<()>>>,
     page_size: u32,
+    rules: Arc<Rules>,
     _locks: Vec<File>,
 }
 
@@ -86,6 +88,23 @@ impl ShardHandle {
     pub async fn put(&self, key: PageKey, data: Vec<u8>, version: u64) -> Result<PutOutcome> {
         self.run(move |s| async move { s.put(&key, &data, version).await })
             .await?
+    }
+
+    /// Stores a page of rule number `rule` (see [`Shard::put_in_rule`]).
+    pub async fn put_in_rule(
+        &self,
+        key: PageKey,
+        data: Vec<u8>,
+        version: u64,
+        rule: u8,
+    ) -> Result<PutOutcome> {
+        self.run(move |s| async move { s.put_in_rule(&key, &data, version, rule).await })
+            .await?
+    }
+
+    /// Accounting of every rule on this shard, by rule number (see [`Shard::rule_stats`]).
+    pub async fn rule_stats(&self) -> Result<Vec<RuleStats>> {
+        self.run(|s| async move { s.rule_stats() }).await
     }
 
     /// Whether a page is cached.
@@ -238,6 +257,7 @@ impl Engine {
             handles,
             threads,
             page_size: config.page_size,
+            rules: config.rules.clone(),
             _locks: locks,
         };
         let mut first_err = None;
@@ -273,6 +293,11 @@ impl Engine {
     /// The cache's page size.
     pub fn page_size(&self) -> u32 {
         self.page_size
+    }
+
+    /// The rule table the shards enforce.
+    pub fn rules(&self) -> &Arc<Rules> {
+        &self.rules
     }
 
     /// The shard a key belongs to when the engine is used on its own (without the cluster ring):
@@ -359,11 +384,14 @@ async fn open_shard(id: usize, shards: usize, cfg: &EngineConfig, geo: Geometry)
             dirs: cfg.cache_dirs.len() as u32,
         };
         let path = shard_file(dir, id);
-        files.push(CacheFile::open(&path, geo, ident, cfg.reformat, faults.clone()).await?);
+        files.push(
+            CacheFile::open(&path, geo, ident, cfg.reformat, faults.clone(), &cfg.rules).await?,
+        );
     }
     let nslots = geo.nslots * files.len() as u32;
-    let index = Index::new(nslots, new_policy(cfg.policy, nslots));
-    let shard = Shard::new(id, files, index, faults, started);
+    let limits = cfg.rules.limits(shards, cfg.page_size)?;
+    let index = Index::with_rules(nslots, new_policy(cfg.policy, nslots), &limits);
+    let shard = Shard::new(id, files, index, faults, started, cfg.rules.clone());
     let st = shard.stats();
     tracing::info!(
         shard = id,

@@ -49,6 +49,12 @@ pub enum EngineError {
     },
     /// Every slot of the shard is pinned, being written or being read: nothing can be evicted.
     CacheFull,
+    /// The page's rule is at its quota and none of its pages can be evicted (all pinned by
+    /// request, being written or being read); the page was not stored.
+    QuotaFull {
+        /// The rule's prefix.
+        rule: String,
+    },
     /// A read asked for bytes starting past the end of the page.
     BadRange {
         /// Requested offset inside the page.
@@ -130,6 +136,11 @@ impl fmt::Display for EngineError {
             EngineError::CacheFull => write!(
                 f,
                 "cache shard is full: every page is pinned or in use, nothing can be evicted"
+            ),
+            EngineError::QuotaFull { rule } => write!(
+                f,
+                "rule {rule} is at its quota and none of its pages can be evicted (pinned, being \
+                 written or being read)"
             ),
             EngineError::BadRange { offset, page_len } => {
                 write!(

@@ -26,7 +26,7 @@ pub const SLOT_TABLE_OFF: u64 = BLOCK;
 /// Data region alignment.
 pub const DATA_ALIGN: u64 = 1 << 20;
 /// Header flag: the page is pinned.
-pub const FLAG_PINNED: u16 = 1;
+pub const FLAG_PINNED: u8 = 1;
 
 /// Rounds `v` up to a multiple of `a` (a power of two).
 pub fn align_up(v: u64, a: u64) -> u64 {
@@ -149,6 +149,9 @@ pub struct Superblock {
     pub created_ms: u64,
     /// Random id of this cache file instance.
     pub instance: u128,
+    /// Fingerprint of the rule prefixes the pages' rule numbers refer to
+    /// ([`crate::rules::Rules::fingerprint`]; 0: no rules).
+    pub rules: u64,
 }
 
 /// Why a superblock could not be used.
@@ -202,6 +205,7 @@ impl Superblock {
         b[72..80].copy_from_slice(&g.file_size.to_le_bytes());
         b[80..88].copy_from_slice(&self.created_ms.to_le_bytes());
         b[88..104].copy_from_slice(&self.instance.to_le_bytes());
+        b[104..112].copy_from_slice(&self.rules.to_le_bytes());
         let crc = crc32fast::hash(&b[..4092]);
         b[4092..4096].copy_from_slice(&crc.to_le_bytes());
     }
@@ -262,6 +266,7 @@ impl Superblock {
             },
             created_ms: get_u64(b, 80),
             instance: get_u128(b, 88),
+            rules: get_u64(b, 104),
         })
     }
 }
@@ -281,7 +286,9 @@ pub struct SlotHeader {
     /// Insert time, milliseconds since the Unix epoch.
     pub inserted_ms: u64,
     /// Flags (`FLAG_PINNED`).
-    pub flags: u16,
+    pub flags: u8,
+    /// The page's rule number (0: no rule; see [`crate::rules`]).
+    pub rule: u8,
 }
 
 /// What a 64-byte header slot holds.
@@ -301,7 +308,8 @@ impl SlotHeader {
         let b = &mut b[..HEADER_SIZE];
         b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
         b[4..6].copy_from_slice(&(FORMAT_VERSION as u16).to_le_bytes());
-        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[6] = self.flags;
+        b[7] = self.rule;
         b[8..24].copy_from_slice(&self.key.file_id.to_le_bytes());
         b[24..32].copy_from_slice(&self.key.page_index.to_le_bytes());
         b[32..36].copy_from_slice(&self.len.to_le_bytes());
@@ -336,7 +344,8 @@ impl SlotHeader {
             data_crc: get_u32(b, 36),
             version: get_u64(b, 40),
             inserted_ms: get_u64(b, 48),
-            flags: u16::from_le_bytes([b[6], b[7]]),
+            flags: b[6],
+            rule: b[7],
         })
     }
 }
@@ -379,12 +388,13 @@ mod tests {
             },
             created_ms: 123,
             instance: 0xdead_beef,
+            rules: 0x1234_5678_9abc_def0,
         };
         let mut b = vec![0u8; 4096];
         assert_eq!(Superblock::decode(&b), Err(SuperError::Blank));
         sb.encode(&mut b);
         assert_eq!(Superblock::decode(&b), Ok(sb));
-        for i in [0usize, 17, 30, 100, 4093] {
+        for i in [0usize, 17, 30, 100, 105, 4093] {
             let mut c = b.clone();
             c[i] ^= 0x40;
             assert!(matches!(
@@ -403,6 +413,7 @@ mod tests {
             version: 42,
             inserted_ms: 1_700_000_000_000,
             flags: FLAG_PINNED,
+            rule: 7,
         };
         let mut b = [0u8; HEADER_SIZE];
         assert_eq!(SlotHeader::decode(3, 4 << 20, &b), HeaderState::Empty);

@@ -37,6 +37,7 @@ pub mod index;
 mod key;
 pub mod policy;
 pub mod probe;
+pub mod rules;
 mod shard;
 mod stats;
 
@@ -48,7 +49,9 @@ pub use engine::{shard_file, Engine, ShardHandle, ShardInit};
 pub use error::{EngineError, Result};
 /// glommio's DMA buffer, for [`Shard::put_buffer`].
 pub use glommio::io::DmaBuffer;
+pub use index::RuleStats;
 pub use key::PageKey;
 pub use policy::PolicyKind;
+pub use rules::{Rule, Rules};
 pub use shard::{PageData, PageInfo, PutOutcome, Shard};
 pub use stats::ShardStats;

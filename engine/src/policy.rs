@@ -156,10 +156,11 @@ const EMPTY: Ends = Ends {
     len: 0,
 };
 
-/// Number of lists a [`SlotLists`] holds.
+/// Number of lists a [`SlotLists::new`] holds.
 const NLISTS: usize = 2;
 
-/// Up to two doubly linked lists of slots sharing one slab of nodes.
+/// Doubly linked lists of slots sharing one slab of nodes (two for the
+/// policies; [`SlotLists::with_lists`] makes up to 256).
 ///
 /// Each slot is in at most one list. Heads are the "new" end, tails the "old"
 /// end. `node_of` maps a slot to its node, so finding, unlinking and moving a
@@ -169,16 +170,25 @@ pub struct SlotLists {
     nodes: Slab<Node>,
     /// Slot -> slab key of its node, or `NIL` when the slot is not tracked.
     node_of: Vec<u32>,
-    ends: [Ends; NLISTS],
+    ends: Vec<Ends>,
 }
 
 impl SlotLists {
-    /// Empty lists for slots `0..nslots`.
+    /// Two empty lists for slots `0..nslots`.
     pub fn new(nslots: u32) -> Self {
+        Self::with_lists(nslots, NLISTS)
+    }
+
+    /// `lists` empty lists (at most 256) for slots `0..nslots`.
+    pub fn with_lists(nslots: u32, lists: usize) -> Self {
+        debug_assert!(
+            lists <= 256,
+            "{lists} lists; a node records its list in a u8"
+        );
         Self {
             nodes: Slab::with_capacity(nslots as usize),
             node_of: vec![NIL; nslots as usize],
-            ends: [EMPTY; NLISTS],
+            ends: vec![EMPTY; lists.min(256)],
         }
     }
 
@@ -319,7 +329,7 @@ impl SlotLists {
         let old_head = ends.head;
         {
             let node = &mut self.nodes[key as usize];
-            // `list` < NLISTS, so it fits a u8.
+            // At most 256 lists, so `list` fits a u8.
             node.list = list as u8;
             node.prev = NIL;
             node.next = old_head;
@@ -335,7 +345,7 @@ impl SlotLists {
 
     /// Panics if links, lengths or the slot map are inconsistent.
     #[cfg(test)]
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         let mut seen = 0;
         for (list, ends) in self.ends.iter().enumerate() {
             let mut prev = NIL;

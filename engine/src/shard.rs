@@ -11,6 +11,7 @@ use std::{
     collections::HashMap,
     ops::Deref,
     rc::Rc,
+    sync::Arc,
 };
 
 use glommio::io::{DmaBuffer, ReadResult};
@@ -21,9 +22,10 @@ use crate::{
     error::{EngineError, Result},
     event::Event,
     format::{Geometry, SlotHeader, FLAG_PINNED},
-    index::{Index, PageMeta, Removal, SlotState},
+    index::{Index, Lookup, PageMeta, Removal, ReserveError, RuleStats, SlotState},
     key::PageKey,
     policy::SlotId,
+    rules::{Rules, NO_RULE},
     stats::{Counters, ShardStats},
 };
 
@@ -89,8 +91,10 @@ pub struct PageInfo {
     pub version: u64,
     /// Insert time (ms since the Unix epoch).
     pub inserted_ms: u64,
-    /// Whether the page is pinned.
+    /// Whether the page is pinned (by request or by its rule).
     pub pinned: bool,
+    /// The page's rule number (0: none; see [`Shard::rules`]).
+    pub rule: u8,
 }
 
 /// Recovery figures of one shard.
@@ -115,6 +119,7 @@ pub struct Shard {
     counters: Counters,
     faults: Rc<Faults>,
     recovery: Cell<RecoveryInfo>,
+    rules: Arc<Rules>,
 }
 
 /// Ends a read when dropped, even if the reading future is cancelled.
@@ -152,6 +157,7 @@ impl Shard {
         index: Index,
         faults: Rc<Faults>,
         started: std::time::Instant,
+        rules: Arc<Rules>,
     ) -> Shard {
         let geo = *files[0].0.geometry();
         let mut shard = Shard {
@@ -164,6 +170,7 @@ impl Shard {
             counters: Counters::default(),
             faults,
             recovery: Cell::new(RecoveryInfo::default()),
+            rules,
         };
         // Restore pages oldest first so the eviction order approximates the old one.
         let mut restored: Vec<(SlotId, SlotHeader)> = Vec::new();
@@ -182,6 +189,7 @@ impl Shard {
         }
         restored.sort_by_key(|(slot, h)| (h.inserted_ms, *slot));
         let mut losers = Vec::new();
+        let kept;
         {
             let mut index = shard.index.borrow_mut();
             for (slot, h) in &restored {
@@ -190,7 +198,8 @@ impl Shard {
                     version: h.version,
                     inserted_ms: h.inserted_ms,
                 };
-                if let Some(loser) = index.restore(*slot, h.key, meta, h.flags & FLAG_PINNED != 0) {
+                let pinned = h.flags & FLAG_PINNED != 0;
+                if let Some(loser) = index.restore(*slot, h.key, meta, pinned, h.rule) {
                     losers.push(loser);
                 }
             }
@@ -199,9 +208,16 @@ impl Shard {
             for slot in &losers {
                 index.reclaimed(*slot, false);
             }
+            // A quota lowered since the pages were stored: the rule's oldest pages go the same way
+            // (counted as quota evictions, not as damage).
+            let trimmed = index.enforce_quotas();
+            for slot in &trimmed {
+                index.reclaimed(*slot, false);
+            }
+            kept = index.len();
         }
         shard.recovery.set(RecoveryInfo {
-            pages: (restored.len() - losers.len()) as u64,
+            pages: kept as u64,
             dropped: dropped + losers.len() as u64,
             micros: started.elapsed().as_micros() as u64,
         });
@@ -211,6 +227,20 @@ impl Shard {
     /// This shard's index (0-based).
     pub fn id(&self) -> usize {
         self.id
+    }
+
+    /// The engine's rule table (rule numbers for [`Shard::put_in_rule`]).
+    pub fn rules(&self) -> &Arc<Rules> {
+        &self.rules
+    }
+
+    /// Accounting of every rule on this shard, indexed by rule number (entry 0: pages no rule
+    /// covers).
+    pub fn rule_stats(&self) -> Vec<RuleStats> {
+        let index = self.index.borrow();
+        (0..index.rule_count())
+            .map(|r| index.rule_stats(r as u8))
+            .collect()
     }
 
     /// The cache's page size.
@@ -230,33 +260,42 @@ impl Shard {
             len: s.meta.len,
             version: s.meta.version,
             inserted_ms: s.meta.inserted_ms,
-            pinned: s.pinned,
+            pinned: s.held(),
+            rule: s.rule,
         }
     }
 
-    /// Whether a page is cached (and readable).
-    pub fn contains(&self, key: &PageKey) -> bool {
-        self.index.borrow().contains(key)
+    /// The clock the index's TTL checks need: the wall clock pages are stamped with, read only
+    /// when some rule has a TTL.
+    fn now_for(index: &Index) -> u64 {
+        if index.has_ttl() {
+            now_ms()
+        } else {
+            0
+        }
     }
 
-    /// What the index knows about a cached page.
-    pub fn page_info(&self, key: &PageKey) -> Option<PageInfo> {
+    /// Whether a page is cached and readable (a page past its rule's TTL is not).
+    pub fn contains(&self, key: &PageKey) -> bool {
         let index = self.index.borrow();
-        let slot = index.lookup(key)?;
-        let s = index.slot(slot);
-        Some(PageInfo {
-            len: s.meta.len,
-            version: s.meta.version,
-            inserted_ms: s.meta.inserted_ms,
-            pinned: s.pinned,
-        })
+        index.lookup_live(key, Self::now_for(&index)).is_some()
+    }
+
+    /// What the index knows about a cached page (none for a page past its rule's TTL).
+    pub fn page_info(&self, key: &PageKey) -> Option<PageInfo> {
+        let slot = {
+            let index = self.index.borrow();
+            index.lookup_live(key, Self::now_for(&index))?
+        };
+        Some(self.info_of(slot))
     }
 
     /// Reads bytes `[offset, offset + len)` of a page, clipped to the page's length.
     ///
     /// `Ok(None)` is a miss: the page is not cached, or it was and failed its checksum (it is then
-    /// dropped and counted; corrupt bytes are never returned). An `offset` past the end of the page
-    /// is [`EngineError::BadRange`].
+    /// dropped and counted; corrupt bytes are never returned), or it was past its rule's TTL (it
+    /// is then dropped and counted). An `offset` past the end of the page is
+    /// [`EngineError::BadRange`].
     pub async fn get(&self, key: &PageKey, offset: u32, len: u32) -> Result<Option<PageData>> {
         Ok(self.read(key, offset, len).await?.map(|(data, _)| data))
     }
@@ -269,9 +308,24 @@ impl Shard {
         offset: u32,
         len: u32,
     ) -> Result<Option<(PageData, PageInfo)>> {
-        let Some((slot, meta)) = self.index.borrow_mut().begin_read(key) else {
-            self.counters.misses.set(self.counters.misses.get() + 1);
-            return Ok(None);
+        let lookup = {
+            let mut index = self.index.borrow_mut();
+            let now = Self::now_for(&index);
+            index.begin_read(key, now)
+        };
+        let (slot, meta) = match lookup {
+            Lookup::Hit(slot, meta) => (slot, meta),
+            Lookup::Miss => {
+                self.counters.misses.set(self.counters.misses.get() + 1);
+                return Ok(None);
+            }
+            Lookup::Expired(removal) => {
+                self.counters.misses.set(self.counters.misses.get() + 1);
+                // As for a corrupt page: the miss is the answer; a failed clear only means the
+                // page is dropped again after a restart.
+                let _ = self.reclaim(removal).await;
+                return Ok(None);
+            }
         };
         let guard = ReadGuard { shard: self, slot };
         if offset > meta.len {
@@ -345,7 +399,28 @@ impl Shard {
     /// nothing; with another version the new page replaces the old. Concurrent puts of one key
     /// are coalesced: later ones wait for the first and then find the page present.
     pub async fn put(&self, key: &PageKey, data: &[u8], version: u64) -> Result<PutOutcome> {
-        self.put_bytes(key, PageBytes::Slice(data), version).await
+        self.put_bytes(key, PageBytes::Slice(data), version, NO_RULE)
+            .await
+    }
+
+    /// Like [`Shard::put`], for a page of rule number `rule` ([`Rules::classify`] of its file's
+    /// path): the page counts against the rule's quota (the rule's oldest page makes room when
+    /// it is at its quota), expires after its TTL, and is pinned if the rule pins. An unknown
+    /// rule number stores the page under no rule.
+    ///
+    /// # Errors
+    ///
+    /// As [`Shard::put`], and [`EngineError::QuotaFull`] when the rule is at its quota and none
+    /// of its pages can be evicted.
+    pub async fn put_in_rule(
+        &self,
+        key: &PageKey,
+        data: &[u8],
+        version: u64,
+        rule: u8,
+    ) -> Result<PutOutcome> {
+        self.put_bytes(key, PageBytes::Slice(data), version, rule)
+            .await
     }
 
     /// A buffer for [`Shard::put_buffer`]: `len` rounded up to 4096 bytes, suitable for O_DIRECT
@@ -371,7 +446,8 @@ impl Shard {
                 capacity: buf.len(),
             });
         }
-        self.put_bytes(key, PageBytes::Dma(buf, len), version).await
+        self.put_bytes(key, PageBytes::Dma(buf, len), version, NO_RULE)
+            .await
     }
 
     async fn put_bytes(
@@ -379,6 +455,7 @@ impl Shard {
         key: &PageKey,
         data: PageBytes<'_>,
         version: u64,
+        rule: u8,
     ) -> Result<PutOutcome> {
         if data.len() > self.geo.page_size as usize {
             return Err(EngineError::PageTooLarge {
@@ -405,13 +482,29 @@ impl Shard {
             shard: self,
             key: *key,
         };
-        self.store(key, data, version).await?;
+        self.store(key, data, version, rule).await?;
         Ok(PutOutcome::Stored)
     }
 
-    async fn store(&self, key: &PageKey, data: PageBytes<'_>, version: u64) -> Result<()> {
-        let res = self.index.borrow_mut().reserve();
-        let r = res.map_err(|_| EngineError::CacheFull)?;
+    async fn store(
+        &self,
+        key: &PageKey,
+        data: PageBytes<'_>,
+        version: u64,
+        rule: u8,
+    ) -> Result<()> {
+        let res = self.index.borrow_mut().reserve_for(rule);
+        let r = res.map_err(|e| match e {
+            ReserveError::Full => EngineError::CacheFull,
+            ReserveError::Quota { rule } => EngineError::QuotaFull {
+                rule: self
+                    .rules
+                    .get(rule)
+                    .map_or_else(|| format!("#{rule}"), |r| r.prefix.clone()),
+            },
+        })?;
+        // The rule the index reserved for (an unknown number is stored as no rule).
+        let rule = self.index.borrow().slot(r.slot).rule;
         if r.evicted.is_some() {
             self.counters
                 .evictions
@@ -470,8 +563,11 @@ impl Shard {
             }
         }
 
-        // 3. The header makes the page exist.
-        let old_pinned = self.page_info(key).is_some_and(|i| i.pinned);
+        // 3. The header makes the page exist. A pin by request carries over to the new copy.
+        let old_pinned = {
+            let index = self.index.borrow();
+            index.lookup(key).is_some_and(|s| index.slot(s).pinned)
+        };
         let header = SlotHeader {
             key: *key,
             len,
@@ -479,6 +575,7 @@ impl Shard {
             version,
             inserted_ms: now_ms(),
             flags: if old_pinned { FLAG_PINNED } else { 0 },
+            rule,
         };
         file.with_header(local, |h| header.encode(local, h));
         if let Err(e) = file.persist_header(local).await {
@@ -579,7 +676,8 @@ impl Shard {
     }
 
     /// Pins or unpins a cached page. Pinned pages are never evicted; the pin is stored in the
-    /// page header and survives restarts. Returns whether the page is cached.
+    /// page header and survives restarts. A page its rule pins stays pinned when unpinned here.
+    /// Returns whether the page is cached.
     pub async fn set_pinned(&self, key: &PageKey, pinned: bool) -> Result<bool> {
         let Some(slot) = self.index.borrow_mut().set_pinned(key, pinned) else {
             return Ok(false);
