@@ -4,12 +4,12 @@
 //! worker is down.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::SocketAddr,
     path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
+        Arc, Mutex, RwLock,
     },
     time::{Duration, Instant},
 };
@@ -26,7 +26,10 @@ use pagestore_net::{
     ring::{path_hash, MemberId, RingConfig},
 };
 
-use crate::ufs::{MountTable, ObjectInfo, UfsError};
+use crate::{
+    etcd::{ClusterState, Etcd},
+    ufs::{MountTable, ObjectInfo, UfsError},
+};
 
 /// Why a client call failed.
 #[derive(Debug)]
@@ -101,11 +104,17 @@ pub enum ClusterSource {
     File(std::path::PathBuf),
     /// Any member's base address; the member list is asked from it.
     Addr(SocketAddr),
+    /// Membership in etcd (`etcd://HOST:PORT[,...][/CLUSTER]`), followed while the client
+    /// lives: members that join or leave are routed to (or around) within seconds.
+    Etcd(String),
 }
 
 impl ClusterSource {
-    /// `IP:PORT` is an address; anything else is a member file path.
+    /// `etcd://...` is etcd, `IP:PORT` an address, anything else a member file path.
     pub fn parse(s: &str) -> ClusterSource {
+        if s.starts_with("etcd://") {
+            return ClusterSource::Etcd(s.to_string());
+        }
         match s.parse::<SocketAddr>() {
             Ok(a) => ClusterSource::Addr(a),
             Err(_) => ClusterSource::File(s.into()),
@@ -162,8 +171,10 @@ pub struct ClientStats {
     pub ufs_bytes: AtomicU64,
     /// Requests to a member that failed (timeouts, resets, errors that are not answers).
     pub member_failures: AtomicU64,
-    /// Requests that skipped a member because it is backed off.
+    /// Requests that skipped a member because it is backed off, or down in etcd.
     pub skipped_dead: AtomicU64,
+    /// Membership changes applied (etcd).
+    pub ring_updates: AtomicU64,
 }
 
 /// A snapshot of [`ClientStats`].
@@ -185,6 +196,8 @@ pub struct StatsSnapshot {
     pub member_failures: u64,
     /// See [`ClientStats::skipped_dead`].
     pub skipped_dead: u64,
+    /// See [`ClientStats::ring_updates`].
+    pub ring_updates: u64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -198,9 +211,13 @@ struct Health {
     probing: bool,
 }
 
-/// The cluster as the client sees it.
+/// The cluster as the client sees it. Replaced whole when membership changes (etcd), so a
+/// request works with one consistent view.
 struct Layout {
-    membership: Membership,
+    membership: Arc<Membership>,
+    /// Ring members known to be down (static ring mode): their keys go to a replica or the
+    /// under storage without waiting for a timeout.
+    down: HashSet<u128>,
     page_size: u32,
     replicas: u8,
     mounts: Vec<MountEntry>,
@@ -209,7 +226,8 @@ struct Layout {
 /// A client of one cluster. Cheap to share: wrap it in an `Arc` (file handles need one).
 pub struct Client {
     pool: Arc<Pool>,
-    layout: Layout,
+    layout: RwLock<Arc<Layout>>,
+    etcd: Option<Arc<Etcd>>,
     ufs: Option<Arc<MountTable>>,
     health: Mutex<HashMap<SocketAddr, Health>>,
     stats: ClientStats,
@@ -263,6 +281,7 @@ impl Client {
         ufs: Option<Arc<MountTable>>,
         options: ClientOptions,
     ) -> Result<Arc<Client>, Error> {
+        let mut followed: Option<(Arc<Etcd>, ClusterState)> = None;
         let (listed, probe): (Option<Vec<NodeInfo>>, Vec<SocketAddr>) = match source {
             ClusterSource::File(path) => {
                 let nodes = read_member_file(path)?;
@@ -270,6 +289,16 @@ impl Client {
                 (Some(nodes), addrs)
             }
             ClusterSource::Addr(a) => (None, vec![*a]),
+            ClusterSource::Etcd(url) => {
+                let etcd = Arc::new(Etcd::new(url).map_err(|e| Error::Config(e.to_string()))?);
+                let state = etcd.state().await.map_err(|e| {
+                    Error::Unavailable(format!("{e} (the client needs etcd to start)"))
+                })?;
+                let probe = state.live.values().map(|r| r.info.addr).collect();
+                let nodes = state.ring_nodes();
+                followed = Some((etcd, state));
+                (Some(nodes), probe)
+            }
         };
         let loopback = probe.iter().all(|a| a.ip().is_loopback());
         let bind: SocketAddr = match (probe.first(), loopback) {
@@ -337,42 +366,127 @@ impl Client {
                 })
                 .collect::<Result<Vec<_>, Error>>()?,
         };
-        let membership = Membership::new(nodes, RingConfig::default(), 1)
+        let epoch = followed.as_ref().map_or(1, |(_, s)| s.revision.max(1));
+        let down = followed
+            .as_ref()
+            .map_or_else(HashSet::new, |(_, s)| s.down().into_iter().collect());
+        let membership = Membership::new(nodes, RingConfig::default(), epoch)
             .map_err(|e| Error::Config(e.to_string()))?;
         let ufs = match ufs {
             Some(u) => Some(u),
             None if options.fallback => fallback_table(&mounts),
             None => None,
         };
-        Ok(Arc::new(Client {
+        let client = Arc::new(Client {
             pool,
-            layout: Layout {
-                membership,
+            layout: RwLock::new(Arc::new(Layout {
+                membership: Arc::new(membership),
+                down,
                 page_size,
                 replicas,
                 mounts,
-            },
+            })),
+            etcd: followed.as_ref().map(|(e, _)| e.clone()),
             ufs,
             health: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
             options,
             next_id: AtomicU64::new(2),
-        }))
+        });
+        if let Some((etcd, state)) = followed {
+            let weak = Arc::downgrade(&client);
+            crate::etcd::follow(etcd, Some(state), move |s| match weak.upgrade() {
+                Some(c) => {
+                    c.apply(s);
+                    true
+                }
+                None => false,
+            });
+        }
+        Ok(client)
+    }
+
+    /// Routes by a new membership state from etcd.
+    fn apply(&self, s: &ClusterState) {
+        let membership =
+            match Membership::new(s.ring_nodes(), RingConfig::default(), s.revision.max(1)) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring a membership change");
+                    return;
+                }
+            };
+        let down: HashSet<u128> = s.down().into_iter().collect();
+        let was_down = self
+            .layout
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .down
+            .clone();
+        let old_down = |id: u128| was_down.contains(&id);
+        {
+            // Members that are (back) up in etcd get a fresh chance at once, on a fresh
+            // connection (the old one may lead to the process that died).
+            let mut health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            for n in membership.nodes().filter(|n| !down.contains(&n.id)) {
+                for shard in 0..n.shards {
+                    if health.remove(&n.shard_addr(shard)).is_some() || old_down(n.id) {
+                        self.pool.forget(n.shard_addr(shard));
+                    }
+                }
+            }
+        }
+        let mut guard = self.layout.write().unwrap_or_else(|p| p.into_inner());
+        let old = guard.clone();
+        tracing::info!(
+            epoch = s.revision,
+            nodes = membership.nodes().count(),
+            down = down.len(),
+            mode = s.mode().as_str(),
+            "membership changed"
+        );
+        *guard = Arc::new(Layout {
+            membership: Arc::new(membership),
+            down,
+            page_size: old.page_size,
+            replicas: old.replicas,
+            mounts: old.mounts.clone(),
+        });
+        bump(&self.stats.ring_updates, 1);
+    }
+
+    fn layout(&self) -> Arc<Layout> {
+        self.layout
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The cluster's page size.
     pub fn page_size(&self) -> u32 {
-        self.layout.page_size
+        self.layout().page_size
     }
 
     /// The cluster's mount table (credentials removed).
-    pub fn mounts(&self) -> &[MountEntry] {
-        &self.layout.mounts
+    pub fn mounts(&self) -> Vec<MountEntry> {
+        self.layout().mounts.clone()
     }
 
-    /// The member list.
-    pub fn membership(&self) -> &Membership {
-        &self.layout.membership
+    /// The member list and ring in force now.
+    pub fn membership(&self) -> Arc<Membership> {
+        self.layout().membership.clone()
+    }
+
+    /// Ring members that etcd reports down (static ring mode).
+    pub fn down_members(&self) -> Vec<u128> {
+        let mut v: Vec<u128> = self.layout().down.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The etcd connection, when the client follows membership in etcd.
+    pub fn etcd(&self) -> Option<&Arc<Etcd>> {
+        self.etcd.as_ref()
     }
 
     /// The options in force.
@@ -393,6 +507,7 @@ impl Client {
             ufs_bytes: g(&s.ufs_bytes),
             member_failures: g(&s.member_failures),
             skipped_dead: g(&s.skipped_dead),
+            ring_updates: g(&s.ring_updates),
         }
     }
 
@@ -483,12 +598,13 @@ impl Client {
     }
 
     fn metadata_owner(&self, path: &str) -> Option<SocketAddr> {
-        let m = self
-            .layout
-            .membership
-            .ring()
-            .owner_of_hash(path_hash(path))?;
-        self.layout.membership.addr_of(m)
+        let layout = self.layout();
+        let m = layout.membership.ring().owner_of_hash(path_hash(path))?;
+        if layout.down.contains(&m.node) {
+            bump(&self.stats.skipped_dead, 1);
+            return None;
+        }
+        layout.membership.addr_of(m)
     }
 
     fn ufs(&self) -> Result<&MountTable, Error> {
@@ -597,7 +713,8 @@ impl Client {
         offset: u32,
         len: u32,
     ) -> Result<Bytes, Error> {
-        let ps = u64::from(self.layout.page_size);
+        let layout = self.layout();
+        let ps = u64::from(layout.page_size);
         let page_start = page.saturating_mul(ps);
         if page_start >= info.size {
             return Ok(Bytes::new());
@@ -609,11 +726,15 @@ impl Client {
             version_tag: info.version.clone(),
             size: info.size,
         };
-        let ring = self.layout.membership.ring();
+        let ring = layout.membership.ring();
         let members: Vec<MemberId> =
-            ring.replicas(info.file_id, page, 1 + self.layout.replicas as usize);
+            ring.replicas(info.file_id, page, 1 + layout.replicas as usize);
         for (i, m) in members.iter().enumerate() {
-            let Some(addr) = self.layout.membership.addr_of(*m) else {
+            if layout.down.contains(&m.node) {
+                bump(&self.stats.skipped_dead, 1);
+                continue;
+            }
+            let Some(addr) = layout.membership.addr_of(*m) else {
                 continue;
             };
             let body = RequestBody::Fetch {
@@ -664,7 +785,7 @@ impl Client {
         if offset >= end {
             return Ok(Bytes::new());
         }
-        let ps = u64::from(self.layout.page_size);
+        let ps = u64::from(self.page_size());
         let (first, last) = (offset / ps, (end - 1) / ps);
         if first == last {
             let off = (offset - first * ps) as u32;
@@ -713,14 +834,15 @@ impl Client {
     /// owner is asked (`LoadPages`) to load those it does not hold yet from the under storage.
     /// Returns the pages newly loaded, their bytes, and the pages that were already cached.
     pub async fn load(&self, info: &ObjectInfo) -> Result<LoadOutcome, Error> {
-        let ps = u64::from(self.layout.page_size);
+        let layout = self.layout();
+        let ps = u64::from(layout.page_size);
         let pages = info.size.div_ceil(ps);
-        let ring = self.layout.membership.ring();
+        let ring = layout.membership.ring();
         let mut by_owner: HashMap<SocketAddr, Vec<u64>> = HashMap::new();
         for p in 0..pages {
             let addr = ring
                 .owner(info.file_id, p)
-                .and_then(|m| self.layout.membership.addr_of(m))
+                .and_then(|m| layout.membership.addr_of(m))
                 .ok_or_else(|| Error::Unavailable("the ring has no members".into()))?;
             by_owner.entry(addr).or_default().push(p);
         }
@@ -768,8 +890,9 @@ impl Client {
 
     /// Every shard's counters (`Stat`), by node and shard; `None` where the shard did not answer.
     pub async fn shard_stats(&self) -> Vec<(NodeInfo, u16, Option<ShardCounters>)> {
+        let layout = self.layout();
         let mut asks = Vec::new();
-        for n in self.layout.membership.nodes() {
+        for n in layout.membership.nodes() {
             for s in 0..n.shards {
                 let addr = n.shard_addr(s);
                 asks.push(async move {
@@ -804,6 +927,92 @@ impl Client {
         futures_util::future::join_all(asks).await
     }
 
+    /// Sends a preload job's progress record (JSON with a string `id`) to every live node,
+    /// which keep it for `pagectl jobs` and `/v1/jobs`. Returns how many nodes took it.
+    pub async fn report_job(&self, record: &[u8]) -> usize {
+        let layout = self.layout();
+        let asks = layout
+            .membership
+            .nodes()
+            .filter(|n| !layout.down.contains(&n.id))
+            .map(|n| self.jobs_call(n.shard_addr(0), record))
+            .collect::<Vec<_>>();
+        futures_util::future::join_all(asks)
+            .await
+            .iter()
+            .filter(|r| r.is_ok())
+            .count()
+    }
+
+    /// The job records the nodes keep, merged (one per job id, the most recently updated),
+    /// most recently updated first.
+    pub async fn jobs(&self) -> Result<Vec<serde_json::Value>, Error> {
+        let layout = self.layout();
+        let asks = layout
+            .membership
+            .nodes()
+            .filter(|n| !layout.down.contains(&n.id))
+            .map(|n| self.jobs_call(n.shard_addr(0), &[]))
+            .collect::<Vec<_>>();
+        let mut by_id: HashMap<String, serde_json::Value> = HashMap::new();
+        let mut answered = 0;
+        let mut last_err = String::from("no live node");
+        for r in futures_util::future::join_all(asks).await {
+            match r {
+                Ok(list) => {
+                    answered += 1;
+                    for v in list {
+                        let Some(id) = v["id"].as_str().map(str::to_string) else {
+                            continue;
+                        };
+                        let newer = by_id
+                            .get(&id)
+                            .is_none_or(|old| v["updated"].as_f64() > old["updated"].as_f64());
+                        if newer {
+                            by_id.insert(id, v);
+                        }
+                    }
+                }
+                Err(e) => last_err = e.to_string(),
+            }
+        }
+        if answered == 0 {
+            return Err(Error::Unavailable(format!(
+                "no node answered for job records ({last_err})"
+            )));
+        }
+        let mut v: Vec<serde_json::Value> = by_id.into_values().collect();
+        v.sort_by(|a, b| {
+            b["updated"]
+                .as_f64()
+                .partial_cmp(&a["updated"].as_f64())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        Ok(v)
+    }
+
+    async fn jobs_call(
+        &self,
+        addr: SocketAddr,
+        record: &[u8],
+    ) -> Result<Vec<serde_json::Value>, Error> {
+        let req = Request {
+            request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            body: RequestBody::Jobs,
+        };
+        let (resp, payload) = self
+            .pool
+            .request(addr, &req, record)
+            .await
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
+        match resp.body {
+            ResponseBody::Jobs => serde_json::from_slice(&payload)
+                .map_err(|e| Error::Unavailable(format!("{addr}: job records: {e}"))),
+            ResponseBody::Error { message, .. } => Err(Error::Unavailable(message)),
+            other => Err(Error::Unavailable(format!("{addr} answered {other:?}"))),
+        }
+    }
+
     /// The mount table this client reads the under storage with directly (fallback), if any.
     pub fn ufs_table(&self) -> Option<&MountTable> {
         self.ufs.as_deref()
@@ -815,8 +1024,9 @@ impl Client {
     /// the old version are never read again, because new readers use the new file id). Returns
     /// the pages dropped.
     pub async fn invalidate(&self, path: &str, old: Option<u128>) -> u64 {
+        let layout = self.layout();
         let mut asks = Vec::new();
-        for n in self.layout.membership.nodes() {
+        for n in layout.membership.nodes() {
             for s in 0..n.shards {
                 asks.push(self.ask(
                     n.shard_addr(s),

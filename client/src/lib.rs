@@ -9,6 +9,7 @@
 //! - [`tls`]: where a client finds its TLS material.
 
 pub mod client;
+pub mod etcd;
 pub mod handle;
 pub mod tls;
 pub mod ufs;

@@ -621,12 +621,31 @@ impl From<UfsError> for SourceError {
     }
 }
 
-/// The mount table as a shard's [`Source`] (the miss path of `pagestored`).
-pub struct UfsSource(pub Arc<MountTable>);
+/// The mount table as a shard's [`Source`] (the miss path of `pagestored`). The table can be
+/// replaced while the node runs (a mount changed in etcd); loads in flight finish with the
+/// table they started with.
+pub struct UfsSource(std::sync::RwLock<Arc<MountTable>>);
+
+impl UfsSource {
+    /// A source reading through `table`.
+    pub fn new(table: Arc<MountTable>) -> UfsSource {
+        UfsSource(std::sync::RwLock::new(table))
+    }
+
+    /// The table in force.
+    pub fn table(&self) -> Arc<MountTable> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads through `table` from now on.
+    pub fn replace(&self, table: Arc<MountTable>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = table;
+    }
+}
 
 impl Source for UfsSource {
     fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes> {
-        let table = self.0.clone();
+        let table = self.table();
         let info = ObjectInfo {
             path: file.path.clone(),
             size: file.size,
@@ -637,18 +656,18 @@ impl Source for UfsSource {
     }
 
     fn stat(&self, path: &str) -> SourceFuture<PathKind> {
-        let table = self.0.clone();
+        let table = self.table();
         let path = path.to_string();
         Box::pin(async move { Ok(table.stat_path(&path).await?) })
     }
 
     fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>> {
-        let table = self.0.clone();
+        let table = self.table();
         let path = path.to_string();
         Box::pin(async move { Ok(table.list_entries(&path).await?) })
     }
 
     fn mounts(&self) -> Vec<MountEntry> {
-        self.0.public_mounts()
+        self.table().public_mounts()
     }
 }

@@ -133,8 +133,21 @@ impl Pool {
         let timeout = self.options.timeout;
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
             Ok(r) => r,
-            Err(_) => Err(ClientError::Timeout(addr, timeout)),
+            Err(_) => {
+                // The connection may lead to a process that is gone (a member restarted on the
+                // same port does not know it): the next request connects afresh. Requests in
+                // flight on it go on.
+                self.forget(addr);
+                Err(ClientError::Timeout(addr, timeout))
+            }
         }
+    }
+
+    /// Drops the cached connection to `addr` (if any), so that the next request connects
+    /// afresh; requests in flight on it are not interrupted.
+    pub fn forget(&self, addr: SocketAddr) {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.remove(&addr);
     }
 
     async fn call_inner(
@@ -143,7 +156,26 @@ impl Pool {
         request: &[u8],
         payload: &[u8],
     ) -> Result<Vec<u8>, ClientError> {
+        // A cached connection may belong to an earlier life of the member (it restarted): when
+        // it turns out closed, try once more on a fresh connection.
+        if let Some(conn) = self.cached(addr) {
+            match self.exchange(&conn, addr, request, payload).await {
+                Err(ClientError::Transfer(..)) if conn.close_reason().is_some() => {}
+                r => return r,
+            }
+        }
         let conn = self.connection(addr).await?;
+        self.exchange(&conn, addr, request, payload).await
+    }
+
+    /// One request and its reply on one stream of `conn`.
+    async fn exchange(
+        &self,
+        conn: &quinn::Connection,
+        addr: SocketAddr,
+        request: &[u8],
+        payload: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
         let xfer = |e: &dyn std::fmt::Display| ClientError::Transfer(addr, e.to_string());
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(&e))?;
         send.write_all(request).await.map_err(|e| xfer(&e))?;

@@ -108,6 +108,9 @@ pub const MAX_MESSAGE_LEN: usize = 1024;
 /// Most entries one [`ResponseBody::Listing`] may carry.
 pub const MAX_LIST_ENTRIES: usize = 1000;
 
+/// Largest payload of a [`RequestBody::Jobs`] request: one job record.
+pub const MAX_JOB_RECORD: u32 = 16 << 10;
+
 /// Longest name of a directory entry, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 
@@ -579,6 +582,10 @@ pub enum RequestBody {
         /// File id of the version to drop (0: none known).
         file_id: FileId,
     },
+    /// Preload job records ([`ResponseBody::Jobs`]). The payload is empty
+    /// (only ask) or one job's progress record, a JSON object with a string
+    /// `id`, at most [`MAX_JOB_RECORD`] bytes, which the node keeps.
+    Jobs,
 }
 
 /// What a logical path names.
@@ -777,6 +784,9 @@ pub enum ResponseBody {
         /// The mount table, at most [`MAX_MOUNTS`].
         mounts: Vec<MountEntry>,
     },
+    /// Answer to `Jobs`: the payload is a JSON array of the job records the
+    /// node keeps, most recently updated first.
+    Jobs,
 }
 
 // ---------------------------------------------------------------------------
@@ -898,6 +908,14 @@ impl Request {
                 bounded_str("Invalidate path", path, MAX_PATH_LEN)?;
                 no_payload("Invalidate", payload_len)
             }
+            RequestBody::Jobs => {
+                if payload_len > MAX_JOB_RECORD {
+                    return Err(FrameError::Limit(format!(
+                        "a job record of {payload_len} bytes exceeds {MAX_JOB_RECORD}"
+                    )));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -1008,6 +1026,7 @@ impl Response {
                 }
                 no_payload("ClusterInfo", payload_len)
             }
+            ResponseBody::Jobs => Ok(()),
         }
     }
 }
@@ -1041,6 +1060,7 @@ impl ResponseBody {
             (RequestBody::List { .. }, ResponseBody::Listing { .. }) => true,
             (RequestBody::Cluster, ResponseBody::ClusterInfo { .. }) => true,
             (RequestBody::Invalidate { .. }, ResponseBody::Removed { .. }) => true,
+            (RequestBody::Jobs, ResponseBody::Jobs) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::WritePage { .. }
@@ -1409,6 +1429,7 @@ mod tests {
                 path: "/data/a/b.bin".into(),
                 file_id: FileId::from_u128(99),
             },
+            RequestBody::Jobs,
         ];
         bodies
             .into_iter()
@@ -1505,6 +1526,7 @@ mod tests {
                     url: "file:///srv/data".into(),
                 }],
             },
+            ResponseBody::Jobs,
         ];
         let mut out: Vec<Response> = bodies
             .into_iter()
@@ -2770,6 +2792,7 @@ mod tests {
             Just(RequestBody::Cluster),
             (arb_string(120), arb_file_id())
                 .prop_map(|(path, file_id)| RequestBody::Invalidate { path, file_id }),
+            Just(RequestBody::Jobs),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
     }
@@ -2876,6 +2899,7 @@ mod tests {
                         mounts,
                     }
                 }),
+            Just(ResponseBody::Jobs),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
     }

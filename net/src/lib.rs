@@ -9,6 +9,7 @@
 pub mod client;
 pub mod endpoint;
 pub mod frame;
+pub mod jobs;
 pub mod members;
 pub mod node;
 pub mod node_id;

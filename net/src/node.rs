@@ -14,6 +14,7 @@ use pagestore_engine::{Engine, EngineConfig, EngineError, Shard, ShardInit};
 use crate::{
     endpoint::{self, EndpointHandle, EndpointOptions},
     frame::NodeEntry,
+    jobs::JobBoard,
     ring::{MemberId, Ring},
     service::{RingView, ShardService},
     source::{Loader, LoaderOptions, Source},
@@ -102,6 +103,10 @@ pub struct ShardMetrics {
     pub latency_sum_us: u64,
     /// The ring epoch the shard serves under.
     pub epoch: u64,
+    /// `Fetch` requests served as a replica because a client's owner failed.
+    pub replica_reads: u64,
+    /// `NotOwner` answers.
+    pub not_owner: u64,
 }
 
 /// Miss-path counters of one shard (see [`crate::source::LoaderStats`]).
@@ -131,6 +136,7 @@ pub struct Node {
     engine: Option<Engine>,
     addrs: Vec<SocketAddr>,
     node_id: u128,
+    jobs: Arc<JobBoard>,
 }
 
 fn shard_addr(base: SocketAddr, shard: usize) -> SocketAddr {
@@ -149,6 +155,8 @@ impl Node {
         let (tx, rx) = mpsc::channel::<Report>();
         let tx = Arc::new(Mutex::new(tx));
         let opts = options.clone();
+        let jobs = Arc::new(JobBoard::default());
+        let board = jobs.clone();
         let init: ShardInit = Arc::new(move |shard: Rc<Shard>| {
             let id = shard.id();
             let addr = shard_addr(opts.listen, id);
@@ -170,6 +178,7 @@ impl Node {
                 )
             });
             let service = ShardService::new(shard, view.clone(), loader.clone());
+            service.set_jobs(board.clone());
             let service_ref = service.clone();
             let ep = endpoint::start(
                 EndpointOptions {
@@ -204,6 +213,7 @@ impl Node {
             engine: Some(engine),
             addrs: vec![options.listen; shards],
             node_id: options.node_id,
+            jobs,
         };
         for _ in 0..shards {
             match rx.recv_timeout(Duration::from_secs(30)) {
@@ -231,22 +241,33 @@ impl Node {
         self.node_id
     }
 
+    /// The preload job records clients reported to this node.
+    pub fn jobs(&self) -> &JobBoard {
+        &self.jobs
+    }
+
     /// The engine (for local access and stats).
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.as_ref()
     }
 
-    /// Gives every shard a new ring (e.g. after a membership change).
-    pub async fn set_ring(&self, ring: Arc<Ring>) -> Result<(), EngineError> {
+    /// Gives every shard a new ring and node list (after a membership change). Requests in
+    /// flight finish under the ring they started with.
+    pub async fn set_ring(
+        &self,
+        ring: Arc<Ring>,
+        nodes: Arc<Vec<NodeEntry>>,
+    ) -> Result<(), EngineError> {
         let Some(engine) = &self.engine else {
             return Err(EngineError::ShardGone);
         };
         for h in engine.shards() {
-            let r = ring.clone();
+            let (r, n) = (ring.clone(), nodes.clone());
             h.run(move |_| async move {
-                SHARD_NET.with(|n| {
-                    if let Some(net) = n.borrow().as_ref() {
+                SHARD_NET.with(|net| {
+                    if let Some(net) = net.borrow().as_ref() {
                         *net.view.ring.borrow_mut() = r;
+                        *net.view.nodes.borrow_mut() = n;
                     }
                 })
             })
@@ -292,6 +313,8 @@ impl Node {
                 latency_us: [0; 5],
                 latency_sum_us: 0,
                 epoch: 0,
+                replica_reads: 0,
+                not_owner: 0,
             };
             if let Some(net) = net {
                 let h = net.service.latency();
@@ -300,6 +323,7 @@ impl Node {
                 m.latency_us = [q(0.5), q(0.9), q(0.99), q(0.999), h.max()];
                 m.latency_sum_us = (h.mean() * h.len() as f64) as u64;
                 m.epoch = net.view.epoch();
+                (m.replica_reads, m.not_owner) = net.service.routing_counters();
             }
             m
         })

@@ -62,6 +62,13 @@ pub struct ShardService {
     loader: Option<Rc<Loader>>,
     /// Service time of every request, in microseconds (1 µs to 60 s).
     latency: RefCell<hdrhistogram::Histogram<u64>>,
+    /// The node's preload job records (none: `Jobs` is `Unavailable`).
+    jobs: RefCell<Option<std::sync::Arc<crate::jobs::JobBoard>>>,
+    /// `Fetch` requests served as a replica (a client's owner failed it): fallbacks as this
+    /// shard sees them.
+    replica_reads: std::cell::Cell<u64>,
+    /// `NotOwner` answers (a client routed with another ring).
+    not_owner: std::cell::Cell<u64>,
 }
 
 impl ShardService {
@@ -77,7 +84,20 @@ impl ShardService {
             view,
             loader,
             latency: RefCell::new(new_latency_histogram()),
+            jobs: RefCell::new(None),
+            replica_reads: std::cell::Cell::new(0),
+            not_owner: std::cell::Cell::new(0),
         })
+    }
+
+    /// `Fetch` requests served as a replica, and `NotOwner` answers, since start.
+    pub fn routing_counters(&self) -> (u64, u64) {
+        (self.replica_reads.get(), self.not_owner.get())
+    }
+
+    /// Keeps and shows job records on `board` (shared by the node's shards).
+    pub fn set_jobs(&self, board: std::sync::Arc<crate::jobs::JobBoard>) {
+        *self.jobs.borrow_mut() = Some(board);
     }
 
     /// The request service-time histogram (microseconds).
@@ -142,7 +162,7 @@ fn engine_error(request_id: u64, e: &EngineError) -> Reply {
         EngineError::PageTooLarge { .. } | EngineError::BufferTooShort { .. } => {
             ErrorCode::TooLarge
         }
-        EngineError::CacheFull => ErrorCode::Full,
+        EngineError::CacheFull | EngineError::QuotaFull { .. } => ErrorCode::Full,
         EngineError::ShardGone => ErrorCode::Unavailable,
         EngineError::Io { .. } => ErrorCode::Io,
         _ => ErrorCode::Internal,
@@ -175,6 +195,7 @@ impl ShardService {
         let id = req.request_id;
         let payload = &raw[payload];
         let not_owner = || {
+            self.not_owner.set(self.not_owner.get() + 1);
             reply(
                 id,
                 ResponseBody::NotOwner {
@@ -279,8 +300,11 @@ impl ShardService {
                     file_id: file.file_id,
                     page,
                 };
-                if !(self.view.owns(&key) || replica && self.view.is_replica(&key)) {
-                    return not_owner();
+                if !self.view.owns(&key) {
+                    if !(replica && self.view.is_replica(&key)) {
+                        return not_owner();
+                    }
+                    self.replica_reads.set(self.replica_reads.get() + 1);
                 }
                 if file.file_id.as_u128() != ring::file_id(&file.path, &file.version_tag) {
                     return error(
@@ -379,6 +403,21 @@ impl ShardService {
                     mounts: self.loader.as_ref().map_or_else(Vec::new, |l| l.mounts()),
                 };
                 reply(id, body, Body::Empty)
+            }
+            RequestBody::Jobs => {
+                let Some(board) = self.jobs.borrow().clone() else {
+                    return error(id, ErrorCode::Unavailable, "this node keeps no job records");
+                };
+                if !payload.is_empty() {
+                    if let Err(e) = board.report(payload) {
+                        return error(id, ErrorCode::BadRequest, e);
+                    }
+                }
+                reply(
+                    id,
+                    ResponseBody::Jobs,
+                    Body::Bytes(board.json().into_bytes()),
+                )
             }
         }
     }

@@ -12,6 +12,8 @@
 //!   does not cancel it for the others);
 //! - a TTL cache of path metadata (`NotFound` answers included) and of directory listings, so
 //!   the member that owns a path answers most `StatPath`/`List` requests without the store.
+//! - cache rules: a loaded page is stored under the rule its logical path falls in
+//!   ([`pagestore_engine::Rules::classify`]: quota, TTL, pin), decided once per load.
 
 use std::{
     cell::{Cell, RefCell},
@@ -290,9 +292,12 @@ impl Loader {
             self.stats
                 .ufs_bytes
                 .set(self.stats.ufs_bytes.get() + bytes.len() as u64);
+            // The page's rule (quota, TTL, pin) follows its logical path: once per load, never
+            // on the hit path.
+            let rule = self.shard.rules().classify(&file.path);
             if let Err(e) = self
                 .shard
-                .put(&key, &bytes, page_version(&file.version_tag))
+                .put_in_rule(&key, &bytes, page_version(&file.version_tag), rule)
                 .await
             {
                 self.stats
@@ -301,6 +306,9 @@ impl Loader {
                 match e {
                     EngineError::CacheFull => {
                         tracing::debug!(path = %file.path, page, "cache full: page served, not kept")
+                    }
+                    EngineError::QuotaFull { rule } => {
+                        tracing::debug!(path = %file.path, page, %rule, "rule at its quota: page served, not kept")
                     }
                     e => {
                         tracing::warn!(path = %file.path, page, error = %e, "keeping a loaded page failed")

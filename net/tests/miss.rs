@@ -774,10 +774,19 @@ fn fetches_for_keys_this_shard_neither_owns_nor_replicates_are_not_owner() {
             }
         }
         assert!(seen.iter().all(|&n| n > 0), "cases not covered: {seen:?}");
+        // The shards counted the replica reads they served and the requests they refused.
+        let m = h.node.metrics().await.unwrap();
+        let replica_reads: u64 = m.iter().map(|s| s.replica_reads).sum();
+        let not_owner: u64 = m.iter().map(|s| s.not_owner).sum();
+        assert_eq!(replica_reads, u64::from(seen[1]));
+        assert_eq!(not_owner, u64::from(pages as u32 * 4 - seen[0] - seen[1]));
 
         // The other node leaves (epoch 8): its keys move to this node's shards.
         let ring8 = Ring::new(members[..2].iter().copied(), RingConfig::default(), 8).unwrap();
-        h.node.set_ring(Arc::new(ring8.clone())).await.unwrap();
+        h.node
+            .set_ring(Arc::new(ring8.clone()), Arc::new(Vec::new()))
+            .await
+            .unwrap();
         let page = (0..pages)
             .find(|&p| ring.owner(fid, p).unwrap().node == OTHER)
             .unwrap();

@@ -8,6 +8,7 @@ pub mod load;
 pub mod local_cluster;
 pub mod pagefs;
 pub mod pages3;
+pub mod rules;
 
 /// Where the embedded single-node default keeps everything (override with `PAGESTORE_HOME`).
 pub const DEFAULT_HOME: &str = "/var/tmp/pagestore";

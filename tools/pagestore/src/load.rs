@@ -1,6 +1,8 @@
 //! Preload jobs (`pagectl load`): resolve a manifest or a prefix to files, then ask each page's
-//! owning shard to load it from the under storage. The CLI is the job's only coordinator: no
-//! node keeps job state, and nothing sits on the data path.
+//! owning shard to load it from the under storage. The CLI is the job's only coordinator:
+//! nothing sits on the data path. It reports the job's progress to every node every two seconds
+//! and at the end (a JSON record, see [`job_record`]); nodes only keep the records, for
+//! `pagectl jobs` and `/v1/jobs`.
 
 use std::{
     collections::VecDeque,
@@ -22,6 +24,12 @@ pub struct LoadOptions {
     pub parallel: usize,
     /// Also check every page against the under storage and repair what differs.
     pub verify: bool,
+    /// The job's id (reported to the nodes).
+    pub id: String,
+    /// What the job loads (`manifest FILE` or `prefix PATH`), for the record.
+    pub source: String,
+    /// Seconds since the Unix epoch when the job was submitted.
+    pub submitted: f64,
 }
 
 impl Default for LoadOptions {
@@ -29,8 +37,31 @@ impl Default for LoadOptions {
         LoadOptions {
             parallel: 16,
             verify: false,
+            id: new_job_id(),
+            source: String::new(),
+            submitted: unix_now(),
         }
     }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A job id: the submission time and the process id, readable and unique enough per cluster.
+pub fn new_job_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "load-{}-{:03}-{}",
+        now.as_secs(),
+        now.subsec_millis(),
+        std::process::id()
+    )
 }
 
 /// What a job did.
@@ -140,33 +171,91 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, String> 
 struct Progress {
     files_done: AtomicU64,
     bytes_done: AtomicU64,
+    bytes_loaded: AtomicU64,
+    pages_loaded: AtomicU64,
+    pages_present: AtomicU64,
     failed: AtomicU64,
     first_page: Mutex<Option<f64>>,
+}
+
+/// The progress record of a job as nodes keep it (`pagectl jobs`, `/v1/jobs`).
+/// `state`: `running`, `done` or `failed` (some files failed).
+fn job_record(
+    opts: &LoadOptions,
+    p: &Progress,
+    total_files: u64,
+    started: f64,
+    state: &str,
+) -> Vec<u8> {
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let first = *p.first_page.lock().unwrap_or_else(|e| e.into_inner());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    serde_json::json!({
+        "id": opts.id,
+        "source": opts.source,
+        "client": format!("{host}:{}", std::process::id()),
+        "state": state,
+        "submitted": opts.submitted,
+        "updated": unix_now(),
+        "elapsed_secs": unix_now() - opts.submitted,
+        "resolve_secs": started - opts.submitted,
+        "first_page_secs": first.map(|f| f + started - opts.submitted),
+        "files_total": total_files,
+        "files_done": g(&p.files_done),
+        "files_failed": g(&p.failed),
+        "bytes_done": g(&p.bytes_done),
+        "bytes_loaded": g(&p.bytes_loaded),
+        "pages_loaded": g(&p.pages_loaded),
+        "pages_present": g(&p.pages_present),
+        "verify": opts.verify,
+    })
+    .to_string()
+    .into_bytes()
 }
 
 /// Loads every file of `paths` (see the module docs), printing progress to standard error: a
 /// line rewritten in place on a terminal, a plain line every few seconds otherwise.
 pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions) -> JobReport {
     let start = Instant::now();
+    let started = unix_now();
     let total_files = paths.len() as u64;
     let progress = Arc::new(Progress {
         files_done: AtomicU64::new(0),
         bytes_done: AtomicU64::new(0),
+        bytes_loaded: AtomicU64::new(0),
+        pages_loaded: AtomicU64::new(0),
+        pages_present: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         first_page: Mutex::new(None),
     });
+    client
+        .report_job(&job_record(
+            opts,
+            &progress,
+            total_files,
+            started,
+            "running",
+        ))
+        .await;
     let ticker = {
-        let progress = progress.clone();
+        let (progress, client, opts) = (progress.clone(), client.clone(), opts.clone());
         let tty = std::io::stderr().is_terminal();
         tokio::spawn(async move {
-            let every = if tty {
-                Duration::from_millis(250)
-            } else {
-                Duration::from_secs(5)
-            };
+            let every = Duration::from_millis(250);
+            let print_every = if tty { 1 } else { 20 };
+            let mut tick: u64 = 0;
             loop {
                 tokio::time::sleep(every).await;
-                print_progress(&progress, total_files, start, tty, false);
+                tick += 1;
+                if tick % print_every == 0 {
+                    print_progress(&progress, total_files, start, tty, false);
+                }
+                if tick % 8 == 0 {
+                    let r = job_record(&opts, &progress, total_files, started, "running");
+                    client.report_job(&r).await;
+                }
             }
         })
     };
@@ -189,6 +278,15 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
                                 .unwrap_or_else(|p| p.into_inner());
                             f.get_or_insert(start.elapsed().as_secs_f64());
                         }
+                        progress
+                            .pages_loaded
+                            .fetch_add(one.loaded, Ordering::Relaxed);
+                        progress
+                            .pages_present
+                            .fetch_add(one.present, Ordering::Relaxed);
+                        progress
+                            .bytes_loaded
+                            .fetch_add(one.bytes, Ordering::Relaxed);
                         rep.pages_loaded += one.loaded;
                         rep.pages_present += one.present;
                         rep.bytes_loaded += one.bytes;
@@ -210,6 +308,15 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         })
         .await;
     ticker.abort();
+    let state = if progress.failed.load(Ordering::Relaxed) > 0 {
+        "failed"
+    } else {
+        "done"
+    };
+    let record = job_record(opts, &progress, total_files, started, state);
+    if client.report_job(&record).await == 0 {
+        tracing::warn!("no node took the job's final record");
+    }
     print_progress(
         &progress,
         total_files,

@@ -40,6 +40,11 @@ pub struct Settings {
     pub metadata_ttl: String,
     /// More flags for every node.
     pub extra: Vec<String>,
+    /// Membership in etcd (`etcd://...`) instead of the member file.
+    pub etcd: Option<String>,
+    /// Nodes started by [`LocalCluster::start`] (default all; start the others with
+    /// [`LocalCluster::start_node`]).
+    pub start: Option<usize>,
 }
 
 impl Settings {
@@ -56,6 +61,8 @@ impl Settings {
             mtls: false,
             metadata_ttl: "1".into(),
             extra: Vec::new(),
+            etcd: None,
+            start: None,
         }
     }
 }
@@ -71,6 +78,8 @@ pub struct NodeProc {
     pub cache_dir: PathBuf,
     /// Its admin endpoint (`http://IP:PORT`), once started.
     pub admin: Option<String>,
+    /// Its UUID.
+    pub id: String,
     args: Vec<String>,
 }
 
@@ -86,6 +95,8 @@ pub struct LocalCluster {
     pub nodes: Vec<NodeProc>,
     /// Shards per node.
     pub shards: u16,
+    /// The etcd URL, when membership lives in etcd.
+    pub etcd: Option<String>,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
@@ -176,6 +187,7 @@ impl LocalCluster {
                 base,
                 cache_dir,
                 admin: None,
+                id,
                 args,
             });
         }
@@ -187,8 +199,9 @@ impl LocalCluster {
             members,
             nodes,
             shards: s.shards,
+            etcd: s.etcd,
         };
-        for i in 0..c.nodes.len() {
+        for i in 0..s.start.unwrap_or(c.nodes.len()).min(c.nodes.len()) {
             c.start_node(i)?;
         }
         Ok(c)
@@ -196,12 +209,14 @@ impl LocalCluster {
 
     /// Starts node `i` and waits (at most a minute) until it says it is ready.
     pub fn start_node(&mut self, i: usize) -> Result<(), String> {
-        let members = self.members.clone();
+        let membership: [std::ffi::OsString; 2] = match &self.etcd {
+            Some(url) => ["--etcd".into(), url.into()],
+            None => ["--members".into(), self.members.clone().into()],
+        };
         let n = &mut self.nodes[i];
         let mut child = Command::new(&self.binary)
             .args(&n.args)
-            .arg("--members")
-            .arg(&members)
+            .args(membership)
             .env(
                 "PAGESTORE_LOG",
                 std::env::var("PAGESTORE_LOG").unwrap_or_else(|_| "error".into()),
@@ -256,7 +271,10 @@ impl LocalCluster {
 
     /// Where clients find the cluster.
     pub fn source(&self) -> ClusterSource {
-        ClusterSource::File(self.members.clone())
+        match &self.etcd {
+            Some(url) => ClusterSource::Etcd(url.clone()),
+            None => ClusterSource::File(self.members.clone()),
+        }
     }
 
     /// A client of the cluster (must be called inside a tokio runtime).
@@ -269,6 +287,12 @@ impl LocalCluster {
 
     /// `(hits, misses)` summed over every shard of every running node.
     pub async fn hits_and_misses(&self) -> Result<(u64, u64), String> {
+        let all: Vec<usize> = (0..self.nodes.len()).collect();
+        self.hits_and_misses_of(&all).await
+    }
+
+    /// `(hits, misses)` summed over every shard of the running nodes among `which`.
+    pub async fn hits_and_misses_of(&self, which: &[usize]) -> Result<(u64, u64), String> {
         let tls = tls::client_config(&self.ca_dir).map_err(|e| e.to_string())?;
         let pool = Pool::new(
             tls,
@@ -277,7 +301,8 @@ impl LocalCluster {
         )
         .map_err(|e| err("pool", e))?;
         let mut total = (0, 0);
-        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+        let running = which.iter().filter_map(|i| self.nodes.get(*i));
+        for n in running.filter(|n| n.child.is_some()) {
             for s in 0..self.shards {
                 let mut a = n.base;
                 a.set_port(a.port() + s);
@@ -304,9 +329,13 @@ impl LocalCluster {
 
     /// Runs `pagectl` with this cluster's member file and TLS directory.
     pub fn pagectl(&self, pagectl: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
+        let cluster: std::ffi::OsString = match &self.etcd {
+            Some(url) => url.into(),
+            None => self.members.clone().into(),
+        };
         Command::new(pagectl)
             .arg("--cluster")
-            .arg(&self.members)
+            .arg(cluster)
             .arg("--tls-dir")
             .arg(&self.ca_dir)
             .args(args)
@@ -346,4 +375,101 @@ pub fn http_get(base: &str, path: &str) -> Result<(u16, String), String> {
 /// Seconds since `start`, for timelines.
 pub fn since(start: Instant) -> f64 {
     start.elapsed().as_secs_f64()
+}
+
+/// A real etcd server on 127.0.0.1 (the `etcd` binary, Debian package `etcd-server`), with its
+/// data in a directory of its own so that it can be stopped and started again.
+#[derive(Debug)]
+pub struct EtcdServer {
+    child: Option<Child>,
+    /// Client port (the gRPC gateway pagestore talks to).
+    pub client_port: u16,
+    peer_port: u16,
+    dir: PathBuf,
+}
+
+fn free_tcp_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| err("TCP port", e))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| err("TCP port", e))
+}
+
+impl EtcdServer {
+    /// Starts etcd with its data under `dir` and waits until it answers.
+    pub fn start(dir: &Path) -> Result<EtcdServer, String> {
+        let mut e = EtcdServer {
+            child: None,
+            client_port: free_tcp_port()?,
+            peer_port: free_tcp_port()?,
+            dir: dir.to_path_buf(),
+        };
+        e.restart()?;
+        Ok(e)
+    }
+
+    /// The URL nodes and clients use: `etcd://127.0.0.1:PORT/CLUSTER`.
+    pub fn url(&self, cluster: &str) -> String {
+        format!("etcd://127.0.0.1:{}/{cluster}", self.client_port)
+    }
+
+    /// SIGKILLs etcd (an outage).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts etcd (again) on the same ports and data, and waits (at most 30 s) until it
+    /// answers.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let log =
+            std::fs::File::create(self.dir.join("etcd.log")).map_err(|e| err("etcd log", e))?;
+        let child = Command::new("etcd")
+            .arg("--name=test")
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.join("etcd-data").display()
+            ))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=test={peer}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                err(
+                    "starting etcd (install the etcd-server package; the binary is `etcd`)",
+                    e,
+                )
+            })?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, body)) = http_get(&client, "/health") {
+                if body.contains("true") {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "etcd did not become healthy; see {}",
+                    self.dir.join("etcd.log").display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

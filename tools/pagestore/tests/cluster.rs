@@ -570,4 +570,48 @@ async fn preload_jobs_load_every_page_once_and_verify_repairs_stale_files() {
     let out = c.pagectl(&["load", "--prefix", "/data/nothing-here"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing-here"));
+
+    // Every node keeps the jobs' records: `pagectl jobs` and `/v1/jobs` show the three jobs
+    // that ran (the last command failed before its job started), done, with their exact file
+    // and byte counts.
+    let out = c.pagectl(&["jobs"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert!(rows.iter().all(|r| r.contains(" done ")), "{text}");
+    assert!(text.contains("manifest /data/manifest.jsonl"), "{text}");
+    assert!(text.contains("prefix /data/set"), "{text}");
+    use pagestore_tools::local_cluster::http_get;
+    for n in &c.nodes {
+        let (status, body) = http_get(n.admin.as_deref().unwrap(), "/v1/jobs").unwrap();
+        assert_eq!(status, 200);
+        let jobs: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let jobs = jobs.as_array().unwrap();
+        assert_eq!(jobs.len(), 3, "{body}");
+        // Most recent first: the --verify job, then the prefix job before it, ...
+        let manifest_job = &jobs[2];
+        assert_eq!(manifest_job["source"], "manifest /data/manifest.jsonl");
+        assert_eq!(manifest_job["files_total"], 2);
+        assert_eq!(manifest_job["files_done"], 2);
+        assert_eq!(manifest_job["pages_loaded"], f1_f2);
+        assert_eq!(
+            manifest_job["bytes_done"],
+            (files[1].1.len() + files[2].1.len()) as u64
+        );
+        let prefix_job = &jobs[1];
+        assert_eq!(prefix_job["files_total"], 12);
+        assert_eq!(prefix_job["pages_loaded"], pages - f1_f2);
+        assert_eq!(prefix_job["pages_present"], f1_f2);
+        assert!(prefix_job["first_page_secs"].as_f64().unwrap() > 0.0);
+        let (_, metrics) = http_get(n.admin.as_deref().unwrap(), "/metrics").unwrap();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("pagestore_load_jobs{")
+                    && l.contains("state=\"done\"")
+                    && l.ends_with(" 3")),
+            "{metrics}"
+        );
+    }
 }

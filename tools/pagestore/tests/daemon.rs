@@ -170,4 +170,29 @@ fn configuration_errors_are_clear_and_exit_2() {
         "0.0.0.0:7400",
     ]);
     assert!(e.contains("listen on this node's own IP"), "{e}");
+    // Membership in etcd: clear errors for bad settings and an etcd that does not answer.
+    let e = run(&["--etcd", "http://127.0.0.1:2379"]);
+    assert!(e.contains("etcd://HOST:PORT"), "{e}");
+    let e = run(&[
+        "--etcd",
+        "etcd://127.0.0.1:1",
+        "--members",
+        members.to_str().unwrap(),
+    ]);
+    assert!(e.contains("choose one"), "{e}");
+    assert!(run(&["--ring-mode", "static"]).contains("needs --etcd"));
+    let e = run(&["--etcd", "etcd://127.0.0.1:1", "--ring-mode", "sometimes"]);
+    assert!(e.contains("use dynamic or static"), "{e}");
+    assert!(run(&["--etcd", "etcd://127.0.0.1:1", "--lease-ttl", "1"]).contains("2 to 3600"));
+    let e = run(&[
+        "--etcd",
+        "etcd://127.0.0.1:1/test",
+        "--no-pin",
+        "--admin",
+        "off",
+    ]);
+    assert!(
+        e.contains("etcd unreachable") && e.contains("check --etcd"),
+        "{e}"
+    );
 }

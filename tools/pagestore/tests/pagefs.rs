@@ -363,7 +363,8 @@ fn a_stopped_worker_stalls_only_its_reads_and_a_killed_one_costs_no_bytes() {
     let mut c = cluster_with(&files);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = rt.block_on(c.client(ClientOptions::default()));
-    let ring = client.membership().ring();
+    let membership = client.membership();
+    let ring = membership.ring();
     let nodes_of = |p: &str| -> Vec<usize> {
         let info = rt.block_on(client.stat(p)).unwrap();
         let meta = ring

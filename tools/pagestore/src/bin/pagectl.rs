@@ -25,14 +25,22 @@ commands:
                      the namespace); --prefix takes every file under a directory. Pages already
                      cached are skipped. --verify also compares every cached page with the
                      under storage and reloads what differs. Runs until the job is done.
+  jobs               past and running preload jobs (the nodes keep the last 100)
   free PATH          drop every cached page of the files under PATH (a directory or a file);
                      the under storage is not touched
+  members            (etcd) live members and ring slots, and the ring mode
+  node remove UUID   (etcd) remove a member's ring slot: a permanent departure (static ring);
+                     stop the node first
+  mount ls           (etcd) the mount table
+  mount set /PREFIX URL
+                     (etcd) add or change a mount; nodes apply it within seconds
+  mount rm /PREFIX   (etcd) remove a mount
   ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
                      each node's TLS directory before its first start to form one cluster
 
 options:
-  --cluster FILE|IP:PORT  member file or any member's address (default $PAGESTORE_CLUSTER or
-                          127.0.0.1:7400)
+  --cluster WHERE         a member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
+                          (default $PAGESTORE_CLUSTER or 127.0.0.1:7400)
   --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
                           client-key.pem, or ca-key.pem, if the cluster requires client
                           certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
@@ -100,6 +108,9 @@ fn real_main() -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+    if matches!(command.as_str(), "members" | "node" | "mount") {
+        return runtime.block_on(etcd_command(&cluster, command, rest));
+    }
     runtime.block_on(async {
         let tls = tls::client_config(&tls_dir).map_err(|e| e.to_string())?;
         let client = Client::connect(&ClusterSource::parse(&cluster), tls, None, options)
@@ -120,6 +131,7 @@ fn real_main() -> Result<(), String> {
             ("free", [path]) => free(&client, path).await,
             ("head", [path]) => head(&client, path, lines).await,
             ("load", []) => load(&client, manifest, prefix, &load_opts).await,
+            ("jobs", []) => jobs(&client).await,
             _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
         }
     })
@@ -211,6 +223,13 @@ async fn load(
 ) -> Result<(), String> {
     use pagestore_tools::load;
     let t0 = std::time::Instant::now();
+    let mut opts = opts.clone();
+    opts.source = match (&manifest, &prefix) {
+        (Some(m), _) => format!("manifest {m}"),
+        (_, Some(p)) => format!("prefix {p}"),
+        _ => String::new(),
+    };
+    let opts = &opts;
     let paths = match (manifest, prefix) {
         (Some(m), None) => {
             let text = if std::path::Path::new(&m).exists() || !m.starts_with('/') {
@@ -228,7 +247,11 @@ async fn load(
         _ => return Err("load needs exactly one of --manifest FILE or --prefix PATH".into()),
     };
     let resolve = t0.elapsed().as_secs_f64();
-    eprintln!("job: {} files (resolved in {resolve:.2} s)", paths.len());
+    eprintln!(
+        "job {}: {} files (resolved in {resolve:.2} s); see pagectl jobs",
+        opts.id,
+        paths.len()
+    );
     let mut r = load::run_job(client.clone(), paths, opts).await;
     r.resolve_secs = resolve;
     println!(
@@ -263,6 +286,50 @@ async fn load(
     Ok(())
 }
 
+/// Past and running preload jobs, as the nodes keep their records.
+async fn jobs(client: &Client) -> Result<(), String> {
+    let records = client.jobs().await.map_err(|e| e.to_string())?;
+    if records.is_empty() {
+        println!("no preload jobs recorded (nodes keep the last 100 in memory)");
+        return Ok(());
+    }
+    println!(
+        "{:<30} {:<9} {:>13} {:>10} {:>10} {:>9} {:>9}  source",
+        "job", "state", "files", "GB", "loaded GB", "1st page", "elapsed"
+    );
+    let now = pagestore_tools::load::unix_now();
+    for r in &records {
+        let f = |k: &str| r[k].as_u64().unwrap_or(0);
+        let mut state = r["state"].as_str().unwrap_or("?").to_string();
+        // A running job whose CLI stopped reporting (killed, lost its network) is stale.
+        if state == "running" && now - r["updated"].as_f64().unwrap_or(now) > 30.0 {
+            state = "lost".into();
+        }
+        println!(
+            "{:<30} {:<9} {:>13} {:>10.2} {:>10.2} {:>9} {:>8.1}s  {}",
+            r["id"].as_str().unwrap_or("?"),
+            state,
+            format!(
+                "{}/{}{}",
+                f("files_done"),
+                f("files_total"),
+                match f("files_failed") {
+                    0 => String::new(),
+                    n => format!(" ({n}!)"),
+                }
+            ),
+            f("bytes_done") as f64 / 1e9,
+            f("bytes_loaded") as f64 / 1e9,
+            r["first_page_secs"]
+                .as_f64()
+                .map_or("-".into(), |s| format!("{s:.3}s")),
+            r["elapsed_secs"].as_f64().unwrap_or(0.0),
+            r["source"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
 async fn cluster_stat(client: &Client) -> Result<(), String> {
     let stats = client.shard_stats().await;
     let gb = |b: u64| b as f64 / 1e9;
@@ -272,7 +339,8 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
     );
     let mut total = pagestore_client::ShardCounters::default();
     let mut down = 0;
-    for n in client.membership().nodes() {
+    let membership = client.membership();
+    for n in membership.nodes() {
         let mine: Vec<_> = stats.iter().filter(|(m, _, _)| m.id == n.id).collect();
         let mut c = pagestore_client::ShardCounters::default();
         let mut answered = 0;
@@ -322,7 +390,7 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
     println!(
         "cluster: {} nodes ({down} down), {:.2} GB of {:.2} GB used, {} pages; hit ratio {} \
          ({} hits, {} misses since the nodes started)",
-        client.membership().nodes().count(),
+        membership.nodes().count(),
         gb(total.bytes),
         gb(total.capacity_bytes),
         total.pages,
@@ -334,6 +402,21 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
         total.hits,
         total.misses
     );
+    // The third number: how soon the last preload job had data in the cache.
+    if let Ok(jobs) = client.jobs().await {
+        if let Some(j) = jobs.first() {
+            println!(
+                "last preload job {} ({}): first page cached {} after submission, {} of {} files",
+                j["id"].as_str().unwrap_or("?"),
+                j["state"].as_str().unwrap_or("?"),
+                j["first_page_secs"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.3} s")),
+                j["files_done"].as_u64().unwrap_or(0),
+                j["files_total"].as_u64().unwrap_or(0)
+            );
+        }
+    }
     if down > 0 {
         return Err(format!(
             "{down} node(s) did not answer: check that pagestored runs there and that UDP to its \
@@ -357,19 +440,125 @@ async fn free(client: &Arc<Client>, path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The commands that work on the cluster's records in etcd (no node needs to run).
+async fn etcd_command(cluster: &str, command: &str, rest: &[String]) -> Result<(), String> {
+    use pagestore_client::etcd::Etcd;
+    use pagestore_net::node_id::{format_uuid, parse_uuid};
+    if !cluster.starts_with("etcd://") {
+        return Err(format!(
+            "pagectl {command} works on membership in etcd: give --cluster etcd://HOST:PORT[/CLUSTER]"
+        ));
+    }
+    let etcd = Etcd::new(cluster).map_err(|e| e.to_string())?;
+    let state = etcd.state().await.map_err(|e| e.to_string())?;
+    let words: Vec<&str> = rest.iter().map(String::as_str).collect();
+    match (command, words.as_slice()) {
+        ("members", []) => {
+            println!(
+                "ring mode {} (etcd revision {})",
+                state.mode().as_str(),
+                state.revision
+            );
+            println!(
+                "{:<38} {:<22} {:>6} {:<6} {:<4} admin",
+                "node", "address", "shards", "live", "slot"
+            );
+            let mut ids: Vec<u128> = state
+                .live
+                .keys()
+                .chain(state.slots.keys())
+                .copied()
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            for id in ids {
+                let r = state.live.get(&id).or(state.slots.get(&id));
+                let Some(r) = r else { continue };
+                println!(
+                    "{:<38} {:<22} {:>6} {:<6} {:<4} {}",
+                    format_uuid(id),
+                    r.info.addr,
+                    r.info.shards,
+                    if state.live.contains_key(&id) {
+                        "yes"
+                    } else {
+                        "NO"
+                    },
+                    if state.slots.contains_key(&id) {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                    r.admin.as_deref().unwrap_or("-")
+                );
+            }
+            Ok(())
+        }
+        ("node", ["remove", id]) => {
+            let uuid = parse_uuid(id).ok_or_else(|| format!("{id:?} is not a node UUID"))?;
+            if state.live.contains_key(&uuid) {
+                return Err(format!(
+                    "{id} is live: stop it first (SIGTERM), then remove its slot"
+                ));
+            }
+            if !etcd.remove_slot(uuid).await.map_err(|e| e.to_string())? {
+                return Err(format!("{id} has no ring slot (see pagectl members)"));
+            }
+            println!("removed the ring slot of {}", format_uuid(uuid));
+            Ok(())
+        }
+        ("mount", ["ls"]) | ("mount", []) => {
+            for (prefix, url) in &state.mounts {
+                println!("{prefix} <- {}", pagestore_client::ufs::redact(url));
+            }
+            Ok(())
+        }
+        ("mount", ["set", prefix, url]) => {
+            // Check the spec the way the nodes parse it (whether the store opens is for each
+            // node to say: a file:// path may exist there and not here).
+            let (p, u) = pagestore_client::ufs::parse_mount(&format!("{prefix}={url}"))
+                .map_err(|e| e.to_string())?;
+            etcd.set_mount(&p, &u).await.map_err(|e| e.to_string())?;
+            println!("mount {p} <- {}", pagestore_client::ufs::redact(&u));
+            Ok(())
+        }
+        ("mount", ["rm", prefix]) => {
+            if !etcd.remove_mount(prefix).await.map_err(|e| e.to_string())? {
+                return Err(format!("no mount at {prefix} (see pagectl mount ls)"));
+            }
+            println!("removed mount {prefix}");
+            Ok(())
+        }
+        _ => Err(format!(
+            "bad command: {command} {}
+
+{USAGE}",
+            words.join(" ")
+        )),
+    }
+}
+
 fn ring(client: &Client) -> Result<(), String> {
-    let shares = client.membership().ring().shares();
+    let membership = client.membership();
+    let down = client.down_members();
+    let shares = membership.ring().shares();
     let mut by_node: std::collections::BTreeMap<u128, f64> = std::collections::BTreeMap::new();
     for (m, share) in &shares {
         *by_node.entry(m.node).or_default() += share;
     }
+    println!("ring epoch {}", membership.ring().epoch());
     println!("{:<38} {:>6} {:>8}", "node / shard", "", "share");
-    for n in client.membership().nodes() {
+    for n in membership.nodes() {
         println!(
-            "{:<38} {:>6} {:>7.2}%",
+            "{:<38} {:>6} {:>7.2}%{}",
             pagestore_net::node_id::format_uuid(n.id),
             format!("{} sh.", n.shards),
-            100.0 * by_node.get(&n.id).copied().unwrap_or(0.0)
+            100.0 * by_node.get(&n.id).copied().unwrap_or(0.0),
+            if down.contains(&n.id) {
+                "  DOWN (its keys are read from the under storage)"
+            } else {
+                ""
+            }
         );
         for (m, share) in shares.iter().filter(|(m, _)| m.node == n.id) {
             println!("  shard {:<30} {:>6} {:>7.2}%", m.shard, "", 100.0 * share);

@@ -5,9 +5,17 @@
 //! `$PAGESTORE_HOME/cache`, the local directory `$PAGESTORE_HOME/data` mounted at `/data`,
 //! QUIC on 127.0.0.1:7400.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{atomic::AtomicU64, Arc},
+    time::Duration,
+};
 
-use pagestore_client::ufs::{parse_mount, MountTable, UfsSource};
+use pagestore_client::{
+    etcd::{self, ClusterState, Etcd, MemberRecord, RingMode},
+    ufs::{parse_mount, MountTable, UfsSource},
+};
 use pagestore_engine::EngineConfig;
 use pagestore_net::{
     frame::{FileId, NodeEntry},
@@ -19,7 +27,9 @@ use pagestore_net::{
     tls::NodeTls,
     transport,
 };
-use pagestore_tools::{flag, home, init_logging, parse_size, Args, DEFAULT_LISTEN};
+use pagestore_tools::{
+    admin::RingState, flag, home, init_logging, parse_size, Args, DEFAULT_LISTEN,
+};
 
 const USAGE: &str = "\
 usage: pagestored [--config FILE] [OPTIONS]
@@ -39,6 +49,12 @@ flags win over the file):
                          URL: file:///dir or s3://bucket/prefix?endpoint=..&region=..
   --listen IP:PORT       QUIC base address; shard i uses port+i (default 127.0.0.1:7400)
   --members FILE         static member list (default: this node alone)
+  --etcd URL             membership and mounts in etcd instead:
+                         etcd://HOST:PORT[,HOST:PORT...][/CLUSTER]
+  --ring-mode MODE       with etcd: dynamic (live members only, the default) or static
+                         (members keep their slot while down); the first node sets it
+  --lease-ttl SECS       with etcd: membership lease TTL (default 10); a dead node leaves
+                         the live set this long after it stops renewing
   --tls-dir DIR          TLS material (default <first cache dir>/tls)
   --require-client-cert  refuse clients without a certificate from the cluster CA
   --metadata-ttl SECS    how long file metadata and listings are cached (default 10)
@@ -49,6 +65,10 @@ flags win over the file):
                          127.0.0.1:7399; port 0 picks a free one; off disables it)
   --reformat             rebuild cache files made with other settings (drops their pages)
   --no-pin               do not pin shards to CPUs
+  --rule PREFIX:KEY=VALUE,...
+                         a cache rule for files under PREFIX, repeatable: quota=SIZE
+                         (bytes of this node's cache), ttl=DURATION (500ms, 30s, 2h, 7d),
+                         pin=true; the longest prefix wins (config: [[rule]] tables)
 
 PAGESTORE_HOME defaults to /var/tmp/pagestore; PAGESTORE_LOG sets the log level.";
 
@@ -60,6 +80,9 @@ struct Config {
     mounts: Vec<(String, String)>,
     listen: SocketAddr,
     members: Option<PathBuf>,
+    etcd: Option<String>,
+    ring_mode: Option<RingMode>,
+    lease_ttl: Duration,
     tls_dir: Option<PathBuf>,
     require_client_cert: bool,
     metadata_ttl: Duration,
@@ -70,6 +93,7 @@ struct Config {
     pin: bool,
     admin: Option<SocketAddr>,
     policy: pagestore_engine::PolicyKind,
+    rules: Arc<pagestore_engine::Rules>,
 }
 
 /// The TOML configuration file: the same settings as the flags, with underscores.
@@ -84,6 +108,9 @@ struct FileConfig {
     mounts: Option<std::collections::BTreeMap<String, String>>,
     listen: Option<String>,
     members: Option<String>,
+    etcd: Option<String>,
+    ring_mode: Option<String>,
+    lease_ttl: Option<f64>,
     tls_dir: Option<String>,
     require_client_cert: Option<bool>,
     metadata_ttl: Option<f64>,
@@ -92,6 +119,8 @@ struct FileConfig {
     ufs_threads: Option<u64>,
     admin: Option<String>,
     pin: Option<bool>,
+    /// `[[rule]]` tables: quota, TTL and pin per logical-path prefix.
+    rule: Option<Vec<pagestore_tools::rules::RuleConfig>>,
 }
 
 /// The file's settings as flags, to be parsed before the command line's (so that flags win).
@@ -142,6 +171,15 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     if let Some(v) = f.members {
         push("--members", v);
     }
+    if let Some(v) = f.etcd {
+        push("--etcd", v);
+    }
+    if let Some(v) = f.ring_mode {
+        push("--ring-mode", v);
+    }
+    if let Some(v) = f.lease_ttl {
+        push("--lease-ttl", v.to_string());
+    }
     if let Some(v) = f.tls_dir {
         push("--tls-dir", v);
     }
@@ -166,6 +204,12 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     if f.pin == Some(false) {
         out.push("--no-pin".into());
     }
+    if !on_cli("--rule") {
+        for r in f.rule.unwrap_or_default() {
+            out.push("--rule".into());
+            out.push(r.to_flag());
+        }
+    }
     Ok(out)
 }
 
@@ -178,6 +222,9 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         mounts: Vec::new(),
         listen: DEFAULT_LISTEN.parse().map_err(|e| format!("{e}"))?,
         members: None,
+        etcd: None,
+        ring_mode: None,
+        lease_ttl: etcd::DEFAULT_LEASE_TTL,
         tls_dir: None,
         require_client_cert: false,
         metadata_ttl: Duration::from_secs(10),
@@ -188,7 +235,9 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         pin: true,
         admin: Some(SocketAddr::from(([127, 0, 0, 1], 7399))),
         policy: pagestore_engine::PolicyKind::Lru,
+        rules: Arc::default(),
     };
+    let mut rules = Vec::new();
     let mut node_id_cmd = false;
     while let Some(arg) = args.next() {
         match flag(&arg) {
@@ -205,6 +254,25 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
                 .push(parse_mount(&args.value(&arg)?).map_err(|e| e.to_string())?),
             "--listen" => c.listen = args.parsed(&arg)?,
             "--members" => c.members = Some(args.value(&arg)?.into()),
+            "--etcd" => {
+                let v = args.value(&arg)?;
+                etcd::parse_etcd_url(&v).map_err(|e| format!("--etcd: {e}"))?;
+                c.etcd = Some(v);
+            }
+            "--ring-mode" => {
+                c.ring_mode = Some(
+                    args.value(&arg)?
+                        .parse()
+                        .map_err(|e| format!("--ring-mode: {e}"))?,
+                )
+            }
+            "--lease-ttl" => {
+                let v: f64 = args.parsed(&arg)?;
+                if !(2.0..=3600.0).contains(&v) {
+                    return Err(format!("--lease-ttl {v}: use 2 to 3600 seconds"));
+                }
+                c.lease_ttl = Duration::from_secs_f64(v);
+            }
             "--tls-dir" => c.tls_dir = Some(args.value(&arg)?.into()),
             "--require-client-cert" => c.require_client_cert = true,
             "--metadata-ttl" => {
@@ -236,6 +304,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
                 };
             }
             "--no-pin" => c.pin = false,
+            "--rule" => rules.push(pagestore_tools::rules::parse_rule(&args.value(&arg)?)?),
             "-h" | "--help" | "help" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -245,6 +314,13 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
     }
     if c.cache_dirs.is_empty() {
         c.cache_dirs.push(home().join("cache"));
+    }
+    c.rules = Arc::new(pagestore_engine::Rules::new(rules).map_err(|e| e.to_string())?);
+    if c.members.is_some() && c.etcd.is_some() {
+        return Err("--members and --etcd both name the members: choose one".into());
+    }
+    if c.etcd.is_none() && c.ring_mode.is_some() {
+        return Err("--ring-mode needs --etcd (a member file is always a static ring)".into());
     }
     if node_id_cmd {
         let id =
@@ -304,7 +380,7 @@ fn main() {
     }
 }
 
-fn run(c: Config) -> Result<(), String> {
+fn run(mut c: Config) -> Result<(), String> {
     for d in &c.cache_dirs {
         std::fs::create_dir_all(d)
             .map_err(|e| format!("cannot create cache directory {}: {e}", d.display()))?;
@@ -321,6 +397,7 @@ fn run(c: Config) -> Result<(), String> {
         pin_cpus: c.pin,
         reformat: c.reformat,
         policy: c.policy,
+        rules: c.rules.clone(),
         ..EngineConfig::default()
     };
     let shards = engine.resolved_shards();
@@ -329,16 +406,48 @@ fn run(c: Config) -> Result<(), String> {
         addr: c.listen,
         shards: u16::try_from(shards).map_err(|_| "too many shards".to_string())?,
     };
-    if c.members.is_some() && c.listen.ip().is_unspecified() {
+    if (c.members.is_some() || c.etcd.is_some()) && c.listen.ip().is_unspecified() {
         return Err(format!(
             "--listen {} is not an address other machines can reach: members and clients \
-             connect to the address in the member file, so listen on this node's own IP",
+             connect to the address the node registers, so listen on this node's own IP",
             c.listen
         ));
     }
-    let nodes = match &c.members {
-        None => vec![me],
-        Some(path) => {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(c.ufs_threads)
+        .thread_name("pagestored-ufs")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+    // Membership: etcd, a member file, or this node alone.
+    let mut etcd_state: Option<(Arc<Etcd>, ClusterState)> = None;
+    let nodes = match (&c.members, &c.etcd) {
+        (_, Some(url)) => {
+            let e = {
+                let _guard = runtime.enter();
+                Arc::new(Etcd::new(url).map_err(|e| e.to_string())?)
+            };
+            let (state, mounts) = runtime
+                .block_on(etcd_join(&e, &c))
+                .map_err(|e| format!("{e} (check --etcd {url} and that etcd runs)"))?;
+            if c.mounts != mounts {
+                tracing::warn!("the mount table in etcd differs from this node's settings; etcd's wins (change it with pagectl mount)");
+            }
+            c.mounts = mounts;
+            let mut state = state;
+            let rec = MemberRecord {
+                info: me,
+                admin: None,
+            };
+            // This node is about to register: start with it in the ring.
+            state.live.insert(id, rec.clone());
+            state.slots.insert(id, rec);
+            let nodes = state.ring_nodes();
+            etcd_state = Some((e, state));
+            nodes
+        }
+        (None, None) => vec![me],
+        (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read member file {}: {e}", path.display()))?;
             let nodes = parse_member_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -367,19 +476,14 @@ fn run(c: Config) -> Result<(), String> {
             nodes
         }
     };
-    let membership = Membership::new(nodes.iter().copied(), RingConfig::default(), 1)
+    let epoch = etcd_state.as_ref().map_or(1, |(_, s)| s.revision.max(1));
+    let membership = Membership::new(nodes.iter().copied(), RingConfig::default(), epoch)
         .map_err(|e| e.to_string())?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(c.ufs_threads)
-        .thread_name("pagestored-ufs")
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
     let mounts = {
         let _guard = runtime.enter();
         MountTable::new(&c.mounts).map_err(|e| e.to_string())?
     };
-    let mounts = Arc::new(mounts);
+    let source = Arc::new(UfsSource::new(Arc::new(mounts)));
     let rustls = pagestore_net::tls::server_config(
         &tls.identity,
         &tls.ca,
@@ -401,7 +505,7 @@ fn run(c: Config) -> Result<(), String> {
             max_request: c.page_size as usize + (64 << 10),
             max_buffered: 64 << 20,
             source: Some(NodeSource {
-                source: Arc::new(UfsSource(mounts.clone())),
+                source: source.clone(),
                 runtime: runtime.handle().clone(),
                 options: LoaderOptions {
                     max_inflight: c.ufs_inflight,
@@ -409,38 +513,74 @@ fn run(c: Config) -> Result<(), String> {
                     ..LoaderOptions::default()
                 },
             }),
-            nodes: membership
-                .nodes()
-                .map(|n| NodeEntry {
-                    id: FileId::from_u128(n.id),
-                    addr: n.addr.to_string(),
-                    shards: n.shards,
-                })
-                .collect(),
+            nodes: node_entries(&membership),
             replicas: c.replicas,
         },
     )
     .map_err(|e| e.to_string())?;
     let node = Arc::new(node);
-    let admin = match c.admin {
+    let admin = Arc::new(pagestore_tools::admin::Admin {
+        node: Arc::downgrade(&node),
+        ring: std::sync::RwLock::new(RingState {
+            membership: Arc::new(membership.clone()),
+            down: Vec::new(),
+            mode: match (&etcd_state, &c.members) {
+                (Some((_, s)), _) => s.mode().as_str(),
+                (None, _) => "file",
+            },
+        }),
+        etcd: etcd_state.as_ref().map(|(e, _)| e.clone()),
+    });
+    let admin_addr = match c.admin {
         None => None,
-        Some(addr) => {
-            let a = Arc::new(pagestore_tools::admin::Admin {
-                node: Arc::downgrade(&node),
-                membership: membership.clone(),
-            });
-            Some(
-                runtime
-                    .block_on(pagestore_tools::admin::serve(a, addr))
-                    .map_err(|e| {
-                        format!(
-                            "cannot serve the admin endpoint on {addr}: {e} (choose another with \
-                             --admin IP:PORT, or --admin off)"
-                        )
-                    })?,
-            )
-        }
+        Some(addr) => Some(
+            runtime
+                .block_on(pagestore_tools::admin::serve(admin.clone(), addr))
+                .map_err(|e| {
+                    format!(
+                        "cannot serve the admin endpoint on {addr}: {e} (choose another with \
+                         --admin IP:PORT, or --admin off)"
+                    )
+                })?,
+        ),
     };
+    // With etcd: register under a lease, keep it alive, and follow membership changes.
+    let mut background = Vec::new();
+    let lease = Arc::new(AtomicU64::new(0));
+    if let Some((e, state)) = &etcd_state {
+        let rec = MemberRecord {
+            info: me,
+            admin: admin_addr.map(|a| a.to_string()),
+        };
+        let l = runtime
+            .block_on(e.register(&rec, c.lease_ttl))
+            .map_err(|err| format!("cannot register in etcd: {err}"))?;
+        lease.store(l, std::sync::atomic::Ordering::Relaxed);
+        let _guard = runtime.enter();
+        background.push(etcd::keep_registered(
+            e.clone(),
+            rec,
+            c.lease_ttl,
+            lease.clone(),
+        ));
+        let (tx, mut rx) = tokio::sync::watch::channel::<Option<ClusterState>>(None);
+        background.push(etcd::follow(e.clone(), Some(state.clone()), move |s| {
+            tx.send_replace(Some(s.clone()));
+            true
+        }));
+        let (weak, admin, source) = (Arc::downgrade(&node), admin.clone(), source.clone());
+        background.push(runtime.spawn(async move {
+            while rx.changed().await.is_ok() {
+                let Some(s) = rx.borrow_and_update().clone() else {
+                    continue;
+                };
+                let Some(node) = weak.upgrade() else {
+                    return;
+                };
+                apply_state(&node, &admin, &source, &s).await;
+            }
+        }));
+    }
     let last_port = c.listen.port().saturating_add(me.shards - 1);
     println!(
         "pagestored: node {} serving {} shard(s) on {} (UDP ports {}-{})",
@@ -457,24 +597,35 @@ fn run(c: Config) -> Result<(), String> {
             c.cache_size
         );
     }
-    for (prefix, url) in mounts.mounts() {
+    for (prefix, url) in source.table().mounts() {
         println!(
             "  mount      {} <- {}",
             if prefix.is_empty() { "/" } else { prefix },
             pagestore_client::ufs::redact(url)
         );
     }
+    for (_, rule) in c.rules.iter() {
+        println!("  rule       {}", pagestore_tools::rules::describe(rule));
+    }
     println!("  tls        {}", tls_dir.display());
-    if let Some(a) = admin {
+    if let Some(a) = admin_addr {
         println!("  admin      http://{a}/metrics");
     }
-    println!(
-        "  members    {} node(s){}",
-        membership.nodes().count(),
-        c.members
-            .as_ref()
-            .map_or(String::new(), |p| format!(" from {}", p.display()))
-    );
+    match (&etcd_state, &c.members) {
+        (Some((_, s)), _) => println!(
+            "  members    {} node(s) in the {} ring, from {} (lease TTL {:?})",
+            membership.nodes().count(),
+            s.mode().as_str(),
+            c.etcd.as_deref().unwrap_or_default(),
+            c.lease_ttl
+        ),
+        (None, Some(p)) => println!(
+            "  members    {} node(s) from {}",
+            membership.nodes().count(),
+            p.display()
+        ),
+        (None, None) => println!("  members    this node alone"),
+    }
     println!("ready: try `pagectl ls /` (stop with Ctrl-C)");
     let signal = runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -488,12 +639,129 @@ fn run(c: Config) -> Result<(), String> {
         signal,
         "shutting down: closing connections, persisting the index"
     );
+    for t in &background {
+        t.abort();
+    }
+    if let Some((e, _)) = &etcd_state {
+        // Leave the live set now rather than when the lease runs out.
+        let l = lease.load(std::sync::atomic::Ordering::Relaxed);
+        let revoke = async { tokio::time::timeout(Duration::from_secs(2), e.revoke(l)).await };
+        match runtime.block_on(revoke) {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "could not leave etcd; the lease will expire")
+            }
+            Err(_) => tracing::warn!("etcd did not answer; the lease will expire"),
+        }
+    }
     // The node first (in-flight requests may still need the under-storage runtime), then the
-    // runtime. The admin endpoint holds only a weak reference, so this is the last one.
-    let node =
-        Arc::try_unwrap(node).map_err(|_| "shutdown: the node is still in use".to_string())?;
+    // runtime. The admin endpoint and the membership task hold only weak references; wait
+    // for a membership update that is being applied right now.
+    let mut node = node;
+    let node = loop {
+        match Arc::try_unwrap(node) {
+            Ok(n) => break n,
+            Err(n) if Arc::weak_count(&n) > 0 => {
+                node = n;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => return Err("shutdown: the node is still in use".to_string()),
+        }
+    };
     node.shutdown().map_err(|e| format!("shutdown: {e}"))?;
     runtime.shutdown_timeout(Duration::from_secs(5));
     println!("pagestored: stopped");
     Ok(())
+}
+
+/// Joins the cluster in etcd: sets the ring mode and mount table if this is the first node,
+/// and reads the state. Returns the state and the mount table in force.
+async fn etcd_join(
+    e: &Etcd,
+    c: &Config,
+) -> Result<(ClusterState, Vec<(String, String)>), etcd::EtcdError> {
+    let wanted = c.ring_mode.unwrap_or(RingMode::Dynamic);
+    let mode = e.init_ring_mode(wanted).await?;
+    if c.ring_mode.is_some() && mode != wanted {
+        tracing::warn!(
+            cluster = mode.as_str(),
+            asked = wanted.as_str(),
+            "the cluster's ring mode is already set in etcd; using it"
+        );
+    }
+    let mounts = e.init_mounts(&c.mounts).await?;
+    Ok((e.state().await?, mounts))
+}
+
+fn node_entries(m: &Membership) -> Vec<NodeEntry> {
+    m.nodes()
+        .map(|n| NodeEntry {
+            id: FileId::from_u128(n.id),
+            addr: n.addr.to_string(),
+            shards: n.shards,
+        })
+        .collect()
+}
+
+/// Serves under a membership state read from etcd: the shards' rings, the admin view and
+/// the mount table.
+async fn apply_state(
+    node: &Node,
+    admin: &pagestore_tools::admin::Admin,
+    source: &UfsSource,
+    s: &ClusterState,
+) {
+    let nodes = s.ring_nodes();
+    if nodes.is_empty() {
+        tracing::warn!("etcd lists no ring members (not even this node); keeping the last ring");
+        return;
+    }
+    let membership = match Membership::new(nodes, RingConfig::default(), s.revision.max(1)) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring a membership change");
+            return;
+        }
+    };
+    if let Err(e) = node
+        .set_ring(
+            Arc::new(membership.ring().clone()),
+            Arc::new(node_entries(&membership)),
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "cannot give the shards the new ring");
+        return;
+    }
+    tracing::info!(
+        epoch = s.revision,
+        nodes = membership.nodes().count(),
+        down = s.down().len(),
+        mode = s.mode().as_str(),
+        "membership changed"
+    );
+    *admin.ring.write().unwrap_or_else(|p| p.into_inner()) = RingState {
+        membership: Arc::new(membership),
+        down: s.down(),
+        mode: s.mode().as_str(),
+    };
+    let current = source.table();
+    let now: Vec<(String, String)> = current
+        .mounts()
+        .map(|(p, u)| (p.to_string(), u.to_string()))
+        .collect();
+    if !s.mounts.is_empty() && s.mounts != now {
+        match MountTable::new(&s.mounts) {
+            Ok(t) => {
+                source.replace(Arc::new(t));
+                tracing::info!(
+                    mounts = s.mounts.len(),
+                    "mount table changed in etcd; applied"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring a mount table from etcd that does not open")
+            }
+        }
+    }
 }
