@@ -27,8 +27,8 @@ empty directory, and serves it until SIGINT or SIGTERM, which unmount it. Prints
 MOUNTPOINT` on standard output once mounted. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
 
 options:
-  --cluster FILE|IP:PORT  member file or any member's address (default $PAGESTORE_CLUSTER or
-                          127.0.0.1:7400)
+  --cluster WHERE         member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
+                          (default $PAGESTORE_CLUSTER or 127.0.0.1:7400)
   --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
                           client-key.pem, or ca-key.pem, if the cluster requires client
                           certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls

@@ -28,8 +28,8 @@ options:
                           DeleteObject) and for reads when a member is down
   --staging-dir DIR       where parts of multipart uploads wait (default
                           $PAGESTORE_HOME/pages3-staging)
-  --cluster FILE|IP:PORT  member file or any member's address (default $PAGESTORE_CLUSTER or
-                          127.0.0.1:7400)
+  --cluster WHERE         member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
+                          (default $PAGESTORE_CLUSTER or 127.0.0.1:7400)
   --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
                           client-key.pem, or ca-key.pem, if the cluster requires client
                           certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
