@@ -195,4 +195,14 @@ fn configuration_errors_are_clear_and_exit_2() {
         e.contains("etcd unreachable") && e.contains("check --etcd"),
         "{e}"
     );
+    // The same settings from the config file.
+    let cfg = home.path().join("etcd.toml");
+    std::fs::write(
+        &cfg,
+        "etcd = \"etcd://127.0.0.1:1/test\"\nring_mode = \"static\"\nlease_ttl = 5\n\
+         admin = \"off\"\npin = false\n",
+    )
+    .unwrap();
+    let e = run(&["--config", cfg.to_str().unwrap()]);
+    assert!(e.contains("etcd unreachable"), "{e}");
 }
