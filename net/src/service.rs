@@ -457,7 +457,7 @@ impl ShardService {
             }
             let (loader, file) = (loader.clone(), file.clone());
             tasks.push(glommio::spawn_local(async move {
-                loader.load_page(&file, page).await
+                loader.load_and_keep(&file, page).await
             }));
         }
         let (mut loaded, mut bytes, mut failed) = (0u32, 0u64, None);

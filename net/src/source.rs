@@ -124,8 +124,9 @@ type Timed<T> = (Instant, T);
 enum Flight {
     /// The load is running; these wait for it.
     Loading(Vec<futures_channel::oneshot::Sender<PageResult>>),
-    /// Loaded and being written to the cache: later misses take these bytes.
-    Storing(Bytes),
+    /// Loaded and being written to the cache: later misses take these bytes; these wait for
+    /// the write to end (preloads, which answer only once the page is kept).
+    Storing(Bytes, Vec<futures_channel::oneshot::Sender<()>>),
 }
 
 /// One shard's bridge to the under storage (see the module docs). Not `Send`: it lives on its
@@ -213,7 +214,7 @@ impl Loader {
         let (rx, leader) = {
             let mut flights = self.flights.borrow_mut();
             match flights.get_mut(&key) {
-                Some(Flight::Storing(bytes)) => {
+                Some(Flight::Storing(bytes, _)) => {
                     self.stats.coalesced.set(self.stats.coalesced.get() + 1);
                     return Ok(bytes.clone());
                 }
@@ -281,7 +282,7 @@ impl Loader {
                 _ => Vec::new(),
             };
             if let Ok(bytes) = &result {
-                flights.insert(key, Flight::Storing(bytes.clone()));
+                flights.insert(key, Flight::Storing(bytes.clone(), Vec::new()));
             }
             waiters
         };
@@ -315,8 +316,32 @@ impl Loader {
                     }
                 }
             }
-            self.flights.borrow_mut().remove(&key);
+            let stored = self.flights.borrow_mut().remove(&key);
+            if let Some(Flight::Storing(_, waiters)) = stored {
+                for w in waiters {
+                    let _ = w.send(());
+                }
+            }
         }
+    }
+
+    /// Like [`Loader::load_page`], but returns only once the loaded page has been written to
+    /// the cache (or failed to be): what a preload must wait for before it says it is done.
+    pub async fn load_and_keep(self: &Rc<Self>, file: &FileRef, page: u64) -> PageResult {
+        let bytes = self.load_page(file, page).await?;
+        let key = PageKey::new(file.file_id.as_u128(), page);
+        let rx = match self.flights.borrow_mut().get_mut(&key) {
+            Some(Flight::Storing(_, waiters)) => {
+                let (tx, rx) = futures_channel::oneshot::channel();
+                waiters.push(tx);
+                Some(rx)
+            }
+            _ => None,
+        };
+        if let Some(rx) = rx {
+            let _ = rx.await;
+        }
+        Ok(bytes)
     }
 
     fn trim_metadata(&self) {

@@ -996,3 +996,54 @@ fn cluster_reports_page_size_nodes_replicas_and_mounts() {
         pool.close();
     });
 }
+
+#[test]
+fn a_preload_answers_only_once_its_pages_are_kept() {
+    let h = Harness::start(Setup::default());
+    let path = "/d/preload.bin";
+    let data = content(77, (8 * P) as usize);
+    h.fake.put_file(path, "v1", data.clone());
+    let f = file_ref(path, "v1", data.len() as u64);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        let (body, _) = ask(
+            &pool,
+            h.addr(0),
+            RequestBody::LoadPages {
+                file: f.clone(),
+                pages: (0..8).collect(),
+                epoch: 0,
+            },
+        )
+        .await;
+        assert_eq!(
+            body,
+            ResponseBody::Loaded {
+                pages: 8,
+                bytes: 8 * P
+            }
+        );
+        // No waiting: when `Loaded` arrives every page is in the cache, so a job that is done
+        // is all hits.
+        for page in 0..8 {
+            assert!(
+                h.shard(0).contains(key(&f, page)).await.unwrap(),
+                "page {page} was not kept when the preload answered"
+            );
+        }
+        // A second preload finds them all and loads nothing.
+        let (body, _) = ask(
+            &pool,
+            h.addr(0),
+            RequestBody::LoadPages {
+                file: f.clone(),
+                pages: (0..8).collect(),
+                epoch: 0,
+            },
+        )
+        .await;
+        assert_eq!(body, ResponseBody::Loaded { pages: 0, bytes: 0 });
+        assert_eq!(h.fake.reads(), 8);
+        pool.close();
+    });
+}
