@@ -15,7 +15,7 @@
 //!   network I/O, so one slow read never holds up another request.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     ffi::OsStr,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -24,12 +24,14 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use bytes::{Bytes, BytesMut};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
     TimeOrNow, WriteFlags,
 };
+use futures_util::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use pagestore_client::{ufs::ObjectInfo, Client, Error};
 use pagestore_net::frame::PathKind;
 use tracing::{debug, info, warn};
@@ -152,7 +154,7 @@ struct DirItem {
 struct Shared {
     client: Arc<Client>,
     inodes: Mutex<Inodes>,
-    files: Mutex<HashMap<u64, Arc<ObjectInfo>>>,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
     next_fh: AtomicU64,
     options: FsOptions,
@@ -161,6 +163,74 @@ struct Shared {
     time: SystemTime,
     blksize: u32,
     notifier: OnceLock<Notifier>,
+}
+
+/// Whole pages an open file keeps fetched or being fetched for a sequential reader.
+const WINDOW_PAGES: usize = 4;
+
+/// A whole page being fetched (or fetched), shared by every read that needs it.
+type PageFetch = SharedFuture<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
+
+/// An open file: the version it reads, and its read-ahead window.
+struct OpenFile {
+    info: ObjectInfo,
+    /// The cluster's page size.
+    page_size: u64,
+    window: Mutex<Window>,
+}
+
+/// A sequential reader's pages. The kernel's read-ahead sends reads of at most 1 MiB, several
+/// at once; fetching each as its own range would cost a request (and a node's work) per piece
+/// of a 4 MiB page. A read that continues the previous one, or falls in a page already here,
+/// is served from whole pages instead, and the next page is fetched ahead. Other reads (random
+/// access) go straight to the range they want.
+#[derive(Default)]
+struct Window {
+    /// Where the next sequential read starts.
+    next: u64,
+    /// Pages, oldest first; at most [`WINDOW_PAGES`].
+    pages: VecDeque<(u64, PageFetch)>,
+}
+
+/// The bytes `[offset, offset + want)` of `file` from its whole `pages`. A page that is shorter
+/// than the file says means the object changed: ESTALE, as for a range read. A failed page
+/// leaves the window, so the next read fetches it again.
+async fn from_pages(
+    file: &OpenFile,
+    pages: &[(u64, PageFetch)],
+    offset: u64,
+    want: u64,
+) -> Result<Bytes, Errno> {
+    let end = offset + want;
+    let mut out = BytesMut::new();
+    for (p, fetch) in pages {
+        let page = match fetch.clone().await {
+            Ok(b) => b,
+            Err(e) => {
+                lock(&file.window).pages.retain(|(q, _)| q != p);
+                return Err(errno("read", &file.info.path, &e));
+            }
+        };
+        let start = p * file.page_size;
+        let (lo, hi) = (
+            offset.max(start) - start,
+            end.min(start + file.page_size) - start,
+        );
+        if (page.len() as u64) < hi {
+            warn!(
+                "read {}: page {p} has {} bytes where {hi} were expected; the object changed \
+                 since it was opened",
+                file.info.path,
+                page.len()
+            );
+            return Err(Errno::ESTALE);
+        }
+        if pages.len() == 1 {
+            return Ok(page.slice(lo as usize..hi as usize));
+        }
+        out.extend_from_slice(&page[lo as usize..hi as usize]);
+    }
+    Ok(out.freeze())
 }
 
 /// The FUSE file system. Hand it to `fuser::Session::new`.
@@ -211,6 +281,66 @@ fn errno(op: &str, path: &str, e: &Error) -> Errno {
 }
 
 impl PageFs {
+    /// For a sequential read of `want` bytes at `offset` (see [`Window`]): the pages it needs,
+    /// each fetched whole (or being fetched), after starting the fetch of the page after them.
+    /// `None`: not sequential, read the range itself.
+    fn window_pages(
+        &self,
+        file: &OpenFile,
+        offset: u64,
+        want: u64,
+    ) -> Option<Vec<(u64, PageFetch)>> {
+        if want == 0 {
+            return None;
+        }
+        let ps = file.page_size;
+        let (first, last) = (offset / ps, (offset + want - 1) / ps);
+        let mut w = lock(&file.window);
+        let sequential = offset == w.next || w.pages.iter().any(|(p, _)| *p == first);
+        w.next = offset + want;
+        if !sequential {
+            return None;
+        }
+        let mut needed = Vec::new();
+        for p in first..=last + 1 {
+            if p * ps >= file.info.size {
+                break;
+            }
+            let fetch = match w.pages.iter().find(|(q, _)| *q == p) {
+                Some((_, f)) => f.clone(),
+                None => {
+                    let f = self.start_page_fetch(&file.info, p, ps as u32);
+                    w.pages.push_back((p, f.clone()));
+                    f
+                }
+            };
+            if p <= last {
+                needed.push((p, fetch));
+            }
+        }
+        while w.pages.len() > WINDOW_PAGES {
+            w.pages.pop_front();
+        }
+        Some(needed)
+    }
+
+    /// Starts fetching page `page` of `info` whole, now (a spawned task: a page fetched ahead
+    /// is on its way before anyone waits for it).
+    fn start_page_fetch(&self, info: &ObjectInfo, page: u64, page_size: u32) -> PageFetch {
+        let (client, info) = (self.shared.client.clone(), info.clone());
+        let task = self
+            .rt
+            .spawn(async move { client.read_page(&info, page, 0, page_size).await });
+        async move {
+            match task.await {
+                Ok(r) => r.map_err(Arc::new),
+                Err(e) => Err(Arc::new(Error::Unavailable(format!("page fetch: {e}")))),
+            }
+        }
+        .boxed()
+        .shared()
+    }
+
     /// A file system over `client`, whose requests run on `rt`.
     pub fn new(client: Arc<Client>, rt: tokio::runtime::Handle, options: FsOptions) -> PageFs {
         // SAFETY: getuid(2) and getgid(2) take no arguments and cannot fail.
@@ -375,8 +505,8 @@ impl Filesystem for PageFs {
             return reply.attr(&sh.ttl(), &sh.attr(1, Kind::Dir));
         }
         // An open handle answers for the version it pinned.
-        if let Some(info) = fh.and_then(|fh| lock(&sh.files).get(&fh.0).cloned()) {
-            return reply.attr(&sh.ttl(), &sh.attr(ino.0, Kind::File(info.size)));
+        if let Some(file) = fh.and_then(|fh| lock(&sh.files).get(&fh.0).cloned()) {
+            return reply.attr(&sh.ttl(), &sh.attr(ino.0, Kind::File(file.info.size)));
         }
         if let Some((kind, left)) = sh.fresh(ino.0) {
             return reply.attr(&left, &sh.attr(ino.0, kind));
@@ -418,7 +548,14 @@ impl Filesystem for PageFs {
                     .unwrap_or(false);
                 (keep, before != Some(Kind::File(info.size)))
             };
-            lock(&sh.files).insert(fh, Arc::new(info));
+            lock(&sh.files).insert(
+                fh,
+                Arc::new(OpenFile {
+                    info,
+                    page_size: u64::from(sh.client.page_size()),
+                    window: Mutex::new(Window::default()),
+                }),
+            );
             let flags = if keep {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
@@ -447,13 +584,23 @@ impl Filesystem for PageFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(info) = lock(&self.shared.files).get(&fh.0).cloned() else {
+        let Some(file) = lock(&self.shared.files).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
         let sh = self.shared.clone();
+        let want = file.info.size.saturating_sub(offset).min(u64::from(size));
+        if let Some(pages) = self.window_pages(&file, offset, want) {
+            self.rt.spawn(async move {
+                match from_pages(&file, &pages, offset, want).await {
+                    Ok(b) => reply.data(&b),
+                    Err(e) => reply.error(e),
+                }
+            });
+            return;
+        }
         self.rt.spawn(async move {
-            let want = info.size.saturating_sub(offset).min(u64::from(size));
-            match sh.client.read_at(&info, offset, u64::from(size)).await {
+            let info = &file.info;
+            match sh.client.read_at(info, offset, u64::from(size)).await {
                 Ok(b) if b.len() as u64 == want => reply.data(&b),
                 Ok(b) => {
                     warn!(
