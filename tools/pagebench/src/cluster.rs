@@ -27,7 +27,9 @@ use pagestore_client::{
 };
 use pagestore_tools::local_cluster::{LocalCluster, Settings};
 
-use crate::Opts;
+use crate::{bench::proc_cpu, Opts};
+
+type Report = serde_json::Map<String, serde_json::Value>;
 
 /// One measured pass.
 struct Pass {
@@ -45,35 +47,7 @@ impl Pass {
 }
 
 fn pagestored_binary() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("PAGESTORED") {
-        return Ok(p.into());
-    }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let p = exe.with_file_name("pagestored");
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "{} not found: build it first (cargo build --release -p pagestore-tools) or set \
-             PAGESTORED",
-            p.display()
-        ))
-    }
-}
-
-/// CPU seconds (user + system) used so far by process `pid`.
-fn proc_cpu(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    // utime and stime are fields 14 and 15 (1-based), i.e. 11 and 12 after the name.
-    (ticks(11) + ticks(12)) / hz
+    crate::frontends::tool_binary("pagestored")
 }
 
 fn cluster_cpu(c: &LocalCluster) -> f64 {
@@ -182,7 +156,8 @@ pub fn run_cluster(o: &Opts) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let warm = rt.block_on(async { measure(o, &mut cluster, &mount, files).await });
+    let mut report = Report::new();
+    let warm = rt.block_on(async { measure(o, &mut cluster, &mount, files, &mut report).await });
     drop(cluster);
     let _ = std::fs::remove_dir_all(&nodes_dir);
     let warm = warm?;
@@ -195,6 +170,13 @@ pub fn run_cluster(o: &Opts) -> Result<(), String> {
         ..o.clone()
     })?;
     let ceiling = local.first().map_or(f64::NAN, |r| r.bw() / 1e9);
+    if o.json {
+        report.insert("local_ceiling_gbps".into(), ceiling.into());
+        report.insert("warm_over_local".into(), (warm / ceiling).into());
+        report.insert("mode".into(), "cluster".into());
+        println!("{}", serde_json::Value::Object(report));
+        return Ok(());
+    }
     println!(
         "\nlocal engine ceiling (engine alone, {} shard(s), whole-page reads): {ceiling:.2} GB/s; \
          warm cluster / local = {:.2}x",
@@ -210,6 +192,7 @@ async fn measure(
     cluster: &mut LocalCluster,
     mount: &str,
     files: u64,
+    report: &mut Report,
 ) -> Result<f64, String> {
     let page = u64::from(o.page_size);
     let (prefix, url) = mount.split_once('=').ok_or("bad mount")?;
@@ -228,15 +211,24 @@ async fn measure(
         infos.push(client.stat(&path).await.map_err(|e| e.to_string())?);
     }
     let total_bytes: u64 = infos.iter().map(|i| i.size).sum();
-    println!(
-        "cluster: 3 nodes x {} shard(s), {} files, {:.2} GB, page {} KiB, {} pages in flight; \
+    report.insert(
+        "setup".into(),
+        serde_json::json!({"nodes": 3, "shards": o.shards, "files": files,
+            "bytes": total_bytes, "page_size": page, "in_flight": o.qd,
+            "under_storage": pagestore_client::ufs::redact(url)}),
+    );
+    say(
+        o,
+        format!(
+            "cluster: 3 nodes x {} shard(s), {} files, {:.2} GB, page {} KiB, {} pages in flight; \
          under storage {}",
-        o.shards,
-        files,
-        total_bytes as f64 / 1e9,
-        page >> 10,
-        o.qd,
-        pagestore_client::ufs::redact(url)
+            o.shards,
+            files,
+            total_bytes as f64 / 1e9,
+            page >> 10,
+            o.qd,
+            pagestore_client::ufs::redact(url)
+        ),
     );
 
     let mut passes = Vec::new();
@@ -294,39 +286,71 @@ async fn measure(
     let (h1, m1) = cluster.hits_and_misses().await?;
     let pages: u64 = infos.iter().map(|i| i.size.div_ceil(page)).sum();
 
-    println!(
-        "\n{:<30} {:>8} {:>10} {:>14} {:>14}",
-        "pass", "GB/s", "vs ufs", "client CPU s/GB", "server CPU s/GB"
+    say(
+        o,
+        format!(
+            "\n{:<30} {:>8} {:>10} {:>14} {:>14}",
+            "pass", "GB/s", "vs ufs", "client CPU s/GB", "server CPU s/GB"
+        ),
     );
     let base = passes[0].gbps();
+    let mut pass_json = Vec::new();
     for p in &passes {
         let gb = p.bytes as f64 / 1e9;
-        println!(
-            "{:<30} {:>8.2} {:>9.2}x {:>14.2} {:>14.2}",
-            p.name,
-            p.gbps(),
-            p.gbps() / base,
-            p.client_cpu / gb,
-            p.server_cpu / gb
+        say(
+            o,
+            format!(
+                "{:<30} {:>8.2} {:>9.2}x {:>14.2} {:>14.2}",
+                p.name,
+                p.gbps(),
+                p.gbps() / base,
+                p.client_cpu / gb,
+                p.server_cpu / gb
+            ),
         );
+        pass_json.push(serde_json::json!({
+            "pass": p.name, "bytes": p.bytes, "seconds": p.secs, "gbps": p.gbps(),
+            "vs_ufs": p.gbps() / base, "client_cpu_seconds_per_gb": p.client_cpu / gb,
+            "server_cpu_seconds_per_gb": p.server_cpu / gb,
+        }));
     }
-    println!(
-        "hits {} / misses {} over the two passes ({} pages each); fallbacks {}",
-        h1 - h0,
-        m1 - m0,
-        pages,
-        client.stats().fallbacks
+    report.insert("passes".into(), pass_json.into());
+    report.insert(
+        "counters".into(),
+        serde_json::json!({"hits": h1 - h0, "misses": m1 - m0, "pages_per_pass": pages,
+            "fallbacks": client.stats().fallbacks}),
     );
-    println!(
-        "cold / ufs = {:.2}x (target >= 0.9x); warm / cold = {:.2}x",
-        passes[1].gbps() / base,
-        passes[2].gbps() / passes[1].gbps()
+    report.insert("cold_over_ufs".into(), (passes[1].gbps() / base).into());
+    report.insert(
+        "warm_over_cold".into(),
+        (passes[2].gbps() / passes[1].gbps()).into(),
+    );
+    say(
+        o,
+        format!(
+            "hits {} / misses {} over the two passes ({} pages each); fallbacks {}",
+            h1 - h0,
+            m1 - m0,
+            pages,
+            client.stats().fallbacks
+        ),
+    );
+    say(
+        o,
+        format!(
+            "cold / ufs = {:.2}x (target >= 0.9x); warm / cold = {:.2}x",
+            passes[1].gbps() / base,
+            passes[2].gbps() / passes[1].gbps()
+        ),
     );
 
+    let mut random = Vec::new();
     for block in [4096u64, 128 << 10] {
-        random_reads(o, &client, &infos, block).await?;
+        random.push(random_reads(o, &client, &infos, block).await?);
     }
-    kill_timeline(o, cluster, &client, &infos, &reference).await?;
+    report.insert("random".into(), random.into());
+    let kill = kill_timeline(o, cluster, &client, &infos, &reference).await?;
+    report.insert("kill".into(), kill);
     Ok(passes[2].gbps())
 }
 
@@ -337,7 +361,7 @@ async fn random_reads(
     client: &Arc<Client>,
     infos: &[ObjectInfo],
     block: u64,
-) -> Result<(), String> {
+) -> Result<serde_json::Value, String> {
     let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
     let ops = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -372,17 +396,33 @@ async fn random_reads(
     }
     let secs = start.elapsed().as_secs_f64().max(o.seconds);
     let n = ops.load(Ordering::Relaxed);
-    println!(
-        "warm random {} KiB reads through the client: {:.0} IOPS, {:.1} MB/s, p50 {:.0} us, p99 \
-         {:.0} us ({} in flight)",
-        block >> 10,
-        n as f64 / secs,
-        (n * block) as f64 / secs / 1e6,
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-        o.qd
+    let q = |v: f64| hist.value_at_quantile(v) as f64 / 1e3;
+    say(
+        o,
+        format!(
+            "warm random {} KiB reads through the client: {:.0} IOPS, {:.1} MB/s, p50 {:.0} us, \
+             p99 {:.0} us ({} in flight)",
+            block >> 10,
+            n as f64 / secs,
+            (n * block) as f64 / secs / 1e6,
+            q(0.5),
+            q(0.99),
+            o.qd
+        ),
     );
-    Ok(())
+    Ok(serde_json::json!({
+        "block": block, "ops": n, "seconds": secs, "iops": n as f64 / secs,
+        "bytes_per_sec": (n * block) as f64 / secs, "in_flight": o.qd,
+        "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p99.9": q(0.999),
+            "max": hist.max() as f64 / 1e3},
+    }))
+}
+
+/// Prints a line of the human report (nothing with `--json`).
+fn say(o: &Opts, line: String) {
+    if !o.json {
+        println!("{line}");
+    }
 }
 
 /// A warm scan of everything, one file at a time through file handles (read-ahead), with node 2
@@ -393,7 +433,7 @@ async fn kill_timeline(
     client: &Arc<Client>,
     infos: &[ObjectInfo],
     reference: &[u32],
-) -> Result<(), String> {
+) -> Result<serde_json::Value, String> {
     use tokio::io::AsyncReadExt;
     let page = u64::from(o.page_size) as usize;
     let total: u64 = infos.iter().map(|i| i.size).sum();
@@ -464,26 +504,40 @@ async fn kill_timeline(
     };
     let rate = |a: f64, b: f64| (bytes_at(b) - bytes_at(a)) as f64 / (b - a).max(1e-9) / 1e9;
     let during_end = (kill + 5.0).min(end);
-    println!(
-        "\nkill run: {:.2} GB warm scan through file handles, node 2 SIGKILLed at {kill:.2} s",
-        total as f64 / 1e9
+    let after = (end > during_end).then(|| rate(during_end, end));
+    let st = client.stats();
+    say(
+        o,
+        format!(
+            "\nkill run: {:.2} GB warm scan through file handles, node 2 SIGKILLed at {kill:.2} s",
+            total as f64 / 1e9
+        ),
     );
-    println!(
-        "  before {:.2} GB/s | first {:.1} s after {:.2} GB/s | after that {:.2} GB/s | first \
-         fallback {} after the kill | {} fallbacks, {} member failures, {} skipped while dead",
-        rate(0.0, kill),
-        during_end - kill,
-        rate(kill, during_end),
-        if end > during_end {
-            rate(during_end, end)
-        } else {
-            f64::NAN
-        },
-        detect.map_or("never".into(), |d| format!("{d:.2} s")),
-        client.stats().fallbacks,
-        client.stats().member_failures,
-        client.stats().skipped_dead
+    say(
+        o,
+        format!(
+            "  before {:.2} GB/s | first {:.1} s after {:.2} GB/s | after that {:.2} GB/s | first \
+             fallback {} after the kill | {} fallbacks, {} member failures, {} skipped while dead",
+            rate(0.0, kill),
+            during_end - kill,
+            rate(kill, during_end),
+            after.unwrap_or(f64::NAN),
+            detect.map_or("never".into(), |d| format!("{d:.2} s")),
+            st.fallbacks,
+            st.member_failures,
+            st.skipped_dead
+        ),
     );
-    println!("  every page read byte-exact (crc32 against the under storage's)");
-    Ok(())
+    say(
+        o,
+        "  every page read byte-exact (crc32 against the under storage's)".into(),
+    );
+    Ok(serde_json::json!({
+        "bytes": total, "killed_at_secs": kill, "end_secs": end,
+        "before_gbps": rate(0.0, kill), "during_secs": during_end - kill,
+        "during_gbps": rate(kill, during_end), "after_gbps": after,
+        "first_fallback_after_kill_secs": detect, "fallbacks": st.fallbacks,
+        "member_failures": st.member_failures, "skipped_dead": st.skipped_dead,
+        "byte_exact": true,
+    }))
 }

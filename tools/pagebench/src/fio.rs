@@ -99,14 +99,20 @@ fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
 }
 
 /// The engine first (it leaves its cache files in place), then fio over the same bytes, for
-/// every workload; prints both with ratios.
-pub fn compare(o: &Opts) -> Result<(), String> {
+/// every workload.
+pub fn compare_results(o: &Opts) -> Result<(Vec<local::WorkloadResult>, Vec<FioResult>), String> {
     let results = local::run_local(o)?;
     let mut refs = Vec::new();
     for w in &o.workloads {
         refs.push(run_fio(o, w)?);
     }
-    local::report(o, &results, Some(&refs));
     let _ = std::fs::remove_dir_all(o.dir.join("fio"));
+    Ok((results, refs))
+}
+
+/// [`compare_results`], printed with ratios.
+pub fn compare(o: &Opts) -> Result<(), String> {
+    let (results, refs) = compare_results(o)?;
+    local::report(o, &results, Some(&refs));
     Ok(())
 }

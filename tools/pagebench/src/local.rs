@@ -263,23 +263,32 @@ pub fn to_json(r: &WorkloadResult) -> serde_json::Value {
     })
 }
 
+/// The JSON array of `results`; `reference` adds fio's figures and the ratios.
+pub fn report_json(
+    _o: &Opts,
+    results: &[WorkloadResult],
+    reference: Option<&[crate::fio::FioResult]>,
+) -> serde_json::Value {
+    let v: Vec<_> = results
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut j = to_json(r);
+            if let Some(f) = reference.and_then(|f| f.get(i)) {
+                j["fio"] = f.to_json();
+                j["ratio_bw"] = (r.bw() / f.bw).into();
+                j["ratio_p99"] = (us(&r.hist, 0.99) / f.p99_us).into();
+            }
+            j
+        })
+        .collect();
+    serde_json::Value::Array(v)
+}
+
 /// Prints results as a table (or JSON); `reference` adds fio's figures and the ratios.
 pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[crate::fio::FioResult]>) {
     if o.json {
-        let v: Vec<_> = results
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let mut j = to_json(r);
-                if let Some(f) = reference.and_then(|f| f.get(i)) {
-                    j["fio"] = f.to_json();
-                    j["ratio_bw"] = (r.bw() / f.bw).into();
-                    j["ratio_p99"] = (us(&r.hist, 0.99) / f.p99_us).into();
-                }
-                j
-            })
-            .collect();
-        println!("{}", serde_json::Value::Array(v));
+        println!("{}", report_json(o, results, reference));
         return;
     }
     println!(
@@ -362,29 +371,33 @@ pub fn restart(o: &Opts) -> Result<(), String> {
     let t = Instant::now();
     drive(&engine, o, per_shard, Kind::Write)?;
     let filled = totals(&engine)?.pages;
-    println!(
-        "filled {filled} pages of {} KiB in {:.1} s",
-        o.page_size >> 10,
-        t.elapsed().as_secs_f64()
-    );
+    if !o.json {
+        println!(
+            "filled {filled} pages of {} KiB in {:.1} s",
+            o.page_size >> 10,
+            t.elapsed().as_secs_f64()
+        );
+    }
     engine.shutdown().map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let status = std::process::Command::new(exe)
-        .args([
-            "restart-open",
-            "--dir",
-            &o.dir.display().to_string(),
-            "--page-size",
-            &o.page_size.to_string(),
-            "--shards",
-            &o.shards.to_string(),
-            "--qd",
-            &o.qd.to_string(),
-            "--pages",
-            &o.pages.to_string(),
-        ])
-        .status()
-        .map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "restart-open",
+        "--dir",
+        &o.dir.display().to_string(),
+        "--page-size",
+        &o.page_size.to_string(),
+        "--shards",
+        &o.shards.to_string(),
+        "--qd",
+        &o.qd.to_string(),
+        "--pages",
+        &o.pages.to_string(),
+    ]);
+    if o.json {
+        cmd.arg("--json");
+    }
+    let status = cmd.status().map_err(|e| e.to_string())?;
     if !status.success() {
         return Err("restart-open failed".into());
     }
@@ -400,6 +413,19 @@ pub fn restart_open(o: &Opts) -> Result<(), String> {
     let secs = t.elapsed().as_secs_f64();
     let rss = rss_bytes().saturating_sub(rss0);
     let st = totals(&engine)?;
+    if o.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "mode": "restart", "pages_restored": st.recovered_pages, "open_seconds": secs,
+                "slowest_shard_recovery_seconds": st.recovery_micros as f64 / 1e6,
+                "rss_bytes_added": rss,
+                "bytes_per_indexed_page": rss as f64 / st.recovered_pages.max(1) as f64,
+            })
+        );
+        engine.shutdown().map_err(|e| e.to_string())?;
+        return Ok(());
+    }
     println!(
         "restart: {} pages restored in {:.3} s (slowest shard's recovery {:.3} s); \
          resident memory +{:.1} MiB = {:.0} bytes per indexed page (includes the shards' I/O arenas)",
@@ -419,6 +445,7 @@ pub fn restart_open(o: &Opts) -> Result<(), String> {
 pub fn raw(o: &Opts) -> Result<(), String> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     let geo = Geometry::new(o.page_size, 4096, pages as u32);
+    let mut all = Vec::new();
     for w in &o.workloads {
         let block = match w.as_str() {
             "read" => o.page_size as u64,
@@ -494,7 +521,14 @@ pub fn raw(o: &Opts) -> Result<(), String> {
             cpu_secs: cpu_seconds() - cpu0,
             hit_ratio: None,
         };
-        report(o, &[r], None);
+        if !o.json {
+            report(o, &[r], None);
+        } else {
+            all.push(r);
+        }
+    }
+    if o.json {
+        report(o, &all, None);
     }
     Ok(())
 }
@@ -511,10 +545,13 @@ pub fn scale(o: &Opts) -> Result<(), String> {
     }
     counts.push(o.shards);
     let per_shard_size = o.size / o.shards as u64;
-    println!(
-        "{:<8} {:>7} {:>12} {:>12} {:>14} {:>10}",
-        "workload", "shards", "MB/s", "IOPS", "MB/s per shard", "vs 1 shard"
-    );
+    if !o.json {
+        println!(
+            "{:<8} {:>7} {:>12} {:>12} {:>14} {:>10}",
+            "workload", "shards", "MB/s", "IOPS", "MB/s per shard", "vs 1 shard"
+        );
+    }
+    let mut rows = Vec::new();
     let mut base: HashMap<String, f64> = HashMap::new();
     for shards in counts {
         let run = Opts {
@@ -525,6 +562,14 @@ pub fn scale(o: &Opts) -> Result<(), String> {
         for r in run_local(&run)? {
             let per = r.bw() / shards as f64;
             let first = *base.entry(r.name.clone()).or_insert(per);
+            if o.json {
+                let mut j = to_json(&r);
+                j["shards"] = shards.into();
+                j["bytes_per_sec_per_shard"] = per.into();
+                j["vs_one_shard"] = (per / first).into();
+                rows.push(j);
+                continue;
+            }
             println!(
                 "{:<8} {:>7} {:>12.1} {:>12.0} {:>14.1} {:>10.2}",
                 r.name,
@@ -535,6 +580,9 @@ pub fn scale(o: &Opts) -> Result<(), String> {
                 per / first
             );
         }
+    }
+    if o.json {
+        println!("{}", serde_json::Value::Array(rows));
     }
     Ok(())
 }

@@ -243,7 +243,6 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
             Err(_) => 0,
         }
     });
-    println!("QUIC path MTU reached: {mtu} bytes");
     let mut sides = vec![Side {
         name: "pagestore (QUIC)",
         bytes: quic.1,
@@ -259,6 +258,34 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
     if with_nginx {
         sides.push(nginx_side(o, &base, &ca, &id, pages, conns, &checks, &rt)?);
     }
+    let ratio = (sides.len() == 2)
+        .then(|| (sides[0].bytes as f64 / sides[0].secs) / (sides[1].bytes as f64 / sides[1].secs));
+    if o.json {
+        let q = |h: &Histogram<u64>, v: f64| h.value_at_quantile(v) as f64 / 1e3;
+        let v: Vec<_> = sides
+            .iter()
+            .map(|s| {
+                let gb = s.bytes as f64 / 1e9;
+                serde_json::json!({
+                    "side": s.name, "bytes": s.bytes, "ops": s.ops, "seconds": s.secs,
+                    "bytes_per_sec": s.bytes as f64 / s.secs,
+                    "latency_us": {"p50": q(&s.hist, 0.5), "p90": q(&s.hist, 0.9),
+                        "p99": q(&s.hist, 0.99), "p99.9": q(&s.hist, 0.999),
+                        "max": s.hist.max() as f64 / 1e3},
+                    "server_cpu_seconds_per_gb": s.server_cpu / gb,
+                    "client_cpu_seconds_per_gb": s.client_cpu / gb,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"mode": "net", "shards": o.shards, "page_size": page,
+                "in_flight": conns, "quic_path_mtu": mtu, "sides": v,
+                "ratio_quic_over_nginx": ratio})
+        );
+        return Ok(());
+    }
+    println!("QUIC path MTU reached: {mtu} bytes");
     println!(
         "loopback page hits: {} shards, {} KiB pages, {} requests in flight, {} s each",
         o.shards,
@@ -282,10 +309,8 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
             s.server_cpu / gb,
             s.client_cpu / gb,
         );
-        let _ = s.ops;
     }
-    if sides.len() == 2 {
-        let r = (sides[0].bytes as f64 / sides[0].secs) / (sides[1].bytes as f64 / sides[1].secs);
+    if let Some(r) = ratio {
         println!("ratio pagestore / nginx HTTPS: {r:.3} (throughput)");
     }
     Ok(())

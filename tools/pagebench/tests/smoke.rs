@@ -6,14 +6,16 @@
 use std::process::Command;
 
 fn pagebench(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_pagebench"))
-        .args(args)
-        .output()
-        .unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_pagebench")).args(args))
+}
+
+/// Runs `cmd`, which must succeed; returns its standard output.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
-        "pagebench {args:?} failed:\n{stdout}\n{}",
+        "{cmd:?} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
@@ -202,4 +204,380 @@ fn cluster_runs_three_real_nodes_and_checks_every_byte() {
             "{needle:?} missing from:\n{stdout}"
         );
     }
+}
+
+/// A pagestore-tools binary next to pagebench (`cargo test --workspace` builds them).
+fn tool(name: &str) -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_pagebench")).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} missing: build it with cargo build -p pagestore-tools",
+        p.display()
+    );
+    p
+}
+
+/// Runs pagebench with the pagestore-tools binaries it starts; returns standard output.
+fn pagebench_with_tools(args: &[&str]) -> String {
+    run(Command::new(env!("CARGO_BIN_EXE_pagebench"))
+        .args(args)
+        .env("PAGESTORED", tool("pagestored"))
+        .env("PAGEFS", tool("pagefs"))
+        .env("PAGES3", tool("pages3"))
+        .env("PAGECTL", tool("pagectl")))
+}
+
+/// A tiny dataset: 4 flat files of 2 MiB, 2 episodes of 3 s, 1 MiB pages.
+const DATASET: [&str; 12] = [
+    "--size",
+    "8M",
+    "--file-size",
+    "2M",
+    "--episodes",
+    "2",
+    "--episode-secs",
+    "3",
+    "--frame-size",
+    "4K",
+    "--page-size",
+    "1M",
+];
+
+/// The runs of a target mode's JSON document, by workload.
+fn runs(out: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let runs = v["runs"].as_array().unwrap().clone();
+    for r in &runs {
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["bytes_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["verified_ops"].as_u64().unwrap() > 0, "{r}");
+        for q in ["p50", "p90", "p99", "p99.9", "max"] {
+            assert!(r["latency_us"][q].as_f64().is_some(), "{r}");
+        }
+    }
+    runs
+}
+
+fn workloads(runs: &[serde_json::Value]) -> Vec<&str> {
+    runs.iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect()
+}
+
+/// FUSE needs root and /dev/fuse (CI has both); elsewhere the test is skipped.
+fn fuse_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let ok = root && std::path::Path::new("/dev/fuse").exists();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root with /dev/fuse"
+        );
+        eprintln!("no FUSE here (needs root and /dev/fuse): skipping");
+    }
+    ok
+}
+
+#[test]
+fn gen_then_every_workload_straight_from_the_under_storage() {
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let root = d.path().join("ds");
+    let mut args = vec!["gen", "--dir", root.to_str().unwrap()];
+    args.extend(DATASET);
+    let out = pagebench(&args);
+    assert!(out.contains("wrote 6 files"), "{out}");
+    // Again: everything is kept.
+    let out = pagebench(&args);
+    assert!(
+        out.contains("wrote 0 files") && out.contains("kept 6"),
+        "{out}"
+    );
+    let url = format!("file://{}", root.display());
+    let out = pagebench(&[
+        "ufs",
+        "--ufs",
+        &url,
+        "--seconds",
+        "0.2",
+        "--readers",
+        "2",
+        "--page-size",
+        "1M",
+        "--zipf",
+        "1.1",
+        "--json",
+    ]);
+    let r = runs(&out);
+    assert_eq!(
+        workloads(&r),
+        ["seq", "pages", "rand4k", "rand128k", "zipf", "episodes"]
+    );
+    // seq reads every byte of the flat files once.
+    assert_eq!(r[0]["bytes"].as_u64(), Some(8 << 20));
+    assert_eq!(r[2]["block"].as_u64(), Some(4096));
+    assert!(
+        r[5]["ranges_per_sample"].as_f64().unwrap() >= 5.0,
+        "{}",
+        r[5]
+    );
+
+    // The same dataset written through object_store (--ufs), and read as plain files.
+    let url2 = format!("file://{}", d.path().join("ds2").display());
+    let mut args = vec!["gen", "--ufs", url2.as_str()];
+    args.extend(DATASET);
+    args.extend(["--layout", "interleaved"]);
+    pagebench(&args);
+    let out = pagebench(&[
+        "fuse",
+        "--path",
+        d.path().join("ds2").to_str().unwrap(),
+        "--direct",
+        "--workloads",
+        "rand128k,episodes",
+        "--readers",
+        "1,3",
+        "--seconds",
+        "0.2",
+        "--bytes",
+        "4M",
+        "--page-size",
+        "1M",
+        "--json",
+    ]);
+    let r = runs(&out);
+    assert_eq!(
+        workloads(&r),
+        ["rand128k", "rand128k", "episodes", "episodes"]
+    );
+    assert_eq!(r[1]["readers"].as_u64(), Some(3));
+    // Interleaved episodes: the proprioception window is several ranges.
+    assert!(
+        r[2]["ranges_per_sample"].as_f64().unwrap() > 5.0,
+        "{}",
+        r[2]
+    );
+}
+
+#[test]
+fn fuse_target_mounts_pagefs_over_a_warm_cluster() {
+    if !fuse_available() {
+        return;
+    }
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let mut args = vec![
+        "fuse",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--shards",
+        "1",
+        "--seconds",
+        "0.2",
+        "--readers",
+        "2",
+        "--json",
+    ];
+    args.extend(DATASET);
+    let out = pagebench_with_tools(&args);
+    let r = runs(&out);
+    assert_eq!(r.len(), 6);
+    for run in &r {
+        assert_eq!(run["target"], "fuse");
+        // Warm: every page the mount asked for was a hit.
+        assert_eq!(run["misses"].as_u64(), Some(0), "{run}");
+        assert!(run["cpu_seconds_per_gb"]["nodes"].is_number(), "{run}");
+        assert!(run["cpu_seconds_per_gb"]["frontend"].is_number(), "{run}");
+    }
+    assert!(
+        !std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .contains(d.path().to_str().unwrap()),
+        "the mount is gone afterwards"
+    );
+}
+
+#[test]
+fn s3_and_client_targets_over_a_local_cluster() {
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = d.path().to_str().unwrap();
+    let mut args = vec![
+        "s3",
+        "--dir",
+        dir,
+        "--shards",
+        "1",
+        "--seconds",
+        "0.2",
+        "--readers",
+        "2",
+        "--workloads",
+        "seq,rand128k,episodes",
+        "--json",
+    ];
+    args.extend(DATASET);
+    let r = runs(&pagebench_with_tools(&args));
+    assert_eq!(workloads(&r), ["seq", "rand128k", "episodes"]);
+    assert!(r
+        .iter()
+        .all(|x| x["target"] == "s3" && x["hit_ratio"] == 1.0));
+    let mut args = vec![
+        "client",
+        "--dir",
+        dir,
+        "--shards",
+        "1",
+        "--nodes",
+        "2",
+        "--seconds",
+        "0.2",
+        "--cold",
+        "--workloads",
+        "seq,zipf",
+    ];
+    args.extend(DATASET);
+    let out = pagebench_with_tools(&args);
+    assert!(out.contains("cold: the cache starts empty"), "{out}");
+    let seq = out
+        .lines()
+        .find(|l| l.starts_with("client  seq"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        seq.ends_with("0.0%"),
+        "a cold scan misses every page: {out}"
+    );
+    assert!(out.contains("all byte-exact"), "{out}");
+}
+
+#[test]
+fn fusecmp_compares_the_mount_the_client_and_the_engine() {
+    if !fuse_available() {
+        return;
+    }
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = pagebench_with_tools(&[
+        "fusecmp",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "16M",
+        "--file-size",
+        "4M",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--seconds",
+        "0.2",
+    ]);
+    for w in ["seq", "rand4k", "rand128k"] {
+        for rd in ["1", "8"] {
+            let row = out
+                .lines()
+                .find(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 6 && f[0] == w && f[1] == rd && f[5].ends_with('x')
+                })
+                .unwrap_or_else(|| panic!("no {w} x {rd} row in:\n{out}"));
+            assert!(!row.contains(" - "), "every path measured: {row}");
+        }
+    }
+    assert!(
+        out.contains("sequential FUSE / client: 1 reader(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("the client library and the engine: identical"),
+        "{out}"
+    );
+}
+
+#[test]
+fn compare_times_a_preload_job() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the preload smoke test");
+        return;
+    }
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = pagebench_with_tools(&[
+        "compare",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--workloads",
+        "preload",
+        "--manifest-files",
+        "300",
+        "--manifest-file-size",
+        "16K",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let p = &v["preload"];
+    assert_eq!(p["files"].as_u64(), Some(300));
+    let first = p["submission_to_first_page_secs"].as_f64().unwrap();
+    let done = p["submission_to_completion_secs"].as_f64().unwrap();
+    assert!(first > 0.0 && first <= done, "{p}");
+    let all = p["submission_to_all_pages_cached_secs"].as_f64().unwrap();
+    assert!(all >= first, "{p}");
+    for k in [
+        "ufs_read_bytes_per_sec",
+        "disk_write_bytes_per_sec",
+        "ratio_to_bound",
+    ] {
+        assert!(p[k].as_f64().unwrap() > 0.0, "{k}: {p}");
+    }
+    assert_eq!(p["sample_misses"].as_u64(), Some(0), "{p}");
+}
+
+#[test]
+fn cluster_and_the_engine_targets_print_json() {
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = d.path().to_str().unwrap();
+    let out = pagebench_with_tools(&[
+        "cluster",
+        "--dir",
+        dir,
+        "--size",
+        "32M",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--qd",
+        "4",
+        "--seconds",
+        "0.2",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    // The cluster target writes 64 MiB files: one here, 64 pages.
+    assert_eq!(v["counters"]["hits"].as_u64(), Some(64), "{v}");
+    assert_eq!(v["passes"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["random"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["kill"]["byte_exact"], true, "{v}");
+    let mut args = vec!["scale", "--dir", dir, "--workloads", "read4k", "--json"];
+    args.extend(SMALL);
+    let v: serde_json::Value = serde_json::from_str(pagebench(&args).trim()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
+    let v: serde_json::Value = serde_json::from_str(
+        pagebench(&[
+            "restart",
+            "--dir",
+            dir,
+            "--page-size",
+            "64K",
+            "--pages",
+            "500",
+            "--shards",
+            "1",
+            "--json",
+        ])
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(v["pages_restored"].as_u64(), Some(500), "{v}");
 }
