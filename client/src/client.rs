@@ -1013,6 +1013,32 @@ impl Client {
         }
     }
 
+    /// Every shard's counters (`Counters`, a JSON object), by node and shard; `None` where the
+    /// shard did not answer.
+    pub async fn shard_counters(&self) -> Vec<(NodeInfo, u16, Option<serde_json::Value>)> {
+        let layout = self.layout();
+        let mut asks = Vec::new();
+        for n in layout.membership.nodes() {
+            for s in 0..n.shards {
+                let addr = n.shard_addr(s);
+                asks.push(async move {
+                    let req = Request {
+                        request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                        body: RequestBody::Counters,
+                    };
+                    let c = match self.pool.request(addr, &req, &[]).await {
+                        Ok((resp, payload)) if resp.body == ResponseBody::Counters => {
+                            serde_json::from_slice(&payload).ok()
+                        }
+                        _ => None,
+                    };
+                    (*n, s, c)
+                });
+            }
+        }
+        futures_util::future::join_all(asks).await
+    }
+
     /// The mount table this client reads the under storage with directly (fallback), if any.
     pub fn ufs_table(&self) -> Option<&MountTable> {
         self.ufs.as_deref()

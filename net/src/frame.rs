@@ -586,6 +586,12 @@ pub enum RequestBody {
     /// (only ask) or one job's progress record, a JSON object with a string
     /// `id`, at most [`MAX_JOB_RECORD`] bytes, which the node keeps.
     Jobs,
+    /// The shard's monotonic counters as a JSON object
+    /// ([`ResponseBody::Counters`]): what `Stat` reports and more (bytes
+    /// served from the cache and from the under storage, requests), so that
+    /// tools can compute rates. Fields may be added; readers ignore unknown
+    /// ones.
+    Counters,
 }
 
 /// What a logical path names.
@@ -787,6 +793,8 @@ pub enum ResponseBody {
     /// Answer to `Jobs`: the payload is a JSON array of the job records the
     /// node keeps, most recently updated first.
     Jobs,
+    /// Answer to `Counters`: the payload is a JSON object of counters.
+    Counters,
 }
 
 // ---------------------------------------------------------------------------
@@ -908,6 +916,7 @@ impl Request {
                 bounded_str("Invalidate path", path, MAX_PATH_LEN)?;
                 no_payload("Invalidate", payload_len)
             }
+            RequestBody::Counters => no_payload("Counters", payload_len),
             RequestBody::Jobs => {
                 if payload_len > MAX_JOB_RECORD {
                     return Err(FrameError::Limit(format!(
@@ -1026,7 +1035,7 @@ impl Response {
                 }
                 no_payload("ClusterInfo", payload_len)
             }
-            ResponseBody::Jobs => Ok(()),
+            ResponseBody::Jobs | ResponseBody::Counters => Ok(()),
         }
     }
 }
@@ -1061,6 +1070,7 @@ impl ResponseBody {
             (RequestBody::Cluster, ResponseBody::ClusterInfo { .. }) => true,
             (RequestBody::Invalidate { .. }, ResponseBody::Removed { .. }) => true,
             (RequestBody::Jobs, ResponseBody::Jobs) => true,
+            (RequestBody::Counters, ResponseBody::Counters) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::WritePage { .. }
@@ -1430,6 +1440,7 @@ mod tests {
                 file_id: FileId::from_u128(99),
             },
             RequestBody::Jobs,
+            RequestBody::Counters,
         ];
         bodies
             .into_iter()
@@ -1527,6 +1538,7 @@ mod tests {
                 }],
             },
             ResponseBody::Jobs,
+            ResponseBody::Counters,
         ];
         let mut out: Vec<Response> = bodies
             .into_iter()
@@ -2793,6 +2805,7 @@ mod tests {
             (arb_string(120), arb_file_id())
                 .prop_map(|(path, file_id)| RequestBody::Invalidate { path, file_id }),
             Just(RequestBody::Jobs),
+            Just(RequestBody::Counters),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
     }
@@ -2900,6 +2913,7 @@ mod tests {
                     }
                 }),
             Just(ResponseBody::Jobs),
+            Just(ResponseBody::Counters),
         ];
         (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
     }

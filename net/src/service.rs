@@ -404,6 +404,33 @@ impl ShardService {
                 };
                 reply(id, body, Body::Empty)
             }
+            RequestBody::Counters => {
+                let s = self.shard.stats();
+                let (ufs_bytes, ufs_reads, ufs_errors) =
+                    self.loader.as_ref().map_or((0, 0, 0), |l| {
+                        let st = l.stats();
+                        (st.ufs_bytes.get(), st.ufs_reads.get(), st.ufs_errors.get())
+                    });
+                let json = serde_json::json!({
+                    "shard": s.shard,
+                    "pages": s.pages,
+                    "bytes": s.bytes,
+                    "capacity_bytes": s.capacity_bytes,
+                    "hits": s.hits,
+                    "misses": s.misses,
+                    "hit_bytes": s.hit_bytes,
+                    "ufs_reads": ufs_reads,
+                    "ufs_bytes": ufs_bytes,
+                    "ufs_errors": ufs_errors,
+                    "evictions": s.evictions,
+                    "checksum_failures": s.checksum_failures,
+                    "replica_reads": self.replica_reads.get(),
+                    "not_owner": self.not_owner.get(),
+                    "epoch": self.view.epoch(),
+                })
+                .to_string();
+                reply(id, ResponseBody::Counters, Body::Bytes(json.into_bytes()))
+            }
             RequestBody::Jobs => {
                 let Some(board) = self.jobs.borrow().clone() else {
                     return error(id, ErrorCode::Unavailable, "this node keeps no job records");

@@ -220,10 +220,25 @@ async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "data/\n");
     let out = c.pagectl(&["head", "-n", "2", "/data/dir/text"]);
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "one\ntwo\n");
-    let out = c.pagectl(&["stat"]);
+    let out = c.pagectl(&["stat", "--interval", "0.2"]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("cluster: 3 nodes (0 down)"), "{text}");
+    assert!(
+        text.contains("read bandwidth over the last 0.2 s"),
+        "{text}"
+    );
+    // The counters behind those rates count exactly the bytes served from the caches.
+    let hit_bytes = |v: &[(_, u16, Option<serde_json::Value>)]| -> u64 {
+        v.iter()
+            .map(|(_, _, c)| c.as_ref().unwrap()["hit_bytes"].as_u64().unwrap())
+            .sum()
+    };
+    client.read("/data/dir/file", 0..u64::MAX).await.unwrap(); // warm every page
+    let before = hit_bytes(&client.shard_counters().await);
+    let all = client.read("/data/dir/file", 0..u64::MAX).await.unwrap();
+    let after = hit_bytes(&client.shard_counters().await);
+    assert_eq!(after - before, all.len() as u64);
     let out = c.pagectl(&["ring"]);
     let text = String::from_utf8(out.stdout).unwrap();
     let node_shares: f64 = text

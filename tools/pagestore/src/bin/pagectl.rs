@@ -14,8 +14,10 @@ usage: pagectl [OPTIONS] COMMAND
 commands:
   cat PATH...        write files to standard output
   ls [-l] PATH       list a directory (or show one file)
-  stat [PATH]        without PATH: nodes, shards, capacity, use and hit ratio of the cluster;
-                     with PATH: size, version, file id and pages of a path
+  stat [PATH]        without PATH: nodes, shards, capacity, use, hit ratio and read bandwidth
+                     (sampled over --interval SECS, default 1) of the cluster, and the last
+                     preload job's time to its first page; with PATH: size, version, file id
+                     and pages of a path
   ring               each node's and shard's share of the ring
   head [-n LINES] PATH
                      the first lines of a file (default 10)
@@ -71,11 +73,16 @@ fn real_main() -> Result<(), String> {
     let mut manifest = None;
     let mut prefix = None;
     let mut load_opts = pagestore_tools::load::LoadOptions::default();
+    let mut interval = std::time::Duration::from_secs(1);
     while let Some(arg) = args.next() {
         match flag(&arg) {
             "--cluster" => cluster = args.value(&arg)?,
             "--tls-dir" => tls_dir = args.value(&arg)?.into(),
             "--no-fallback" => options.fallback = false,
+            "--interval" => {
+                interval =
+                    std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.clamp(0.0, 3600.0))
+            }
             "--timeout" => {
                 options.call_timeout =
                     std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
@@ -126,7 +133,7 @@ fn real_main() -> Result<(), String> {
             ("ls", [path]) => ls(&client, path, long).await,
             ("ls", []) => ls(&client, "/", long).await,
             ("stat", [path]) => stat(&client, path).await,
-            ("stat", []) => cluster_stat(&client).await,
+            ("stat", []) => cluster_stat(&client, interval).await,
             ("ring", []) => ring(&client),
             ("free", [path]) => free(&client, path).await,
             ("head", [path]) => head(&client, path, lines).await,
@@ -330,13 +337,63 @@ async fn jobs(client: &Client) -> Result<(), String> {
     Ok(())
 }
 
-async fn cluster_stat(client: &Client) -> Result<(), String> {
+/// Bytes a node served from its cache and read from the under storage per second, from two
+/// samples of its shards' counters `interval` apart.
+async fn node_rates(
+    client: &Client,
+    interval: std::time::Duration,
+) -> std::collections::HashMap<u128, (f64, f64)> {
+    let sum = |v: &[(
+        pagestore_net::members::NodeInfo,
+        u16,
+        Option<serde_json::Value>,
+    )]| {
+        let mut m: std::collections::HashMap<u128, (u64, u64)> = Default::default();
+        for (n, _, c) in v {
+            if let Some(c) = c {
+                let e = m.entry(n.id).or_default();
+                e.0 += c["hit_bytes"].as_u64().unwrap_or(0);
+                e.1 += c["ufs_bytes"].as_u64().unwrap_or(0);
+            }
+        }
+        m
+    };
+    let t0 = std::time::Instant::now();
+    let a = sum(&client.shard_counters().await);
+    tokio::time::sleep(interval).await;
+    let b = sum(&client.shard_counters().await);
+    let secs = t0.elapsed().as_secs_f64().max(1e-3);
+    b.iter()
+        .filter_map(|(id, (h1, u1))| {
+            let (h0, u0) = a.get(id)?;
+            Some((
+                *id,
+                (
+                    h1.saturating_sub(*h0) as f64 / secs,
+                    u1.saturating_sub(*u0) as f64 / secs,
+                ),
+            ))
+        })
+        .collect()
+}
+
+async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<(), String> {
+    let rates = node_rates(client, interval).await;
     let stats = client.shard_stats().await;
     let gb = |b: u64| b as f64 / 1e9;
     println!(
-        "{:<38} {:<22} {:>6} {:>10} {:>10} {:>6} {:>9}",
-        "node", "address", "shards", "capacity", "used", "used%", "hit ratio"
+        "{:<38} {:<22} {:>6} {:>10} {:>10} {:>6} {:>9} {:>10} {:>10}",
+        "node",
+        "address",
+        "shards",
+        "capacity",
+        "used",
+        "used%",
+        "hit ratio",
+        "cache MB/s",
+        "UFS MB/s"
     );
+    let (mut cache_rate, mut ufs_rate) = (0.0, 0.0);
     let mut total = pagestore_client::ShardCounters::default();
     let mut down = 0;
     let membership = client.membership();
@@ -366,8 +423,11 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
             continue;
         }
         let lookups = c.hits + c.misses;
+        let (cr, ur) = rates.get(&n.id).copied().unwrap_or_default();
+        cache_rate += cr;
+        ufs_rate += ur;
         println!(
-            "{:<38} {:<22} {:>6} {:>8.2}GB {:>8.2}GB {:>5.1}% {:>9}",
+            "{:<38} {:<22} {:>6} {:>8.2}GB {:>8.2}GB {:>5.1}% {:>9} {:>10.1} {:>10.1}",
             pagestore_net::node_id::format_uuid(n.id),
             n.addr,
             format!("{answered}/{}", n.shards),
@@ -378,7 +438,9 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
                 "-".to_string()
             } else {
                 format!("{:.1}%", 100.0 * c.hits as f64 / lookups as f64)
-            }
+            },
+            cr / 1e6,
+            ur / 1e6
         );
         total.pages += c.pages;
         total.bytes += c.bytes;
@@ -401,6 +463,14 @@ async fn cluster_stat(client: &Client) -> Result<(), String> {
         },
         total.hits,
         total.misses
+    );
+    println!(
+        "read bandwidth over the last {:.1} s: {:.1} MB/s from the caches, {:.1} MB/s from the \
+         under storage ({:.1} MB/s per node)",
+        interval.as_secs_f64(),
+        cache_rate / 1e6,
+        ufs_rate / 1e6,
+        (cache_rate + ufs_rate) / 1e6 / membership.nodes().count().max(1) as f64
     );
     // The third number: how soon the last preload job had data in the cache.
     if let Ok(jobs) = client.jobs().await {
