@@ -94,6 +94,8 @@ pub struct Opts {
     pub cold: bool,
     /// `fusecmp`: skip the engine runs.
     pub no_engine: bool,
+    /// `scale`: sweep one node's shards through the client library instead of the engine.
+    pub scale_client: bool,
     /// Bytes per flat file.
     pub file_size: u64,
     /// Episode files.
@@ -160,6 +162,7 @@ impl Default for Opts {
             keep_page_cache: false,
             cold: false,
             no_engine: false,
+            scale_client: false,
             file_size: 64 << 20,
             episodes: ep.count,
             episode_secs: ep.secs,
@@ -245,7 +248,8 @@ engine and network (the reference is fio or nginx, measured in the same run):
   restart    fill a cache, restart it, report restart time and memory per page
   net        4 MiB page hits over QUIC from a node's shard endpoints on loopback (--nginx: and
              the same bytes from nginx over HTTPS)
-  scale      the local workloads with 1, 2, 4 ... --shards shards
+  scale      the local workloads with 1, 2, 4 ... --shards shards (--client: the client
+             library against one node with that many shards, warm, per shard count)
   raw        random reads of the cache files with glommio alone (no engine)
   cluster    3 pagestored processes over a local-directory under storage: cold and warm reads
              through the client against object_store and the local engine; a node SIGKILLed
@@ -459,6 +463,7 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
             "--direct" => o.direct = true,
             "--keep-page-cache" => o.keep_page_cache = true,
             "--no-engine" => o.no_engine = true,
+            "--client" => o.scale_client = true,
             "--ufs" => o.ufs = Some(val()?),
             "--endpoint" => o.endpoint = Some(val()?),
             "--bucket" => o.bucket = Some(val()?),
@@ -507,7 +512,7 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
     if o.manifest_files == 0 || o.manifest_file_size == 0 {
         return Err("--manifest-files and --manifest-file-size must be at least 1".into());
     }
-    if TARGET_COMMANDS.contains(&cmd.as_str()) {
+    if TARGET_COMMANDS.contains(&cmd.as_str()) || (cmd == "scale" && o.scale_client) {
         if o.workloads_given && cmd != "gen" {
             o.new_workloads()?;
         }
@@ -582,6 +587,7 @@ fn main() {
         "restart-open" => local::restart_open(&opts),
         "raw" => local::raw(&opts),
         "net" => net::run_net(&opts, opts.nginx),
+        "scale" if opts.scale_client => modes::scale_client(&opts),
         "scale" => local::scale(&opts),
         "cluster" => cluster::run_cluster(&opts),
         "gen" => dataset::run_gen(&opts),

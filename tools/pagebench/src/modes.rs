@@ -504,3 +504,67 @@ pub fn run_mode(o: &Opts, mode: Mode) -> Result<(), String> {
     bench::print_table(&results);
     Ok(())
 }
+
+/// `scale --client`: the client-library workloads against one node with 1, 2, 4 ... `--shards`
+/// shards (a fresh warm cluster for each count), printing throughput per shard, so that a
+/// machine with more cores shows whether the served path scales like the engine.
+pub fn scale_client(o: &Opts) -> Result<(), String> {
+    let mut counts = Vec::new();
+    let mut n = 1;
+    while n < o.shards {
+        counts.push(n);
+        n *= 2;
+    }
+    counts.push(o.shards.max(1));
+    let workloads: Vec<Workload> = o.new_workloads()?;
+    let rt = bench::runtime(2)?;
+    let mut rows = Vec::new();
+    let mut base: std::collections::HashMap<(String, usize), f64> = Default::default();
+    if !o.json {
+        if let Some(w) = load_warning() {
+            println!("{w}");
+        }
+        println!(
+            "{:<10} {:>7} {:>8} {:>12} {:>12} {:>14} {:>10}",
+            "workload", "shards", "readers", "MB/s", "IOPS", "MB/s per shard", "vs 1 shard"
+        );
+    }
+    for shards in counts {
+        let run = Opts {
+            shards,
+            nodes: Some(o.nodes.unwrap_or(1)),
+            ..o.clone()
+        };
+        let s = setup(&run, Mode::Client, &rt)?;
+        for &w in &workloads {
+            for &readers in &run.readers {
+                let spec = Spec::from_opts(&run, w, readers, s.page);
+                let r = bench::run(&s.label, &s.target, &s.cat, &spec, &s.probe, &rt)?;
+                let per = r.bw() / shards as f64;
+                let first = *base.entry((r.workload.clone(), readers)).or_insert(per);
+                if o.json {
+                    let mut j = r.to_json();
+                    j["shards"] = shards.into();
+                    j["bytes_per_sec_per_shard"] = per.into();
+                    j["vs_one_shard"] = (per / first).into();
+                    rows.push(j);
+                } else {
+                    println!(
+                        "{:<10} {:>7} {:>8} {:>12.1} {:>12.0} {:>14.1} {:>10.2}",
+                        r.workload,
+                        shards,
+                        readers,
+                        r.bw() / 1e6,
+                        r.iops(),
+                        per / 1e6,
+                        per / first
+                    );
+                }
+            }
+        }
+    }
+    if o.json {
+        println!("{}", serde_json::Value::Array(rows));
+    }
+    Ok(())
+}

@@ -446,6 +446,27 @@ fn s3_and_client_targets_over_a_local_cluster() {
         "a cold scan misses every page: {out}"
     );
     assert!(out.contains("all byte-exact"), "{out}");
+
+    // The served path swept over shard counts: one row per count, the first one the base.
+    let mut args = vec![
+        "scale",
+        "--client",
+        "--dir",
+        dir,
+        "--shards",
+        "2",
+        "--seconds",
+        "0.2",
+        "--readers",
+        "2",
+        "--workloads",
+        "rand128k",
+    ];
+    args.extend(DATASET);
+    let out = pagebench_with_tools(&args);
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("rand128k")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows[0].ends_with("1.00"), "{out}");
 }
 
 #[test]
