@@ -888,36 +888,24 @@ impl Client {
         Ok(out)
     }
 
-    /// Every shard's counters (`Stat`), by node and shard; `None` where the shard did not answer.
-    pub async fn shard_stats(&self) -> Vec<(NodeInfo, u16, Option<ShardCounters>)> {
+    /// Sends `body` to every shard of every node and parses each answer with `parse`, by node
+    /// and shard; `None` where the shard did not answer (or answered something else).
+    async fn ask_every_shard<T>(
+        &self,
+        body: RequestBody,
+        parse: fn(ResponseBody, Vec<u8>) -> Option<T>,
+    ) -> Vec<(NodeInfo, u16, Option<T>)> {
         let layout = self.layout();
         let mut asks = Vec::new();
         for n in layout.membership.nodes() {
             for s in 0..n.shards {
-                let addr = n.shard_addr(s);
+                let req = Request {
+                    request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    body: body.clone(),
+                };
                 asks.push(async move {
-                    let req = Request {
-                        request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                        body: RequestBody::Stat,
-                    };
-                    let c = match self.pool.request(addr, &req, &[]).await {
-                        Ok((resp, _)) => match resp.body {
-                            ResponseBody::Stat {
-                                pages,
-                                bytes,
-                                capacity_bytes,
-                                hits,
-                                misses,
-                                ..
-                            } => Some(ShardCounters {
-                                pages,
-                                bytes,
-                                capacity_bytes,
-                                hits,
-                                misses,
-                            }),
-                            _ => None,
-                        },
+                    let c = match self.pool.request(n.shard_addr(s), &req, &[]).await {
+                        Ok((resp, payload)) => parse(resp.body, payload),
                         Err(_) => None,
                     };
                     (*n, s, c)
@@ -925,6 +913,28 @@ impl Client {
             }
         }
         futures_util::future::join_all(asks).await
+    }
+
+    /// Every shard's counters (`Stat`), by node and shard; `None` where the shard did not answer.
+    pub async fn shard_stats(&self) -> Vec<(NodeInfo, u16, Option<ShardCounters>)> {
+        self.ask_every_shard(RequestBody::Stat, |body, _| match body {
+            ResponseBody::Stat {
+                pages,
+                bytes,
+                capacity_bytes,
+                hits,
+                misses,
+                ..
+            } => Some(ShardCounters {
+                pages,
+                bytes,
+                capacity_bytes,
+                hits,
+                misses,
+            }),
+            _ => None,
+        })
+        .await
     }
 
     /// Sends a preload job's progress record (JSON with a string `id`) to every live node,
@@ -1016,27 +1026,11 @@ impl Client {
     /// Every shard's counters (`Counters`, a JSON object), by node and shard; `None` where the
     /// shard did not answer.
     pub async fn shard_counters(&self) -> Vec<(NodeInfo, u16, Option<serde_json::Value>)> {
-        let layout = self.layout();
-        let mut asks = Vec::new();
-        for n in layout.membership.nodes() {
-            for s in 0..n.shards {
-                let addr = n.shard_addr(s);
-                asks.push(async move {
-                    let req = Request {
-                        request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                        body: RequestBody::Counters,
-                    };
-                    let c = match self.pool.request(addr, &req, &[]).await {
-                        Ok((resp, payload)) if resp.body == ResponseBody::Counters => {
-                            serde_json::from_slice(&payload).ok()
-                        }
-                        _ => None,
-                    };
-                    (*n, s, c)
-                });
-            }
-        }
-        futures_util::future::join_all(asks).await
+        self.ask_every_shard(RequestBody::Counters, |body, payload| match body {
+            ResponseBody::Counters => serde_json::from_slice(&payload).ok(),
+            _ => None,
+        })
+        .await
     }
 
     /// The mount table this client reads the under storage with directly (fallback), if any.

@@ -536,14 +536,21 @@ pub fn raw(o: &Opts) -> Result<(), String> {
 /// `scale`: runs the selected workloads with 1, 2, 4 ... up to `--shards` shards (the dataset
 /// grows with the shard count, so every shard has the same amount of data) and prints throughput
 /// and throughput per shard for each.
-pub fn scale(o: &Opts) -> Result<(), String> {
+/// 1, 2, 4 ... up to `max`, and `max` itself: the shard counts a scaling sweep runs.
+pub fn shard_counts(max: usize) -> Vec<usize> {
+    let max = max.max(1);
     let mut counts = Vec::new();
     let mut n = 1;
-    while n < o.shards {
+    while n < max {
         counts.push(n);
         n *= 2;
     }
-    counts.push(o.shards);
+    counts.push(max);
+    counts
+}
+
+pub fn scale(o: &Opts) -> Result<(), String> {
+    let counts = shard_counts(o.shards);
     let per_shard_size = o.size / o.shards as u64;
     if !o.json {
         println!(

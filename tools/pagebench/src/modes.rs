@@ -509,13 +509,7 @@ pub fn run_mode(o: &Opts, mode: Mode) -> Result<(), String> {
 /// shards (a fresh warm cluster for each count), printing throughput per shard, so that a
 /// machine with more cores shows whether the served path scales like the engine.
 pub fn scale_client(o: &Opts) -> Result<(), String> {
-    let mut counts = Vec::new();
-    let mut n = 1;
-    while n < o.shards {
-        counts.push(n);
-        n *= 2;
-    }
-    counts.push(o.shards.max(1));
+    let counts = crate::local::shard_counts(o.shards);
     let workloads: Vec<Workload> = o.new_workloads()?;
     let rt = bench::runtime(2)?;
     let mut rows = Vec::new();

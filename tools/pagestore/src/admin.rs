@@ -141,14 +141,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
 fn job_metrics(out: &mut String, node: &str, n: &Node) {
     let records = n.jobs().records();
     let now = crate::load::unix_now();
-    let state = |r: &serde_json::Value| -> String {
-        let s = r["state"].as_str().unwrap_or("unknown");
-        if s == "running" && now - r["updated"].as_f64().unwrap_or(now) > 30.0 {
-            "lost".into()
-        } else {
-            s.to_string()
-        }
-    };
+    let state = |r: &serde_json::Value| crate::load::job_state(r, now).to_string();
     let _ = writeln!(
         out,
         "# HELP pagestore_load_jobs Preload jobs reported to this node, by state (running, done, failed, lost: no report for 30 s)."

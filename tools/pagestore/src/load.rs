@@ -51,6 +51,22 @@ pub fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Seconds without a report after which a running job counts as `lost` (its CLI died or
+/// lost the network); the CLI reports every 2 s.
+pub const LOST_AFTER_SECS: f64 = 30.0;
+
+/// The state of a job record as shown to operators at time `now` (Unix seconds): its own
+/// `state`, except that a `running` job that stopped reporting is `lost`.
+pub fn job_state(record: &serde_json::Value, now: f64) -> &str {
+    let state = record["state"].as_str().unwrap_or("unknown");
+    let updated = record["updated"].as_f64().unwrap_or(now);
+    if state == "running" && now - updated > LOST_AFTER_SECS {
+        "lost"
+    } else {
+        state
+    }
+}
+
 /// A job id: the submission time and the process id, readable and unique enough per cluster.
 pub fn new_job_id() -> String {
     let now = std::time::SystemTime::now()
@@ -287,16 +303,11 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
                         progress
                             .bytes_loaded
                             .fetch_add(one.bytes, Ordering::Relaxed);
-                        rep.pages_loaded += one.loaded;
-                        rep.pages_present += one.present;
-                        rep.bytes_loaded += one.bytes;
-                        rep.bytes_total += one.size;
                         rep.pages_verified += one.verified;
                         rep.repaired += u64::from(one.repaired);
                         progress.bytes_done.fetch_add(one.size, Ordering::Relaxed);
                     }
                     Err(e) => {
-                        rep.failed += 1;
                         progress.failed.fetch_add(1, Ordering::Relaxed);
                         if rep.failures.len() < 20 {
                             rep.failures.push((path.clone(), e));
@@ -324,7 +335,15 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         std::io::stderr().is_terminal(),
         true,
     );
+    // The counters live in `progress` (the ticker and the records read them); the report
+    // copies them once at the end.
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let mut rep = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    rep.failed = g(&progress.failed);
+    rep.pages_loaded = g(&progress.pages_loaded);
+    rep.pages_present = g(&progress.pages_present);
+    rep.bytes_loaded = g(&progress.bytes_loaded);
+    rep.bytes_total = g(&progress.bytes_done);
     rep.total_secs = start.elapsed().as_secs_f64();
     rep.first_page_secs = *progress
         .first_page

@@ -22,7 +22,8 @@ pub struct RuleConfig {
     pub pin: Option<bool>,
 }
 
-fn scalar(v: &toml::Value) -> String {
+/// A TOML scalar as the flag value it stands for (`"20GiB"`, `1024`, `1.5`).
+pub fn scalar(v: &toml::Value) -> String {
     match v {
         toml::Value::String(s) => s.clone(),
         toml::Value::Integer(i) => i.to_string(),

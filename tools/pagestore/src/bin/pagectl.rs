@@ -307,11 +307,7 @@ async fn jobs(client: &Client) -> Result<(), String> {
     let now = pagestore_tools::load::unix_now();
     for r in &records {
         let f = |k: &str| r[k].as_u64().unwrap_or(0);
-        let mut state = r["state"].as_str().unwrap_or("?").to_string();
-        // A running job whose CLI stopped reporting (killed, lost its network) is stale.
-        if state == "running" && now - r["updated"].as_f64().unwrap_or(now) > 30.0 {
-            state = "lost".into();
-        }
+        let state = pagestore_tools::load::job_state(r, now);
         println!(
             "{:<30} {:<9} {:>13} {:>10.2} {:>10.2} {:>9} {:>8.1}s  {}",
             r["id"].as_str().unwrap_or("?"),

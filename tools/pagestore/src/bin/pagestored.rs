@@ -132,12 +132,7 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     let f: FileConfig =
         toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
     let on_cli = |name: &str| cli.iter().any(|a| flag(a) == name);
-    let value = |v: &toml::Value| match v {
-        toml::Value::String(s) => s.clone(),
-        toml::Value::Integer(i) => i.to_string(),
-        toml::Value::Float(x) => x.to_string(),
-        other => format!("{other:?}"),
-    };
+    let value = pagestore_tools::rules::scalar;
     let mut out: Vec<String> = Vec::new();
     let mut push = |k: &str, v: String| {
         out.push(k.to_string());
@@ -524,10 +519,9 @@ fn run(mut c: Config) -> Result<(), String> {
         ring: std::sync::RwLock::new(RingState {
             membership: Arc::new(membership.clone()),
             down: Vec::new(),
-            mode: match (&etcd_state, &c.members) {
-                (Some((_, s)), _) => s.mode().as_str(),
-                (None, _) => "file",
-            },
+            mode: etcd_state
+                .as_ref()
+                .map_or("file", |(_, s)| s.mode().as_str()),
         }),
         etcd: etcd_state.as_ref().map(|(e, _)| e.clone()),
     });
