@@ -124,6 +124,8 @@ pub struct LoaderCounters {
     pub metadata_hits: u64,
     /// Metadata requests sent to the store.
     pub metadata_misses: u64,
+    /// Loaded pages served but not kept (cache or rule quota full, or a disk error).
+    pub store_failures: u64,
 }
 
 thread_local! {
@@ -367,6 +369,7 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 coalesced: s.coalesced.get(),
                 metadata_hits: s.metadata_hits.get(),
                 metadata_misses: s.metadata_misses.get(),
+                store_failures: s.store_failures.get(),
             }
         })
 }

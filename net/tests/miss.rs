@@ -338,6 +338,7 @@ impl Harness {
                 coalesced: a.coalesced + c.coalesced,
                 metadata_hits: a.metadata_hits + c.metadata_hits,
                 metadata_misses: a.metadata_misses + c.metadata_misses,
+                store_failures: a.store_failures + c.store_failures,
             })
     }
 }

@@ -288,6 +288,12 @@ const PER_SHARD: &[Family] = &[
         |s| s.loader.ufs_errors,
     ),
     (
+        "store_failures_total",
+        "counter",
+        "Loaded pages served but not kept (cache or rule quota full, or a disk error).",
+        |s| s.loader.store_failures,
+    ),
+    (
         "coalesced_misses_total",
         "counter",
         "Misses that joined a load already in flight.",
