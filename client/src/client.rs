@@ -50,6 +50,9 @@ pub enum Error {
     Unavailable(String),
     /// Client configuration (cluster file, TLS, mounts) is wrong.
     Config(String),
+    /// The cluster refused the request: this client's certificate does not give the role it
+    /// needs (the message names both).
+    Forbidden(String),
 }
 
 impl std::fmt::Display for Error {
@@ -63,6 +66,7 @@ impl std::fmt::Display for Error {
             Error::BadRange(m) => write!(f, "bad range: {m}"),
             Error::Unavailable(m) => write!(f, "unavailable: {m}"),
             Error::Config(m) => write!(f, "configuration: {m}"),
+            Error::Forbidden(m) => write!(f, "refused: {m}"),
         }
     }
 }
@@ -80,6 +84,7 @@ impl From<Error> for std::io::Error {
             Error::Changed(_) => K::StaleNetworkFileHandle,
             Error::Unavailable(_) => K::Other,
             Error::Config(_) => K::InvalidInput,
+            Error::Forbidden(_) => K::PermissionDenied,
         };
         std::io::Error::new(kind, e)
     }
@@ -579,6 +584,9 @@ impl Client {
                         ErrorCode::BadRequest => {
                             Attempt::Answer(Err(Error::BadPath(message.clone())))
                         }
+                        ErrorCode::Forbidden => {
+                            Attempt::Answer(Err(Error::Forbidden(message.clone())))
+                        }
                         // The shard is up but could not serve this (its disk, its store, load):
                         // try elsewhere without marking it dead.
                         _ => {
@@ -1044,6 +1052,18 @@ impl Client {
     /// the old version are never read again, because new readers use the new file id). Returns
     /// the pages dropped.
     pub async fn invalidate(&self, path: &str, old: Option<u128>) -> u64 {
+        match self.invalidate_checked(path, old).await {
+            Ok(pages) => pages,
+            Err(e) => {
+                tracing::warn!(path, error = %e, "the cluster did not drop the old version's pages and metadata; readers see the change when the metadata TTL expires");
+                0
+            }
+        }
+    }
+
+    /// [`Client::invalidate`], failing with [`Error::Forbidden`] when any shard refused it
+    /// (this client's certificate lacks the writer role).
+    pub async fn invalidate_checked(&self, path: &str, old: Option<u128>) -> Result<u64, Error> {
         let layout = self.layout();
         let mut asks = Vec::new();
         for n in layout.membership.nodes() {
@@ -1058,12 +1078,17 @@ impl Client {
             }
         }
         let mut pages = 0;
+        let mut refused = None;
         for a in futures_util::future::join_all(asks).await {
-            if let Attempt::Answer(Ok((ResponseBody::Removed { pages: n }, _))) = a {
-                pages += u64::from(n);
+            match a {
+                Attempt::Answer(Ok((ResponseBody::Removed { pages: n }, _))) => {
+                    pages += u64::from(n)
+                }
+                Attempt::Answer(Err(e @ Error::Forbidden(_))) => refused = Some(e),
+                _ => {}
             }
         }
-        pages
+        refused.map_or(Ok(pages), Err)
     }
 
     /// Writes `data` as the object at `path` in the under storage (write-through), then

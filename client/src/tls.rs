@@ -32,7 +32,10 @@ pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, Error> {
         Some(tls::load_identity(&cert, &key).map_err(|e| cfg(&e))?)
     } else if ca_key.exists() {
         let ca = tls::ClusterCa::load(&ca_path, &ca_key).map_err(|e| cfg(&e))?;
-        Some(ca.issue("pagestore client").map_err(|e| cfg(&e))?)
+        Some(
+            ca.issue("pagestore client", tls::Role::Admin)
+                .map_err(|e| cfg(&e))?,
+        )
     } else {
         None
     };

@@ -24,12 +24,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::tls::{peer_role, Role};
 use bytes::BytesMut;
 use pagestore_engine::{event::Event, PageData};
 use quinn_proto::{
     ConnectionHandle, DatagramEvent, Dir, Event as QEvent, ReadError, ServerConfig, StreamEvent,
     StreamId, VarInt, WriteError,
 };
+use rustls::pki_types::CertificateDer;
 
 /// The body of a reply: nothing, bytes owned by the reply, or a page read from the cache (sent
 /// from the buffer the disk read went into).
@@ -63,10 +65,19 @@ pub struct Reply {
     pub body: Body,
 }
 
+/// Who sent a request: established once per connection, from the TLS handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The peer's address.
+    pub addr: SocketAddr,
+    /// What the peer's certificate allows ([`Role::Reader`] without one).
+    pub role: Role,
+}
+
 /// What a shard does with one request. Runs on the shard's executor.
 pub trait Service: 'static {
-    /// Answers one complete request (everything the client wrote on the stream).
-    fn call(self: Rc<Self>, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Reply>>>;
+    /// Answers one complete request (everything the client wrote on the stream) from `peer`.
+    fn call(self: Rc<Self>, request: Vec<u8>, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>>;
 }
 
 /// Settings of one endpoint.
@@ -138,6 +149,8 @@ enum StreamState {
 
 struct Conn {
     conn: quinn_proto::Connection,
+    /// The peer, once its handshake is complete (streams only open after it).
+    peer: Option<Peer>,
     streams: HashMap<StreamId, StreamState>,
     /// Streams whose request is partly read. At most `max_buffered / max_request` at once, so a
     /// peer cannot make the shard buffer many large requests: other streams wait unread (their
@@ -412,6 +425,7 @@ impl Driver {
                             ch,
                             Conn {
                                 conn,
+                                peer: None,
                                 streams: HashMap::new(),
                                 active: 0,
                                 paused: Vec::new(),
@@ -496,11 +510,21 @@ impl Driver {
         for id in readable {
             if let Some(request) = read_stream(c, id, self.max_request, places, &self.stats) {
                 self.stats.requests.set(self.stats.requests.get() + 1);
+                // QUIC processes no 1-RTT stream data before the handshake completes; should a
+                // request still arrive first, it is served as a reader's and the role is
+                // looked up again for the next one.
+                if c.peer.is_none() && !c.conn.is_handshaking() {
+                    c.peer = Some(peer_of(&c.conn));
+                }
+                let peer = c.peer.unwrap_or(Peer {
+                    addr: c.conn.remote_address(),
+                    role: Role::Reader,
+                });
                 let service = self.service.clone();
                 let done = self.done.clone();
                 let wake = self.wake.clone();
                 glommio::spawn_local(async move {
-                    let reply = service.call(request).await;
+                    let reply = service.call(request, peer).await;
                     done.borrow_mut().push_back((ch, id, reply));
                     wake.notify_all();
                 })
@@ -527,6 +551,19 @@ impl Driver {
             self.conns.remove(&ch);
         }
         work
+    }
+}
+
+/// The peer of an established connection: its address and the role its certificate (verified
+/// against the cluster CA during the handshake) carries.
+fn peer_of(conn: &quinn_proto::Connection) -> Peer {
+    let chain = conn
+        .crypto_session()
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok());
+    Peer {
+        addr: conn.remote_address(),
+        role: peer_role(chain.as_deref().map(Vec::as_slice)),
     }
 }
 

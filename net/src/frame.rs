@@ -675,7 +675,7 @@ pub enum ErrorCode {
     /// The shard cannot serve now (starting, draining, overloaded).
     Unavailable,
     /// The peer is not allowed to do this.
-    Unauthenticated,
+    Forbidden,
     /// A bug or unexpected condition on the shard.
     Internal,
     /// The object's content changed: it no longer has the version tag the
@@ -1556,7 +1556,7 @@ mod tests {
             ErrorCode::Io,
             ErrorCode::Full,
             ErrorCode::Unavailable,
-            ErrorCode::Unauthenticated,
+            ErrorCode::Forbidden,
             ErrorCode::Internal,
             ErrorCode::Changed,
         ] {
@@ -2630,7 +2630,7 @@ mod tests {
             ),
             (
                 ResponseBody::Error {
-                    code: ErrorCode::Unauthenticated,
+                    code: ErrorCode::Forbidden,
                     message: "no".into(),
                 },
                 // Inline string: the bytes, then 0xff fill.
@@ -2819,7 +2819,7 @@ mod tests {
             Just(ErrorCode::Io),
             Just(ErrorCode::Full),
             Just(ErrorCode::Unavailable),
-            Just(ErrorCode::Unauthenticated),
+            Just(ErrorCode::Forbidden),
             Just(ErrorCode::Internal),
             Just(ErrorCode::Changed),
         ]

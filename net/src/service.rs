@@ -6,13 +6,14 @@ use std::{cell::RefCell, future::Future, pin::Pin, rc::Rc, sync::Arc};
 use pagestore_engine::{EngineError, PageKey, Shard};
 
 use crate::{
-    endpoint::{Body, Reply, Service},
+    endpoint::{Body, Peer, Reply, Service},
     frame::{
         self, ErrorCode, FrameError, Key, NodeEntry, PageStatus, RequestBody, Response,
         ResponseBody,
     },
     ring::{self, MemberId, Ring},
     source::{page_version, Loader},
+    tls::Role,
 };
 
 /// One shard's view of the ring: which member it is, and the ring it believes in.
@@ -69,6 +70,8 @@ pub struct ShardService {
     replica_reads: std::cell::Cell<u64>,
     /// `NotOwner` answers (a client routed with another ring).
     not_owner: std::cell::Cell<u64>,
+    /// Requests refused because the peer's role does not allow them.
+    forbidden: std::cell::Cell<u64>,
 }
 
 impl ShardService {
@@ -87,7 +90,13 @@ impl ShardService {
             jobs: RefCell::new(None),
             replica_reads: std::cell::Cell::new(0),
             not_owner: std::cell::Cell::new(0),
+            forbidden: std::cell::Cell::new(0),
         })
+    }
+
+    /// Requests refused because the peer's role did not allow them, since start.
+    pub fn forbidden(&self) -> u64 {
+        self.forbidden.get()
     }
 
     /// `Fetch` requests served as a replica, and `NotOwner` answers, since start.
@@ -170,15 +179,49 @@ fn engine_error(request_id: u64, e: &EngineError) -> Reply {
     error(request_id, code, e.to_string())
 }
 
+/// The least role a request needs. Reading (and asking a node to load pages from its own under
+/// storage, which stores only what that storage holds at the version named) is open to every
+/// peer; changing what other clients will be served is not.
+fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
+    match body {
+        RequestBody::WritePage { .. } | RequestBody::Invalidate { .. } => Role::Writer,
+        // Reading the job records is open; adding one is a change others see.
+        RequestBody::Jobs if !payload.is_empty() => Role::Writer,
+        RequestBody::RemoveFile { .. } => Role::Admin,
+        _ => Role::Reader,
+    }
+}
+
+/// A request's name, for messages and logs.
+fn request_name(body: &RequestBody) -> &'static str {
+    match body {
+        RequestBody::Ping { .. } => "Ping",
+        RequestBody::RingEpoch => "RingEpoch",
+        RequestBody::Stat => "Stat",
+        RequestBody::ReadRange { .. } => "ReadRange",
+        RequestBody::ReadPages { .. } => "ReadPages",
+        RequestBody::WritePage { .. } => "WritePage",
+        RequestBody::LoadPages { .. } => "LoadPages",
+        RequestBody::RemoveFile { .. } => "RemoveFile",
+        RequestBody::Fetch { .. } => "Fetch",
+        RequestBody::StatPath { .. } => "StatPath",
+        RequestBody::List { .. } => "List",
+        RequestBody::Cluster => "Cluster",
+        RequestBody::Invalidate { .. } => "Invalidate",
+        RequestBody::Jobs => "Jobs",
+        RequestBody::Counters => "Counters",
+    }
+}
+
 fn page_key(k: &Key) -> PageKey {
     PageKey::new(k.file_id.as_u128(), k.page)
 }
 
 impl Service for ShardService {
-    fn call(self: Rc<Self>, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Reply>>> {
+    fn call(self: Rc<Self>, request: Vec<u8>, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>> {
         Box::pin(async move {
             let start = std::time::Instant::now();
-            let reply = self.handle(&request).await;
+            let reply = self.handle(&request, peer).await;
             let micros = start.elapsed().as_micros().max(1) as u64;
             self.latency.borrow_mut().saturating_record(micros);
             reply
@@ -187,13 +230,30 @@ impl Service for ShardService {
 }
 
 impl ShardService {
-    async fn handle(&self, raw: &[u8]) -> Reply {
+    async fn handle(&self, raw: &[u8], peer: Peer) -> Reply {
         let (req, payload) = match frame::decode_request_frame(raw) {
             Ok(x) => x,
             Err(e) => return bad_frame(&e),
         };
         let id = req.request_id;
         let payload = &raw[payload];
+        let needed = role_needed(&req.body, payload);
+        if !peer.role.allows(needed) {
+            self.forbidden.set(self.forbidden.get() + 1);
+            tracing::warn!(peer = %peer.addr, role = %peer.role, request = request_name(&req.body),
+                "request refused: the peer's role does not allow it");
+            return error(
+                id,
+                ErrorCode::Forbidden,
+                format!(
+                    "{} needs the {needed} role; this connection's certificate gives the {} \
+                     role (no certificate: reader). Ask the cluster's operator for a certificate \
+                     with `pagectl cert issue --role {needed}`",
+                    request_name(&req.body),
+                    peer.role
+                ),
+            );
+        }
         let not_owner = || {
             self.not_owner.set(self.not_owner.get() + 1);
             reply(
@@ -314,7 +374,9 @@ impl ShardService {
                     );
                 }
                 match self.shard.read(&page_key(&key), offset, len).await {
-                    Ok(Some((data, info))) => {
+                    // A page is served only for the version it was stored for (a page under this
+                    // key with another version was not loaded from this object: reload it).
+                    Ok(Some((data, info))) if info.version == page_version(&file.version_tag) => {
                         return reply(
                             id,
                             ResponseBody::Data {
@@ -323,6 +385,9 @@ impl ShardService {
                             },
                             Body::Page(data),
                         )
+                    }
+                    Ok(Some(_)) => {
+                        tracing::warn!(path = %file.path, page, "cached page has another version; reloading it");
                     }
                     Ok(None) => {}
                     Err(e @ EngineError::BadRange { .. }) => return engine_error(id, &e),
@@ -426,6 +491,7 @@ impl ShardService {
                     "checksum_failures": s.checksum_failures,
                     "replica_reads": self.replica_reads.get(),
                     "not_owner": self.not_owner.get(),
+                    "forbidden": self.forbidden.get(),
                     "epoch": self.view.epoch(),
                 })
                 .to_string();
@@ -479,7 +545,12 @@ impl ShardService {
                     Body::Empty,
                 );
             }
-            if self.shard.contains(&page_key(&key)) {
+            let version = page_version(&file.version_tag);
+            if self
+                .shard
+                .page_info(&page_key(&key))
+                .is_some_and(|i| i.version == version)
+            {
                 continue;
             }
             let (loader, file) = (loader.clone(), file.clone());

@@ -42,6 +42,88 @@ pub const SERVER_NAME: &str = "pagestore";
 /// Common name of the cluster CAs that `pagestored` and `pagectl` create.
 pub const CA_NAME: &str = "pagestore cluster CA";
 
+/// What the holder of a cluster certificate may do. The role is written into the certificate by
+/// the cluster CA (as the DNS name `<role>.role.pagestore` beside [`SERVER_NAME`]), so it is as
+/// trustworthy as the CA's signature; a peer without a certificate is a [`Role::Reader`].
+///
+/// | role | may |
+/// |---|---|
+/// | reader | read pages, metadata, listings, counters; ask a node to load pages from its own under storage |
+/// | writer | also: store pages (`WritePage`), invalidate paths (`Invalidate`), keep job records (`Jobs` with a record) |
+/// | admin | also: drop a file's pages (`RemoveFile`) |
+/// | node | what a node's own certificate carries: everything an admin may do |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Reads only (also every peer without a certificate).
+    Reader,
+    /// Reads and changes what the cache holds for paths it writes.
+    Writer,
+    /// Everything, including dropping cached files.
+    Admin,
+    /// A node of the cluster (its own certificate).
+    Node,
+}
+
+impl Role {
+    /// Every role, least privileged first.
+    pub const ALL: [Role; 4] = [Role::Reader, Role::Writer, Role::Admin, Role::Node];
+
+    /// The role's name in flags, certificates and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Writer => "writer",
+            Role::Admin => "admin",
+            Role::Node => "node",
+        }
+    }
+
+    /// Parses a role name (`reader`, `writer`, `admin`, `node`).
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+
+    /// Whether a peer with this role may do what needs `needed`.
+    pub fn allows(self, needed: Role) -> bool {
+        self >= needed
+    }
+
+    /// The certificate name that carries this role.
+    fn dns_name(self) -> String {
+        format!("{}.{ROLE_DOMAIN}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Certificates name their role as `<role>.role.pagestore`.
+const ROLE_DOMAIN: &str = "role.pagestore";
+
+/// The role of a peer that presented `chain` (leaf first; already verified against the cluster
+/// CA by the TLS handshake), or of a peer without a certificate (`None`: a reader). A
+/// certificate that names no role (made before roles existed) or several is a reader's.
+pub fn peer_role(chain: Option<&[CertificateDer<'static>]>) -> Role {
+    let Some(leaf) = chain.and_then(|c| c.first()) else {
+        return Role::Reader;
+    };
+    let Ok(cert) = webpki::EndEntityCert::try_from(leaf) else {
+        return Role::Reader;
+    };
+    let mut roles = cert.valid_dns_names().filter_map(|n| {
+        n.strip_suffix(ROLE_DOMAIN)
+            .and_then(|r| r.strip_suffix('.'))
+            .and_then(Role::parse)
+    });
+    match (roles.next(), roles.next()) {
+        (Some(r), None) => r,
+        _ => Role::Reader,
+    }
+}
+
 /// A certificate chain and its private key.
 pub struct Identity {
     /// Leaf first.
@@ -136,11 +218,12 @@ impl ClusterCa {
         self.cert.der().clone()
     }
 
-    /// Issues a certificate for a node or client, valid for [`SERVER_NAME`].
-    pub fn issue(&self, common_name: &str) -> Result<Identity, TlsError> {
+    /// Issues a certificate for a node or client with `role`, valid for [`SERVER_NAME`].
+    pub fn issue(&self, common_name: &str, role: Role) -> Result<Identity, TlsError> {
         let key = rcgen::KeyPair::generate().map_err(gen_err)?;
         let mut params =
-            rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(gen_err)?;
+            rcgen::CertificateParams::new(vec![SERVER_NAME.to_string(), role.dns_name()])
+                .map_err(gen_err)?;
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, common_name);
@@ -183,7 +266,9 @@ fn roots(ca: &CertificateDer<'static>) -> Result<rustls::RootCertStore, TlsError
 }
 
 /// A rustls server configuration for a shard endpoint: TLS 1.3, ALPN `alpn`, the node's
-/// identity, and (when `require_client_cert`) client certificates verified against the CA.
+/// identity, and client certificates verified against the CA: required when
+/// `require_client_cert`, else optional (a client without one is a [`Role::Reader`]; one that
+/// presents a certificate the CA did not sign is refused either way).
 pub fn server_config(
     identity: &Identity,
     ca: &CertificateDer<'static>,
@@ -194,17 +279,19 @@ pub fn server_config(
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(cfg)?;
-    let builder = if require_client_cert {
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(ca)?),
-            provider(),
-        )
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(ca)?),
+        provider(),
+    );
+    let verifier = if require_client_cert {
+        verifier
+    } else {
+        verifier.allow_unauthenticated()
+    };
+    let verifier = verifier
         .build()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-        builder.with_client_cert_verifier(verifier)
-    } else {
-        builder.with_no_client_auth()
-    };
+    let builder = builder.with_client_cert_verifier(verifier);
     let mut config = builder
         .with_single_cert(
             identity.chain.clone(),
@@ -345,7 +432,7 @@ impl NodeTls {
             c.save(&ca_cert, &ca_key)?;
             c
         };
-        let identity = cluster.issue(node_name)?;
+        let identity = cluster.issue(node_name, Role::Node)?;
         save_identity(&identity, &cert, &key)?;
         // The trust anchor is the certificate on disk (a reloaded CA signs the same way but its
         // own certificate's bytes differ).
@@ -403,7 +490,7 @@ mod tests {
             &ca_dir.path().join("ca-key.pem"),
         )
         .unwrap();
-        let client = reloaded.issue("client").unwrap();
+        let client = reloaded.issue("client", Role::Reader).unwrap();
         let roots = roots(&ca.cert_der()).unwrap();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
@@ -427,6 +514,33 @@ mod tests {
             &ca_dir.path().join("x-key.pem")
         )
         .is_err());
+    }
+
+    #[test]
+    fn roles_are_read_from_the_certificate_the_ca_signed() {
+        let ca = ClusterCa::generate(CA_NAME).unwrap();
+        for role in Role::ALL {
+            let id = ca.issue("peer", role).unwrap();
+            assert_eq!(peer_role(Some(&id.chain)), role);
+            assert_eq!(Role::parse(role.as_str()), Some(role));
+        }
+        assert_eq!(peer_role(None), Role::Reader, "no certificate: a reader");
+        assert_eq!(peer_role(Some(&[])), Role::Reader);
+        // A certificate that names no role (issued before roles existed) is a reader's.
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()]).unwrap();
+        let old = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
+        assert_eq!(peer_role(Some(&[old.der().clone()])), Role::Reader);
+        // Two role names: ambiguous, so the least.
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params =
+            rcgen::CertificateParams::new(vec![Role::Admin.dns_name(), Role::Writer.dns_name()])
+                .unwrap();
+        let two = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
+        assert_eq!(peer_role(Some(&[two.der().clone()])), Role::Reader);
+        assert!(Role::Admin.allows(Role::Writer) && Role::Node.allows(Role::Admin));
+        assert!(!Role::Reader.allows(Role::Writer) && !Role::Writer.allows(Role::Admin));
+        assert_eq!(Role::parse("root"), None);
     }
 
     #[test]

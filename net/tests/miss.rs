@@ -253,7 +253,7 @@ impl Harness {
     fn start(setup: Setup) -> Harness {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let ca = ClusterCa::generate("miss test cluster").unwrap();
-        let id = ca.issue("node").unwrap();
+        let id = ca.issue("node", tls::Role::Node).unwrap();
         let rustls = tls::server_config(&id, &ca.cert_der(), false, frame::ALPN).unwrap();
         let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
             quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),

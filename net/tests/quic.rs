@@ -41,7 +41,7 @@ struct TestNode {
 fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let ca = ClusterCa::generate("test cluster").unwrap();
-    let id = ca.issue("node").unwrap();
+    let id = ca.issue("node", tls::Role::Node).unwrap();
     let rustls = tls::server_config(&id, &ca.cert_der(), require_client_cert, frame::ALPN).unwrap();
     let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
         quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
@@ -221,7 +221,8 @@ fn writes_then_reads_and_remove_file() {
     let t = start_node(false, no_ring());
     let addr = t.node.addrs()[0];
     tokio().block_on(async {
-        let pool = pool(&t.ca, None);
+        // Writing and removing need the writer and admin roles.
+        let pool = pool(&t.ca, Some(&t.ca.issue("admin", tls::Role::Admin).unwrap()));
         let data = page_bytes(7, 7)[..100_000].to_vec();
         let w = Request {
             request_id: 1,
@@ -400,12 +401,15 @@ fn mutual_tls_refuses_clients_without_a_cluster_certificate() {
             "no certificate, yet served"
         );
         let intruder = ClusterCa::generate("intruder").unwrap();
-        let fake = pool(&t.ca, Some(&intruder.issue("x").unwrap()));
+        let fake = pool(&t.ca, Some(&intruder.issue("x", tls::Role::Admin).unwrap()));
         assert!(
             read(&fake, addr, 100, 0, 0, 10).await.is_err(),
             "foreign certificate, yet served"
         );
-        let good = pool(&t.ca, Some(&t.ca.issue("client").unwrap()));
+        let good = pool(
+            &t.ca,
+            Some(&t.ca.issue("client", tls::Role::Reader).unwrap()),
+        );
         let (body, bytes) = read(&good, addr, 100, 0, 0, frame::MAX_PAGE_LEN)
             .await
             .unwrap();
@@ -475,7 +479,10 @@ fn many_concurrent_large_writes_complete_within_the_connection_buffer_budget() {
     let t = start_node(false, no_ring());
     let addr = t.node.addrs()[0];
     tokio().block_on(async {
-        let pool = pool(&t.ca, None);
+        let pool = pool(
+            &t.ca,
+            Some(&t.ca.issue("writer", tls::Role::Writer).unwrap()),
+        );
         let mut tasks = Vec::new();
         for i in 0..64u64 {
             let pool = pool.clone();
@@ -540,5 +547,182 @@ fn garbage_datagrams_do_not_disturb_a_shard() {
             }
         );
         assert!(bytes == page_bytes(100, 1));
+    });
+}
+
+/// A TLS client that trusts any server and carries no pagestore material at all: what an
+/// attacker who only knows a node's address can build.
+#[derive(Debug)]
+struct TrustAnything(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for TrustAnything {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn stranger_pool() -> Arc<Pool> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut rustls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(TrustAnything(provider)))
+        .with_no_client_auth();
+    rustls.alpn_protocols = vec![frame::ALPN.to_vec()];
+    let mut cfg = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
+    ));
+    cfg.transport_config(transport::transport_config());
+    Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), PoolOptions::default()).unwrap()
+}
+
+fn forbidden(body: &ResponseBody) -> bool {
+    matches!(
+        body,
+        ResponseBody::Error {
+            code: ErrorCode::Forbidden,
+            ..
+        }
+    )
+}
+
+#[test]
+fn only_writers_change_what_other_clients_read() {
+    let t = start_node(false, no_ring());
+    let addr = t.node.addrs()[0];
+    tokio().block_on(async {
+        let honest = pool(&t.ca, None);
+        let original = page_bytes(100, 0);
+        let poison = vec![0x66u8; PAGE as usize];
+        let write = |version| Request {
+            request_id: 9,
+            body: RequestBody::WritePage {
+                key: key(100, 0),
+                version,
+                len: PAGE,
+                epoch: 0,
+            },
+        };
+        let remove = Request {
+            request_id: 10,
+            body: RequestBody::RemoveFile {
+                file_id: FileId::from_u128(100),
+                epoch: 0,
+            },
+        };
+        let invalidate = Request {
+            request_id: 11,
+            body: RequestBody::Invalidate {
+                path: "/data/x".into(),
+                file_id: FileId::from_u128(100),
+            },
+        };
+        let job = Request {
+            request_id: 12,
+            body: RequestBody::Jobs,
+        };
+        let attackers = [
+            ("a client without any cluster material", stranger_pool()),
+            ("a client without a certificate", pool(&t.ca, None)),
+            (
+                "a client with a reader certificate",
+                pool(&t.ca, Some(&t.ca.issue("r", tls::Role::Reader).unwrap())),
+            ),
+        ];
+        for (who, p) in &attackers {
+            for (what, req, payload) in [
+                ("WritePage", write(1), &poison[..]),
+                ("WritePage", write(2), &poison[..]),
+                ("RemoveFile", remove.clone(), &[][..]),
+                ("Invalidate", invalidate.clone(), &[][..]),
+                (
+                    "Jobs with a record",
+                    job.clone(),
+                    &br#"{"id":"forged"}"#[..],
+                ),
+            ] {
+                let (resp, _) = p.request(addr, &req, payload).await.unwrap();
+                assert!(
+                    forbidden(&resp.body),
+                    "{who}: {what} answered {:?}",
+                    resp.body
+                );
+            }
+            // Reading stays open to them.
+            let (body, _) = read(p, addr, 100, 0, 0, 16).await.unwrap();
+            assert!(matches!(body, ResponseBody::Data { .. }), "{who}: {body:?}");
+            // And the honest reader still gets the original bytes.
+            let (_, bytes) = read(&honest, addr, 100, 0, 0, PAGE).await.unwrap();
+            assert!(bytes == original, "{who} changed what others read");
+        }
+        // The refusal says what is needed and what the connection has.
+        let (resp, _) = attackers[2]
+            .1
+            .request(addr, &write(1), &poison)
+            .await
+            .unwrap();
+        let ResponseBody::Error { message, .. } = resp.body else {
+            unreachable!()
+        };
+        assert!(
+            message.contains("writer role") && message.contains("reader"),
+            "{message}"
+        );
+        // A writer may write but not remove a whole file; an admin may.
+        let writer = pool(&t.ca, Some(&t.ca.issue("w", tls::Role::Writer).unwrap()));
+        let (resp, _) = writer.request(addr, &write(5), &poison).await.unwrap();
+        assert_eq!(resp.body, ResponseBody::Written);
+        let (resp, _) = writer.request(addr, &remove, &[]).await.unwrap();
+        assert!(forbidden(&resp.body), "{:?}", resp.body);
+        let admin = pool(&t.ca, Some(&t.ca.issue("a", tls::Role::Admin).unwrap()));
+        let (resp, _) = admin.request(addr, &remove, &[]).await.unwrap();
+        assert!(
+            matches!(resp.body, ResponseBody::Removed { .. }),
+            "{:?}",
+            resp.body
+        );
+        // A certificate from another CA is refused at the handshake, role or not.
+        let intruder = ClusterCa::generate(tls::CA_NAME).unwrap();
+        let fake = pool(&t.ca, Some(&intruder.issue("x", tls::Role::Admin).unwrap()));
+        assert!(fake.request(addr, &write(1), &poison).await.is_err());
+        // Every refusal was counted: 3 attackers x 5 requests, the message probe, the writer's
+        // removal.
+        let counters = Request {
+            request_id: 13,
+            body: RequestBody::Counters,
+        };
+        let (_, payload) = honest.request(addr, &counters, &[]).await.unwrap();
+        let c: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(c["forbidden"], 17, "{c}");
     });
 }

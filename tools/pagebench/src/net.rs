@@ -123,7 +123,9 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     let conns = o.qd * o.shards;
     let ca = ClusterCa::generate("pagebench").map_err(|e| e.to_string())?;
-    let id = ca.issue("node").map_err(|e| e.to_string())?;
+    let id = ca
+        .issue("node", tls::Role::Node)
+        .map_err(|e| e.to_string())?;
     let base = o.dir.join("net");
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(base.join("engine")).map_err(|e| e.to_string())?;

@@ -246,7 +246,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         failed: AtomicU64::new(0),
         first_page: Mutex::new(None),
     });
-    client
+    let took = client
         .report_job(&job_record(
             opts,
             &progress,
@@ -255,6 +255,12 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
             "running",
         ))
         .await;
+    if took == 0 {
+        tracing::warn!(
+            "no node keeps this job's record (adding one needs the writer role; see \
+             docs/SECURITY.md); loading anyway"
+        );
+    }
     let ticker = {
         let (progress, client, opts) = (progress.clone(), client.clone(), opts.clone());
         let tty = std::io::stderr().is_terminal();

@@ -277,6 +277,10 @@ fn errno(op: &str, path: &str, e: &Error) -> Errno {
             warn!("{op} {path}: {e}");
             Errno::EIO
         }
+        Error::Forbidden(_) => {
+            warn!("{op} {path}: {e}");
+            Errno::EACCES
+        }
     }
 }
 

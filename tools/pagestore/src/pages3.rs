@@ -469,6 +469,10 @@ fn client_error(e: ClientError) -> S3Error {
             tracing::warn!(error = %e, "request failed");
             S3Error::with_message(S3ErrorCode::InternalError, e.to_string())
         }
+        e @ ClientError::Forbidden(_) => {
+            tracing::warn!(error = %e, "the cluster refused a request of this gateway");
+            S3Error::with_message(S3ErrorCode::AccessDenied, e.to_string())
+        }
     }
 }
 

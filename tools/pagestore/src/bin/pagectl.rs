@@ -4,7 +4,10 @@
 use std::{io::Write, path::PathBuf, sync::Arc};
 
 use pagestore_client::{tls, Client, ClientOptions, ClusterSource, Error};
-use pagestore_net::{frame::PathKind, tls::ClusterCa};
+use pagestore_net::{
+    frame::PathKind,
+    tls::{ClusterCa, Role},
+};
 use pagestore_tools::{flag, home, init_logging, Args, DEFAULT_LISTEN};
 use tokio::io::AsyncReadExt;
 
@@ -39,6 +42,12 @@ commands:
   mount rm /PREFIX   (etcd) remove a mount
   ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
                      each node's TLS directory before its first start to form one cluster
+  cert issue --role ROLE [--name NAME] DIR
+                     issue a client certificate signed by the cluster CA in --tls-dir (which
+                     must hold ca-key.pem) into DIR (client-cert.pem, client-key.pem 0600, and
+                     ca-cert.pem): give DIR to a client as its --tls-dir. ROLE is reader (read
+                     only), writer (also store pages, invalidate, job records) or admin (also
+                     drop cached files); see docs/SECURITY.md
 
 options:
   --cluster WHERE         a member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
@@ -74,6 +83,8 @@ fn real_main() -> Result<(), String> {
     let mut prefix = None;
     let mut load_opts = pagestore_tools::load::LoadOptions::default();
     let mut interval = std::time::Duration::from_secs(1);
+    let mut role = None;
+    let mut name = None;
     while let Some(arg) = args.next() {
         match flag(&arg) {
             "--cluster" => cluster = args.value(&arg)?,
@@ -93,6 +104,13 @@ fn real_main() -> Result<(), String> {
             "--prefix" => prefix = Some(args.value(&arg)?),
             "--parallel" => load_opts.parallel = args.parsed(&arg)?,
             "--verify" => load_opts.verify = true,
+            "--role" => {
+                let v = args.value(&arg)?;
+                role = Some(Role::parse(&v).ok_or_else(|| {
+                    format!("--role {v:?}: expected reader, writer, admin or node")
+                })?)
+            }
+            "--name" => name = Some(args.value(&arg)?),
             "--wait" => {}
             "-h" | "--help" | "help" => {
                 println!("{USAGE}");
@@ -110,6 +128,16 @@ fn real_main() -> Result<(), String> {
             return Err("usage: pagectl ca-init DIR".into());
         };
         return ca_init(dir.into());
+    }
+    if command == "cert" {
+        let words: Vec<&str> = rest.iter().map(String::as_str).collect();
+        let (["issue", dir], Some(role)) = (words.as_slice(), role) else {
+            return Err(
+                "usage: pagectl cert issue --role reader|writer|admin [--name NAME] DIR".into(),
+            );
+        };
+        let name = name.unwrap_or_else(|| format!("pagestore {role}"));
+        return cert_issue(&tls_dir, dir.into(), role, &name);
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -156,6 +184,47 @@ fn ca_init(dir: PathBuf) -> Result<(), String> {
     let ca = ClusterCa::generate(pagestore_net::tls::CA_NAME).map_err(|e| e.to_string())?;
     ca.save(&cert, &key).map_err(|e| e.to_string())?;
     println!("wrote {} and {}", cert.display(), key.display());
+    Ok(())
+}
+
+/// Issues a client certificate with `role` from the CA in `tls_dir` and writes it, with the CA
+/// certificate, into `dir` (a TLS directory a client can use as it is).
+fn cert_issue(
+    tls_dir: &std::path::Path,
+    dir: PathBuf,
+    role: Role,
+    name: &str,
+) -> Result<(), String> {
+    let (ca_cert, ca_key) = (tls_dir.join("ca-cert.pem"), tls_dir.join("ca-key.pem"));
+    if !ca_key.exists() {
+        return Err(format!(
+            "{} does not exist: run this where the cluster CA's key is (a node's TLS directory, \
+             or the directory given to pagectl ca-init), with --tls-dir pointing at it",
+            ca_key.display()
+        ));
+    }
+    let ca = ClusterCa::load(&ca_cert, &ca_key).map_err(|e| e.to_string())?;
+    let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+    if cert.exists() || key.exists() {
+        return Err(format!(
+            "{} already holds a client certificate; remove it first",
+            dir.display()
+        ));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let id = ca.issue(name, role).map_err(|e| e.to_string())?;
+    pagestore_net::tls::save_identity(&id, &cert, &key).map_err(|e| e.to_string())?;
+    let ca_copy = dir.join("ca-cert.pem");
+    if ca_copy != ca_cert {
+        std::fs::copy(&ca_cert, &ca_copy).map_err(|e| format!("{}: {e}", ca_copy.display()))?;
+    }
+    println!(
+        "wrote a {role} certificate for {name:?}: {} and {} (with {}); use --tls-dir {}",
+        cert.display(),
+        key.display(),
+        ca_copy.display(),
+        dir.display()
+    );
     Ok(())
 }
 
@@ -497,7 +566,10 @@ async fn free(client: &Arc<Client>, path: &str) -> Result<(), String> {
     let mut pages = 0;
     for f in &files {
         let info = client.stat(f).await.map_err(|e| format!("{f}: {e}"))?;
-        pages += client.invalidate(f, Some(info.file_id)).await;
+        pages += client
+            .invalidate_checked(f, Some(info.file_id))
+            .await
+            .map_err(|e| format!("{f}: {e}"))?;
     }
     println!(
         "freed {pages} cached pages of {} files under {path}",

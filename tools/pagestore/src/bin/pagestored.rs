@@ -56,7 +56,10 @@ flags win over the file):
   --lease-ttl SECS       with etcd: membership lease TTL (default 10); a dead node leaves
                          the live set this long after it stops renewing
   --tls-dir DIR          TLS material (default <first cache dir>/tls)
-  --require-client-cert  refuse clients without a certificate from the cluster CA
+  --require-client-cert  refuse clients without a certificate from the cluster CA (the
+                         default unless --listen is a loopback address)
+  --allow-anonymous      serve readers without a certificate even on a non-loopback
+                         address (they may read everything the mounts hold)
   --metadata-ttl SECS    how long file metadata and listings are cached (default 10)
   --replicas N           replicas clients may try before the under storage (default 0)
   --ufs-inflight N       under-storage requests in flight per shard (default 16)
@@ -84,7 +87,8 @@ struct Config {
     ring_mode: Option<RingMode>,
     lease_ttl: Duration,
     tls_dir: Option<PathBuf>,
-    require_client_cert: bool,
+    /// None: required unless the node listens on a loopback address.
+    require_client_cert: Option<bool>,
     metadata_ttl: Duration,
     replicas: u8,
     ufs_inflight: usize,
@@ -193,8 +197,15 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     if let Some(v) = f.admin {
         push("--admin", v);
     }
-    if f.require_client_cert == Some(true) {
-        out.push("--require-client-cert".into());
+    if let Some(required) = f.require_client_cert {
+        out.push(
+            if required {
+                "--require-client-cert"
+            } else {
+                "--allow-anonymous"
+            }
+            .into(),
+        );
     }
     if f.pin == Some(false) {
         out.push("--no-pin".into());
@@ -221,7 +232,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         ring_mode: None,
         lease_ttl: etcd::DEFAULT_LEASE_TTL,
         tls_dir: None,
-        require_client_cert: false,
+        require_client_cert: None,
         metadata_ttl: Duration::from_secs(10),
         replicas: 0,
         ufs_inflight: 16,
@@ -269,7 +280,8 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
                 c.lease_ttl = Duration::from_secs_f64(v);
             }
             "--tls-dir" => c.tls_dir = Some(args.value(&arg)?.into()),
-            "--require-client-cert" => c.require_client_cert = true,
+            "--require-client-cert" => c.require_client_cert = Some(true),
+            "--allow-anonymous" => c.require_client_cert = Some(false),
             "--metadata-ttl" => {
                 c.metadata_ttl = Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.0))
             }
@@ -479,10 +491,15 @@ fn run(mut c: Config) -> Result<(), String> {
         MountTable::new(&c.mounts).map_err(|e| e.to_string())?
     };
     let source = Arc::new(UfsSource::new(Arc::new(mounts)));
+    // Anonymous readers may read everything the mounts hold: by default only on a loopback
+    // address (a single machine's own users), never on a network unless asked for.
+    let require_client_cert = c
+        .require_client_cert
+        .unwrap_or(!c.listen.ip().is_loopback());
     let rustls = pagestore_net::tls::server_config(
         &tls.identity,
         &tls.ca,
-        c.require_client_cert,
+        require_client_cert,
         pagestore_net::frame::ALPN,
     )
     .map_err(|e| e.to_string())?;
@@ -601,7 +618,15 @@ fn run(mut c: Config) -> Result<(), String> {
     for (_, rule) in c.rules.iter() {
         println!("  rule       {}", pagestore_tools::rules::describe(rule));
     }
-    println!("  tls        {}", tls_dir.display());
+    println!(
+        "  tls        {} ({})",
+        tls_dir.display(),
+        if require_client_cert {
+            "clients need a certificate from the cluster CA"
+        } else {
+            "readers without a certificate allowed"
+        }
+    );
     if let Some(a) = admin_addr {
         println!("  admin      http://{a}/metrics");
     }

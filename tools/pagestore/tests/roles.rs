@@ -1,0 +1,122 @@
+//! Certificate roles with real processes: `pagectl cert issue` makes reader and writer
+//! certificates from the cluster CA; a reader reads but cannot drop what others read; a writer
+//! can; clear errors for a missing role or CA key.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{bytes, Cluster};
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn readers_read_writers_invalidate_and_certificates_come_from_pagectl() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let content = bytes(5, 3 << 20);
+    std::fs::write(data.join("f"), &content).unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    s.nodes = 2;
+    s.mtls = true;
+    let c = Cluster::start(dir, s);
+    let ca = c.ca_dir.to_str().unwrap().to_string();
+    let reader = c.dir.path().join("reader");
+    let writer = c.dir.path().join("writer");
+    let (reader_dir, writer_dir) = (reader.to_str().unwrap(), writer.to_str().unwrap());
+
+    let out = c.pagectl(&["cert", "issue", "--role", "reader", reader_dir]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("reader certificate"), "{}", text(&out));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(reader.join("client-key.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(
+        !reader.join("ca-key.pem").exists(),
+        "the CA key is not handed out"
+    );
+    let out = c.pagectl(&["cert", "issue", "--role", "writer", writer_dir]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The reader reads (the cluster requires certificates: its own is enough).
+    let out = c.pagectl(&["--tls-dir", reader_dir, "cat", "/data/f"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == content, "the reader got other bytes");
+    // It cannot drop what the cluster caches for everyone, and is told why.
+    let out = c.pagectl(&["--tls-dir", reader_dir, "free", "/data"]);
+    assert!(
+        !out.status.success(),
+        "a reader freed pages: {}",
+        text(&out)
+    );
+    assert!(text(&out).contains("writer role"), "{}", text(&out));
+    // The pages it could not drop are still hits for the next reader.
+    let out = c.pagectl(&["--tls-dir", reader_dir, "cat", "/data/f"]);
+    assert!(out.stdout == content);
+    // A writer may.
+    let out = c.pagectl(&["--tls-dir", writer_dir, "free", "/data"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("freed 3 cached pages"),
+        "{}",
+        text(&out)
+    );
+
+    // Clear errors: no role, an unknown role, no CA key where the certificate is issued from.
+    let out = c.pagectl(&["cert", "issue", reader_dir]);
+    assert!(
+        !out.status.success() && text(&out).contains("--role"),
+        "{}",
+        text(&out)
+    );
+    let out = c.pagectl(&["cert", "issue", "--role", "root", reader_dir]);
+    assert!(
+        !out.status.success() && text(&out).contains("expected reader"),
+        "{}",
+        text(&out)
+    );
+    let elsewhere = c.dir.path().join("elsewhere");
+    let out = c.pagectl(&[
+        "--tls-dir",
+        reader_dir,
+        "cert",
+        "issue",
+        "--role",
+        "admin",
+        elsewhere.to_str().unwrap(),
+    ]);
+    assert!(
+        !out.status.success() && text(&out).contains("ca-key.pem"),
+        "{}",
+        text(&out)
+    );
+    assert!(!elsewhere.exists());
+    // Issuing over an existing certificate is refused rather than silently replacing it.
+    let out = c.pagectl(&[
+        "--tls-dir",
+        &ca,
+        "cert",
+        "issue",
+        "--role",
+        "admin",
+        reader_dir,
+    ]);
+    assert!(
+        !out.status.success() && text(&out).contains("already"),
+        "{}",
+        text(&out)
+    );
+}
