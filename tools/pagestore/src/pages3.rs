@@ -915,7 +915,9 @@ impl Gateway {
 
     /// The logical path a write goes to.
     fn write_path(&self, bucket: &str, key: &str) -> S3Result<String> {
-        match key_path(bucket, key)? {
+        let path = key_path(bucket, key)?;
+        checks::check_written_key_len(key)?;
+        match path {
             KeyPath::Object(p) => Ok(p),
             KeyPath::Marker => Err(invalid(format!(
                 "{key:?}: pagestore has no directory markers; directories exist while they hold \

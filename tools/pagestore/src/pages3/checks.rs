@@ -32,6 +32,27 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Longest path segment of a key, in bytes (a file name on the file systems under the cache).
 pub const MAX_SEGMENT_LEN: usize = 255;
 
+/// Longest path segment of a key that is written: the local store stages a write of `NAME`
+/// under `NAME#N`, which must fit a file name too.
+pub const MAX_WRITTEN_SEGMENT_LEN: usize = 250;
+
+/// Refuses keys of writes whose segments leave no room for the store's staging suffix.
+pub fn check_written_key_len(key: &str) -> S3Result<()> {
+    check_key_len(key)?;
+    if let Some(seg) = key.split('/').find(|s| s.len() > MAX_WRITTEN_SEGMENT_LEN) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::KeyTooLongError,
+            format!(
+                "a path segment of the key has {} bytes; written keys may have at most \
+                 {MAX_WRITTEN_SEGMENT_LEN} per segment (the store stages a write under a longer \
+                 temporary name)",
+                seg.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Most keys in one DeleteObjects request (as in S3).
 pub const MAX_DELETE_KEYS: usize = 1000;
 
