@@ -10,7 +10,7 @@
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
-    sync::{Arc, Mutex, RwLock},
+    sync::{Arc, RwLock},
     time::{Duration, Instant},
 };
 
@@ -20,7 +20,7 @@ use pagestore_tools::{
     http_guard::Limits,
 };
 
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn admin_state() -> Arc<Admin> {
     Arc::new(Admin {
@@ -60,7 +60,7 @@ fn read_to_close(mut s: TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_a_header_is_cut_off_and_extra_connections_are_refused() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = SERIAL.lock().await;
     let addr = start(Limits {
         header_timeout: Duration::from_secs(1),
         max_connections: 3,
@@ -144,7 +144,7 @@ fn set_nofile(r: &libc::rlimit) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accept_backs_off_when_out_of_file_descriptors() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = SERIAL.lock().await;
     let addr = start(Limits::ADMIN).await;
     let spent = tokio::task::spawn_blocking(move || {
         // Sockets made while descriptors are still available; connected once none are, so that

@@ -378,7 +378,7 @@ impl Digests {
                     .ok_or_else(|| invalid_digest(&header))?;
                 expected[i] = Some(d);
             }
-            trailer[i] = announced.iter().any(|a| *a == header);
+            trailer[i] = announced.contains(&header);
         }
         let mut sums = ChecksumHasher::default();
         let on = |i: usize| expected[i].is_some() || trailer[i];
