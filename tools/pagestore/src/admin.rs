@@ -3,6 +3,7 @@
 
 use std::{convert::Infallible, fmt::Write as _, net::SocketAddr, sync::Arc};
 
+use crate::http_guard::{self, Limits};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{body::Incoming, Request, Response, StatusCode};
@@ -40,28 +41,35 @@ impl Admin {
     }
 }
 
-/// Binds `addr` and serves until the runtime stops. Returns the bound address.
+/// Binds `addr` and serves until the runtime stops (with [`Limits::ADMIN`]). Returns the
+/// bound address.
 pub async fn serve(admin: Arc<Admin>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    serve_with(admin, addr, Limits::ADMIN).await
+}
+
+/// [`serve`] with other limits: a deadline for request heads, a cap on open connections, and
+/// a back-off when `accept` fails (out of file descriptors). The endpoint never reads request
+/// bodies; hyper closes a connection whose body was not read.
+pub async fn serve_with(
+    admin: Arc<Admin>,
+    addr: SocketAddr,
+    limits: Limits,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
+    tokio::spawn(http_guard::serve(
+        listener,
+        limits,
+        move |_peer| {
             let admin = admin.clone();
-            tokio::spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let service = hyper::service::service_fn(move |req| {
-                    let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(handle(&admin, req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
+            hyper::service::service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(handle(&admin, req).await) }
+            })
+        },
+        std::future::pending::<()>(),
+        std::time::Duration::ZERO,
+    ));
     Ok(local)
 }
 

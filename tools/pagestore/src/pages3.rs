@@ -7,7 +7,14 @@
 //!
 //! Keys with `.` or `..` segments (also percent-encoded, once or several times), NUL bytes or
 //! empty segments are refused with `400 InvalidArgument` before anything reaches the cluster or
-//! the store.
+//! the store; keys over 1024 bytes, or with a segment over 255 bytes, with `400
+//! KeyTooLongError`.
+//!
+//! What the gateway refuses beyond s3s's own checks (Signature Version 2, long-lived presigned
+//! URLs, wrong digests, cut aws-chunked bodies, slow clients, too many connections) is in
+//! `docs/SECURITY-s3.md`; the checks are in [`checks`] and [`crate::http_guard`].
+
+pub mod checks;
 
 use std::{
     collections::{hash_map::RandomState, BTreeMap, HashMap},
@@ -26,10 +33,7 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{stream, Stream, StreamExt};
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto::Builder as ConnBuilder,
-};
+use hyper::{body::Incoming, http::Extensions, HeaderMap, Method, Uri};
 use pagestore_client::{ufs::ObjectInfo, Client, Error as ClientError};
 use pagestore_net::frame::{DirEntry, PathKind};
 use s3s::{
@@ -46,11 +50,16 @@ use s3s::{
         ListObjectsV2Input, ListObjectsV2Output, Object, ObjectStorageClass, Owner, PutObjectInput,
         PutObjectOutput, StreamingBlob, Timestamp, UploadPartInput, UploadPartOutput,
     },
+    route::S3Route,
     service::{S3Service, S3ServiceBuilder},
     stream::{ByteStream, RemainingLength},
     validation::NameValidation,
-    S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError, S3,
+    Body, HttpError, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError,
+    TrailingHeaders, S3,
 };
+
+use crate::http_guard::{self, Limits, StallBody};
+use checks::{ChunkedCheck, Digests, Policy};
 use tokio::{io::AsyncWriteExt, sync::mpsc};
 
 /// The most keys one listing returns (S3's limit; larger `max-keys` are lowered to it).
@@ -90,11 +99,15 @@ pub struct Options {
     /// Without it the gateway is read-only, even where the client's fallback mount table could
     /// write.
     pub writable: bool,
+    /// Accept Signature Version 2 (header or query), held to the same 15-minute clock rule as
+    /// SigV4. Off by default: SigV2 is refused with `400 InvalidRequest`.
+    pub allow_sigv2: bool,
 }
 
-/// Builds the S3 service: the gateway over `client`, SigV4 authentication, the anonymous
-/// policy and the bucket name rules. Prepares the staging directory (upload directories left by
-/// an earlier run are removed).
+/// Builds the S3 service: the gateway over `client`, SigV4 authentication, the request policy
+/// ([`checks::check_request`]) and the bucket name rules. Prepares the staging directory
+/// (upload directories left by an earlier run are removed) and, when writable, removes in the
+/// background the staged files an earlier run left in `file://` stores.
 pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, String> {
     if options.credentials.is_none() && !options.anonymous {
         return Err(
@@ -103,14 +116,27 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
                 .into(),
         );
     }
-    let uploads = Uploads::open(&options.staging_dir)?;
+    let uploads = Arc::new(Uploads::open(&options.staging_dir)?);
+    let started = SystemTime::now();
+    if options.writable {
+        sweep_staged(&client, started);
+    }
     let gateway = Gateway {
         client,
         region: options.region,
         writable: options.writable,
-        started: SystemTime::now(),
+        started,
         uploads,
     };
+    let policy = Policy {
+        anonymous: options.anonymous,
+        allow_sigv2: options.allow_sigv2,
+    };
+    // Serves, unsigned and never reachable from the network, the GETs whose Range header S3
+    // ignores (see `IgnoredRange`).
+    let mut inner = S3ServiceBuilder::new(gateway.clone());
+    inner.set_validation(BucketNames);
+    let inner = inner.build();
     let mut b = S3ServiceBuilder::new(gateway);
     // Without an auth provider s3s answers every signed request 501; with one it also runs the
     // access check below on every request, signed or not.
@@ -120,68 +146,63 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
             .map(|(k, s)| (k, SecretKey::from(s.as_str()))),
         anonymous: options.anonymous,
     });
-    b.set_access(AnonymousPolicy {
-        allow_reads: options.anonymous,
-    });
+    b.set_access(Access { policy });
+    b.set_route(IgnoredRange { inner, policy });
     b.set_validation(BucketNames);
     Ok(b.build())
 }
 
-/// Serves `service` on `listener` until `shutdown` resolves; then stops accepting, lets the
-/// requests under way finish (at most [`SHUTDOWN_GRACE`]) and returns.
+/// Serves `service` on `listener` with `limits` until `shutdown` resolves; then stops
+/// accepting, lets the requests under way finish (at most [`SHUTDOWN_GRACE`]) and returns.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: S3Service,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
-    let http = ConnBuilder::new(TokioExecutor::new());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut conns = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        // Reap finished connections so that the set does not grow without bound.
-        while conns.try_join_next().is_some() {}
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((socket, _peer)) => {
-                    let _ = socket.set_nodelay(true);
-                    let conn = http
-                        .serve_connection(TokioIo::new(socket), service.clone())
-                        .into_owned();
-                    let mut stop = stop_rx.clone();
-                    conns.spawn(async move {
-                        tokio::pin!(conn);
-                        tokio::select! {
-                            // A client that goes away mid-request is not the server's failure.
-                            _ = conn.as_mut() => {}
-                            _ = stop.changed() => {
-                                conn.as_mut().graceful_shutdown();
-                                let _ = conn.await;
-                            }
-                        }
-                    });
-                }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while conns.join_next().await.is_some() {}
-    })
+    let stall = limits.body_stall_timeout;
+    http_guard::serve(
+        listener,
+        limits,
+        move |_peer| Front {
+            s3: service.clone(),
+            stall,
+        },
+        shutdown,
+        SHUTDOWN_GRACE,
+    )
     .await;
-    if drained.is_err() {
-        tracing::warn!(
-            open = conns.len(),
-            "connections still busy after the grace period; closing them"
-        );
-        conns.abort_all();
+}
+
+/// What every request passes before s3s: its body fails when it stalls, and an aws-chunked
+/// body fails when it ends without its final chunk.
+#[derive(Clone)]
+struct Front {
+    s3: S3Service,
+    stall: Duration,
+}
+
+type FrontFuture =
+    Pin<Box<dyn Future<Output = Result<hyper::Response<Body>, HttpError>> + Send + 'static>>;
+
+impl hyper::service::Service<hyper::Request<Incoming>> for Front {
+    type Response = hyper::Response<Body>;
+    type Error = HttpError;
+    type Future = FrontFuture;
+
+    fn call(&self, req: hyper::Request<Incoming>) -> FrontFuture {
+        let chunked = checks::is_aws_chunked(req.headers());
+        let stall = self.stall;
+        let req = req.map(|b| {
+            let b = StallBody::new(b, stall);
+            if chunked {
+                Body::http_body_unsync(ChunkedCheck::new(b))
+            } else {
+                Body::http_body_unsync(b)
+            }
+        });
+        let s3 = self.s3.clone();
+        Box::pin(async move { s3.call(req).await })
     }
 }
 
@@ -213,30 +234,125 @@ impl S3Auth for KeyAuth {
     }
 }
 
-/// Signed requests (already verified) pass; unsigned ones only with `--anonymous`, and then
-/// only GET and HEAD.
-struct AnonymousPolicy {
-    allow_reads: bool,
+/// [`checks::check_request`] on every request, after s3s verified its signature.
+struct Access {
+    policy: Policy,
 }
 
 #[async_trait::async_trait]
-impl S3Access for AnonymousPolicy {
+impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        if cx.credentials().is_some() {
-            return Ok(());
+        checks::check_request(
+            self.policy,
+            cx.credentials().is_some(),
+            cx.method(),
+            cx.uri(),
+            cx.headers(),
+            cx.s3_op().name(),
+            SystemTime::now(),
+        )
+    }
+}
+
+/// Query parameters of a GetObject (the rest name other operations, or sign the request).
+const GET_OBJECT_PARAMS: &[&str] = &["versionId", "partNumber", "x-id"];
+
+/// Parameters that carry a query signature (SigV4 or SigV2).
+fn is_auth_param(k: &str) -> bool {
+    k.starts_with("X-Amz-") || matches!(k, "Signature" | "AWSAccessKeyId" | "Expires")
+}
+
+/// GET and HEAD of an object with a Range header S3 ignores (one it cannot parse, such as
+/// `bytes=5-3`, or several ranges): answered with the whole object, as S3 does, where s3s
+/// would refuse the request. After the usual checks the request goes, without its signature and
+/// its Range header, to an unsigned service over the same gateway.
+struct IgnoredRange {
+    inner: S3Service,
+    policy: Policy,
+}
+
+#[async_trait::async_trait]
+impl S3Route for IgnoredRange {
+    fn is_match(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        _: &mut Extensions,
+    ) -> bool {
+        if method != Method::GET && method != Method::HEAD {
+            return false;
         }
-        let read = matches!(cx.method().as_str(), "GET" | "HEAD");
-        match (self.allow_reads, read) {
-            (true, true) => Ok(()),
-            (true, false) => Err(S3Error::with_message(
-                S3ErrorCode::AccessDenied,
-                "Unsigned requests may only read; sign writes with the gateway's credentials",
-            )),
-            (false, _) => Err(S3Error::with_message(
-                S3ErrorCode::AccessDenied,
-                "Signature is required (this gateway does not serve anonymous requests)",
-            )),
+        let Some(range) = headers.get(hyper::header::RANGE) else {
+            return false;
+        };
+        if range
+            .to_str()
+            .is_ok_and(|r| s3s::dto::Range::parse(r).is_ok())
+        {
+            return false;
         }
+        let Some((bucket, key)) = uri.path().trim_start_matches('/').split_once('/') else {
+            return false;
+        };
+        !bucket.is_empty()
+            && !key.is_empty()
+            && uri
+                .query()
+                .unwrap_or("")
+                .split('&')
+                .filter(|kv| !kv.is_empty())
+                .all(|kv| {
+                    let k = kv.split_once('=').map_or(kv, |p| p.0);
+                    GET_OBJECT_PARAMS.contains(&k) || k.starts_with("response-") || is_auth_param(k)
+                })
+    }
+
+    async fn check_access(&self, req: &mut S3Request<Body>) -> S3Result<()> {
+        checks::check_request(
+            self.policy,
+            req.credentials.is_some(),
+            &req.method,
+            &req.uri,
+            &req.headers,
+            "GetObject",
+            SystemTime::now(),
+        )
+    }
+
+    async fn call(&self, req: S3Request<Body>) -> S3Result<S3Response<Body>> {
+        let query: Vec<&str> = req
+            .uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|kv| !kv.is_empty() && !is_auth_param(kv.split_once('=').map_or(kv, |p| p.0)))
+            .collect();
+        let mut target = req.uri.path().to_string();
+        if !query.is_empty() {
+            target.push('?');
+            target.push_str(&query.join("&"));
+        }
+        let mut forward = hyper::Request::builder()
+            .method(req.method.clone())
+            .uri(target);
+        for (name, value) in &req.headers {
+            if name != hyper::header::AUTHORIZATION && name != hyper::header::RANGE {
+                forward = forward.header(name, value);
+            }
+        }
+        let forward = forward
+            .body(Body::empty())
+            .map_err(|e| internal(format!("forwarding a GET without its Range: {e}")))?;
+        let resp = self
+            .inner
+            .call(forward)
+            .await
+            .map_err(|e| internal(format!("GET without its Range: {:?}", StdError::from(e))))?;
+        let (parts, body) = resp.into_parts();
+        let mut out = S3Response::with_headers(body, parts.headers);
+        out.status = Some(parts.status);
+        Ok(out)
     }
 }
 
@@ -330,6 +446,7 @@ fn key_path(bucket: &str, key: &str) -> S3Result<KeyPath> {
     if key.is_empty() {
         return Err(invalid("the key is empty".into()));
     }
+    checks::check_key_len(key)?;
     check_segments(key)?;
     let (body, marker) = match key.strip_suffix('/') {
         Some(b) => (b, true),
@@ -427,6 +544,7 @@ fn chunks(start: u64, end: u64, page: u64) -> impl Iterator<Item = (u64, u64)> {
 // ---------------------------------------------------------------------------------------------
 // The gateway
 
+#[derive(Clone)]
 struct Gateway {
     client: Arc<Client>,
     region: String,
@@ -434,7 +552,7 @@ struct Gateway {
     /// Reported as Last-Modified and bucket creation time: pagestore does not carry
     /// modification times (the ETag tells versions apart).
     started: SystemTime,
-    uploads: Uploads,
+    uploads: Arc<Uploads>,
 }
 
 fn client_error(e: ClientError) -> S3Error {
@@ -455,25 +573,97 @@ fn client_error(e: ClientError) -> S3Error {
         ClientError::BadRange(m) => S3Error::with_message(S3ErrorCode::InvalidRange, m),
         // Retryable: the client opens the new version.
         e @ ClientError::Changed(_) => {
-            tracing::info!(error = %e, "object changed during a read");
+            let id = incident();
+            tracing::info!(error = %e, incident = %id, "object changed during a read");
             S3Error::with_message(
                 S3ErrorCode::ServiceUnavailable,
-                format!("{e}; retry the request"),
+                format!("the object changed during the request; retry it (incident {id})"),
             )
         }
+        // The messages of these name members, store URLs and server paths: logged only.
         e @ ClientError::Unavailable(_) => {
-            tracing::warn!(error = %e, "request failed");
-            S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string())
+            let id = incident();
+            tracing::warn!(error = %e, incident = %id, "request failed");
+            S3Error::with_message(
+                S3ErrorCode::ServiceUnavailable,
+                format!(
+                    "the cluster or the under storage is unavailable; retry later (incident \
+                     {id} in the gateway's log)"
+                ),
+            )
         }
-        e @ ClientError::Config(_) => {
-            tracing::warn!(error = %e, "request failed");
-            S3Error::with_message(S3ErrorCode::InternalError, e.to_string())
-        }
+        e @ ClientError::Config(_) => internal(e.to_string()),
         e @ ClientError::Forbidden(_) => {
-            tracing::warn!(error = %e, "the cluster refused a request of this gateway");
-            S3Error::with_message(S3ErrorCode::AccessDenied, e.to_string())
+            let id = incident();
+            tracing::warn!(error = %e, incident = %id, "the cluster refused a request of this gateway (its certificate lacks the role)");
+            S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                format!("the cache cluster refused this gateway's request (incident {id} in the gateway's log)"),
+            )
         }
     }
+}
+
+/// A short id that ties an error answer to the gateway's log line with the details.
+fn incident() -> String {
+    random_id()[..12].to_string()
+}
+
+/// Whether `e`, or an error it wraps, is the file system running out of space (or the file
+/// size limit, or a quota).
+fn out_of_space(e: &(dyn std::error::Error + 'static)) -> bool {
+    let full = |io: &io::Error| {
+        matches!(
+            io.raw_os_error(),
+            Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
+        )
+    };
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if full(io) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    // Stores that keep only the text of the system error.
+    let text = e.to_string();
+    [libc::ENOSPC, libc::EFBIG, libc::EDQUOT]
+        .iter()
+        .any(|n| text.contains(&format!("(os error {n})")))
+}
+
+/// The answer to a write that does not fit: 400 EntityTooLarge (not retried by clients; see
+/// docs/SECURITY-s3.md).
+fn no_space(detail: &dyn std::fmt::Display) -> S3Error {
+    let id = incident();
+    tracing::warn!(error = %detail, incident = %id, "write refused: out of space");
+    S3Error::with_message(
+        S3ErrorCode::EntityTooLarge,
+        format!(
+            "the object does not fit in the free space of the under storage (incident {id} in \
+             the gateway's log)"
+        ),
+    )
+}
+
+/// A failed write to the under storage at `path`, as an S3 error without server details.
+fn store_error(e: pagestore_client::ufs::UfsError) -> S3Error {
+    use pagestore_client::ufs::UfsError;
+    match e {
+        UfsError::Store(_, ref inner) if out_of_space(inner) => no_space(&e),
+        e @ UfsError::Store(..) => client_error(ClientError::Unavailable(e.to_string())),
+        e => client_error(e.into()),
+    }
+}
+
+/// A failed file operation of the gateway itself (staging), without server details.
+fn io_failure(what: &str, e: io::Error) -> S3Error {
+    if out_of_space(&e) {
+        return no_space(&format!("{what}: {e}"));
+    }
+    internal(format!("{what}: {e}"))
 }
 
 /// One item of a listing, in key order.
@@ -611,9 +801,12 @@ impl Gateway {
         };
         let dir_rel = dir_key.trim_end_matches('/');
         // No key has an empty segment, so such a prefix matches nothing.
+        // Nor a segment longer than a file name.
         let impossible = !dir_key.is_empty()
             && (dir_rel.is_empty()
-                || dir_rel.split('/').any(str::is_empty)
+                || dir_rel
+                    .split('/')
+                    .any(|s| s.is_empty() || s.len() > checks::MAX_SEGMENT_LEN)
                 || dir_key.ends_with("//"));
         let root = if impossible || dir_rel.is_empty() {
             None
@@ -730,7 +923,9 @@ impl Gateway {
 
     /// The logical path a write goes to.
     fn write_path(&self, bucket: &str, key: &str) -> S3Result<String> {
-        match key_path(bucket, key)? {
+        let path = key_path(bucket, key)?;
+        checks::check_written_key_len(key)?;
+        match path {
             KeyPath::Object(p) => Ok(p),
             KeyPath::Marker => Err(invalid(format!(
                 "{key:?}: pagestore has no directory markers; directories exist while they hold \
@@ -741,61 +936,54 @@ impl Gateway {
 
     /// Writes `body` to `path`: in one request when it is small, else as a multipart upload
     /// streamed in [`WRITE_CHUNK`] parts; then invalidates the cluster's pages of the object.
-    async fn write_object(&self, path: &str, body: Option<StreamingBlob>) -> S3Result<ObjectInfo> {
+    /// The object appears only when the body was complete (an aws-chunked body: exactly its
+    /// declared decoded length) and matched every digest the request names; else nothing is
+    /// written and the old object stays.
+    async fn write_object(
+        &self,
+        path: &str,
+        body: Option<StreamingBlob>,
+        headers: &HeaderMap,
+        trailers: Option<&TrailingHeaders>,
+    ) -> S3Result<ObjectInfo> {
         let ufs = self.writable()?;
-        let mut body = body;
+        let mut digests = Digests::from_headers(headers)?;
+        let mut body = BodyReader::new(body, headers);
         let mut buf = BytesMut::new();
         let mut upload = None;
         let mut pending = Vec::new();
-        let fail = internal;
         let old = ufs.stat(path).await.ok().map(|i| i.file_id);
         let result: Result<(), S3Error> = async {
-            while let Some(chunk) = match body.as_mut() {
-                Some(b) => b.next().await,
-                None => None,
-            } {
-                let chunk = chunk.map_err(|e| {
-                    S3Error::with_message(
-                        S3ErrorCode::IncompleteBody,
-                        format!("reading the request body: {e}"),
-                    )
-                })?;
+            while let Some(chunk) = body.next().await? {
+                digests.update(&chunk);
                 buf.extend_from_slice(&chunk);
                 while buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
                     if upload.is_none() {
-                        upload = Some(
-                            ufs.put_multipart(path)
-                                .await
-                                .map_err(|e| fail(e.to_string()))?,
-                        );
+                        upload = Some(ufs.put_multipart(path).await.map_err(store_error)?);
                     }
                     if let Some(u) = upload.as_mut() {
                         pending.push(u.put_part(part.into()));
                     }
                     if pending.len() >= 2 {
-                        pending
-                            .remove(0)
-                            .await
-                            .map_err(|e| fail(format!("{path}: {e}")))?;
+                        pending.remove(0).await.map_err(|e| part_error(path, e))?;
                     }
                 }
             }
+            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
             match upload.as_mut() {
                 None => ufs
                     .put(path, buf.split().freeze())
                     .await
-                    .map_err(|e| client_error(e.into()))?,
+                    .map_err(store_error)?,
                 Some(u) => {
                     if !buf.is_empty() {
                         pending.push(u.put_part(buf.split().freeze().into()));
                     }
                     for p in pending.drain(..) {
-                        p.await.map_err(|e| fail(format!("{path}: {e}")))?;
+                        p.await.map_err(|e| part_error(path, e))?;
                     }
-                    u.complete()
-                        .await
-                        .map_err(|e| fail(format!("{path}: {e}")))?;
+                    u.complete().await.map_err(|e| part_error(path, e))?;
                 }
             }
             Ok(())
@@ -806,17 +994,128 @@ impl Gateway {
             if let Some(mut u) = upload {
                 let _ = u.abort().await;
             }
+            body.drain().await;
             return Err(e);
         }
         self.client.invalidate(path, old).await;
-        ufs.stat(path).await.map_err(|e| client_error(e.into()))
+        ufs.stat(path).await.map_err(store_error)
     }
 }
 
-/// A server-side failure (logged: s3s's own log lines are off by default).
+/// A failed part or completion of a multipart write to the under storage.
+fn part_error(path: &str, e: impl std::error::Error + 'static) -> S3Error {
+    if out_of_space(&e) {
+        return no_space(&format!("{path}: {e}"));
+    }
+    client_error(ClientError::Unavailable(format!("{path}: {e}")))
+}
+
+/// Most bytes of a refused body read and dropped so that the client gets the answer instead of
+/// a broken pipe.
+const MAX_DRAIN: u64 = 64 << 20;
+
+/// Reads a PutObject or UploadPart body: refuses it when it fails or, when aws-chunked, when
+/// it is not exactly its declared decoded length.
+struct BodyReader {
+    body: Option<StreamingBlob>,
+    /// The decoded length an aws-chunked body declares.
+    declared: Option<u64>,
+    /// The length the client sends (Content-Length or the decoded length).
+    expected: Option<u64>,
+    received: u64,
+    failed: bool,
+}
+
+impl BodyReader {
+    fn new(body: Option<StreamingBlob>, headers: &HeaderMap) -> BodyReader {
+        let declared = if checks::is_aws_chunked(headers) {
+            checks::decoded_length(headers)
+        } else {
+            None
+        };
+        let expected = declared.or_else(|| {
+            headers
+                .get(hyper::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+        });
+        BodyReader {
+            body,
+            declared,
+            expected,
+            received: 0,
+            failed: false,
+        }
+    }
+
+    /// The next piece; `None` at a complete end.
+    async fn next(&mut self) -> S3Result<Option<Bytes>> {
+        let next = match self.body.as_mut() {
+            Some(b) => b.next().await,
+            None => None,
+        };
+        let incomplete = |msg: String| S3Error::with_message(S3ErrorCode::IncompleteBody, msg);
+        match next {
+            Some(Ok(chunk)) => {
+                self.received += chunk.len() as u64;
+                if let Some(d) = self.declared.filter(|d| self.received > *d) {
+                    self.failed = true;
+                    return Err(incomplete(format!(
+                        "the aws-chunked body has more than the {d} bytes its \
+                         x-amz-decoded-content-length declares"
+                    )));
+                }
+                Ok(Some(chunk))
+            }
+            Some(Err(e)) => {
+                self.failed = true;
+                Err(incomplete(format!("reading the request body: {e}")))
+            }
+            None => {
+                if let Some(d) = self.declared.filter(|d| self.received != *d) {
+                    self.failed = true;
+                    return Err(incomplete(format!(
+                        "the aws-chunked body has {} bytes where its \
+                         x-amz-decoded-content-length declares {d}",
+                        self.received
+                    )));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// After a refusal that was not the body's fault: reads the rest of the body (at most
+    /// [`MAX_DRAIN`] bytes, and not more than its declared length), so that the client, still
+    /// sending, reads the error instead of a reset connection.
+    async fn drain(&mut self) {
+        if self.failed {
+            return;
+        }
+        let Some(expected) = self.expected else {
+            return;
+        };
+        if expected.saturating_sub(self.received) > MAX_DRAIN {
+            return;
+        }
+        while let Some(body) = self.body.as_mut() {
+            match body.next().await {
+                Some(Ok(chunk)) => self.received += chunk.len() as u64,
+                _ => break,
+            }
+        }
+    }
+}
+
+/// A server-side failure: logged with its details (s3s's own log lines are off by default);
+/// the client gets an incident id, never server paths or store locations.
 fn internal(msg: String) -> S3Error {
-    tracing::warn!(error = %msg, "request failed");
-    S3Error::with_message(S3ErrorCode::InternalError, msg)
+    let id = incident();
+    tracing::warn!(error = %msg, incident = %id, "request failed");
+    S3Error::with_message(
+        S3ErrorCode::InternalError,
+        format!("internal error (incident {id} in the gateway's log)"),
+    )
 }
 
 fn no_such_bucket(bucket: &str) -> S3Error {
@@ -1019,6 +1318,17 @@ impl S3 for Gateway {
         check_if_match(input.if_match.as_ref().and_then(|c| c.as_etag()), &tag)?;
         let (start, end) = match &input.range {
             None => (0, info.size),
+            // No range of an empty object is satisfiable, a suffix range neither (as S3 answers;
+            // a 206 could not say `bytes 0--1/0`).
+            Some(r) if info.size == 0 => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::InvalidRange,
+                    format!(
+                        "the range {} is not satisfiable: the object is empty",
+                        r.to_header_string()
+                    ),
+                ))
+            }
             Some(r) => {
                 let r = r.check(info.size).map_err(|_| {
                     S3Error::with_message(
@@ -1168,7 +1478,14 @@ impl S3 for Gateway {
         let path = self.write_path(&input.bucket, &input.key)?;
         self.writable()?;
         self.require_bucket(&input.bucket).await?;
-        let info = self.write_object(&path, input.body).await?;
+        let info = self
+            .write_object(
+                &path,
+                input.body,
+                &req.headers,
+                req.trailing_headers.as_ref(),
+            )
+            .await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&info.version)),
             size: Some(info.size.try_into().unwrap_or(i64::MAX)),
@@ -1203,6 +1520,16 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let input = req.input;
         self.writable()?;
+        if input.delete.objects.len() > checks::MAX_DELETE_KEYS {
+            return Err(S3Error::with_message(
+                S3ErrorCode::MalformedXML,
+                format!(
+                    "the request names {} keys; one DeleteObjects may name at most {}",
+                    input.delete.objects.len(),
+                    checks::MAX_DELETE_KEYS
+                ),
+            ));
+        }
         self.require_bucket(&input.bucket).await?;
         let quiet = input.delete.quiet.unwrap_or(false);
         let mut deleted = Vec::new();
@@ -1268,7 +1595,14 @@ impl S3 for Gateway {
         }
         let tag = self
             .uploads
-            .put_part(&input.upload_id, &path, input.part_number, input.body)
+            .put_part(
+                &input.upload_id,
+                &path,
+                input.part_number,
+                BodyReader::new(input.body, &req.headers),
+                Digests::from_headers(&req.headers)?,
+                req.trailing_headers.as_ref(),
+            )
             .await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(ETag::Strong(tag)),
@@ -1308,7 +1642,7 @@ impl S3 for Gateway {
         }
         self.uploads.end_complete(&input.upload_id, true).await;
         self.client.invalidate(&path, old).await;
-        let info = ufs.stat(&path).await.map_err(|e| client_error(e.into()))?;
+        let info = ufs.stat(&path).await.map_err(store_error)?;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket.clone()),
             key: Some(input.key.clone()),
@@ -1350,10 +1684,7 @@ async fn send_parts(
 ) -> S3Result<()> {
     use tokio::io::AsyncReadExt;
     let fail = internal;
-    let mut upload = ufs
-        .put_multipart(path)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+    let mut upload = ufs.put_multipart(path).await.map_err(store_error)?;
     let result: S3Result<()> = async {
         let mut pending = Vec::new();
         let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
@@ -1378,10 +1709,7 @@ async fn send_parts(
                     pending.push(upload.put_part(part.into()));
                     sent_any = true;
                     if pending.len() >= 2 {
-                        pending
-                            .remove(0)
-                            .await
-                            .map_err(|e| fail(format!("{path}: {e}")))?;
+                        pending.remove(0).await.map_err(|e| part_error(path, e))?;
                     }
                 }
             }
@@ -1390,12 +1718,9 @@ async fn send_parts(
             pending.push(upload.put_part(buf.split().freeze().into()));
         }
         for p in pending {
-            p.await.map_err(|e| fail(format!("{path}: {e}")))?;
+            p.await.map_err(|e| part_error(path, e))?;
         }
-        upload
-            .complete()
-            .await
-            .map_err(|e| fail(format!("{path}: {e}")))?;
+        upload.complete().await.map_err(|e| part_error(path, e))?;
         Ok(())
     }
     .await;
@@ -1403,6 +1728,88 @@ async fn send_parts(
         let _ = upload.abort().await;
     }
     result
+}
+
+// ---------------------------------------------------------------------------------------------
+// Staged files of `file://` stores
+
+/// Whether `name` is a file the local store stages an upload in (`<name>#<digits>`; the store
+/// neither lists nor serves such names, and refuses to write them as keys).
+pub fn is_staged_name(name: &str) -> bool {
+    match name.rsplit_once('#') {
+        Some((base, n)) => {
+            !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+/// The directory of a `file://` mount URL.
+fn file_dir(url: &str) -> Option<PathBuf> {
+    let rest = url.strip_prefix("file://")?;
+    let path = rest.split(['?', '#']).next().unwrap_or(rest);
+    let path = String::from_utf8(percent_decode(path.as_bytes())).ok()?;
+    Some(PathBuf::from(path)).filter(|p| p.is_absolute())
+}
+
+/// Removes, under `dir`, the staged upload files last modified before `before` (uploads of a
+/// gateway that was killed; this run's own uploads are newer). Symbolic links are not followed.
+/// Returns how many were removed.
+pub fn sweep_dir(dir: &Path, before: SystemTime) -> usize {
+    let mut removed = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file()
+                && is_staged_name(&e.file_name().to_string_lossy())
+                && meta.modified().is_ok_and(|m| m < before)
+                && std::fs::remove_file(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// Starts removing, in the background, the staged files earlier runs left in the `file://`
+/// stores this gateway writes.
+fn sweep_staged(client: &Client, before: SystemTime) {
+    let Ok(table) = client.writable() else {
+        return;
+    };
+    let dirs: Vec<PathBuf> = table
+        .mounts()
+        .filter_map(|(_, url)| file_dir(url))
+        .collect();
+    if dirs.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("pages3-sweep".into())
+        .spawn(move || {
+            for d in dirs {
+                let n = sweep_dir(&d, before);
+                if n > 0 {
+                    tracing::info!(
+                        dir = %d.display(),
+                        removed = n,
+                        "removed staged upload files left by an earlier run"
+                    );
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the sweep of staged upload files");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1512,43 +1919,47 @@ impl Uploads {
         }
     }
 
-    /// Stages one part; returns its ETag (without quotes).
+    /// Stages one part (checked as PutObject checks a body); returns its ETag (without
+    /// quotes).
     async fn put_part(
         &self,
         id: &str,
         path: &str,
         number: i32,
-        body: Option<StreamingBlob>,
+        mut body: BodyReader,
+        mut digests: Digests,
+        trailers: Option<&TrailingHeaders>,
     ) -> S3Result<String> {
         let dir = self.dir_of(id, path)?;
         let tmp = dir.join(format!("part-{number:05}.{}.tmp", random_id()));
-        let fail = |e: io::Error| internal(format!("staging part {number}: {e}"));
-        let mut file = tokio::fs::File::create(&tmp).await.map_err(fail)?;
+        let what = format!("staging part {number} in {}", tmp.display());
+        let fail = |e: io::Error| io_failure(&what, e);
+        let mut file = match tokio::fs::File::create(&tmp).await {
+            Ok(f) => f,
+            Err(e) => {
+                body.drain().await;
+                return Err(fail(e));
+            }
+        };
         // Fixed keys: the same bytes get the same ETag.
         let mut hash = std::collections::hash_map::DefaultHasher::new();
         let mut size = 0u64;
-        let mut body = body;
         let written: S3Result<()> = async {
-            if let Some(body) = body.as_mut() {
-                while let Some(chunk) = body.next().await {
-                    let chunk = chunk.map_err(|e| {
-                        S3Error::with_message(
-                            S3ErrorCode::IncompleteBody,
-                            format!("reading part {number}: {e}"),
-                        )
-                    })?;
-                    hash.write(&chunk);
-                    size += chunk.len() as u64;
-                    file.write_all(&chunk).await.map_err(fail)?;
-                }
+            while let Some(chunk) = body.next().await? {
+                hash.write(&chunk);
+                digests.update(&chunk);
+                size += chunk.len() as u64;
+                file.write_all(&chunk).await.map_err(fail)?;
             }
             file.flush().await.map_err(fail)?;
+            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
             Ok(())
         }
         .await;
         drop(file);
         if let Err(e) = written {
             let _ = tokio::fs::remove_file(&tmp).await;
+            body.drain().await;
             return Err(e);
         }
         let etag = format!("{:016x}{size:x}", hash.finish());
@@ -1675,6 +2086,90 @@ impl Uploads {
         }
         Ok(())
     }
+}
+
+/// Fuzzing entry (`fuzz/`): `data` is read as a request (`METHOD TARGET` line, header lines,
+/// an empty line, the body) and put through the gateway's own request checks: the signature
+/// and presign policy, key and bucket mapping, listing tokens, ranges, digests and aws-chunked
+/// framing. None of them may panic, whatever the input.
+#[doc(hidden)]
+pub fn fuzz_request(data: &[u8]) {
+    let (head, body) = match data.windows(2).position(|w| w == b"\n\n") {
+        Some(i) => (&data[..i], &data[i + 2..]),
+        None => (data, &[][..]),
+    };
+    let head = String::from_utf8_lossy(head);
+    let mut lines = head.lines();
+    let first = lines.next().unwrap_or("");
+    let (method, target) = first.split_once(' ').unwrap_or((first, "/"));
+    let method = Method::from_bytes(method.as_bytes()).unwrap_or(Method::GET);
+    let uri: Uri = target.parse().unwrap_or_else(|_| Uri::from_static("/"));
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        if let Some((k, v)) = line.split_once(':') {
+            if let (Ok(k), Ok(v)) = (
+                hyper::header::HeaderName::from_bytes(k.trim().as_bytes()),
+                hyper::header::HeaderValue::from_str(v.trim()),
+            ) {
+                headers.append(k, v);
+            }
+        }
+    }
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    for anonymous in [false, true] {
+        for allow_sigv2 in [false, true] {
+            for signed in [false, true] {
+                let policy = Policy {
+                    anonymous,
+                    allow_sigv2,
+                };
+                let _ = checks::check_request(
+                    policy,
+                    signed,
+                    &method,
+                    &uri,
+                    &headers,
+                    "PutObject",
+                    now,
+                );
+            }
+        }
+    }
+    let path = String::from_utf8_lossy(&percent_decode(uri.path().as_bytes())).into_owned();
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let bucket = parts.next().unwrap_or("");
+    let key = parts.next().unwrap_or("");
+    let _ = valid_bucket(bucket);
+    let _ = key_path(bucket, key);
+    let _ = check_segments(key);
+    let _ = url_encode(key);
+    if let Some(t) = uri.query() {
+        let _ = decode_token(t);
+        let _ = checks::is_sigv2(&uri, &headers);
+    }
+    if let Some(r) = headers.get("range").and_then(|v| v.to_str().ok()) {
+        if let Ok(r) = s3s::dto::Range::parse(r) {
+            for size in [0, 1, 4096, u64::MAX] {
+                if let Ok(r) = r.check(size) {
+                    let _ =
+                        chunks(r.start, r.end.min(r.start.saturating_add(1 << 20)), 4096).count();
+                }
+            }
+        }
+    }
+    if let Some(d) = headers.get("date").and_then(|v| v.to_str().ok()) {
+        let _ = checks::parse_http_date(d);
+    }
+    if let Ok(mut digests) = Digests::from_headers(&headers) {
+        digests.update(body);
+        let _ = digests.verify(Some(&headers));
+    }
+    let mut framing = ChunkedCheck::new(());
+    for piece in body.chunks(7) {
+        framing.feed(piece);
+    }
+    let _ = framing.complete();
+    let _ = checks::decoded_length(&headers);
 }
 
 #[cfg(test)]

@@ -51,10 +51,16 @@ struct Gateway {
 
 impl Gateway {
     fn start(c: &Cluster, name: &str, extra: &[&str]) -> Gateway {
+        Gateway::start_with(c, name, extra, None)
+    }
+
+    /// With `max_file_size`, the gateway runs under that RLIMIT_FSIZE (SIGXFSZ ignored, so
+    /// that writes past it fail with EFBIG, as they fail with ENOSPC on a full disk).
+    fn start_with(c: &Cluster, name: &str, extra: &[&str], max_file_size: Option<u64>) -> Gateway {
         let log = c.dir.path().join(format!("{name}.log"));
         let staging = c.dir.path().join(format!("{name}-staging"));
-        let mut child = Command::new(PAGES3)
-            .args(["--listen", "127.0.0.1:0", "--cluster"])
+        let mut cmd = Command::new(PAGES3);
+        cmd.args(["--listen", "127.0.0.1:0", "--cluster"])
             .arg(&c.members)
             .arg("--tls-dir")
             .arg(&c.ca_dir)
@@ -65,9 +71,26 @@ impl Gateway {
             .env_remove("PAGES3_SECRET_KEY")
             .env("PAGESTORE_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Some(limit) = max_file_size {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec the closure only calls async-signal-safe functions
+            // (signal, setrlimit) on values it owns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    let r = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -690,4 +713,476 @@ fn refuses_to_start_without_credentials() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-key"));
+}
+
+/// Signing helpers for raw requests: SigV4 (headers, and aws-chunked bodies with chunk
+/// signatures) and SigV2, written out so that a test controls every byte.
+const RAW_HELPERS: &str = r#"
+import os, hmac, hashlib, base64, datetime, socket, time, urllib.parse, zlib
+
+def check(cond, *msg):
+    if not cond:
+        raise AssertionError(" ".join(map(str, msg)))
+
+def amz_now(delta=0):
+    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delta)
+    return t.strftime("%Y%m%dT%H%M%SZ")
+
+def http_date(delta=0):
+    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delta)
+    return t.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+def signing_key(secret, day):
+    k = ("AWS4" + secret).encode()
+    for part in (day, "us-east-1", "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    return k
+
+def sign_v4(ep, key, secret, method, path, headers, payload_hash):
+    t = amz_now()
+    day = t[:8]
+    h = {k.lower(): str(v) for k, v in headers.items()}
+    h["host"] = urllib.parse.urlsplit(ep).netloc
+    h["x-amz-date"] = t
+    h["x-amz-content-sha256"] = payload_hash
+    names = sorted(h)
+    canon = "".join("%s:%s\n" % (k, h[k].strip()) for k in names)
+    signed = ";".join(names)
+    creq = "\n".join([method, path, "", canon, signed, payload_hash])
+    scope = "%s/us-east-1/s3/aws4_request" % day
+    sts = "\n".join(["AWS4-HMAC-SHA256", t, scope, hashlib.sha256(creq.encode()).hexdigest()])
+    k = signing_key(secret, day)
+    sig = hmac.new(k, sts.encode(), hashlib.sha256).hexdigest()
+    h["authorization"] = "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s" % (
+        key, scope, signed, sig)
+    return h, sig, k, t, scope
+
+def chunked_body(chunks, seed, k, t, scope, final=True):
+    out, prev = b"", seed
+    empty = hashlib.sha256(b"").hexdigest()
+    for c in chunks + ([b""] if final else []):
+        sts = "\n".join(["AWS4-HMAC-SHA256-PAYLOAD", t, scope, prev, empty, hashlib.sha256(c).hexdigest()])
+        prev = hmac.new(k, sts.encode(), hashlib.sha256).hexdigest()
+        out += b"%x;chunk-signature=%s\r\n" % (len(c), prev.encode()) + c + b"\r\n"
+    return out
+
+def send(ep, method, path, headers, body=b"", partial=None, wait=30):
+    """Sends a request as written; returns (status, response bytes). With `partial`, sends only
+    that many body bytes and then waits for the server."""
+    u = urllib.parse.urlsplit(ep)
+    s = socket.create_connection((u.hostname, u.port), timeout=wait)
+    head = "%s %s HTTP/1.1\r\n" % (method, path)
+    for k, v in headers.items():
+        head += "%s: %s\r\n" % (k, v)
+    head += "connection: close\r\n\r\n"
+    data = head.encode() + (body if partial is None else body[:partial])
+    try:
+        s.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    got = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    except ConnectionResetError:
+        pass
+    s.close()
+    status = int(got.split(b" ", 2)[1]) if got.startswith(b"HTTP/1.1 ") else 0
+    return status, got
+
+def put_v4(ep, key, secret, path, body, extra=None):
+    h, _, _, _, _ = sign_v4(ep, key, secret, "PUT", path, dict(extra or {}, **{"content-length": len(body)}),
+                            hashlib.sha256(body).hexdigest())
+    return send(ep, "PUT", path, h, body)
+
+def put_chunked(ep, key, secret, path, chunks, declared=None, final=True):
+    n = sum(map(len, chunks)) if declared is None else declared
+    hdr = {"content-encoding": "aws-chunked", "x-amz-decoded-content-length": n}
+    # The body length is only known after signing; chunk signatures do not cover it.
+    probe = chunked_body(chunks, "0" * 64, b"k", "t", "s", final)
+    hdr["content-length"] = len(probe)
+    h, seed, k, t, scope = sign_v4(ep, key, secret, "PUT", path, hdr, "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")
+    body = chunked_body(chunks, seed, k, t, scope, final)
+    check(len(body) == len(probe))
+    return send(ep, "PUT", path, h, body)
+
+def sign_v2(secret, method, resource, date, md5="", ctype=""):
+    sts = "%s\n%s\n%s\n%s\n%s" % (method, md5, ctype, date, resource)
+    return base64.b64encode(hmac.new(secret.encode(), sts.encode(), hashlib.sha1).digest()).decode()
+
+def put_v2(ep, key, secret, path, body, date):
+    h = {"date": date, "content-length": len(body),
+         "authorization": "AWS %s:%s" % (key, sign_v2(secret, "PUT", path, date))}
+    return send(ep, "PUT", path, h, body)
+"#;
+
+const TRUST_SCRIPT: &str = r#"
+import boto3, botocore
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+EP, EP_V2, KEY, SECRET, DATA = (os.environ[k] for k in ("EP", "EP_V2", "KEY", "SECRET", "DATA"))
+cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1, "mode": "standard"},
+             region_name="us-east-1")
+s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET, config=cfg)
+
+def local(key):
+    return open(os.path.join(DATA, key), "rb").read()
+
+def exists(key):
+    return os.path.exists(os.path.join(DATA, key))
+
+def err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code")
+    raise AssertionError("expected an error")
+
+def err_full(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response
+    raise AssertionError("expected an error")
+
+def b64(d):
+    return base64.b64encode(d).decode()
+
+small = local("objs/small.txt")
+
+# --- 1. SigV2: refused by default, even freshly dated; with --allow-sigv2 held to the clock.
+st, body = put_v2(EP, KEY, SECRET, "/data/objs/small.txt", b"v2 overwrite", http_date())
+check(st == 400 and b"<Code>InvalidRequest</Code>" in body and b"Signature Version 4" in body, "sigv2 default", st, body)
+check(local("objs/small.txt") == small, "sigv2 refused: nothing written")
+v2 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                  config=cfg.merge(Config(signature_version="s3")))
+check(err(lambda: v2.get_object(Bucket="data", Key="objs/small.txt")) == (400, "InvalidRequest"), "boto3 sigv2")
+url = v2.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "objs/small.txt"}, ExpiresIn=60)
+u = urllib.parse.urlsplit(url)
+st, body = send(EP, "GET", u.path + "?" + u.query, {"host": u.netloc})
+check(st == 400 and b"InvalidRequest" in body, "sigv2 presigned", st, body)
+# --allow-sigv2: a fresh date works (so the signer is right) ...
+st, body = put_v2(EP_V2, KEY, SECRET, "/data/v2/obj", b"first", http_date())
+check(st == 200 and local("v2/obj") == b"first", "sigv2 allowed", st, body)
+# ... a captured request replayed 20 minutes later, with another body, does not.
+st, body = put_v2(EP_V2, KEY, SECRET, "/data/v2/obj", b"replayed", http_date(-20 * 60))
+check(st == 403 and b"RequestTimeTooSkewed" in body, "sigv2 replay", st, body)
+check(local("v2/obj") == b"first", "replay kept the object")
+v2b = boto3.client("s3", endpoint_url=EP_V2, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                   config=cfg.merge(Config(signature_version="s3")))
+url = v2b.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "v2/obj"}, ExpiresIn=8 * 86400)
+u = urllib.parse.urlsplit(url)
+st, body = send(EP_V2, "GET", u.path + "?" + u.query, {"host": u.netloc})
+check(st == 400 and b"AuthorizationQueryParametersError" in body, "sigv2 presigned 8 days", st, body)
+
+# --- 3. Presigned SigV4 URLs live at most 7 days.
+v4 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                  config=cfg.merge(Config(signature_version="s3v4")))
+for secs, want in [(3600, 200), (604800, 200), (604801, 400)]:
+    url = v4.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "objs/small.txt"}, ExpiresIn=secs)
+    u = urllib.parse.urlsplit(url)
+    st, body = send(EP, "GET", u.path + "?" + u.query, {"host": u.netloc})
+    check(st == want, "presigned", secs, st, body[:300])
+    if want == 400:
+        check(b"AuthorizationQueryParametersError" in body, body)
+
+# --- 2. Digests: a wrong one is BadDigest, a malformed one InvalidDigest; nothing is stored.
+new = b"new bytes for small.txt"
+md5 = lambda d: b64(hashlib.md5(d).digest())
+sha = lambda d: b64(hashlib.sha256(d).digest())
+crc = lambda d: b64((zlib.crc32(d) & 0xffffffff).to_bytes(4, "big"))
+check(err(lambda: s3.put_object(Bucket="data", Key="objs/small.txt", Body=new, ContentMD5=md5(b"other"))) == (400, "BadDigest"))
+check(err(lambda: s3.put_object(Bucket="data", Key="objs/small.txt", Body=new, ContentMD5="not base64!")) == (400, "InvalidDigest"))
+for hdr, good, bad in [("x-amz-checksum-sha256", sha(new), sha(b"other")),
+                       ("x-amz-checksum-crc32", crc(new), crc(b"other")),
+                       ("content-md5", md5(new), md5(b"other"))]:
+    st, body = put_v4(EP, KEY, SECRET, "/data/objs/small.txt", new, {hdr: bad})
+    check(st == 400 and b"BadDigest" in body, hdr, st, body)
+    st, body = put_v4(EP, KEY, SECRET, "/data/objs/small.txt", new, {hdr: "AAAA"})
+    check(st == 400 and b"InvalidDigest" in body, hdr, "malformed", st, body)
+    check(local("objs/small.txt") == small, "old object intact after", hdr)
+st, body = put_v4(EP, KEY, SECRET, "/data/digest/ok", new, {"content-md5": md5(new), "x-amz-checksum-sha256": sha(new), "x-amz-checksum-crc32": crc(new)})
+check(st == 200 and local("digest/ok") == new, "right digests", st, body)
+r = s3.put_object(Bucket="data", Key="digest/boto", Body=new, ContentMD5=md5(new), ChecksumSHA256=sha(new))
+check(local("digest/boto") == new)
+big = os.urandom(20 * 1024 * 1024 + 5)
+check(err(lambda: s3.put_object(Bucket="data", Key="digest/big", Body=big, ChecksumSHA256=sha(b"x"))) == (400, "BadDigest"))
+check(not exists("digest/big"), "large object with a wrong digest not stored")
+uid = s3.create_multipart_upload(Bucket="data", Key="digest/mp")["UploadId"]
+check(err(lambda: s3.upload_part(Bucket="data", Key="digest/mp", UploadId=uid, PartNumber=1, Body=new, ContentMD5=md5(b"x"))) == (400, "BadDigest"))
+e1 = s3.upload_part(Bucket="data", Key="digest/mp", UploadId=uid, PartNumber=1, Body=new, ContentMD5=md5(new))["ETag"]
+s3.complete_multipart_upload(Bucket="data", Key="digest/mp", UploadId=uid, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}]})
+check(local("digest/mp") == new)
+
+# --- 4. aws-chunked bodies: complete ones pass, cut or mislabelled ones are refused.
+st, body = put_chunked(EP, KEY, SECRET, "/data/chunked/ok", [b"hello ", b"world"])
+check(st == 200 and local("chunked/ok") == b"hello world", "chunked ok", st, body)
+st, body = put_chunked(EP, KEY, SECRET, "/data/chunked/ok", [b"cut short"], final=False)
+check(st == 400 and b"IncompleteBody" in body, "no final chunk", st, body)
+for declared in (5, 50):
+    st, body = put_chunked(EP, KEY, SECRET, "/data/chunked/ok", [b"0123456789"], declared=declared)
+    check(st == 400 and b"IncompleteBody" in body, "declared", declared, st, body)
+check(local("chunked/ok") == b"hello world", "chunked: old object intact")
+
+# --- 5. Error answers carry no server paths or store locations.
+resp = err_full(lambda: s3.put_object(Bucket="data", Key="objs/small.txt/child", Body=b"x"))
+msg = str(resp["Error"])
+check(DATA not in msg and "file://" not in msg and "/tmp" not in msg, "error leaks", msg)
+st, body = put_v4(EP, KEY, SECRET, "/data/objs/small.txt/child", b"x")
+check(st >= 400 and DATA.encode() not in body and b"file://" not in body, st, body)
+
+# --- 6. Long keys: 400 KeyTooLongError, not a retriable 503.
+for k in ["a" * 256, "objs/" + "b" * 300 + "/c", "d/" * 512 + "e"]:
+    check(err(lambda: s3.get_object(Bucket="data", Key=k)) == (400, "KeyTooLongError"), "get", len(k))
+    check(err(lambda: s3.put_object(Bucket="data", Key=k, Body=b"x")) == (400, "KeyTooLongError"), "put", len(k))
+check(s3.put_object(Bucket="data", Key="long/" + "f" * 250, Body=b"ok")["ResponseMetadata"]["HTTPStatusCode"] == 200)
+check(s3.get_object(Bucket="data", Key="long/" + "f" * 250)["Body"].read() == b"ok")
+# A written segment needs room for the store's staging suffix (NAME#1).
+check(err(lambda: s3.put_object(Bucket="data", Key="long/" + "g" * 253, Body=b"x")) == (400, "KeyTooLongError"))
+check(s3.list_objects_v2(Bucket="data", Prefix="x" * 300 + "/")["KeyCount"] == 0)
+
+# --- 7. Ranges S3 ignores get the whole object; no range of an empty object is satisfiable.
+whole = local("objs/a.bin")
+for rng in ["bytes=5-3", "bytes=0-1,4-5", "bytes=abc", "items=0-5"]:
+    r = s3.get_object(Bucket="data", Key="objs/a.bin", Range=rng)
+    check(r["ResponseMetadata"]["HTTPStatusCode"] == 200 and "ContentRange" not in r, rng, r["ResponseMetadata"])
+    check(r["Body"].read() == whole, "whole object for", rng)
+    h = s3.head_object(Bucket="data", Key="objs/a.bin", Range=rng)
+    check(h["ContentLength"] == len(whole), "head", rng)
+r = s3.get_object(Bucket="data", Key="objs/a.bin", Range="bytes=0-3")
+check(r["ResponseMetadata"]["HTTPStatusCode"] == 206 and r["Body"].read() == whole[:4])
+for rng in ["bytes=-3", "bytes=0-", "bytes=0-0"]:
+    check(err(lambda: s3.get_object(Bucket="data", Key="objs/empty", Range=rng)) == (416, "InvalidRange"), "empty", rng)
+
+# --- 10. DeleteObjects: at most 1,000 keys; over that nothing is deleted.
+s3.put_object(Bucket="data", Key="del/a", Body=b"a")
+s3.put_object(Bucket="data", Key="del/b", Body=b"b")
+keys = [{"Key": "del/a"}, {"Key": "del/b"}] + [{"Key": "del/n%04d" % i} for i in range(999)]
+check(err(lambda: s3.delete_objects(Bucket="data", Delete={"Objects": keys})) == (400, "MalformedXML"))
+check(exists("del/a") and exists("del/b"), "nothing deleted")
+r = s3.delete_objects(Bucket="data", Delete={"Objects": keys[:1000]})
+check(not exists("del/a") and not exists("del/b") and len(r["Deleted"]) == 1000)
+
+# --- 11. A body that stops half-way is refused after the stall deadline (2 s here).
+path = "/data/stall/obj"
+body = b"x" * 100
+h, _, _, _, _ = sign_v4(EP, KEY, SECRET, "PUT", path, {"content-length": 100}, "UNSIGNED-PAYLOAD")
+t0 = time.time()
+st, got = send(EP, "PUT", path, h, body, partial=10, wait=20)
+took = time.time() - t0
+check(took < 8, "stalled body held for", took)
+check(st in (0, 400), st, got)
+check(not exists("stall/obj"), "stalled body not stored")
+print("ALL OK")
+"#;
+
+/// Staged upload files (`name#digits`) under `dir`.
+fn staged_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if pagestore_tools::pages3::is_staged_name(&e.file_name().to_string_lossy()) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Waits up to `limit` for `cond`.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+const FULL_SCRIPT: &str = r#"
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+EP, KEY, SECRET, DATA = (os.environ[k] for k in ("EP", "KEY", "SECRET", "DATA"))
+cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1, "mode": "standard"},
+             region_name="us-east-1")
+s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET, config=cfg)
+def err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code"), e.response["Error"].get("Message")
+    raise AssertionError("expected an error")
+big = os.urandom(48 * 1024 * 1024)
+st, code, msg = err(lambda: s3.put_object(Bucket="data", Key="full/obj", Body=big))
+check((st, code) == (400, "EntityTooLarge") and "free space" in msg and DATA not in msg, st, code, msg)
+check(open(os.path.join(DATA, "full/obj"), "rb").read() == b"old", "old object intact")
+uid = s3.create_multipart_upload(Bucket="data", Key="full/mp")["UploadId"]
+st, code, msg = err(lambda: s3.upload_part(Bucket="data", Key="full/mp", UploadId=uid, PartNumber=1, Body=big[:12 * 1024 * 1024]))
+check((st, code) == (400, "EntityTooLarge"), st, code, msg)
+s3.abort_multipart_upload(Bucket="data", Key="full/mp", UploadId=uid)
+print("ALL OK")
+"#;
+
+const KILL_SCRIPT: &str = r#"
+EP, KEY, SECRET = (os.environ[k] for k in ("EP", "KEY", "SECRET"))
+n = 40 * 1024 * 1024
+h, _, _, _, _ = sign_v4(EP, KEY, SECRET, "PUT", "/data/victim/big.bin", {"content-length": n}, "UNSIGNED-PAYLOAD")
+# Half the body, then hold the connection until killed.
+send(EP, "PUT", "/data/victim/big.bin", h, b"x" * n, partial=20 * 1024 * 1024, wait=120)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages3_refuses_what_s3_refuses() {
+    let py = std::thread::spawn(python);
+    let (c, data) = cluster_with_data();
+    py.join().unwrap();
+    let mount = format!("/data=file://{}", data.display());
+    let creds = [
+        "--access-key",
+        KEY,
+        "--secret-key",
+        SECRET,
+        "--mount",
+        &mount,
+    ];
+    let with = |more: &[&'static str]| -> Vec<&str> {
+        creds.iter().copied().chain(more.iter().copied()).collect()
+    };
+    let gw = Gateway::start(
+        &c,
+        "trust",
+        &with(&[
+            "--header-timeout",
+            "2",
+            "--body-timeout",
+            "2",
+            "--max-connections-per-ip",
+            "16",
+        ]),
+    );
+    let v2 = Gateway::start(&c, "trust-v2", &with(&["--allow-sigv2"]));
+    let mut env = vec![
+        ("EP", gw.endpoint.clone()),
+        ("EP_V2", v2.endpoint.clone()),
+        ("KEY", KEY.to_string()),
+        ("SECRET", SECRET.to_string()),
+        ("DATA", data.display().to_string()),
+    ];
+    run_python(
+        "trust",
+        &format!("{RAW_HELPERS}{TRUST_SCRIPT}"),
+        &env,
+        &[&gw, &v2],
+    );
+    drop(v2);
+
+    // 11. Connections over the per-address limit are answered 503 and closed at once; half a
+    // request head is cut off after the header deadline (2 s here).
+    let addr = gw.endpoint.trim_start_matches("http://").to_string();
+    let idle: Vec<std::net::TcpStream> = (0..16)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            std::io::Write::write_all(&mut s, b"GET /data HTTP/1.1\r\nhost: x\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let read_all = |mut s: std::net::TcpStream, limit: Duration| {
+        s.set_read_timeout(Some(limit)).unwrap();
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        let r = std::io::Read::read_to_end(&mut s, &mut got);
+        assert!(
+            r.is_ok()
+                || r.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "still open after {limit:?}: {r:?}"
+        );
+        (String::from_utf8_lossy(&got).to_string(), t0.elapsed())
+    };
+    let extra = std::net::TcpStream::connect(&addr).unwrap();
+    let (got, took) = read_all(extra, Duration::from_secs(5));
+    assert!(
+        got.starts_with("HTTP/1.1 503") && took < Duration::from_secs(1),
+        "the 17th connection: {took:?} {got:?}"
+    );
+    for s in idle {
+        let (_, took) = read_all(s, Duration::from_secs(10));
+        assert!(took < Duration::from_secs(4), "half a head kept {took:?}");
+    }
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /data HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let (got, _) = read_all(s, Duration::from_secs(10));
+    assert!(got.starts_with("HTTP/1.1 403"), "served again: {got:?}");
+    drop(gw);
+
+    // 9. A write that does not fit the store: an S3 error, not a broken pipe; nothing left.
+    std::fs::create_dir_all(data.join("full")).unwrap();
+    std::fs::write(data.join("full/obj"), b"old").unwrap();
+    let full = Gateway::start_with(&c, "full", &creds, Some(8 << 20));
+    env[0].1 = full.endpoint.clone();
+    run_python(
+        "full",
+        &format!("{RAW_HELPERS}{FULL_SCRIPT}"),
+        &env,
+        &[&full],
+    );
+    assert_eq!(
+        staged_files(&data),
+        Vec::<PathBuf>::new(),
+        "staged files left"
+    );
+    drop(full);
+
+    // 8. A gateway killed mid-upload leaves `<key>#1`; the next start removes it.
+    let mut victim = Gateway::start(&c, "victim", &creds);
+    env[0].1 = victim.endpoint.clone();
+    let script = tempfile::Builder::new().suffix(".py").tempfile().unwrap();
+    std::fs::write(script.path(), format!("{RAW_HELPERS}{KILL_SCRIPT}")).unwrap();
+    let mut writer = Command::new(python())
+        .arg(script.path())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let staged = data.join("victim").join("big.bin#1");
+    let appeared = wait_for(Duration::from_secs(60), || staged.exists());
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let _ = writer.kill();
+    let _ = writer.wait();
+    assert!(
+        appeared,
+        "the upload never staged {}: {}",
+        staged.display(),
+        victim.log()
+    );
+    assert!(
+        staged.exists(),
+        "the killed gateway's staged file is the case under test"
+    );
+    drop(victim);
+    let again = Gateway::start(&c, "victim", &creds);
+    assert!(
+        wait_for(Duration::from_secs(20), || !staged.exists()),
+        "{} still there after a restart: {}",
+        staged.display(),
+        again.log()
+    );
+    assert_eq!(staged_files(&data), Vec::<PathBuf>::new());
 }

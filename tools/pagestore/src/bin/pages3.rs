@@ -4,7 +4,7 @@
 use std::{io::Write, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use pagestore_client::{tls, ufs, Client, ClientOptions, ClusterSource};
-use pagestore_tools::{flag, home, pages3, Args, DEFAULT_LISTEN};
+use pagestore_tools::{flag, home, http_guard, pages3, Args, DEFAULT_LISTEN};
 use tokio::signal::unix::{signal, SignalKind};
 
 const DEFAULT_S3_LISTEN: &str = "127.0.0.1:7480";
@@ -34,7 +34,15 @@ options:
                           client-key.pem, or ca-key.pem, if the cluster requires client
                           certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
   --no-fallback           fail reads instead of reading the under storage when a member is down
-  --timeout SECS          time allowed per request to a member (default 3)";
+  --timeout SECS          time allowed per request to a member (default 3)
+  --allow-sigv2           also accept AWS Signature Version 2 (header or presigned), held to
+                          15 minutes of clock skew; refused by default
+  --header-timeout SECS   time a client has to send a request's head (default 10)
+  --body-timeout SECS     time a request body may make no progress (default 30)
+  --max-connections N     connections open at once (default 1024)
+  --max-connections-per-ip N
+                          connections open at once from one address (default 128; 0: no
+                          limit)";
 
 /// Logs to stderr at the level in `PAGESTORE_LOG` (or `RUST_LOG`), default info. s3s reports
 /// every client error (a missing key, a bad signature) at ERROR: its own lines appear only at
@@ -84,6 +92,7 @@ struct Settings {
     mounts: Vec<(String, String)>,
     client: ClientOptions,
     gateway: pages3::Options,
+    limits: http_guard::Limits,
 }
 
 fn parse() -> Result<Option<Settings>, String> {
@@ -99,6 +108,15 @@ fn parse() -> Result<Option<Settings>, String> {
     let mut staging = home().join("pages3-staging");
     let mut mounts = Vec::new();
     let mut client = ClientOptions::default();
+    let mut allow_sigv2 = false;
+    let mut limits = http_guard::Limits::PAGES3;
+    let secs = |arg: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(format!("{arg} {v}: give seconds between 0 and 86400"))
+        }
+    };
     while let Some(arg) = args.next() {
         match flag(&arg) {
             "--listen" => listen = args.value(&arg)?,
@@ -114,6 +132,16 @@ fn parse() -> Result<Option<Settings>, String> {
             "--region" => region = args.value(&arg)?,
             "--staging-dir" => staging = args.value(&arg)?.into(),
             "--no-fallback" => client.fallback = false,
+            "--allow-sigv2" => allow_sigv2 = true,
+            "--header-timeout" => limits.header_timeout = secs(&arg, args.parsed(&arg)?)?,
+            "--body-timeout" => limits.body_stall_timeout = secs(&arg, args.parsed(&arg)?)?,
+            "--max-connections" => {
+                limits.max_connections = args.parsed(&arg)?;
+                if limits.max_connections == 0 {
+                    return Err("--max-connections 0: give at least 1".into());
+                }
+            }
+            "--max-connections-per-ip" => limits.max_connections_per_ip = args.parsed(&arg)?,
             "--timeout" => {
                 client.call_timeout = Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
             }
@@ -170,7 +198,9 @@ fn parse() -> Result<Option<Settings>, String> {
             credentials,
             anonymous,
             writable,
+            allow_sigv2,
         },
+        limits,
     }))
 }
 
@@ -225,7 +255,7 @@ async fn run(s: Settings) -> Result<(), String> {
         let _ = writeln!(out, "ready http://{addr}");
         let _ = out.flush();
     }
-    pages3::serve(listener, service, async {
+    pages3::serve(listener, service, s.limits, async {
         let which = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",

@@ -1,0 +1,44 @@
+//! The bodies of the fuzz targets, as plain functions: the cargo-fuzz targets in
+//! `fuzz_targets/` call them, and so does the bounded smoke run on stable Rust
+//! (`tools/pagestore/tests/fuzz_smoke.rs`). Each must not panic, whatever the input.
+
+use pagestore_net::frame::{
+    decode_request, decode_request_frame, decode_response, decode_response_frame, encode_request,
+    encode_response, Preamble, PREAMBLE_LEN,
+};
+
+/// Frame decoders of `pagestore_net::frame`: anything that decodes must re-encode.
+pub fn decode_frame(data: &[u8]) {
+    if let Ok((request, payload)) = decode_request_frame(data) {
+        let payload_len = u32::try_from(payload.len()).expect("payload fits u32");
+        let mut out = Vec::new();
+        encode_request(&request, payload_len, &mut out).expect("decoded request re-encodes");
+    }
+    if let Ok((response, payload)) = decode_response_frame(data) {
+        let payload_len = u32::try_from(payload.len()).expect("payload fits u32");
+        let mut out = Vec::new();
+        encode_response(&response, payload_len, &mut out).expect("decoded response re-encodes");
+    }
+    // The two-step path a stream reader takes: preamble first, then however
+    // many header bytes arrived (possibly fewer than announced).
+    if let Ok(preamble) = Preamble::decode_prefix(data) {
+        let rest = &data[PREAMBLE_LEN..];
+        let header = &rest[..rest.len().min(preamble.header_len as usize)];
+        let _ = decode_request(&preamble, header);
+        let _ = decode_response(&preamble, header);
+    }
+}
+
+/// The S3 gateway's request checks (`pages3::fuzz_request`: method, target, headers, body).
+pub fn s3_request(data: &[u8]) {
+    pagestore_tools::pages3::fuzz_request(data);
+}
+
+/// `pagectl load`'s manifest parser (plain lines and JSON lines): every path it returns is
+/// absolute.
+pub fn manifest(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Ok(paths) = pagestore_tools::load::parse_manifest(&text) {
+        assert!(paths.iter().all(|p| p.starts_with('/')), "{paths:?}");
+    }
+}

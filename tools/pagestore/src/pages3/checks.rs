@@ -1,0 +1,724 @@
+//! Request checks of the gateway that s3s does not make: which signatures are accepted and
+//! how old they may be, how long a presigned URL may live, which keys fit a file system, body
+//! digests, and the framing of aws-chunked bodies.
+
+use std::{
+    io,
+    pin::Pin,
+    task::{Context, Poll},
+    time::{Duration, SystemTime},
+};
+
+use bytes::{Buf, Bytes};
+use hyper::{
+    body::{Body, Frame, SizeHint},
+    HeaderMap, Method, Uri,
+};
+use s3s::{
+    checksum::ChecksumHasher,
+    crypto::{Checksum as _, Md5},
+    S3Error, S3ErrorCode, S3Result,
+};
+
+/// Largest clock difference accepted for a signed request's date (as SigV4 in s3s).
+pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
+
+/// Longest lifetime of a presigned URL (7 days, as in S3).
+pub const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
+
+/// Longest key, in bytes (as in S3).
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Longest path segment of a key, in bytes (a file name on the file systems under the cache).
+pub const MAX_SEGMENT_LEN: usize = 255;
+
+/// Longest path segment of a key that is written: the local store stages a write of `NAME`
+/// under `NAME#N`, which must fit a file name too.
+pub const MAX_WRITTEN_SEGMENT_LEN: usize = 250;
+
+/// Refuses keys of writes whose segments leave no room for the store's staging suffix.
+pub fn check_written_key_len(key: &str) -> S3Result<()> {
+    check_key_len(key)?;
+    if let Some(seg) = key.split('/').find(|s| s.len() > MAX_WRITTEN_SEGMENT_LEN) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::KeyTooLongError,
+            format!(
+                "a path segment of the key has {} bytes; written keys may have at most \
+                 {MAX_WRITTEN_SEGMENT_LEN} per segment (the store stages a write under a longer \
+                 temporary name)",
+                seg.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Most keys in one DeleteObjects request (as in S3).
+pub const MAX_DELETE_KEYS: usize = 1000;
+
+/// Who may do what, beyond a valid signature.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// Unsigned GET and HEAD requests are served.
+    pub anonymous: bool,
+    /// Signature Version 2 (header or query) is accepted, within [`MAX_SKEW`].
+    pub allow_sigv2: bool,
+}
+
+/// Whether the request is signed with Signature Version 2 (header `Authorization: AWS
+/// key:sig`, or a query with `Signature`).
+pub fn is_sigv2(uri: &Uri, headers: &HeaderMap) -> bool {
+    let header = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("AWS ") && !v.starts_with("AWS4-"));
+    header || query_value(uri, "Signature").is_some()
+}
+
+/// The first value of the query parameter `name` (not percent-decoded: the values checked here
+/// are numbers).
+fn query_value<'a>(uri: &'a Uri, name: &str) -> Option<&'a str> {
+    uri.query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == name).then_some(v)
+    })
+}
+
+fn unix_now(now: SystemTime) -> i64 {
+    match now.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
+    }
+}
+
+fn sigv4_required() -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::InvalidRequest,
+        "The authorization mechanism you have provided is not supported: this gateway accepts \
+         only AWS Signature Version 4 (AWS4-HMAC-SHA256). Signature Version 2 is refused unless \
+         pages3 runs with --allow-sigv2",
+    )
+}
+
+fn skewed() -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::RequestTimeTooSkewed,
+        "The difference between the request time and the server's time is too large (more \
+         than 15 minutes), or the request's date cannot be read",
+    )
+}
+
+/// The checks of every request after its signature was verified (`signed`): Signature Version
+/// 2 refused or held to the clock, presigned lifetimes, the anonymous policy, browser POST
+/// uploads refused.
+pub fn check_request(
+    policy: Policy,
+    signed: bool,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    op: &str,
+    now: SystemTime,
+) -> S3Result<()> {
+    if op == "PostObject" {
+        return Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            "browser-based POST uploads are not served by pages3; use PutObject",
+        ));
+    }
+    if signed && is_sigv2(uri, headers) {
+        if !policy.allow_sigv2 {
+            return Err(sigv4_required());
+        }
+        let now = unix_now(now);
+        if let Some(expires) = query_value(uri, "Expires") {
+            // Presigned: an absolute expiry time (s3s checks that it is not past).
+            let expires: i64 = expires.parse().map_err(|_| {
+                S3Error::with_message(
+                    S3ErrorCode::AuthorizationQueryParametersError,
+                    "Expires is not a number of seconds since 1970",
+                )
+            })?;
+            if expires.saturating_sub(now) > MAX_PRESIGNED_EXPIRY as i64 {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::AuthorizationQueryParametersError,
+                    "Expires must be at most a week (604800 seconds) from now",
+                ));
+            }
+        } else {
+            // Header-signed: every date the request carries must be near the server's clock,
+            // so that a captured request cannot be replayed later.
+            let mut any = false;
+            for name in ["date", "x-amz-date"] {
+                for v in headers.get_all(name) {
+                    any = true;
+                    let t = v
+                        .to_str()
+                        .ok()
+                        .and_then(parse_http_date)
+                        .ok_or_else(skewed)?;
+                    if t.abs_diff(now) > MAX_SKEW.as_secs() {
+                        return Err(skewed());
+                    }
+                }
+            }
+            if !any {
+                return Err(skewed());
+            }
+        }
+    }
+    if let Some(expires) = query_value(uri, "X-Amz-Expires") {
+        match expires.parse::<u64>() {
+            Ok(n) if n <= MAX_PRESIGNED_EXPIRY => {}
+            _ => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::AuthorizationQueryParametersError,
+                    "X-Amz-Expires must be less than a week (in seconds); that is, the given \
+                     X-Amz-Expires must be less than 604800 seconds",
+                ))
+            }
+        }
+    }
+    if signed {
+        return Ok(());
+    }
+    let read = matches!(method.as_str(), "GET" | "HEAD");
+    match (policy.anonymous, read) {
+        (true, true) => Ok(()),
+        (true, false) => Err(S3Error::with_message(
+            S3ErrorCode::AccessDenied,
+            "Unsigned requests may only read; sign writes with the gateway's credentials",
+        )),
+        (false, _) => Err(S3Error::with_message(
+            S3ErrorCode::AccessDenied,
+            "Signature is required (this gateway does not serve anonymous requests)",
+        )),
+    }
+}
+
+/// Parses an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`; `+0000` and `UTC` are accepted for
+/// the zone, as clients send them) into seconds since 1970.
+pub fn parse_http_date(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let rest = match s.split_once(", ") {
+        Some((_, r)) => r,
+        None => s,
+    };
+    let mut it = rest.split_ascii_whitespace();
+    let day: u32 = it.next()?.parse().ok()?;
+    let month = match it.next()? {
+        "Jan" => 1,
+        "Feb" => 2,
+        "Mar" => 3,
+        "Apr" => 4,
+        "May" => 5,
+        "Jun" => 6,
+        "Jul" => 7,
+        "Aug" => 8,
+        "Sep" => 9,
+        "Oct" => 10,
+        "Nov" => 11,
+        "Dec" => 12,
+        _ => return None,
+    };
+    let year: i64 = it.next()?.parse().ok()?;
+    let mut hms = it.next()?.split(':');
+    let h: i64 = hms.next()?.parse().ok()?;
+    let m: i64 = hms.next()?.parse().ok()?;
+    let sec: i64 = hms.next()?.parse().ok()?;
+    if hms.next().is_some() || !matches!(it.next()?, "GMT" | "UTC" | "+0000" | "Z") {
+        return None;
+    }
+    if it.next().is_some()
+        || !(1..=31).contains(&day)
+        || !(1970..=9999).contains(&year)
+        || h > 23
+        || m > 59
+        || sec > 60
+        || h < 0
+        || m < 0
+        || sec < 0
+    {
+        return None;
+    }
+    // Days from the civil date (proleptic Gregorian).
+    let (y, mo) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * mo as i64 + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + m * 60 + sec)
+}
+
+/// Refuses keys S3 refuses (over [`MAX_KEY_LEN`] bytes) and keys with a path segment no file
+/// system under the cache can hold (over [`MAX_SEGMENT_LEN`] bytes).
+pub fn check_key_len(key: &str) -> S3Result<()> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(S3Error::with_message(
+            S3ErrorCode::KeyTooLongError,
+            format!("the key has {} bytes; the most is {MAX_KEY_LEN}", key.len()),
+        ));
+    }
+    if let Some(seg) = key.split('/').find(|s| s.len() > MAX_SEGMENT_LEN) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::KeyTooLongError,
+            format!(
+                "a path segment of the key has {} bytes; pagestore keys are file paths, whose \
+                 segments may have at most {MAX_SEGMENT_LEN}",
+                seg.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Digests
+
+/// Decodes standard base64 (with padding); `None` if it is not.
+pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim().as_bytes();
+    if s.is_empty() || s.len() % 4 != 0 {
+        return None;
+    }
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(s.len() / 4 * 3);
+    let quads = s.len() / 4;
+    for (qi, q) in s.chunks(4).enumerate() {
+        let last = qi + 1 == quads;
+        let pad = q.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && !last) {
+            return None;
+        }
+        let mut n = 0u32;
+        for &c in &q[..4 - pad] {
+            n = n << 6 | val(c)?;
+        }
+        n <<= 6 * pad as u32;
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    Some(out)
+}
+
+/// The digest algorithms a PutObject or UploadPart may name.
+const ALGORITHMS: [(&str, usize); 5] = [
+    ("crc32", 4),
+    ("crc32c", 4),
+    ("sha1", 20),
+    ("sha256", 32),
+    ("crc64nvme", 8),
+];
+
+/// Checks a body against the digests its request names (`Content-MD5`, `x-amz-checksum-*` as
+/// headers, or as aws-chunked trailers announced by `x-amz-trailer`): `InvalidDigest` for a
+/// digest that is not one, `BadDigest` for a mismatch.
+pub struct Digests {
+    md5: Option<(Md5, Vec<u8>)>,
+    sums: ChecksumHasher,
+    /// Expected values by algorithm index (from headers), decoded.
+    expected: [Option<Vec<u8>>; 5],
+    /// Algorithms whose value comes in a trailer.
+    trailer: [bool; 5],
+}
+
+fn invalid_digest(what: &str) -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::InvalidDigest,
+        format!("{what} is not a valid base64-encoded digest of the right length"),
+    )
+}
+
+impl Digests {
+    /// The digests `headers` name.
+    pub fn from_headers(headers: &HeaderMap) -> S3Result<Digests> {
+        let md5 = match headers.get("content-md5") {
+            None => None,
+            Some(v) => {
+                let want = v
+                    .to_str()
+                    .ok()
+                    .and_then(base64_decode)
+                    .filter(|d| d.len() == 16)
+                    .ok_or_else(|| invalid_digest("Content-MD5"))?;
+                Some((Md5::new(), want))
+            }
+        };
+        let mut expected: [Option<Vec<u8>>; 5] = Default::default();
+        let mut trailer = [false; 5];
+        let announced: Vec<String> = headers
+            .get_all("x-amz-trailer")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|s| s.trim().to_ascii_lowercase())
+            .collect();
+        for (i, (name, len)) in ALGORITHMS.iter().enumerate() {
+            let header = format!("x-amz-checksum-{name}");
+            if let Some(v) = headers.get(header.as_str()) {
+                let d = v
+                    .to_str()
+                    .ok()
+                    .and_then(base64_decode)
+                    .filter(|d| d.len() == *len)
+                    .ok_or_else(|| invalid_digest(&header))?;
+                expected[i] = Some(d);
+            }
+            trailer[i] = announced.contains(&header);
+        }
+        let mut sums = ChecksumHasher::default();
+        let on = |i: usize| expected[i].is_some() || trailer[i];
+        if on(0) {
+            sums.crc32 = Some(Default::default());
+        }
+        if on(1) {
+            sums.crc32c = Some(Default::default());
+        }
+        if on(2) {
+            sums.sha1 = Some(s3s::crypto::Sha1::new());
+        }
+        if on(3) {
+            sums.sha256 = Some(s3s::crypto::Sha256::new());
+        }
+        if on(4) {
+            sums.crc64nvme = Some(Default::default());
+        }
+        Ok(Digests {
+            md5,
+            sums,
+            expected,
+            trailer,
+        })
+    }
+
+    /// Feeds body bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        if let Some((m, _)) = self.md5.as_mut() {
+            m.update(data);
+        }
+        self.sums.update(data);
+    }
+
+    /// Compares the digests of everything fed with the expected ones (`trailers`: the
+    /// aws-chunked trailers, once the body has ended).
+    pub fn verify(self, trailers: Option<&HeaderMap>) -> S3Result<()> {
+        if let Some((m, want)) = self.md5 {
+            if m.finalize()[..] != want[..] {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::BadDigest,
+                    "The Content-MD5 you specified did not match what was received",
+                ));
+            }
+        }
+        let got = self.sums.finalize();
+        let got = [
+            got.checksum_crc32,
+            got.checksum_crc32c,
+            got.checksum_sha1,
+            got.checksum_sha256,
+            got.checksum_crc64nvme,
+        ];
+        for (i, (name, len)) in ALGORITHMS.iter().enumerate() {
+            let header = format!("x-amz-checksum-{name}");
+            let mut want = self.expected[i].clone();
+            if self.trailer[i] {
+                let t = trailers
+                    .and_then(|t| t.get(header.as_str()))
+                    .ok_or_else(|| {
+                        S3Error::with_message(
+                            S3ErrorCode::InvalidRequest,
+                            format!("the trailer {header} was announced but not sent"),
+                        )
+                    })?;
+                let d = t
+                    .to_str()
+                    .ok()
+                    .and_then(base64_decode)
+                    .filter(|d| d.len() == *len)
+                    .ok_or_else(|| invalid_digest(&header))?;
+                if want.as_ref().is_some_and(|w| *w != d) {
+                    return Err(bad_checksum(name));
+                }
+                want = Some(d);
+            }
+            let Some(want) = want else { continue };
+            let computed = got[i].as_deref().and_then(base64_decode);
+            if computed.as_deref() != Some(&want[..]) {
+                return Err(bad_checksum(name));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bad_checksum(name: &str) -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::BadDigest,
+        format!(
+            "The {} you specified did not match the calculated checksum",
+            name.to_ascii_uppercase()
+        ),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// aws-chunked framing
+
+/// Whether the request body is aws-chunked (s3s decodes it; see [`ChunkedCheck`]).
+pub fn is_aws_chunked(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-amz-content-sha256")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("STREAMING-"))
+}
+
+/// The decoded length an aws-chunked request declares.
+pub fn decoded_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("x-amz-decoded-content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[derive(Debug)]
+enum Framing {
+    /// Reading a chunk's size line (bytes so far).
+    Meta(Vec<u8>),
+    /// Skipping this many bytes of chunk data and its CRLF.
+    Data(u64),
+    /// The final 0-size chunk was seen (trailers may follow).
+    Done,
+    /// Not aws-chunked framing as expected: s3s reports the error.
+    Broken,
+}
+
+/// Longest chunk size line accepted (s3s accepts 4 KiB too).
+const MAX_META: usize = 4096;
+
+/// Follows the framing of an aws-chunked body as it passes (to s3s, which decodes it) and
+/// fails the body at its end if the final 0-size chunk never came: s3s takes a body cut at a
+/// chunk boundary for a complete one.
+pub struct ChunkedCheck<B> {
+    inner: B,
+    state: Framing,
+}
+
+impl<B> ChunkedCheck<B> {
+    /// Wraps the raw (still aws-chunked) body.
+    pub fn new(inner: B) -> ChunkedCheck<B> {
+        ChunkedCheck {
+            inner,
+            state: Framing::Meta(Vec::new()),
+        }
+    }
+
+    /// Whether the final chunk was seen.
+    pub fn complete(&self) -> bool {
+        matches!(self.state, Framing::Done | Framing::Broken)
+    }
+
+    /// Follows `data`.
+    pub fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            match &mut self.state {
+                Framing::Done | Framing::Broken => return,
+                Framing::Data(left) => {
+                    let n = (*left).min(data.len() as u64);
+                    *left -= n;
+                    data.advance(n as usize);
+                    if *left == 0 {
+                        self.state = Framing::Meta(Vec::new());
+                    }
+                }
+                Framing::Meta(line) => {
+                    let (piece, end) = match data.iter().position(|&b| b == b'\n') {
+                        Some(i) => (&data[..=i], true),
+                        None => (data, false),
+                    };
+                    line.extend_from_slice(piece);
+                    data.advance(piece.len());
+                    if line.len() > MAX_META {
+                        self.state = Framing::Broken;
+                        return;
+                    }
+                    if end {
+                        self.state = match chunk_size(line) {
+                            Some(0) => Framing::Done,
+                            Some(n) => Framing::Data(n.saturating_add(2)),
+                            None => Framing::Broken,
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The size in a chunk size line (`hex[;extensions]\r\n`).
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\n")?;
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let hex = match line.iter().position(|&b| b == b';') {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    if hex.is_empty() || hex.len() > 16 {
+        return None;
+    }
+    let s = std::str::from_utf8(hex).ok()?;
+    u64::from_str_radix(s.trim(), 16).ok()
+}
+
+impl<B> Body for ChunkedCheck<B>
+where
+    B: Body<Data = Bytes, Error = io::Error> + Unpin,
+{
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.feed(d);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) if !this.complete() => Poll::Ready(Some(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the aws-chunked body ended without its final 0-size chunk",
+            )))),
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream() && self.complete()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn http_dates_parse() {
+        assert_eq!(
+            parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(784_111_777)
+        );
+        assert_eq!(parse_http_date("Thu, 01 Jan 1970 00:00:00 +0000"), Some(0));
+        assert_eq!(
+            parse_http_date("Tue, 29 Feb 2028 23:59:59 GMT"),
+            Some(1_835_481_599)
+        );
+        for bad in [
+            "",
+            "Sun, 06 Nov 1994 08:49:37",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Foo 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 08:49 GMT",
+            "Sun, 06 Nov 1994 25:00:00 GMT",
+            "Sun, 06 Nov 1994 08:49:37 PST",
+        ] {
+            assert_eq!(parse_http_date(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn base64_round_trips_and_junk_is_refused() {
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVsbG8h").unwrap(), b"hello!");
+        assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
+        assert_eq!(base64_decode("aA==").unwrap(), b"h");
+        for bad in ["", "a", "aGVsbG8", "aGVs=G8=", "a===", "@@@@"] {
+            assert!(base64_decode(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn framing_needs_the_final_chunk() {
+        let mut c = ChunkedCheck::new(());
+        c.feed(b"5;chunk-signature=ab\r\nhel");
+        assert!(!c.complete());
+        c.feed(b"lo\r\n");
+        assert!(!c.complete());
+        c.feed(b"0;chunk-signature=cd\r\n\r\n");
+        assert!(c.complete());
+        let mut c = ChunkedCheck::new(());
+        c.feed(b"3\r\nabc\r\n");
+        assert!(!c.complete(), "cut after a data chunk");
+        c.feed(b"0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n");
+        assert!(c.complete());
+    }
+
+    #[test]
+    fn long_keys_are_refused() {
+        assert!(check_key_len(&"a".repeat(255)).is_ok());
+        let e = check_key_len(&"a".repeat(256)).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::KeyTooLongError);
+        let long = vec!["a".repeat(200); 6].join("/");
+        let e = check_key_len(&long).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::KeyTooLongError);
+    }
+
+    #[test]
+    fn sigv2_is_refused_unless_allowed_and_then_held_to_the_clock() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let get = Method::GET;
+        let uri: Uri = "/b/k".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "AWS key:c2ln".parse().unwrap());
+        h.insert("date", "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap());
+        let strict = Policy {
+            anonymous: false,
+            allow_sigv2: false,
+        };
+        let loose = Policy {
+            allow_sigv2: true,
+            ..strict
+        };
+        let e = check_request(strict, true, &get, &uri, &h, "GetObject", now).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
+        check_request(loose, true, &get, &uri, &h, "GetObject", now).unwrap();
+        let later = now + Duration::from_secs(16 * 60);
+        let e = check_request(loose, true, &get, &uri, &h, "GetObject", later).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::RequestTimeTooSkewed);
+        // A fresh Date next to a stale x-amz-date does not help.
+        h.insert(
+            "x-amz-date",
+            "Sun, 06 Nov 1994 07:00:00 GMT".parse().unwrap(),
+        );
+        let e = check_request(loose, true, &get, &uri, &h, "GetObject", now).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::RequestTimeTooSkewed);
+        let v4: Uri = "/b/k?X-Amz-Expires=604801&X-Amz-Signature=00"
+            .parse()
+            .unwrap();
+        let e = check_request(strict, true, &get, &v4, &HeaderMap::new(), "GetObject", now)
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::AuthorizationQueryParametersError);
+    }
+}
