@@ -1157,15 +1157,13 @@ fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {
 
 /// A mount table for fallback from the cluster's (credential-free) mounts. Mounts that cannot
 /// be opened here (e.g. S3 without credentials in the environment) are left out with a warning:
-/// their reads then depend on the cluster.
+/// their reads then depend on the cluster, and a fallback read of them is an error that says
+/// so (`Error::Config`), never "not found".
 fn fallback_table(mounts: &[MountEntry]) -> Option<Arc<MountTable>> {
-    let mut ok = Vec::new();
-    for m in mounts {
-        let pair = (m.prefix.clone(), m.url.clone());
-        match MountTable::new(std::slice::from_ref(&pair)) {
-            Ok(_) => ok.push(pair),
-            Err(e) => tracing::warn!(mount = %m.prefix, error = %e, "no fallback for this mount"),
-        }
-    }
-    MountTable::new(&ok).ok().map(Arc::new)
+    let pairs: Vec<(String, String)> = mounts
+        .iter()
+        .map(|m| (m.prefix.clone(), m.url.clone()))
+        .collect();
+    // Paths under a mount that cannot be opened here are unavailable, not missing.
+    Some(Arc::new(MountTable::new_partial(&pairs)))
 }

@@ -6,8 +6,9 @@
 //! and never hits stale pages. Reads name the version they expect; a store that holds another
 //! version answers [`UfsError::Changed`] instead of mixing versions.
 
-use std::{fmt, ops::Range, sync::Arc};
+use std::{fmt, ops::Range, path::PathBuf, sync::Arc};
 
+use crate::localfs::LocalStore;
 use bytes::Bytes;
 use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use pagestore_net::{
@@ -38,14 +39,14 @@ pub enum UfsError {
 impl fmt::Display for UfsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            UfsError::Config(m) => write!(f, "mount configuration: {m}"),
+            UfsError::Config(m) => write!(f, "mount configuration: {}", scrub(m)),
             UfsError::NotFound(p) => write!(f, "{p}: not found"),
             UfsError::BadPath(m) => write!(f, "bad path: {m}"),
             UfsError::Changed { path, expected } => write!(
                 f,
                 "{path}: the object changed (expected version {expected}); stat it again"
             ),
-            UfsError::Store(p, e) => write!(f, "{p}: {e}"),
+            UfsError::Store(p, e) => write!(f, "{p}: {}", scrub(&e.to_string())),
         }
     }
 }
@@ -79,6 +80,8 @@ struct Mount {
     prefix: String,
     url: String,
     store: Arc<dyn ObjectStore>,
+    /// The store itself for `file://` mounts (file modes for `pagefs`).
+    local: Option<Arc<LocalStore>>,
     emulate: Emulation,
 }
 
@@ -86,6 +89,9 @@ struct Mount {
 pub struct MountTable {
     /// Longest prefix first.
     mounts: Vec<Mount>,
+    /// Prefixes of mounts this table could not open (a client without the store's
+    /// credentials): their paths are unavailable here, not missing.
+    unavailable: Vec<(String, String)>,
 }
 
 /// Splits `/LOGICAL=URL` (the command-line form).
@@ -104,7 +110,7 @@ pub fn parse_mount(spec: &str) -> Result<(String, String), UfsError> {
 }
 
 fn store_for(url: &str) -> Result<Arc<dyn ObjectStore>, UfsError> {
-    let u = url::Url::parse(url).map_err(|e| UfsError::Config(format!("{url}: {e}")))?;
+    let u = url::Url::parse(url).map_err(|e| UfsError::Config(format!("{}: {e}", redact(url))))?;
     let q: std::collections::HashMap<String, String> = u.query_pairs().into_owned().collect();
     base_store_for(url, &u, &q)
 }
@@ -120,7 +126,8 @@ struct Emulation {
 
 impl Emulation {
     fn parse(url: &str) -> Result<Emulation, UfsError> {
-        let u = url::Url::parse(url).map_err(|e| UfsError::Config(format!("{url}: {e}")))?;
+        let u =
+            url::Url::parse(url).map_err(|e| UfsError::Config(format!("{}: {e}", redact(url))))?;
         let mut e = Emulation::default();
         for (k, v) in u.query_pairs() {
             let num = || {
@@ -128,7 +135,10 @@ impl Emulation {
                     .ok()
                     .filter(|x| x.is_finite() && *x > 0.0)
                     .ok_or_else(|| {
-                        UfsError::Config(format!("{url}: {k}={v} is not a positive number"))
+                        UfsError::Config(format!(
+                            "{}: {k}={v} is not a positive number",
+                            redact(url)
+                        ))
                     })
             };
             match k.as_ref() {
@@ -151,31 +161,48 @@ impl Emulation {
     }
 }
 
+/// How long a cloud store may keep retrying a failed request (connection refused, 5xx) before
+/// the failure is answered. Clients wait 3 s for a node by default and take a node that does
+/// not answer in time for dead; a node whose store is down must say so before that.
+pub const STORE_RETRY_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+
+fn retry_config() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: std::time::Duration::from_millis(50),
+            max_backoff: std::time::Duration::from_millis(400),
+            base: 2.0,
+        },
+        max_retries: 5,
+        retry_timeout: STORE_RETRY_TIMEOUT,
+    }
+}
+
+fn client_options() -> object_store::ClientOptions {
+    object_store::ClientOptions::new().with_connect_timeout(std::time::Duration::from_secs(1))
+}
+
 fn base_store_for(
     url: &str,
     u: &url::Url,
     q: &std::collections::HashMap<String, String>,
 ) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    // Messages name the URL without its secrets.
+    let shown = redact(url);
+    let url = shown.as_str();
     match u.scheme() {
         "file" => {
-            let dir = u
-                .to_file_path()
-                .map_err(|_| UfsError::Config(format!("{url}: not a local path")))?;
-            if !dir.is_dir() {
-                return Err(UfsError::Config(format!(
-                    "{url}: {} is not a directory",
-                    dir.display()
-                )));
-            }
-            let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                .map_err(|e| UfsError::Store(url.into(), e))?;
+            let (fs, _) = open_local(url, u)?;
             Ok(Arc::new(fs))
         }
         "s3" => {
             let bucket = u
                 .host_str()
                 .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
-            let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(bucket);
+            let mut b = object_store::aws::AmazonS3Builder::new()
+                .with_client_options(client_options())
+                .with_retry(retry_config())
+                .with_bucket_name(bucket);
             b = b.with_region(q.get("region").map_or("us-east-1", String::as_str));
             if let Some(e) = q.get("endpoint") {
                 b = b
@@ -214,8 +241,10 @@ fn base_store_for(
             let bucket = u
                 .host_str()
                 .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
-            let mut b =
-                object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(bucket);
+            let mut b = object_store::gcp::GoogleCloudStorageBuilder::new()
+                .with_client_options(client_options())
+                .with_retry(retry_config())
+                .with_bucket_name(bucket);
             if let Some(e) = q.get("endpoint") {
                 b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
             }
@@ -257,6 +286,8 @@ fn base_store_for(
                     ))
                 })?;
             let mut b = object_store::azure::MicrosoftAzureBuilder::new()
+                .with_client_options(client_options())
+                .with_retry(retry_config())
                 .with_account(account)
                 .with_container_name(container);
             if let Some(e) = q.get("endpoint") {
@@ -292,6 +323,73 @@ fn base_store_for(
     }
 }
 
+/// Opens the directory of a `file://` URL as a [`LocalStore`]; also returns the directory's
+/// real path (symlinks resolved, taken from the opened descriptor itself).
+fn open_local(url: &str, u: &url::Url) -> Result<(LocalStore, PathBuf), UfsError> {
+    let dir = u
+        .to_file_path()
+        .map_err(|_| UfsError::Config(format!("{}: not a local path", redact(url))))?;
+    if !dir.is_dir() {
+        return Err(UfsError::Config(format!(
+            "{}: {} is not a directory",
+            redact(url),
+            dir.display()
+        )));
+    }
+    let fs = LocalStore::new(&dir)
+        .map_err(|e| UfsError::Config(format!("{}: cannot open it: {e}", redact(url))))?;
+    let real = fs
+        .real_path()
+        .or_else(|_| dir.canonicalize())
+        .map_err(|e| UfsError::Config(format!("{}: {e}", redact(url))))?;
+    Ok((fs, real))
+}
+
+/// The local directory a `file://` URL names (`None` for other URLs).
+pub fn local_dir(url: &str) -> Option<PathBuf> {
+    let u = url::Url::parse(url).ok()?;
+    (u.scheme() == "file").then(|| u.to_file_path().ok())?
+}
+
+/// The local directories a node may serve `file://` mounts from (`pagestored
+/// --allow-file-root`). A `file://` mount whose directory (symlinks resolved) is not one of them
+/// or beneath one is refused, wherever the mount comes from (flags, config, etcd).
+#[derive(Clone, Debug, Default)]
+pub struct FileRoots {
+    roots: Vec<PathBuf>,
+}
+
+impl FileRoots {
+    /// The allow-list of `dirs` (each resolved to its real path now; a missing one is an
+    /// error naming it).
+    pub fn new<P: AsRef<std::path::Path>>(dirs: &[P]) -> Result<FileRoots, UfsError> {
+        let mut roots = Vec::new();
+        for d in dirs {
+            let d = d.as_ref();
+            let real = d
+                .canonicalize()
+                .map_err(|e| UfsError::Config(format!("--allow-file-root {}: {e}", d.display())))?;
+            if !real.is_dir() {
+                return Err(UfsError::Config(format!(
+                    "--allow-file-root {}: not a directory",
+                    d.display()
+                )));
+            }
+            roots.push(real);
+        }
+        Ok(FileRoots { roots })
+    }
+
+    /// The allowed roots (real paths).
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    fn allows(&self, real: &std::path::Path) -> bool {
+        self.roots.iter().any(|r| real.starts_with(r))
+    }
+}
+
 /// Checks that `path` is an acceptable logical path: absolute, without `.` or `..` segments or
 /// NUL bytes.
 pub fn check_path(path: &str) -> Result<(), UfsError> {
@@ -321,23 +419,120 @@ fn version_of(meta: &object_store::ObjectMeta) -> String {
 }
 
 impl MountTable {
-    /// Builds the table from `(logical prefix, URL)` pairs.
+    /// Builds the table from `(logical prefix, URL)` pairs. `file://` mounts may name any
+    /// local directory: this is for clients and tools that run with their user's own rights. A
+    /// node uses [`MountTable::new_confined`].
     pub fn new(mounts: &[(String, String)]) -> Result<MountTable, UfsError> {
+        Self::build(mounts, None)
+    }
+
+    /// Builds the table like [`MountTable::new`], but a `file://` mount whose directory (with
+    /// symlinks resolved) is not beneath one of `roots` is a [`UfsError::Config`] error.
+    pub fn new_confined(
+        mounts: &[(String, String)],
+        roots: &FileRoots,
+    ) -> Result<MountTable, UfsError> {
+        Self::build(mounts, Some(roots))
+    }
+
+    /// A table for reading around the cluster (a client's fallback): the mounts that open here
+    /// are served; paths under those that do not (a store whose credentials this client lacks)
+    /// are [`UfsError::Config`] errors that say why, not "not found".
+    pub fn new_partial(mounts: &[(String, String)]) -> MountTable {
+        let mut ok = Vec::new();
+        let mut unavailable = Vec::new();
+        for pair in mounts {
+            match Self::build(std::slice::from_ref(pair), None) {
+                Ok(_) => ok.push(pair.clone()),
+                Err(e) => {
+                    let prefix = pair.0.trim_end_matches('/').to_string();
+                    tracing::warn!(mount = %prefix, error = %e, "this mount is not readable here");
+                    unavailable.push((prefix, e.to_string()));
+                }
+            }
+        }
+        let mut t = Self::build(&ok, None).unwrap_or(MountTable {
+            mounts: Vec::new(),
+            unavailable: Vec::new(),
+        });
+        unavailable.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        t.unavailable = unavailable;
+        t
+    }
+
+    fn build(
+        mounts: &[(String, String)],
+        roots: Option<&FileRoots>,
+    ) -> Result<MountTable, UfsError> {
         let mut out = Vec::new();
         for (prefix, url) in mounts {
             let prefix = prefix.trim_end_matches('/').to_string();
             if out.iter().any(|m: &Mount| m.prefix == prefix) {
                 return Err(UfsError::Config(format!("{prefix}/ is mounted twice")));
             }
+            let u = url::Url::parse(url)
+                .map_err(|e| UfsError::Config(format!("{}: {e}", redact(url))))?;
+            let (store, local): (Arc<dyn ObjectStore>, _) = if u.scheme() == "file" {
+                let (fs, real) = open_local(url, &u)?;
+                if let Some(roots) = roots {
+                    if !roots.allows(&real) {
+                        return Err(UfsError::Config(format!(
+                            "{prefix}/ = {}: {} is not beneath a directory this node allows \
+                             for file:// mounts (--allow-file-root, allow_file_roots)",
+                            redact(url),
+                            real.display()
+                        )));
+                    }
+                }
+                let fs = Arc::new(fs);
+                (fs.clone(), Some(fs))
+            } else {
+                (store_for(url)?, None)
+            };
             out.push(Mount {
                 prefix,
                 url: url.clone(),
-                store: store_for(url)?,
+                store,
+                local,
                 emulate: Emulation::parse(url)?,
             });
         }
         out.sort_by_key(|m| std::cmp::Reverse(m.prefix.len()));
-        Ok(MountTable { mounts: out })
+        Ok(MountTable {
+            mounts: out,
+            unavailable: Vec::new(),
+        })
+    }
+
+    /// Mode bits, owner and group of what `path` names, where its mount is a local directory
+    /// (`file://`) and it is a regular file or a directory there. `Ok(None)`: the mount is not
+    /// local (its store has no file modes), or nothing is there.
+    pub fn local_attributes(&self, path: &str) -> Result<Option<(u32, u32, u32)>, UfsError> {
+        let (m, p) = self.resolve(path)?;
+        match &m.local {
+            None => Ok(None),
+            Some(fs) => fs
+                .attributes(&p)
+                .map_err(|e| UfsError::Config(format!("{path}: {e}"))),
+        }
+    }
+
+    /// Prefixes of the mounts this table could not open (see [`MountTable::new_partial`]).
+    pub fn unavailable_prefixes(&self) -> impl Iterator<Item = &str> {
+        self.unavailable.iter().map(|(p, _)| p.as_str())
+    }
+
+    /// Whether `path` falls under a `file://` mount of this table.
+    pub fn is_local(&self, path: &str) -> bool {
+        self.resolve(path).is_ok_and(|(m, _)| m.local.is_some())
+    }
+
+    /// Every mount prefix, opened here or not.
+    fn prefixes(&self) -> impl Iterator<Item = &str> {
+        self.mounts
+            .iter()
+            .map(|m| m.prefix.as_str())
+            .chain(self.unavailable.iter().map(|(p, _)| p.as_str()))
     }
 
     /// The mounts, as `(logical prefix, URL)`.
@@ -349,6 +544,25 @@ impl MountTable {
 
     fn resolve(&self, path: &str) -> Result<(&Mount, StorePath), UfsError> {
         check_path(path)?;
+        let under = |prefix: &str| {
+            prefix.is_empty()
+                || path
+                    .strip_prefix(prefix)
+                    .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+        };
+        // A mount that could not be opened here hides the shorter mounts above it.
+        let best = self
+            .mounts
+            .iter()
+            .find(|m| under(&m.prefix))
+            .map(|m| m.prefix.len());
+        for (prefix, why) in &self.unavailable {
+            if under(prefix) && best.is_none_or(|b| prefix.len() > b) {
+                return Err(UfsError::Config(format!(
+                    "{path}: the mount {prefix}/ cannot be read from here ({why})"
+                )));
+            }
+        }
         for m in &self.mounts {
             let rest = if m.prefix.is_empty() {
                 Some(path)
@@ -396,21 +610,25 @@ impl MountTable {
             range: Some(GetRange::Bounded(range.start..end)),
             ..Default::default()
         };
+        let changed = || UfsError::Changed {
+            path: info.path.clone(),
+            expected: info.version.clone(),
+        };
         let got = m.store.get_opts(&p, opts).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => UfsError::NotFound(info.path.clone()),
+            // The local store found the file rewritten while it read it.
+            object_store::Error::Precondition { .. } => changed(),
             e => UfsError::Store(info.path.clone(), e),
         })?;
         // The version is checked against what was actually read (not every store honours
         // conditional reads the same way).
         if version_of(&got.meta) != info.version || got.meta.size != info.size {
-            return Err(UfsError::Changed {
-                path: info.path.clone(),
-                expected: info.version.clone(),
-            });
+            return Err(changed());
         }
-        got.bytes()
-            .await
-            .map_err(|e| UfsError::Store(info.path.clone(), e))
+        got.bytes().await.map_err(|e| match e {
+            object_store::Error::Precondition { .. } => changed(),
+            e => UfsError::Store(info.path.clone(), e),
+        })
     }
 
     /// Writes `data` as the object at `path` (replacing it), in one request.
@@ -451,12 +669,12 @@ impl MountTable {
         let dir = if dir.is_empty() { "/" } else { dir };
         let mut out = Vec::new();
         // Mount points below this directory show as directories.
-        for m in &self.mounts {
-            let parent = m.prefix.rsplit_once('/').map_or("", |(p, _)| p);
+        for prefix in self.prefixes() {
+            let parent = prefix.rsplit_once('/').map_or("", |(p, _)| p);
             let parent = if parent.is_empty() { "/" } else { parent };
-            if !m.prefix.is_empty() && parent == dir {
+            if !prefix.is_empty() && parent == dir {
                 out.push(Entry::Dir(
-                    m.prefix.rsplit('/').next().unwrap_or_default().to_string(),
+                    prefix.rsplit('/').next().unwrap_or_default().to_string(),
                 ));
             }
         }
@@ -496,10 +714,9 @@ impl MountTable {
         let trimmed = path.trim_end_matches('/');
         let dir = if trimmed.is_empty() { "/" } else { trimmed };
         // Mount points and their parents are directories.
-        let at_or_above = |m: &Mount| {
-            m.prefix == dir || m.prefix.starts_with(dir) && m.prefix[dir.len()..].starts_with('/')
-        };
-        if dir == "/" || self.mounts.iter().any(at_or_above) {
+        let at_or_above =
+            |p: &str| p == dir || p.starts_with(dir) && p[dir.len()..].starts_with('/');
+        if dir == "/" || self.prefixes().any(at_or_above) {
             return Ok(PathKind::Dir);
         }
         match self.stat(dir).await {
@@ -578,10 +795,32 @@ impl MountTable {
     }
 }
 
-/// `url` without secrets: query parameters that carry credentials are dropped.
+/// Removes the user information (`user:password@`) of every URL in `text` (error messages
+/// of stores and HTTP clients may quote an endpoint with it).
+pub fn scrub(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        out.push_str(&rest[..i + 3]);
+        rest = &rest[i + 3..];
+        // The authority ends at the first of these; userinfo is what precedes its last '@'.
+        let end = rest
+            .find(|c: char| matches!(c, '/' | '?' | '#' | ' ' | ')' | '"' | '\'' | '>' | ','))
+            .unwrap_or(rest.len());
+        if let Some(at) = rest[..end].rfind('@') {
+            rest = &rest[at + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `url` without secrets: query parameters that carry credentials are dropped, and user
+/// information (`user:password@`) is removed from the URL and from URLs in its parameters
+/// (`endpoint=http://user:pass@host`).
 pub fn redact(url: &str) -> String {
     let Ok(mut u) = url::Url::parse(url) else {
-        return url.split('?').next().unwrap_or_default().to_string();
+        return scrub(url.split('?').next().unwrap_or_default());
     };
     let kept: Vec<(String, String)> = u
         .query_pairs()
@@ -597,7 +836,7 @@ pub fn redact(url: &str) -> String {
                     | "service_account_key"
             )
         })
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .map(|(k, v)| (k.into_owned(), scrub(&v)))
         .collect();
     if kept.is_empty() {
         u.set_query(None);
@@ -605,7 +844,9 @@ pub fn redact(url: &str) -> String {
         u.query_pairs_mut().clear().extend_pairs(kept);
     }
     let _ = u.set_password(None);
-    u.to_string()
+    let _ = u.set_username("");
+    // Whatever the URL parser kept (a scheme it cannot edit), the text must not carry it.
+    scrub(u.as_str())
 }
 
 impl From<UfsError> for SourceError {

@@ -32,7 +32,10 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 use futures_util::future::{BoxFuture, FutureExt, Shared as SharedFuture};
-use pagestore_client::{ufs::ObjectInfo, Client, Error};
+use pagestore_client::{
+    ufs::{MountTable, ObjectInfo},
+    Client, Error,
+};
 use pagestore_net::frame::PathKind;
 use tracing::{debug, info, warn};
 
@@ -160,6 +163,8 @@ struct Shared {
     options: FsOptions,
     uid: u32,
     gid: u32,
+    /// The cluster's `file://` mounts opened on this machine, read for file modes only.
+    local: MountTable,
     time: SystemTime,
     blksize: u32,
     notifier: OnceLock<Notifier>,
@@ -350,6 +355,13 @@ impl PageFs {
         // SAFETY: getuid(2) and getgid(2) take no arguments and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let blksize = client.page_size().clamp(4096, 4 << 20);
+        let local: Vec<(String, String)> = client
+            .mounts()
+            .into_iter()
+            .filter(|m| m.url.starts_with("file:"))
+            .map(|m| (m.prefix, m.url))
+            .collect();
+        let local = MountTable::new_partial(&local);
         PageFs {
             shared: Arc::new(Shared {
                 client,
@@ -360,6 +372,7 @@ impl PageFs {
                 options,
                 uid,
                 gid,
+                local,
                 time: SystemTime::now(),
                 blksize,
                 notifier: OnceLock::new(),
@@ -376,6 +389,17 @@ impl PageFs {
 
     fn path(&self, ino: INodeNo) -> Option<Arc<str>> {
         lock(&self.shared.inodes).path(ino.0)
+    }
+
+    /// The cluster's `file://` mounts whose directories this machine does not have: pagefs
+    /// cannot report their files' modes, so it cannot let the kernel keep other users out of
+    /// files their modes forbid (see `--allow-other`).
+    pub fn mounts_without_modes(&self) -> Vec<String> {
+        self.shared
+            .local
+            .unavailable_prefixes()
+            .map(|p| format!("{p}/"))
+            .collect()
     }
 }
 
@@ -394,10 +418,33 @@ impl Shared {
         self.options.attr_ttl
     }
 
-    fn attr(&self, ino: u64, kind: Kind) -> FileAttr {
-        let (kind, perm, size, nlink) = match kind {
-            Kind::Dir => (FileType::Directory, 0o555, 0, 2),
-            Kind::File(size) => (FileType::RegularFile, 0o444, size, 1),
+    /// Mode bits, owner and group of `path`. Under a `file://` mount: the local file's (write
+    /// and special bits removed: the mount is read-only), or no access at all (mode 0, root's)
+    /// when the file cannot be examined here. Elsewhere (object stores have no per-user
+    /// modes): readable by everyone who may use the mount, owned by the mounting user.
+    fn perm(&self, path: Option<&str>, kind: Kind) -> (u16, u32, u32) {
+        let open = match kind {
+            Kind::Dir => 0o555,
+            Kind::File(_) => 0o444,
+        };
+        let Some(path) = path.filter(|p| self.local.is_local(p)) else {
+            return (open, self.uid, self.gid);
+        };
+        match self.local.local_attributes(path) {
+            Ok(Some((mode, uid, gid))) => ((mode & 0o555) as u16, uid, gid),
+            Ok(None) => (0, 0, 0),
+            Err(e) => {
+                debug!("mode of {path}: {e}");
+                (0, 0, 0)
+            }
+        }
+    }
+
+    fn attr(&self, ino: u64, path: Option<&str>, kind: Kind) -> FileAttr {
+        let (perm, uid, gid) = self.perm(path, kind);
+        let (kind, size, nlink) = match kind {
+            Kind::Dir => (FileType::Directory, 0, 2),
+            Kind::File(size) => (FileType::RegularFile, size, 1),
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -410,8 +457,8 @@ impl Shared {
             kind,
             perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: 0,
             blksize: self.blksize,
             flags: 0,
@@ -489,14 +536,23 @@ impl Filesystem for PageFs {
         let sh = self.shared.clone();
         let known = lock(&sh.inodes).by_path.get(path.as_str()).copied();
         if let Some((ino, (kind, left))) = known.and_then(|i| Some((i, sh.fresh(i)?))) {
-            return reply.entry(&left, &sh.attr(ino, kind), Generation(0));
+            return reply.entry(
+                &left,
+                &sh.attr(ino, Some(path.as_str()), kind),
+                Generation(0),
+            );
         }
         self.rt.spawn(async move {
             match sh.stat(&path).await {
-                Ok((ino, kind)) => reply.entry(&sh.ttl(), &sh.attr(ino, kind), Generation(0)),
-                // A negative entry: the kernel remembers the miss for the TTL.
+                Ok((ino, kind)) => reply.entry(
+                    &sh.ttl(),
+                    &sh.attr(ino, Some(path.as_str()), kind),
+                    Generation(0),
+                ),
+                // A negative entry: the kernel remembers the miss for the TTL. Only a definite
+                // "no such object" is cached; a store that cannot answer is EIO, asked again.
                 Err(Error::NotFound(_)) => {
-                    reply.entry(&sh.ttl(), &sh.attr(0, Kind::File(0)), Generation(0))
+                    reply.entry(&sh.ttl(), &sh.attr(0, None, Kind::File(0)), Generation(0))
                 }
                 Err(e) => reply.error(errno("lookup", &path, &e)),
             }
@@ -506,21 +562,25 @@ impl Filesystem for PageFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let sh = self.shared.clone();
         if ino == INodeNo::ROOT {
-            return reply.attr(&sh.ttl(), &sh.attr(1, Kind::Dir));
+            return reply.attr(&sh.ttl(), &sh.attr(1, Some("/"), Kind::Dir));
         }
         // An open handle answers for the version it pinned.
         if let Some(file) = fh.and_then(|fh| lock(&sh.files).get(&fh.0).cloned()) {
-            return reply.attr(&sh.ttl(), &sh.attr(ino.0, Kind::File(file.info.size)));
-        }
-        if let Some((kind, left)) = sh.fresh(ino.0) {
-            return reply.attr(&left, &sh.attr(ino.0, kind));
+            let kind = Kind::File(file.info.size);
+            return reply.attr(
+                &sh.ttl(),
+                &sh.attr(ino.0, Some(file.info.path.as_str()), kind),
+            );
         }
         let Some(path) = self.path(ino) else {
             return reply.error(Errno::ENOENT);
         };
+        if let Some((kind, left)) = sh.fresh(ino.0) {
+            return reply.attr(&left, &sh.attr(ino.0, Some(&*path), kind));
+        }
         self.rt.spawn(async move {
             match sh.stat(&path).await {
-                Ok((_, kind)) => reply.attr(&sh.ttl(), &sh.attr(ino.0, kind)),
+                Ok((_, kind)) => reply.attr(&sh.ttl(), &sh.attr(ino.0, Some(&*path), kind)),
                 Err(e) => reply.error(errno("getattr", &path, &e)),
             }
         });

@@ -44,6 +44,9 @@ fn etcd_cluster(mode: &str, started: usize) -> (EtcdServer, Cluster, Files) {
         .iter()
         .map(|a| a.to_string())
         .collect();
+    // Mounts set in etcd later may name any directory of the test (and nothing else).
+    s.extra.push("--allow-file-root".into());
+    s.extra.push(dir.path().display().to_string());
     (etcd, Cluster::start(dir, s), files)
 }
 
@@ -318,6 +321,18 @@ async fn the_mount_table_lives_in_etcd() {
         }
     }
     assert_eq!(got, b"from the second mount");
+    // A mount outside the nodes' allowed roots is written to etcd but served by no node.
+    let out = c.pagectl(&["mount", "set", "/etc", "file:///etc"]);
+    assert!(out.status.success(), "{out:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        client.read("/etc/passwd", 0..100).await.is_err(),
+        "a node served a file:// mount outside --allow-file-root"
+    );
+    assert_eq!(
+        &client.read("/more/x", 0..100).await.unwrap()[..],
+        b"from the second mount"
+    );
     let out = c.pagectl(&["mount", "rm", "/nope"]);
     assert!(!out.status.success());
     let out = c.pagectl(&["mount", "set", "relative", &url]);

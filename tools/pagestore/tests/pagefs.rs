@@ -460,3 +460,60 @@ fn bad_mount_points_are_refused_with_a_reason() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage: pagefs MOUNTPOINT"));
 }
+
+/// `cat PATH` as the unprivileged user `nobody` (uid and gid 65534, no other groups).
+fn cat_as_nobody(p: &Path) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "cat",
+        ])
+        .arg(p)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn allow_other_lets_other_users_read_only_what_the_file_modes_allow() {
+    let mut files = BTreeMap::new();
+    files.insert("/data/open.txt".to_string(), b"for everyone".to_vec());
+    files.insert("/data/secret.txt".to_string(), b"TOP-SECRET".to_vec());
+    files.insert("/data/private/inner.txt".to_string(), b"PRIVATE".to_vec());
+    let c = cluster_with(&files);
+    let data = c.dir.path().join("data");
+    let mode = |p: &str, m: u32| {
+        std::fs::set_permissions(data.join(p), std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    mode("open.txt", 0o644);
+    mode("secret.txt", 0o000);
+    mode("private", 0o700);
+    mode("private/inner.txt", 0o644);
+    let m = Mount::start(&c, &["--allow-other", "--attr-ttl", "0"]);
+    // Another user reads what the modes allow, and nothing else.
+    let out = cat_as_nobody(&m.path("/data/open.txt"));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"for everyone");
+    for p in ["/data/secret.txt", "/data/private/inner.txt"] {
+        let out = cat_as_nobody(&m.path(p));
+        assert!(!out.status.success(), "nobody read {p}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{out:?}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    // The modes and owners shown are the files' own (without write bits: the mount is
+    // read-only).
+    let md = std::fs::metadata(m.path("/data/secret.txt")).unwrap();
+    assert_eq!(md.permissions().mode() & 0o7777, 0);
+    let md = std::fs::metadata(m.path("/data/open.txt")).unwrap();
+    assert_eq!(md.permissions().mode() & 0o7777, 0o444);
+    // Root, who may read the files locally, still can.
+    assert_eq!(
+        std::fs::read(m.path("/data/secret.txt")).unwrap(),
+        b"TOP-SECRET"
+    );
+}

@@ -41,7 +41,10 @@ options:
                           2 to 16)
   --readahead SIZE        kernel read-ahead window of the mount (default the larger of 8M and
                           two pages; 0 keeps the kernel's default)
-  --allow-other           let users other than the one mounting read the files";
+  --allow-other           let users other than the one mounting read the files (the
+                          kernel enforces the modes shown: a file:// mount's files keep
+                          their own modes and owners; refused if a file:// mount's
+                          directory is not on this machine)";
 
 fn main() {
     init_logging();
@@ -195,6 +198,18 @@ fn real_main() -> Result<(), String> {
             ..FsOptions::default()
         },
     );
+    if s.allow_other {
+        let blind = fs.mounts_without_modes();
+        if !blind.is_empty() {
+            return Err(format!(
+                "--allow-other: the cluster's file:// mounts {} are not directories on this \
+                 machine, so pagefs cannot report their files' modes and the kernel could not \
+                 keep other users out of files they may not read; mount without --allow-other, \
+                 or run pagefs on the machine that has these directories",
+                blind.join(", ")
+            ));
+        }
+    }
     // Signals are caught from here on, so one that comes during the mount still unmounts.
     let (mut term, mut int) = {
         let _rt = runtime.enter();

@@ -14,7 +14,7 @@ use std::{
 
 use pagestore_client::{
     etcd::{self, ClusterState, Etcd, MemberRecord, RingMode},
-    ufs::{parse_mount, MountTable, UfsSource},
+    ufs::{parse_mount, FileRoots, MountTable, UfsSource},
 };
 use pagestore_engine::EngineConfig;
 use pagestore_net::{
@@ -47,6 +47,9 @@ flags win over the file):
   --shards N             engine shards (default: one per CPU)
   --mount /LOGICAL=URL   a mount, repeatable (default /data=file://$PAGESTORE_HOME/data);
                          URL: file:///dir or s3://bucket/prefix?endpoint=..&region=..
+  --allow-file-root DIR  file:// mounts (from flags, config or etcd) must lie beneath one of
+                         these directories, repeatable (default: the directories of this
+                         node's own file:// mounts)
   --listen IP:PORT       QUIC base address; shard i uses port+i (default 127.0.0.1:7400)
   --members FILE         static member list (default: this node alone)
   --etcd URL             membership and mounts in etcd instead:
@@ -81,6 +84,7 @@ struct Config {
     page_size: u32,
     shards: usize,
     mounts: Vec<(String, String)>,
+    file_roots: FileRoots,
     listen: SocketAddr,
     members: Option<PathBuf>,
     etcd: Option<String>,
@@ -110,6 +114,7 @@ struct FileConfig {
     shards: Option<u64>,
     policy: Option<String>,
     mounts: Option<std::collections::BTreeMap<String, String>>,
+    allow_file_roots: Option<Vec<String>>,
     listen: Option<String>,
     members: Option<String>,
     etcd: Option<String>,
@@ -150,6 +155,11 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     if !on_cli("--mount") {
         for (prefix, url) in f.mounts.unwrap_or_default() {
             push("--mount", format!("{prefix}={url}"));
+        }
+    }
+    if !on_cli("--allow-file-root") {
+        for d in f.allow_file_roots.unwrap_or_default() {
+            push("--allow-file-root", d);
         }
     }
     if let Some(v) = &f.cache_size {
@@ -226,6 +236,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         page_size: 4 << 20,
         shards: 0,
         mounts: Vec::new(),
+        file_roots: FileRoots::default(),
         listen: DEFAULT_LISTEN.parse().map_err(|e| format!("{e}"))?,
         members: None,
         etcd: None,
@@ -244,6 +255,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         rules: Arc::default(),
     };
     let mut rules = Vec::new();
+    let mut file_roots: Vec<PathBuf> = Vec::new();
     let mut node_id_cmd = false;
     while let Some(arg) = args.next() {
         match flag(&arg) {
@@ -258,6 +270,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
             "--mount" => c
                 .mounts
                 .push(parse_mount(&args.value(&arg)?).map_err(|e| e.to_string())?),
+            "--allow-file-root" => file_roots.push(args.value(&arg)?.into()),
             "--listen" => c.listen = args.parsed(&arg)?,
             "--members" => c.members = Some(args.value(&arg)?.into()),
             "--etcd" => {
@@ -354,6 +367,19 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         c.mounts
             .push(("/data".to_string(), format!("file://{}", data.display())));
     }
+    c.file_roots = if file_roots.is_empty() {
+        // By default, the directories of this node's own file:// mounts (those that exist; a
+        // missing one fails with its mount).
+        let own: Vec<PathBuf> = c
+            .mounts
+            .iter()
+            .filter_map(|(_, u)| pagestore_client::ufs::local_dir(u))
+            .filter(|d| d.is_dir())
+            .collect();
+        FileRoots::new(&own).map_err(|e| e.to_string())?
+    } else {
+        FileRoots::new(&file_roots).map_err(|e| e.to_string())?
+    };
     Ok(Some(c))
 }
 
@@ -488,7 +514,7 @@ fn run(mut c: Config) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mounts = {
         let _guard = runtime.enter();
-        MountTable::new(&c.mounts).map_err(|e| e.to_string())?
+        MountTable::new_confined(&c.mounts, &c.file_roots).map_err(|e| e.to_string())?
     };
     let source = Arc::new(UfsSource::new(Arc::new(mounts)));
     // Anonymous readers may read everything the mounts hold: by default only on a loopback
@@ -580,6 +606,7 @@ fn run(mut c: Config) -> Result<(), String> {
             true
         }));
         let (weak, admin, source) = (Arc::downgrade(&node), admin.clone(), source.clone());
+        let roots = c.file_roots.clone();
         background.push(runtime.spawn(async move {
             while rx.changed().await.is_ok() {
                 let Some(s) = rx.borrow_and_update().clone() else {
@@ -588,7 +615,7 @@ fn run(mut c: Config) -> Result<(), String> {
                 let Some(node) = weak.upgrade() else {
                     return;
                 };
-                apply_state(&node, &admin, &source, &s).await;
+                apply_state(&node, &admin, &source, &s, &roots).await;
             }
         }));
     }
@@ -729,6 +756,7 @@ async fn apply_state(
     admin: &pagestore_tools::admin::Admin,
     source: &UfsSource,
     s: &ClusterState,
+    roots: &FileRoots,
 ) {
     let nodes = s.ring_nodes();
     if nodes.is_empty() {
@@ -770,7 +798,7 @@ async fn apply_state(
         .map(|(p, u)| (p.to_string(), u.to_string()))
         .collect();
     if !s.mounts.is_empty() && s.mounts != now {
-        match MountTable::new(&s.mounts) {
+        match MountTable::new_confined(&s.mounts, roots) {
             Ok(t) => {
                 source.replace(Arc::new(t));
                 tracing::info!(

@@ -1,0 +1,873 @@
+//! `file://` mounts confined to their root directory.
+//!
+//! [`LocalStore`] is the object store behind every `file://` mount. It holds an open descriptor
+//! of the mount's root and resolves every object path *beneath* it:
+//!
+//! - Opens go through `openat2(root, rel, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//!   RESOLVE_NO_MAGICLINKS)` with `O_NOFOLLOW`. Where the kernel has no `openat2` (ENOSYS, or a
+//!   seccomp filter answering EPERM), the path is walked one component at a time with
+//!   `openat(dir, name, O_NOFOLLOW)`, which gives the same guarantee: a component is a single
+//!   name (never `.`, `..` or empty), and a symlink anywhere is refused.
+//! - Symlinks are not followed and not listed; other non-regular files (FIFOs, devices,
+//!   sockets) are not objects either. An object path that crosses one is "not found".
+//! - Writes go to a temporary file in the verified parent directory, which is then renamed
+//!   (`renameat`) over the target inside that same directory. Parent directories are created
+//!   one component at a time, each opened with `O_NOFOLLOW | O_DIRECTORY`.
+//! - Deletes `unlinkat` the name in the verified parent directory, and only if it names a
+//!   regular file.
+//! - Version tags (the e-tag) are `inode-mtime_ns-ctime_ns-size` (hex) from `fstat` of the
+//!   opened file. A read reports the tag of the descriptor it reads and checks the tag again
+//!   after reading: a file rewritten in place during the read is a
+//!   [`object_store::Error::Precondition`], never a mix of two versions. The ctime cannot be
+//!   set by a process, so a rewrite that restores size and mtime still changes the tag.
+//!
+//! Errors and `Display`/`Debug` name object paths relative to the root, never the root itself.
+//! The blocking system calls run on tokio's blocking pool.
+
+use std::{
+    ffi::{CStr, CString},
+    fs::File,
+    io::{self, Write},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::{FileExt, MetadataExt},
+    },
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::{stream::BoxStream, StreamExt};
+use object_store::{
+    path::{Path, PathPart},
+    CopyMode, CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload,
+    ObjectMeta, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    Result, UploadPart,
+};
+
+const STORE: &str = "LocalStore";
+
+/// Prefix of the temporary files writes use (hidden from listings).
+const TMP_PREFIX: &str = ".pagestore-tmp.";
+
+/// Bytes read per blocking call when streaming a large range.
+const CHUNK: u64 = 8 << 20;
+
+/// Set once `openat2` turned out to be missing; then every open walks.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A local directory as an object store that never leaves that directory (see the module
+/// documentation).
+pub struct LocalStore {
+    root: Arc<OwnedFd>,
+}
+
+impl std::fmt::Display for LocalStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LocalStore")
+    }
+}
+
+impl std::fmt::Debug for LocalStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LocalStore {{ .. }}")
+    }
+}
+
+/// `open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+fn cstr(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn fd_result(fd: libc::c_long) -> io::Result<OwnedFd> {
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor to us, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// openat(2) of one name in `dir`, never following a symlink in the last component.
+fn openat_one(dir: &OwnedFd, name: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    // SAFETY: `dir` is an open descriptor for the duration of the call and `c` a NUL-terminated
+    // string that outlives it.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    fd_result(fd as libc::c_long)
+}
+
+/// The components of a relative object path, each a single acceptable name.
+fn components(rel: &str) -> io::Result<Vec<&str>> {
+    if rel.is_empty() {
+        return Ok(Vec::new());
+    }
+    let parts: Vec<&str> = rel.split('/').collect();
+    let bad = |p: &&str| p.is_empty() || *p == "." || *p == ".." || p.contains('\0');
+    if parts.iter().any(bad) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    Ok(parts)
+}
+
+/// Opens `rel` beneath `root` with `flags`, refusing symlinks in every component and any path
+/// that would leave `root`. `rel` empty opens the root itself.
+fn open_beneath(root: &OwnedFd, rel: &str, flags: i32) -> io::Result<OwnedFd> {
+    let parts = components(rel)?;
+    let rel = if parts.is_empty() { "." } else { rel };
+    if !NO_OPENAT2.load(Ordering::Relaxed) {
+        let c = cstr(rel)?;
+        let how = OpenHow {
+            flags: (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
+            mode: 0,
+            resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        };
+        // SAFETY: openat2(2) reads `how` (a live `#[repr(C)]` open_how of the size passed) and
+        // the NUL-terminated path; `root` stays open for the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root.as_raw_fd(),
+                c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        match fd_result(fd) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
+                NO_OPENAT2.store(true, Ordering::Relaxed);
+            }
+            r => return r,
+        }
+    }
+    walk(root, &parts, flags)
+}
+
+/// The fallback of [`open_beneath`]: one `openat(O_NOFOLLOW)` per component.
+fn walk(root: &OwnedFd, parts: &[&str], flags: i32) -> io::Result<OwnedFd> {
+    let Some((last, dirs)) = parts.split_last() else {
+        return openat_one(root, ".", flags, 0);
+    };
+    let mut cur: Option<OwnedFd> = None;
+    for d in dirs {
+        let next = openat_one(
+            cur.as_ref().unwrap_or(root),
+            d,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )?;
+        cur = Some(next);
+    }
+    openat_one(cur.as_ref().unwrap_or(root), last, flags, 0)
+}
+
+/// Opens (creating where missing) the directory `parts` beneath `root`, one component at a
+/// time, never through a symlink.
+fn make_dirs(root: &OwnedFd, parts: &[&str]) -> io::Result<OwnedFd> {
+    let mut cur = openat_one(root, ".", libc::O_PATH | libc::O_DIRECTORY, 0)?;
+    for d in parts {
+        let flags = libc::O_PATH | libc::O_DIRECTORY;
+        let next = match openat_one(&cur, d, flags, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let c = cstr(d)?;
+                // SAFETY: `cur` is open and `c` NUL-terminated for the call.
+                let r = unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755) };
+                if r != 0 {
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EEXIST) {
+                        return Err(e);
+                    }
+                }
+                openat_one(&cur, d, flags, 0)?
+            }
+            r => r?,
+        };
+        cur = next;
+    }
+    Ok(cur)
+}
+
+/// lstat of one name in `dir` (never follows a symlink).
+fn stat_at(dir: &OwnedFd, name: &str) -> io::Result<libc::stat> {
+    let c = cstr(name)?;
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is open, `c` NUL-terminated and `st` a writable stat buffer for the call.
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn is_reg(mode: u32) -> bool {
+    mode & libc::S_IFMT == libc::S_IFREG
+}
+
+fn is_dir(mode: u32) -> bool {
+    mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// The names in the directory `dir` (an open directory descriptor), without `.` and `..`.
+fn read_names(dir: OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    use std::os::fd::IntoRawFd;
+    let raw = dir.into_raw_fd();
+    // SAFETY: `raw` is an open directory descriptor we own; fdopendir takes it over (closedir
+    // closes it), or fails and leaves it to us.
+    let d = unsafe { libc::fdopendir(raw) };
+    if d.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `raw` is still ours to close.
+        unsafe { libc::close(raw) };
+        return Err(e);
+    }
+    let mut out = Vec::new();
+    let result = loop {
+        // SAFETY: errno is thread-local; resetting it tells end-of-directory from an error.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: `d` is an open DIR stream until closedir below.
+        let ent = unsafe { libc::readdir64(d) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            break match e.raw_os_error() {
+                Some(0) | None => Ok(()),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated; it stays
+        // valid until the next readdir on `d`, and the bytes are copied before that.
+        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
+        if name != b"." && name != b".." {
+            out.push(name.to_vec());
+        }
+    };
+    // SAFETY: `d` came from fdopendir and is closed exactly once.
+    unsafe { libc::closedir(d) };
+    result.map(|_| out)
+}
+
+fn version_tag(st: &std::fs::Metadata) -> String {
+    let ns = |s: i64, n: i64| (s as i128) * 1_000_000_000 + n as i128;
+    format!(
+        "{:x}-{:x}-{:x}-{:x}",
+        st.ino(),
+        ns(st.mtime(), st.mtime_nsec()),
+        ns(st.ctime(), st.ctime_nsec()),
+        st.size()
+    )
+}
+
+fn meta_of(location: &Path, st: &std::fs::Metadata) -> ObjectMeta {
+    let last_modified =
+        chrono::DateTime::from_timestamp(st.mtime(), st.mtime_nsec().clamp(0, 999_999_999) as u32)
+            .unwrap_or_default();
+    ObjectMeta {
+        location: location.clone(),
+        last_modified,
+        size: st.size(),
+        e_tag: Some(version_tag(st)),
+        version: None,
+    }
+}
+
+fn meta_of_stat(location: Path, st: &libc::stat) -> ObjectMeta {
+    let ns = |s: i64, n: i64| (s as i128) * 1_000_000_000 + n as i128;
+    let last_modified = chrono::DateTime::from_timestamp(
+        st.st_mtime,
+        st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+    )
+    .unwrap_or_default();
+    ObjectMeta {
+        location,
+        last_modified,
+        size: st.st_size as u64,
+        e_tag: Some(format!(
+            "{:x}-{:x}-{:x}-{:x}",
+            st.st_ino,
+            ns(st.st_mtime, st.st_mtime_nsec),
+            ns(st.st_ctime, st.st_ctime_nsec),
+            st.st_size as u64
+        )),
+        version: None,
+    }
+}
+
+/// The object_store error for an I/O error at `path` (relative: no absolute path is named).
+fn to_error(path: &Path, e: io::Error) -> object_store::Error {
+    let p = path.to_string();
+    match e.raw_os_error() {
+        // A missing name, a file where a directory was needed, a symlink, or a path leaving the
+        // root: nothing there as far as this store goes.
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::EXDEV) => {
+            object_store::Error::NotFound {
+                path: p,
+                source: Box::new(e),
+            }
+        }
+        Some(libc::EACCES) | Some(libc::EPERM) => object_store::Error::PermissionDenied {
+            path: p,
+            source: Box::new(e),
+        },
+        Some(libc::EEXIST) => object_store::Error::AlreadyExists {
+            path: p,
+            source: Box::new(e),
+        },
+        _ => object_store::Error::Generic {
+            store: STORE,
+            source: format!("{p}: {e}").into(),
+        },
+    }
+}
+
+fn not_found(path: &Path, why: &str) -> object_store::Error {
+    object_store::Error::NotFound {
+        path: path.to_string(),
+        source: why.to_string().into(),
+    }
+}
+
+fn changed(path: &Path) -> object_store::Error {
+    object_store::Error::Precondition {
+        path: path.to_string(),
+        source: "the file changed while it was read".into(),
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| object_store::Error::Generic {
+            store: STORE,
+            source: Box::new(e),
+        })?
+}
+
+/// Splits `rel` into its parent components and last name (`None` for the root).
+fn split_parent(rel: &str) -> io::Result<Option<(Vec<&str>, &str)>> {
+    let mut parts = components(rel)?;
+    Ok(parts.pop().map(|last| (parts, last)))
+}
+
+fn tmp_name() -> String {
+    format!(
+        "{TMP_PREFIX}{}.{}",
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn unlink_at(dir: &OwnedFd, name: &str, flags: i32) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: `dir` is open and `c` NUL-terminated for the call.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Renames `from` to `to`, both in `dir`; with `no_replace`, an existing `to` is EEXIST.
+fn rename_in(dir: &OwnedFd, from: &str, to: &str, no_replace: bool) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    let flags = if no_replace {
+        libc::RENAME_NOREPLACE
+    } else {
+        0
+    };
+    // SAFETY: `dir` is open and both names NUL-terminated for the call.
+    let r = unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            f.as_ptr(),
+            dir.as_raw_fd(),
+            t.as_ptr(),
+            flags,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A temporary file in a verified directory, removed on drop unless it was renamed.
+struct TmpFile {
+    dir: Arc<OwnedFd>,
+    name: String,
+    file: Arc<File>,
+    done: bool,
+}
+
+impl TmpFile {
+    fn create(dir: Arc<OwnedFd>) -> io::Result<TmpFile> {
+        let name = tmp_name();
+        let fd = openat_one(
+            &dir,
+            &name,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            0o644,
+        )?;
+        Ok(TmpFile {
+            dir,
+            name,
+            file: Arc::new(File::from(fd)),
+            done: false,
+        })
+    }
+
+    /// Makes the data durable and renames the file to `target` in its directory; returns the
+    /// new object's metadata.
+    fn commit(mut self, location: &Path, target: &str, no_replace: bool) -> Result<ObjectMeta> {
+        self.file.sync_all().map_err(|e| to_error(location, e))?;
+        rename_in(&self.dir, &self.name, target, no_replace).map_err(|e| to_error(location, e))?;
+        self.done = true;
+        // The rename may change the ctime: the tag is taken afterwards.
+        let st = self.file.metadata().map_err(|e| to_error(location, e))?;
+        Ok(meta_of(location, &st))
+    }
+}
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = unlink_at(&self.dir, &self.name, 0);
+        }
+    }
+}
+
+/// The verified parent directory of `location` (created where missing) and the last name.
+fn parent_for_write(root: &OwnedFd, location: &Path) -> Result<(Arc<OwnedFd>, String)> {
+    let rel = location.as_ref();
+    let Some((dirs, name)) = split_parent(rel).map_err(|e| to_error(location, e))? else {
+        return Err(object_store::Error::Generic {
+            store: STORE,
+            source: "cannot write the root directory".into(),
+        });
+    };
+    let dir = make_dirs(root, &dirs).map_err(|e| to_error(location, e))?;
+    Ok((Arc::new(dir), name.to_string()))
+}
+
+fn put_result(meta: ObjectMeta) -> PutResult {
+    PutResult {
+        e_tag: meta.e_tag,
+        version: None,
+        extensions: Default::default(),
+    }
+}
+
+impl LocalStore {
+    /// A store over the directory `dir` (opened now; later renames of `dir` itself do not move
+    /// the store).
+    pub fn new(dir: &std::path::Path) -> io::Result<LocalStore> {
+        let c = CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `c` is NUL-terminated for the call.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        Ok(LocalStore {
+            root: Arc::new(fd_result(fd as libc::c_long)?),
+        })
+    }
+
+    /// The real path of the root directory (from the open descriptor, so it is the directory
+    /// this store serves even if a path component was swapped since).
+    pub fn real_path(&self) -> io::Result<std::path::PathBuf> {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.root.as_raw_fd()))
+    }
+
+    /// Mode, owner and group of the regular file or directory at `location`, without following
+    /// symlinks (`None`: nothing there, or something that is not an object or directory).
+    pub fn attributes(&self, location: &Path) -> io::Result<Option<(u32, u32, u32)>> {
+        match open_beneath(&self.root, location.as_ref(), libc::O_PATH) {
+            Ok(fd) => {
+                let st = File::from(fd).metadata()?;
+                let m = st.mode();
+                Ok((is_reg(m) || is_dir(m)).then_some((m & 0o7777, st.uid(), st.gid())))
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens the regular file at `location` for reading.
+    fn open_file(root: &OwnedFd, location: &Path) -> Result<(Arc<File>, ObjectMeta)> {
+        // O_NONBLOCK: opening a FIFO must not hang (it is refused below anyway).
+        let fd = open_beneath(root, location.as_ref(), libc::O_RDONLY | libc::O_NONBLOCK)
+            .map_err(|e| to_error(location, e))?;
+        let file = File::from(fd);
+        let st = file.metadata().map_err(|e| to_error(location, e))?;
+        if !st.is_file() {
+            return Err(not_found(location, "not a regular file"));
+        }
+        Ok((Arc::new(file), meta_of(location, &st)))
+    }
+
+    fn list_dir(root: &OwnedFd, prefix: &Path) -> Result<(Vec<Path>, Vec<ObjectMeta>)> {
+        let fd = match open_beneath(root, prefix.as_ref(), libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(fd) => fd,
+            // Nothing (or no directory, or a symlink) there: an empty listing.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
+                ) =>
+            {
+                return Ok((Vec::new(), Vec::new()))
+            }
+            Err(e) => return Err(to_error(prefix, e)),
+        };
+        let probe = fd.try_clone().map_err(|e| to_error(prefix, e))?;
+        let names = read_names(fd).map_err(|e| to_error(prefix, e))?;
+        let (mut dirs, mut files) = (Vec::new(), Vec::new());
+        for raw in names {
+            let Ok(name) = String::from_utf8(raw) else {
+                continue;
+            };
+            if name.starts_with(TMP_PREFIX) {
+                continue;
+            }
+            let Ok(part) = PathPart::parse(&name) else {
+                continue;
+            };
+            let st = match stat_at(&probe, &name) {
+                Ok(st) => st,
+                // Gone since the directory was read.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(to_error(prefix, e)),
+            };
+            let child = prefix.clone().join(part);
+            if is_dir(st.st_mode) {
+                dirs.push(child);
+            } else if is_reg(st.st_mode) {
+                files.push(meta_of_stat(child, &st));
+            }
+            // Symlinks and special files are not objects: not listed.
+        }
+        Ok((dirs, files))
+    }
+
+    fn list_all(root: &OwnedFd, prefix: &Path) -> Result<Vec<ObjectMeta>> {
+        let mut out = Vec::new();
+        let mut todo = vec![prefix.clone()];
+        while let Some(dir) = todo.pop() {
+            let (dirs, files) = Self::list_dir(root, &dir)?;
+            out.extend(files);
+            todo.extend(dirs);
+        }
+        Ok(out)
+    }
+}
+
+/// Reads `range` of `file` (whose metadata was `meta`), then checks that the file still has
+/// the version it had when opened.
+fn read_checked(
+    file: &File,
+    location: &Path,
+    meta: &ObjectMeta,
+    range: std::ops::Range<u64>,
+) -> Result<Bytes> {
+    let len = usize::try_from(range.end - range.start).map_err(|_| changed(location))?;
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match file.read_at(&mut buf[done..], range.start + done as u64) {
+            Ok(0) => return Err(changed(location)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(to_error(location, e)),
+        }
+    }
+    let st = file.metadata().map_err(|e| to_error(location, e))?;
+    if Some(version_tag(&st)) != meta.e_tag {
+        return Err(changed(location));
+    }
+    Ok(buf.into())
+}
+
+#[async_trait]
+impl ObjectStore for LocalStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let no_replace = match opts.mode {
+            PutMode::Overwrite => false,
+            PutMode::Create => true,
+            PutMode::Update(_) => {
+                return Err(object_store::Error::NotImplemented {
+                    operation: "put with PutMode::Update".into(),
+                    implementer: STORE.into(),
+                })
+            }
+        };
+        let (root, location) = (self.root.clone(), location.clone());
+        blocking(move || {
+            let (dir, name) = parent_for_write(&root, &location)?;
+            let tmp = TmpFile::create(dir).map_err(|e| to_error(&location, e))?;
+            for b in &payload {
+                (&*tmp.file)
+                    .write_all(b)
+                    .map_err(|e| to_error(&location, e))?;
+            }
+            tmp.commit(&location, &name, no_replace).map(put_result)
+        })
+        .await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        _opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        let (root, location) = (self.root.clone(), location.clone());
+        blocking(move || {
+            let (dir, name) = parent_for_write(&root, &location)?;
+            let tmp = TmpFile::create(dir).map_err(|e| to_error(&location, e))?;
+            Ok(Box::new(LocalUpload {
+                location,
+                name,
+                tmp: Some(tmp),
+                offset: 0,
+            }) as Box<dyn MultipartUpload>)
+        })
+        .await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        let (root, location) = (self.root.clone(), location.clone());
+        blocking(move || {
+            let (file, meta) = LocalStore::open_file(&root, &location)?;
+            options.check_preconditions(&meta)?;
+            let range = match &options.range {
+                Some(r) => r
+                    .as_range(meta.size)
+                    .map_err(|e| object_store::Error::Generic {
+                        store: STORE,
+                        source: Box::new(e),
+                    })?,
+                None => 0..meta.size,
+            };
+            let payload = if options.head {
+                futures_util::stream::empty().boxed()
+            } else if range.end - range.start <= CHUNK {
+                let b = read_checked(&file, &location, &meta, range.clone())?;
+                futures_util::stream::once(async move { Ok(b) }).boxed()
+            } else {
+                chunks(file, location.clone(), meta.clone(), range.clone())
+            };
+            Ok(GetResult {
+                payload: GetResultPayload::Stream(payload),
+                meta,
+                range,
+                attributes: Default::default(),
+                extensions: Default::default(),
+            })
+        })
+        .await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        let root = self.root.clone();
+        locations
+            .then(move |loc| {
+                let root = root.clone();
+                async move {
+                    let location = loc?;
+                    blocking(move || delete_one(&root, &location).map(|_| location)).await
+                }
+            })
+            .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        let (root, prefix) = (self.root.clone(), prefix.cloned().unwrap_or_default());
+        futures_util::stream::once(blocking(move || LocalStore::list_all(&root, &prefix)))
+            .map(|r| match r {
+                Ok(v) => futures_util::stream::iter(v.into_iter().map(Ok)).boxed(),
+                Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+            })
+            .flatten()
+            .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let (root, prefix) = (self.root.clone(), prefix.cloned().unwrap_or_default());
+        let (common_prefixes, objects) =
+            blocking(move || LocalStore::list_dir(&root, &prefix)).await?;
+        Ok(ListResult {
+            common_prefixes,
+            objects,
+            extensions: Default::default(),
+        })
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        let no_replace = matches!(options.mode, CopyMode::Create);
+        let (root, from, to) = (self.root.clone(), from.clone(), to.clone());
+        blocking(move || {
+            let (src, meta) = LocalStore::open_file(&root, &from)?;
+            let (dir, name) = parent_for_write(&root, &to)?;
+            let tmp = TmpFile::create(dir).map_err(|e| to_error(&to, e))?;
+            let copied = io::copy(&mut &*src, &mut &*tmp.file).map_err(|e| to_error(&from, e))?;
+            let st = src.metadata().map_err(|e| to_error(&from, e))?;
+            if copied != meta.size || Some(version_tag(&st)) != meta.e_tag {
+                return Err(changed(&from));
+            }
+            tmp.commit(&to, &name, no_replace).map(|_| ())
+        })
+        .await
+    }
+}
+
+fn delete_one(root: &OwnedFd, location: &Path) -> Result<()> {
+    let Some((dirs, name)) = split_parent(location.as_ref()).map_err(|e| to_error(location, e))?
+    else {
+        return Err(not_found(location, "the root is not an object"));
+    };
+    let dir = open_beneath(root, &dirs.join("/"), libc::O_PATH | libc::O_DIRECTORY)
+        .map_err(|e| to_error(location, e))?;
+    let st = stat_at(&dir, name).map_err(|e| to_error(location, e))?;
+    if !is_reg(st.st_mode) {
+        return Err(not_found(location, "not a regular file"));
+    }
+    unlink_at(&dir, name, 0).map_err(|e| to_error(location, e))
+}
+
+/// A large range, read `CHUNK` bytes per blocking call; the version is checked after every
+/// chunk.
+fn chunks(
+    file: Arc<File>,
+    location: Path,
+    meta: ObjectMeta,
+    range: std::ops::Range<u64>,
+) -> BoxStream<'static, Result<Bytes>> {
+    futures_util::stream::try_unfold(range.start, move |at| {
+        let (file, location, meta) = (file.clone(), location.clone(), meta.clone());
+        let end = range.end;
+        async move {
+            if at >= end {
+                return Ok(None);
+            }
+            let stop = (at + CHUNK).min(end);
+            let b = blocking(move || read_checked(&file, &location, &meta, at..stop)).await?;
+            Ok(Some((b, stop)))
+        }
+    })
+    .boxed()
+}
+
+/// A multipart write: parts go into a temporary file in the verified parent directory at the
+/// offsets they were handed in; `complete` renames it over the target.
+struct LocalUpload {
+    location: Path,
+    name: String,
+    tmp: Option<TmpFile>,
+    offset: u64,
+}
+
+impl std::fmt::Debug for LocalUpload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LocalUpload({})", self.location)
+    }
+}
+
+#[async_trait]
+impl MultipartUpload for LocalUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        let Some(tmp) = &self.tmp else {
+            return Box::pin(futures_util::future::ready(Err(
+                object_store::Error::Generic {
+                    store: STORE,
+                    source: "the upload is finished".into(),
+                },
+            )));
+        };
+        let (file, location, at) = (tmp.file.clone(), self.location.clone(), self.offset);
+        self.offset += data.content_length() as u64;
+        Box::pin(blocking(move || {
+            let mut off = at;
+            for b in &data {
+                file.write_all_at(b, off)
+                    .map_err(|e| to_error(&location, e))?;
+                off += b.len() as u64;
+            }
+            Ok(())
+        }))
+    }
+
+    async fn complete(&mut self) -> Result<PutResult> {
+        let tmp = self
+            .tmp
+            .take()
+            .ok_or_else(|| object_store::Error::Generic {
+                store: STORE,
+                source: "the upload is finished".into(),
+            })?;
+        let (location, name) = (self.location.clone(), self.name.clone());
+        blocking(move || tmp.commit(&location, &name, false).map(put_result)).await
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        if let Some(tmp) = self.tmp.take() {
+            blocking(move || {
+                drop(tmp);
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LocalUpload {
+    fn drop(&mut self) {
+        // An upload dropped without complete or abort leaves nothing behind.
+        self.tmp.take();
+    }
+}

@@ -1,0 +1,390 @@
+//! `file://` mounts never leave their root (real directories, real symlinks to a file and to a
+//! directory outside the root), file:// version tags that see an in-place rewrite which keeps
+//! size and mtime, the node's allow-list of local roots, credentials redaction, and mounts a
+//! client cannot open reported as unavailable rather than missing.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::{os::unix::fs::symlink, path::Path};
+
+use bytes::Bytes;
+use object_store::MultipartUpload;
+use pagestore_client::ufs::{
+    parse_mount, redact, scrub, Entry, FileRoots, MountTable, ObjectInfo, UfsError,
+};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `root/` (mounted at /data) next to `outside/` (never to be touched): `root` holds a real
+/// file, a real subdirectory, and symlinks to a secret file and to the outside directory,
+/// absolute and relative.
+struct Layout {
+    _d: tempfile::TempDir,
+    root: std::path::PathBuf,
+    outside: std::path::PathBuf,
+    table: MountTable,
+}
+
+fn layout() -> Layout {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    let outside = d.path().join("outside");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::create_dir_all(outside.join("inner")).unwrap();
+    std::fs::write(outside.join("secret.txt"), b"SECRET").unwrap();
+    std::fs::write(outside.join("inner/deep.txt"), b"DEEP").unwrap();
+    std::fs::write(root.join("ok.txt"), b"fine").unwrap();
+    std::fs::write(root.join("sub/ok2.txt"), b"fine too").unwrap();
+    symlink(outside.join("secret.txt"), root.join("link-file")).unwrap();
+    symlink(&outside, root.join("link-dir")).unwrap();
+    symlink("../outside/secret.txt", root.join("rel-link")).unwrap();
+    symlink("../outside", root.join("sub/rel-dir")).unwrap();
+    let table =
+        MountTable::new(&[parse_mount(&format!("/data=file://{}", root.display())).unwrap()])
+            .unwrap();
+    Layout {
+        _d: d,
+        root,
+        outside,
+        table,
+    }
+}
+
+/// Every path and byte of `dir`, recursively (symlinks as their targets' text).
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let ft = e.file_type().unwrap();
+            let name = p.strip_prefix(dir).unwrap().display().to_string();
+            if ft.is_dir() {
+                todo.push(p);
+                out.push((name, Vec::new()));
+            } else if ft.is_symlink() {
+                out.push((
+                    name,
+                    std::fs::read_link(&p).unwrap().into_os_string().into_vec(),
+                ));
+            } else {
+                out.push((name, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+use std::os::unix::ffi::OsStringExt;
+
+fn forged(path: &str, size: u64) -> ObjectInfo {
+    ObjectInfo {
+        path: path.to_string(),
+        size,
+        version: "anything".into(),
+        file_id: 1,
+    }
+}
+
+#[test]
+fn reads_heads_and_listings_never_follow_symlinks_out_of_the_root() {
+    let l = layout();
+    let before = snapshot(&l.outside);
+    let t = &l.table;
+    rt().block_on(async {
+        // The real files are served.
+        let ok = t.stat("/data/ok.txt").await.unwrap();
+        assert_eq!(&t.read(&ok, 0..100).await.unwrap()[..], b"fine");
+        let ok2 = t.stat("/data/sub/ok2.txt").await.unwrap();
+        assert_eq!(&t.read(&ok2, 0..100).await.unwrap()[..], b"fine too");
+        // A symlink to a file, absolute or relative, and any path through a symlinked
+        // directory: not found (head), and no bytes (read, even with a forged version).
+        for p in [
+            "/data/link-file",
+            "/data/rel-link",
+            "/data/link-dir/secret.txt",
+            "/data/link-dir/inner/deep.txt",
+            "/data/sub/rel-dir/secret.txt",
+        ] {
+            match t.stat(p).await {
+                Err(UfsError::NotFound(_)) => {}
+                other => panic!("stat {p}: {other:?}"),
+            }
+            match t.read(&forged(p, 6), 0..6).await {
+                Err(UfsError::NotFound(_)) => {}
+                other => panic!("read {p}: {other:?}"),
+            }
+            assert!(t.stat_path(p).await.is_err(), "stat_path {p}");
+        }
+        // A symlinked directory is not a directory here, and lists nothing.
+        for p in [
+            "/data/link-dir",
+            "/data/sub/rel-dir",
+            "/data/link-dir/inner",
+        ] {
+            assert!(t.stat_path(p).await.is_err(), "stat_path {p}");
+            assert_eq!(t.list(p).await.unwrap(), Vec::<Entry>::new(), "list {p}");
+        }
+        // Listings show the real entries only.
+        assert_eq!(
+            t.list("/data").await.unwrap(),
+            vec![Entry::Dir("sub".into()), Entry::File("ok.txt".into(), 4)]
+        );
+        assert_eq!(
+            t.list("/data/sub").await.unwrap(),
+            vec![Entry::File("ok2.txt".into(), 8)]
+        );
+    });
+    assert_eq!(
+        snapshot(&l.outside),
+        before,
+        "nothing outside the root changed"
+    );
+}
+
+#[test]
+fn writes_and_deletes_never_follow_symlinks_out_of_the_root() {
+    let l = layout();
+    let before = snapshot(&l.outside);
+    let t = &l.table;
+    rt().block_on(async {
+        // PUT into a symlinked directory (existing or new subdirectory below it): refused.
+        for p in [
+            "/data/link-dir/new.txt",
+            "/data/link-dir/secret.txt",
+            "/data/link-dir/made/deeper.txt",
+            "/data/sub/rel-dir/new.txt",
+        ] {
+            let r = t.put(p, Bytes::from_static(b"PWNED")).await;
+            assert!(r.is_err(), "put {p} accepted");
+            let r = t.put_multipart(p).await;
+            assert!(r.is_err(), "multipart put {p} accepted");
+        }
+        // DELETE through a symlinked directory, or of a symlink: refused.
+        for p in [
+            "/data/link-dir/secret.txt",
+            "/data/link-dir/inner/deep.txt",
+            "/data/sub/rel-dir/secret.txt",
+            "/data/link-file",
+        ] {
+            assert!(t.delete(p).await.is_err(), "delete {p} accepted");
+        }
+        // A PUT that names a symlink replaces the link itself (inside the root); the file it
+        // pointed to is untouched.
+        t.put("/data/rel-link", Bytes::from_static(b"replaced"))
+            .await
+            .unwrap();
+        let info = t.stat("/data/rel-link").await.unwrap();
+        assert_eq!(&t.read(&info, 0..100).await.unwrap()[..], b"replaced");
+        // Ordinary writes work: new directories, overwrite, multipart, delete.
+        t.put("/data/new/deep/x.bin", Bytes::from_static(b"one"))
+            .await
+            .unwrap();
+        t.put("/data/new/deep/x.bin", Bytes::from_static(b"two!"))
+            .await
+            .unwrap();
+        let x = t.stat("/data/new/deep/x.bin").await.unwrap();
+        assert_eq!(&t.read(&x, 0..10).await.unwrap()[..], b"two!");
+        let mut up = t.put_multipart("/data/new/multi.bin").await.unwrap();
+        let a = up.put_part(vec![1u8; 5 << 20].into());
+        let b = up.put_part(vec![2u8; 3].into());
+        a.await.unwrap();
+        b.await.unwrap();
+        up.complete().await.unwrap();
+        let m = t.stat("/data/new/multi.bin").await.unwrap();
+        assert_eq!(m.size, (5 << 20) + 3);
+        let got = t.read(&m, (5 << 20) - 2..(5 << 20) + 3).await.unwrap();
+        assert_eq!(&got[..], &[1, 1, 2, 2, 2]);
+        // A read of more than one chunk streams it whole.
+        assert_eq!(t.read(&m, 0..m.size).await.unwrap().len() as u64, m.size);
+        t.delete("/data/new/deep/x.bin").await.unwrap();
+        assert!(matches!(
+            t.stat("/data/new/deep/x.bin").await,
+            Err(UfsError::NotFound(_))
+        ));
+        // No temporary files are left or listed.
+        assert_eq!(
+            t.list("/data/new").await.unwrap(),
+            vec![
+                Entry::Dir("deep".into()),
+                Entry::File("multi.bin".into(), (5 << 20) + 3)
+            ]
+        );
+    });
+    assert_eq!(
+        snapshot(&l.outside),
+        before,
+        "nothing outside the root changed"
+    );
+    let leftovers: Vec<_> = snapshot(&l.root)
+        .into_iter()
+        .filter(|(n, _)| n.contains("pagestore-tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Sets the mtime of `p` back to `mtime`.
+fn set_mtime(p: &Path, mtime: std::time::SystemTime) {
+    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+    f.set_modified(mtime).unwrap();
+}
+
+#[test]
+fn an_in_place_rewrite_that_keeps_size_and_mtime_is_a_new_version() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("f.bin");
+    std::fs::write(&p, vec![1u8; 10_000]).unwrap();
+    let t = MountTable::new(&[parse_mount(&format!("/d=file://{}", d.path().display())).unwrap()])
+        .unwrap();
+    rt().block_on(async {
+        let old = t.stat("/d/f.bin").await.unwrap();
+        let mtime = std::fs::metadata(&p).unwrap().modified().unwrap();
+        // Rewrite in place (same inode, same size), then put the mtime back, as
+        // `rsync --inplace -t` or `cp -p` do.
+        {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.seek(std::io::SeekFrom::Start(0)).unwrap();
+            f.write_all(&[2u8; 10_000]).unwrap();
+        }
+        set_mtime(&p, mtime);
+        let md = std::fs::metadata(&p).unwrap();
+        assert_eq!((md.len(), md.modified().unwrap()), (10_000, mtime));
+        let new = t.stat("/d/f.bin").await.unwrap();
+        assert_ne!(
+            new.version, old.version,
+            "the version tag must see the rewrite"
+        );
+        assert_ne!(new.file_id, old.file_id);
+        // A read at the old version is refused, never served from the new bytes.
+        assert!(matches!(
+            t.read(&old, 0..10).await,
+            Err(UfsError::Changed { .. })
+        ));
+        assert_eq!(&t.read(&new, 0..3).await.unwrap()[..], &[2, 2, 2]);
+    });
+}
+
+#[test]
+fn a_node_serves_file_mounts_only_beneath_its_allowed_roots() {
+    let d = tempfile::tempdir().unwrap();
+    let allowed = d.path().join("allowed");
+    std::fs::create_dir_all(allowed.join("set1")).unwrap();
+    std::fs::create_dir_all(d.path().join("other")).unwrap();
+    symlink("/etc", allowed.join("etc-link")).unwrap();
+    let roots = FileRoots::new(&[&allowed]).unwrap();
+    let confined = |url: String| MountTable::new_confined(&[("/x".to_string(), url)], &roots);
+    // The allowed root itself and directories beneath it are served.
+    confined(format!("file://{}", allowed.display())).unwrap();
+    confined(format!("file://{}/set1", allowed.display())).unwrap();
+    // /etc, a sibling directory, a symlink beneath the root that leads to /etc, and a `..`
+    // escape are refused, naming the flag.
+    for url in [
+        "file:///etc".to_string(),
+        format!("file://{}/other", d.path().display()),
+        format!("file://{}/etc-link", allowed.display()),
+        format!("file://{}/set1/../../other", allowed.display()),
+    ] {
+        match confined(url.clone()) {
+            Err(UfsError::Config(m)) => assert!(m.contains("--allow-file-root"), "{url}: {m}"),
+            Err(e) => panic!("{url}: {e}"),
+            Ok(_) => panic!("{url} accepted"),
+        }
+    }
+    // An allow-list entry that does not exist is an error that names the flag.
+    let e = FileRoots::new(&[d.path().join("missing")]).unwrap_err();
+    assert!(e.to_string().contains("--allow-file-root"), "{e}");
+    // Other schemes are not affected by the allow-list.
+    MountTable::new_confined(
+        &[(
+            "/s3".to_string(),
+            "s3://b/p?endpoint=http://127.0.0.1:9&anonymous=true".to_string(),
+        )],
+        &roots,
+    )
+    .unwrap();
+}
+
+#[test]
+fn credentials_in_urls_are_redacted_everywhere() {
+    let url = "s3://bucket/prefix?endpoint=http://euser:epass@127.0.0.1:9&region=r1\
+               &access_key_id=AKID&secret_access_key=SKEY";
+    let shown = redact(url);
+    for secret in ["epass", "euser", "AKID", "SKEY"] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(
+        shown.contains("region=r1") && shown.contains("127.0.0.1"),
+        "{shown}"
+    );
+    let shown = redact("s3://uuser:upass@bucket/prefix?anonymous=true");
+    assert!(
+        !shown.contains("upass") && !shown.contains("uuser"),
+        "{shown}"
+    );
+    assert_eq!(
+        scrub("error sending request for url (http://a:b@host:9/x?y): refused"),
+        "error sending request for url (http://host:9/x?y): refused"
+    );
+    // The public mount list and configuration errors carry no secrets either.
+    let t = MountTable::new(&[("/s3".to_string(), url.to_string())]).unwrap();
+    let public = &t.public_mounts()[0].url;
+    assert!(
+        !public.contains("epass") && !public.contains("SKEY"),
+        "{public}"
+    );
+    std::env::remove_var("AWS_ACCESS_KEY_ID");
+    std::env::remove_var("AWS_SECRET_ACCESS_KEY");
+    let e = MountTable::new(&[(
+        "/s3".to_string(),
+        "s3://bucket/p?endpoint=http://euser:epass@127.0.0.1:9".to_string(),
+    )])
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("no credentials") && !e.contains("epass"), "{e}");
+}
+
+#[test]
+fn a_mount_this_client_cannot_open_is_unavailable_not_missing() {
+    std::env::remove_var("AWS_ACCESS_KEY_ID");
+    std::env::remove_var("AWS_SECRET_ACCESS_KEY");
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("here.txt"), b"x").unwrap();
+    let t = MountTable::new_partial(&[
+        (
+            "/s3".to_string(),
+            "s3://bucket/p?endpoint=http://127.0.0.1:9".to_string(),
+        ),
+        (
+            "/local".to_string(),
+            format!("file://{}", d.path().display()),
+        ),
+    ]);
+    rt().block_on(async {
+        match t.stat("/s3/some/object").await {
+            Err(UfsError::Config(m)) => assert!(m.contains("no credentials"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            t.stat_path("/s3").await,
+            Ok(pagestore_net::frame::PathKind::Dir)
+        ));
+        assert!(t.stat("/local/here.txt").await.is_ok());
+        // Outside every mount, a path is still simply not there.
+        assert!(matches!(
+            t.stat("/elsewhere/x").await,
+            Err(UfsError::NotFound(_))
+        ));
+        let root = t.list("/").await.unwrap();
+        assert!(root.contains(&Entry::Dir("s3".into())), "{root:?}");
+    });
+}
