@@ -764,20 +764,29 @@ fn etcd_certificates(dir: &Path) -> [PathBuf; 5] {
         .push(DnType::CommonName, "etcd test CA");
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issue = |san: Vec<String>, usage: ExtendedKeyUsagePurpose, name: &str| {
+    let issue = |san: Vec<String>, usage: Vec<ExtendedKeyUsagePurpose>, name: &str| {
         let key = KeyPair::generate().unwrap();
         let mut p = CertificateParams::new(san).unwrap();
         p.distinguished_name.push(DnType::CommonName, name);
-        p.extended_key_usages = vec![usage];
+        p.extended_key_usages = usage;
         let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
         (cert.pem(), key.serialize_pem())
     };
+    // etcd's JSON gateway connects to etcd's own gRPC server with the server certificate as
+    // its client certificate: with --client-cert-auth it needs both usages.
     let (server, server_key) = issue(
         vec!["127.0.0.1".into()],
-        ExtendedKeyUsagePurpose::ServerAuth,
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
         "etcd",
     );
-    let (client, client_key) = issue(vec![], ExtendedKeyUsagePurpose::ClientAuth, "pagestore");
+    let (client, client_key) = issue(
+        vec![],
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+        "pagestore",
+    );
     let paths = [
         "ca.pem",
         "server.pem",
