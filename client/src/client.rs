@@ -27,7 +27,7 @@ use pagestore_net::{
 };
 
 use crate::{
-    etcd::{ClusterState, Etcd},
+    etcd::{ClusterState, Etcd, EtcdOptions},
     ufs::{MountTable, ObjectInfo, UfsError},
 };
 
@@ -107,17 +107,22 @@ impl From<UfsError> for Error {
 pub enum ClusterSource {
     /// A static member file (see `docs/OPERATIONS.md`).
     File(std::path::PathBuf),
-    /// Any member's base address; the member list is asked from it.
+    /// Any member's base address; the member list is asked from it, and asked again from
+    /// the members every [`ClientOptions::membership_refresh`] and when a member says it does
+    /// not own a key: a reader follows joins and departures without access to etcd.
     Addr(SocketAddr),
-    /// Membership in etcd (`etcd://HOST:PORT[,...][/CLUSTER]`), followed while the client
-    /// lives: members that join or leave are routed to (or around) within seconds.
+    /// Membership in etcd (`etcd://HOST:PORT[,...][/CLUSTER]`, `etcds://` for TLS), followed
+    /// while the client lives: members that join or leave are routed to (or around) within
+    /// seconds. Needs read access to etcd ([`ClientOptions::etcd`]): meant for operators'
+    /// tools; readers should use [`ClusterSource::Addr`].
     Etcd(String),
 }
 
 impl ClusterSource {
-    /// `etcd://...` is etcd, `IP:PORT` an address, anything else a member file path.
+    /// `etcd://...` or `etcds://...` is etcd, `IP:PORT` an address, anything else a member
+    /// file path.
     pub fn parse(s: &str) -> ClusterSource {
-        if s.starts_with("etcd://") {
+        if crate::etcd::is_etcd_url(s) {
             return ClusterSource::Etcd(s.to_string());
         }
         match s.parse::<SocketAddr>() {
@@ -144,6 +149,12 @@ pub struct ClientOptions {
     pub min_backoff: Duration,
     /// Longest back-off.
     pub max_backoff: Duration,
+    /// With [`ClusterSource::Addr`]: how often the member list is asked again from a member
+    /// (default 5 s; zero: never, only when a member says it does not own a key).
+    pub membership_refresh: Duration,
+    /// With [`ClusterSource::Etcd`]: credentials and TLS settings for etcd; `None` takes
+    /// them from the `PAGESTORE_ETCD_*` environment variables ([`EtcdOptions::from_env`]).
+    pub etcd: Option<EtcdOptions>,
 }
 
 impl Default for ClientOptions {
@@ -155,6 +166,8 @@ impl Default for ClientOptions {
             readahead: 4,
             min_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
+            membership_refresh: Duration::from_secs(5),
+            etcd: None,
         }
     }
 }
@@ -178,7 +191,7 @@ pub struct ClientStats {
     pub member_failures: AtomicU64,
     /// Requests that skipped a member because it is backed off, or down in etcd.
     pub skipped_dead: AtomicU64,
-    /// Membership changes applied (etcd).
+    /// Membership changes applied (from etcd, or from a member's list).
     pub ring_updates: AtomicU64,
 }
 
@@ -233,6 +246,8 @@ pub struct Client {
     pool: Arc<Pool>,
     layout: RwLock<Arc<Layout>>,
     etcd: Option<Arc<Etcd>>,
+    /// Wakes the task that asks a member for the member list again (address sources).
+    refresh: Option<Arc<tokio::sync::Notify>>,
     ufs: Option<Arc<MountTable>>,
     health: Mutex<HashMap<SocketAddr, Health>>,
     stats: ClientStats,
@@ -295,9 +310,20 @@ impl Client {
             }
             ClusterSource::Addr(a) => (None, vec![*a]),
             ClusterSource::Etcd(url) => {
-                let etcd = Arc::new(Etcd::new(url).map_err(|e| Error::Config(e.to_string()))?);
-                let state = etcd.state().await.map_err(|e| {
-                    Error::Unavailable(format!("{e} (the client needs etcd to start)"))
+                let settings = match &options.etcd {
+                    Some(o) => o.clone(),
+                    None => EtcdOptions::from_env().map_err(|e| Error::Config(e.to_string()))?,
+                };
+                let etcd = Etcd::new(url, &settings).map_err(|e| Error::Config(e.to_string()))?;
+                let etcd = Arc::new(etcd);
+                let state = etcd.state().await.map_err(|e| match e {
+                    crate::etcd::EtcdError::Auth(_) | crate::etcd::EtcdError::Config(_) => {
+                        Error::Config(format!(
+                            "{e} (or give a member's IP:PORT instead: readers need no etcd \
+                             access)"
+                        ))
+                    }
+                    e => Error::Unavailable(format!("{e} (the client needs etcd to start)")),
                 })?;
                 let probe = state.live.values().map(|r| r.info.addr).collect();
                 let nodes = state.ring_nodes();
@@ -334,12 +360,12 @@ impl Client {
                 Ok((resp, _)) => match resp.body {
                     ResponseBody::ClusterInfo {
                         page_size,
+                        epoch,
                         replicas,
                         nodes,
                         mounts,
-                        ..
                     } => {
-                        info = Some((page_size, replicas, nodes, mounts));
+                        info = Some((page_size, epoch, replicas, nodes, mounts));
                         break;
                     }
                     other => last_err = format!("{addr} answered {other:?}"),
@@ -347,7 +373,7 @@ impl Client {
                 Err(e) => last_err = e.to_string(),
             }
         }
-        let Some((page_size, replicas, nodes, mounts)) = info else {
+        let Some((page_size, member_epoch, replicas, nodes, mounts)) = info else {
             return Err(Error::Unavailable(format!(
                 "no cluster member answered ({last_err}); check --cluster, that pagestored runs, \
                  and the TLS settings"
@@ -356,22 +382,16 @@ impl Client {
         if page_size == 0 {
             return Err(Error::Config("the cluster reports a page size of 0".into()));
         }
+        let from_member = listed.is_none();
         let nodes = match listed {
             Some(n) => n,
-            None => nodes
-                .iter()
-                .map(|n| {
-                    Ok(NodeInfo {
-                        id: n.id.as_u128(),
-                        addr: n.addr.parse().map_err(|_| {
-                            Error::Config(format!("member address {:?} is not IP:PORT", n.addr))
-                        })?,
-                        shards: n.shards,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()?,
+            None => node_infos(&nodes)?,
         };
-        let epoch = followed.as_ref().map_or(1, |(_, s)| s.revision.max(1));
+        let epoch = match (&followed, from_member) {
+            (Some((_, s)), _) => s.revision.max(1),
+            (None, true) => member_epoch.max(1),
+            (None, false) => 1,
+        };
         let down = followed
             .as_ref()
             .map_or_else(HashSet::new, |(_, s)| s.down().into_iter().collect());
@@ -392,6 +412,7 @@ impl Client {
                 mounts,
             })),
             etcd: followed.as_ref().map(|(e, _)| e.clone()),
+            refresh: from_member.then(|| Arc::new(tokio::sync::Notify::new())),
             ufs,
             health: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
@@ -408,7 +429,101 @@ impl Client {
                 None => false,
             });
         }
+        if let (Some(wake), Some(seed)) = (&client.refresh, probe.first()) {
+            follow_members(
+                Arc::downgrade(&client),
+                wake.clone(),
+                client.options.membership_refresh,
+                *seed,
+            );
+        }
         Ok(client)
+    }
+
+    /// Asks a member for the member list (a `Cluster` request) and routes by it when it
+    /// differs from the one in force. Members are asked in turn, starting after the last one
+    /// asked; `seed` (the address the client was given) last. Answers from a member whose
+    /// ring is older than ours are ignored.
+    async fn refresh_members(&self, seed: SocketAddr, turn: usize) {
+        let layout = self.layout();
+        let mut candidates: Vec<SocketAddr> = layout
+            .membership
+            .nodes()
+            .filter(|n| !layout.down.contains(&n.id))
+            .map(|n| n.addr)
+            .collect();
+        if !candidates.is_empty() {
+            let k = turn % candidates.len();
+            candidates.rotate_left(k);
+        }
+        if !candidates.contains(&seed) {
+            candidates.push(seed);
+        }
+        let now = Instant::now();
+        let backed_off = |a: &SocketAddr| {
+            self.health
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(a)
+                .is_some_and(|h| h.dead_until > now)
+        };
+        let current = layout.membership.ring().epoch();
+        for addr in candidates.iter().filter(|a| !backed_off(a)) {
+            let req = Request {
+                request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                body: RequestBody::Cluster,
+            };
+            let (epoch, nodes, mounts) = match self.pool.request(*addr, &req, &[]).await {
+                Ok((resp, _)) => match resp.body {
+                    ResponseBody::ClusterInfo {
+                        epoch,
+                        nodes,
+                        mounts,
+                        ..
+                    } => (epoch, nodes, mounts),
+                    _ => continue,
+                },
+                Err(e) => {
+                    tracing::debug!(%addr, error = %e, "member list: no answer");
+                    continue;
+                }
+            };
+            if epoch < current {
+                tracing::debug!(%addr, epoch, current, "member list: that member is behind");
+                continue;
+            }
+            let nodes = match node_infos(&nodes) {
+                Ok(n) if !n.is_empty() => n,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(%addr, error = %e, "ignoring a malformed member list");
+                    continue;
+                }
+            };
+            let mut now_ids: Vec<NodeInfo> = layout.membership.nodes().copied().collect();
+            let mut new_ids = nodes.clone();
+            now_ids.sort_by_key(|n| n.id);
+            new_ids.sort_by_key(|n| n.id);
+            if now_ids == new_ids {
+                if mounts != layout.mounts {
+                    let mut guard = self.layout.write().unwrap_or_else(|p| p.into_inner());
+                    let old = guard.clone();
+                    *guard = Arc::new(Layout {
+                        membership: old.membership.clone(),
+                        down: old.down.clone(),
+                        page_size: old.page_size,
+                        replicas: old.replicas,
+                        mounts,
+                    });
+                }
+                return;
+            }
+            match Membership::new(nodes, RingConfig::default(), epoch.max(1)) {
+                Ok(m) => self.install(m, HashSet::new(), Some(mounts), "a member's list"),
+                Err(e) => tracing::warn!(%addr, error = %e, "ignoring a member list"),
+            }
+            return;
+        }
     }
 
     /// Routes by a new membership state from etcd.
@@ -422,6 +537,18 @@ impl Client {
                 }
             };
         let down: HashSet<u128> = s.down().into_iter().collect();
+        self.install(membership, down, None, s.mode().as_str());
+    }
+
+    /// Routes by `membership` from now on. `mounts`: the cluster's mount table, when the new
+    /// view brings one. `from`: where the view comes from, for the log.
+    fn install(
+        &self,
+        membership: Membership,
+        down: HashSet<u128>,
+        mounts: Option<Vec<MountEntry>>,
+        from: &str,
+    ) {
         let was_down = self
             .layout
             .read()
@@ -444,10 +571,10 @@ impl Client {
         let mut guard = self.layout.write().unwrap_or_else(|p| p.into_inner());
         let old = guard.clone();
         tracing::info!(
-            epoch = s.revision,
+            epoch = membership.ring().epoch(),
             nodes = membership.nodes().count(),
             down = down.len(),
-            mode = s.mode().as_str(),
+            from,
             "membership changed"
         );
         *guard = Arc::new(Layout {
@@ -455,7 +582,7 @@ impl Client {
             down,
             page_size: old.page_size,
             replicas: old.replicas,
-            mounts: old.mounts.clone(),
+            mounts: mounts.unwrap_or_else(|| old.mounts.clone()),
         });
         bump(&self.stats.ring_updates, 1);
     }
@@ -597,6 +724,9 @@ impl Client {
                     // Our ring disagrees with the member's: serve elsewhere this time.
                     ResponseBody::NotOwner { epoch } => {
                         tracing::warn!(%addr, epoch, "member says it is not the owner");
+                        if let Some(wake) = &self.refresh {
+                            wake.notify_one();
+                        }
                         Attempt::Failed
                     }
                     _ => Attempt::Answer(Ok((resp.body, payload))),
@@ -1143,6 +1273,54 @@ fn named(e: Error, path: &str) -> Error {
 
 fn check_path(path: &str) -> Result<(), Error> {
     Ok(crate::ufs::check_path(path)?)
+}
+
+/// The members of a `ClusterInfo` answer.
+fn node_infos(nodes: &[pagestore_net::frame::NodeEntry]) -> Result<Vec<NodeInfo>, Error> {
+    nodes
+        .iter()
+        .map(|n| {
+            Ok(NodeInfo {
+                id: n.id.as_u128(),
+                addr: n.addr.parse().map_err(|_| {
+                    Error::Config(format!("member address {:?} is not IP:PORT", n.addr))
+                })?,
+                shards: n.shards,
+            })
+        })
+        .collect()
+}
+
+/// Keeps a client that found the cluster through a member's address on the cluster's member
+/// list: asks a member again every `period` (zero: only when woken) and whenever `wake` is
+/// notified (a member said it does not own a key), at most twice a second. Ends when the
+/// client is dropped.
+fn follow_members(
+    client: std::sync::Weak<Client>,
+    wake: Arc<tokio::sync::Notify>,
+    period: Duration,
+    seed: SocketAddr,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut turn = 0usize;
+        loop {
+            if period.is_zero() {
+                wake.notified().await;
+            } else {
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            let Some(c) = client.upgrade() else {
+                return;
+            };
+            c.refresh_members(seed, turn).await;
+            drop(c);
+            turn = turn.wrapping_add(1);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
 }
 
 fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {

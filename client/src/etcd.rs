@@ -1,10 +1,16 @@
 //! Cluster membership and the mount table in etcd.
 //!
-//! pagestore talks to etcd (v3.4 or later) through etcd's JSON gateway: plain HTTP POSTs of JSON
+//! pagestore talks to etcd (v3.4 or later) through etcd's JSON gateway: HTTP POSTs of JSON
 //! with base64 keys and values, on the same client port as gRPC. That needs no code generation
 //! and no extra protocol stack, and it is all this control plane uses: ranges, puts, one
 //! compare-and-put, leases and a watch. Nothing here is on the data path: clients and nodes keep
 //! serving on the last state they saw while etcd is unreachable.
+//!
+//! Protection ([`EtcdOptions`]): `etcds://` speaks HTTPS (the server verified against
+//! `--etcd-ca`, or the system's roots; `--etcd-cert`/`--etcd-key` for client-certificate
+//! authentication), and a user name with a password logs in through `/v3/auth/authenticate`:
+//! the token it gives goes in the `Authorization` header of every request and is fetched again
+//! when etcd says it is invalid (expired, or etcd restarted).
 //!
 //! Keys, under `/pagestore/<cluster>/` (docs/OPERATIONS.md has the same table):
 //!
@@ -12,19 +18,25 @@
 //! |----------------------|-----------------------------------------|--------------------------|
 //! | `members/<uuid>`     | `{"addr":"IP:PORT","shards":N,"admin":…}` | the node's lease         |
 //! | `ring/<uuid>`        | the same                                | until `pagectl node remove` |
-//! | `mounts/<prefix>`    | the mount's URL (with its credentials)  | until changed            |
+//! | `mounts/<prefix>`    | the mount's URL, never with credentials | until changed            |
 //! | `config/ring-mode`   | `dynamic` or `static`                   | set by the first node    |
 //!
 //! The dynamic ring is the live members; the static ring is every `ring/` slot, so a member
 //! that is down keeps its share of the keys (read from the under storage meanwhile) and finds
 //! its cache still warm when it returns.
+//!
+//! Mount URLs in etcd carry no secrets ([`credentials_in`]): every reader of the table could
+//! see them. A node keeps the credentials of its own `--mount` settings and adds them back to
+//! the mount of the same prefix and URL ([`with_local_credentials`]), or its object stores take
+//! them from its environment (`AWS_ACCESS_KEY_ID` ...).
 
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::Duration,
 };
@@ -50,6 +62,8 @@ pub enum EtcdError {
     Unreachable(String),
     /// An endpoint answered with an error or something this code does not understand.
     Server(String),
+    /// etcd refused the credentials, requires some, or denies access to the cluster's keys.
+    Auth(String),
 }
 
 impl std::fmt::Display for EtcdError {
@@ -58,6 +72,7 @@ impl std::fmt::Display for EtcdError {
             EtcdError::Config(m) => write!(f, "etcd settings: {m}"),
             EtcdError::Unreachable(m) => write!(f, "etcd unreachable: {m}"),
             EtcdError::Server(m) => write!(f, "etcd: {m}"),
+            EtcdError::Auth(m) => write!(f, "etcd authentication: {m}"),
         }
     }
 }
@@ -183,24 +198,192 @@ impl ClusterState {
     }
 }
 
+/// Environment variable: the etcd user name (`--etcd-user`).
+pub const ENV_USER: &str = "PAGESTORE_ETCD_USER";
+/// Environment variable: the etcd password itself.
+pub const ENV_PASSWORD: &str = "PAGESTORE_ETCD_PASSWORD";
+/// Environment variable: a file holding the etcd password (`--etcd-password-file`).
+pub const ENV_PASSWORD_FILE: &str = "PAGESTORE_ETCD_PASSWORD_FILE";
+/// Environment variable: the CA certificate(s) that sign etcd's server certificate (`--etcd-ca`).
+pub const ENV_CA: &str = "PAGESTORE_ETCD_CA";
+/// Environment variable: a client certificate for etcd (`--etcd-cert`).
+pub const ENV_CERT: &str = "PAGESTORE_ETCD_CERT";
+/// Environment variable: the client certificate's private key (`--etcd-key`).
+pub const ENV_KEY: &str = "PAGESTORE_ETCD_KEY";
+
+/// How to authenticate to etcd and verify it. `pagestored` and `pagectl` fill it from their
+/// flags (over the environment); library users (`pagefs`, `pages3`) from the environment alone
+/// ([`EtcdOptions::from_env`]). The password never goes on a command line.
+#[derive(Clone, Default)]
+pub struct EtcdOptions {
+    /// etcd user (needs a password too).
+    pub user: Option<String>,
+    /// Its password.
+    pub password: Option<String>,
+    /// PEM file of the CA certificate(s) that sign etcd's server certificate; only these are
+    /// trusted (without it: the system's roots). Needs `etcds://`.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate (chain) for client-certificate authentication. Needs `key`.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "(hidden)"))
+            .field("ca", &self.ca)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl EtcdOptions {
+    /// The settings in `PAGESTORE_ETCD_USER`, `PAGESTORE_ETCD_PASSWORD` (or
+    /// `PAGESTORE_ETCD_PASSWORD_FILE`), `PAGESTORE_ETCD_CA`, `PAGESTORE_ETCD_CERT` and
+    /// `PAGESTORE_ETCD_KEY`; unset or empty variables are not set.
+    pub fn from_env() -> Result<EtcdOptions, EtcdError> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let mut o = EtcdOptions {
+            user: var(ENV_USER),
+            password: var(ENV_PASSWORD),
+            ca: var(ENV_CA).map(PathBuf::from),
+            cert: var(ENV_CERT).map(PathBuf::from),
+            key: var(ENV_KEY).map(PathBuf::from),
+        };
+        if o.password.is_none() {
+            if let Some(f) = var(ENV_PASSWORD_FILE) {
+                o.password = Some(read_password_file(Path::new(&f))?);
+            }
+        }
+        Ok(o)
+    }
+
+    /// Whether any setting is given.
+    pub fn is_empty(&self) -> bool {
+        self.user.is_none()
+            && self.password.is_none()
+            && self.ca.is_none()
+            && self.cert.is_none()
+            && self.key.is_none()
+    }
+
+    /// Checks that the settings go together, for endpoints that are HTTPS or not.
+    fn check(&self, https: bool) -> Result<(), EtcdError> {
+        match (&self.user, &self.password) {
+            (Some(u), None) => {
+                return Err(EtcdError::Config(format!(
+                    "etcd user {u:?} has no password: give --etcd-password-file FILE or set \
+                     {ENV_PASSWORD}"
+                )))
+            }
+            (None, Some(_)) => {
+                return Err(EtcdError::Config(format!(
+                    "an etcd password without a user: give --etcd-user USER or set {ENV_USER}"
+                )))
+            }
+            (Some(u), Some(_)) if u.is_empty() => {
+                return Err(EtcdError::Config("the etcd user name is empty".into()))
+            }
+            _ => {}
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(EtcdError::Config(
+                "--etcd-cert and --etcd-key go together (a client certificate and its key)".into(),
+            ));
+        }
+        if !https && (self.ca.is_some() || self.cert.is_some()) {
+            return Err(EtcdError::Config(
+                "--etcd-ca, --etcd-cert and --etcd-key need TLS: write the URL as \
+                 etcds://HOST:PORT[/CLUSTER]"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads a password from `path`: its first line, without the line end. An empty password is
+/// an error.
+pub fn read_password_file(path: &Path) -> Result<String, EtcdError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        EtcdError::Config(format!(
+            "cannot read the etcd password file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let pw = text.lines().next().unwrap_or_default().to_string();
+    if pw.is_empty() {
+        return Err(EtcdError::Config(format!(
+            "the etcd password file {} is empty",
+            path.display()
+        )));
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(m) = std::fs::metadata(path) {
+            if m.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    "the etcd password file is readable by other users; chmod 600 it"
+                );
+            }
+        }
+    }
+    Ok(pw)
+}
+
+/// The login state of a connection with credentials.
+#[derive(Clone, Debug)]
+enum Token {
+    /// Not logged in yet, or the last token was refused.
+    None,
+    /// The token to send.
+    Valid(Arc<str>),
+    /// etcd runs without authentication: send none.
+    NotNeeded,
+}
+
 /// A connection to an etcd cluster, scoped to one pagestore cluster's keys.
-#[derive(Debug)]
 pub struct Etcd {
     http: reqwest::Client,
     endpoints: Vec<String>,
     prefix: String,
     preferred: AtomicUsize,
     reachable: AtomicBool,
+    /// User and password, when the connection logs in.
+    login: Option<(String, String)>,
+    token: Mutex<Token>,
+    /// Held while logging in, so that concurrent requests log in once.
+    login_lock: tokio::sync::Mutex<()>,
 }
 
-/// Parses `etcd://HOST:PORT[,HOST:PORT...][/CLUSTER]` into endpoints and the cluster name
-/// (default `default`).
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.login.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+/// Parses `etcd://HOST:PORT[,HOST:PORT...][/CLUSTER]` (plain HTTP) or `etcds://...` (HTTPS)
+/// into endpoints and the cluster name (default `default`).
 pub fn parse_etcd_url(url: &str) -> Result<(Vec<String>, String), EtcdError> {
-    let rest = url.strip_prefix("etcd://").ok_or_else(|| {
-        EtcdError::Config(format!(
-            "{url:?} is not an etcd URL; use etcd://HOST:PORT[,HOST:PORT...][/CLUSTER]"
-        ))
-    })?;
+    let (scheme, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+        (Some(r), _) => ("http", r),
+        (_, Some(r)) => ("https", r),
+        _ => {
+            return Err(EtcdError::Config(format!(
+                "{url:?} is not an etcd URL; use etcd://HOST:PORT[,HOST:PORT...][/CLUSTER] (or \
+                 etcds:// for TLS)"
+            )))
+        }
+    };
     let (hosts, cluster) = match rest.split_once('/') {
         Some((h, c)) => (h, c.trim_end_matches('/')),
         None => (rest, ""),
@@ -218,15 +401,88 @@ pub fn parse_etcd_url(url: &str) -> Result<(Vec<String>, String), EtcdError> {
             "cluster name {cluster:?}: use letters, digits, '-', '_' and '.'"
         )));
     }
+    if hosts.contains('@') {
+        return Err(EtcdError::Config(
+            "no credentials in the etcd URL: use --etcd-user and --etcd-password-file (or \
+             PAGESTORE_ETCD_USER and PAGESTORE_ETCD_PASSWORD)"
+                .into(),
+        ));
+    }
     let endpoints: Vec<String> = hosts
         .split(',')
         .filter(|h| !h.is_empty())
-        .map(|h| format!("http://{h}"))
+        .map(|h| format!("{scheme}://{h}"))
         .collect();
     if endpoints.is_empty() {
         return Err(EtcdError::Config(format!("{url:?} names no etcd endpoint")));
     }
     Ok((endpoints, cluster.to_string()))
+}
+
+/// Whether `s` is an etcd cluster URL (`etcd://` or `etcds://`).
+pub fn is_etcd_url(s: &str) -> bool {
+    s.starts_with("etcd://") || s.starts_with("etcds://")
+}
+
+/// The credentials `url` carries: `"user info"` for a user name or password before the host,
+/// and each query parameter that [`crate::ufs::redact`] removes. Empty when the URL may be
+/// stored where others can read it.
+pub fn credentials_in(url: &str) -> Vec<String> {
+    let Ok(u) = url::Url::parse(url) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if !u.username().is_empty() || u.password().is_some() {
+        out.push("user info".to_string());
+    }
+    let kept: Vec<String> = url::Url::parse(&crate::ufs::redact(url))
+        .map(|r| r.query_pairs().map(|(k, _)| k.into_owned()).collect())
+        .unwrap_or_default();
+    for (k, _) in u.query_pairs() {
+        if !kept.iter().any(|x| *x == k) && !out.iter().any(|x| *x == k) {
+            out.push(k.into_owned());
+        }
+    }
+    out
+}
+
+/// `Err` with what to do instead when `url` carries credentials ([`credentials_in`]): mount
+/// URLs in etcd must not.
+pub fn no_credentials(url: &str) -> Result<(), String> {
+    let secrets = credentials_in(url);
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the mount URL carries credentials ({}), and the mount table in etcd holds none (every \
+         reader of etcd would see them): give the URL without them, and the credentials to the \
+         nodes in their local configuration (a --mount with the same prefix and URL plus the \
+         credentials) or their environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
+         GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY ...)",
+        secrets.join(", ")
+    ))
+}
+
+/// The mount table to serve from `table` (as stored in etcd, without credentials): a mount
+/// whose prefix and URL match one of this node's own `local` mounts once that one's
+/// credentials are removed takes the local URL, credentials included.
+pub fn with_local_credentials(
+    table: &[(String, String)],
+    local: &[(String, String)],
+) -> Vec<(String, String)> {
+    table
+        .iter()
+        .map(|(prefix, url)| {
+            let own = local.iter().find(|(p, u)| {
+                p.trim_end_matches('/') == prefix.trim_end_matches('/')
+                    && crate::ufs::redact(u) == *url
+            });
+            match own {
+                Some((_, u)) => (prefix.clone(), u.clone()),
+                None => (prefix.clone(), url.clone()),
+            }
+        })
+        .collect()
 }
 
 fn b64(s: &[u8]) -> String {
@@ -263,21 +519,98 @@ fn int(v: &Value) -> u64 {
     }
 }
 
+/// `e` and its sources, joined (reqwest's own message alone hides the TLS or socket error).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        src = c.source();
+    }
+    s
+}
+
+fn read_file(what: &str, path: &Path) -> Result<Vec<u8>, EtcdError> {
+    std::fs::read(path)
+        .map_err(|e| EtcdError::Config(format!("cannot read {what} {}: {e}", path.display())))
+}
+
+/// How a failed request ended.
+enum Failure {
+    /// etcd refused the token (expired, or etcd restarted): log in again and retry.
+    TokenRefused(String),
+    Other(EtcdError),
+}
+
 impl Etcd {
-    /// A handle for the cluster named in `url` (`etcd://HOST:PORT[,...][/CLUSTER]`). Connects
-    /// lazily; must be used inside a tokio runtime.
-    pub fn new(url: &str) -> Result<Etcd, EtcdError> {
+    /// A handle for the cluster named in `url` (`etcd://HOST:PORT[,...][/CLUSTER]`, or
+    /// `etcds://` for TLS), authenticating as `options` say. Connects lazily; must be used
+    /// inside a tokio runtime.
+    pub fn new(url: &str, options: &EtcdOptions) -> Result<Etcd, EtcdError> {
         let (endpoints, cluster) = parse_etcd_url(url)?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(CALL_TIMEOUT)
+        let https = url.starts_with("etcds://");
+        options.check(https)?;
+        let mut b = reqwest::Client::builder().connect_timeout(CALL_TIMEOUT);
+        if https {
+            b = b.https_only(true);
+        }
+        if let Some(ca) = &options.ca {
+            let pem = read_file("the etcd CA certificate", ca)?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| {
+                    EtcdError::Config(format!("{}: no PEM certificate in it", ca.display()))
+                })?;
+            b = b.tls_certs_only(certs);
+        }
+        if let (Some(cert), Some(key)) = (&options.cert, &options.key) {
+            let mut pem = read_file("the etcd client certificate", cert)?;
+            pem.push(b'\n');
+            pem.extend(read_file("the etcd client key", key)?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                EtcdError::Config(format!(
+                    "etcd client certificate {} with key {}: {}",
+                    cert.display(),
+                    key.display(),
+                    chain(&e)
+                ))
+            })?;
+            b = b.identity(id);
+        }
+        let http = b
             .build()
-            .map_err(|e| EtcdError::Config(format!("HTTP client: {e}")))?;
+            .map_err(|e| EtcdError::Config(format!("HTTP client: {}", chain(&e))))?;
+        let login = match (&options.user, &options.password) {
+            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+            _ => None,
+        };
+        if login.is_some() && !https {
+            let local = endpoints.iter().all(|e| {
+                let host = e.trim_start_matches("http://");
+                host.starts_with("127.")
+                    || host.starts_with("localhost")
+                    || host.starts_with("[::1]")
+            });
+            if !local {
+                tracing::warn!(
+                    "the etcd password travels in plain HTTP; use etcds:// (TLS) across a network"
+                );
+            }
+        }
         Ok(Etcd {
             http,
             endpoints,
             prefix: format!("/pagestore/{cluster}/"),
             preferred: AtomicUsize::new(0),
             reachable: AtomicBool::new(true),
+            login,
+            token: Mutex::new(Token::None),
+            login_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -298,6 +631,7 @@ impl Etcd {
         path: &str,
         body: &Value,
         timeout: Option<Duration>,
+        token: Option<&str>,
     ) -> Result<reqwest::Response, EtcdError> {
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
@@ -309,6 +643,9 @@ impl Etcd {
                 .post(format!("{}{path}", self.endpoints[idx]))
                 .header("content-type", "application/json")
                 .body(body.to_string());
+            if let Some(t) = token {
+                req = req.header("authorization", t);
+            }
             if let Some(t) = timeout {
                 req = req.timeout(t);
             }
@@ -318,27 +655,188 @@ impl Etcd {
                     self.reachable.store(true, Ordering::Relaxed);
                     return Ok(resp);
                 }
-                Err(e) => last = format!("{}: {e}", self.endpoints[idx]),
+                Err(e) => last = format!("{}: {}", self.endpoints[idx], chain(&e)),
             }
         }
         self.reachable.store(false, Ordering::Relaxed);
         Err(EtcdError::Unreachable(last))
     }
 
-    async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
-        let resp = self.post(path, &body, Some(CALL_TIMEOUT)).await?;
+    /// The token to send now (`None` without credentials, or when etcd needs none); logs in
+    /// first when there is none.
+    async fn token(&self) -> Result<Option<Arc<str>>, EtcdError> {
+        if self.login.is_none() {
+            return Ok(None);
+        }
+        let current = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match current {
+            Token::Valid(t) => return Ok(Some(t)),
+            Token::NotNeeded => return Ok(None),
+            Token::None => {}
+        }
+        let _one = self.login_lock.lock().await;
+        let current = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let fresh = match current {
+            Token::None => self.authenticate().await?,
+            t => t,
+        };
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(match fresh {
+            Token::Valid(t) => Some(t),
+            _ => None,
+        })
+    }
+
+    /// Drops `used` (refused by etcd) so that the next request logs in again.
+    fn forget_token(&self, used: Option<&Arc<str>>) {
+        let mut t = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        let same = match (&*t, used) {
+            (Token::Valid(a), Some(b)) => a == b,
+            // etcd wants a token after all (authentication was enabled since).
+            (Token::NotNeeded, None) => true,
+            _ => false,
+        };
+        if same {
+            *t = Token::None;
+        }
+    }
+
+    /// Logs in with the user and password.
+    async fn authenticate(&self) -> Result<Token, EtcdError> {
+        let Some((user, password)) = &self.login else {
+            return Ok(Token::NotNeeded);
+        };
+        let body = json!({"name": user, "password": password});
+        let resp = self
+            .post("/v3/auth/authenticate", &body, Some(CALL_TIMEOUT), None)
+            .await?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| {
             self.reachable.store(false, Ordering::Relaxed);
-            EtcdError::Unreachable(e.to_string())
+            EtcdError::Unreachable(chain(&e))
         })?;
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| EtcdError::Server(format!("{path}: HTTP {status}, not JSON ({e})")))?;
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            EtcdError::Server(format!(
+                "/v3/auth/authenticate: HTTP {status}, not JSON ({e})"
+            ))
+        })?;
+        if let Some(t) = v["token"].as_str().filter(|t| !t.is_empty()) {
+            tracing::debug!(user, "logged in to etcd");
+            return Ok(Token::Valid(t.into()));
+        }
+        let msg = v["message"].as_str().or(v["error"].as_str()).unwrap_or("");
+        if msg.contains("authentication is not enabled") {
+            tracing::warn!(
+                "etcd runs without authentication: --etcd-user is not needed, and anyone who \
+                 reaches etcd can change the cluster (see docs/OPERATIONS.md, etcd)"
+            );
+            return Ok(Token::NotNeeded);
+        }
+        if msg.contains("invalid user ID or password") || msg.contains("authentication failed") {
+            return Err(EtcdError::Auth(format!(
+                "etcd refused user {user:?}: wrong user name or password"
+            )));
+        }
+        Err(EtcdError::Auth(format!(
+            "logging in as {user:?}: HTTP {status}: {msg}"
+        )))
+    }
+
+    /// Classifies an error answer.
+    fn failure(&self, path: &str, status: reqwest::StatusCode, v: &Value) -> Failure {
+        let msg = v["message"]
+            .as_str()
+            .or(v["error"].as_str())
+            .unwrap_or("")
+            .to_string();
+        let code = v["code"].as_u64();
+        if status == reqwest::StatusCode::UNAUTHORIZED || code == Some(16) {
+            return if self.login.is_some() {
+                Failure::TokenRefused(msg)
+            } else {
+                Failure::Other(self.credentials_needed(&msg))
+            };
+        }
+        if msg.contains("user name is empty") {
+            return Failure::Other(self.credentials_needed(&msg));
+        }
+        if status == reqwest::StatusCode::FORBIDDEN
+            || code == Some(7)
+            || msg.contains("permission denied")
+        {
+            let who = self
+                .login
+                .as_ref()
+                .map_or("this client (no --etcd-user)".to_string(), |(u, _)| {
+                    format!("user {u:?}")
+                });
+            return Failure::Other(EtcdError::Auth(format!(
+                "etcd denies {who} access to {}: grant its role readwrite on that key prefix \
+                 (etcd says: {msg})",
+                self.prefix
+            )));
+        }
+        Failure::Other(EtcdError::Server(format!("{path}: HTTP {status}: {msg}")))
+    }
+
+    fn credentials_needed(&self, msg: &str) -> EtcdError {
+        match &self.login {
+            None => EtcdError::Auth(format!(
+                "etcd requires authentication: give --etcd-user USER and --etcd-password-file \
+                 FILE (or set {ENV_USER} and {ENV_PASSWORD}) (etcd says: {msg})"
+            )),
+            Some((u, _)) => EtcdError::Auth(format!(
+                "etcd refused the login of user {u:?} (etcd says: {msg})"
+            )),
+        }
+    }
+
+    async fn call_once(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> Result<Value, Failure> {
+        let resp = self
+            .post(path, body, Some(CALL_TIMEOUT), token)
+            .await
+            .map_err(Failure::Other)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| {
+            self.reachable.store(false, Ordering::Relaxed);
+            Failure::Other(EtcdError::Unreachable(chain(&e)))
+        })?;
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            Failure::Other(EtcdError::Server(format!(
+                "{path}: HTTP {status}, not JSON ({e})"
+            )))
+        })?;
         if !status.is_success() || v.get("error").is_some() {
-            let msg = v["message"].as_str().or(v["error"].as_str()).unwrap_or("");
-            return Err(EtcdError::Server(format!("{path}: HTTP {status}: {msg}")));
+            return Err(self.failure(path, status, &v));
         }
         Ok(v)
+    }
+
+    async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
+        let token = self.token().await?;
+        match self.call_once(path, &body, token.as_deref()).await {
+            Ok(v) => Ok(v),
+            Err(Failure::Other(e)) => Err(e),
+            Err(Failure::TokenRefused(msg)) => {
+                // Expired, or etcd restarted: log in again, once.
+                tracing::debug!(msg, "etcd refused the token; logging in again");
+                self.forget_token(token.as_ref());
+                let token = self.token().await?;
+                match self.call_once(path, &body, token.as_deref()).await {
+                    Ok(v) => Ok(v),
+                    Err(Failure::Other(e)) => Err(e),
+                    Err(Failure::TokenRefused(msg)) => {
+                        self.forget_token(token.as_ref());
+                        Err(self.credentials_needed(&msg))
+                    }
+                }
+            }
+        }
     }
 
     /// Every key under this cluster's prefix, with the store revision.
@@ -449,7 +947,9 @@ impl Etcd {
         Ok(self.state().await?.mode())
     }
 
-    /// Writes the mount table unless the cluster has one; returns the table in force.
+    /// Writes the mount table unless the cluster has one; returns the table in force. The URLs
+    /// are stored without credentials ([`crate::ufs::redact`]): keep the originals locally
+    /// and put them back with [`with_local_credentials`].
     pub async fn init_mounts(
         &self,
         mounts: &[(String, String)],
@@ -459,13 +959,16 @@ impl Etcd {
             return Ok(existing);
         }
         for (prefix, url) in mounts {
-            self.put_if_absent(&format!("mounts/{prefix}"), url).await?;
+            self.put_if_absent(&format!("mounts/{prefix}"), &crate::ufs::redact(url))
+                .await?;
         }
         Ok(self.state().await?.mounts)
     }
 
-    /// Adds or replaces one mount.
+    /// Adds or replaces one mount. A URL with credentials is refused: whoever may read the
+    /// table in etcd would read them.
     pub async fn set_mount(&self, prefix: &str, url: &str) -> Result<(), EtcdError> {
+        no_credentials(url).map_err(EtcdError::Config)?;
         self.put(&format!("mounts/{prefix}"), url, None).await
     }
 
@@ -530,9 +1033,17 @@ impl Etcd {
             "start_revision": (revision + 1).to_string(),
         }});
         let deadline = tokio::time::Instant::now() + max_wait;
-        let mut resp = tokio::time::timeout_at(deadline, self.post("/v3/watch", &body, None))
+        let token = tokio::time::timeout_at(deadline, self.token())
+            .await
+            .map_err(|_| EtcdError::Unreachable("login did not finish".into()))??;
+        let post = self.post("/v3/watch", &body, None, token.as_deref());
+        let mut resp = tokio::time::timeout_at(deadline, post)
             .await
             .map_err(|_| EtcdError::Unreachable("watch did not start".into()))??;
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+            self.forget_token(token.as_ref());
+            return Err(EtcdError::Auth("watch: etcd refused the token".into()));
+        }
         if !resp.status().is_success() {
             return Err(EtcdError::Server(format!("watch: HTTP {}", resp.status())));
         }
@@ -551,6 +1062,18 @@ impl Etcd {
                     continue;
                 };
                 let r = &v["result"];
+                if r["canceled"].as_bool() == Some(true) {
+                    let reason = r["cancel_reason"].as_str().unwrap_or("");
+                    if reason.contains("auth token") || reason.contains("Unauthenticated") {
+                        // Expired: the next state read logs in again.
+                        self.forget_token(token.as_ref());
+                        return Err(EtcdError::Auth(format!("watch: {reason}")));
+                    }
+                    if reason.contains("permission denied") || reason.contains("user name is empty")
+                    {
+                        return Err(EtcdError::Auth(format!("watch: {reason}")));
+                    }
+                }
                 if r["events"].is_array() || r["canceled"].as_bool() == Some(true) {
                     // A change, or a watch etcd cannot serve (e.g. compacted): read again.
                     return Ok(true);
@@ -667,6 +1190,86 @@ mod tests {
         assert!(parse_etcd_url("http://127.0.0.1:2379").is_err());
         assert!(parse_etcd_url("etcd:///x").is_err());
         assert!(parse_etcd_url("etcd://h:1/a/b").is_err());
+        let (e, c) = parse_etcd_url("etcds://e1:2379,e2:2379/train").unwrap();
+        assert_eq!(e, ["https://e1:2379", "https://e2:2379"]);
+        assert_eq!(c, "train");
+        assert!(is_etcd_url("etcds://e1:2379") && is_etcd_url("etcd://e1:2379"));
+        assert!(!is_etcd_url("10.0.0.1:7400"));
+        let e = parse_etcd_url("etcd://root:pw@h:1/a").unwrap_err();
+        assert!(e.to_string().contains("--etcd-user"), "{e}");
+    }
+
+    #[test]
+    fn options_that_do_not_go_together_are_refused() {
+        let o = |user: Option<&str>, pw: Option<&str>| EtcdOptions {
+            user: user.map(str::to_string),
+            password: pw.map(str::to_string),
+            ..EtcdOptions::default()
+        };
+        assert!(o(None, None).check(false).is_ok());
+        assert!(o(Some("u"), Some("p")).check(false).is_ok());
+        let e = o(Some("u"), None).check(false).unwrap_err().to_string();
+        assert!(e.contains("--etcd-password-file"), "{e}");
+        assert!(o(None, Some("p")).check(false).is_err());
+        let ca = EtcdOptions {
+            ca: Some("/ca.pem".into()),
+            ..EtcdOptions::default()
+        };
+        let e = ca.check(false).unwrap_err().to_string();
+        assert!(e.contains("etcds://"), "{e}");
+        assert!(ca.check(true).is_ok());
+        let half = EtcdOptions {
+            cert: Some("/c.pem".into()),
+            ..EtcdOptions::default()
+        };
+        assert!(half.check(true).is_err());
+        let dbg = format!("{:?}", o(Some("u"), Some("hunter2")));
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+    }
+
+    #[test]
+    fn password_files() {
+        let dir = std::env::temp_dir().join(format!("pagestore-etcd-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("pw");
+        std::fs::write(&f, "s3cret\n").unwrap();
+        assert_eq!(read_password_file(&f).unwrap(), "s3cret");
+        std::fs::write(&f, "\n").unwrap();
+        assert!(read_password_file(&f).is_err());
+        assert!(read_password_file(&dir.join("missing")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn credentials_are_found_and_put_back() {
+        assert!(credentials_in("file:///srv/data").is_empty());
+        assert!(credentials_in("s3://b/p?region=eu-west-1&endpoint=http://h:9000").is_empty());
+        assert_eq!(
+            credentials_in("s3://b/p?region=r&access_key_id=AK&secret_access_key=SK"),
+            ["access_key_id", "secret_access_key"]
+        );
+        assert_eq!(credentials_in("az://c/p?account=a&sas=xyz"), ["sas"]);
+        assert_eq!(credentials_in("s3://user:pw@b/p"), ["user info"]);
+        let local = vec![
+            (
+                "/s".to_string(),
+                "s3://b/p?region=r&access_key_id=AK&secret_access_key=SK".to_string(),
+            ),
+            ("/f".to_string(), "file:///srv/f".to_string()),
+        ];
+        let table = vec![
+            ("/s".to_string(), crate::ufs::redact(&local[0].1)),
+            ("/f".to_string(), "file:///srv/other".to_string()),
+            ("/g".to_string(), "s3://g/x?region=r".to_string()),
+        ];
+        assert_eq!(table[0].1, "s3://b/p?region=r");
+        let served = with_local_credentials(&table, &local);
+        assert_eq!(served[0], local[0], "the node's own credentials come back");
+        assert_eq!(
+            served[1], table[1],
+            "another URL at the same prefix is etcd's"
+        );
+        assert_eq!(served[2], table[2]);
     }
 
     #[test]

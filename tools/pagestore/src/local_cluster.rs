@@ -386,6 +386,44 @@ pub struct EtcdServer {
     pub client_port: u16,
     peer_port: u16,
     dir: PathBuf,
+    /// TLS on the client port: `(server certificate, its key, CA of client certificates)`.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
+    /// More etcd flags (e.g. `--auth-token-ttl=2`).
+    extra: Vec<String>,
+}
+
+/// A POST of `body` (JSON) to `base` (`http://IP:PORT`) over HTTP/1.0, with `token` in the
+/// `Authorization` header: the status code and body.
+pub fn http_post(
+    base: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> Result<(u16, String), String> {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| err(addr, e))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| err(addr, e))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| err(addr, e))?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).map_err(|e| err(addr, e))?;
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("{addr}: not an HTTP response"))?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    Ok((status, body))
 }
 
 fn free_tcp_port() -> Result<u16, String> {
@@ -398,19 +436,82 @@ fn free_tcp_port() -> Result<u16, String> {
 impl EtcdServer {
     /// Starts etcd with its data under `dir` and waits until it answers.
     pub fn start(dir: &Path) -> Result<EtcdServer, String> {
+        EtcdServer::start_with(dir, None, Vec::new())
+    }
+
+    /// Starts etcd with its data under `dir`, TLS on the client port when `tls` names the
+    /// server certificate, its key and the CA that signs client certificates (clients must
+    /// present one), and `extra` flags.
+    pub fn start_with(
+        dir: &Path,
+        tls: Option<(PathBuf, PathBuf, PathBuf)>,
+        extra: Vec<String>,
+    ) -> Result<EtcdServer, String> {
         let mut e = EtcdServer {
             child: None,
             client_port: free_tcp_port()?,
             peer_port: free_tcp_port()?,
             dir: dir.to_path_buf(),
+            tls,
+            extra,
         };
         e.restart()?;
         Ok(e)
     }
 
-    /// The URL nodes and clients use: `etcd://127.0.0.1:PORT/CLUSTER`.
+    /// The URL nodes and clients use: `etcd://127.0.0.1:PORT/CLUSTER` (`etcds://` with TLS).
     pub fn url(&self, cluster: &str) -> String {
-        format!("etcd://127.0.0.1:{}/{cluster}", self.client_port)
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://127.0.0.1:{}/{cluster}", self.client_port)
+    }
+
+    /// Turns authentication on (plain-HTTP servers only): a `root` user with `root_password`,
+    /// and `user` with `password` whose role may read and write every key under
+    /// `/pagestore/` and nothing else.
+    pub fn enable_auth(
+        &self,
+        root_password: &str,
+        user: &str,
+        password: &str,
+    ) -> Result<(), String> {
+        let base = format!("http://127.0.0.1:{}", self.client_port);
+        // base64 of "/pagestore/" and of the end of its range, "/pagestore0".
+        let (key, end) = ("L3BhZ2VzdG9yZS8=", "L3BhZ2VzdG9yZTA=");
+        let steps = [
+            (
+                "/v3/auth/user/add",
+                serde_json::json!({"name": "root", "password": root_password}),
+            ),
+            (
+                "/v3/auth/user/grant",
+                serde_json::json!({"user": "root", "role": "root"}),
+            ),
+            (
+                "/v3/auth/user/add",
+                serde_json::json!({"name": user, "password": password}),
+            ),
+            (
+                "/v3/auth/role/add",
+                serde_json::json!({"name": "pagestore"}),
+            ),
+            (
+                "/v3/auth/role/grant",
+                serde_json::json!({"name": "pagestore", "perm":
+                    {"permType": "READWRITE", "key": key, "range_end": end}}),
+            ),
+            (
+                "/v3/auth/user/grant",
+                serde_json::json!({"user": user, "role": "pagestore"}),
+            ),
+            ("/v3/auth/enable", serde_json::json!({})),
+        ];
+        for (path, body) in steps {
+            let (status, text) = http_post(&base, path, &body.to_string(), None)?;
+            if status != 200 || text.contains("\"error\"") {
+                return Err(format!("etcd {path}: HTTP {status}: {text}"));
+            }
+        }
+        Ok(())
     }
 
     /// SIGKILLs etcd (an outage).
@@ -426,9 +527,19 @@ impl EtcdServer {
     pub fn restart(&mut self) -> Result<(), String> {
         self.stop();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let log =
-            std::fs::File::create(self.dir.join("etcd.log")).map_err(|e| err("etcd log", e))?;
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
+        let log_path = self.dir.join("etcd.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| err("etcd log", e))?;
+        let mut tls_args: Vec<String> = Vec::new();
+        if let Some((cert, key, ca)) = &self.tls {
+            tls_args = vec![
+                format!("--cert-file={}", cert.display()),
+                format!("--key-file={}", key.display()),
+                format!("--trusted-ca-file={}", ca.display()),
+                "--client-cert-auth".to_string(),
+            ];
+        }
         let child = Command::new("etcd")
             .arg("--name=test")
             .arg(format!(
@@ -440,6 +551,8 @@ impl EtcdServer {
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=test={peer}"))
+            .args(&tls_args)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -452,7 +565,13 @@ impl EtcdServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok((200, body)) = http_get(&client, "/health") {
+            if self.tls.is_some() {
+                // No TLS client here: etcd's log says when it serves.
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                if text.contains("ready to serve client requests") {
+                    return Ok(());
+                }
+            } else if let Ok((200, body)) = http_get(&client, "/health") {
                 if body.contains("true") {
                     return Ok(());
                 }

@@ -38,7 +38,9 @@ commands:
                      stop the node first
   mount ls           (etcd) the mount table
   mount set /PREFIX URL
-                     (etcd) add or change a mount; nodes apply it within seconds
+                     (etcd) add or change a mount; nodes apply it within seconds. The URL
+                     holds no credentials (they would be readable in etcd): nodes add their
+                     own, from a --mount of the same prefix and URL or their environment
   mount rm /PREFIX   (etcd) remove a mount
   ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
                      each node's TLS directory before its first start to form one cluster
@@ -51,7 +53,15 @@ commands:
 
 options:
   --cluster WHERE         a member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
-                          (default $PAGESTORE_CLUSTER or 127.0.0.1:7400)
+                          (etcds:// for TLS; default $PAGESTORE_CLUSTER or 127.0.0.1:7400).
+                          Readers need no etcd: a member's address follows membership too
+  --etcd-user USER        log in to etcd as USER (or $PAGESTORE_ETCD_USER); the password
+                          comes from --etcd-password-file FILE or $PAGESTORE_ETCD_PASSWORD
+  --etcd-password-file FILE
+                          file holding the etcd password (first line)
+  --etcd-ca FILE          with etcds://: CA certificate(s) that sign etcd's certificate
+  --etcd-cert FILE, --etcd-key FILE
+                          with etcds://: client certificate and key for etcd
   --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
                           client-key.pem, or ca-key.pem, if the cluster requires client
                           certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
@@ -85,9 +95,16 @@ fn real_main() -> Result<(), String> {
     let mut interval = std::time::Duration::from_secs(1);
     let mut role = None;
     let mut name = None;
+    // --etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert, --etcd-key
+    let mut etcd_flags: [Option<String>; 5] = Default::default();
     while let Some(arg) = args.next() {
         match flag(&arg) {
             "--cluster" => cluster = args.value(&arg)?,
+            "--etcd-user" => etcd_flags[0] = Some(args.value(&arg)?),
+            "--etcd-password-file" => etcd_flags[1] = Some(args.value(&arg)?),
+            "--etcd-ca" => etcd_flags[2] = Some(args.value(&arg)?),
+            "--etcd-cert" => etcd_flags[3] = Some(args.value(&arg)?),
+            "--etcd-key" => etcd_flags[4] = Some(args.value(&arg)?),
             "--tls-dir" => tls_dir = args.value(&arg)?.into(),
             "--no-fallback" => options.fallback = false,
             "--interval" => {
@@ -143,9 +160,24 @@ fn real_main() -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    if matches!(command.as_str(), "members" | "node" | "mount") {
-        return runtime.block_on(etcd_command(&cluster, command, rest));
+    let is_etcd = pagestore_client::etcd::is_etcd_url(&cluster);
+    if !is_etcd && etcd_flags.iter().any(Option::is_some) {
+        return Err(
+            "--etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert and --etcd-key \
+                    need --cluster etcd://... (or etcds://)"
+                .into(),
+        );
     }
+    let etcd_options = if is_etcd {
+        Some(etcd_options(etcd_flags)?)
+    } else {
+        None
+    };
+    if matches!(command.as_str(), "members" | "node" | "mount") {
+        let opts = etcd_options.unwrap_or_default();
+        return runtime.block_on(etcd_command(&cluster, &opts, command, rest));
+    }
+    options.etcd = etcd_options;
     runtime.block_on(async {
         let tls = tls::client_config(&tls_dir).map_err(|e| e.to_string())?;
         let client = Client::connect(&ClusterSource::parse(&cluster), tls, None, options)
@@ -170,6 +202,23 @@ fn real_main() -> Result<(), String> {
             _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
         }
     })
+}
+
+/// The etcd settings: each flag given wins over its `PAGESTORE_ETCD_*` variable.
+fn etcd_options(flags: [Option<String>; 5]) -> Result<pagestore_client::etcd::EtcdOptions, String> {
+    use pagestore_client::etcd;
+    let [user, password_file, ca, cert, key] = flags;
+    let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
+    if let Some(u) = user {
+        o.user = Some(u);
+    }
+    if let Some(f) = password_file {
+        o.password = Some(etcd::read_password_file(f.as_ref()).map_err(|e| e.to_string())?);
+    }
+    o.ca = ca.map(PathBuf::from).or(o.ca);
+    o.cert = cert.map(PathBuf::from).or(o.cert);
+    o.key = key.map(PathBuf::from).or(o.key);
+    Ok(o)
 }
 
 fn ca_init(dir: PathBuf) -> Result<(), String> {
@@ -579,15 +628,26 @@ async fn free(client: &Arc<Client>, path: &str) -> Result<(), String> {
 }
 
 /// The commands that work on the cluster's records in etcd (no node needs to run).
-async fn etcd_command(cluster: &str, command: &str, rest: &[String]) -> Result<(), String> {
-    use pagestore_client::etcd::Etcd;
+async fn etcd_command(
+    cluster: &str,
+    options: &pagestore_client::etcd::EtcdOptions,
+    command: &str,
+    rest: &[String],
+) -> Result<(), String> {
+    use pagestore_client::etcd::{self, Etcd};
     use pagestore_net::node_id::{format_uuid, parse_uuid};
-    if !cluster.starts_with("etcd://") {
+    if !etcd::is_etcd_url(cluster) {
         return Err(format!(
             "pagectl {command} works on membership in etcd: give --cluster etcd://HOST:PORT[/CLUSTER]"
         ));
     }
-    let etcd = Etcd::new(cluster).map_err(|e| e.to_string())?;
+    if command == "mount" && rest.first().is_some_and(|w| w == "set") {
+        if let Some(url) = rest.get(2) {
+            // Refused before etcd is even asked.
+            etcd::no_credentials(url)?;
+        }
+    }
+    let etcd = Etcd::new(cluster, options).map_err(|e| e.to_string())?;
     let state = etcd.state().await.map_err(|e| e.to_string())?;
     let words: Vec<&str> = rest.iter().map(String::as_str).collect();
     match (command, words.as_slice()) {
@@ -647,7 +707,12 @@ async fn etcd_command(cluster: &str, command: &str, rest: &[String]) -> Result<(
         }
         ("mount", ["ls"]) | ("mount", []) => {
             for (prefix, url) in &state.mounts {
-                println!("{prefix} <- {}", pagestore_client::ufs::redact(url));
+                let warn = if etcd::credentials_in(url).is_empty() {
+                    ""
+                } else {
+                    "  (credentials stored in etcd: set it again without them)"
+                };
+                println!("{prefix} <- {}{warn}", pagestore_client::ufs::redact(url));
             }
             Ok(())
         }

@@ -53,7 +53,14 @@ flags win over the file):
   --listen IP:PORT       QUIC base address; shard i uses port+i (default 127.0.0.1:7400)
   --members FILE         static member list (default: this node alone)
   --etcd URL             membership and mounts in etcd instead:
-                         etcd://HOST:PORT[,HOST:PORT...][/CLUSTER]
+                         etcd://HOST:PORT[,HOST:PORT...][/CLUSTER] (etcds:// for TLS)
+  --etcd-user USER       with etcd: log in as USER; the password comes from
+                         --etcd-password-file FILE or $PAGESTORE_ETCD_PASSWORD
+  --etcd-password-file FILE
+                         with etcd: file holding the password (first line)
+  --etcd-ca FILE         with etcds://: CA certificate(s) that sign etcd's certificate
+  --etcd-cert FILE, --etcd-key FILE
+                         with etcds://: client certificate and key for etcd
   --ring-mode MODE       with etcd: dynamic (live members only, the default) or static
                          (members keep their slot while down); the first node sets it
   --lease-ttl SECS       with etcd: membership lease TTL (default 10); a dead node leaves
@@ -88,6 +95,8 @@ struct Config {
     listen: SocketAddr,
     members: Option<PathBuf>,
     etcd: Option<String>,
+    /// Credentials and TLS settings for etcd (flags over `PAGESTORE_ETCD_*`).
+    etcd_options: etcd::EtcdOptions,
     ring_mode: Option<RingMode>,
     lease_ttl: Duration,
     tls_dir: Option<PathBuf>,
@@ -118,6 +127,11 @@ struct FileConfig {
     listen: Option<String>,
     members: Option<String>,
     etcd: Option<String>,
+    etcd_user: Option<String>,
+    etcd_password_file: Option<String>,
+    etcd_ca: Option<String>,
+    etcd_cert: Option<String>,
+    etcd_key: Option<String>,
     ring_mode: Option<String>,
     lease_ttl: Option<f64>,
     tls_dir: Option<String>,
@@ -183,6 +197,17 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     if let Some(v) = f.etcd {
         push("--etcd", v);
     }
+    for (k, v) in [
+        ("--etcd-user", f.etcd_user),
+        ("--etcd-password-file", f.etcd_password_file),
+        ("--etcd-ca", f.etcd_ca),
+        ("--etcd-cert", f.etcd_cert),
+        ("--etcd-key", f.etcd_key),
+    ] {
+        if let Some(v) = v {
+            push(k, v);
+        }
+    }
     if let Some(v) = f.ring_mode {
         push("--ring-mode", v);
     }
@@ -240,6 +265,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         listen: DEFAULT_LISTEN.parse().map_err(|e| format!("{e}"))?,
         members: None,
         etcd: None,
+        etcd_options: etcd::EtcdOptions::default(),
         ring_mode: None,
         lease_ttl: etcd::DEFAULT_LEASE_TTL,
         tls_dir: None,
@@ -257,6 +283,8 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
     let mut rules = Vec::new();
     let mut file_roots: Vec<PathBuf> = Vec::new();
     let mut node_id_cmd = false;
+    // --etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert, --etcd-key
+    let mut etcd_flags: [Option<String>; 5] = Default::default();
     while let Some(arg) = args.next() {
         match flag(&arg) {
             "node-id" => node_id_cmd = true,
@@ -278,6 +306,11 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
                 etcd::parse_etcd_url(&v).map_err(|e| format!("--etcd: {e}"))?;
                 c.etcd = Some(v);
             }
+            "--etcd-user" => etcd_flags[0] = Some(args.value(&arg)?),
+            "--etcd-password-file" => etcd_flags[1] = Some(args.value(&arg)?),
+            "--etcd-ca" => etcd_flags[2] = Some(args.value(&arg)?),
+            "--etcd-cert" => etcd_flags[3] = Some(args.value(&arg)?),
+            "--etcd-key" => etcd_flags[4] = Some(args.value(&arg)?),
             "--ring-mode" => {
                 c.ring_mode = Some(
                     args.value(&arg)?
@@ -342,6 +375,15 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
     if c.etcd.is_none() && c.ring_mode.is_some() {
         return Err("--ring-mode needs --etcd (a member file is always a static ring)".into());
     }
+    if c.etcd.is_some() {
+        c.etcd_options = etcd_options(etcd_flags)?;
+    } else if etcd_flags.iter().any(Option::is_some) {
+        return Err(
+            "--etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert and --etcd-key \
+                    need --etcd"
+                .into(),
+        );
+    }
     if node_id_cmd {
         let id =
             node_id::load_or_create(&c.cache_dirs[0].join("node-id")).map_err(|e| e.to_string())?;
@@ -381,6 +423,22 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         FileRoots::new(&file_roots).map_err(|e| e.to_string())?
     };
     Ok(Some(c))
+}
+
+/// The etcd settings: each flag given wins over its `PAGESTORE_ETCD_*` variable.
+fn etcd_options(flags: [Option<String>; 5]) -> Result<etcd::EtcdOptions, String> {
+    let [user, password_file, ca, cert, key] = flags;
+    let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
+    if let Some(u) = user {
+        o.user = Some(u);
+    }
+    if let Some(f) = password_file {
+        o.password = Some(etcd::read_password_file(f.as_ref()).map_err(|e| e.to_string())?);
+    }
+    o.ca = ca.map(PathBuf::from).or(o.ca);
+    o.cert = cert.map(PathBuf::from).or(o.cert);
+    o.key = key.map(PathBuf::from).or(o.key);
+    Ok(o)
 }
 
 fn main() {
@@ -452,21 +510,37 @@ fn run(mut c: Config) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the tokio runtime: {e}"))?;
+    // This node's own mounts, with their credentials (etcd's table holds none).
+    let local_mounts = c.mounts.clone();
     // Membership: etcd, a member file, or this node alone.
     let mut etcd_state: Option<(Arc<Etcd>, ClusterState)> = None;
     let nodes = match (&c.members, &c.etcd) {
         (_, Some(url)) => {
             let e = {
                 let _guard = runtime.enter();
-                Arc::new(Etcd::new(url).map_err(|e| e.to_string())?)
+                Arc::new(Etcd::new(url, &c.etcd_options).map_err(|e| format!("--etcd: {e}"))?)
             };
-            let (state, mounts) = runtime
-                .block_on(etcd_join(&e, &c))
-                .map_err(|e| format!("{e} (check --etcd {url} and that etcd runs)"))?;
-            if c.mounts != mounts {
+            let (state, mounts) = runtime.block_on(etcd_join(&e, &c)).map_err(|e| match e {
+                etcd::EtcdError::Auth(_) => {
+                    format!("{e} (check --etcd-user and the password for --etcd {url})")
+                }
+                _ => format!("{e} (check --etcd {url} and that etcd runs)"),
+            })?;
+            let own: Vec<(String, String)> = c
+                .mounts
+                .iter()
+                .map(|(p, u)| (p.clone(), pagestore_client::ufs::redact(u)))
+                .collect();
+            if own != mounts {
                 tracing::warn!("the mount table in etcd differs from this node's settings; etcd's wins (change it with pagectl mount)");
             }
-            c.mounts = mounts;
+            for (p, u) in &mounts {
+                if !etcd::credentials_in(u).is_empty() {
+                    tracing::warn!(prefix = %p, "a mount URL in etcd holds credentials: set it again without them (pagectl mount set)");
+                }
+            }
+            // etcd holds no secrets: this node's own credentials go back on its mounts.
+            c.mounts = etcd::with_local_credentials(&mounts, &local_mounts);
             let mut state = state;
             let rec = MemberRecord {
                 info: me,
@@ -607,6 +681,7 @@ fn run(mut c: Config) -> Result<(), String> {
         }));
         let (weak, admin, source) = (Arc::downgrade(&node), admin.clone(), source.clone());
         let roots = c.file_roots.clone();
+        let local_mounts = local_mounts.clone();
         background.push(runtime.spawn(async move {
             while rx.changed().await.is_ok() {
                 let Some(s) = rx.borrow_and_update().clone() else {
@@ -615,7 +690,7 @@ fn run(mut c: Config) -> Result<(), String> {
                 let Some(node) = weak.upgrade() else {
                     return;
                 };
-                apply_state(&node, &admin, &source, &s, &roots).await;
+                apply_state(&node, &admin, &source, &s, &roots, &local_mounts).await;
             }
         }));
     }
@@ -750,13 +825,14 @@ fn node_entries(m: &Membership) -> Vec<NodeEntry> {
 }
 
 /// Serves under a membership state read from etcd: the shards' rings, the admin view and
-/// the mount table.
+/// the mount table (with this node's own credentials, `local_mounts`, put back).
 async fn apply_state(
     node: &Node,
     admin: &pagestore_tools::admin::Admin,
     source: &UfsSource,
     s: &ClusterState,
     roots: &FileRoots,
+    local_mounts: &[(String, String)],
 ) {
     let nodes = s.ring_nodes();
     if nodes.is_empty() {
@@ -793,12 +869,15 @@ async fn apply_state(
         mode: s.mode().as_str(),
     };
     let current = source.table();
-    let now: Vec<(String, String)> = current
+    let mut now: Vec<(String, String)> = current
         .mounts()
         .map(|(p, u)| (p.to_string(), u.to_string()))
         .collect();
-    if !s.mounts.is_empty() && s.mounts != now {
-        match MountTable::new_confined(&s.mounts, roots) {
+    let mut wanted = etcd::with_local_credentials(&s.mounts, local_mounts);
+    now.sort();
+    wanted.sort();
+    if !wanted.is_empty() && wanted != now {
+        match MountTable::new_confined(&wanted, roots) {
             Ok(t) => {
                 source.replace(Arc::new(t));
                 tracing::info!(
