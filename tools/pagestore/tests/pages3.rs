@@ -10,6 +10,13 @@
 //! (also as raw signed requests); PutObject (small and large) then GetObject returning the new
 //! bytes at once; a three-part multipart upload; DeleteObject; a gateway without `--mount`
 //! refusing writes; a clean stop on SIGTERM; and a refusal to start without credentials.
+//!
+//! `pages3_refuses_what_s3_refuses` (issue 12): SigV2 refused, or held to the clock with
+//! `--allow-sigv2`; presigned lifetimes; Content-MD5 and x-amz-checksum-* verified; cut or
+//! mislabelled aws-chunked bodies refused; errors without server paths; KeyTooLongError; ranges
+//! S3 ignores; DeleteObjects over 1,000 keys; a stalled body; connection limits and the header
+//! deadline; a full store (RLIMIT_FSIZE); a gateway killed mid-upload and restarted. Raw
+//! requests are signed by the helpers in `RAW_HELPERS` (SigV4, aws-chunked, SigV2).
 #![allow(clippy::unwrap_used)]
 
 mod common;
