@@ -172,7 +172,8 @@ impl RequestBudget {
 /// Bytes of request buffers one connection may hold without drawing on the node's budget, so
 /// that small requests (every read) are served even while large ones wait for budget.
 pub const CONNECTION_ALLOWANCE: usize = 64 << 10;
-/// The smallest request buffer; buffers then double (at most 1 MiB at a time) as bytes arrive.
+/// The smallest request buffer; buffers then double (by at most 1 MiB at a time) as bytes
+/// arrive.
 const MIN_BUFFER: usize = 1024;
 /// Freed request bytes after which the shard asks the allocator to return memory to the system.
 const TRIM_AFTER: usize = 16 << 20;
@@ -270,7 +271,7 @@ impl Drop for Charge {
 }
 
 /// A request being received. Its buffer grows with what arrived, never from a length the peer
-/// claims, and each growth is charged before it is made.
+/// claims, and only within what was charged for it beforehand.
 struct Partial {
     buf: Vec<u8>,
     charge: Charge,
@@ -285,31 +286,45 @@ impl Partial {
         self.charge.own + self.charge.node
     }
 
-    /// Makes room for more bytes: doubles the buffer (by at most 1 MiB, up to `max`), charged
-    /// to the connection's allowance while the request is small, else to the node's budget
-    /// within the connection's share `conn_max`. `Err(true)`: the node's budget is spent;
-    /// `Err(false)`: the connection's share is.
-    fn grow(&mut self, max: usize, conn_max: usize) -> Result<(), bool> {
+    /// Charges more bytes to this request. While it is small, its charge doubles within the
+    /// connection's allowance; past that it takes the rest of a whole request (`max`) from the
+    /// node's budget at once, within the connection's share `conn_max`, so that a request that
+    /// got budget can always be received to its end (no request holds part of the budget while
+    /// waiting for more). `Err(true)`: the node's budget is spent; `Err(false)`: the
+    /// connection's share is.
+    fn charge_more(&mut self, max: usize, conn_max: usize) -> Result<(), bool> {
         let held = self.held();
-        let target = (held * 2).max(MIN_BUFFER).min(held + (1 << 20)).min(max);
-        let delta = target.saturating_sub(held);
         let c = &self.charge;
-        if delta == 0 {
+        let small = (held * 2).max(MIN_BUFFER).min(max) - held;
+        if c.node == 0 && small > 0 && c.conn.own.get() + small <= CONNECTION_ALLOWANCE {
+            c.conn.own.set(c.conn.own.get() + small);
+            self.charge.own += small;
+            return Ok(());
+        }
+        let rest = max.saturating_sub(held);
+        if rest == 0 {
             return Err(false);
         }
-        if c.node == 0 && c.conn.own.get() + delta <= CONNECTION_ALLOWANCE {
-            c.conn.own.set(c.conn.own.get() + delta);
-            self.charge.own += delta;
-        } else if c.conn.node.get() + delta > conn_max {
+        if c.conn.node.get() + rest > conn_max {
             return Err(false);
-        } else if c.budget.try_take(delta) {
-            c.conn.node.set(c.conn.node.get() + delta);
-            self.charge.node += delta;
-        } else {
+        }
+        if !c.budget.try_take(rest) {
             return Err(true);
         }
-        self.buf.reserve_exact(target - self.buf.len());
+        c.conn.node.set(c.conn.node.get() + rest);
+        self.charge.node += rest;
         Ok(())
+    }
+
+    /// Grows the buffer within the charge: doubling, by at most 1 MiB at a time, so memory
+    /// follows the bytes that arrived, not the charge.
+    fn grow_buffer(&mut self) {
+        let len = self.buf.len();
+        let target = (len * 2)
+            .max(MIN_BUFFER)
+            .min(len + (1 << 20))
+            .min(self.held());
+        self.buf.reserve_exact(target.saturating_sub(len));
     }
 }
 
@@ -878,8 +893,8 @@ struct ReadLimits {
     max_buffered: usize,
 }
 
-/// Reads what has arrived on a request stream, as far as its buffer can grow (see
-/// [`Partial::grow`]); a stream that cannot get more room waits in `c.starved`, its bytes left
+/// Reads what has arrived on a request stream, as far as its charge allows (see
+/// [`Partial::charge_more`]); a stream that cannot get more room waits in `c.starved`, its bytes left
 /// in quinn-proto, where flow control holds the peer back. Returns the whole request, and the
 /// charge it keeps until its reply is ready, once the client has finished its side.
 fn read_stream(
@@ -908,14 +923,17 @@ fn read_stream(
             }
         };
         loop {
-            let room = p.held().saturating_sub(p.buf.len());
+            let room = p.held().min(p.buf.capacity()).saturating_sub(p.buf.len());
             let want = if room > 0 {
                 room
-            } else if p.held() >= max {
+            } else if p.buf.len() >= max {
                 // Full size: any further byte makes the request too large.
                 usize::MAX
+            } else if p.buf.capacity() < p.held() {
+                p.grow_buffer();
+                continue;
             } else {
-                match p.grow(max, limits.max_buffered) {
+                match p.charge_more(max, limits.max_buffered) {
                     Ok(()) => continue,
                     Err(node) => {
                         starved = Some(node);
