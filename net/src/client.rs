@@ -100,6 +100,11 @@ impl Default for PoolOptions {
 pub struct Pool {
     endpoint: quinn::Endpoint,
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// One lock per connection, held while a request with a payload (a write) is sent: a
+    /// node reads a connection's requests within a bounded budget, so their bytes must arrive
+    /// one request after another, not interleaved (requests without payload are a few bytes
+    /// and are not held back).
+    writers: Mutex<HashMap<usize, Arc<tokio::sync::Mutex<()>>>>,
     options: PoolOptions,
 }
 
@@ -120,6 +125,7 @@ impl Pool {
         Ok(Arc::new(Pool {
             endpoint,
             conns: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
             options,
         }))
     }
@@ -219,12 +225,23 @@ impl Pool {
                 Some(why) => ClientError::Connect(addr, why),
                 None => ClientError::Transfer(addr, e.to_string()),
             };
+        let writer = if payload.is_empty() {
+            None
+        } else {
+            let lock = {
+                let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+                w.retain(|_, l| Arc::strong_count(l) > 1);
+                w.entry(conn.stable_id()).or_default().clone()
+            };
+            Some(lock.lock_owned().await)
+        };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(&e))?;
         send.write_all(request).await.map_err(|e| xfer(&e))?;
         if !payload.is_empty() {
             send.write_all(payload).await.map_err(|e| xfer(&e))?;
         }
         send.finish().map_err(|e| xfer(&e))?;
+        drop(writer);
         // Replies are frames: the preamble says how long the whole frame is, so the buffer is
         // allocated once at its final size (no regrowth, no extra copies).
         let mut buf = vec![0u8; crate::frame::PREAMBLE_LEN];

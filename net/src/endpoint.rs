@@ -245,6 +245,8 @@ struct ConnCharge {
     own: Cell<usize>,
     /// From the node's [`RequestBudget`].
     node: Cell<usize>,
+    /// Bytes that arrived into those buffers (always at most `own + node`).
+    filled: Cell<usize>,
 }
 
 thread_local! {
@@ -257,6 +259,8 @@ thread_local! {
 struct Charge {
     own: usize,
     node: usize,
+    /// Bytes that arrived.
+    filled: usize,
     conn: Rc<ConnCharge>,
     budget: Arc<RequestBudget>,
 }
@@ -265,6 +269,7 @@ impl Drop for Charge {
     fn drop(&mut self) {
         self.conn.own.set(self.conn.own.get() - self.own);
         self.conn.node.set(self.conn.node.get() - self.node);
+        self.conn.filled.set(self.conn.filled.get() - self.filled);
         self.budget.give(self.node);
         FREED.with(|f| f.set(f.get().saturating_add(self.own + self.node)));
     }
@@ -331,9 +336,10 @@ impl Partial {
 struct Conn {
     conn: quinn_proto::Connection,
     streams: HashMap<StreamId, StreamState>,
-    /// Request bytes this connection holds; its QUIC receive window is
-    /// [`crate::transport::SERVER_BASE_WINDOW`] plus these, so the peer can never have more
-    /// than that window unread in quinn-proto on top of what the shard holds for it.
+    /// Request bytes charged to this connection; its QUIC receive window is
+    /// [`crate::transport::SERVER_BASE_WINDOW`] plus the charged room not yet filled, so what
+    /// the peer has sent and the shard not yet answered never exceeds the base window plus the
+    /// charges (quinn-proto's unread bytes included).
     charge: Rc<ConnCharge>,
     /// The receive window last given to quinn-proto.
     window: usize,
@@ -721,8 +727,7 @@ impl Driver {
                 .iter()
                 .filter_map(|(id, s)| match s {
                     StreamState::Reading(p)
-                        if !p.waiting
-                            && !(blocked && p.charge.node == 0)
+                        if !(p.waiting || blocked && p.charge.node == 0)
                             && now.duration_since(p.last) >= timeout =>
                     {
                         Some(*id)
@@ -794,6 +799,7 @@ impl Driver {
                 charge: Charge {
                     own: 0,
                     node: 0,
+                    filled: 0,
                     conn: c.charge.clone(),
                     budget: self.budget.clone(),
                 },
@@ -828,10 +834,11 @@ impl Driver {
             }
         }
         self.starving |= !c.starved.is_empty();
-        // The peer may send the base window beyond the bytes the shard holds for it.
+        // The peer may have the base window unread, plus what the requests charged to this
+        // connection still have room for: the shard never holds more for it than the base
+        // window and its charges.
         let window = crate::transport::SERVER_BASE_WINDOW as usize
-            + c.charge.own.get()
-            + c.charge.node.get();
+            + (c.charge.own.get() + c.charge.node.get()).saturating_sub(c.charge.filled.get());
         if window != c.window {
             c.window = window;
             c.conn
@@ -948,6 +955,11 @@ fn read_stream(
                         break;
                     }
                     p.buf.extend_from_slice(&chunk.bytes);
+                    p.charge.filled += chunk.bytes.len();
+                    p.charge
+                        .conn
+                        .filled
+                        .set(p.charge.conn.filled.get() + chunk.bytes.len());
                     got = true;
                 }
                 Ok(None) => {
