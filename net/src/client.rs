@@ -38,6 +38,41 @@ impl std::fmt::Display for ClientError {
 
 impl std::error::Error for ClientError {}
 
+/// Why a node closed the connection, when the reason is one this client can act on: the node
+/// refused this client's TLS certificate (or the lack of one), or refused the connection.
+/// quinn reports both only as a closed connection ("connection lost" on a stream).
+pub fn refusal_reason(e: &quinn::ConnectionError) -> Option<String> {
+    let quinn::ConnectionError::ConnectionClosed(close) = e else {
+        return None;
+    };
+    let code = u64::from(close.error_code);
+    if code == u64::from(quinn::TransportErrorCode::CONNECTION_REFUSED) {
+        return Some(
+            "the node refused the connection (it is at its connection limit, overall or for \
+             this client's IP address; see --max-connections and --max-connections-per-ip)"
+                .into(),
+        );
+    }
+    // TLS alerts travel as QUIC CRYPTO_ERROR 0x100 + alert.
+    let alert = code.checked_sub(0x100).filter(|a| *a <= 0xff)?;
+    let what = match alert {
+        116 => "sent no client certificate (TLS alert certificate_required)",
+        42 => "sent a certificate the node rejected (TLS alert bad_certificate)",
+        43 => "sent an unsupported certificate (TLS alert unsupported_certificate)",
+        44 => "sent a revoked certificate (TLS alert certificate_revoked)",
+        45 => "sent an expired certificate (TLS alert certificate_expired)",
+        46 => "sent a certificate the node could not verify (TLS alert certificate_unknown)",
+        48 => "sent a certificate not issued by the cluster CA (TLS alert unknown_ca)",
+        49 => "was denied access (TLS alert access_denied)",
+        _ => return None,
+    };
+    Some(format!(
+        "the node requires a client certificate from the cluster CA, and this client {what}; \
+         give the client the cluster's client-cert.pem and client-key.pem (issued by the \
+         cluster CA) in its --tls-dir (or PAGESTORE_TLS_DIR)"
+    ))
+}
+
 /// Pool settings.
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
@@ -65,6 +100,11 @@ impl Default for PoolOptions {
 pub struct Pool {
     endpoint: quinn::Endpoint,
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// One lock per connection, held while a request with a payload (a write) is sent: a
+    /// node reads a connection's requests within a bounded budget, so their bytes must arrive
+    /// one request after another, not interleaved (requests without payload are a few bytes
+    /// and are not held back).
+    writers: Mutex<HashMap<usize, Arc<tokio::sync::Mutex<()>>>>,
     options: PoolOptions,
 }
 
@@ -85,6 +125,7 @@ impl Pool {
         Ok(Arc::new(Pool {
             endpoint,
             conns: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
             options,
         }))
     }
@@ -106,9 +147,9 @@ impl Pool {
             .endpoint
             .connect(addr, &self.options.server_name)
             .map_err(|e| ClientError::Connect(addr, e.to_string()))?;
-        let conn = connecting
-            .await
-            .map_err(|e| ClientError::Connect(addr, e.to_string()))?;
+        let conn = connecting.await.map_err(|e| {
+            ClientError::Connect(addr, refusal_reason(&e).unwrap_or_else(|| e.to_string()))
+        })?;
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         match conns.get(&addr) {
             // Another task connected first: use that one.
@@ -176,13 +217,31 @@ impl Pool {
         request: &[u8],
         payload: &[u8],
     ) -> Result<Vec<u8>, ClientError> {
-        let xfer = |e: &dyn std::fmt::Display| ClientError::Transfer(addr, e.to_string());
+        // A stream error on a closed connection says only "connection lost": name the reason
+        // when the node refused this client.
+        let xfer =
+            |e: &dyn std::fmt::Display| match conn.close_reason().as_ref().and_then(refusal_reason)
+            {
+                Some(why) => ClientError::Connect(addr, why),
+                None => ClientError::Transfer(addr, e.to_string()),
+            };
+        let writer = if payload.is_empty() {
+            None
+        } else {
+            let lock = {
+                let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+                w.retain(|_, l| Arc::strong_count(l) > 1);
+                w.entry(conn.stable_id()).or_default().clone()
+            };
+            Some(lock.lock_owned().await)
+        };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(&e))?;
         send.write_all(request).await.map_err(|e| xfer(&e))?;
         if !payload.is_empty() {
             send.write_all(payload).await.map_err(|e| xfer(&e))?;
         }
         send.finish().map_err(|e| xfer(&e))?;
+        drop(writer);
         // Replies are frames: the preamble says how long the whole frame is, so the buffer is
         // allocated once at its final size (no regrowth, no extra copies).
         let mut buf = vec![0u8; crate::frame::PREAMBLE_LEN];

@@ -14,13 +14,16 @@
 
 use std::{
     cell::{Cell, RefCell},
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     future::Future,
     io::{self, IoSliceMut},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     pin::Pin,
     rc::Rc,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -28,8 +31,8 @@ use crate::tls::{peer_role, Role};
 use bytes::BytesMut;
 use pagestore_engine::{event::Event, PageData};
 use quinn_proto::{
-    ConnectionHandle, DatagramEvent, Dir, Event as QEvent, ReadError, ServerConfig, StreamEvent,
-    StreamId, VarInt, WriteError,
+    ConnectionHandle, DatagramEvent, Dir, Event as QEvent, Incoming, ReadError, ServerConfig,
+    StreamEvent, StreamId, VarInt, WriteError,
 };
 use rustls::pki_types::CertificateDer;
 
@@ -85,15 +88,106 @@ pub trait Service: 'static {
 pub struct EndpointOptions {
     /// Address to bind (one per shard: base port + shard index).
     pub addr: SocketAddr,
-    /// TLS and transport settings for accepted connections.
+    /// TLS settings for accepted connections. Its transport settings are replaced by
+    /// [`crate::transport::server_transport_config`]: the memory bounds below rely on the
+    /// receive windows set there.
     pub server: Arc<ServerConfig>,
     /// Largest request accepted (frame head and payload); a larger one resets the stream.
     pub max_request: usize,
-    /// Bytes of partly received requests one connection may make the shard hold: it may have
-    /// `max_buffered / max_request` (at least one) requests partly read at once; further streams
-    /// wait unread and QUIC flow control holds the client back.
+    /// Request bytes one connection may make the shard hold from the node's budget (partly
+    /// received requests and requests being served); at least `max_request`. Beyond it the
+    /// connection's streams wait unread and QUIC flow control holds the client back.
     pub max_buffered: usize,
+    /// Connection, handshake and stall limits.
+    pub limits: Limits,
+    /// The node-wide budget of request bytes, shared by the node's shards.
+    pub budget: Arc<RequestBudget>,
 }
+
+/// What one peer may make an endpoint hold, and for how long (see docs/SECURITY.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Request bytes the whole node may hold in partly received requests and requests being
+    /// served (the [`RequestBudget`]); at least the largest request.
+    pub max_partial_bytes: usize,
+    /// Connections one shard endpoint accepts at once; more are refused (CONNECTION_REFUSED).
+    pub max_connections: usize,
+    /// Connections one shard endpoint accepts from one IP address at once.
+    pub max_connections_per_ip: usize,
+    /// A request whose bytes stop arriving for this long is reset and its buffer freed.
+    pub request_stall_timeout: Duration,
+    /// Handshakes one shard endpoint runs at once; beyond it, new attempts from unvalidated
+    /// addresses get a Retry and validated ones are refused.
+    pub max_handshakes: usize,
+    /// New connections per second on one shard above which attempts from addresses not yet
+    /// validated get a stateless Retry first. 0: always Retry; `u32::MAX`: never.
+    pub retry_rate: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_partial_bytes: 256 << 20,
+            max_connections: 1024,
+            max_connections_per_ip: 128,
+            request_stall_timeout: Duration::from_secs(10),
+            max_handshakes: 256,
+            retry_rate: 128,
+        }
+    }
+}
+
+/// Bytes of requests held by a node's endpoints (partly received, or complete and being served),
+/// shared by its shards. Touched when a request's buffer grows (doubling, so a few times per
+/// request) and when the request ends; never per datagram.
+#[derive(Debug)]
+pub struct RequestBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl RequestBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<RequestBudget> {
+        Arc::new(RequestBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn try_take(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                u.checked_add(n).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: usize) {
+        if n > 0 {
+            self.used.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Bytes of request buffers one connection may hold without drawing on the node's budget, so
+/// that small requests (every read) are served even while large ones wait for budget.
+pub const CONNECTION_ALLOWANCE: usize = 64 << 10;
+/// The smallest request buffer; buffers then double (by at most 1 MiB at a time) as bytes
+/// arrive.
+const MIN_BUFFER: usize = 1024;
+/// Freed request bytes after which the shard asks the allocator to return memory to the system.
+const TRIM_AFTER: usize = 16 << 20;
 
 /// Counters of one endpoint.
 #[derive(Default, Debug)]
@@ -108,6 +202,14 @@ pub struct EndpointStats {
     pub datagrams_in: Cell<u64>,
     /// Datagram batches sent.
     pub sends: Cell<u64>,
+    /// Connection attempts refused (connection or handshake limits).
+    pub refused: Cell<u64>,
+    /// Retry packets sent (address validation).
+    pub retries: Cell<u64>,
+    /// Requests reset because their bytes stopped arriving.
+    pub stalled: Cell<u64>,
+    /// Times a request had to wait for the node's request budget.
+    pub budget_waits: Cell<u64>,
 }
 
 /// A running endpoint (owned by the shard that started it).
@@ -142,9 +244,104 @@ impl EndpointHandle {
 }
 
 enum StreamState {
-    Reading(Vec<u8>),
+    Reading(Partial),
     Serving,
     Writing { reply: Reply, written: usize },
+}
+
+/// Request bytes one connection holds (buffer capacity), by where they were charged.
+#[derive(Default)]
+struct ConnCharge {
+    /// From the connection's own [`CONNECTION_ALLOWANCE`].
+    own: Cell<usize>,
+    /// From the node's [`RequestBudget`].
+    node: Cell<usize>,
+    /// Bytes that arrived into those buffers (always at most `own + node`).
+    filled: Cell<usize>,
+}
+
+thread_local! {
+    /// Request buffer bytes freed on this shard since the allocator was last asked to trim.
+    static FREED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The bytes one request's buffer is charged; given back when dropped (the request was reset,
+/// its connection closed, or its reply is ready).
+struct Charge {
+    own: usize,
+    node: usize,
+    /// Bytes that arrived.
+    filled: usize,
+    conn: Rc<ConnCharge>,
+    budget: Arc<RequestBudget>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.conn.own.set(self.conn.own.get() - self.own);
+        self.conn.node.set(self.conn.node.get() - self.node);
+        self.conn.filled.set(self.conn.filled.get() - self.filled);
+        self.budget.give(self.node);
+        FREED.with(|f| f.set(f.get().saturating_add(self.own + self.node)));
+    }
+}
+
+/// A request being received. Its buffer grows with what arrived, never from a length the peer
+/// claims, and only within what was charged for it beforehand.
+struct Partial {
+    buf: Vec<u8>,
+    charge: Charge,
+    /// When bytes last arrived, or when the request last stopped waiting for budget.
+    last: Instant,
+    /// Waiting for the node's budget (not the peer's fault: no stall timeout meanwhile).
+    waiting: bool,
+}
+
+impl Partial {
+    fn held(&self) -> usize {
+        self.charge.own + self.charge.node
+    }
+
+    /// Charges more bytes to this request. While it is small, its charge doubles within the
+    /// connection's allowance; past that it takes the rest of a whole request (`max`) from the
+    /// node's budget at once, within the connection's share `conn_max`, so that a request that
+    /// got budget can always be received to its end (no request holds part of the budget while
+    /// waiting for more). `Err(true)`: the node's budget is spent; `Err(false)`: the
+    /// connection's share is.
+    fn charge_more(&mut self, max: usize, conn_max: usize) -> Result<(), bool> {
+        let held = self.held();
+        let c = &self.charge;
+        let small = (held * 2).max(MIN_BUFFER).min(max) - held;
+        if c.node == 0 && small > 0 && c.conn.own.get() + small <= CONNECTION_ALLOWANCE {
+            c.conn.own.set(c.conn.own.get() + small);
+            self.charge.own += small;
+            return Ok(());
+        }
+        let rest = max.saturating_sub(held);
+        if rest == 0 {
+            return Err(false);
+        }
+        if c.conn.node.get() + rest > conn_max {
+            return Err(false);
+        }
+        if !c.budget.try_take(rest) {
+            return Err(true);
+        }
+        c.conn.node.set(c.conn.node.get() + rest);
+        self.charge.node += rest;
+        Ok(())
+    }
+
+    /// Grows the buffer within the charge: doubling, by at most 1 MiB at a time, so memory
+    /// follows the bytes that arrived, not the charge.
+    fn grow_buffer(&mut self) {
+        let len = self.buf.len();
+        let target = (len * 2)
+            .max(MIN_BUFFER)
+            .min(len + (1 << 20))
+            .min(self.held());
+        self.buf.reserve_exact(target.saturating_sub(len));
+    }
 }
 
 struct Conn {
@@ -152,13 +349,15 @@ struct Conn {
     /// The peer, once its handshake is complete (streams only open after it).
     peer: Option<Peer>,
     streams: HashMap<StreamId, StreamState>,
-    /// Streams whose request is partly read. At most `max_buffered / max_request` at once, so a
-    /// peer cannot make the shard buffer many large requests: other streams wait unread (their
-    /// data stays in quinn-proto, where flow control holds the peer back), and each admitted one
-    /// is read to its end, so the connection always makes progress.
-    active: usize,
-    /// Streams waiting for a free place; retried as places free up.
-    paused: Vec<StreamId>,
+    /// Request bytes charged to this connection; its QUIC receive window is
+    /// [`crate::transport::SERVER_BASE_WINDOW`] plus the charged room not yet filled, so what
+    /// the peer has sent and the shard not yet answered never exceeds the base window plus the
+    /// charges (quinn-proto's unread bytes included).
+    charge: Rc<ConnCharge>,
+    /// The receive window last given to quinn-proto.
+    window: usize,
+    /// Streams waiting for request budget; retried on later turns.
+    starved: Vec<StreamId>,
 }
 
 type Done = Rc<RefCell<VecDeque<(ConnectionHandle, StreamId, Reply)>>>;
@@ -200,6 +399,19 @@ struct Driver {
     stats: Rc<EndpointStats>,
     max_request: usize,
     max_buffered: usize,
+    limits: Limits,
+    budget: Arc<RequestBudget>,
+    /// Connections by source IP address (as first seen; migration does not move them).
+    per_ip: HashMap<IpAddr, usize>,
+    conn_ip: HashMap<ConnectionHandle, IpAddr>,
+    /// Connections still in their handshake.
+    handshaking: HashSet<ConnectionHandle>,
+    /// Connections accepted in the current one-second window, and when it began.
+    rate: (Instant, u32),
+    /// Next scan for stalled requests.
+    next_scan: Instant,
+    /// Some stream waits for budget another shard may free: poll for it.
+    starving: bool,
     recv_buf: Vec<u8>,
     send_buf: Vec<u8>,
 }
@@ -237,9 +449,13 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         // the glommio socket takes ownership and closes it when dropped.
         unsafe { glommio::net::UdpSocket::from_raw_fd(fd) }
     };
+    let mut server = (*options.server).clone();
+    server.transport_config(crate::transport::server_transport_config());
+    // Incoming attempts are decided on at once (accept, retry or refuse), so a few suffice.
+    server.max_incoming(64);
     let endpoint = quinn_proto::Endpoint::new(
         Arc::new(crate::transport::endpoint_config()),
-        Some(options.server.clone()),
+        Some(Arc::new(server)),
         true,
         None,
     );
@@ -263,6 +479,14 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         stats: stats.clone(),
         max_request: options.max_request,
         max_buffered: options.max_buffered.max(options.max_request),
+        limits: options.limits,
+        budget: options.budget,
+        per_ip: HashMap::new(),
+        conn_ip: HashMap::new(),
+        handshaking: HashSet::new(),
+        rate: (Instant::now(), 0),
+        next_scan: Instant::now() + Duration::from_secs(1),
+        starving: false,
         recv_buf: vec![0u8; 65_536 * gro],
         send_buf: Vec::with_capacity(65_536),
     };
@@ -326,8 +550,14 @@ impl Driver {
                 }
                 false
             });
+            if now >= self.next_scan {
+                self.next_scan = now + Duration::from_secs(1);
+                self.reset_stalled(now);
+                trim_if_freed();
+            }
             let mut work = self.receive(now)?;
             work |= self.take_replies();
+            self.starving = false;
             let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
             for ch in handles {
                 work |= self.drive(ch, now);
@@ -342,11 +572,16 @@ impl Driver {
                 futures_lite::future::yield_now().await;
                 continue;
             }
+            // Budget freed on another shard wakes nobody here: poll for it while starving.
+            let starving = self.starving.then(|| now + Duration::from_millis(10));
+            let scan = (!self.conns.is_empty()).then_some(self.next_scan);
             let deadline = self
                 .conns
                 .values_mut()
                 .filter_map(|c| c.conn.poll_timeout())
                 .chain(close_at.values().copied())
+                .chain(starving)
+                .chain(scan)
                 .min();
             let wait =
                 deadline.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now));
@@ -417,28 +652,7 @@ impl Driver {
         let ecn = ecn.and_then(|e| quinn_proto::EcnCodepoint::from_bits(e as u8));
         let mut buf = Vec::new();
         match self.endpoint.handle(now, from, dst_ip, ecn, data, &mut buf) {
-            Some(DatagramEvent::NewConnection(incoming)) => {
-                match self.endpoint.accept(incoming, now, &mut buf, None) {
-                    Ok((ch, conn)) => {
-                        self.stats.connections.set(self.stats.connections.get() + 1);
-                        self.conns.insert(
-                            ch,
-                            Conn {
-                                conn,
-                                peer: None,
-                                streams: HashMap::new(),
-                                active: 0,
-                                paused: Vec::new(),
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        if let Some(t) = e.response {
-                            self.out.send(&t, &buf);
-                        }
-                    }
-                }
-            }
+            Some(DatagramEvent::NewConnection(incoming)) => self.admit(now, incoming, &mut buf),
             Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
                 if let Some(c) = self.conns.get_mut(&ch) {
                     c.conn.handle_event(ev);
@@ -446,6 +660,102 @@ impl Driver {
             }
             Some(DatagramEvent::Response(t)) => self.out.send(&t, &buf),
             None => {}
+        }
+    }
+
+    /// Decides on a connection attempt: refused over the connection limits, answered with a
+    /// Retry (no state kept) when handshakes come fast or many are in progress and the address
+    /// is not validated yet, else accepted.
+    fn admit(&mut self, now: Instant, incoming: Incoming, buf: &mut Vec<u8>) {
+        let ip = incoming.remote_address().ip().to_canonical();
+        let l = &self.limits;
+        let from_ip = self.per_ip.get(&ip).copied().unwrap_or(0);
+        if self.conns.len() >= l.max_connections || from_ip >= l.max_connections_per_ip {
+            tracing::debug!(%ip, from_ip, total = self.conns.len(), "connection refused: limit");
+            return self.refuse(incoming, buf);
+        }
+        if now.duration_since(self.rate.0) >= Duration::from_secs(1) {
+            self.rate = (now, 0);
+        }
+        let busy = self.rate.1 >= l.retry_rate || self.handshaking.len() >= l.max_handshakes;
+        if busy && !incoming.remote_address_validated() {
+            match self.endpoint.retry(incoming, buf) {
+                Ok(t) => {
+                    self.stats.retries.set(self.stats.retries.get() + 1);
+                    self.out.send(&t, buf);
+                }
+                // Not reachable (an unvalidated attempt may always be retried); refuse anyway.
+                Err(e) => self.refuse(e.into_incoming(), buf),
+            }
+            return;
+        }
+        if self.handshaking.len() >= l.max_handshakes {
+            return self.refuse(incoming, buf);
+        }
+        match self.endpoint.accept(incoming, now, buf, None) {
+            Ok((ch, conn)) => {
+                self.stats.connections.set(self.stats.connections.get() + 1);
+                self.rate.1 = self.rate.1.saturating_add(1);
+                *self.per_ip.entry(ip).or_insert(0) += 1;
+                self.conn_ip.insert(ch, ip);
+                self.handshaking.insert(ch);
+                self.conns.insert(
+                    ch,
+                    Conn {
+                        conn,
+                        peer: None,
+                        streams: HashMap::new(),
+                        charge: Rc::new(ConnCharge::default()),
+                        window: crate::transport::SERVER_BASE_WINDOW as usize,
+                        starved: Vec::new(),
+                    },
+                );
+            }
+            Err(e) => {
+                if let Some(t) = e.response {
+                    self.out.send(&t, buf);
+                }
+            }
+        }
+    }
+
+    fn refuse(&mut self, incoming: Incoming, buf: &mut Vec<u8>) {
+        self.stats.refused.set(self.stats.refused.get() + 1);
+        let t = self.endpoint.refuse(incoming, buf);
+        self.out.send(&t, buf);
+    }
+
+    /// Resets every request whose bytes stopped arriving for the stall timeout (not those
+    /// waiting for the node's budget: that wait is not the peer's doing).
+    fn reset_stalled(&mut self, now: Instant) {
+        let timeout = self.limits.request_stall_timeout;
+        for c in self.conns.values_mut() {
+            // While one request waits for budget, the peer's later requests may be held back by
+            // the connection's flow control: those that hold no budget yet wait with it.
+            let blocked = c
+                .streams
+                .values()
+                .any(|s| matches!(s, StreamState::Reading(p) if p.waiting));
+            let stalled: Vec<StreamId> = c
+                .streams
+                .iter()
+                .filter_map(|(id, s)| match s {
+                    StreamState::Reading(p)
+                        if !(p.waiting || blocked && p.charge.node == 0)
+                            && now.duration_since(p.last) >= timeout =>
+                    {
+                        Some(*id)
+                    }
+                    _ => None,
+                })
+                .collect();
+            for id in stalled {
+                self.stats.stalled.set(self.stats.stalled.get() + 1);
+                let _ = c.conn.recv_stream(id).stop(VarInt::from_u32(2));
+                let _ = c.conn.send_stream(id).reset(VarInt::from_u32(2));
+                c.streams.remove(&id);
+                c.starved.retain(|s| *s != id);
+            }
         }
     }
 
@@ -482,6 +792,9 @@ impl Driver {
                 c.conn.handle_event(back);
             }
         }
+        if !self.handshaking.is_empty() && !c.conn.is_handshaking() {
+            self.handshaking.remove(&ch);
+        }
         let mut readable = Vec::new();
         while let Some(ev) = c.conn.poll() {
             work = true;
@@ -489,26 +802,37 @@ impl Driver {
                 QEvent::Stream(StreamEvent::Readable { id }) => readable.push(id),
                 QEvent::Stream(StreamEvent::Writable { id }) => write_stream(c, id),
                 QEvent::Stream(StreamEvent::Stopped { id, .. }) => {
-                    if let Some(StreamState::Reading(b)) = c.streams.remove(&id) {
-                        if !b.is_empty() {
-                            c.active -= 1;
-                        }
-                    }
+                    c.streams.remove(&id);
                 }
                 _ => {}
             }
         }
         while let Some(id) = c.conn.streams().accept(Dir::Bi) {
-            c.streams.insert(id, StreamState::Reading(Vec::new()));
+            let partial = Partial {
+                buf: Vec::new(),
+                charge: Charge {
+                    own: 0,
+                    node: 0,
+                    filled: 0,
+                    conn: c.charge.clone(),
+                    budget: self.budget.clone(),
+                },
+                last: now,
+                waiting: false,
+            };
+            c.streams.insert(id, StreamState::Reading(partial));
             readable.push(id);
             work = true;
         }
-        let places = (self.max_buffered / self.max_request.max(1)).max(1);
-        if c.active < places && !c.paused.is_empty() {
-            readable.append(&mut c.paused);
+        if !c.starved.is_empty() {
+            readable.append(&mut c.starved);
         }
+        let limits = ReadLimits {
+            max_request: self.max_request,
+            max_buffered: self.max_buffered,
+        };
         for id in readable {
-            if let Some(request) = read_stream(c, id, self.max_request, places, &self.stats) {
+            if let Some((request, charge)) = read_stream(c, id, &limits, now, &self.stats) {
                 self.stats.requests.set(self.stats.requests.get() + 1);
                 // QUIC processes no 1-RTT stream data before the handshake completes; should a
                 // request still arrive first, it is served as a reader's and the role is
@@ -525,11 +849,24 @@ impl Driver {
                 let wake = self.wake.clone();
                 glommio::spawn_local(async move {
                     let reply = service.call(request, peer).await;
+                    // The request's bytes count against the budget until its reply is ready.
+                    drop(charge);
                     done.borrow_mut().push_back((ch, id, reply));
                     wake.notify_all();
                 })
                 .detach();
             }
+        }
+        self.starving |= !c.starved.is_empty();
+        // The peer may have the base window unread, plus what the requests charged to this
+        // connection still have room for: the shard never holds more for it than the base
+        // window and its charges.
+        let window = crate::transport::SERVER_BASE_WINDOW as usize
+            + (c.charge.own.get() + c.charge.node.get()).saturating_sub(c.charge.filled.get());
+        if window != c.window {
+            c.window = window;
+            c.conn
+                .set_receive_window(VarInt::from_u64(window as u64).unwrap_or(VarInt::MAX));
         }
         // Transmit.
         loop {
@@ -549,6 +886,15 @@ impl Driver {
         }
         if c.conn.is_drained() {
             self.conns.remove(&ch);
+            self.handshaking.remove(&ch);
+            if let Some(ip) = self.conn_ip.remove(&ch) {
+                if let Some(n) = self.per_ip.get_mut(&ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_ip.remove(&ip);
+                    }
+                }
+            }
         }
         work
     }
@@ -567,48 +913,91 @@ fn peer_of(conn: &quinn_proto::Connection) -> Peer {
     }
 }
 
-/// Reads what has arrived on a request stream, if the stream has (or can get) one of the
-/// connection's `places` for partly read requests. Returns the whole request once the client
-/// has finished its side.
+/// Asks glibc to give freed memory back to the system once enough request buffers were freed
+/// on this shard since the last time: large buffers come from the shard's arena, and glibc
+/// keeps a freed arena's top and holes mapped, so without this the RSS an attacker raised
+/// would not come down after the connections leave.
+fn trim_if_freed() {
+    let freed = FREED.with(|f| f.get());
+    if freed < TRIM_AFTER {
+        return;
+    }
+    FREED.with(|f| f.set(0));
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the system; it takes the allocator's
+    // own locks and touches no memory that is in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Size limits for reading requests.
+struct ReadLimits {
+    max_request: usize,
+    max_buffered: usize,
+}
+
+/// Reads what has arrived on a request stream, as far as its charge allows (see
+/// [`Partial::charge_more`]); a stream that cannot get more room waits in `c.starved`, its bytes left
+/// in quinn-proto, where flow control holds the peer back. Returns the whole request, and the
+/// charge it keeps until its reply is ready, once the client has finished its side.
 fn read_stream(
     c: &mut Conn,
     id: StreamId,
-    max: usize,
-    places: usize,
+    limits: &ReadLimits,
+    now: Instant,
     stats: &EndpointStats,
-) -> Option<Vec<u8>> {
-    let Some(StreamState::Reading(buf)) = c.streams.get_mut(&id) else {
+) -> Option<(Vec<u8>, Charge)> {
+    let Some(StreamState::Reading(p)) = c.streams.get_mut(&id) else {
         return None;
     };
-    let was_active = !buf.is_empty();
-    if !was_active && c.active >= places {
-        if !c.paused.contains(&id) {
-            c.paused.push(id);
-        }
-        return None;
-    }
+    let max = limits.max_request;
     let mut fin = false;
     let mut fail = false;
+    // Some(true): waiting for the node's budget; Some(false): over the connection's share.
+    let mut starved = None;
+    let mut got = false;
     {
         let mut recv = c.conn.recv_stream(id);
         let mut chunks = match recv.read(true) {
             Ok(ch) => ch,
             Err(_) => {
-                if was_active {
-                    c.active -= 1;
-                }
                 c.streams.remove(&id);
                 return None;
             }
         };
         loop {
-            match chunks.next(usize::MAX) {
+            let room = p.held().min(p.buf.capacity()).saturating_sub(p.buf.len());
+            let want = if room > 0 {
+                room
+            } else if p.buf.len() >= max {
+                // Full size: any further byte makes the request too large.
+                usize::MAX
+            } else if p.buf.capacity() < p.held() {
+                p.grow_buffer();
+                continue;
+            } else {
+                match p.charge_more(max, limits.max_buffered) {
+                    Ok(()) => continue,
+                    Err(node) => {
+                        starved = Some(node);
+                        break;
+                    }
+                }
+            };
+            match chunks.next(want) {
                 Ok(Some(chunk)) => {
-                    if buf.len() + chunk.bytes.len() > max {
+                    if p.buf.len() + chunk.bytes.len() > max {
                         fail = true;
                         break;
                     }
-                    buf.extend_from_slice(&chunk.bytes);
+                    p.buf.extend_from_slice(&chunk.bytes);
+                    p.charge.filled += chunk.bytes.len();
+                    p.charge
+                        .conn
+                        .filled
+                        .set(p.charge.conn.filled.get() + chunk.bytes.len());
+                    got = true;
                 }
                 Ok(None) => {
                     fin = true;
@@ -623,14 +1012,6 @@ fn read_stream(
         }
         let _ = chunks.finalize();
     }
-    let is_active = !buf.is_empty();
-    if fail || fin {
-        if was_active {
-            c.active -= 1;
-        }
-    } else if is_active && !was_active {
-        c.active += 1;
-    }
     if fail {
         stats.rejected.set(stats.rejected.get() + 1);
         let _ = c.conn.recv_stream(id).stop(VarInt::from_u32(1));
@@ -638,13 +1019,30 @@ fn read_stream(
         c.streams.remove(&id);
         return None;
     }
-    if !fin {
-        return None;
+    if fin {
+        return match c.streams.insert(id, StreamState::Serving) {
+            Some(StreamState::Reading(p)) => Some((p.buf, p.charge)),
+            _ => None,
+        };
     }
-    match c.streams.insert(id, StreamState::Serving) {
-        Some(StreamState::Reading(buf)) => Some(buf),
-        _ => None,
+    if got || (p.waiting && starved != Some(true)) {
+        // Bytes arrived, or the wait for budget is over: the stall clock starts afresh.
+        p.last = now;
     }
+    if let Some(node) = starved {
+        if node && !p.waiting {
+            stats.budget_waits.set(stats.budget_waits.get() + 1);
+        }
+        // Only a wait for the node's budget stops the stall clock: a connection over its own
+        // share waits on its own requests, and the stall timeout frees it if they never end.
+        p.waiting = node;
+        if !c.starved.contains(&id) {
+            c.starved.push(id);
+        }
+    } else {
+        p.waiting = false;
+    }
+    None
 }
 
 /// Writes as much of a reply as flow control allows; finishes the stream when all is written.

@@ -12,7 +12,7 @@ use std::{
 use pagestore_engine::{Engine, EngineConfig, EngineError, Shard, ShardInit};
 
 use crate::{
-    endpoint::{self, EndpointHandle, EndpointOptions},
+    endpoint::{self, EndpointHandle, EndpointOptions, Limits, RequestBudget},
     frame::NodeEntry,
     jobs::JobBoard,
     ring::{MemberId, Ring},
@@ -46,6 +46,8 @@ pub struct NodeOptions {
     pub max_request: usize,
     /// Request bytes one connection may have buffered at once (see [`EndpointOptions`]).
     pub max_buffered: usize,
+    /// Connection, handshake, request-budget and stall limits of the endpoints.
+    pub limits: Limits,
     /// The under storage (none: a pure cache that answers misses with `Miss`/`Unavailable`).
     pub source: Option<NodeSource>,
     /// The cluster's nodes, as the `Cluster` request reports them.
@@ -109,6 +111,23 @@ pub struct ShardMetrics {
     pub not_owner: u64,
 }
 
+/// Counters of one shard's QUIC endpoint ([`Node::endpoint_counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connection attempts refused by the connection or handshake limits.
+    pub refused: u64,
+    /// Retry packets sent (address validation).
+    pub retries: u64,
+    /// Requests reset because their bytes stopped arriving.
+    pub stalled: u64,
+    /// Times a request waited for the node's request budget.
+    pub budget_waits: u64,
+    /// Streams reset because a request was too large or malformed.
+    pub rejected: u64,
+}
+
 /// Miss-path counters of one shard (see [`crate::source::LoaderStats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoaderCounters {
@@ -139,6 +158,7 @@ pub struct Node {
     addrs: Vec<SocketAddr>,
     node_id: u128,
     jobs: Arc<JobBoard>,
+    budget: Arc<RequestBudget>,
 }
 
 fn shard_addr(base: SocketAddr, shard: usize) -> SocketAddr {
@@ -159,6 +179,9 @@ impl Node {
         let opts = options.clone();
         let jobs = Arc::new(JobBoard::default());
         let board = jobs.clone();
+        // One budget for the whole node; it must hold at least one whole request.
+        let budget = RequestBudget::new(options.limits.max_partial_bytes.max(options.max_request));
+        let shared = budget.clone();
         let init: ShardInit = Arc::new(move |shard: Rc<Shard>| {
             let id = shard.id();
             let addr = shard_addr(opts.listen, id);
@@ -188,6 +211,8 @@ impl Node {
                     server: opts.server.clone(),
                     max_request: opts.max_request,
                     max_buffered: opts.max_buffered,
+                    limits: opts.limits.clone(),
+                    budget: shared.clone(),
                 },
                 service,
             );
@@ -216,6 +241,7 @@ impl Node {
             addrs: vec![options.listen; shards],
             node_id: options.node_id,
             jobs,
+            budget,
         };
         for _ in 0..shards {
             match rx.recv_timeout(Duration::from_secs(30)) {
@@ -303,6 +329,30 @@ impl Node {
     pub async fn requests_served(&self) -> Result<Vec<u64>, EngineError> {
         self.on_each_shard(|_, net| net.map_or(0, |n| n.endpoint.stats().requests.get()))
             .await
+    }
+
+    /// Request bytes the node's endpoints hold now (partly received requests and requests
+    /// being served), out of [`Limits::max_partial_bytes`].
+    pub fn partial_bytes(&self) -> usize {
+        self.budget.used()
+    }
+
+    /// Each shard endpoint's connection, Retry, stall and budget counters, by shard index.
+    pub async fn endpoint_counters(&self) -> Result<Vec<EndpointCounters>, EngineError> {
+        self.on_each_shard(|_, net| {
+            net.map_or_else(EndpointCounters::default, |n| {
+                let s = n.endpoint.stats();
+                EndpointCounters {
+                    connections: s.connections.get(),
+                    refused: s.refused.get(),
+                    retries: s.retries.get(),
+                    stalled: s.stalled.get(),
+                    budget_waits: s.budget_waits.get(),
+                    rejected: s.rejected.get(),
+                }
+            })
+        })
+        .await
     }
 
     /// Everything each shard reports for monitoring, by shard index.

@@ -19,13 +19,35 @@ pub const CONNECTION_WINDOW: u32 = 64 << 20;
 pub const STREAM_WINDOW: u32 = 8 << 20;
 /// Concurrent requests (bidirectional streams) per connection.
 pub const MAX_STREAMS: u32 = 512;
+/// A shard endpoint's receive window for a connection that holds no request bytes: the request
+/// bytes a peer may have in flight beyond those the shard has taken (and charged) for it. The
+/// endpoint widens each connection's window by the bytes it holds for it, so a large write
+/// opens the window as it is read, and a peer that stops mid-request holds at most this much
+/// in quinn-proto's buffers.
+pub const SERVER_BASE_WINDOW: u32 = 128 << 10;
 
-/// The transport configuration used on both sides.
+/// The transport configuration of clients (and of servers other than shard endpoints).
+///
+/// Streams are sent in the order they were written, not round-robin: a client's requests then
+/// reach a shard one after another, so a shard that holds a connection to a bounded number of
+/// request bytes always receives the whole of its oldest request first.
 pub fn transport_config() -> Arc<TransportConfig> {
+    Arc::new(base_config(CONNECTION_WINDOW, false))
+}
+
+/// The transport configuration of shard endpoints (set by [`crate::endpoint::start`]): a
+/// connection starts with a receive window of [`SERVER_BASE_WINDOW`], which the endpoint widens
+/// by the request bytes it holds for that connection; replies are sent round-robin.
+pub fn server_transport_config() -> Arc<TransportConfig> {
+    Arc::new(base_config(SERVER_BASE_WINDOW, true))
+}
+
+fn base_config(receive_window: u32, fair: bool) -> TransportConfig {
     let mut t = TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(STREAM_WINDOW))
-        .receive_window(VarInt::from_u32(CONNECTION_WINDOW))
+        .receive_window(VarInt::from_u32(receive_window))
         .send_window(CONNECTION_WINDOW as u64)
+        .send_fairness(fair)
         .max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
         .keep_alive_interval(Some(Duration::from_secs(3)))
@@ -37,7 +59,7 @@ pub fn transport_config() -> Arc<TransportConfig> {
     let mut cubic = CubicConfig::default();
     cubic.initial_window(10 * MTU_UPPER_BOUND as u64);
     t.congestion_controller_factory(Arc::new(cubic));
-    Arc::new(t)
+    t
 }
 
 /// Segments per GSO batch for a connection whose current MTU is `mtu`: at most 10, and the batch

@@ -286,6 +286,7 @@ impl Harness {
                 ring: Arc::new(setup.ring),
                 max_request: (1 << 20) + 4096,
                 max_buffered: (1 << 20) + 4096,
+                limits: Default::default(),
                 source: Some(NodeSource {
                     source: Arc::new(FakeSource(fake.clone())),
                     runtime: rt.handle().clone(),

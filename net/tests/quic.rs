@@ -66,6 +66,7 @@ fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
             max_request: (1 << 20) + 4096,
             // Small, so that concurrent writes must pause and resume (see the last test).
             max_buffered: (1 << 20) + 4096,
+            limits: Default::default(),
             source: None,
             nodes: Vec::new(),
             replicas: 0,

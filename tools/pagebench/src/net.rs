@@ -157,6 +157,7 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
             ring: Arc::new(ring),
             max_request: 1 << 20,
             max_buffered: 16 << 20,
+            limits: Default::default(),
             source: None,
             nodes: Vec::new(),
             replicas: 0,

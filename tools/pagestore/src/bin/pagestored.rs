@@ -70,6 +70,16 @@ flags win over the file):
                          default unless --listen is a loopback address)
   --allow-anonymous      serve readers without a certificate even on a non-loopback
                          address (they may read everything the mounts hold)
+  --max-connections N    connections each shard accepts at once (default 1024)
+  --max-connections-per-ip N
+                         connections each shard accepts from one IP address (default 128)
+  --max-partial-bytes SIZE
+                         request bytes the node holds for all clients together (partly
+                         received and being served; default 256M, at least page size + 64K)
+  --request-stall-timeout SECS
+                         reset a request whose bytes stop arriving this long (default 10)
+  --retry-rate N         new connections per second and shard above which clients must
+                         prove their address with a QUIC Retry (default 128; 0: always)
   --metadata-ttl SECS    how long file metadata and listings are cached (default 10)
   --replicas N           replicas clients may try before the under storage (default 0)
   --ufs-inflight N       under-storage requests in flight per shard (default 16)
@@ -102,6 +112,7 @@ struct Config {
     tls_dir: Option<PathBuf>,
     /// None: required unless the node listens on a loopback address.
     require_client_cert: Option<bool>,
+    limits: pagestore_net::endpoint::Limits,
     metadata_ttl: Duration,
     replicas: u8,
     ufs_inflight: usize,
@@ -136,6 +147,11 @@ struct FileConfig {
     lease_ttl: Option<f64>,
     tls_dir: Option<String>,
     require_client_cert: Option<bool>,
+    max_connections: Option<u64>,
+    max_connections_per_ip: Option<u64>,
+    max_partial_bytes: Option<toml::Value>,
+    request_stall_timeout: Option<f64>,
+    retry_rate: Option<u64>,
     metadata_ttl: Option<f64>,
     replicas: Option<u64>,
     ufs_inflight: Option<u64>,
@@ -220,6 +236,21 @@ fn config_args(path: &std::path::Path, cli: &[String]) -> Result<Vec<String>, St
     if let Some(v) = f.metadata_ttl {
         push("--metadata-ttl", v.to_string());
     }
+    if let Some(v) = f.max_connections {
+        push("--max-connections", v.to_string());
+    }
+    if let Some(v) = f.max_connections_per_ip {
+        push("--max-connections-per-ip", v.to_string());
+    }
+    if let Some(v) = &f.max_partial_bytes {
+        push("--max-partial-bytes", value(v));
+    }
+    if let Some(v) = f.request_stall_timeout {
+        push("--request-stall-timeout", v.to_string());
+    }
+    if let Some(v) = f.retry_rate {
+        push("--retry-rate", v.to_string());
+    }
     if let Some(v) = f.replicas {
         push("--replicas", v.to_string());
     }
@@ -270,6 +301,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         lease_ttl: etcd::DEFAULT_LEASE_TTL,
         tls_dir: None,
         require_client_cert: None,
+        limits: pagestore_net::endpoint::Limits::default(),
         metadata_ttl: Duration::from_secs(10),
         replicas: 0,
         ufs_inflight: 16,
@@ -328,6 +360,24 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
             "--tls-dir" => c.tls_dir = Some(args.value(&arg)?.into()),
             "--require-client-cert" => c.require_client_cert = Some(true),
             "--allow-anonymous" => c.require_client_cert = Some(false),
+            "--max-connections" => c.limits.max_connections = args.parsed::<usize>(&arg)?.max(1),
+            "--max-connections-per-ip" => {
+                c.limits.max_connections_per_ip = args.parsed::<usize>(&arg)?.max(1)
+            }
+            "--max-partial-bytes" => {
+                c.limits.max_partial_bytes = usize::try_from(parse_size(&args.value(&arg)?)?)
+                    .map_err(|_| "--max-partial-bytes is too large".to_string())?
+            }
+            "--request-stall-timeout" => {
+                let v: f64 = args.parsed(&arg)?;
+                if !(0.1..=3600.0).contains(&v) {
+                    return Err(format!(
+                        "--request-stall-timeout {v}: use 0.1 to 3600 seconds"
+                    ));
+                }
+                c.limits.request_stall_timeout = Duration::from_secs_f64(v);
+            }
+            "--retry-rate" => c.limits.retry_rate = args.parsed(&arg)?,
             "--metadata-ttl" => {
                 c.metadata_ttl = Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.0))
             }
@@ -369,6 +419,14 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         c.cache_dirs.push(home().join("cache"));
     }
     c.rules = Arc::new(pagestore_engine::Rules::new(rules).map_err(|e| e.to_string())?);
+    let max_request = c.page_size as usize + (64 << 10);
+    if c.limits.max_partial_bytes < max_request {
+        return Err(format!(
+            "--max-partial-bytes {} cannot hold one whole request (page size + 64K = {} \
+             bytes): a write of a full page could never be received",
+            c.limits.max_partial_bytes, max_request
+        ));
+    }
     if c.members.is_some() && c.etcd.is_some() {
         return Err("--members and --etcd both name the members: choose one".into());
     }
@@ -615,7 +673,9 @@ fn run(mut c: Config) -> Result<(), String> {
             node_id: id,
             ring: Arc::new(membership.ring().clone()),
             max_request: c.page_size as usize + (64 << 10),
-            max_buffered: 64 << 20,
+            // One connection may hold up to 4 pages of writes from the node's budget.
+            max_buffered: 4 * (c.page_size as usize + (64 << 10)),
+            limits: c.limits.clone(),
             source: Some(NodeSource {
                 source: source.clone(),
                 runtime: runtime.handle().clone(),
