@@ -50,8 +50,9 @@ use object_store::{
 
 const STORE: &str = "LocalStore";
 
-/// Prefix of the temporary files writes use (hidden from listings).
-const TMP_PREFIX: &str = ".pagestore-tmp.";
+/// Prefix of the temporary files writes use (hidden from listings; a writer killed mid-write
+/// leaves one, which `pages3` removes at its next start).
+pub const TMP_PREFIX: &str = ".pagestore-tmp.";
 
 /// Bytes read per blocking call when streaming a large range.
 const CHUNK: u64 = 8 << 20;

@@ -109,6 +109,10 @@ pub struct ShardMetrics {
     pub replica_reads: u64,
     /// `NotOwner` answers.
     pub not_owner: u64,
+    /// Requests refused because the peer's role did not allow them.
+    pub forbidden: u64,
+    /// The shard's QUIC endpoint.
+    pub endpoint: EndpointCounters,
 }
 
 /// Counters of one shard's QUIC endpoint ([`Node::endpoint_counters`]).
@@ -339,20 +343,7 @@ impl Node {
 
     /// Each shard endpoint's connection, Retry, stall and budget counters, by shard index.
     pub async fn endpoint_counters(&self) -> Result<Vec<EndpointCounters>, EngineError> {
-        self.on_each_shard(|_, net| {
-            net.map_or_else(EndpointCounters::default, |n| {
-                let s = n.endpoint.stats();
-                EndpointCounters {
-                    connections: s.connections.get(),
-                    refused: s.refused.get(),
-                    retries: s.retries.get(),
-                    stalled: s.stalled.get(),
-                    budget_waits: s.budget_waits.get(),
-                    rejected: s.rejected.get(),
-                }
-            })
-        })
-        .await
+        self.on_each_shard(|_, net| endpoint_counters(net)).await
     }
 
     /// Everything each shard reports for monitoring, by shard index.
@@ -367,6 +358,8 @@ impl Node {
                 epoch: 0,
                 replica_reads: 0,
                 not_owner: 0,
+                forbidden: 0,
+                endpoint: endpoint_counters(net),
             };
             if let Some(net) = net {
                 let h = net.service.latency();
@@ -376,6 +369,7 @@ impl Node {
                 m.latency_sum_us = (h.mean() * h.len() as f64) as u64;
                 m.epoch = net.view.epoch();
                 (m.replica_reads, m.not_owner) = net.service.routing_counters();
+                m.forbidden = net.service.forbidden();
             }
             m
         })
@@ -422,6 +416,20 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 store_failures: s.store_failures.get(),
             }
         })
+}
+
+fn endpoint_counters(net: Option<&ShardNet>) -> EndpointCounters {
+    net.map_or_else(EndpointCounters::default, |n| {
+        let s = n.endpoint.stats();
+        EndpointCounters {
+            connections: s.connections.get(),
+            refused: s.refused.get(),
+            retries: s.retries.get(),
+            stalled: s.stalled.get(),
+            budget_waits: s.budget_waits.get(),
+            rejected: s.rejected.get(),
+        }
+    })
 }
 
 impl Drop for Node {

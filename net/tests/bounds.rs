@@ -599,7 +599,7 @@ fn a_client_without_a_certificate_is_told_why_it_was_refused() {
 /// A measuring tool, not a test: `PAGESTORE_ATTACK=ADDR,CA_CERT_PEM,CONNECTIONS,STREAMS,BYTES,SECS`
 /// opens CONNECTIONS connections to ADDR, starts STREAMS requests of BYTES bytes on each
 /// without finishing them, holds them SECS seconds, then leaves. Used for the RSS figures in
-/// docs/SECURITY-quic.md, against any pagestored.
+/// docs/SECURITY.md, against any pagestored.
 #[test]
 #[ignore = "a measuring tool; see its comment"]
 fn stall_attack() {

@@ -369,6 +369,48 @@ const PER_SHARD: &[Family] = &[
         "Requests answered NotOwner (a client routed with another ring; it falls back).",
         |s| s.not_owner,
     ),
+    (
+        "forbidden_total",
+        "counter",
+        "Requests refused because the peer's certificate role does not allow them (docs/SECURITY.md).",
+        |s| s.forbidden,
+    ),
+    (
+        "connections_total",
+        "counter",
+        "QUIC connections accepted.",
+        |s| s.endpoint.connections,
+    ),
+    (
+        "connections_refused_total",
+        "counter",
+        "QUIC connection attempts refused by the connection or handshake limits.",
+        |s| s.endpoint.refused,
+    ),
+    (
+        "quic_retries_total",
+        "counter",
+        "QUIC Retry packets sent to validate client addresses under load.",
+        |s| s.endpoint.retries,
+    ),
+    (
+        "requests_stalled_total",
+        "counter",
+        "Requests reset because their bytes stopped arriving (--request-stall-timeout).",
+        |s| s.endpoint.stalled,
+    ),
+    (
+        "request_budget_waits_total",
+        "counter",
+        "Times a request waited for the node's request budget (--max-partial-bytes).",
+        |s| s.endpoint.budget_waits,
+    ),
+    (
+        "requests_rejected_total",
+        "counter",
+        "Request streams reset because the request was too large or malformed.",
+        |s| s.endpoint.rejected,
+    ),
 ];
 
 /// The Prometheus text exposition of a node's shards.

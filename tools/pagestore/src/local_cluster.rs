@@ -353,12 +353,21 @@ impl Drop for LocalCluster {
 
 /// A plain HTTP/1.0 GET of `path` from `base` (`http://IP:PORT`): the status code and body.
 pub fn http_get(base: &str, path: &str) -> Result<(u16, String), String> {
-    use std::io::{Read, Write};
     let addr = base.trim_start_matches("http://");
+    http_exchange(
+        addr,
+        &format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n"),
+    )
+}
+
+/// Sends `request` (a whole HTTP/1.0 request) to `addr` and reads the answer to its end: the
+/// status code and body.
+fn http_exchange(addr: &str, request: &str) -> Result<(u16, String), String> {
+    use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).map_err(|e| err(addr, e))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| err(addr, e))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| err(addr, e))?;
+    s.write_all(request.as_bytes()).map_err(|e| err(addr, e))?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).map_err(|e| err(addr, e))?;
     let status = resp
@@ -400,30 +409,14 @@ pub fn http_post(
     body: &str,
     token: Option<&str>,
 ) -> Result<(u16, String), String> {
-    use std::io::{Read, Write};
     let addr = base.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).map_err(|e| err(addr, e))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| err(addr, e))?;
     let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
-    write!(
-        s,
+    let request = format!(
         "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
-    )
-    .map_err(|e| err(addr, e))?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).map_err(|e| err(addr, e))?;
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("{addr}: not an HTTP response"))?;
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_string());
-    Ok((status, body))
+    );
+    http_exchange(addr, &request)
 }
 
 fn free_tcp_port() -> Result<u16, String> {

@@ -12,7 +12,7 @@
 //!
 //! What the gateway refuses beyond s3s's own checks (Signature Version 2, long-lived presigned
 //! URLs, wrong digests, cut aws-chunked bodies, slow clients, too many connections) is in
-//! `docs/SECURITY-s3.md`; the checks are in [`checks`] and [`crate::http_guard`].
+//! `docs/SECURITY.md`; the checks are in [`checks`] and [`crate::http_guard`].
 
 pub mod checks;
 
@@ -635,7 +635,7 @@ fn out_of_space(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// The answer to a write that does not fit: 400 EntityTooLarge (not retried by clients; see
-/// docs/SECURITY-s3.md).
+/// docs/SECURITY.md).
 fn no_space(detail: &dyn std::fmt::Display) -> S3Error {
     let id = incident();
     tracing::warn!(error = %detail, incident = %id, "write refused: out of space");
@@ -1733,15 +1733,10 @@ async fn send_parts(
 // ---------------------------------------------------------------------------------------------
 // Staged files of `file://` stores
 
-/// Whether `name` is a file the local store stages an upload in (`<name>#<digits>`; the store
-/// neither lists nor serves such names, and refuses to write them as keys).
+/// Whether `name` is a file the local store stages a write in
+/// ([`pagestore_client::localfs::TMP_PREFIX`]; the store neither lists nor serves such names).
 pub fn is_staged_name(name: &str) -> bool {
-    match name.rsplit_once('#') {
-        Some((base, n)) => {
-            !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
-        }
-        None => false,
-    }
+    name.starts_with(pagestore_client::localfs::TMP_PREFIX)
 }
 
 /// The directory of a `file://` mount URL.

@@ -620,7 +620,13 @@ async fn a_reader_given_one_node_follows_membership_without_etcd_access() {
     )
     .await
     .unwrap();
-    assert_eq!(node_ids(&reader).len(), 2);
+    // Node 0 may answer before it has seen node 1 register; the reader catches up on its own.
+    wait_for(
+        "the reader to see both nodes",
+        Duration::from_secs(15),
+        || node_ids(&reader).len() == 2,
+    )
+    .await;
     assert!(reader.etcd().is_none());
     read_everything(&reader, &files).await;
 
@@ -696,6 +702,8 @@ async fn mount_urls_in_etcd_hold_no_secrets() {
     s.shards = 1;
     s.nodes = 1;
     s.etcd = Some(etcd.url("nosecrets"));
+    // The local directory mounted through etcd below must be one this node allows.
+    s.extra = vec!["--allow-file-root".into(), dir.path().display().to_string()];
     let c = Cluster::start(dir, s);
 
     // The node seeded the table without the credentials.

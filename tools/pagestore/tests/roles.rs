@@ -63,6 +63,24 @@ fn readers_read_writers_invalidate_and_certificates_come_from_pagectl() {
         text(&out)
     );
     assert!(text(&out).contains("writer role"), "{}", text(&out));
+    // Every node counted the refusals it answered (each shard is asked to invalidate).
+    let refused: f64 = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let admin = n.admin.as_deref().unwrap();
+            let (code, text) = pagestore_tools::local_cluster::http_get(admin, "/metrics").unwrap();
+            assert_eq!(code, 200);
+            text.lines()
+                .filter(|l| l.starts_with("pagestore_forbidden_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum();
+    assert!(
+        refused >= 4.0,
+        "2 nodes x 2 shards refused, /metrics shows {refused}"
+    );
     // The pages it could not drop are still hits for the next reader.
     let out = c.pagectl(&["--tls-dir", reader_dir, "cat", "/data/f"]);
     assert!(out.stdout == content);

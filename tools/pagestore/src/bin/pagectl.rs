@@ -169,7 +169,7 @@ fn real_main() -> Result<(), String> {
         );
     }
     let etcd_options = if is_etcd {
-        Some(etcd_options(etcd_flags)?)
+        Some(pagestore_tools::etcd_options(etcd_flags)?)
     } else {
         None
     };
@@ -202,23 +202,6 @@ fn real_main() -> Result<(), String> {
             _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
         }
     })
-}
-
-/// The etcd settings: each flag given wins over its `PAGESTORE_ETCD_*` variable.
-fn etcd_options(flags: [Option<String>; 5]) -> Result<pagestore_client::etcd::EtcdOptions, String> {
-    use pagestore_client::etcd;
-    let [user, password_file, ca, cert, key] = flags;
-    let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
-    if let Some(u) = user {
-        o.user = Some(u);
-    }
-    if let Some(f) = password_file {
-        o.password = Some(etcd::read_password_file(f.as_ref()).map_err(|e| e.to_string())?);
-    }
-    o.ca = ca.map(PathBuf::from).or(o.ca);
-    o.cert = cert.map(PathBuf::from).or(o.cert);
-    o.key = key.map(PathBuf::from).or(o.key);
-    Ok(o)
 }
 
 fn ca_init(dir: PathBuf) -> Result<(), String> {

@@ -434,7 +434,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         return Err("--ring-mode needs --etcd (a member file is always a static ring)".into());
     }
     if c.etcd.is_some() {
-        c.etcd_options = etcd_options(etcd_flags)?;
+        c.etcd_options = pagestore_tools::etcd_options(etcd_flags)?;
     } else if etcd_flags.iter().any(Option::is_some) {
         return Err(
             "--etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert and --etcd-key \
@@ -481,22 +481,6 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         FileRoots::new(&file_roots).map_err(|e| e.to_string())?
     };
     Ok(Some(c))
-}
-
-/// The etcd settings: each flag given wins over its `PAGESTORE_ETCD_*` variable.
-fn etcd_options(flags: [Option<String>; 5]) -> Result<etcd::EtcdOptions, String> {
-    let [user, password_file, ca, cert, key] = flags;
-    let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
-    if let Some(u) = user {
-        o.user = Some(u);
-    }
-    if let Some(f) = password_file {
-        o.password = Some(etcd::read_password_file(f.as_ref()).map_err(|e| e.to_string())?);
-    }
-    o.ca = ca.map(PathBuf::from).or(o.ca);
-    o.cert = cert.map(PathBuf::from).or(o.cert);
-    o.key = key.map(PathBuf::from).or(o.key);
-    Ok(o)
 }
 
 fn main() {

@@ -32,9 +32,9 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Longest path segment of a key, in bytes (a file name on the file systems under the cache).
 pub const MAX_SEGMENT_LEN: usize = 255;
 
-/// Longest path segment of a key that is written: the local store stages a write of `NAME`
-/// under `NAME#N`, which must fit a file name too.
-pub const MAX_WRITTEN_SEGMENT_LEN: usize = 250;
+/// Longest path segment of a key that is written (the local store stages a write under a
+/// short temporary name, so the limit is the file system's).
+pub const MAX_WRITTEN_SEGMENT_LEN: usize = MAX_SEGMENT_LEN;
 
 /// Refuses keys of writes whose segments leave no room for the store's staging suffix.
 pub fn check_written_key_len(key: &str) -> S3Result<()> {
@@ -44,8 +44,7 @@ pub fn check_written_key_len(key: &str) -> S3Result<()> {
             S3ErrorCode::KeyTooLongError,
             format!(
                 "a path segment of the key has {} bytes; written keys may have at most \
-                 {MAX_WRITTEN_SEGMENT_LEN} per segment (the store stages a write under a longer \
-                 temporary name)",
+                 {MAX_WRITTEN_SEGMENT_LEN} per segment",
                 seg.len()
             ),
         ));
