@@ -805,7 +805,7 @@ pub fn scrub(text: &str) -> String {
         rest = &rest[i + 3..];
         // The authority ends at the first of these; userinfo is what precedes its last '@'.
         let end = rest
-            .find(|c: char| matches!(c, '/' | '?' | '#' | ' ' | ')' | '"' | '\'' | '>' | ','))
+            .find(['/', '?', '#', ' ', ')', '"', '\'', '>', ','])
             .unwrap_or(rest.len());
         if let Some(at) = rest[..end].rfind('@') {
             rest = &rest[at + 1..];
