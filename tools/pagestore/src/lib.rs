@@ -119,6 +119,27 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// The etcd settings of `pagestored` and `pagectl`: each of the flags `--etcd-user`,
+/// `--etcd-password-file`, `--etcd-ca`, `--etcd-cert`, `--etcd-key` (in that order) that is given
+/// wins over its `PAGESTORE_ETCD_*` variable.
+pub fn etcd_options(
+    flags: [Option<String>; 5],
+) -> Result<pagestore_client::etcd::EtcdOptions, String> {
+    use pagestore_client::etcd;
+    let [user, password_file, ca, cert, key] = flags;
+    let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
+    if let Some(u) = user {
+        o.user = Some(u);
+    }
+    if let Some(f) = password_file {
+        o.password = Some(etcd::read_password_file(f.as_ref()).map_err(|e| e.to_string())?);
+    }
+    o.ca = ca.map(PathBuf::from).or(o.ca);
+    o.cert = cert.map(PathBuf::from).or(o.cert);
+    o.key = key.map(PathBuf::from).or(o.key);
+    Ok(o)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,25 +167,4 @@ mod tests {
         let x = a.next().unwrap();
         assert!(a.value(&x).is_err());
     }
-}
-
-/// The etcd settings of `pagestored` and `pagectl`: each of the flags `--etcd-user`,
-/// `--etcd-password-file`, `--etcd-ca`, `--etcd-cert`, `--etcd-key` (in that order) that is given
-/// wins over its `PAGESTORE_ETCD_*` variable.
-pub fn etcd_options(
-    flags: [Option<String>; 5],
-) -> Result<pagestore_client::etcd::EtcdOptions, String> {
-    use pagestore_client::etcd;
-    let [user, password_file, ca, cert, key] = flags;
-    let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
-    if let Some(u) = user {
-        o.user = Some(u);
-    }
-    if let Some(f) = password_file {
-        o.password = Some(etcd::read_password_file(f.as_ref()).map_err(|e| e.to_string())?);
-    }
-    o.ca = ca.map(PathBuf::from).or(o.ca);
-    o.cert = cert.map(PathBuf::from).or(o.cert);
-    o.key = key.map(PathBuf::from).or(o.key);
-    Ok(o)
 }
