@@ -21,7 +21,7 @@ use std::{
     pin::Pin,
     rc::Rc,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -81,6 +81,12 @@ pub struct Peer {
 pub trait Service: 'static {
     /// Answers one complete request (everything the client wrote on the stream) from `peer`.
     fn call(self: Rc<Self>, request: Vec<u8>, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>>;
+
+    /// The most bytes (frame head and body) the reply to `request` can hold: reserved from the
+    /// node's reply budget before the request is served (see
+    /// [`EndpointOptions::reply_budget`]). A reply that turns out larger is charged in full
+    /// once it is ready.
+    fn reply_bound(&self, request: &[u8]) -> usize;
 }
 
 /// Settings of one endpoint.
@@ -102,6 +108,10 @@ pub struct EndpointOptions {
     pub limits: Limits,
     /// The node-wide budget of request bytes, shared by the node's shards.
     pub budget: Arc<RequestBudget>,
+    /// The node-wide budget of reply bytes (requests being served, and replies until the peer
+    /// has acknowledged them), shared by the node's shards. Separate from `budget`, so that a
+    /// received request waiting for room for its reply never holds up the replies it waits on.
+    pub reply_budget: Arc<RequestBudget>,
 }
 
 /// What one peer may make an endpoint hold, and for how long (see docs/SECURITY.md).
@@ -144,6 +154,9 @@ impl Default for Limits {
 pub struct RequestBudget {
     limit: usize,
     used: AtomicUsize,
+    /// Times a reservation found the budget spent: shards compare it between their scans to
+    /// learn that someone is waiting.
+    misses: AtomicU64,
 }
 
 impl RequestBudget {
@@ -152,6 +165,7 @@ impl RequestBudget {
         Arc::new(RequestBudget {
             limit,
             used: AtomicUsize::new(0),
+            misses: AtomicU64::new(0),
         })
     }
 
@@ -166,11 +180,30 @@ impl RequestBudget {
     }
 
     fn try_take(&self, n: usize) -> bool {
-        self.used
+        self.try_take_leaving(n, 0)
+    }
+
+    /// Takes `n` bytes if `keep` more would still be left.
+    fn try_take_leaving(&self, n: usize, keep: usize) -> bool {
+        let ok = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
-                u.checked_add(n).filter(|&t| t <= self.limit)
+                u.checked_add(n)
+                    .filter(|&t| t.saturating_add(keep) <= self.limit)
             })
-            .is_ok()
+            .is_ok();
+        if !ok {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    fn take_anyway(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::AcqRel);
     }
 
     fn give(&self, n: usize) {
@@ -186,6 +219,18 @@ pub const CONNECTION_ALLOWANCE: usize = 64 << 10;
 /// The smallest request buffer; buffers then double (by at most 1 MiB at a time) as bytes
 /// arrive.
 const MIN_BUFFER: usize = 1024;
+/// Reply bytes one connection may hold, in multiples of its request share (`max_buffered`):
+/// requests are small and replies large, so a connection keeps more replies than requests in
+/// flight.
+const REPLY_SHARE: usize = 4;
+/// No connection holds more than this fraction of the node's reply budget (beyond one reply),
+/// so it takes at least this many connections that do not read their replies to fill it.
+const REPLY_SHARE_OF_BUDGET: usize = 8;
+/// While requests wait for the node's reply budget, a reply that has made no progress (bytes
+/// taken by flow control, or acknowledged) for this long is reset, with the requests its
+/// connection has queued, instead of after the full stall timeout: a peer that does not read
+/// its replies must not keep the budget from those that do.
+const PRESSURE_STALL: Duration = Duration::from_secs(1);
 /// Freed request bytes after which the shard asks the allocator to return memory to the system.
 const TRIM_AFTER: usize = 16 << 20;
 
@@ -245,12 +290,33 @@ impl EndpointHandle {
 
 enum StreamState {
     Reading(Partial),
+    /// Received in full; waits for room for its reply (the connection's share, or the node's
+    /// reply budget). `waiting`: counted as a wait for the node's budget already.
+    Queued {
+        request: Vec<u8>,
+        charge: Charge,
+        waiting: bool,
+    },
+    /// With the service; the task holds the request's charges.
     Serving,
-    Writing { reply: Reply, written: usize },
+    /// Being written into quinn-proto as flow control allows. `last`: when bytes last went.
+    Writing {
+        reply: Reply,
+        written: usize,
+        charge: ReplyCharge,
+        last: Instant,
+    },
+    /// Written in full and finished: quinn-proto holds the bytes until the peer acknowledges
+    /// them, and the charge stays until then (`StreamEvent::Finished`).
+    Sent {
+        /// Held for its `Drop`, which gives the bytes back.
+        _charge: ReplyCharge,
+        last: Instant,
+    },
 }
 
-/// Request bytes one connection holds (buffer capacity), by where they were charged.
-#[derive(Default)]
+/// Request bytes one connection holds (buffer capacity), by where they were charged, and the
+/// reply bytes it holds.
 struct ConnCharge {
     /// From the connection's own [`CONNECTION_ALLOWANCE`].
     own: Cell<usize>,
@@ -258,6 +324,9 @@ struct ConnCharge {
     node: Cell<usize>,
     /// Bytes that arrived into those buffers (always at most `own + node`).
     filled: Cell<usize>,
+    /// Reply bytes, from the node's reply budget: what requests being served reserved, then
+    /// each reply's size until the peer has acknowledged it.
+    replies: Cell<usize>,
 }
 
 thread_local! {
@@ -283,6 +352,70 @@ impl Drop for Charge {
         self.conn.filled.set(self.conn.filled.get() - self.filled);
         self.budget.give(self.node);
         FREED.with(|f| f.set(f.get().saturating_add(self.own + self.node)));
+    }
+}
+
+/// Reply bytes held for one request: reserved by the service for a reply with data, set to the
+/// reply's size when that is ready, given back when the peer has acknowledged the reply (or
+/// the stream or connection ends).
+struct ReplyCharge {
+    bytes: usize,
+    conn: Rc<ConnCharge>,
+    budget: Arc<RequestBudget>,
+}
+
+impl ReplyCharge {
+    /// Reserves `n` bytes for a reply on connection `conn`, within its share `conn_max` (a
+    /// connection that holds nothing may take more). The budget's last `n` bytes go only to
+    /// connections that hold no reply bytes, so a reader that is owed nothing is served at
+    /// once even while others fill the budget.
+    /// `Err(true)`: the node's reply budget is spent; `Err(false)`: the connection's share is.
+    fn reserve(
+        conn: &Rc<ConnCharge>,
+        budget: &Arc<RequestBudget>,
+        n: usize,
+        conn_max: usize,
+    ) -> Result<ReplyCharge, bool> {
+        let held = conn.replies.get();
+        if held > 0 && held + n > conn_max {
+            return Err(false);
+        }
+        let keep = if held == 0 { 0 } else { n };
+        if !budget.try_take_leaving(n, keep) {
+            return Err(true);
+        }
+        conn.replies.set(held + n);
+        Ok(ReplyCharge {
+            bytes: n,
+            conn: conn.clone(),
+            budget: budget.clone(),
+        })
+    }
+
+    /// Charges the reply's actual size instead of the reservation. What was not reserved is
+    /// taken even past the limit: the bytes exist already, and the next reservations wait
+    /// until the budget is back under it.
+    fn settle(&mut self, n: usize) {
+        if n < self.bytes {
+            self.budget.give(self.bytes - n);
+        } else {
+            self.budget.take_anyway(n - self.bytes);
+        }
+        self.conn
+            .replies
+            .set(self.conn.replies.get() - self.bytes + n);
+        self.bytes = n;
+    }
+}
+
+impl Drop for ReplyCharge {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        self.conn.replies.set(self.conn.replies.get() - self.bytes);
+        self.budget.give(self.bytes);
+        FREED.with(|f| f.set(f.get().saturating_add(self.bytes)));
     }
 }
 
@@ -360,7 +493,7 @@ struct Conn {
     starved: Vec<StreamId>,
 }
 
-type Done = Rc<RefCell<VecDeque<(ConnectionHandle, StreamId, Reply)>>>;
+type Done = Rc<RefCell<VecDeque<(ConnectionHandle, StreamId, Reply, ReplyCharge)>>>;
 
 /// The endpoint's UDP socket and quinn-udp's state for it (GSO, GRO, ECN).
 struct Udp {
@@ -401,6 +534,9 @@ struct Driver {
     max_buffered: usize,
     limits: Limits,
     budget: Arc<RequestBudget>,
+    reply_budget: Arc<RequestBudget>,
+    /// The reply budget's misses at the last scan for stalled requests.
+    reply_misses: u64,
     /// Connections by source IP address (as first seen; migration does not move them).
     per_ip: HashMap<IpAddr, usize>,
     conn_ip: HashMap<ConnectionHandle, IpAddr>,
@@ -481,6 +617,8 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         max_buffered: options.max_buffered.max(options.max_request),
         limits: options.limits,
         budget: options.budget,
+        reply_budget: options.reply_budget,
+        reply_misses: 0,
         per_ip: HashMap::new(),
         conn_ip: HashMap::new(),
         handshaking: HashSet::new(),
@@ -705,7 +843,12 @@ impl Driver {
                         conn,
                         peer: None,
                         streams: HashMap::new(),
-                        charge: Rc::new(ConnCharge::default()),
+                        charge: Rc::new(ConnCharge {
+                            own: Cell::new(0),
+                            node: Cell::new(0),
+                            filled: Cell::new(0),
+                            replies: Cell::new(0),
+                        }),
                         window: crate::transport::SERVER_BASE_WINDOW as usize,
                         starved: Vec::new(),
                     },
@@ -726,9 +869,19 @@ impl Driver {
     }
 
     /// Resets every request whose bytes stopped arriving for the stall timeout (not those
-    /// waiting for the node's budget: that wait is not the peer's doing).
+    /// waiting for the node's budget: that wait is not the peer's doing), and every reply the
+    /// peer stopped taking for as long; for [`PRESSURE_STALL`] only while others wait for the
+    /// reply budget.
     fn reset_stalled(&mut self, now: Instant) {
         let timeout = self.limits.request_stall_timeout;
+        let misses = self.reply_budget.misses();
+        let pressure = misses != self.reply_misses;
+        self.reply_misses = misses;
+        let reply_timeout = if pressure {
+            timeout.min(PRESSURE_STALL)
+        } else {
+            timeout
+        };
         for c in self.conns.values_mut() {
             // While one request waits for budget, the peer's later requests may be held back by
             // the connection's flow control: those that hold no budget yet wait with it.
@@ -736,6 +889,14 @@ impl Driver {
                 .streams
                 .values()
                 .any(|s| matches!(s, StreamState::Reading(p) if p.waiting));
+            let stuck_reply = |s: &StreamState| match s {
+                StreamState::Writing { last, .. } | StreamState::Sent { last, .. } => {
+                    now.duration_since(*last) >= reply_timeout
+                }
+                _ => false,
+            };
+            // A connection that stopped taking its replies will not take those it queued.
+            let not_reading = c.streams.values().any(stuck_reply);
             let stalled: Vec<StreamId> = c
                 .streams
                 .iter()
@@ -746,6 +907,8 @@ impl Driver {
                     {
                         Some(*id)
                     }
+                    StreamState::Queued { .. } if not_reading => Some(*id),
+                    s if stuck_reply(s) => Some(*id),
                     _ => None,
                 })
                 .collect();
@@ -762,16 +925,22 @@ impl Driver {
     /// Moves finished replies from the service tasks onto their streams.
     fn take_replies(&mut self) -> bool {
         let mut any = false;
+        let now = Instant::now();
         loop {
             let next = self.done.borrow_mut().pop_front();
-            let Some((ch, id, reply)) = next else {
+            let Some((ch, id, reply, charge)) = next else {
                 return any;
             };
             any = true;
             if let Some(c) = self.conns.get_mut(&ch) {
                 if let Some(s) = c.streams.get_mut(&id) {
-                    *s = StreamState::Writing { reply, written: 0 };
-                    write_stream(c, id);
+                    *s = StreamState::Writing {
+                        reply,
+                        written: 0,
+                        charge,
+                        last: now,
+                    };
+                    write_stream(c, id, now);
                 }
             }
         }
@@ -800,8 +969,9 @@ impl Driver {
             work = true;
             match ev {
                 QEvent::Stream(StreamEvent::Readable { id }) => readable.push(id),
-                QEvent::Stream(StreamEvent::Writable { id }) => write_stream(c, id),
-                QEvent::Stream(StreamEvent::Stopped { id, .. }) => {
+                QEvent::Stream(StreamEvent::Writable { id }) => write_stream(c, id, now),
+                // The peer stopped reading, or acknowledged the whole reply: its bytes are gone.
+                QEvent::Stream(StreamEvent::Stopped { id, .. } | StreamEvent::Finished { id }) => {
                     c.streams.remove(&id);
                 }
                 _ => {}
@@ -832,7 +1002,20 @@ impl Driver {
             max_buffered: self.max_buffered,
         };
         for id in readable {
-            if let Some((request, charge)) = read_stream(c, id, &limits, now, &self.stats) {
+            if matches!(c.streams.get(&id), Some(StreamState::Reading(_))) {
+                read_stream(c, id, &limits, now, &self.stats);
+            }
+            let Some((request, charge, reply_charge)) = take_queued(
+                c,
+                id,
+                &*self.service,
+                &self.reply_budget,
+                &limits,
+                &self.stats,
+            ) else {
+                continue;
+            };
+            {
                 self.stats.requests.set(self.stats.requests.get() + 1);
                 // QUIC processes no 1-RTT stream data before the handshake completes; should a
                 // request still arrive first, it is served as a reader's and the role is
@@ -851,7 +1034,9 @@ impl Driver {
                     let reply = service.call(request, peer).await;
                     // The request's bytes count against the budget until its reply is ready.
                     drop(charge);
-                    done.borrow_mut().push_back((ch, id, reply));
+                    let mut reply_charge = reply_charge;
+                    reply_charge.settle(reply.head.len() + reply.body.as_slice().len());
+                    done.borrow_mut().push_back((ch, id, reply, reply_charge));
                     wake.notify_all();
                 })
                 .detach();
@@ -937,19 +1122,63 @@ struct ReadLimits {
     max_buffered: usize,
 }
 
+/// Takes a received request (`Queued`) for the service once there is room for its reply (its
+/// [`Service::reply_bound`], at most the whole budget) in the node's reply budget, within the
+/// connection's share ([`REPLY_SHARE`], [`REPLY_SHARE_OF_BUDGET`]). Without room it stays queued in `c.starved` (its peer has sent
+/// everything; no stall clock runs) and the connection's later requests wait unread behind
+/// flow control.
+fn take_queued(
+    c: &mut Conn,
+    id: StreamId,
+    service: &dyn Service,
+    budget: &Arc<RequestBudget>,
+    limits: &ReadLimits,
+    stats: &EndpointStats,
+) -> Option<(Vec<u8>, Charge, ReplyCharge)> {
+    let Some(StreamState::Queued {
+        request, waiting, ..
+    }) = c.streams.get_mut(&id)
+    else {
+        return None;
+    };
+    let bound = service.reply_bound(request).min(budget.limit());
+    let share = limits
+        .max_buffered
+        .saturating_mul(REPLY_SHARE)
+        .min(budget.limit() / REPLY_SHARE_OF_BUDGET);
+    match ReplyCharge::reserve(&c.charge, budget, bound, share) {
+        Ok(reply) => match c.streams.insert(id, StreamState::Serving) {
+            Some(StreamState::Queued {
+                request, charge, ..
+            }) => Some((request, charge, reply)),
+            _ => None,
+        },
+        Err(node) => {
+            if node && !*waiting {
+                stats.budget_waits.set(stats.budget_waits.get() + 1);
+            }
+            *waiting = node;
+            if !c.starved.contains(&id) {
+                c.starved.push(id);
+            }
+            None
+        }
+    }
+}
+
 /// Reads what has arrived on a request stream, as far as its charge allows (see
 /// [`Partial::charge_more`]); a stream that cannot get more room waits in `c.starved`, its bytes left
-/// in quinn-proto, where flow control holds the peer back. Returns the whole request, and the
-/// charge it keeps until its reply is ready, once the client has finished its side.
+/// in quinn-proto, where flow control holds the peer back. Once the client has finished its
+/// side, the whole request is `Queued`, with the charge it keeps until its reply is ready.
 fn read_stream(
     c: &mut Conn,
     id: StreamId,
     limits: &ReadLimits,
     now: Instant,
     stats: &EndpointStats,
-) -> Option<(Vec<u8>, Charge)> {
+) {
     let Some(StreamState::Reading(p)) = c.streams.get_mut(&id) else {
-        return None;
+        return;
     };
     let max = limits.max_request;
     let mut fin = false;
@@ -963,7 +1192,7 @@ fn read_stream(
             Ok(ch) => ch,
             Err(_) => {
                 c.streams.remove(&id);
-                return None;
+                return;
             }
         };
         loop {
@@ -1017,13 +1246,18 @@ fn read_stream(
         let _ = c.conn.recv_stream(id).stop(VarInt::from_u32(1));
         let _ = c.conn.send_stream(id).reset(VarInt::from_u32(1));
         c.streams.remove(&id);
-        return None;
+        return;
     }
     if fin {
-        return match c.streams.insert(id, StreamState::Serving) {
-            Some(StreamState::Reading(p)) => Some((p.buf, p.charge)),
-            _ => None,
-        };
+        if let Some(StreamState::Reading(p)) = c.streams.remove(&id) {
+            let queued = StreamState::Queued {
+                request: p.buf,
+                charge: p.charge,
+                waiting: false,
+            };
+            c.streams.insert(id, queued);
+        }
+        return;
     }
     if got || (p.waiting && starved != Some(true)) {
         // Bytes arrived, or the wait for budget is over: the stall clock starts afresh.
@@ -1042,12 +1276,18 @@ fn read_stream(
     } else {
         p.waiting = false;
     }
-    None
 }
 
-/// Writes as much of a reply as flow control allows; finishes the stream when all is written.
-fn write_stream(c: &mut Conn, id: StreamId) {
-    let Some(StreamState::Writing { reply, written }) = c.streams.get_mut(&id) else {
+/// Writes as much of a reply as flow control allows; finishes the stream when all is written
+/// and keeps its charge until the peer has acknowledged it.
+fn write_stream(c: &mut Conn, id: StreamId, now: Instant) {
+    let Some(StreamState::Writing {
+        reply,
+        written,
+        last,
+        ..
+    }) = c.streams.get_mut(&id)
+    else {
         return;
     };
     let head = reply.head.len();
@@ -1060,7 +1300,10 @@ fn write_stream(c: &mut Conn, id: StreamId) {
             &reply.body.as_slice()[*written - head..]
         };
         match send.write(slice) {
-            Ok(n) => *written += n,
+            Ok(n) => {
+                *written += n;
+                *last = now;
+            }
             Err(WriteError::Blocked) => return,
             Err(_) => {
                 c.streams.remove(&id);
@@ -1068,6 +1311,15 @@ fn write_stream(c: &mut Conn, id: StreamId) {
             }
         }
     }
-    let _ = send.finish();
-    c.streams.remove(&id);
+    let finished = send.finish().is_ok();
+    match c.streams.remove(&id) {
+        Some(StreamState::Writing { charge, .. }) if finished => {
+            let sent = StreamState::Sent {
+                _charge: charge,
+                last: now,
+            };
+            c.streams.insert(id, sent);
+        }
+        _ => {}
+    }
 }

@@ -163,6 +163,7 @@ pub struct Node {
     node_id: u128,
     jobs: Arc<JobBoard>,
     budget: Arc<RequestBudget>,
+    reply_budget: Arc<RequestBudget>,
 }
 
 fn shard_addr(base: SocketAddr, shard: usize) -> SocketAddr {
@@ -186,6 +187,9 @@ impl Node {
         // One budget for the whole node; it must hold at least one whole request.
         let budget = RequestBudget::new(options.limits.max_partial_bytes.max(options.max_request));
         let shared = budget.clone();
+        // Replies get a budget of the same size of their own (see `EndpointOptions`).
+        let reply_budget = RequestBudget::new(budget.limit());
+        let shared_replies = reply_budget.clone();
         let init: ShardInit = Arc::new(move |shard: Rc<Shard>| {
             let id = shard.id();
             let addr = shard_addr(opts.listen, id);
@@ -217,6 +221,7 @@ impl Node {
                     max_buffered: opts.max_buffered,
                     limits: opts.limits.clone(),
                     budget: shared.clone(),
+                    reply_budget: shared_replies.clone(),
                 },
                 service,
             );
@@ -246,6 +251,7 @@ impl Node {
             node_id: options.node_id,
             jobs,
             budget,
+            reply_budget,
         };
         for _ in 0..shards {
             match rx.recv_timeout(Duration::from_secs(30)) {
@@ -339,6 +345,12 @@ impl Node {
     /// being served), out of [`Limits::max_partial_bytes`].
     pub fn partial_bytes(&self) -> usize {
         self.budget.used()
+    }
+
+    /// Reply bytes the node's endpoints hold now (reserved for requests being served, and
+    /// replies not yet acknowledged by their peers), out of [`Limits::max_partial_bytes`].
+    pub fn reply_bytes(&self) -> usize {
+        self.reply_budget.used()
     }
 
     /// Each shard endpoint's connection, Retry, stall and budget counters, by shard index.

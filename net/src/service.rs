@@ -115,6 +115,9 @@ impl ShardService {
     }
 }
 
+/// Room reserved for a reply's frame head beside its body.
+const REPLY_HEAD: usize = 4096;
+
 fn reply(request_id: u64, body: ResponseBody, payload: Body) -> Reply {
     let len = match &payload {
         Body::Empty => 0,
@@ -226,6 +229,25 @@ impl Service for ShardService {
             self.latency.borrow_mut().saturating_record(micros);
             reply
         })
+    }
+
+    fn reply_bound(&self, request: &[u8]) -> usize {
+        let page = self.shard.page_size();
+        let body = match frame::decode_request_frame(request) {
+            Ok((r, _)) => match r.body {
+                RequestBody::ReadRange { len, .. } | RequestBody::Fetch { len, .. } => {
+                    u64::from(len.min(page))
+                }
+                RequestBody::ReadPages { pages, .. } => pages.len() as u64 * u64::from(page),
+                // Job listings and counters are charged when ready; the rest carry no body.
+                _ => 0,
+            },
+            // Answered with an error.
+            Err(_) => 0,
+        };
+        usize::try_from(body)
+            .unwrap_or(usize::MAX)
+            .saturating_add(REPLY_HEAD)
     }
 }
 

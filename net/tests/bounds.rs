@@ -212,10 +212,11 @@ fn child_node() {
         }
         let c = counters(&t.node);
         println!(
-            "STATS {} {} {}",
+            "STATS {} {} {} {}",
             t.node.partial_bytes(),
             c.stalled,
-            c.budget_waits
+            c.budget_waits,
+            t.node.reply_bytes()
         );
     }
     t.node.shutdown().unwrap();
@@ -239,10 +240,15 @@ impl Child {
 
     /// (request bytes held, requests reset as stalled, budget waits)
     fn stats(&mut self) -> (usize, u64, u64) {
+        let v = self.all_stats();
+        (v[0] as usize, v[1], v[2])
+    }
+
+    /// Request bytes held, requests reset as stalled, budget waits, reply bytes held.
+    fn all_stats(&mut self) -> Vec<u64> {
         writeln!(self.proc.stdin.as_mut().unwrap(), "stats").unwrap();
         let l = self.line("STATS ");
-        let v: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
-        (v[0] as usize, v[1], v[2])
+        l.split(' ').map(|x| x.parse().unwrap()).collect()
     }
 
     fn rss(&self) -> usize {
@@ -260,15 +266,13 @@ impl Child {
     }
 }
 
-#[test]
-fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+/// Starts the child node (see [`child_node`]) with a CA saved in `dir`.
+fn start_child(dir: &Path) -> (Child, ClusterCa, SocketAddr) {
     let ca = ClusterCa::generate(tls::CA_NAME).unwrap();
-    ca.save(&dir.path().join("ca.pem"), &dir.path().join("ca.key"))
-        .unwrap();
+    ca.save(&dir.join("ca.pem"), &dir.join("ca.key")).unwrap();
     let mut proc = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_node", "--ignored", "--nocapture"])
-        .env("PAGESTORE_BOUNDS_CHILD", dir.path())
+        .env("PAGESTORE_BOUNDS_CHILD", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -276,6 +280,13 @@ fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
     let out = BufReader::new(proc.stdout.take().unwrap());
     let mut child = Child { proc, out };
     let addr: SocketAddr = child.line("ADDR ").parse().unwrap();
+    (child, ca, addr)
+}
+
+#[test]
+fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut child, ca, addr) = start_child(dir.path());
     let rt = tokio();
     let _guard = rt.enter();
     let honest = pool(
@@ -377,6 +388,164 @@ fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
         after <= before + (grown / 2).max(16 << 20),
         "RSS did not come back: before {before}, peak {peak}, after {after}"
     );
+    honest.close();
+    drop(child.proc.stdin.take());
+    let status = child.proc.wait().unwrap();
+    assert!(status.success(), "child node failed: {status}");
+}
+
+/// Opens `conns` connections that each send `reads` reads of page (100, 0) and never take the
+/// replies: their flow-control windows let the node send 1 KiB per stream.
+fn non_reading_attack(
+    ca: &ClusterCa,
+    addr: SocketAddr,
+    conns: usize,
+    reads: usize,
+) -> (
+    quinn::Endpoint,
+    Vec<quinn::Connection>,
+    Vec<(quinn::SendStream, quinn::RecvStream)>,
+) {
+    let mut head = Vec::new();
+    let req = Request {
+        request_id: 1,
+        body: RequestBody::ReadRange {
+            key: Key {
+                file_id: FileId::from_u128(100),
+                page: 0,
+            },
+            offset: 0,
+            len: frame::MAX_PAGE_LEN,
+            epoch: 0,
+        },
+    };
+    frame::encode_request(&req, 0, &mut head).unwrap();
+    let mut cfg = client_config(ca, None);
+    let mut t = quinn::TransportConfig::default();
+    t.stream_receive_window(1024u32.into())
+        .receive_window((64u32 << 10).into())
+        .max_concurrent_bidi_streams(0u32.into());
+    cfg.transport_config(Arc::new(t));
+    let ep = endpoint(ca, "127.0.0.1:0");
+    let mut live = Vec::new();
+    let mut streams = Vec::new();
+    tokio::runtime::Handle::current().block_on(async {
+        for _ in 0..conns {
+            let c = ep
+                .connect_with(cfg.clone(), addr, tls::SERVER_NAME)
+                .unwrap()
+                .await
+                .unwrap();
+            for _ in 0..reads {
+                let (mut send, recv) = c.open_bi().await.unwrap();
+                send.write_all(&head).await.unwrap();
+                send.finish().unwrap();
+                streams.push((send, recv));
+            }
+            live.push(c);
+        }
+    });
+    (ep, live, streams)
+}
+
+#[test]
+fn readers_that_never_take_their_replies_cannot_grow_node_memory_beyond_its_bound() {
+    // 6 connections x 160 reads of a 256 KiB page: an unbounded node would hold 240 MiB of
+    // replies. Each connection may hold an eighth of the budget (1 MiB): the attack reaches
+    // half of it, and the rest stays for readers that take their replies.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut child, ca, addr) = start_child(dir.path());
+    let rt = tokio();
+    let _guard = rt.enter();
+    let honest = pool(&ca, None, "127.0.0.1:0");
+    rt.block_on(async {
+        assert_eq!(read_page(&honest, addr).await.unwrap(), page_bytes(100, 0));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let before = child.rss();
+    let (attack, conns, streams) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _g = rt.enter();
+            non_reading_attack(&ca, addr, 6, 160)
+        })
+        .join()
+        .unwrap()
+    });
+    let mut peak = 0;
+    let mut held_max = 0;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1500) {
+        held_max = held_max.max(child.all_stats()[3] as usize);
+        peak = peak.max(child.rss());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // An honest reader is served while the attackers hold their streams.
+    let served = Instant::now();
+    rt.block_on(async {
+        assert_eq!(read_page(&honest, addr).await.unwrap(), page_bytes(100, 0));
+    });
+    let served = served.elapsed();
+    let per_conn =
+        transport::SERVER_BASE_WINDOW as usize + pagestore_net::endpoint::CONNECTION_ALLOWANCE;
+    let bound = CHILD_BUDGET + 2 * 6 * per_conn + (32 << 20);
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "child RSS before {} MiB, peak {} MiB (+{} MiB, bound {} MiB), reply bytes held at most \
+         {} KiB, honest read during the attack {served:?}",
+        before >> 20,
+        peak >> 20,
+        grown >> 20,
+        bound >> 20,
+        held_max >> 10,
+    );
+    assert!(held_max <= CHILD_BUDGET, "held {held_max} > budget");
+    assert!(
+        held_max >= CHILD_BUDGET / 2,
+        "the attack did not reach half the budget"
+    );
+    assert!(grown <= bound, "RSS grew by {grown} bytes, bound {bound}");
+    assert!(
+        served < Duration::from_secs(2),
+        "honest read took {served:?}"
+    );
+
+    // Enough connections to fill the whole budget: replies that stopped moving are reset once
+    // someone waits for the budget (after a second, not the child's 60 s stall timeout), and
+    // the honest reader is served again.
+    let more = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _g = rt.enter();
+            non_reading_attack(&ca, addr, 16, 8)
+        })
+        .join()
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let served = Instant::now();
+    rt.block_on(async {
+        assert_eq!(read_page(&honest, addr).await.unwrap(), page_bytes(100, 0));
+    });
+    let served = served.elapsed();
+    let reset = child.all_stats()[1];
+    eprintln!("budget filled: honest read after {served:?}, {reset} replies reset");
+    assert!(reset > 0, "no reply was reset");
+    assert!(
+        served < Duration::from_secs(30),
+        "honest read took {served:?}"
+    );
+
+    for ep in [&attack, &more.0] {
+        ep.close(0u32.into(), b"bye");
+    }
+    drop((conns, streams, more));
+    let t = Instant::now();
+    while child.all_stats()[3] != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "reply bytes still held after the attackers left"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     honest.close();
     drop(child.proc.stdin.take());
     let status = child.proc.wait().unwrap();

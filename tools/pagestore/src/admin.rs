@@ -396,13 +396,14 @@ const PER_SHARD: &[Family] = &[
     (
         "requests_stalled_total",
         "counter",
-        "Requests reset because their bytes stopped arriving (--request-stall-timeout).",
+        "Requests reset because their bytes stopped arriving, and replies reset because the \
+         client stopped taking them (--request-stall-timeout).",
         |s| s.endpoint.stalled,
     ),
     (
         "request_budget_waits_total",
         "counter",
-        "Times a request waited for the node's request budget (--max-partial-bytes).",
+        "Times a request waited for the node's request or reply budget (--max-partial-bytes).",
         |s| s.endpoint.budget_waits,
     ),
     (

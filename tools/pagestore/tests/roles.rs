@@ -138,3 +138,49 @@ fn readers_read_writers_invalidate_and_certificates_come_from_pagectl() {
         text(&out)
     );
 }
+
+/// Off loopback, `pagestored` requires client certificates by default: a node listening on a
+/// non-loopback address (10.77.0.1, in a network namespace of the test's own, so nothing
+/// outside the machine can reach it) refuses a client without a certificate and says why, and
+/// serves one with a reader certificate issued by `pagectl cert issue`.
+#[test]
+fn off_loopback_a_node_requires_client_certificates_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let script = format!(
+        r#"set -e
+ip link set lo up
+ip addr add 10.77.0.1/32 dev lo
+mkdir -p {d}/data {d}/anon
+echo hello > {d}/data/f
+{stored} --listen 10.77.0.1:7400 --admin off --cache-dir {d}/cache --cache-size 64M \
+  --page-size 64K --shards 1 --no-pin --mount /data=file://{d}/data > {d}/log 2>&1 &
+node=$!
+trap 'kill $node 2>/dev/null' EXIT
+for i in $(seq 100); do [ -f {d}/cache/tls/node-key.pem ] && break; sleep 0.1; done
+cp {d}/cache/tls/ca-cert.pem {d}/anon/
+for i in $(seq 50); do
+  {ctl} --cluster 10.77.0.1:7400 --tls-dir {d}/cache/tls stat /data/f >/dev/null 2>&1 && break
+  sleep 0.2
+done
+if {ctl} --cluster 10.77.0.1:7400 --tls-dir {d}/anon cat /data/f; then echo ANONYMOUS-SERVED; fi
+{ctl} --tls-dir {d}/cache/tls cert issue --role reader {d}/reader >/dev/null
+echo "READER:$({ctl} --cluster 10.77.0.1:7400 --tls-dir {d}/reader cat /data/f)"
+"#,
+        stored = common::PAGESTORED,
+        ctl = common::PAGECTL,
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+    assert!(out.status.success(), "{t}\nnode log:\n{log}");
+    assert!(!t.contains("ANONYMOUS-SERVED"), "{t}");
+    assert!(
+        t.contains("the node requires a client certificate from the cluster CA"),
+        "{t}"
+    );
+    assert!(t.contains("READER:hello"), "{t}\nnode log:\n{log}");
+}
