@@ -5,7 +5,7 @@ mod timing;
 
 use std::{collections::HashMap, hint::black_box};
 
-use pagestore_net::{
+use pagestore_protocol::{
     frame::{self, FileId, Key, Request, RequestBody},
     ring::{MemberId, Ring, RingConfig},
 };

@@ -2,12 +2,12 @@
 //! `fuzz_targets/` call them, and so does the bounded smoke run on stable Rust
 //! (`tools/pagestore/tests/fuzz_smoke.rs`). Each must not panic, whatever the input.
 
-use pagestore_net::frame::{
+use pagestore_protocol::frame::{
     decode_request, decode_request_frame, decode_response, decode_response_frame, encode_request,
     encode_response, Preamble, PREAMBLE_LEN,
 };
 
-/// Frame decoders of `pagestore_net::frame`: anything that decodes must re-encode.
+/// Frame decoders of `pagestore_protocol::frame`: anything that decodes must re-encode.
 pub fn decode_frame(data: &[u8]) {
     if let Ok((request, payload)) = decode_request_frame(data) {
         let payload_len = u32::try_from(payload.len()).expect("payload fits u32");

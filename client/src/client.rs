@@ -14,10 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::pool::{Pool, PoolOptions};
 use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt, TryStreamExt};
-use pagestore_net::{
-    client::{Pool, PoolOptions},
+use pagestore_protocol::{
     frame::{
         DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, Request, RequestBody,
         ResponseBody,
@@ -1276,7 +1276,7 @@ fn check_path(path: &str) -> Result<(), Error> {
 }
 
 /// The members of a `ClusterInfo` answer.
-fn node_infos(nodes: &[pagestore_net::frame::NodeEntry]) -> Result<Vec<NodeInfo>, Error> {
+fn node_infos(nodes: &[pagestore_protocol::frame::NodeEntry]) -> Result<Vec<NodeInfo>, Error> {
     nodes
         .iter()
         .map(|n| {

@@ -1,8 +1,8 @@
-//! `pagestore-client`: what a reader needs to use the cache.
+//! `pagestore-client`: what a reader needs to use the cache, on tokio (no engine, no glommio).
 //!
-//! - [`ufs`]: the under storage: the mount table over object stores, object versions and file
-//!   ids; also the [`ufs::UfsSource`] a `pagestored` node loads misses through.
-//! - [`localfs`]: the store behind `file://` mounts, which never leaves its root directory.
+//! - [`pool`]: QUIC connections to shard endpoints (quinn), one request per stream.
+//! - [`ufs`], [`localfs`], [`etcd`]: the mounts and membership, re-exported from
+//!   `pagestore-mounts` (a client reads the under storage itself when the cache cannot answer).
 //! - [`client`]: the cluster client: `stat`, `list`, `read`, parallel page fetches from the
 //!   owning shards over QUIC, replica and under-storage fallback with dead-member back-off.
 //! - [`handle`]: an open file implementing tokio's `AsyncRead` and `AsyncSeek`, version-pinned,
@@ -10,11 +10,11 @@
 //! - [`tls`]: where a client finds its TLS material.
 
 pub mod client;
-pub mod etcd;
 pub mod handle;
-pub mod localfs;
+pub mod pool;
 pub mod tls;
-pub mod ufs;
+
+pub use pagestore_mounts::{etcd, localfs, ufs};
 
 pub use client::{
     Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardCounters, StatsSnapshot,

@@ -6,7 +6,7 @@
 
 use std::{path::Path, sync::Arc};
 
-use pagestore_net::{frame, tls, transport};
+use pagestore_protocol::{frame, tls, transport};
 
 use crate::client::Error;
 

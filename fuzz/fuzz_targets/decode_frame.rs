@@ -1,4 +1,4 @@
-//! Feeds arbitrary bytes to the frame decoders of `pagestore_net::frame`.
+//! Feeds arbitrary bytes to the frame decoders of `pagestore_protocol::frame`.
 //!
 //! The decoders must never panic, whatever the input. Anything that does
 //! decode must be a valid message: it re-encodes without error.

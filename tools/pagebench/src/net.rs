@@ -12,15 +12,15 @@ use std::{
 };
 
 use hdrhistogram::Histogram;
+use pagestore_client::pool::{Pool, PoolOptions};
 use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
-use pagestore_net::{
-    client::{Pool, PoolOptions},
+use pagestore_protocol::{
     frame::{self, FileId, Key, Request, RequestBody, ResponseBody},
-    node::{Node, NodeOptions},
     ring::{Ring, RingConfig},
     tls::{self, ClusterCa},
     transport,
 };
+use pagestore_server::node::{Node, NodeOptions};
 
 use crate::Opts;
 

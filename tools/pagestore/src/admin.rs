@@ -8,11 +8,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{body::Incoming, Request, Response, StatusCode};
 use pagestore_engine::{EngineError, Rule, RuleStats};
-use pagestore_net::{
-    members::Membership,
-    node::{Node, ShardMetrics},
-    node_id::format_uuid,
-};
+use pagestore_protocol::{members::Membership, node_id::format_uuid};
+use pagestore_server::node::{Node, ShardMetrics};
 
 /// What the endpoint reports on.
 pub struct Admin {
@@ -21,7 +18,7 @@ pub struct Admin {
     /// The member list and ring the node serves under (replaced on membership changes).
     pub ring: std::sync::RwLock<RingState>,
     /// The etcd connection, when membership lives in etcd.
-    pub etcd: Option<Arc<pagestore_client::etcd::Etcd>>,
+    pub etcd: Option<Arc<pagestore_mounts::etcd::Etcd>>,
 }
 
 /// The membership a node serves under.

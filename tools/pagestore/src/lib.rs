@@ -124,8 +124,8 @@ pub fn init_logging() {
 /// wins over its `PAGESTORE_ETCD_*` variable.
 pub fn etcd_options(
     flags: [Option<String>; 5],
-) -> Result<pagestore_client::etcd::EtcdOptions, String> {
-    use pagestore_client::etcd;
+) -> Result<pagestore_mounts::etcd::EtcdOptions, String> {
+    use pagestore_mounts::etcd;
     let [user, password_file, ca, cert, key] = flags;
     let mut o = etcd::EtcdOptions::from_env().map_err(|e| e.to_string())?;
     if let Some(u) = user {

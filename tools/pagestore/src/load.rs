@@ -155,15 +155,17 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, String> 
     let mut dirs = VecDeque::from([root]);
     while !dirs.is_empty() {
         let batch: Vec<String> = dirs.drain(..).collect();
-        let listed: Vec<(String, Result<Vec<pagestore_net::frame::DirEntry>, Error>)> =
-            stream::iter(batch)
-                .map(|d| async move {
-                    let r = client.list(&d).await;
-                    (d, r)
-                })
-                .buffer_unordered(16)
-                .collect()
-                .await;
+        let listed: Vec<(
+            String,
+            Result<Vec<pagestore_protocol::frame::DirEntry>, Error>,
+        )> = stream::iter(batch)
+            .map(|d| async move {
+                let r = client.list(&d).await;
+                (d, r)
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
         for (dir, r) in listed {
             let entries = r.map_err(|e| format!("{dir}: {e}"))?;
             for e in entries {

@@ -10,9 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use pagestore_client::pool::{Pool, PoolOptions};
 use pagestore_client::{tls, Client, ClientOptions, ClusterSource};
-use pagestore_net::{
-    client::{Pool, PoolOptions},
+use pagestore_protocol::{
     frame::{Request, RequestBody, ResponseBody},
     tls::{ClusterCa, CA_NAME},
 };

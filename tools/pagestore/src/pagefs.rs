@@ -36,7 +36,7 @@ use pagestore_client::{
     ufs::{MountTable, ObjectInfo},
     Client, Error,
 };
-use pagestore_net::frame::PathKind;
+use pagestore_protocol::frame::PathKind;
 use tracing::{debug, info, warn};
 
 /// Settings of one mount.

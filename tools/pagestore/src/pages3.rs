@@ -35,7 +35,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{stream, Stream, StreamExt};
 use hyper::{body::Incoming, http::Extensions, HeaderMap, Method, Uri};
 use pagestore_client::{ufs::ObjectInfo, Client, Error as ClientError};
-use pagestore_net::frame::{DirEntry, PathKind};
+use pagestore_protocol::frame::{DirEntry, PathKind};
 use s3s::{
     access::{S3Access, S3AccessContext},
     auth::{S3Auth, SecretKey},

@@ -14,13 +14,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use pagestore_net::{members::Membership, ring::RingConfig};
+use pagestore_protocol::{members::Membership, ring::RingConfig};
 use pagestore_tools::{
     admin::{self, Admin, RingState},
     http_guard::Limits,
 };
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Held for the whole of each test, runtime included: a runtime built while the other test has
+/// lowered RLIMIT_NOFILE would fail for want of descriptors.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `test` alone (see [`SERIAL`]) on a fresh two-thread runtime.
+fn serial<F: std::future::Future<Output = ()>>(test: F) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test);
+}
 
 fn admin_state() -> Arc<Admin> {
     Arc::new(Admin {
@@ -58,9 +71,12 @@ fn read_to_close(mut s: TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
     (got, t0.elapsed())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn half_a_header_is_cut_off_and_extra_connections_are_refused() {
-    let _g = SERIAL.lock().await;
+#[test]
+fn half_a_header_is_cut_off_and_extra_connections_are_refused() {
+    serial(half_a_header());
+}
+
+async fn half_a_header() {
     let addr = start(Limits {
         header_timeout: Duration::from_secs(1),
         max_connections: 3,
@@ -142,9 +158,12 @@ fn set_nofile(r: &libc::rlimit) {
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, r) }, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accept_backs_off_when_out_of_file_descriptors() {
-    let _g = SERIAL.lock().await;
+#[test]
+fn accept_backs_off_when_out_of_file_descriptors() {
+    serial(out_of_descriptors());
+}
+
+async fn out_of_descriptors() {
     let addr = start(Limits::ADMIN).await;
     let spent = tokio::task::spawn_blocking(move || {
         // Sockets made while descriptors are still available; connected once none are, so that

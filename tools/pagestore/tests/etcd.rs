@@ -19,7 +19,7 @@ use std::{
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use common::{bytes, Cluster, PAGECTL, PAGESTORED};
 use pagestore_client::{etcd::EtcdOptions, Client, ClientOptions, ClusterSource, StatsSnapshot};
-use pagestore_net::node_id::parse_uuid;
+use pagestore_protocol::node_id::parse_uuid;
 use pagestore_tools::local_cluster::{http_get, http_post, EtcdServer};
 
 const LEASE_TTL: &str = "3";

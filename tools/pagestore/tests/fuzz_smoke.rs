@@ -9,7 +9,7 @@ mod bodies;
 
 use std::time::{Duration, Instant};
 
-use pagestore_net::frame::{encode_request, Request, RequestBody};
+use pagestore_protocol::frame::{encode_request, Request, RequestBody};
 
 /// xorshift64*: deterministic, so that a failure repeats.
 struct Rng(u64);

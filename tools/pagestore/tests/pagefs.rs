@@ -368,7 +368,7 @@ fn a_stopped_worker_stalls_only_its_reads_and_a_killed_one_costs_no_bytes() {
     let nodes_of = |p: &str| -> Vec<usize> {
         let info = rt.block_on(client.stat(p)).unwrap();
         let meta = ring
-            .owner_of_hash(pagestore_net::ring::path_hash(p))
+            .owner_of_hash(pagestore_protocol::ring::path_hash(p))
             .unwrap();
         let page = ring.owner(info.file_id, 0).unwrap();
         [meta, page]

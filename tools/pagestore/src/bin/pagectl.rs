@@ -4,7 +4,7 @@
 use std::{io::Write, path::PathBuf, sync::Arc};
 
 use pagestore_client::{tls, Client, ClientOptions, ClusterSource, Error};
-use pagestore_net::{
+use pagestore_protocol::{
     frame::PathKind,
     tls::{ClusterCa, Role},
 };
@@ -213,7 +213,7 @@ fn ca_init(dir: PathBuf) -> Result<(), String> {
         ));
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let ca = ClusterCa::generate(pagestore_net::tls::CA_NAME).map_err(|e| e.to_string())?;
+    let ca = ClusterCa::generate(pagestore_protocol::tls::CA_NAME).map_err(|e| e.to_string())?;
     ca.save(&cert, &key).map_err(|e| e.to_string())?;
     println!("wrote {} and {}", cert.display(), key.display());
     Ok(())
@@ -245,7 +245,7 @@ fn cert_issue(
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let id = ca.issue(name, role).map_err(|e| e.to_string())?;
-    pagestore_net::tls::save_identity(&id, &cert, &key).map_err(|e| e.to_string())?;
+    pagestore_protocol::tls::save_identity(&id, &cert, &key).map_err(|e| e.to_string())?;
     let ca_copy = dir.join("ca-cert.pem");
     if ca_copy != ca_cert {
         std::fs::copy(&ca_cert, &ca_copy).map_err(|e| format!("{}: {e}", ca_copy.display()))?;
@@ -441,7 +441,7 @@ async fn node_rates(
     interval: std::time::Duration,
 ) -> std::collections::HashMap<u128, (f64, f64)> {
     let sum = |v: &[(
-        pagestore_net::members::NodeInfo,
+        pagestore_protocol::members::NodeInfo,
         u16,
         Option<serde_json::Value>,
     )]| {
@@ -512,7 +512,7 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<
             down += 1;
             println!(
                 "{:<38} {:<22} {:>6} {:>10}",
-                pagestore_net::node_id::format_uuid(n.id),
+                pagestore_protocol::node_id::format_uuid(n.id),
                 n.addr,
                 n.shards,
                 "DOWN"
@@ -525,7 +525,7 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<
         ufs_rate += ur;
         println!(
             "{:<38} {:<22} {:>6} {:>8.2}GB {:>8.2}GB {:>5.1}% {:>9} {:>10.1} {:>10.1}",
-            pagestore_net::node_id::format_uuid(n.id),
+            pagestore_protocol::node_id::format_uuid(n.id),
             n.addr,
             format!("{answered}/{}", n.shards),
             gb(c.capacity_bytes),
@@ -618,7 +618,7 @@ async fn etcd_command(
     rest: &[String],
 ) -> Result<(), String> {
     use pagestore_client::etcd::{self, Etcd};
-    use pagestore_net::node_id::{format_uuid, parse_uuid};
+    use pagestore_protocol::node_id::{format_uuid, parse_uuid};
     if !etcd::is_etcd_url(cluster) {
         return Err(format!(
             "pagectl {command} works on membership in etcd: give --cluster etcd://HOST:PORT[/CLUSTER]"
@@ -737,7 +737,7 @@ fn ring(client: &Client) -> Result<(), String> {
     for n in membership.nodes() {
         println!(
             "{:<38} {:>6} {:>7.2}%{}",
-            pagestore_net::node_id::format_uuid(n.id),
+            pagestore_protocol::node_id::format_uuid(n.id),
             format!("{} sh.", n.shards),
             100.0 * by_node.get(&n.id).copied().unwrap_or(0.0),
             if down.contains(&n.id) {

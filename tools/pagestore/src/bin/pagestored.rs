@@ -12,20 +12,22 @@ use std::{
     time::Duration,
 };
 
-use pagestore_client::{
+use pagestore_engine::EngineConfig;
+use pagestore_mounts::{
     etcd::{self, ClusterState, Etcd, MemberRecord, RingMode},
     ufs::{parse_mount, FileRoots, MountTable, UfsSource},
 };
-use pagestore_engine::EngineConfig;
-use pagestore_net::{
+use pagestore_protocol::{
     frame::{FileId, NodeEntry},
     members::{format_member_file, parse_member_file, Membership, NodeInfo},
-    node::{Node, NodeOptions, NodeSource},
     node_id::{self, format_uuid},
     ring::RingConfig,
-    source::LoaderOptions,
     tls::NodeTls,
     transport,
+};
+use pagestore_server::{
+    loader::LoaderOptions,
+    node::{Node, NodeOptions, NodeSource},
 };
 use pagestore_tools::{
     admin::RingState, flag, home, init_logging, parse_size, Args, DEFAULT_LISTEN,
@@ -112,7 +114,7 @@ struct Config {
     tls_dir: Option<PathBuf>,
     /// None: required unless the node listens on a loopback address.
     require_client_cert: Option<bool>,
-    limits: pagestore_net::endpoint::Limits,
+    limits: pagestore_server::endpoint::Limits,
     metadata_ttl: Duration,
     replicas: u8,
     ufs_inflight: usize,
@@ -301,7 +303,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         lease_ttl: etcd::DEFAULT_LEASE_TTL,
         tls_dir: None,
         require_client_cert: None,
-        limits: pagestore_net::endpoint::Limits::default(),
+        limits: pagestore_server::endpoint::Limits::default(),
         metadata_ttl: Duration::from_secs(10),
         replicas: 0,
         ufs_inflight: 16,
@@ -473,7 +475,7 @@ fn parse(mut args: Args) -> Result<Option<Config>, String> {
         let own: Vec<PathBuf> = c
             .mounts
             .iter()
-            .filter_map(|(_, u)| pagestore_client::ufs::local_dir(u))
+            .filter_map(|(_, u)| pagestore_mounts::ufs::local_dir(u))
             .filter(|d| d.is_dir())
             .collect();
         FileRoots::new(&own).map_err(|e| e.to_string())?
@@ -571,7 +573,7 @@ fn run(mut c: Config) -> Result<(), String> {
             let own: Vec<(String, String)> = c
                 .mounts
                 .iter()
-                .map(|(p, u)| (p.clone(), pagestore_client::ufs::redact(u)))
+                .map(|(p, u)| (p.clone(), pagestore_mounts::ufs::redact(u)))
                 .collect();
             if own != mounts {
                 tracing::warn!("the mount table in etcd differs from this node's settings; etcd's wins (change it with pagectl mount)");
@@ -638,11 +640,11 @@ fn run(mut c: Config) -> Result<(), String> {
     let require_client_cert = c
         .require_client_cert
         .unwrap_or(!c.listen.ip().is_loopback());
-    let rustls = pagestore_net::tls::server_config(
+    let rustls = pagestore_protocol::tls::server_config(
         &tls.identity,
         &tls.ca,
         require_client_cert,
-        pagestore_net::frame::ALPN,
+        pagestore_protocol::frame::ALPN,
     )
     .map_err(|e| e.to_string())?;
     let crypto = quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls)
@@ -758,7 +760,7 @@ fn run(mut c: Config) -> Result<(), String> {
         println!(
             "  mount      {} <- {}",
             if prefix.is_empty() { "/" } else { prefix },
-            pagestore_client::ufs::redact(url)
+            pagestore_mounts::ufs::redact(url)
         );
     }
     for (_, rule) in c.rules.iter() {

@@ -9,7 +9,7 @@ use std::{os::unix::fs::symlink, path::Path};
 
 use bytes::Bytes;
 use object_store::MultipartUpload;
-use pagestore_client::ufs::{
+use pagestore_mounts::ufs::{
     parse_mount, redact, scrub, Entry, FileRoots, MountTable, ObjectInfo, UfsError,
 };
 
@@ -376,7 +376,7 @@ fn a_mount_this_client_cannot_open_is_unavailable_not_missing() {
         }
         assert!(matches!(
             t.stat_path("/s3").await,
-            Ok(pagestore_net::frame::PathKind::Dir)
+            Ok(pagestore_protocol::frame::PathKind::Dir)
         ));
         assert!(t.stat("/local/here.txt").await.is_ok());
         // Outside every mount, a path is still simply not there.

@@ -7,15 +7,15 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use pagestore_client::pool::{ClientError, Pool, PoolOptions};
 use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
-use pagestore_net::{
-    client::{ClientError, Pool, PoolOptions},
+use pagestore_protocol::{
     frame::{self, ErrorCode, FileId, Key, PageStatus, Request, RequestBody, ResponseBody},
-    node::{Node, NodeOptions},
     ring::{MemberId, Ring, RingConfig},
     tls::{self, ClusterCa, Identity},
     transport,
 };
+use pagestore_server::node::{Node, NodeOptions};
 
 const PAGE: u32 = 256 * 1024;
 const NODE: u128 = 0xA11CE;

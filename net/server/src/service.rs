@@ -11,8 +11,9 @@ use crate::{
         self, ErrorCode, FrameError, Key, NodeEntry, PageStatus, RequestBody, Response,
         ResponseBody,
     },
+    loader::Loader,
     ring::{self, MemberId, Ring},
-    source::{page_version, Loader},
+    source::page_version,
     tls::Role,
 };
 

@@ -15,15 +15,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use pagestore_client::pool::{Pool, PoolOptions};
 use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
-use pagestore_net::{
-    client::{Pool, PoolOptions},
-    endpoint::Limits,
+use pagestore_protocol::{
     frame::{self, FileId, Key, Request, RequestBody, ResponseBody},
-    node::{EndpointCounters, Node, NodeOptions},
     ring::{Ring, RingConfig},
     tls::{self, ClusterCa, Identity},
     transport,
+};
+use pagestore_server::{
+    endpoint::Limits,
+    node::{EndpointCounters, Node, NodeOptions},
 };
 
 const PAGE: u32 = 256 * 1024;
@@ -342,7 +344,7 @@ fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
     // quinn-proto) and its own allowance, twice over for allocator and QUIC overheads, plus
     // 32 MiB for everything else a connection costs.
     let per_conn =
-        transport::SERVER_BASE_WINDOW as usize + pagestore_net::endpoint::CONNECTION_ALLOWANCE;
+        transport::SERVER_BASE_WINDOW as usize + pagestore_server::endpoint::CONNECTION_ALLOWANCE;
     let bound = CHILD_BUDGET + 2 * ATTACKERS * per_conn + (32 << 20);
     let grown = peak.saturating_sub(before);
     eprintln!(
@@ -486,7 +488,7 @@ fn readers_that_never_take_their_replies_cannot_grow_node_memory_beyond_its_boun
     });
     let served = served.elapsed();
     let per_conn =
-        transport::SERVER_BASE_WINDOW as usize + pagestore_net::endpoint::CONNECTION_ALLOWANCE;
+        transport::SERVER_BASE_WINDOW as usize + pagestore_server::endpoint::CONNECTION_ALLOWANCE;
     let bound = CHILD_BUDGET + 2 * 6 * per_conn + (32 << 20);
     let grown = peak.saturating_sub(before);
     eprintln!(

@@ -11,7 +11,7 @@ use std::{fmt, ops::Range, path::PathBuf, sync::Arc};
 use crate::localfs::LocalStore;
 use bytes::Bytes;
 use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
-use pagestore_net::{
+use pagestore_protocol::{
     frame::{DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind},
     source::{Source, SourceError, SourceFuture},
 };
@@ -404,8 +404,8 @@ pub fn check_path(path: &str) -> Result<(), UfsError> {
     Ok(())
 }
 
-/// The file id of `path` at `version` (see [`pagestore_net::ring::file_id`]).
-pub use pagestore_net::ring::file_id;
+/// The file id of `path` at `version` (see [`pagestore_protocol::ring::file_id`]).
+pub use pagestore_protocol::ring::file_id;
 
 fn version_of(meta: &object_store::ObjectMeta) -> String {
     match &meta.e_tag {

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use pagestore_client::ufs::{parse_mount, Entry, MountTable, UfsError};
+use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, UfsError};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

@@ -1,7 +1,7 @@
 //! The miss path: where a shard gets pages and metadata it does not have.
 //!
-//! The under storage ([`Source`]) is implemented elsewhere (the client crate's mount table over
-//! `object_store`) and runs on a tokio runtime: its futures are `Send` and are spawned onto the
+//! The under storage ([`Source`]) is implemented elsewhere (`pagestore-mounts`: the mount table
+//! over `object_store`) and runs on a tokio runtime: its futures are `Send` and are spawned onto the
 //! runtime handle the node was given, never polled on a shard's glommio executor. The shard-local
 //! [`Loader`] bridges the two with one-shot channels and adds what a cache needs in front of a
 //! slow store:
@@ -18,9 +18,6 @@
 use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
-    future::Future,
-    ops::Range,
-    pin::Pin,
     rc::Rc,
     sync::Arc,
     time::{Duration, Instant},
@@ -29,51 +26,10 @@ use std::{
 use bytes::Bytes;
 use pagestore_engine::{EngineError, PageKey, Shard};
 
-use crate::frame::{DirEntry, ErrorCode, FileRef, MountEntry, PathKind};
-
-/// Why the under storage could not answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceError {
-    /// The category sent to clients (`NotFound`, `Changed`, `BadRequest`, `Io`, `Unavailable`).
-    pub code: ErrorCode,
-    /// What went wrong, for people.
-    pub message: String,
-}
-
-impl SourceError {
-    /// An error of category `code`.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> SourceError {
-        SourceError {
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for SourceError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}: {}", self.code, self.message)
-    }
-}
-
-impl std::error::Error for SourceError {}
-
-/// A `Send` future of the under storage.
-pub type SourceFuture<T> = Pin<Box<dyn Future<Output = Result<T, SourceError>> + Send>>;
-
-/// The under storage as a shard sees it. Implementations must be cheap to call from any thread;
-/// the futures they return run on the node's tokio runtime.
-pub trait Source: Send + Sync + 'static {
-    /// Reads `range` of `file` at exactly `file.version_tag` (fewer bytes only at the end of the
-    /// object); `Changed` if the object now has another version.
-    fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes>;
-    /// What `path` names.
-    fn stat(&self, path: &str) -> SourceFuture<PathKind>;
-    /// Every entry of directory `path`, sorted by name.
-    fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>>;
-    /// The mount table, credentials removed.
-    fn mounts(&self) -> Vec<MountEntry>;
-}
+use pagestore_protocol::{
+    frame::{DirEntry, ErrorCode, FileRef, MountEntry, PathKind},
+    source::{page_version, Source, SourceError, SourceFuture},
+};
 
 /// Settings of a shard's [`Loader`].
 #[derive(Clone, Debug)]
@@ -145,11 +101,6 @@ pub struct Loader {
 
 /// Bytes a `Listing` response may spend on names before it stops (the header limit is 64 KiB).
 const LISTING_BUDGET: usize = 48 << 10;
-
-/// The version number pages loaded at `version_tag` are stored with (`hash64` of the tag).
-pub fn page_version(version_tag: &str) -> u64 {
-    crate::ring::hash64(version_tag.as_bytes())
-}
 
 impl Loader {
     /// A loader for `shard`, running store requests on `runtime`.

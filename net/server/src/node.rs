@@ -15,9 +15,10 @@ use crate::{
     endpoint::{self, EndpointHandle, EndpointOptions, Limits, RequestBudget},
     frame::NodeEntry,
     jobs::JobBoard,
+    loader::{Loader, LoaderOptions},
     ring::{MemberId, Ring},
     service::{RingView, ShardService},
-    source::{Loader, LoaderOptions, Source},
+    source::Source,
 };
 
 /// The under storage a node loads misses from, and the tokio runtime its requests run on.
@@ -132,7 +133,7 @@ pub struct EndpointCounters {
     pub rejected: u64,
 }
 
-/// Miss-path counters of one shard (see [`crate::source::LoaderStats`]).
+/// Miss-path counters of one shard (see [`crate::loader::LoaderStats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoaderCounters {
     /// Page loads sent to the under storage.

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use pagestore_client::ufs::{parse_mount, Entry, MountTable, UfsError};
+use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, UfsError};
 use pagestore_testkit::{sha256_hex, S3Server};
 
 const KEY: &str = "testkey";
@@ -75,7 +75,7 @@ async fn stat_gives_size_and_a_content_version() {
     );
     assert_eq!(
         info.file_id,
-        pagestore_client::ufs::file_id(&info.path, &info.version)
+        pagestore_mounts::ufs::file_id(&info.path, &info.version)
     );
     // Same content, same version: stat is stable.
     assert_eq!(t.stat("/data/episodes/e1.bin").await.unwrap(), info);

@@ -76,7 +76,7 @@ pub fn refusal_reason(e: &quinn::ConnectionError) -> Option<String> {
 /// Pool settings.
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
-    /// TLS server name to ask for (see [`crate::tls::SERVER_NAME`]).
+    /// TLS server name to ask for (see [`pagestore_protocol::tls::SERVER_NAME`]).
     pub server_name: String,
     /// Largest reply accepted.
     pub max_reply: usize,
@@ -87,7 +87,7 @@ pub struct PoolOptions {
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
-            server_name: crate::tls::SERVER_NAME.to_string(),
+            server_name: pagestore_protocol::tls::SERVER_NAME.to_string(),
             max_reply: (64 << 20) + (64 << 10),
             timeout: Duration::from_secs(30),
         }
@@ -119,8 +119,12 @@ impl Pool {
         let socket = std::net::UdpSocket::bind(bind)?;
         let runtime = quinn::default_runtime()
             .ok_or_else(|| std::io::Error::other("no async runtime found (call inside tokio)"))?;
-        let mut endpoint =
-            quinn::Endpoint::new(crate::transport::endpoint_config(), None, socket, runtime)?;
+        let mut endpoint = quinn::Endpoint::new(
+            pagestore_protocol::transport::endpoint_config(),
+            None,
+            socket,
+            runtime,
+        )?;
         endpoint.set_default_client_config(config);
         Ok(Arc::new(Pool {
             endpoint,
@@ -244,7 +248,7 @@ impl Pool {
         drop(writer);
         // Replies are frames: the preamble says how long the whole frame is, so the buffer is
         // allocated once at its final size (no regrowth, no extra copies).
-        let mut buf = vec![0u8; crate::frame::PREAMBLE_LEN];
+        let mut buf = vec![0u8; pagestore_protocol::frame::PREAMBLE_LEN];
         let mut got = 0;
         while got < buf.len() {
             match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
@@ -256,7 +260,7 @@ impl Pool {
             }
         }
         // Not a frame: read what there is (bounded) and let the caller judge it.
-        let total = crate::frame::Preamble::decode_prefix(&buf)
+        let total = pagestore_protocol::frame::Preamble::decode_prefix(&buf)
             .map_or(self.options.max_reply, |p| p.frame_len());
         if total > self.options.max_reply {
             return Err(ClientError::TooLarge(addr, self.options.max_reply));
@@ -289,16 +293,16 @@ impl Pool {
     pub async fn request(
         &self,
         addr: SocketAddr,
-        request: &crate::frame::Request,
+        request: &pagestore_protocol::frame::Request,
         payload: &[u8],
-    ) -> Result<(crate::frame::Response, Vec<u8>), ClientError> {
+    ) -> Result<(pagestore_protocol::frame::Response, Vec<u8>), ClientError> {
         let proto = |m: String| ClientError::Protocol(addr, m);
         let mut head = Vec::with_capacity(128);
-        crate::frame::encode_request(request, payload.len() as u32, &mut head)
+        pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
             .map_err(|e| proto(format!("cannot encode request: {e}")))?;
         let mut raw = self.call(addr, &head, payload).await?;
-        let (response, range) =
-            crate::frame::decode_response_frame(&raw).map_err(|e| proto(e.to_string()))?;
+        let (response, range) = pagestore_protocol::frame::decode_response_frame(&raw)
+            .map_err(|e| proto(e.to_string()))?;
         if response.request_id != request.request_id && response.request_id != 0 {
             return Err(proto(format!(
                 "response to request {} arrived on the stream of request {}",

@@ -42,7 +42,7 @@ use std::{
 };
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
-use pagestore_net::{members::NodeInfo, node_id::format_uuid, node_id::parse_uuid};
+use pagestore_protocol::{members::NodeInfo, node_id::format_uuid, node_id::parse_uuid};
 use serde_json::{json, Value};
 
 /// Default lease TTL of a member registration.

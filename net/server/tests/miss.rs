@@ -17,18 +17,21 @@ use std::{
 };
 
 use bytes::Bytes;
+use pagestore_client::pool::{Pool, PoolOptions};
 use pagestore_engine::{format::Geometry, EngineConfig, PageKey, ShardHandle};
-use pagestore_net::{
-    client::{Pool, PoolOptions},
+use pagestore_protocol::{
     frame::{
         self, DirEntry, ErrorCode, FileId, FileRef, MountEntry, NodeEntry, PathKind, Request,
         RequestBody, ResponseBody,
     },
-    node::{LoaderCounters, Node, NodeOptions, NodeSource},
     ring::{self, MemberId, Ring, RingConfig},
-    source::{page_version, LoaderOptions, Source, SourceError, SourceFuture},
+    source::{page_version, Source, SourceError, SourceFuture},
     tls::{self, ClusterCa},
     transport,
+};
+use pagestore_server::{
+    loader::LoaderOptions,
+    node::{LoaderCounters, Node, NodeOptions, NodeSource},
 };
 
 const PAGE: u32 = 64 * 1024;
