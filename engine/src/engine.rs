@@ -27,16 +27,20 @@ use crate::{
     stats::ShardStats,
 };
 
-type Job = Box<dyn FnOnce(Rc<Shard>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+type Job<S> = Box<dyn FnOnce(Rc<Shard>, Rc<S>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 
-/// Code to run on every shard once it is up (the network layer starts its endpoint here).
-pub type ShardInit = Arc<dyn Fn(Rc<Shard>) + Send + Sync>;
+/// Code to run on every shard once it is up, on the shard's thread: it returns the state the
+/// shard keeps beside its cache for the engine's user (the network layer's endpoint and ring
+/// view), which [`ShardHandle::run_with`] hands to later jobs. The state never leaves the
+/// shard's thread, so it need not be `Send`.
+pub type ShardInit<S> = Arc<dyn Fn(Rc<Shard>) -> S + Send + Sync>;
 
-/// A running engine: one pinned executor thread per shard.
+/// A running engine: one pinned executor thread per shard, each keeping a state of type `S`
+/// made by the [`ShardInit`] hook (none by default).
 ///
 /// Dropping it shuts the shards down (in-flight requests finish, files are synced).
-pub struct Engine {
-    handles: Vec<ShardHandle>,
+pub struct Engine<S: 'static = ()> {
+    handles: Vec<ShardHandle<S>>,
     threads: Vec<ExecutorJoinHandle<Result<()>>>,
     page_size: u32,
     rules: Arc<Rules>,
@@ -45,13 +49,21 @@ pub struct Engine {
 
 /// A `Send + Sync` handle to one shard. Each call ships a closure to the shard's thread and
 /// awaits its answer, so it works from any thread or async runtime.
-#[derive(Clone)]
-pub struct ShardHandle {
+pub struct ShardHandle<S: 'static = ()> {
     id: usize,
-    tx: async_channel::Sender<Job>,
+    tx: async_channel::Sender<Job<S>>,
 }
 
-impl ShardHandle {
+impl<S> Clone for ShardHandle<S> {
+    fn clone(&self) -> Self {
+        ShardHandle {
+            id: self.id,
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<S: 'static> ShardHandle<S> {
     /// The shard's index.
     pub fn id(&self) -> usize {
         self.id
@@ -65,10 +77,21 @@ impl ShardHandle {
         Fut: Future<Output = T> + 'static,
         T: Send + 'static,
     {
+        self.run_with(move |shard, _| f(shard)).await
+    }
+
+    /// Runs `f` on the shard's executor with the shard and its state (what the
+    /// [`ShardInit`] hook returned), and returns its result.
+    pub async fn run_with<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Rc<Shard>, Rc<S>) -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+        T: Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |shard: Rc<Shard>| {
+        let job: Job<S> = Box::new(move |shard: Rc<Shard>, state: Rc<S>| {
             Box::pin(async move {
-                let _ = tx.send(f(shard).await);
+                let _ = tx.send(f(shard, state).await);
             })
         });
         self.tx
@@ -178,13 +201,16 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 impl Engine {
-    /// Starts an engine.
+    /// Starts an engine whose shards keep no state of the user's.
     pub fn start(config: EngineConfig) -> Result<Engine> {
-        Self::start_with(config, None)
+        Engine::start_with(config, Arc::new(|_| ()))
     }
+}
 
-    /// Starts an engine and runs `init` on every shard's executor once it has recovered.
-    pub fn start_with(config: EngineConfig, init: Option<ShardInit>) -> Result<Engine> {
+impl<S: 'static> Engine<S> {
+    /// Starts an engine and runs `init` on every shard's executor once it has recovered; what
+    /// it returns is the shard's state (see [`ShardHandle::run_with`]).
+    pub fn start_with(config: EngineConfig, init: ShardInit<S>) -> Result<Engine<S>> {
         config.validate()?;
         crate::probe::probe_io_uring()?;
         let shards = config.resolved_shards();
@@ -215,7 +241,7 @@ impl Engine {
         let mut handles = Vec::new();
         let mut threads = Vec::new();
         for id in 0..shards {
-            let (tx, rx) = async_channel::bounded::<Job>(config.max_inflight);
+            let (tx, rx) = async_channel::bounded::<Job<S>>(config.max_inflight);
             handles.push(ShardHandle { id, tx });
             let placement = match (config.pin_cpus, cpus.get(id % cpus.len().max(1))) {
                 (true, Some(&cpu)) if shards <= cpus.len() => Placement::Fixed(cpu),
@@ -235,11 +261,9 @@ impl Engine {
                         return Ok(());
                     }
                 };
-                if let Some(init) = init {
-                    init(shard.clone());
-                }
+                let state = Rc::new(init(shard.clone()));
                 let _ = ready.send((id, Ok(())));
-                serve(shard, rx, cfg.max_inflight).await
+                serve(shard, state, rx, cfg.max_inflight).await
             });
             match spawned {
                 Ok(h) => threads.push(h),
@@ -286,7 +310,7 @@ impl Engine {
     }
 
     /// Handles to every shard, by index.
-    pub fn shards(&self) -> &[ShardHandle] {
+    pub fn shards(&self) -> &[ShardHandle<S>] {
         &self.handles
     }
 
@@ -302,7 +326,7 @@ impl Engine {
 
     /// The shard a key belongs to when the engine is used on its own (without the cluster ring):
     /// `hash64(key) % shards`.
-    pub fn shard_of(&self, key: &PageKey) -> &ShardHandle {
+    pub fn shard_of(&self, key: &PageKey) -> &ShardHandle<S> {
         &self.handles[(key.hash64() % self.handles.len() as u64) as usize]
     }
 
@@ -341,7 +365,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl<S: 'static> Drop for Engine<S> {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
             tracing::error!(error = %e, "engine shutdown");
@@ -403,9 +427,10 @@ async fn open_shard(id: usize, shards: usize, cfg: &EngineConfig, geo: Geometry)
     Ok(shard)
 }
 
-async fn serve(
+async fn serve<S>(
     shard: Rc<Shard>,
-    rx: async_channel::Receiver<Job>,
+    state: Rc<S>,
+    rx: async_channel::Receiver<Job<S>>,
     max_inflight: usize,
 ) -> Result<()> {
     let permits = Rc::new(glommio::sync::Semaphore::new(max_inflight as u64));
@@ -414,7 +439,7 @@ async fn serve(
         let Ok(permit) = permits.acquire_static_permit(1).await else {
             break;
         };
-        let fut = job(shard.clone());
+        let fut = job(shard.clone(), state.clone());
         glommio::spawn_local(async move {
             fut.await;
             drop(permit);
@@ -423,6 +448,7 @@ async fn serve(
     }
     // Closed: wait for in-flight jobs to return their permits, then close the files.
     let _ = permits.acquire(max_inflight as u64).await;
+    drop(state);
     match Rc::try_unwrap(shard) {
         Ok(shard) => shard.close().await,
         Err(shard) => shard.sync().await,

@@ -84,7 +84,9 @@ impl std::fmt::Display for NodeError {
 
 impl std::error::Error for NodeError {}
 
-struct ShardNet {
+/// One shard's network state: its endpoint, ring view, miss path and service (opaque outside
+/// this module; reached through [`Node`]'s methods).
+pub struct ShardNet {
     endpoint: Rc<EndpointHandle>,
     view: Rc<RingView>,
     loader: Option<Rc<Loader>>,
@@ -152,14 +154,13 @@ pub struct LoaderCounters {
     pub store_failures: u64,
 }
 
-thread_local! {
-    /// The network state of the shard running on this thread.
-    static SHARD_NET: RefCell<Option<ShardNet>> = const { RefCell::new(None) };
-}
+/// What each shard keeps beside its cache: its network state, from the engine's init hook
+/// until shutdown takes it (`None` if its endpoint could not start).
+pub type ShardState = RefCell<Option<ShardNet>>;
 
 /// A running node.
 pub struct Node {
-    engine: Option<Engine>,
+    engine: Option<Engine<ShardState>>,
     addrs: Vec<SocketAddr>,
     node_id: u128,
     jobs: Arc<JobBoard>,
@@ -191,7 +192,7 @@ impl Node {
         // Replies get a budget of the same size of their own (see `EndpointOptions`).
         let reply_budget = RequestBudget::new(budget.limit());
         let shared_replies = reply_budget.clone();
-        let init: ShardInit = Arc::new(move |shard: Rc<Shard>| {
+        let init: ShardInit<ShardState> = Arc::new(move |shard: Rc<Shard>| {
             let id = shard.id();
             let addr = shard_addr(opts.listen, id);
             let view = Rc::new(RingView {
@@ -226,26 +227,25 @@ impl Node {
                 },
                 service,
             );
-            let report = match ep {
+            let (report, net) = match ep {
                 Ok(ep) => {
                     let local = ep.local_addr();
-                    SHARD_NET.with(|n| {
-                        *n.borrow_mut() = Some(ShardNet {
-                            endpoint: Rc::new(ep),
-                            view,
-                            loader,
-                            service: service_ref,
-                        })
-                    });
-                    Ok(local)
+                    let net = ShardNet {
+                        endpoint: Rc::new(ep),
+                        view,
+                        loader,
+                        service: service_ref,
+                    };
+                    (Ok(local), Some(net))
                 }
-                Err(e) => Err((addr, e)),
+                Err(e) => (Err((addr, e)), None),
             };
             if let Ok(tx) = tx.lock() {
                 let _ = tx.send((id, report));
             }
+            RefCell::new(net)
         });
-        let engine = Engine::start_with(engine, Some(init)).map_err(NodeError::Engine)?;
+        let engine = Engine::start_with(engine, init).map_err(NodeError::Engine)?;
         let mut node = Node {
             engine: Some(engine),
             addrs: vec![options.listen; shards],
@@ -286,7 +286,7 @@ impl Node {
     }
 
     /// The engine (for local access and stats).
-    pub fn engine(&self) -> Option<&Engine> {
+    pub fn engine(&self) -> Option<&Engine<ShardState>> {
         self.engine.as_ref()
     }
 
@@ -302,13 +302,11 @@ impl Node {
         };
         for h in engine.shards() {
             let (r, n) = (ring.clone(), nodes.clone());
-            h.run(move |_| async move {
-                SHARD_NET.with(|net| {
-                    if let Some(net) = net.borrow().as_ref() {
-                        *net.view.ring.borrow_mut() = r;
-                        *net.view.nodes.borrow_mut() = n;
-                    }
-                })
+            h.run_with(move |_, state| async move {
+                if let Some(net) = state.borrow().as_ref() {
+                    *net.view.ring.borrow_mut() = r;
+                    *net.view.nodes.borrow_mut() = n;
+                }
             })
             .await?;
         }
@@ -327,10 +325,8 @@ impl Node {
         let mut v = Vec::new();
         for h in engine.shards() {
             v.push(
-                h.run(
-                    move |shard| async move { SHARD_NET.with(|n| f(&shard, n.borrow().as_ref())) },
-                )
-                .await?,
+                h.run_with(move |shard, state| async move { f(&shard, state.borrow().as_ref()) })
+                    .await?,
             );
         }
         Ok(v)
@@ -404,8 +400,8 @@ impl Node {
             return Ok(());
         };
         for h in engine.shards() {
-            let _ = futures_lite::future::block_on(h.run(|_| async move {
-                let ep = SHARD_NET.with(|n| n.borrow_mut().take().map(|net| net.endpoint));
+            let _ = futures_lite::future::block_on(h.run_with(|_, state| async move {
+                let ep = state.borrow_mut().take().map(|net| net.endpoint);
                 if let Some(ep) = ep {
                     ep.close().await;
                 }

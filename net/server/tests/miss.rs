@@ -31,7 +31,7 @@ use pagestore_protocol::{
 };
 use pagestore_server::{
     loader::LoaderOptions,
-    node::{LoaderCounters, Node, NodeOptions, NodeSource},
+    node::{LoaderCounters, Node, NodeOptions, NodeSource, ShardState},
 };
 
 const PAGE: u32 = 64 * 1024;
@@ -313,7 +313,7 @@ impl Harness {
         self.node.addrs()[shard]
     }
 
-    fn shard(&self, shard: usize) -> &ShardHandle {
+    fn shard(&self, shard: usize) -> &ShardHandle<ShardState> {
         &self.node.engine().unwrap().shards()[shard]
     }
 
@@ -397,7 +397,7 @@ fn key(file: &FileRef, page: u64) -> PageKey {
 }
 
 /// Waits until a loaded page has been written to the cache (that happens after the reply).
-async fn wait_cached(shard: &ShardHandle, key: PageKey) {
+async fn wait_cached(shard: &ShardHandle<ShardState>, key: PageKey) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !shard.contains(key).await.unwrap() {
         assert!(
