@@ -1,0 +1,1709 @@
+//! Tests of `frame.rs` (a child module, kept apart so the code reads without them).
+
+use super::*;
+use proptest::prelude::*;
+
+// -- helpers ------------------------------------------------------------
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    let clean: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    clean
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+        .collect()
+}
+
+const FILE_A: FileId = FileId {
+    hi: 0x1112_1314_1516_1718,
+    lo: 0x2122_2324_2526_2728,
+};
+
+fn key(page: u64) -> Key {
+    Key {
+        file_id: FILE_A,
+        page,
+    }
+}
+
+fn file_ref() -> FileRef {
+    FileRef {
+        file_id: FILE_A,
+        mount: "s3-train".to_string(),
+        path: "datasets/imagenet/train/shard-00042.tar".to_string(),
+        version_tag: "\"etag-9f8e\"".to_string(),
+        size: 1 << 30,
+    }
+}
+
+/// Payload length that makes `req` valid.
+fn request_payload_len(req: &Request) -> u32 {
+    match req.body {
+        RequestBody::WritePage { len, .. } => len,
+        _ => 0,
+    }
+}
+
+/// Payload length that makes `resp` valid.
+fn response_payload_len(resp: &Response) -> u32 {
+    match &resp.body {
+        ResponseBody::Data { page_len, .. } => (*page_len).min(100),
+        ResponseBody::Pages { entries } => entries
+            .iter()
+            .map(|e| match e {
+                PageStatus::Data { len } => *len,
+                _ => 0,
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// One request of every variant (plus a few edge cases).
+fn sample_requests() -> Vec<Request> {
+    let bodies = vec![
+        RequestBody::Ping { nonce: 42 },
+        RequestBody::RingEpoch,
+        RequestBody::Stat,
+        RequestBody::ReadRange {
+            key: key(7),
+            offset: 4096,
+            len: 65536,
+            epoch: 9,
+        },
+        RequestBody::ReadRange {
+            key: key(0),
+            offset: 0,
+            len: MAX_PAGE_LEN,
+            epoch: 0,
+        },
+        RequestBody::ReadPages {
+            pages: (0..5).map(key).collect(),
+            epoch: 3,
+        },
+        RequestBody::ReadPages {
+            pages: vec![],
+            epoch: 3,
+        },
+        RequestBody::ReadPages {
+            pages: (0..MAX_BATCH as u64).map(key).collect(),
+            epoch: u64::MAX,
+        },
+        RequestBody::WritePage {
+            key: key(1),
+            version: 17,
+            len: 33,
+            epoch: 4,
+        },
+        RequestBody::WritePage {
+            key: key(1),
+            version: 17,
+            len: 0,
+            epoch: 4,
+        },
+        RequestBody::LoadPages {
+            file: file_ref(),
+            pages: vec![0, 1, 2, 1000],
+            epoch: 5,
+        },
+        RequestBody::LoadPages {
+            file: FileRef::default(),
+            pages: vec![],
+            epoch: 5,
+        },
+        RequestBody::RemoveFile {
+            file_id: FileId::from_u128(u128::MAX),
+            epoch: 6,
+        },
+        RequestBody::Fetch {
+            file: file_ref(),
+            page: 3,
+            offset: 4096,
+            len: 8192,
+            epoch: 7,
+            replica: true,
+        },
+        RequestBody::StatPath {
+            path: "/data/a/b.bin".into(),
+        },
+        RequestBody::List {
+            path: "/data".into(),
+            start_after: "b.bin".into(),
+        },
+        RequestBody::Cluster,
+        RequestBody::Invalidate {
+            path: "/data/a/b.bin".into(),
+            file_id: FileId::from_u128(99),
+        },
+        RequestBody::Jobs,
+        RequestBody::Counters,
+    ];
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| Request {
+            request_id: i as u64 * 0x0101_0101,
+            body,
+        })
+        .collect()
+}
+
+/// One response of every variant (plus a few edge cases).
+fn sample_responses() -> Vec<Response> {
+    let bodies = vec![
+        ResponseBody::Data {
+            page_len: 4 << 20,
+            version: 3,
+        },
+        ResponseBody::Data {
+            page_len: 0,
+            version: 0,
+        },
+        ResponseBody::Pages {
+            entries: vec![
+                PageStatus::Data { len: 10 },
+                PageStatus::Miss,
+                PageStatus::NotOwner,
+                PageStatus::Data { len: 5 },
+            ],
+        },
+        ResponseBody::Pages { entries: vec![] },
+        ResponseBody::Miss,
+        ResponseBody::NotOwner { epoch: 12 },
+        ResponseBody::Written,
+        ResponseBody::Loaded {
+            pages: 4,
+            bytes: 16 << 20,
+        },
+        ResponseBody::Removed { pages: 99 },
+        ResponseBody::Pong { nonce: 42 },
+        ResponseBody::Epoch { epoch: 77 },
+        ResponseBody::Stat {
+            shard: 3,
+            pages: 1000,
+            bytes: 4 << 30,
+            capacity_bytes: 8 << 30,
+            hits: 123_456,
+            misses: 789,
+        },
+        ResponseBody::Error {
+            code: ErrorCode::BadRange,
+            message: "offset beyond the page".to_string(),
+        },
+        ResponseBody::Error {
+            code: ErrorCode::Internal,
+            message: String::new(),
+        },
+        ResponseBody::PathInfo {
+            kind: PathKind::File {
+                size: 5 << 20,
+                version_tag: "9b2cf535f27731c974343645a3985328".into(),
+                file_id: FileId::from_u128(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
+            },
+        },
+        ResponseBody::PathInfo {
+            kind: PathKind::Dir,
+        },
+        ResponseBody::Listing {
+            entries: vec![
+                DirEntry {
+                    name: "a".into(),
+                    is_dir: true,
+                    size: 0,
+                },
+                DirEntry {
+                    name: "b.bin".into(),
+                    is_dir: false,
+                    size: 12345,
+                },
+            ],
+            more: true,
+        },
+        ResponseBody::ClusterInfo {
+            page_size: 4 << 20,
+            epoch: 1,
+            replicas: 1,
+            nodes: vec![NodeEntry {
+                id: FileId::from_u128(7),
+                addr: "127.0.0.1:7400".into(),
+                shards: 2,
+            }],
+            mounts: vec![MountEntry {
+                prefix: "/data".into(),
+                url: "file:///srv/data".into(),
+            }],
+        },
+        ResponseBody::Jobs,
+        ResponseBody::Counters,
+    ];
+    let mut out: Vec<Response> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| Response {
+            request_id: i as u64 + 1000,
+            body,
+        })
+        .collect();
+    for code in [
+        ErrorCode::BadRequest,
+        ErrorCode::BadRange,
+        ErrorCode::TooLarge,
+        ErrorCode::NotFound,
+        ErrorCode::Io,
+        ErrorCode::Full,
+        ErrorCode::Unavailable,
+        ErrorCode::Forbidden,
+        ErrorCode::Internal,
+        ErrorCode::Changed,
+    ] {
+        out.push(Response {
+            request_id: 1,
+            body: ResponseBody::Error {
+                code,
+                message: format!("{code:?} happened"),
+            },
+        });
+    }
+    out
+}
+
+/// A whole frame: preamble, header and a payload of `payload_len`
+/// recognisable bytes.
+fn request_frame(req: &Request) -> Vec<u8> {
+    let payload_len = request_payload_len(req);
+    let mut buf = Vec::new();
+    encode_request(req, payload_len, &mut buf).unwrap();
+    buf.extend((0..payload_len).map(|i| i as u8));
+    buf
+}
+
+fn response_frame(resp: &Response) -> Vec<u8> {
+    let payload_len = response_payload_len(resp);
+    let mut buf = Vec::new();
+    encode_response(resp, payload_len, &mut buf).unwrap();
+    buf.extend((0..payload_len).map(|i| (i as u8) ^ 0x5a));
+    buf
+}
+
+/// Builds a frame without the semantic checks of `encode_*`, to test
+/// that decoders enforce them.
+fn raw_request_frame(req: &Request, payload_len: u32) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode_frame(FrameKind::Request, req, payload_len, &mut buf).unwrap();
+    buf.resize(buf.len() + payload_len as usize, 0);
+    buf
+}
+
+fn raw_response_frame(resp: &Response, payload_len: u32) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode_frame(FrameKind::Response, resp, payload_len, &mut buf).unwrap();
+    buf.resize(buf.len() + payload_len as usize, 0);
+    buf
+}
+
+fn preamble_bytes(version: u16, kind: u16, header_len: u32, payload_len: u32) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[0..4].copy_from_slice(&MAGIC);
+    out[4..6].copy_from_slice(&version.to_le_bytes());
+    out[6..8].copy_from_slice(&kind.to_le_bytes());
+    out[8..12].copy_from_slice(&header_len.to_le_bytes());
+    out[12..16].copy_from_slice(&payload_len.to_le_bytes());
+    out
+}
+
+// -- round trips --------------------------------------------------------
+
+#[test]
+fn every_request_round_trips() {
+    for req in sample_requests() {
+        let frame = request_frame(&req);
+        let preamble = Preamble::decode_prefix(&frame).unwrap();
+        assert_eq!(preamble.kind, FrameKind::Request);
+        assert_eq!(preamble.header_len as usize % HEADER_ALIGN, 0);
+        assert_eq!(preamble.frame_len(), frame.len());
+        let (decoded, payload) = decode_request_frame(&frame).unwrap();
+        assert_eq!(decoded, req);
+        assert_eq!(payload.len() as u32, request_payload_len(&req));
+        assert_eq!(payload.end, frame.len());
+        // Two-step decoding, as a stream reader does it.
+        let two_step = decode_request(&preamble, &frame[preamble.header_range()]).unwrap();
+        assert_eq!(two_step, req);
+    }
+}
+
+#[test]
+fn every_response_round_trips() {
+    for resp in sample_responses() {
+        let frame = response_frame(&resp);
+        let preamble = Preamble::decode_prefix(&frame).unwrap();
+        assert_eq!(preamble.kind, FrameKind::Response);
+        assert_eq!(preamble.header_len as usize % HEADER_ALIGN, 0);
+        let (decoded, payload) = decode_response_frame(&frame).unwrap();
+        assert_eq!(decoded, resp);
+        assert_eq!(payload.len() as u32, response_payload_len(&resp));
+        let two_step = decode_response(&preamble, &frame[preamble.header_range()]).unwrap();
+        assert_eq!(two_step, resp);
+    }
+}
+
+#[test]
+fn misaligned_input_is_copied_and_decodes() {
+    let frames: Vec<Vec<u8>> = sample_requests().iter().map(request_frame).collect();
+    for frame in &frames {
+        for shift in 1..HEADER_ALIGN {
+            let mut storage = AlignedVec::<16>::new();
+            storage.resize(shift, 0xee);
+            storage.extend_from_slice(frame);
+            let slice = &storage[shift..];
+            assert_ne!(slice.as_ptr().addr() % HEADER_ALIGN, 0);
+            let (req, _) = decode_request_frame(slice).unwrap();
+            assert_eq!(request_frame(&req), *frame);
+        }
+    }
+}
+
+#[test]
+fn both_front_paddings_occur_and_decode() {
+    // The samples must exercise the 8-byte front padding as well as none.
+    let mut saw_pad = [false; 2];
+    for resp in sample_responses() {
+        let frame = response_frame(&resp);
+        let preamble = Preamble::decode_prefix(&frame).unwrap();
+        let root = std::mem::size_of::<ArchivedResponse>();
+        let header = &frame[preamble.header_range()];
+        // With no out-of-line data the archive is exactly the root, so
+        // the padding is header_len - root.
+        if matches!(resp.body, ResponseBody::Pong { .. } | ResponseBody::Miss) {
+            let pad = header.len() - root;
+            assert!(pad == 0 || pad == 8, "pad {pad}");
+            assert!(header[..pad].iter().all(|b| *b == 0));
+            saw_pad[usize::from(pad == 8)] = true;
+        }
+    }
+    for req in sample_requests() {
+        let frame = request_frame(&req);
+        let preamble = Preamble::decode_prefix(&frame).unwrap();
+        if matches!(req.body, RequestBody::Ping { .. }) {
+            assert_eq!(
+                preamble.header_len as usize,
+                std::mem::size_of::<ArchivedRequest>()
+            );
+            saw_pad[0] = true;
+        }
+    }
+    assert_eq!(saw_pad, [true, true]);
+}
+
+#[test]
+fn encode_appends_and_leaves_out_unchanged_on_error() {
+    let mut out = b"xyz".to_vec();
+    let req = Request {
+        request_id: 1,
+        body: RequestBody::Ping { nonce: 1 },
+    };
+    encode_request(&req, 0, &mut out).unwrap();
+    assert_eq!(&out[..3], b"xyz");
+    assert_eq!(&out[3..7], &MAGIC);
+    let before = out.clone();
+    assert!(encode_request(&req, 5, &mut out).is_err());
+    assert_eq!(out, before);
+}
+
+#[test]
+fn largest_valid_headers_fit() {
+    let req = Request {
+        request_id: u64::MAX,
+        body: RequestBody::LoadPages {
+            file: FileRef {
+                file_id: FILE_A,
+                mount: "m".repeat(MAX_MOUNT_LEN),
+                path: "p".repeat(MAX_PATH_LEN),
+                version_tag: "v".repeat(MAX_VERSION_TAG_LEN),
+                size: u64::MAX,
+            },
+            pages: (0..MAX_LOAD_PAGES as u64).collect(),
+            epoch: u64::MAX,
+        },
+    };
+    let frame = request_frame(&req);
+    assert!(frame.len() - PREAMBLE_LEN <= MAX_HEADER as usize);
+    assert_eq!(decode_request_frame(&frame).unwrap().0, req);
+
+    let resp = Response {
+        request_id: 1,
+        body: ResponseBody::Error {
+            code: ErrorCode::Io,
+            message: "é".repeat(MAX_MESSAGE_LEN / 2),
+        },
+    };
+    assert_eq!(
+        decode_response_frame(&response_frame(&resp)).unwrap().0,
+        resp
+    );
+}
+
+// -- truncation ---------------------------------------------------------
+
+#[test]
+fn every_truncation_is_an_error() {
+    let mut frames: Vec<(bool, Vec<u8>)> = Vec::new();
+    frames.extend(sample_requests().iter().map(|r| (true, request_frame(r))));
+    frames.extend(
+        sample_responses()
+            .iter()
+            .map(|r| (false, response_frame(r))),
+    );
+    for (is_request, frame) in &frames {
+        for cut in 0..frame.len() {
+            let prefix = &frame[..cut];
+            let err = if *is_request {
+                decode_request_frame(prefix).map(|_| ()).unwrap_err()
+            } else {
+                decode_response_frame(prefix).map(|_| ()).unwrap_err()
+            };
+            assert!(
+                matches!(err, FrameError::Truncated { .. }),
+                "cut {cut}: {err}"
+            );
+        }
+        // Two-step decoding with a short header.
+        let preamble = Preamble::decode_prefix(frame).unwrap();
+        let header = &frame[preamble.header_range()];
+        for cut in 0..header.len() {
+            let res = if *is_request {
+                decode_request(&preamble, &header[..cut]).map(|_| ())
+            } else {
+                decode_response(&preamble, &header[..cut]).map(|_| ())
+            };
+            assert!(matches!(res, Err(FrameError::Truncated { .. })));
+        }
+        // A short header that claims to be whole (preamble rewritten):
+        // the archive validator must refuse it (or, rarely, the
+        // remaining bytes are still a valid archive) without panicking.
+        for cut in (HEADER_ALIGN..header.len()).step_by(HEADER_ALIGN) {
+            let p = Preamble {
+                header_len: cut as u32,
+                ..preamble
+            };
+            let tail = &header[header.len() - cut..];
+            let head = &header[..cut];
+            if *is_request {
+                let _ = decode_request(&p, tail);
+                let _ = decode_request(&p, head);
+            } else {
+                let _ = decode_response(&p, tail);
+                let _ = decode_response(&p, head);
+            }
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_a_mismatch() {
+    let mut frame = request_frame(&sample_requests()[0]);
+    frame.push(0);
+    assert!(matches!(
+        decode_request_frame(&frame),
+        Err(FrameError::Mismatch(_))
+    ));
+    let preamble = Preamble::decode_prefix(&frame).unwrap();
+    let long_header = &frame[PREAMBLE_LEN..PREAMBLE_LEN + preamble.header_len as usize + 1];
+    assert!(matches!(
+        decode_request(&preamble, long_header),
+        Err(FrameError::Mismatch(_))
+    ));
+}
+
+// -- preamble -----------------------------------------------------------
+
+#[test]
+fn preamble_round_trips() {
+    let p = Preamble {
+        version: PROTOCOL_VERSION,
+        kind: FrameKind::Response,
+        header_len: 4096,
+        payload_len: MAX_PAYLOAD,
+    };
+    assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
+    assert_eq!(p.encode(), preamble_bytes(1, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.header_range(), 16..4112);
+    assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
+}
+
+#[test]
+fn preamble_rejections() {
+    let mut bad_magic = preamble_bytes(1, 1, 16, 0);
+    bad_magic[0] = b'X';
+    assert_eq!(
+        Preamble::decode(&bad_magic),
+        Err(FrameError::Magic { got: *b"XSTF" })
+    );
+    assert_eq!(
+        Preamble::decode(&preamble_bytes(2, 1, 16, 0)),
+        Err(FrameError::Version { got: 2 })
+    );
+    assert_eq!(
+        Preamble::decode(&preamble_bytes(0, 1, 16, 0)),
+        Err(FrameError::Version { got: 0 })
+    );
+    for kind in [0u16, 3, 0xffff] {
+        assert_eq!(
+            Preamble::decode(&preamble_bytes(1, kind, 16, 0)),
+            Err(FrameError::Kind { got: kind })
+        );
+    }
+    for len in [0u32, 1, 8, 17, MAX_HEADER - 1] {
+        assert_eq!(
+            Preamble::decode(&preamble_bytes(1, 1, len, 0)),
+            Err(FrameError::Misaligned { len })
+        );
+    }
+    assert!(Preamble::decode(&preamble_bytes(1, 1, MAX_HEADER, MAX_PAYLOAD)).is_ok());
+    assert!(Preamble::decode_prefix(&[0u8; 15]).is_err());
+}
+
+#[test]
+fn oversized_lengths_are_rejected_before_reading_on() {
+    for len in [MAX_HEADER + 16, u32::MAX - 15, u32::MAX] {
+        let p = preamble_bytes(1, 1, len, 0);
+        assert_eq!(
+            Preamble::decode(&p),
+            Err(FrameError::HeaderTooLarge {
+                len: u64::from(len)
+            })
+        );
+        // The whole-frame decoder reports the bound, not a truncation,
+        // when handed only the 16 bytes: it never sizes anything by the
+        // announced length.
+        assert_eq!(
+            decode_request_frame(&p).map(|_| ()),
+            Err(FrameError::HeaderTooLarge {
+                len: u64::from(len)
+            })
+        );
+    }
+    for len in [MAX_PAYLOAD + 1, u32::MAX] {
+        let p = preamble_bytes(1, 2, 64, len);
+        assert_eq!(
+            Preamble::decode(&p),
+            Err(FrameError::PayloadTooLarge {
+                len: u64::from(len)
+            })
+        );
+        assert_eq!(
+            decode_response_frame(&p).map(|_| ()),
+            Err(FrameError::PayloadTooLarge {
+                len: u64::from(len)
+            })
+        );
+    }
+    // Hand-built preambles are checked by the header decoders too.
+    let huge = Preamble {
+        version: 1,
+        kind: FrameKind::Request,
+        header_len: u32::MAX,
+        payload_len: 0,
+    };
+    assert!(matches!(
+        decode_request(&huge, &[]),
+        Err(FrameError::HeaderTooLarge { .. })
+    ));
+    assert!(matches!(
+        encode_request(&sample_requests()[0], MAX_PAYLOAD + 1, &mut Vec::new()),
+        Err(FrameError::PayloadTooLarge { .. })
+    ));
+}
+
+#[test]
+fn kind_must_match_the_decoder() {
+    let req_frame = request_frame(&sample_requests()[0]);
+    let resp_frame = response_frame(&sample_responses()[0]);
+    assert_eq!(
+        decode_response_frame(&req_frame).map(|_| ()),
+        Err(FrameError::Kind { got: 1 })
+    );
+    assert_eq!(
+        decode_request_frame(&resp_frame).map(|_| ()),
+        Err(FrameError::Kind { got: 2 })
+    );
+    // A response header behind a request preamble fails validation.
+    let mut swapped = resp_frame.clone();
+    swapped[6] = 1;
+    assert!(decode_request_frame(&swapped).is_err());
+}
+
+#[test]
+fn garbage_headers_are_invalid() {
+    let frame = request_frame(&sample_requests()[0]);
+    let preamble = Preamble::decode_prefix(&frame).unwrap();
+    let zeros = vec![0u8; preamble.header_len as usize];
+    // All zeros is a Request { request_id: 0, body: Ping { nonce: 0 } }.
+    assert!(decode_request(&preamble, &zeros).is_ok());
+    let ones = vec![0xffu8; preamble.header_len as usize];
+    assert!(matches!(
+        decode_request(&preamble, &ones),
+        Err(FrameError::Invalid(_))
+    ));
+    // An unknown variant tag (the byte after request_id at the root).
+    let mut bad_tag = frame.clone();
+    let root = frame.len() - std::mem::size_of::<ArchivedRequest>();
+    bad_tag[root + 8] = 200;
+    assert!(matches!(
+        decode_request_frame(&bad_tag),
+        Err(FrameError::Invalid(_))
+    ));
+    // An unknown error code.
+    let resp = Response {
+        request_id: 1,
+        body: ResponseBody::Error {
+            code: ErrorCode::Io,
+            message: String::new(),
+        },
+    };
+    let mut frame = response_frame(&resp);
+    let root = frame.len() - std::mem::size_of::<ArchivedResponse>();
+    assert_eq!(frame[root + 8], 10, "Error is variant 10");
+    assert_eq!(frame[root + 9], 4, "Io is code 4");
+    frame[root + 9] = 10;
+    assert!(matches!(
+        decode_response_frame(&frame),
+        Err(FrameError::Invalid(_))
+    ));
+}
+
+// -- semantic limits ----------------------------------------------------
+
+#[test]
+fn request_limits_are_enforced_on_both_sides() {
+    let long = |n: usize| "x".repeat(n);
+    type Case = (Request, u32, fn(&FrameError) -> bool);
+    let cases: Vec<Case> = vec![
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::ReadPages {
+                    pages: (0..MAX_BATCH as u64 + 1).map(key).collect(),
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::LoadPages {
+                    file: FileRef {
+                        path: long(MAX_PATH_LEN + 1),
+                        ..file_ref()
+                    },
+                    pages: vec![1],
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::LoadPages {
+                    file: FileRef {
+                        mount: long(MAX_MOUNT_LEN + 1),
+                        ..file_ref()
+                    },
+                    pages: vec![1],
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::LoadPages {
+                    file: FileRef {
+                        version_tag: long(MAX_VERSION_TAG_LEN + 1),
+                        ..file_ref()
+                    },
+                    pages: vec![1],
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::LoadPages {
+                    file: file_ref(),
+                    pages: vec![0; MAX_LOAD_PAGES + 1],
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::WritePage {
+                    key: key(0),
+                    version: 0,
+                    len: 10,
+                    epoch: 0,
+                },
+            },
+            11,
+            |e| matches!(e, FrameError::Mismatch(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::WritePage {
+                    key: key(0),
+                    version: 0,
+                    len: MAX_PAGE_LEN + 1,
+                    epoch: 0,
+                },
+            },
+            MAX_PAGE_LEN + 1,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::ReadRange {
+                    key: key(0),
+                    offset: MAX_PAGE_LEN,
+                    len: 1,
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::ReadRange {
+                    key: key(0),
+                    offset: u32::MAX,
+                    len: u32::MAX,
+                    epoch: 0,
+                },
+            },
+            0,
+            |e| matches!(e, FrameError::Limit(_)),
+        ),
+        (
+            Request {
+                request_id: 1,
+                body: RequestBody::Ping { nonce: 0 },
+            },
+            1,
+            |e| matches!(e, FrameError::Mismatch(_)),
+        ),
+    ];
+    for (req, payload_len, want) in cases {
+        let err = encode_request(&req, payload_len, &mut Vec::new()).unwrap_err();
+        assert!(want(&err), "encode {req:?}: {err}");
+        let frame = raw_request_frame(&req, payload_len);
+        let err = decode_request_frame(&frame).map(|_| ()).unwrap_err();
+        assert!(want(&err), "decode {req:?}: {err}");
+        assert_eq!(
+            err.error_code() == ErrorCode::TooLarge,
+            matches!(err, FrameError::Limit(_))
+        );
+    }
+}
+
+#[test]
+fn response_limits_are_enforced_on_both_sides() {
+    let cases: Vec<(ResponseBody, u32)> = vec![
+        (
+            ResponseBody::Pages {
+                entries: vec![PageStatus::Miss; MAX_BATCH + 1],
+            },
+            0,
+        ),
+        (
+            ResponseBody::Pages {
+                entries: vec![PageStatus::Data { len: 4 }, PageStatus::Data { len: 4 }],
+            },
+            7,
+        ),
+        (
+            ResponseBody::Pages {
+                entries: vec![PageStatus::Data {
+                    len: MAX_PAGE_LEN + 1,
+                }],
+            },
+            0,
+        ),
+        (
+            ResponseBody::Data {
+                page_len: 10,
+                version: 0,
+            },
+            11,
+        ),
+        (
+            ResponseBody::Data {
+                page_len: MAX_PAGE_LEN + 1,
+                version: 0,
+            },
+            0,
+        ),
+        (
+            ResponseBody::Error {
+                code: ErrorCode::Io,
+                message: "m".repeat(MAX_MESSAGE_LEN + 1),
+            },
+            0,
+        ),
+        (ResponseBody::Written, 3),
+        (ResponseBody::Pong { nonce: 3 }, 1),
+    ];
+    for (body, payload_len) in cases {
+        let resp = Response {
+            request_id: 5,
+            body,
+        };
+        assert!(
+            encode_response(&resp, payload_len, &mut Vec::new()).is_err(),
+            "{resp:?}"
+        );
+        let frame = raw_response_frame(&resp, payload_len);
+        let err = decode_response_frame(&frame).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err, FrameError::Limit(_) | FrameError::Mismatch(_)),
+            "{resp:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn answers_table() {
+    let ping = RequestBody::Ping { nonce: 5 };
+    assert!(ResponseBody::Pong { nonce: 5 }.answers(&ping));
+    assert!(!ResponseBody::Pong { nonce: 6 }.answers(&ping));
+    assert!(!ResponseBody::NotOwner { epoch: 1 }.answers(&ping));
+    assert!(!ResponseBody::NotOwner { epoch: 1 }.answers(&RequestBody::Stat));
+    let err = ResponseBody::Error {
+        code: ErrorCode::Internal,
+        message: String::new(),
+    };
+    let requests = sample_requests();
+    for req in &requests {
+        assert!(err.answers(&req.body));
+    }
+    let read = RequestBody::ReadRange {
+        key: key(1),
+        offset: 0,
+        len: 1,
+        epoch: 1,
+    };
+    assert!(ResponseBody::Miss.answers(&read));
+    assert!(ResponseBody::NotOwner { epoch: 2 }.answers(&read));
+    assert!(!ResponseBody::Written.answers(&read));
+    let batch = RequestBody::ReadPages {
+        pages: vec![key(1), key(2)],
+        epoch: 1,
+    };
+    assert!(ResponseBody::Pages {
+        entries: vec![PageStatus::Miss, PageStatus::NotOwner]
+    }
+    .answers(&batch));
+    assert!(!ResponseBody::Pages {
+        entries: vec![PageStatus::Miss]
+    }
+    .answers(&batch));
+}
+
+#[test]
+fn file_id_halves() {
+    let id: u128 = 0x1112_1314_1516_1718_2122_2324_2526_2728;
+    assert_eq!(FileId::from(id), FILE_A);
+    assert_eq!(u128::from(FILE_A), id);
+}
+
+#[test]
+fn errors_display() {
+    let errors = [
+        FrameError::Truncated { needed: 16, got: 3 },
+        FrameError::Magic { got: *b"HTTP" },
+        FrameError::Version { got: 9 },
+        FrameError::Kind { got: 7 },
+        FrameError::HeaderTooLarge { len: 1 << 20 },
+        FrameError::PayloadTooLarge { len: 1 << 30 },
+        FrameError::Misaligned { len: 17 },
+        FrameError::Invalid("x".into()),
+        FrameError::Limit("y".into()),
+        FrameError::Mismatch("z".into()),
+    ];
+    for e in errors {
+        let boxed: Box<dyn std::error::Error> = Box::new(e.clone());
+        assert!(!boxed.to_string().is_empty());
+        assert!(e.peer_message().len() <= MAX_MESSAGE_LEN);
+    }
+    let long = FrameError::Limit("é".repeat(MAX_MESSAGE_LEN));
+    assert!(long.peer_message().len() <= MAX_MESSAGE_LEN);
+    assert!(!FrameError::Invalid("ptr 0x7f00".into())
+        .peer_message()
+        .contains("0x7f00"));
+    // Every peer message fits an Error response.
+    let resp = Response {
+        request_id: 0,
+        body: ResponseBody::Error {
+            code: long.error_code(),
+            message: long.peer_message(),
+        },
+    };
+    assert!(encode_response(&resp, 0, &mut Vec::new()).is_ok());
+}
+
+// -- golden vectors -----------------------------------------------------
+
+/// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
+/// no payload. 16-byte preamble + 96-byte header (no front padding).
+const GOLDEN_PING: &str = "\
+    50535446010001006000000000000000\
+    01000000000000000000000000000000\
+    efcdab89674523010000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+/// `Request { request_id: 2, body: ReadRange { key: Key { file_id:
+/// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
+/// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
+const GOLDEN_READ_RANGE: &str = "\
+    50535446010001006000000000000000\
+    02000000000000000300000000000000\
+    18171615141312112827262524232221\
+    03000000000000000010000000200000\
+    07000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+/// `Request { request_id: 4, body: Fetch { file: FileRef { file_id: FILE_A,
+/// mount: "", path: "/d/x", version_tag: "v1", size: 5 MiB }, page: 1,
+/// offset: 16, len: 32, epoch: 7, replica: true } }`: strings of at most 8
+/// bytes are stored inline, padded with 0xff.
+const GOLDEN_FETCH: &str = "\
+    50535446010001006000000000000000\
+    04000000000000000800000000000000\
+    18171615141312112827262524232221\
+    ffffffffffffffff2f642f78ffffffff\
+    7631ffffffffffff0000500000000000\
+    01000000000000001000000020000000\
+    07000000000000000100000000000000";
+
+#[test]
+fn golden_fetch() {
+    let req = Request {
+        request_id: 4,
+        body: RequestBody::Fetch {
+            file: FileRef {
+                file_id: FILE_A,
+                mount: String::new(),
+                path: "/d/x".into(),
+                version_tag: "v1".into(),
+                size: 5 << 20,
+            },
+            page: 1,
+            offset: 16,
+            len: 32,
+            epoch: 7,
+            replica: true,
+        },
+    };
+    let mut out = Vec::new();
+    encode_request(&req, 0, &mut out).unwrap();
+    assert_eq!(hex(&out), hex(&unhex(GOLDEN_FETCH)));
+    assert_eq!(decode_request_frame(&unhex(GOLDEN_FETCH)).unwrap().0, req);
+}
+
+/// `Response { request_id: 1, body: Pong { nonce: 0x0123456789abcdef } }`,
+/// no payload. 16-byte preamble + 64-byte header, of which the first 8
+/// bytes are front padding.
+const GOLDEN_PONG: &str = "\
+    50535446010002004000000000000000\
+    00000000000000000100000000000000\
+    0700000000000000efcdab8967452301\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+/// `Request { request_id: 3, body: ReadPages { pages: [Key { file_id:
+/// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
+/// no payload: the two keys (48 bytes) precede the 80-byte root.
+const GOLDEN_READ_PAGES: &str = "\
+    50535446010001009000000000000000\
+    18171615141312112827262524232221\
+    03000000000000001817161514131211\
+    28272625242322210400000000000000\
+    030000000000000004000000c4ffffff\
+    02000000000000000700000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+/// `Response { request_id: 2, body: Error { code: BadRange, message:
+/// "offset past end" } }`, no payload: 8 bytes of front padding, the 15
+/// message bytes (out of line), 1 byte of alignment, the 56-byte root.
+const GOLDEN_ERROR: &str = "\
+    50535446010002005000000000000000\
+    00000000000000006f66667365742070\
+    61737420656e64000200000000000000\
+    0a0100008f000000e4ffffff00000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+#[test]
+fn golden_vectors_with_out_of_line_data() {
+    let read_pages = Request {
+        request_id: 3,
+        body: RequestBody::ReadPages {
+            pages: vec![key(3), key(4)],
+            epoch: 7,
+        },
+    };
+    let mut out = Vec::new();
+    encode_request(&read_pages, 0, &mut out).unwrap();
+    assert_eq!(hex(&out), hex(&unhex(GOLDEN_READ_PAGES)));
+    assert_eq!(
+        decode_request_frame(&unhex(GOLDEN_READ_PAGES)).unwrap().0,
+        read_pages
+    );
+    let error = Response {
+        request_id: 2,
+        body: ResponseBody::Error {
+            code: ErrorCode::BadRange,
+            message: "offset past end".to_string(),
+        },
+    };
+    let mut out = Vec::new();
+    encode_response(&error, 0, &mut out).unwrap();
+    assert_eq!(hex(&out), hex(&unhex(GOLDEN_ERROR)));
+    assert_eq!(
+        decode_response_frame(&unhex(GOLDEN_ERROR)).unwrap().0,
+        error
+    );
+}
+
+/// Sizes and alignments stated in docs/PROTOCOL.md.
+#[test]
+fn documented_sizes() {
+    use std::mem::{align_of, size_of};
+    assert_eq!(
+        (size_of::<ArchivedFileId>(), align_of::<ArchivedFileId>()),
+        (16, 8)
+    );
+    assert_eq!(
+        (size_of::<ArchivedKey>(), align_of::<ArchivedKey>()),
+        (24, 8)
+    );
+    assert_eq!(
+        (size_of::<ArchivedFileRef>(), align_of::<ArchivedFileRef>()),
+        (48, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedRequestBody>(),
+            align_of::<ArchivedRequestBody>()
+        ),
+        (88, 8)
+    );
+    assert_eq!(
+        (size_of::<ArchivedRequest>(), align_of::<ArchivedRequest>()),
+        (96, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedResponseBody>(),
+            align_of::<ArchivedResponseBody>()
+        ),
+        (48, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedResponse>(),
+            align_of::<ArchivedResponse>()
+        ),
+        (56, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedPageStatus>(),
+            align_of::<ArchivedPageStatus>()
+        ),
+        (8, 4)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedErrorCode>(),
+            align_of::<ArchivedErrorCode>()
+        ),
+        (1, 1)
+    );
+    assert_eq!(
+        (
+            size_of::<rkyv::string::ArchivedString>(),
+            align_of::<rkyv::string::ArchivedString>()
+        ),
+        (8, 4)
+    );
+    assert_eq!(
+        (
+            size_of::<rkyv::vec::ArchivedVec<ArchivedKey>>(),
+            align_of::<rkyv::vec::ArchivedVec<ArchivedKey>>()
+        ),
+        (8, 4)
+    );
+}
+
+fn le(bytes: &[u8], at: usize, n: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v[..n].copy_from_slice(&bytes[at..at + n]);
+    u64::from_le_bytes(v)
+}
+
+/// Field offsets within the root stated in docs/PROTOCOL.md (offsets
+/// relative to the root; the body starts at root offset 8).
+#[test]
+fn documented_field_offsets() {
+    type Fields = Vec<(usize, usize, u64)>;
+    // (body, [(offset in root, width, value)])
+    let requests: Vec<(RequestBody, Fields)> = vec![
+        (
+            RequestBody::Ping { nonce: 0xAA },
+            vec![(8, 1, 0), (16, 8, 0xAA)],
+        ),
+        (RequestBody::RingEpoch, vec![(8, 1, 1)]),
+        (RequestBody::Stat, vec![(8, 1, 2)]),
+        (
+            RequestBody::ReadRange {
+                key: key(5),
+                offset: 6,
+                len: 7,
+                epoch: 8,
+            },
+            vec![
+                (8, 1, 3),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (32, 8, 5),
+                (40, 4, 6),
+                (44, 4, 7),
+                (48, 8, 8),
+            ],
+        ),
+        (
+            RequestBody::ReadPages {
+                pages: vec![key(1)],
+                epoch: 9,
+            },
+            vec![(8, 1, 4), (16, 4, 1), (24, 8, 9)],
+        ),
+        (
+            RequestBody::WritePage {
+                key: key(5),
+                version: 6,
+                len: 7,
+                epoch: 8,
+            },
+            vec![
+                (8, 1, 5),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (32, 8, 5),
+                (40, 8, 6),
+                (48, 4, 7),
+                (56, 8, 8),
+            ],
+        ),
+        (
+            RequestBody::LoadPages {
+                file: FileRef {
+                    size: 77,
+                    ..file_ref()
+                },
+                pages: vec![1, 2, 3],
+                epoch: 9,
+            },
+            vec![
+                (8, 1, 6),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (56, 8, 77),
+                (68, 4, 3),
+                (72, 8, 9),
+            ],
+        ),
+        (
+            RequestBody::RemoveFile {
+                file_id: FILE_A,
+                epoch: 9,
+            },
+            vec![
+                (8, 1, 7),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (32, 8, 9),
+            ],
+        ),
+    ];
+    for (body, fields) in requests {
+        let req = Request {
+            request_id: 0x1234,
+            body,
+        };
+        let frame = request_frame(&req);
+        let payload = request_payload_len(&req) as usize;
+        let root =
+            &frame[frame.len() - payload - size_of::<ArchivedRequest>()..frame.len() - payload];
+        assert_eq!(le(root, 0, 8), 0x1234);
+        for (at, width, value) in fields {
+            assert_eq!(le(root, at, width), value, "{req:?} at {at}");
+        }
+    }
+    let responses: Vec<(ResponseBody, Fields)> = vec![
+        (
+            ResponseBody::Data {
+                page_len: 100,
+                version: 6,
+            },
+            vec![(8, 1, 0), (12, 4, 100), (16, 8, 6)],
+        ),
+        (
+            ResponseBody::Pages {
+                entries: vec![PageStatus::Miss],
+            },
+            vec![(8, 1, 1), (16, 4, 1)],
+        ),
+        (ResponseBody::Miss, vec![(8, 1, 2)]),
+        (
+            ResponseBody::NotOwner { epoch: 5 },
+            vec![(8, 1, 3), (16, 8, 5)],
+        ),
+        (ResponseBody::Written, vec![(8, 1, 4)]),
+        (
+            ResponseBody::Loaded { pages: 3, bytes: 4 },
+            vec![(8, 1, 5), (12, 4, 3), (16, 8, 4)],
+        ),
+        (
+            ResponseBody::Removed { pages: 3 },
+            vec![(8, 1, 6), (12, 4, 3)],
+        ),
+        (ResponseBody::Pong { nonce: 3 }, vec![(8, 1, 7), (16, 8, 3)]),
+        (
+            ResponseBody::Epoch { epoch: 3 },
+            vec![(8, 1, 8), (16, 8, 3)],
+        ),
+        (
+            ResponseBody::Stat {
+                shard: 2,
+                pages: 3,
+                bytes: 4,
+                capacity_bytes: 5,
+                hits: 6,
+                misses: 7,
+            },
+            vec![
+                (8, 1, 9),
+                (10, 2, 2),
+                (16, 8, 3),
+                (24, 8, 4),
+                (32, 8, 5),
+                (40, 8, 6),
+                (48, 8, 7),
+            ],
+        ),
+        (
+            ResponseBody::Error {
+                code: ErrorCode::Forbidden,
+                message: "no".into(),
+            },
+            // Inline string: the bytes, then 0xff fill.
+            vec![
+                (8, 1, 10),
+                (9, 1, 7),
+                (12, 2, u64::from(u16::from_le_bytes(*b"no"))),
+                (14, 1, 0xff),
+            ],
+        ),
+    ];
+    for (body, fields) in responses {
+        let resp = Response {
+            request_id: 0x4321,
+            body,
+        };
+        let frame = response_frame(&resp);
+        let payload = response_payload_len(&resp) as usize;
+        let root =
+            &frame[frame.len() - payload - size_of::<ArchivedResponse>()..frame.len() - payload];
+        assert_eq!(le(root, 0, 8), 0x4321);
+        for (at, width, value) in fields {
+            assert_eq!(le(root, at, width), value, "{resp:?} at {at}");
+        }
+    }
+    // PageStatus: tag at 0, Data's len at 4.
+    let resp = Response {
+        request_id: 0,
+        body: ResponseBody::Pages {
+            entries: vec![PageStatus::Data { len: 9 }, PageStatus::NotOwner],
+        },
+    };
+    let frame = response_frame(&resp);
+    let header_end = frame.len() - 9;
+    let root = header_end - size_of::<ArchivedResponse>();
+    let entries = root - 16;
+    assert_eq!(
+        &frame[entries..root],
+        &[0, 0, 0, 0, 9, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]
+    );
+}
+
+#[test]
+fn golden_vectors() {
+    let ping = Request {
+        request_id: 1,
+        body: RequestBody::Ping {
+            nonce: 0x0123_4567_89ab_cdef,
+        },
+    };
+    let read = Request {
+        request_id: 2,
+        body: RequestBody::ReadRange {
+            key: Key {
+                file_id: FILE_A,
+                page: 3,
+            },
+            offset: 4096,
+            len: 8192,
+            epoch: 7,
+        },
+    };
+    let pong = Response {
+        request_id: 1,
+        body: ResponseBody::Pong {
+            nonce: 0x0123_4567_89ab_cdef,
+        },
+    };
+    for (req, golden) in [(&ping, GOLDEN_PING), (&read, GOLDEN_READ_RANGE)] {
+        let mut out = Vec::new();
+        encode_request(req, 0, &mut out).unwrap();
+        assert_eq!(hex(&out), hex(&unhex(golden)), "{req:?}");
+        assert_eq!(decode_request_frame(&unhex(golden)).unwrap().0, *req);
+    }
+    let mut out = Vec::new();
+    encode_response(&pong, 0, &mut out).unwrap();
+    assert_eq!(hex(&out), hex(&unhex(GOLDEN_PONG)));
+    assert_eq!(decode_response_frame(&unhex(GOLDEN_PONG)).unwrap().0, pong);
+}
+
+// -- property tests -----------------------------------------------------
+
+fn arb_file_id() -> impl Strategy<Value = FileId> {
+    (any::<u64>(), any::<u64>()).prop_map(|(hi, lo)| FileId { hi, lo })
+}
+
+fn arb_key() -> impl Strategy<Value = Key> {
+    (arb_file_id(), any::<u64>()).prop_map(|(file_id, page)| Key { file_id, page })
+}
+
+fn arb_string(max: usize) -> impl Strategy<Value = String> {
+    prop_oneof![
+        proptest::string::string_regex(&format!("[a-z0-9/._-]{{0,{max}}}")).unwrap(),
+        proptest::string::string_regex(&format!("\\PC{{0,{}}}", max / 4)).unwrap(),
+    ]
+}
+
+fn arb_request() -> impl Strategy<Value = Request> {
+    let body = prop_oneof![
+        any::<u64>().prop_map(|nonce| RequestBody::Ping { nonce }),
+        Just(RequestBody::RingEpoch),
+        Just(RequestBody::Stat),
+        (arb_key(), 0..=MAX_PAGE_LEN, any::<u64>()).prop_flat_map(|(key, offset, epoch)| {
+            (0..=MAX_PAGE_LEN - offset).prop_map(move |len| RequestBody::ReadRange {
+                key,
+                offset,
+                len,
+                epoch,
+            })
+        }),
+        (proptest::collection::vec(arb_key(), 0..=20), any::<u64>())
+            .prop_map(|(pages, epoch)| RequestBody::ReadPages { pages, epoch }),
+        (arb_key(), any::<u64>(), 0u32..64, any::<u64>()).prop_map(|(key, version, len, epoch)| {
+            RequestBody::WritePage {
+                key,
+                version,
+                len,
+                epoch,
+            }
+        }),
+        (
+            arb_file_id(),
+            arb_string(40),
+            arb_string(120),
+            arb_string(40),
+            any::<u64>(),
+            proptest::collection::vec(any::<u64>(), 0..=20),
+            any::<u64>()
+        )
+            .prop_map(|(file_id, mount, path, version_tag, size, pages, epoch)| {
+                RequestBody::LoadPages {
+                    file: FileRef {
+                        file_id,
+                        mount,
+                        path,
+                        version_tag,
+                        size,
+                    },
+                    pages,
+                    epoch,
+                }
+            }),
+        (arb_file_id(), any::<u64>())
+            .prop_map(|(file_id, epoch)| RequestBody::RemoveFile { file_id, epoch }),
+        (
+            arb_file_id(),
+            arb_string(120),
+            any::<u64>(),
+            0..=MAX_PAGE_LEN,
+            any::<bool>()
+        )
+            .prop_flat_map(|(file_id, path, page, offset, replica)| {
+                (0..=MAX_PAGE_LEN - offset).prop_map(move |len| RequestBody::Fetch {
+                    file: FileRef {
+                        file_id,
+                        path: path.clone(),
+                        ..FileRef::default()
+                    },
+                    page,
+                    offset,
+                    len,
+                    epoch: page ^ 7,
+                    replica,
+                })
+            }),
+        arb_string(120).prop_map(|path| RequestBody::StatPath { path }),
+        (arb_string(120), arb_string(40))
+            .prop_map(|(path, start_after)| RequestBody::List { path, start_after }),
+        Just(RequestBody::Cluster),
+        (arb_string(120), arb_file_id())
+            .prop_map(|(path, file_id)| RequestBody::Invalidate { path, file_id }),
+        Just(RequestBody::Jobs),
+        Just(RequestBody::Counters),
+    ];
+    (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
+}
+
+fn arb_error_code() -> impl Strategy<Value = ErrorCode> {
+    prop_oneof![
+        Just(ErrorCode::BadRequest),
+        Just(ErrorCode::BadRange),
+        Just(ErrorCode::TooLarge),
+        Just(ErrorCode::NotFound),
+        Just(ErrorCode::Io),
+        Just(ErrorCode::Full),
+        Just(ErrorCode::Unavailable),
+        Just(ErrorCode::Forbidden),
+        Just(ErrorCode::Internal),
+        Just(ErrorCode::Changed),
+    ]
+}
+
+fn arb_page_status() -> impl Strategy<Value = PageStatus> {
+    prop_oneof![
+        (0u32..32).prop_map(|len| PageStatus::Data { len }),
+        Just(PageStatus::Miss),
+        Just(PageStatus::NotOwner),
+    ]
+}
+
+fn arb_response() -> impl Strategy<Value = Response> {
+    let body = prop_oneof![
+        (0..=MAX_PAGE_LEN, any::<u64>())
+            .prop_map(|(page_len, version)| ResponseBody::Data { page_len, version }),
+        proptest::collection::vec(arb_page_status(), 0..=20)
+            .prop_map(|entries| ResponseBody::Pages { entries }),
+        Just(ResponseBody::Miss),
+        any::<u64>().prop_map(|epoch| ResponseBody::NotOwner { epoch }),
+        Just(ResponseBody::Written),
+        (any::<u32>(), any::<u64>())
+            .prop_map(|(pages, bytes)| ResponseBody::Loaded { pages, bytes }),
+        any::<u32>().prop_map(|pages| ResponseBody::Removed { pages }),
+        any::<u64>().prop_map(|nonce| ResponseBody::Pong { nonce }),
+        any::<u64>().prop_map(|epoch| ResponseBody::Epoch { epoch }),
+        (
+            any::<u16>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>()
+        )
+            .prop_map(|(shard, pages, bytes, capacity_bytes, hits, misses)| {
+                ResponseBody::Stat {
+                    shard,
+                    pages,
+                    bytes,
+                    capacity_bytes,
+                    hits,
+                    misses,
+                }
+            }),
+        (arb_error_code(), arb_string(200))
+            .prop_map(|(code, message)| ResponseBody::Error { code, message }),
+        (any::<u64>(), arb_string(40), arb_file_id()).prop_map(|(size, version_tag, file_id)| {
+            ResponseBody::PathInfo {
+                kind: PathKind::File {
+                    size,
+                    version_tag,
+                    file_id,
+                },
+            }
+        }),
+        Just(ResponseBody::PathInfo {
+            kind: PathKind::Dir
+        }),
+        (
+            proptest::collection::vec(
+                ("[a-z0-9._-]{1,20}", any::<bool>(), any::<u64>())
+                    .prop_map(|(name, is_dir, size)| DirEntry { name, is_dir, size }),
+                0..=20
+            ),
+            any::<bool>()
+        )
+            .prop_map(|(entries, more)| ResponseBody::Listing { entries, more }),
+        (
+            1..=MAX_PAGE_LEN,
+            any::<u64>(),
+            any::<u8>(),
+            proptest::collection::vec(
+                (arb_file_id(), arb_string(30), any::<u16>())
+                    .prop_map(|(id, addr, shards)| NodeEntry { id, addr, shards }),
+                0..=8
+            ),
+            proptest::collection::vec(
+                (arb_string(30), arb_string(60))
+                    .prop_map(|(prefix, url)| MountEntry { prefix, url }),
+                0..=4
+            )
+        )
+            .prop_map(|(page_size, epoch, replicas, nodes, mounts)| {
+                ResponseBody::ClusterInfo {
+                    page_size,
+                    epoch,
+                    replicas,
+                    nodes,
+                    mounts,
+                }
+            }),
+        Just(ResponseBody::Jobs),
+        Just(ResponseBody::Counters),
+    ];
+    (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
+}
+
+/// Decodes `buf` both ways; whatever decodes must be a valid value that
+/// encodes again.
+fn decode_anything(buf: &[u8]) {
+    if let Ok((req, payload)) = decode_request_frame(buf) {
+        let payload_len = payload.len() as u32;
+        req.validate(payload_len).unwrap();
+        encode_request(&req, payload_len, &mut Vec::new()).unwrap();
+    }
+    if let Ok((resp, payload)) = decode_response_frame(buf) {
+        let payload_len = payload.len() as u32;
+        resp.validate(payload_len).unwrap();
+        encode_response(&resp, payload_len, &mut Vec::new()).unwrap();
+    }
+    if let Ok(preamble) = Preamble::decode_prefix(buf) {
+        let header = buf.get(PREAMBLE_LEN..).unwrap_or(&[]);
+        let header = &header[..header.len().min(preamble.header_len as usize)];
+        let _ = decode_request(&preamble, header);
+        let _ = decode_response(&preamble, header);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn prop_requests_round_trip(req in arb_request()) {
+        let frame = request_frame(&req);
+        let (decoded, payload) = decode_request_frame(&frame).unwrap();
+        prop_assert_eq!(&decoded, &req);
+        prop_assert_eq!(payload.len() as u32, request_payload_len(&req));
+        prop_assert_eq!((frame.len() - payload.len() - PREAMBLE_LEN) % HEADER_ALIGN, 0);
+    }
+
+    #[test]
+    fn prop_responses_round_trip(resp in arb_response()) {
+        let frame = response_frame(&resp);
+        let (decoded, payload) = decode_response_frame(&frame).unwrap();
+        prop_assert_eq!(&decoded, &resp);
+        prop_assert_eq!(payload.len() as u32, response_payload_len(&resp));
+    }
+
+    #[test]
+    fn prop_random_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..600)) {
+        decode_anything(&buf);
+    }
+
+    #[test]
+    fn prop_random_headers_never_panic(
+        kind in 1u16..=2,
+        blocks in 1u32..=12,
+        payload_len in 0u32..64,
+        seed in proptest::collection::vec(any::<u8>(), 16 * 12 + 64),
+    ) {
+        let header_len = blocks * 16;
+        let mut buf = preamble_bytes(PROTOCOL_VERSION, kind, header_len, payload_len).to_vec();
+        buf.extend_from_slice(&seed[..(header_len + payload_len) as usize]);
+        decode_anything(&buf);
+    }
+
+    #[test]
+    fn prop_mutated_requests_never_panic(
+        req in arb_request(),
+        flips in proptest::collection::vec((any::<proptest::sample::Index>(), 0u8..8), 1..8),
+        cut in any::<proptest::sample::Index>(),
+    ) {
+        let frame = request_frame(&req);
+        let mut mutated = frame.clone();
+        for (at, bit) in &flips {
+            let i = at.index(mutated.len());
+            mutated[i] ^= 1 << bit;
+        }
+        decode_anything(&mutated);
+        // Mutated and then truncated.
+        decode_anything(&mutated[..cut.index(mutated.len())]);
+    }
+
+    #[test]
+    fn prop_mutated_responses_never_panic(
+        resp in arb_response(),
+        flips in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let frame = response_frame(&resp);
+        let mut mutated = frame.clone();
+        // Byte-wise corruption concentrated on the header.
+        let header_len = mutated.len() - response_payload_len(&resp) as usize - PREAMBLE_LEN;
+        for (at, value) in &flips {
+            let i = PREAMBLE_LEN + at.index(header_len);
+            mutated[i] = *value;
+        }
+        decode_anything(&mutated);
+    }
+}
