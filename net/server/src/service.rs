@@ -8,8 +8,8 @@ use pagestore_engine::{EngineError, PageKey, Shard};
 use crate::{
     endpoint::{Body, Peer, Reply, Service},
     frame::{
-        self, ErrorCode, FrameError, Key, NodeEntry, PageStatus, RequestBody, Response,
-        ResponseBody,
+        self, ErrorCode, FileId, FileRef, FrameError, Key, NodeEntry, PageStatus, RequestBody,
+        Response, ResponseBody,
     },
     loader::Loader,
     ring::{self, MemberId, Ring},
@@ -277,17 +277,12 @@ impl ShardService {
                 ),
             );
         }
-        let not_owner = || {
-            self.not_owner.set(self.not_owner.get() + 1);
-            reply(
-                id,
-                ResponseBody::NotOwner {
-                    epoch: self.view.epoch(),
-                },
-                Body::Empty,
-            )
-        };
-        match req.body {
+        self.answer(id, req.body, payload).await
+    }
+
+    /// The answer to one decoded, authorized request: a table of the request kinds.
+    async fn answer(&self, id: u64, body: RequestBody, payload: &[u8]) -> Reply {
+        match body {
             RequestBody::Ping { nonce } => reply(id, ResponseBody::Pong { nonce }, Body::Empty),
             RequestBody::RingEpoch => reply(
                 id,
@@ -296,68 +291,14 @@ impl ShardService {
                 },
                 Body::Empty,
             ),
-            RequestBody::Stat => {
-                let s = self.shard.stats();
-                let body = ResponseBody::Stat {
-                    shard: s.shard as u16,
-                    pages: s.pages,
-                    bytes: s.bytes,
-                    capacity_bytes: s.capacity_bytes,
-                    hits: s.hits,
-                    misses: s.misses,
-                };
-                reply(id, body, Body::Empty)
-            }
+            RequestBody::Stat => self.stat(id),
             RequestBody::ReadRange {
                 key, offset, len, ..
-            } => {
-                if !self.view.owns(&key) {
-                    return not_owner();
-                }
-                match self.shard.read(&page_key(&key), offset, len).await {
-                    Ok(Some((data, info))) => reply(
-                        id,
-                        ResponseBody::Data {
-                            page_len: info.len,
-                            version: info.version,
-                        },
-                        Body::Page(data),
-                    ),
-                    Ok(None) => reply(id, ResponseBody::Miss, Body::Empty),
-                    Err(e) => engine_error(id, &e),
-                }
-            }
-            RequestBody::ReadPages { pages, .. } => {
-                let mut entries = Vec::with_capacity(pages.len());
-                let mut body = Vec::new();
-                for key in &pages {
-                    if !self.view.owns(key) {
-                        entries.push(PageStatus::NotOwner);
-                        continue;
-                    }
-                    match self.shard.get(&page_key(key), 0, u32::MAX).await {
-                        Ok(Some(data)) => {
-                            if body.len() + data.len() > frame::MAX_PAYLOAD as usize {
-                                return error(
-                                    id,
-                                    ErrorCode::TooLarge,
-                                    "the pages asked for exceed one response; ask for fewer",
-                                );
-                            }
-                            entries.push(PageStatus::Data {
-                                len: data.len() as u32,
-                            });
-                            body.extend_from_slice(&data);
-                        }
-                        Ok(None) => entries.push(PageStatus::Miss),
-                        Err(e) => return engine_error(id, &e),
-                    }
-                }
-                reply(id, ResponseBody::Pages { entries }, Body::Bytes(body))
-            }
+            } => self.read_range(id, key, offset, len).await,
+            RequestBody::ReadPages { pages, .. } => self.read_pages(id, &pages).await,
             RequestBody::WritePage { key, version, .. } => {
                 if !self.view.owns(&key) {
-                    return not_owner();
+                    return self.not_owner(id);
                 }
                 match self.shard.put(&page_key(&key), payload, version).await {
                     Ok(_) => reply(id, ResponseBody::Written, Body::Empty),
@@ -378,78 +319,7 @@ impl ShardService {
                 len,
                 replica,
                 ..
-            } => {
-                let key = Key {
-                    file_id: file.file_id,
-                    page,
-                };
-                if !self.view.owns(&key) {
-                    if !(replica && self.view.is_replica(&key)) {
-                        return not_owner();
-                    }
-                    self.replica_reads.set(self.replica_reads.get() + 1);
-                }
-                if file.file_id.as_u128() != ring::file_id(&file.path, &file.version_tag) {
-                    return error(
-                        id,
-                        ErrorCode::BadRequest,
-                        "file_id does not match the path and version tag",
-                    );
-                }
-                match self.shard.read(&page_key(&key), offset, len).await {
-                    // A page is served only for the version it was stored for (a page under this
-                    // key with another version was not loaded from this object: reload it).
-                    Ok(Some((data, info))) if info.version == page_version(&file.version_tag) => {
-                        return reply(
-                            id,
-                            ResponseBody::Data {
-                                page_len: info.len,
-                                version: info.version,
-                            },
-                            Body::Page(data),
-                        )
-                    }
-                    Ok(Some(_)) => {
-                        tracing::warn!(path = %file.path, page, "cached page has another version; reloading it");
-                    }
-                    Ok(None) => {}
-                    Err(e @ EngineError::BadRange { .. }) => return engine_error(id, &e),
-                    // A failing cache disk must not fail the read: load the page instead.
-                    Err(e) => tracing::warn!(error = %e, "cache read failed; loading the page"),
-                }
-                let Some(loader) = &self.loader else {
-                    return error(
-                        id,
-                        ErrorCode::Unavailable,
-                        "this node has no under storage configured",
-                    );
-                };
-                match loader.load_page(&file, page).await {
-                    Ok(bytes) => {
-                        let start = offset as usize;
-                        if start > bytes.len() {
-                            return error(
-                                id,
-                                ErrorCode::BadRange,
-                                format!(
-                                    "offset {offset} is past the end of the page ({} bytes)",
-                                    bytes.len()
-                                ),
-                            );
-                        }
-                        let end = start.saturating_add(len as usize).min(bytes.len());
-                        reply(
-                            id,
-                            ResponseBody::Data {
-                                page_len: bytes.len() as u32,
-                                version: page_version(&file.version_tag),
-                            },
-                            Body::Shared(bytes.slice(start..end)),
-                        )
-                    }
-                    Err(e) => error(id, e.code, e.message),
-                }
-            }
+            } => self.fetch(id, file, page, offset, len, replica).await,
             RequestBody::StatPath { path } => {
                 let Some(loader) = &self.loader else {
                     return no_source(id);
@@ -470,18 +340,7 @@ impl ShardService {
                     Err(e) => error(id, e.code, e.message),
                 }
             }
-            RequestBody::Invalidate { path, file_id } => {
-                if let Some(loader) = &self.loader {
-                    loader.forget(&path);
-                }
-                if file_id.as_u128() == 0 {
-                    return reply(id, ResponseBody::Removed { pages: 0 }, Body::Empty);
-                }
-                match self.shard.remove_file(file_id.as_u128()).await {
-                    Ok(n) => reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty),
-                    Err(e) => engine_error(id, &e),
-                }
-            }
+            RequestBody::Invalidate { path, file_id } => self.invalidate(id, &path, file_id).await,
             RequestBody::Cluster => {
                 let body = ResponseBody::ClusterInfo {
                     page_size: self.shard.page_size(),
@@ -492,50 +351,225 @@ impl ShardService {
                 };
                 reply(id, body, Body::Empty)
             }
-            RequestBody::Counters => {
-                let s = self.shard.stats();
-                let (ufs_bytes, ufs_reads, ufs_errors) =
-                    self.loader.as_ref().map_or((0, 0, 0), |l| {
-                        let st = l.stats();
-                        (st.ufs_bytes.get(), st.ufs_reads.get(), st.ufs_errors.get())
-                    });
-                let json = serde_json::json!({
-                    "shard": s.shard,
-                    "pages": s.pages,
-                    "bytes": s.bytes,
-                    "capacity_bytes": s.capacity_bytes,
-                    "hits": s.hits,
-                    "misses": s.misses,
-                    "hit_bytes": s.hit_bytes,
-                    "ufs_reads": ufs_reads,
-                    "ufs_bytes": ufs_bytes,
-                    "ufs_errors": ufs_errors,
-                    "evictions": s.evictions,
-                    "checksum_failures": s.checksum_failures,
-                    "replica_reads": self.replica_reads.get(),
-                    "not_owner": self.not_owner.get(),
-                    "forbidden": self.forbidden.get(),
-                    "epoch": self.view.epoch(),
-                })
-                .to_string();
-                reply(id, ResponseBody::Counters, Body::Bytes(json.into_bytes()))
+            RequestBody::Counters => self.counters(id),
+            RequestBody::Jobs => self.jobs(id, payload),
+        }
+    }
+
+    /// `NotOwner`, counted: the client routed with another ring.
+    fn not_owner(&self, id: u64) -> Reply {
+        self.not_owner.set(self.not_owner.get() + 1);
+        reply(
+            id,
+            ResponseBody::NotOwner {
+                epoch: self.view.epoch(),
+            },
+            Body::Empty,
+        )
+    }
+
+    fn stat(&self, id: u64) -> Reply {
+        let s = self.shard.stats();
+        let body = ResponseBody::Stat {
+            shard: s.shard as u16,
+            pages: s.pages,
+            bytes: s.bytes,
+            capacity_bytes: s.capacity_bytes,
+            hits: s.hits,
+            misses: s.misses,
+        };
+        reply(id, body, Body::Empty)
+    }
+
+    /// A cached page's range, sent from the buffer the disk read went into.
+    async fn read_range(&self, id: u64, key: Key, offset: u32, len: u32) -> Reply {
+        if !self.view.owns(&key) {
+            return self.not_owner(id);
+        }
+        match self.shard.read(&page_key(&key), offset, len).await {
+            Ok(Some((data, info))) => reply(
+                id,
+                ResponseBody::Data {
+                    page_len: info.len,
+                    version: info.version,
+                },
+                Body::Page(data),
+            ),
+            Ok(None) => reply(id, ResponseBody::Miss, Body::Empty),
+            Err(e) => engine_error(id, &e),
+        }
+    }
+
+    /// Whole cached pages, one status each, their bytes concatenated.
+    async fn read_pages(&self, id: u64, pages: &[Key]) -> Reply {
+        let mut entries = Vec::with_capacity(pages.len());
+        let mut body = Vec::new();
+        for key in pages {
+            if !self.view.owns(key) {
+                entries.push(PageStatus::NotOwner);
+                continue;
             }
-            RequestBody::Jobs => {
-                let Some(board) = self.jobs.borrow().clone() else {
-                    return error(id, ErrorCode::Unavailable, "this node keeps no job records");
-                };
-                if !payload.is_empty() {
-                    if let Err(e) = board.report(payload) {
-                        return error(id, ErrorCode::BadRequest, e);
+            match self.shard.get(&page_key(key), 0, u32::MAX).await {
+                Ok(Some(data)) => {
+                    if body.len() + data.len() > frame::MAX_PAYLOAD as usize {
+                        return error(
+                            id,
+                            ErrorCode::TooLarge,
+                            "the pages asked for exceed one response; ask for fewer",
+                        );
                     }
+                    entries.push(PageStatus::Data {
+                        len: data.len() as u32,
+                    });
+                    body.extend_from_slice(&data);
                 }
-                reply(
-                    id,
-                    ResponseBody::Jobs,
-                    Body::Bytes(board.json().into_bytes()),
-                )
+                Ok(None) => entries.push(PageStatus::Miss),
+                Err(e) => return engine_error(id, &e),
             }
         }
+        reply(id, ResponseBody::Pages { entries }, Body::Bytes(body))
+    }
+
+    /// A page of a file at a version: from the cache if it holds that version, else loaded
+    /// from the under storage (and stored).
+    async fn fetch(
+        &self,
+        id: u64,
+        file: FileRef,
+        page: u64,
+        offset: u32,
+        len: u32,
+        replica: bool,
+    ) -> Reply {
+        let key = Key {
+            file_id: file.file_id,
+            page,
+        };
+        if !self.view.owns(&key) {
+            if !(replica && self.view.is_replica(&key)) {
+                return self.not_owner(id);
+            }
+            self.replica_reads.set(self.replica_reads.get() + 1);
+        }
+        if file.file_id.as_u128() != ring::file_id(&file.path, &file.version_tag) {
+            return error(
+                id,
+                ErrorCode::BadRequest,
+                "file_id does not match the path and version tag",
+            );
+        }
+        match self.shard.read(&page_key(&key), offset, len).await {
+            // A page is served only for the version it was stored for (a page under this
+            // key with another version was not loaded from this object: reload it).
+            Ok(Some((data, info))) if info.version == page_version(&file.version_tag) => {
+                return reply(
+                    id,
+                    ResponseBody::Data {
+                        page_len: info.len,
+                        version: info.version,
+                    },
+                    Body::Page(data),
+                )
+            }
+            Ok(Some(_)) => {
+                tracing::warn!(path = %file.path, page, "cached page has another version; reloading it");
+            }
+            Ok(None) => {}
+            Err(e @ EngineError::BadRange { .. }) => return engine_error(id, &e),
+            // A failing cache disk must not fail the read: load the page instead.
+            Err(e) => tracing::warn!(error = %e, "cache read failed; loading the page"),
+        }
+        let Some(loader) = &self.loader else {
+            return error(
+                id,
+                ErrorCode::Unavailable,
+                "this node has no under storage configured",
+            );
+        };
+        match loader.load_page(&file, page).await {
+            Ok(bytes) => {
+                let start = offset as usize;
+                if start > bytes.len() {
+                    return error(
+                        id,
+                        ErrorCode::BadRange,
+                        format!(
+                            "offset {offset} is past the end of the page ({} bytes)",
+                            bytes.len()
+                        ),
+                    );
+                }
+                let end = start.saturating_add(len as usize).min(bytes.len());
+                reply(
+                    id,
+                    ResponseBody::Data {
+                        page_len: bytes.len() as u32,
+                        version: page_version(&file.version_tag),
+                    },
+                    Body::Shared(bytes.slice(start..end)),
+                )
+            }
+            Err(e) => error(id, e.code, e.message),
+        }
+    }
+
+    /// Forgets a path's metadata and drops a file's cached pages.
+    async fn invalidate(&self, id: u64, path: &str, file_id: FileId) -> Reply {
+        if let Some(loader) = &self.loader {
+            loader.forget(path);
+        }
+        if file_id.as_u128() == 0 {
+            return reply(id, ResponseBody::Removed { pages: 0 }, Body::Empty);
+        }
+        match self.shard.remove_file(file_id.as_u128()).await {
+            Ok(n) => reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty),
+            Err(e) => engine_error(id, &e),
+        }
+    }
+
+    fn counters(&self, id: u64) -> Reply {
+        let s = self.shard.stats();
+        let (ufs_bytes, ufs_reads, ufs_errors) = self.loader.as_ref().map_or((0, 0, 0), |l| {
+            let st = l.stats();
+            (st.ufs_bytes.get(), st.ufs_reads.get(), st.ufs_errors.get())
+        });
+        let json = serde_json::json!({
+            "shard": s.shard,
+            "pages": s.pages,
+            "bytes": s.bytes,
+            "capacity_bytes": s.capacity_bytes,
+            "hits": s.hits,
+            "misses": s.misses,
+            "hit_bytes": s.hit_bytes,
+            "ufs_reads": ufs_reads,
+            "ufs_bytes": ufs_bytes,
+            "ufs_errors": ufs_errors,
+            "evictions": s.evictions,
+            "checksum_failures": s.checksum_failures,
+            "replica_reads": self.replica_reads.get(),
+            "not_owner": self.not_owner.get(),
+            "forbidden": self.forbidden.get(),
+            "epoch": self.view.epoch(),
+        })
+        .to_string();
+        reply(id, ResponseBody::Counters, Body::Bytes(json.into_bytes()))
+    }
+
+    /// The node's job records, after keeping the one in `payload` (if any).
+    fn jobs(&self, id: u64, payload: &[u8]) -> Reply {
+        let Some(board) = self.jobs.borrow().clone() else {
+            return error(id, ErrorCode::Unavailable, "this node keeps no job records");
+        };
+        if !payload.is_empty() {
+            if let Err(e) = board.report(payload) {
+                return error(id, ErrorCode::BadRequest, e);
+            }
+        }
+        reply(
+            id,
+            ResponseBody::Jobs,
+            Body::Bytes(board.json().into_bytes()),
+        )
     }
 }
 
