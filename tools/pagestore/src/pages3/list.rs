@@ -1,0 +1,326 @@
+//! ListObjects and ListObjectsV2: pages of keys in key order, walked from the directories of
+//! the logical namespace.
+
+use pagestore_client::Error as ClientError;
+use pagestore_protocol::frame::DirEntry;
+use s3s::{
+    dto::{
+        CommonPrefix, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+        ListObjectsV2Output, Object, ObjectStorageClass,
+    },
+    S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
+};
+
+use super::{
+    checks,
+    errors::{client_error, invalid, no_such_bucket},
+    keys::{check_segments, decode_token, encode_token, url_encode},
+    valid_bucket, Gateway, MAX_KEYS,
+};
+
+/// One item of a listing, in key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Item {
+    Object { key: String, size: u64 },
+    Prefix(String),
+}
+
+impl Item {
+    fn key(&self) -> &str {
+        match self {
+            Item::Object { key, .. } | Item::Prefix(key) => key,
+        }
+    }
+}
+
+/// Listing arguments common to ListObjects and ListObjectsV2.
+struct ListArgs<'a> {
+    bucket: &'a str,
+    prefix: &'a str,
+    delimited: bool,
+    after: Option<&'a str>,
+    max: usize,
+}
+
+/// A listing page.
+struct Page {
+    items: Vec<Item>,
+    truncated: bool,
+}
+
+/// The entries of a directory, each with its sort key (`name`, or `name/` for a directory: the
+/// order of its keys among its siblings').
+pub(super) fn sorted_level(
+    dir_key: &str,
+    entries: Vec<DirEntry>,
+    partial: &str,
+) -> Vec<(String, bool, u64)> {
+    let mut v: Vec<(String, bool, u64)> = entries
+        .into_iter()
+        .filter(|e| !e.name.is_empty() && !e.name.contains('/') && e.name.starts_with(partial))
+        .map(|e| {
+            let mut k = String::with_capacity(dir_key.len() + e.name.len() + 1);
+            k.push_str(dir_key);
+            k.push_str(&e.name);
+            if e.is_dir {
+                k.push('/');
+            }
+            (k, e.is_dir, e.size)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v.dedup_by(|b, a| a.0 == b.0);
+    v
+}
+
+/// Whether a directory whose keys all start with `prefix` may hold keys after `after`.
+pub(super) fn subtree_after(prefix: &str, after: Option<&str>) -> bool {
+    match after {
+        None => true,
+        Some(a) => prefix > a || (a.starts_with(prefix) && a != prefix),
+    }
+}
+
+impl Gateway {
+    /// The entries of a logical directory; `None` if it is not one.
+    async fn entries(&self, dir: &str) -> S3Result<Option<Vec<DirEntry>>> {
+        match self.client.list(dir).await {
+            Ok(v) => Ok(Some(v)),
+            Err(ClientError::NotFound(_) | ClientError::NotDir(_) | ClientError::IsDir(_)) => {
+                Ok(None)
+            }
+            Err(e) => Err(client_error(e)),
+        }
+    }
+
+    /// One page of keys (and, with the delimiter, common prefixes) after `after`, in order.
+    async fn list_page(&self, a: &ListArgs<'_>) -> S3Result<Page> {
+        if !valid_bucket(a.bucket) {
+            return Err(no_such_bucket(a.bucket));
+        }
+        check_segments(a.prefix)?;
+        let (dir_key, partial) = match a.prefix.rfind('/') {
+            Some(i) => (&a.prefix[..=i], &a.prefix[i + 1..]),
+            None => ("", a.prefix),
+        };
+        let dir_rel = dir_key.trim_end_matches('/');
+        // No key has an empty segment, so such a prefix matches nothing.
+        // Nor a segment longer than a file name.
+        let impossible = !dir_key.is_empty()
+            && (dir_rel.is_empty()
+                || dir_rel
+                    .split('/')
+                    .any(|s| s.is_empty() || s.len() > checks::MAX_SEGMENT_LEN)
+                || dir_key.ends_with("//"));
+        let root = if impossible || dir_rel.is_empty() {
+            None
+        } else {
+            Some(format!("/{}/{dir_rel}", a.bucket))
+        };
+        let top = match (&root, impossible) {
+            (_, true) => None,
+            (None, false) => self.entries(&format!("/{}", a.bucket)).await?,
+            (Some(d), false) => self.entries(d).await?,
+        };
+        let mut page = Page {
+            items: Vec::new(),
+            truncated: false,
+        };
+        let Some(top) = top else {
+            self.require_bucket(a.bucket).await?;
+            return Ok(page);
+        };
+        let level = sorted_level(dir_key, top, partial);
+        if a.max == 0 {
+            return Ok(page);
+        }
+        if a.delimited {
+            for (key, is_dir, size) in level {
+                let wanted = if is_dir {
+                    subtree_after(&key, a.after)
+                } else {
+                    a.after.is_none_or(|after| key.as_str() > after)
+                };
+                if !wanted {
+                    continue;
+                }
+                if page.items.len() == a.max {
+                    page.truncated = true;
+                    break;
+                }
+                page.items.push(if is_dir {
+                    Item::Prefix(key)
+                } else {
+                    Item::Object { key, size }
+                });
+            }
+            return Ok(page);
+        }
+        // Depth first, in key order: a directory's keys all sort between its siblings' as its
+        // sort key `name/` does.
+        let mut stack = vec![level.into_iter()];
+        while let Some(level) = stack.last_mut() {
+            let Some((key, is_dir, size)) = level.next() else {
+                stack.pop();
+                continue;
+            };
+            if is_dir {
+                if !subtree_after(&key, a.after) {
+                    continue;
+                }
+                let dir = format!("/{}/{}", a.bucket, key.trim_end_matches('/'));
+                // A directory that went away since its parent was listed has no keys.
+                if let Some(entries) = self.entries(&dir).await? {
+                    stack.push(sorted_level(&key, entries, "").into_iter());
+                }
+            } else if a.after.is_none_or(|after| key.as_str() > after) {
+                if page.items.len() == a.max {
+                    page.truncated = true;
+                    break;
+                }
+                page.items.push(Item::Object { key, size });
+            }
+        }
+        Ok(page)
+    }
+
+    fn object_entry(&self, key: String, size: u64, enc: bool) -> Object {
+        Object {
+            key: Some(if enc { url_encode(&key) } else { key }),
+            size: Some(size.try_into().unwrap_or(i64::MAX)),
+            last_modified: Some(self.last_modified()),
+            storage_class: Some(ObjectStorageClass::from_static(
+                ObjectStorageClass::STANDARD,
+            )),
+            ..Object::default()
+        }
+    }
+
+    fn split_page(&self, page: Page, enc: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
+        let mut objects = Vec::new();
+        let mut prefixes = Vec::new();
+        for item in page.items {
+            match item {
+                Item::Object { key, size } => objects.push(self.object_entry(key, size, enc)),
+                Item::Prefix(p) => prefixes.push(CommonPrefix {
+                    prefix: Some(if enc { url_encode(&p) } else { p }),
+                }),
+            }
+        }
+        (objects, prefixes)
+    }
+}
+
+/// The `max-keys` of a listing.
+fn max_keys(v: Option<i32>) -> S3Result<usize> {
+    match v {
+        None => Ok(MAX_KEYS),
+        Some(n) if n < 0 => Err(invalid(format!("max-keys {n} is negative"))),
+        Some(n) => Ok((n as usize).min(MAX_KEYS)),
+    }
+}
+
+/// Whether the delimiter asks for one level; only `/` is supported.
+fn delimited(d: Option<&str>) -> S3Result<bool> {
+    match d {
+        None | Some("") => Ok(false),
+        Some("/") => Ok(true),
+        Some(other) => Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            format!("delimiter {other:?}: pages3 supports only \"/\""),
+        )),
+    }
+}
+
+fn is_url(e: Option<&EncodingType>) -> bool {
+    e.is_some_and(|e| e.as_str() == EncodingType::URL)
+}
+
+/// ListObjectsV2: a page after the continuation token (or `start-after`).
+pub(super) async fn list_objects_v2(
+    gw: &Gateway,
+    req: S3Request<ListObjectsV2Input>,
+) -> S3Result<S3Response<ListObjectsV2Output>> {
+    let input = req.input;
+    let max = max_keys(input.max_keys)?;
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let token = match input.continuation_token.as_deref() {
+        Some(t) => Some(decode_token(t)?),
+        None => None,
+    };
+    // A continuation token wins over start-after (it is later in the same listing).
+    let after = token.as_deref().or(input.start_after.as_deref());
+    let page = gw
+        .list_page(&ListArgs {
+            bucket: &input.bucket,
+            prefix: &prefix,
+            delimited: delimited(input.delimiter.as_deref())?,
+            after,
+            max,
+        })
+        .await?;
+    let enc = is_url(input.encoding_type.as_ref());
+    let next = page
+        .truncated
+        .then(|| page.items.last().map(|i| encode_token(i.key())))
+        .flatten();
+    let truncated = page.truncated;
+    let count = page.items.len();
+    let (contents, prefixes) = gw.split_page(page, enc);
+    let code = |s: String| if enc { url_encode(&s) } else { s };
+    Ok(S3Response::new(ListObjectsV2Output {
+        name: Some(input.bucket),
+        prefix: Some(code(prefix)),
+        delimiter: input.delimiter.map(code),
+        start_after: input.start_after.map(code),
+        max_keys: Some(max as i32),
+        key_count: Some(count as i32),
+        is_truncated: Some(truncated),
+        continuation_token: input.continuation_token,
+        next_continuation_token: next,
+        contents: Some(contents),
+        common_prefixes: Some(prefixes),
+        encoding_type: input.encoding_type,
+        ..ListObjectsV2Output::default()
+    }))
+}
+
+/// ListObjects (version 1): a page after the marker.
+pub(super) async fn list_objects(
+    gw: &Gateway,
+    req: S3Request<ListObjectsInput>,
+) -> S3Result<S3Response<ListObjectsOutput>> {
+    let input = req.input;
+    let max = max_keys(input.max_keys)?;
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let page = gw
+        .list_page(&ListArgs {
+            bucket: &input.bucket,
+            prefix: &prefix,
+            delimited: delimited(input.delimiter.as_deref())?,
+            after: input.marker.as_deref().filter(|m| !m.is_empty()),
+            max,
+        })
+        .await?;
+    let enc = is_url(input.encoding_type.as_ref());
+    let code = |s: String| if enc { url_encode(&s) } else { s };
+    let next_marker = page
+        .truncated
+        .then(|| page.items.last().map(|i| code(i.key().to_string())))
+        .flatten();
+    let truncated = page.truncated;
+    let (contents, prefixes) = gw.split_page(page, enc);
+    Ok(S3Response::new(ListObjectsOutput {
+        name: Some(input.bucket),
+        prefix: Some(code(prefix)),
+        delimiter: input.delimiter.map(code),
+        marker: Some(code(input.marker.unwrap_or_default())),
+        max_keys: Some(max as i32),
+        is_truncated: Some(truncated),
+        next_marker,
+        contents: Some(contents),
+        common_prefixes: Some(prefixes),
+        encoding_type: input.encoding_type,
+        ..ListObjectsOutput::default()
+    }))
+}

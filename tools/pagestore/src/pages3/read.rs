@@ -1,0 +1,217 @@
+//! GetObject and HeadObject support: a GetObject body is read page by page, pinned to the
+//! version stat-ed when the request began, with pages read ahead of the connection.
+
+use std::{
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use futures_util::{stream, Stream, StreamExt};
+use pagestore_client::{ufs::ObjectInfo, Client, Error as ClientError};
+use s3s::{
+    dto::{ETag, GetObjectInput, GetObjectOutput, StreamingBlob},
+    stream::{ByteStream, RemainingLength},
+    S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError,
+};
+use tokio::sync::mpsc;
+
+use super::{errors::client_error, keys::etag, Gateway};
+
+/// Pages a GetObject reads ahead of the connection.
+const READ_AHEAD_PAGES: usize = 4;
+
+/// The page-aligned pieces of `start..end` (the first may start inside a page).
+pub(super) fn chunks(start: u64, end: u64, page: u64) -> impl Iterator<Item = (u64, u64)> {
+    let page = page.max(1);
+    let mut off = start;
+    std::iter::from_fn(move || {
+        if off >= end {
+            return None;
+        }
+        let stop = ((off / page + 1).saturating_mul(page)).min(end);
+        let piece = (off, stop - off);
+        off = stop;
+        Some(piece)
+    })
+}
+
+/// A GetObject body: the first piece, read before the response started, then the rest from a
+/// task that reads pages ahead.
+struct BodyStream {
+    first: Option<Bytes>,
+    rx: Option<mpsc::Receiver<io::Result<Bytes>>>,
+    remaining: usize,
+}
+
+impl Stream for BodyStream {
+    type Item = Result<Bytes, StdError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(b) = this.first.take() {
+            this.remaining = this.remaining.saturating_sub(b.len());
+            return Poll::Ready(Some(Ok(b)));
+        }
+        let Some(rx) = this.rx.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok(b))) => {
+                this.remaining = this.remaining.saturating_sub(b.len());
+                Poll::Ready(Some(Ok(b)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.rx = None;
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.rx = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl ByteStream for BodyStream {
+    fn remaining_length(&self) -> RemainingLength {
+        RemainingLength::new_exact(self.remaining)
+    }
+}
+
+/// Reads `info` at each piece (pinned to its version) and sends the bytes in order.
+async fn read_pieces(
+    client: Arc<Client>,
+    info: ObjectInfo,
+    pieces: impl Iterator<Item = (u64, u64)> + Send + 'static,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+) {
+    let reads = stream::iter(pieces)
+        .map(|(off, len)| {
+            let (client, info) = (client.clone(), info.clone());
+            async move { read_piece(&client, &info, off, len).await }
+        })
+        .buffered(READ_AHEAD_PAGES);
+    tokio::pin!(reads);
+    while let Some(r) = reads.next().await {
+        let failed = r.is_err();
+        if tx.send(r.map_err(io::Error::from)).await.is_err() || failed {
+            // The client went away, or the read failed (the connection is cut short).
+            return;
+        }
+    }
+}
+
+async fn read_piece(
+    client: &Client,
+    info: &ObjectInfo,
+    off: u64,
+    len: u64,
+) -> Result<Bytes, ClientError> {
+    let b = client.read_at(info, off, len).await?;
+    if b.len() as u64 != len {
+        return Err(ClientError::Changed(format!(
+            "{}: {} bytes at {off} where {len} were expected; the object changed",
+            info.path,
+            b.len()
+        )));
+    }
+    Ok(b)
+}
+
+/// GetObject: the first piece is read before answering, the rest streams from a task.
+pub(super) async fn get_object(
+    gw: &Gateway,
+    req: S3Request<GetObjectInput>,
+) -> S3Result<S3Response<GetObjectOutput>> {
+    let input = &req.input;
+    if input.part_number.is_some_and(|n| n != 1) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidRange,
+            "objects served by pages3 have one part",
+        ));
+    }
+    let info = gw.stat_object(&input.bucket, &input.key).await?;
+    let tag = etag(&info.version);
+    check_if_match(input.if_match.as_ref().and_then(|c| c.as_etag()), &tag)?;
+    let (start, end) = match &input.range {
+        None => (0, info.size),
+        // No range of an empty object is satisfiable, a suffix range neither (as S3 answers;
+        // a 206 could not say `bytes 0--1/0`).
+        Some(r) if info.size == 0 => {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidRange,
+                format!(
+                    "the range {} is not satisfiable: the object is empty",
+                    r.to_header_string()
+                ),
+            ))
+        }
+        Some(r) => {
+            let r = r.check(info.size).map_err(|_| {
+                S3Error::with_message(
+                    S3ErrorCode::InvalidRange,
+                    format!(
+                        "the range {} is outside the object's {} bytes",
+                        r.to_header_string(),
+                        info.size
+                    ),
+                )
+            })?;
+            (r.start, r.end)
+        }
+    };
+    let len = end - start;
+    let page = u64::from(gw.client.page_size());
+    let mut pieces = chunks(start, end, page);
+    // The first piece is read before answering, so that a failure is a proper error.
+    let first = match pieces.next() {
+        Some((off, n)) => Some(
+            read_piece(&gw.client, &info, off, n)
+                .await
+                .map_err(client_error)?,
+        ),
+        None => None,
+    };
+    let rx = match first.as_ref() {
+        Some(b) if (b.len() as u64) < len => {
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(read_pieces(gw.client.clone(), info.clone(), pieces, tx));
+            Some(rx)
+        }
+        _ => None,
+    };
+    let body = BodyStream {
+        first,
+        rx,
+        remaining: usize::try_from(len).unwrap_or(usize::MAX),
+    };
+    Ok(S3Response::new(GetObjectOutput {
+        accept_ranges: Some("bytes".into()),
+        body: Some(StreamingBlob::new(body)),
+        content_length: Some(len.try_into().unwrap_or(i64::MAX)),
+        content_range: input
+            .range
+            .is_some()
+            .then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
+        content_type: Some("application/octet-stream".into()),
+        e_tag: Some(tag),
+        last_modified: Some(gw.last_modified()),
+        ..GetObjectOutput::default()
+    }))
+}
+
+pub(super) fn check_if_match(cond: Option<&ETag>, current: &ETag) -> S3Result<()> {
+    match cond {
+        Some(want) if want.value().trim_matches('"') != current.value() => {
+            Err(S3Error::with_message(
+                S3ErrorCode::PreconditionFailed,
+                "If-Match: the object has another ETag now",
+            ))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,98 @@
+//! Unit tests of the gateway's key mapping, listing order, tokens and read pieces.
+
+#![allow(clippy::unwrap_used)]
+use pagestore_protocol::frame::DirEntry;
+use s3s::S3ErrorCode;
+
+use super::{
+    keys::{decode_token, encode_token, key_path, url_encode, KeyPath},
+    list::{sorted_level, subtree_after},
+    read::chunks,
+    valid_bucket,
+};
+
+#[test]
+fn keys_map_to_paths_and_traversal_is_refused() {
+    assert_eq!(
+        key_path("data", "a/b.bin").unwrap(),
+        KeyPath::Object("/data/a/b.bin".into())
+    );
+    assert_eq!(key_path("data", "a/").unwrap(), KeyPath::Marker);
+    assert_eq!(
+        key_path("data", "100%.txt").unwrap(),
+        KeyPath::Object("/data/100%.txt".into())
+    );
+    assert_eq!(
+        key_path("data", "..x/y..").unwrap(),
+        KeyPath::Object("/data/..x/y..".into())
+    );
+    for bad in [
+        "..",
+        "../etc/passwd",
+        "a/../../b",
+        "a/./b",
+        ".",
+        "%2e%2e/x",
+        "%2E%2e/x",
+        "a/%252e%252e/b",
+        "a/%2e%2e%2fb",
+        "a/..%2fb",
+        "a\0b",
+        "a/%00",
+        "a//b",
+        "/a",
+        "",
+    ] {
+        let e = key_path("data", bad).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidArgument, "{bad:?}");
+    }
+    for bad in ["..", ".", "", "a/b", "%2e%2e"] {
+        assert!(!valid_bucket(bad), "{bad:?}");
+    }
+    assert!(valid_bucket("data"));
+    assert!(valid_bucket("Data_1"));
+}
+
+#[test]
+fn tokens_round_trip_and_junk_is_refused() {
+    for k in ["", "a", "big/f00001", "ünïcode/ключ"] {
+        assert_eq!(decode_token(&encode_token(k)).unwrap(), k);
+    }
+    for junk in ["", "x00", "k0", "kzz", "kff"] {
+        assert!(decode_token(junk).is_err(), "{junk:?}");
+    }
+}
+
+#[test]
+fn pieces_follow_page_boundaries() {
+    let v: Vec<_> = chunks(100, 2500, 1000).collect();
+    assert_eq!(v, vec![(100, 900), (1000, 1000), (2000, 500)]);
+    assert_eq!(chunks(5, 5, 1000).count(), 0);
+    let v: Vec<_> = chunks(0, 1000, 1000).collect();
+    assert_eq!(v, vec![(0, 1000)]);
+}
+
+#[test]
+fn level_sort_puts_directory_keys_where_their_children_sort() {
+    let e = |name: &str, is_dir: bool| DirEntry {
+        name: name.into(),
+        is_dir,
+        size: 1,
+    };
+    let v = sorted_level(
+        "p/",
+        vec![e("a", true), e("a-b", false), e("a0", false), e("b", false)],
+        "",
+    );
+    let keys: Vec<_> = v.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(keys, ["p/a-b", "p/a/", "p/a0", "p/b"]);
+    assert!(subtree_after("p/a/", Some("p/a-b")));
+    assert!(subtree_after("p/a/", Some("p/a/x")));
+    assert!(!subtree_after("p/a/", Some("p/a/")));
+    assert!(!subtree_after("p/a/", Some("p/a0")));
+}
+
+#[test]
+fn url_encoding_keeps_slashes() {
+    assert_eq!(url_encode("a b/c+d%é"), "a%20b/c%2Bd%25%C3%A9");
+}
