@@ -291,11 +291,13 @@ impl EndpointHandle {
 enum StreamState {
     Reading(Partial),
     /// Received in full; waits for room for its reply (the connection's share, or the node's
-    /// reply budget). `waiting`: counted as a wait for the node's budget already.
+    /// reply budget). `waiting`: counted as a wait for the node's budget already. `bound`: its
+    /// [`Service::reply_bound`], worked out once (0: not yet).
     Queued {
         request: Vec<u8>,
         charge: Charge,
         waiting: bool,
+        bound: usize,
     },
     /// With the service; the task holds the request's charges.
     Serving,
@@ -1136,12 +1138,19 @@ fn take_queued(
     stats: &EndpointStats,
 ) -> Option<(Vec<u8>, Charge, ReplyCharge)> {
     let Some(StreamState::Queued {
-        request, waiting, ..
+        request,
+        waiting,
+        bound,
+        ..
     }) = c.streams.get_mut(&id)
     else {
         return None;
     };
-    let bound = service.reply_bound(request).min(budget.limit());
+    // Retried on every turn while it waits: decode the request once.
+    if *bound == 0 {
+        *bound = service.reply_bound(request).min(budget.limit()).max(1);
+    }
+    let bound = *bound;
     let share = limits
         .max_buffered
         .saturating_mul(REPLY_SHARE)
@@ -1254,6 +1263,7 @@ fn read_stream(
                 request: p.buf,
                 charge: p.charge,
                 waiting: false,
+                bound: 0,
             };
             c.streams.insert(id, queued);
         }
