@@ -231,7 +231,7 @@ const REPLY_SHARE_OF_BUDGET: usize = 8;
 /// connection has queued, instead of after the full stall timeout: a peer that does not read
 /// its replies must not keep the budget from those that do.
 const PRESSURE_STALL: Duration = Duration::from_secs(1);
-/// Freed request bytes after which the shard asks the allocator to return memory to the system.
+/// Freed request and reply bytes after which the shard asks the allocator to return memory to the system.
 const TRIM_AFTER: usize = 16 << 20;
 
 /// Counters of one endpoint.
@@ -332,7 +332,7 @@ struct ConnCharge {
 }
 
 thread_local! {
-    /// Request buffer bytes freed on this shard since the allocator was last asked to trim.
+    /// Request buffer and reply bytes freed on this shard since the allocator was last asked to trim.
     static FREED: Cell<usize> = const { Cell::new(0) };
 }
 
