@@ -3,21 +3,31 @@
 //! (`tools/pagestore/tests/fuzz_smoke.rs`). Each must not panic, whatever the input.
 
 use pagestore_protocol::frame::{
-    decode_request, decode_request_frame, decode_response, decode_response_frame, encode_request,
-    encode_response, Preamble, PREAMBLE_LEN,
+    decode_counters, decode_job_record, decode_job_records, decode_request, decode_request_frame,
+    decode_response, decode_response_frame, encode_counters, encode_job_record, encode_job_records,
+    encode_request, encode_response, Preamble, RequestBody, ResponseBody, PREAMBLE_LEN,
 };
 
-/// Frame decoders of `pagestore_protocol::frame`: anything that decodes must re-encode.
+/// Frame decoders of `pagestore_protocol::frame`: anything that decodes must re-encode, and
+/// so must the record a `Counters` or `Jobs` payload carries.
 pub fn decode_frame(data: &[u8]) {
     if let Ok((request, payload)) = decode_request_frame(data) {
         let payload_len = u32::try_from(payload.len()).expect("payload fits u32");
         let mut out = Vec::new();
         encode_request(&request, payload_len, &mut out).expect("decoded request re-encodes");
+        if request.body == RequestBody::Jobs && !payload.is_empty() {
+            job_record(&data[payload]);
+        }
     }
     if let Ok((response, payload)) = decode_response_frame(data) {
         let payload_len = u32::try_from(payload.len()).expect("payload fits u32");
         let mut out = Vec::new();
         encode_response(&response, payload_len, &mut out).expect("decoded response re-encodes");
+        match response.body {
+            ResponseBody::Counters => counters(&data[payload]),
+            ResponseBody::Jobs => job_records(&data[payload]),
+            _ => {}
+        }
     }
     // The two-step path a stream reader takes: preamble first, then however
     // many header bytes arrived (possibly fewer than announced).
@@ -26,6 +36,38 @@ pub fn decode_frame(data: &[u8]) {
         let header = &rest[..rest.len().min(preamble.header_len as usize)];
         let _ = decode_request(&preamble, header);
         let _ = decode_response(&preamble, header);
+    }
+}
+
+/// The payload decoders of `Counters` and `Jobs` on their own: anything that decodes
+/// re-encodes, and what that encodes to decodes and encodes to the same bytes.
+pub fn decode_payload(data: &[u8]) {
+    counters(data);
+    job_record(data);
+    job_records(data);
+}
+
+fn counters(payload: &[u8]) {
+    if let Ok(c) = decode_counters(payload) {
+        let bytes = encode_counters(&c).expect("decoded counters re-encode");
+        let again = decode_counters(&bytes).expect("re-encoded counters decode");
+        assert_eq!(again, c);
+    }
+}
+
+fn job_record(payload: &[u8]) {
+    if let Ok(r) = decode_job_record(payload) {
+        let bytes = encode_job_record(&r).expect("decoded job record re-encodes");
+        let again = decode_job_record(&bytes).expect("re-encoded job record decodes");
+        assert_eq!(encode_job_record(&again).ok(), Some(bytes));
+    }
+}
+
+fn job_records(payload: &[u8]) {
+    if let Ok(r) = decode_job_records(payload) {
+        let bytes = encode_job_records(&r).expect("decoded job records re-encode");
+        let again = decode_job_records(&bytes).expect("re-encoded job records decode");
+        assert_eq!(encode_job_records(&again).ok(), Some(bytes));
     }
 }
 

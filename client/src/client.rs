@@ -19,8 +19,8 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
     frame::{
-        DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, Request, RequestBody,
-        ResponseBody,
+        self, DirEntry, ErrorCode, FileId, FileRef, JobRecord, MountEntry, PathKind, Request,
+        RequestBody, ResponseBody, ShardCounters,
     },
     members::{parse_member_file, Membership, NodeInfo},
     ring::{path_hash, MemberId, RingConfig},
@@ -255,9 +255,10 @@ pub struct Client {
     next_id: AtomicU64,
 }
 
-/// One shard's counters, as `Stat` reports them.
+/// One shard's occupancy and hit counts, as `Stat` reports them (the fuller
+/// [`ShardCounters`] come from [`Client::shard_counters`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ShardCounters {
+pub struct ShardStat {
     /// Pages cached.
     pub pages: u64,
     /// Bytes cached.
@@ -1054,7 +1055,7 @@ impl Client {
     }
 
     /// Every shard's counters (`Stat`), by node and shard; `None` where the shard did not answer.
-    pub async fn shard_stats(&self) -> Vec<(NodeInfo, u16, Option<ShardCounters>)> {
+    pub async fn shard_stats(&self) -> Vec<(NodeInfo, u16, Option<ShardStat>)> {
         self.ask_every_shard(RequestBody::Stat, |body, _| match body {
             ResponseBody::Stat {
                 pages,
@@ -1063,7 +1064,7 @@ impl Client {
                 hits,
                 misses,
                 ..
-            } => Some(ShardCounters {
+            } => Some(ShardStat {
                 pages,
                 bytes,
                 capacity_bytes,
@@ -1075,15 +1076,23 @@ impl Client {
         .await
     }
 
-    /// Sends a preload job's progress record (JSON with a string `id`) to every live node,
-    /// which keep it for `pagectl jobs` and `/v1/jobs`. Returns how many nodes took it.
-    pub async fn report_job(&self, record: &[u8]) -> usize {
+    /// Sends a preload job's progress record to every live node, which keep it for `pagectl
+    /// jobs` and `/v1/jobs`. Returns how many nodes took it (0 for a record beyond the limits
+    /// of [`JobRecord::validate`]).
+    pub async fn report_job(&self, record: &JobRecord) -> usize {
+        let payload = match frame::encode_job_record(record) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(job = %record.id, error = %e, "job record not sent");
+                return 0;
+            }
+        };
         let layout = self.layout();
         let asks = layout
             .membership
             .nodes()
             .filter(|n| !layout.down.contains(&n.id))
-            .map(|n| self.jobs_call(n.shard_addr(0), record))
+            .map(|n| self.jobs_call(n.shard_addr(0), &payload))
             .collect::<Vec<_>>();
         futures_util::future::join_all(asks)
             .await
@@ -1094,7 +1103,7 @@ impl Client {
 
     /// The job records the nodes keep, merged (one per job id, the most recently updated),
     /// most recently updated first.
-    pub async fn jobs(&self) -> Result<Vec<serde_json::Value>, Error> {
+    pub async fn jobs(&self) -> Result<Vec<JobRecord>, Error> {
         let layout = self.layout();
         let asks = layout
             .membership
@@ -1102,7 +1111,7 @@ impl Client {
             .filter(|n| !layout.down.contains(&n.id))
             .map(|n| self.jobs_call(n.shard_addr(0), &[]))
             .collect::<Vec<_>>();
-        let mut by_id: HashMap<String, serde_json::Value> = HashMap::new();
+        let mut by_id: HashMap<String, JobRecord> = HashMap::new();
         let mut answered = 0;
         let mut last_err = String::from("no live node");
         for r in futures_util::future::join_all(asks).await {
@@ -1110,14 +1119,9 @@ impl Client {
                 Ok(list) => {
                     answered += 1;
                     for v in list {
-                        let Some(id) = v["id"].as_str().map(str::to_string) else {
-                            continue;
-                        };
-                        let newer = by_id
-                            .get(&id)
-                            .is_none_or(|old| v["updated"].as_f64() > old["updated"].as_f64());
+                        let newer = by_id.get(&v.id).is_none_or(|old| v.updated > old.updated);
                         if newer {
-                            by_id.insert(id, v);
+                            by_id.insert(v.id.clone(), v);
                         }
                     }
                 }
@@ -1129,21 +1133,16 @@ impl Client {
                 "no node answered for job records ({last_err})"
             )));
         }
-        let mut v: Vec<serde_json::Value> = by_id.into_values().collect();
+        let mut v: Vec<JobRecord> = by_id.into_values().collect();
         v.sort_by(|a, b| {
-            b["updated"]
-                .as_f64()
-                .partial_cmp(&a["updated"].as_f64())
+            b.updated
+                .partial_cmp(&a.updated)
                 .unwrap_or(std::cmp::Ordering::Equal)
         });
         Ok(v)
     }
 
-    async fn jobs_call(
-        &self,
-        addr: SocketAddr,
-        record: &[u8],
-    ) -> Result<Vec<serde_json::Value>, Error> {
+    async fn jobs_call(&self, addr: SocketAddr, record: &[u8]) -> Result<Vec<JobRecord>, Error> {
         let req = Request {
             request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             body: RequestBody::Jobs,
@@ -1154,18 +1153,20 @@ impl Client {
             .await
             .map_err(|e| Error::Unavailable(e.to_string()))?;
         match resp.body {
-            ResponseBody::Jobs => serde_json::from_slice(&payload)
+            ResponseBody::Jobs => frame::decode_job_records(&payload)
                 .map_err(|e| Error::Unavailable(format!("{addr}: job records: {e}"))),
             ResponseBody::Error { message, .. } => Err(Error::Unavailable(message)),
             other => Err(Error::Unavailable(format!("{addr} answered {other:?}"))),
         }
     }
 
-    /// Every shard's counters (`Counters`, a JSON object), by node and shard; `None` where the
-    /// shard did not answer.
-    pub async fn shard_counters(&self) -> Vec<(NodeInfo, u16, Option<serde_json::Value>)> {
+    /// Every shard's counters (`Counters`), by node and shard; `None` where the shard did not
+    /// answer, or answered with a malformed record (logged).
+    pub async fn shard_counters(&self) -> Vec<(NodeInfo, u16, Option<ShardCounters>)> {
         self.ask_every_shard(RequestBody::Counters, |body, payload| match body {
-            ResponseBody::Counters => serde_json::from_slice(&payload).ok(),
+            ResponseBody::Counters => frame::decode_counters(&payload)
+                .inspect_err(|e| tracing::warn!(error = %e, "malformed Counters answer"))
+                .ok(),
             _ => None,
         })
         .await

@@ -6,8 +6,8 @@
 //! ```text
 //! +------------------+-------------------------------+----------------------+
 //! | preamble (16 B)  | header (header_len B)          | payload (payload_len)|
-//! | plain LE fields  | rkyv archive, front-padded to  | raw bytes, never     |
-//! |                  | a multiple of 16 bytes         | rkyv-encoded         |
+//! | plain LE fields  | rkyv archive, front-padded to  | page bytes as they   |
+//! |                  | a multiple of 16 bytes         | are, or a record     |
 //! +------------------+-------------------------------+----------------------+
 //! ```
 //!
@@ -28,7 +28,13 @@
 //!   and no archive length has to be transmitted. Receivers must not rely on
 //!   the value of `P` or on the padding being zero.
 //! * The **payload** carries page bytes as they are, so a shard can send them
-//!   straight from the buffer its disk read landed in.
+//!   straight from the buffer its disk read landed in. Two frames carry a
+//!   record there instead, as a second rkyv archive of its own (not padded):
+//!   `Counters` answers a [`ShardCounters`] ([`encode_counters`],
+//!   [`decode_counters`]), and `Jobs` carries a [`JobRecord`]
+//!   ([`encode_job_record`], [`decode_job_record`]) or, in the answer, a
+//!   vector of them ([`encode_job_records`], [`decode_job_records`]). Those
+//!   decoders validate like the header's (bytecheck, then the limits).
 //!
 //! Decoding validates the header with bytecheck ([`rkyv::access`]), copies it
 //! into a 16-byte aligned buffer first when the caller's slice is not
@@ -61,10 +67,18 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 
 /// Version of the wire protocol carried in every preamble. A receiver
 /// rejects frames of any other version with [`FrameError::Version`].
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// Version 2: the payloads of `Jobs` (request and answer) and of the
+/// `Counters` answer are rkyv archives of [`JobRecord`]s and of
+/// [`ShardCounters`] instead of JSON. The headers are laid out as in
+/// version 1, but the same frame means something else, so the two versions
+/// must not talk.
+pub const PROTOCOL_VERSION: u16 = 2;
 
-/// ALPN protocol identifier negotiated during the QUIC/TLS handshake.
-pub const ALPN: &[u8] = b"pagestore/1";
+/// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
+/// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
+/// the handshake.
+pub const ALPN: &[u8] = b"pagestore/2";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -110,6 +124,27 @@ pub const MAX_LIST_ENTRIES: usize = 1000;
 
 /// Largest payload of a [`RequestBody::Jobs`] request: one job record.
 pub const MAX_JOB_RECORD: u32 = 16 << 10;
+
+/// Longest [`JobRecord::id`] in bytes (ids are never empty).
+pub const MAX_JOB_ID: usize = 128;
+
+/// Longest [`JobRecord::source`] in bytes.
+pub const MAX_JOB_SOURCE_LEN: usize = 4352;
+
+/// Longest [`JobRecord::client`] in bytes.
+pub const MAX_JOB_CLIENT_LEN: usize = 256;
+
+/// Most job records one [`ResponseBody::Jobs`] payload may carry (what a
+/// node keeps).
+pub const MAX_JOB_RECORDS: usize = 100;
+
+/// Largest payload of a [`ResponseBody::Jobs`] answer: [`MAX_JOB_RECORDS`]
+/// records of at most [`MAX_JOB_RECORD`] bytes each.
+pub const MAX_JOB_RECORDS_PAYLOAD: u32 = MAX_JOB_RECORDS as u32 * MAX_JOB_RECORD;
+
+/// Length of a [`ResponseBody::Counters`] payload: one archived
+/// [`ShardCounters`].
+pub const COUNTERS_PAYLOAD_LEN: u32 = 128;
 
 /// Longest name of a directory entry, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
@@ -583,14 +618,14 @@ pub enum RequestBody {
         file_id: FileId,
     },
     /// Preload job records ([`ResponseBody::Jobs`]). The payload is empty
-    /// (only ask) or one job's progress record, a JSON object with a string
-    /// `id`, at most [`MAX_JOB_RECORD`] bytes, which the node keeps.
+    /// (only ask) or one job's progress record, a [`JobRecord`] archived by
+    /// [`encode_job_record`], at most [`MAX_JOB_RECORD`] bytes, which the
+    /// node keeps.
     Jobs,
-    /// The shard's monotonic counters as a JSON object
-    /// ([`ResponseBody::Counters`]): what `Stat` reports and more (bytes
-    /// served from the cache and from the under storage, requests), so that
-    /// tools can compute rates. Fields may be added; readers ignore unknown
-    /// ones.
+    /// The shard's monotonic counters ([`ResponseBody::Counters`], payload:
+    /// a [`ShardCounters`]): what `Stat` reports and more (bytes served from
+    /// the cache and from the under storage, requests), so that tools can
+    /// compute rates.
     Counters,
 }
 
@@ -790,11 +825,156 @@ pub enum ResponseBody {
         /// The mount table, at most [`MAX_MOUNTS`].
         mounts: Vec<MountEntry>,
     },
-    /// Answer to `Jobs`: the payload is a JSON array of the job records the
-    /// node keeps, most recently updated first.
+    /// Answer to `Jobs`: the payload is the job records the node keeps, most
+    /// recently updated first ([`encode_job_records`]: an archived vector of
+    /// [`JobRecord`], at most [`MAX_JOB_RECORDS`]).
     Jobs,
-    /// Answer to `Counters`: the payload is a JSON object of counters.
+    /// Answer to `Counters`: the payload is one archived [`ShardCounters`]
+    /// ([`encode_counters`]), exactly [`COUNTERS_PAYLOAD_LEN`] bytes.
     Counters,
+}
+
+// ---------------------------------------------------------------------------
+// Payload records
+// ---------------------------------------------------------------------------
+
+/// One shard's monotonic counters: the payload of [`ResponseBody::Counters`].
+/// Everything `Stat` reports, and what tools need to compute rates.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ShardCounters {
+    /// Shard index within its node.
+    pub shard: u16,
+    /// Pages cached.
+    pub pages: u64,
+    /// Bytes cached.
+    pub bytes: u64,
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Read hits since start.
+    pub hits: u64,
+    /// Read misses since start.
+    pub misses: u64,
+    /// Bytes served from the cache since start.
+    pub hit_bytes: u64,
+    /// Pages read from the under storage since start.
+    pub ufs_reads: u64,
+    /// Bytes read from the under storage since start.
+    pub ufs_bytes: u64,
+    /// Under-storage reads that failed since start.
+    pub ufs_errors: u64,
+    /// Pages evicted since start.
+    pub evictions: u64,
+    /// Pages dropped because a checksum did not match, since start.
+    pub checksum_failures: u64,
+    /// `Fetch` requests served as a replica (a client's owner failed it).
+    pub replica_reads: u64,
+    /// `NotOwner` answers (a client routed with another ring).
+    pub not_owner: u64,
+    /// Requests refused because the peer's role does not allow them.
+    pub forbidden: u64,
+    /// The shard's ring epoch.
+    pub epoch: u64,
+}
+
+/// The state of a preload job as its CLI reports it.
+#[derive(
+    Archive,
+    Serialize,
+    Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Loading.
+    #[default]
+    Running,
+    /// Finished, every file loaded.
+    Done,
+    /// Finished, some files failed.
+    Failed,
+}
+
+impl JobState {
+    /// `running`, `done` or `failed`: the name operators see (and the JSON
+    /// of `/v1/jobs` carries).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// A preload job's progress record (`pagectl load` reports it to every
+/// node, which keep it): the payload of a [`RequestBody::Jobs`] request,
+/// and the element of a [`ResponseBody::Jobs`] payload. Times are seconds
+/// (Unix seconds for `submitted` and `updated`). `/v1/jobs` shows it as JSON
+/// with these field names.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default, serde::Serialize)]
+pub struct JobRecord {
+    /// The job's id: 1 to [`MAX_JOB_ID`] bytes.
+    pub id: String,
+    /// What the job loads (`manifest FILE` or `prefix PATH`); at most
+    /// [`MAX_JOB_SOURCE_LEN`] bytes.
+    pub source: String,
+    /// Who runs it (`host:pid`); at most [`MAX_JOB_CLIENT_LEN`] bytes.
+    pub client: String,
+    /// Running, done or failed.
+    pub state: JobState,
+    /// Whether the job also checks every page against the under storage.
+    pub verify: bool,
+    /// When the job was submitted (Unix seconds).
+    pub submitted: f64,
+    /// When this record was made (Unix seconds).
+    pub updated: f64,
+    /// Seconds from submission to `updated`.
+    pub elapsed_secs: f64,
+    /// Seconds spent resolving the manifest or prefix to files.
+    pub resolve_secs: f64,
+    /// Seconds from submission to the first page cached, once there is one.
+    pub first_page_secs: Option<f64>,
+    /// Files in the job.
+    pub files_total: u64,
+    /// Files finished (loaded or failed).
+    pub files_done: u64,
+    /// Files that failed.
+    pub files_failed: u64,
+    /// Bytes of the finished files.
+    pub bytes_done: u64,
+    /// Bytes loaded from the under storage.
+    pub bytes_loaded: u64,
+    /// Pages loaded from the under storage.
+    pub pages_loaded: u64,
+    /// Pages that were cached already.
+    pub pages_present: u64,
+}
+
+impl JobRecord {
+    /// Checks the record's limits: an id of 1 to [`MAX_JOB_ID`] bytes, and
+    /// the other strings within theirs ([`FrameError::Limit`]). The payload
+    /// encoders and decoders call this.
+    pub fn validate(&self) -> Result<(), FrameError> {
+        if self.id.is_empty() {
+            return Err(FrameError::Limit("JobRecord id is empty".to_string()));
+        }
+        bounded_str("JobRecord id", &self.id, MAX_JOB_ID)?;
+        bounded_str("JobRecord source", &self.source, MAX_JOB_SOURCE_LEN)?;
+        bounded_str("JobRecord client", &self.client, MAX_JOB_CLIENT_LEN)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1035,7 +1215,22 @@ impl Response {
                 }
                 no_payload("ClusterInfo", payload_len)
             }
-            ResponseBody::Jobs | ResponseBody::Counters => Ok(()),
+            ResponseBody::Jobs => {
+                if payload_len > MAX_JOB_RECORDS_PAYLOAD {
+                    return Err(FrameError::Limit(format!(
+                        "Jobs payload of {payload_len} bytes exceeds {MAX_JOB_RECORDS_PAYLOAD}"
+                    )));
+                }
+                Ok(())
+            }
+            ResponseBody::Counters => {
+                if payload_len != COUNTERS_PAYLOAD_LEN {
+                    return Err(FrameError::Mismatch(format!(
+                        "Counters payload is {payload_len} bytes, not {COUNTERS_PAYLOAD_LEN}"
+                    )));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -1173,8 +1368,8 @@ pub fn encode_response(
 // Decoding
 // ---------------------------------------------------------------------------
 
-/// Validates `header` as an archive of `T` (copying it to an aligned buffer
-/// first if needed) and deserializes it.
+/// Validates `header` (or a payload) as an archive of `T` (copying it to an
+/// aligned buffer first if needed) and deserializes it.
 fn decode_header<T>(header: &[u8]) -> Result<T, FrameError>
 where
     T: Archive,
@@ -1292,11 +1487,118 @@ pub fn decode_response_frame(buf: &[u8]) -> Result<(Response, Range<usize>), Fra
     Ok((decode_response(&preamble, header)?, payload))
 }
 
+// ---------------------------------------------------------------------------
+// Payloads of `Counters` and `Jobs`
+// ---------------------------------------------------------------------------
+
+type PayloadSerializer<'a> = HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>;
+
+/// An rkyv archive of `value`, root last, not padded.
+fn encode_archive<T>(value: &T) -> Result<Vec<u8>, FrameError>
+where
+    T: for<'a> Serialize<PayloadSerializer<'a>>,
+{
+    rkyv::to_bytes::<rancor::Error>(value)
+        .map(|bytes| bytes.to_vec())
+        .map_err(|e| FrameError::Invalid(e.to_string()))
+}
+
+/// The payload of a [`ResponseBody::Counters`] answer: `counters` archived,
+/// exactly [`COUNTERS_PAYLOAD_LEN`] bytes.
+pub fn encode_counters(counters: &ShardCounters) -> Result<Vec<u8>, FrameError> {
+    let bytes = encode_archive(counters)?;
+    check_counters_len(bytes.len())?;
+    Ok(bytes)
+}
+
+fn check_counters_len(len: usize) -> Result<(), FrameError> {
+    if len == COUNTERS_PAYLOAD_LEN as usize {
+        Ok(())
+    } else {
+        Err(FrameError::Mismatch(format!(
+            "a Counters payload is {COUNTERS_PAYLOAD_LEN} bytes, not {len}"
+        )))
+    }
+}
+
+/// Reads the payload of a [`ResponseBody::Counters`] answer (any
+/// alignment). A payload of another length, or one that fails validation, is
+/// an error; nothing panics.
+pub fn decode_counters(payload: &[u8]) -> Result<ShardCounters, FrameError> {
+    check_counters_len(payload.len())?;
+    decode_header(payload)
+}
+
+/// The payload of a [`RequestBody::Jobs`] request that reports `record`:
+/// the record archived, after [`JobRecord::validate`]. At most
+/// [`MAX_JOB_RECORD`] bytes.
+pub fn encode_job_record(record: &JobRecord) -> Result<Vec<u8>, FrameError> {
+    record.validate()?;
+    let bytes = encode_archive(record)?;
+    if bytes.len() > MAX_JOB_RECORD as usize {
+        return Err(FrameError::Limit(format!(
+            "a job record of {} bytes exceeds {MAX_JOB_RECORD}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads the payload of a [`RequestBody::Jobs`] request that reports a
+/// record (any alignment): an archived [`JobRecord`] that meets
+/// [`JobRecord::validate`].
+pub fn decode_job_record(payload: &[u8]) -> Result<JobRecord, FrameError> {
+    if payload.len() > MAX_JOB_RECORD as usize {
+        return Err(FrameError::Limit(format!(
+            "a job record of {} bytes exceeds {MAX_JOB_RECORD}",
+            payload.len()
+        )));
+    }
+    let record: JobRecord = decode_header(payload)?;
+    record.validate()?;
+    Ok(record)
+}
+
+/// The payload of a [`ResponseBody::Jobs`] answer: `records` (at most
+/// [`MAX_JOB_RECORDS`], each valid) archived as one vector.
+pub fn encode_job_records(records: &[JobRecord]) -> Result<Vec<u8>, FrameError> {
+    check_job_records(records)?;
+    let bytes = encode_archive(&records.to_vec())?;
+    if bytes.len() > MAX_JOB_RECORDS_PAYLOAD as usize {
+        return Err(FrameError::Limit(format!(
+            "a Jobs payload of {} bytes exceeds {MAX_JOB_RECORDS_PAYLOAD}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads the payload of a [`ResponseBody::Jobs`] answer (any alignment).
+pub fn decode_job_records(payload: &[u8]) -> Result<Vec<JobRecord>, FrameError> {
+    if payload.len() > MAX_JOB_RECORDS_PAYLOAD as usize {
+        return Err(FrameError::Limit(format!(
+            "a Jobs payload of {} bytes exceeds {MAX_JOB_RECORDS_PAYLOAD}",
+            payload.len()
+        )));
+    }
+    let records: Vec<JobRecord> = decode_header(payload)?;
+    check_job_records(&records)?;
+    Ok(records)
+}
+
+fn check_job_records(records: &[JobRecord]) -> Result<(), FrameError> {
+    bounded_count("Jobs records", records.len(), MAX_JOB_RECORDS)?;
+    records.iter().try_for_each(JobRecord::validate)
+}
+
 const _: () = {
     // The front-padding scheme relies on these alignments (see
     // `encode_header`).
     assert!(std::mem::align_of::<ArchivedRequest>() <= 8);
     assert!(std::mem::align_of::<ArchivedResponse>() <= 8);
+    // A Counters payload is exactly one archived record (no out-of-line
+    // data).
+    assert!(std::mem::size_of::<ArchivedShardCounters>() == COUNTERS_PAYLOAD_LEN as usize);
 };
 
 #[cfg(test)]

@@ -533,26 +533,28 @@ impl ShardService {
             let st = l.stats();
             (st.ufs_bytes.get(), st.ufs_reads.get(), st.ufs_errors.get())
         });
-        let json = serde_json::json!({
-            "shard": s.shard,
-            "pages": s.pages,
-            "bytes": s.bytes,
-            "capacity_bytes": s.capacity_bytes,
-            "hits": s.hits,
-            "misses": s.misses,
-            "hit_bytes": s.hit_bytes,
-            "ufs_reads": ufs_reads,
-            "ufs_bytes": ufs_bytes,
-            "ufs_errors": ufs_errors,
-            "evictions": s.evictions,
-            "checksum_failures": s.checksum_failures,
-            "replica_reads": self.replica_reads.get(),
-            "not_owner": self.not_owner.get(),
-            "forbidden": self.forbidden.get(),
-            "epoch": self.view.epoch(),
-        })
-        .to_string();
-        reply(id, ResponseBody::Counters, Body::Bytes(json.into_bytes()))
+        let counters = frame::ShardCounters {
+            shard: s.shard as u16,
+            pages: s.pages,
+            bytes: s.bytes,
+            capacity_bytes: s.capacity_bytes,
+            hits: s.hits,
+            misses: s.misses,
+            hit_bytes: s.hit_bytes,
+            ufs_reads,
+            ufs_bytes,
+            ufs_errors,
+            evictions: s.evictions,
+            checksum_failures: s.checksum_failures,
+            replica_reads: self.replica_reads.get(),
+            not_owner: self.not_owner.get(),
+            forbidden: self.forbidden.get(),
+            epoch: self.view.epoch(),
+        };
+        match frame::encode_counters(&counters) {
+            Ok(payload) => reply(id, ResponseBody::Counters, Body::Bytes(payload)),
+            Err(e) => error(id, ErrorCode::Internal, format!("counters: {e}")),
+        }
     }
 
     /// The node's job records, after keeping the one in `payload` (if any).
@@ -561,15 +563,19 @@ impl ShardService {
             return error(id, ErrorCode::Unavailable, "this node keeps no job records");
         };
         if !payload.is_empty() {
-            if let Err(e) = board.report(payload) {
-                return error(id, ErrorCode::BadRequest, e);
+            let kept = frame::decode_job_record(payload).and_then(|r| board.report(r));
+            if let Err(e) = kept {
+                return error(
+                    id,
+                    ErrorCode::BadRequest,
+                    format!("job record: {}", e.peer_message()),
+                );
             }
         }
-        reply(
-            id,
-            ResponseBody::Jobs,
-            Body::Bytes(board.json().into_bytes()),
-        )
+        match frame::encode_job_records(&board.records()) {
+            Ok(payload) => reply(id, ResponseBody::Jobs, Body::Bytes(payload)),
+            Err(e) => error(id, ErrorCode::Internal, format!("job records: {e}")),
+        }
     }
 }
 

@@ -360,7 +360,7 @@ fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
             b"hello",
             &[0u8; 16],
             &[0xFFu8; 200],
-            b"PSTF\x01\x00\x01\x00\x10\x00\x00\x00\x00\x00\x00\x00garbagegarbage!!",
+            b"PSTF\x02\x00\x01\x00\x10\x00\x00\x00\x00\x00\x00\x00garbagegarbage!!",
         ] {
             let raw = pool.call(addr, garbage, &[]).await.unwrap();
             let (resp, _) = frame::decode_response_frame(&raw).unwrap();
@@ -652,6 +652,11 @@ fn only_writers_change_what_other_clients_read() {
             request_id: 12,
             body: RequestBody::Jobs,
         };
+        let forged_job = frame::encode_job_record(&frame::JobRecord {
+            id: "forged".into(),
+            ..frame::JobRecord::default()
+        })
+        .unwrap();
         let attackers = [
             ("a client without any cluster material", stranger_pool()),
             ("a client without a certificate", pool(&t.ca, None)),
@@ -666,11 +671,7 @@ fn only_writers_change_what_other_clients_read() {
                 ("WritePage", write(2), &poison[..]),
                 ("RemoveFile", remove.clone(), &[][..]),
                 ("Invalidate", invalidate.clone(), &[][..]),
-                (
-                    "Jobs with a record",
-                    job.clone(),
-                    &br#"{"id":"forged"}"#[..],
-                ),
+                ("Jobs with a record", job.clone(), &forged_job[..]),
             ] {
                 let (resp, _) = p.request(addr, &req, payload).await.unwrap();
                 assert!(
@@ -722,8 +723,73 @@ fn only_writers_change_what_other_clients_read() {
             request_id: 13,
             body: RequestBody::Counters,
         };
-        let (_, payload) = honest.request(addr, &counters, &[]).await.unwrap();
-        let c: serde_json::Value = serde_json::from_slice(&payload).unwrap();
-        assert_eq!(c["forbidden"], 17, "{c}");
+        let (resp, payload) = honest.request(addr, &counters, &[]).await.unwrap();
+        assert_eq!(resp.body, ResponseBody::Counters);
+        let c = frame::decode_counters(&payload).unwrap();
+        assert_eq!(c.forbidden, 17, "{c:?}");
+    });
+}
+
+#[test]
+fn counters_and_job_records_travel_typed_and_malformed_records_are_refused() {
+    let t = start_node(false, no_ring());
+    let addr = t.node.addrs()[1];
+    tokio().block_on(async {
+        let writer = pool(&t.ca, Some(&t.ca.issue("w", tls::Role::Writer).unwrap()));
+        let jobs = Request {
+            request_id: 1,
+            body: RequestBody::Jobs,
+        };
+        // Nothing kept yet.
+        let (resp, payload) = writer.request(addr, &jobs, &[]).await.unwrap();
+        assert_eq!(resp.body, ResponseBody::Jobs);
+        assert!(frame::decode_job_records(&payload).unwrap().is_empty());
+        // A record is kept and comes back as it was sent.
+        let record = frame::JobRecord {
+            id: "load-1".into(),
+            source: "prefix /data".into(),
+            state: frame::JobState::Done,
+            first_page_secs: Some(0.25),
+            files_total: 4,
+            files_done: 4,
+            bytes_loaded: 1 << 20,
+            ..frame::JobRecord::default()
+        };
+        let payload = frame::encode_job_record(&record).unwrap();
+        let (resp, payload) = writer.request(addr, &jobs, &payload).await.unwrap();
+        assert_eq!(resp.body, ResponseBody::Jobs);
+        assert_eq!(
+            frame::decode_job_records(&payload).unwrap(),
+            std::slice::from_ref(&record)
+        );
+        // Malformed records: a bad request each, and the board is unchanged.
+        let mut cut = frame::encode_job_record(&record).unwrap();
+        cut.truncate(cut.len() - 1);
+        let mut flipped = frame::encode_job_record(&record).unwrap();
+        let state_at = flipped.len() - std::mem::size_of::<frame::ArchivedJobRecord>() + 24;
+        flipped[state_at] = 9; // no such JobState
+        for bad in [br#"{"id":"json"}"#.to_vec(), vec![0xff; 200], cut, flipped] {
+            let (resp, _) = writer.request(addr, &jobs, &bad).await.unwrap();
+            match resp.body {
+                ResponseBody::Error {
+                    code: ErrorCode::BadRequest,
+                    message,
+                } => assert!(message.starts_with("job record: "), "{message}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let (_, payload) = writer.request(addr, &jobs, &[]).await.unwrap();
+        assert_eq!(frame::decode_job_records(&payload).unwrap(), [record]);
+        // The counters name the shard that answered.
+        let counters = Request {
+            request_id: 2,
+            body: RequestBody::Counters,
+        };
+        let (resp, payload) = writer.request(addr, &counters, &[]).await.unwrap();
+        assert_eq!(resp.body, ResponseBody::Counters);
+        let c = frame::decode_counters(&payload).unwrap();
+        assert_eq!(c.shard, 1);
+        assert_eq!(c.pages, 2);
+        assert!(c.capacity_bytes > 0);
     });
 }

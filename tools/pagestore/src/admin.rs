@@ -146,7 +146,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
 fn job_metrics(out: &mut String, node: &str, n: &Node) {
     let records = n.jobs().records();
     let now = crate::load::unix_now();
-    let state = |r: &serde_json::Value| crate::load::job_state(r, now).to_string();
+    let state = |r: &pagestore_protocol::jobs::JobRecord| crate::load::job_state(r, now);
     let _ = writeln!(
         out,
         "# HELP pagestore_load_jobs Preload jobs reported to this node, by state (running, done, failed, lost: no report for 30 s)."
@@ -159,33 +159,36 @@ fn job_metrics(out: &mut String, node: &str, n: &Node) {
             "pagestore_load_jobs{{node=\"{node}\",state=\"{st}\"}} {count}"
         );
     }
-    for (name, field, help) in [
-        ("files_total", "files_total", "Files in the job."),
+    type Field = fn(&pagestore_protocol::jobs::JobRecord) -> u64;
+    let fields: [(&str, Field, &str); 5] = [
+        ("files_total", |r| r.files_total, "Files in the job."),
         (
             "files_done",
-            "files_done",
+            |r| r.files_done,
             "Files the job has finished (loaded or failed).",
         ),
-        ("files_failed", "files_failed", "Files that failed."),
-        ("bytes_done", "bytes_done", "Bytes of the finished files."),
+        ("files_failed", |r| r.files_failed, "Files that failed."),
+        (
+            "bytes_done",
+            |r| r.bytes_done,
+            "Bytes of the finished files.",
+        ),
         (
             "bytes_loaded",
-            "bytes_loaded",
+            |r| r.bytes_loaded,
             "Bytes the job loaded from the under storage.",
         ),
-    ] {
+    ];
+    for (name, field, help) in fields {
         let _ = writeln!(out, "# HELP pagestore_load_job_{name} {help}");
         let _ = writeln!(out, "# TYPE pagestore_load_job_{name} gauge");
         for r in &records {
-            let id = r["id"]
-                .as_str()
-                .unwrap_or("")
-                .replace(['"', '\\', '\n'], "_");
+            let id = r.id.replace(['"', '\\', '\n'], "_");
             let _ = writeln!(
                 out,
                 "pagestore_load_job_{name}{{node=\"{node}\",job=\"{id}\",state=\"{}\"}} {}",
                 state(r),
-                r[field].as_u64().unwrap_or(0)
+                field(r)
             );
         }
     }

@@ -1,7 +1,7 @@
 //! Preload jobs (`pagectl load`): resolve a manifest or a prefix to files, then ask each page's
 //! owning shard to load it from the under storage. The CLI is the job's only coordinator:
 //! nothing sits on the data path. It reports the job's progress to every node every two seconds
-//! and at the end (a JSON record, see [`job_record`]); nodes only keep the records, for
+//! and at the end (a [`JobRecord`], see [`job_record`]); nodes only keep the records, for
 //! `pagectl jobs` and `/v1/jobs`.
 
 use std::{
@@ -15,7 +15,8 @@ use std::{
 };
 
 use futures_util::{stream, StreamExt};
-use pagestore_client::{Client, Error};
+use pagestore_client::{Client, Error, JobRecord, JobState};
+use pagestore_protocol::frame::{MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN};
 
 /// How to run a job.
 #[derive(Clone, Debug)]
@@ -57,13 +58,11 @@ pub const LOST_AFTER_SECS: f64 = 30.0;
 
 /// The state of a job record as shown to operators at time `now` (Unix seconds): its own
 /// `state`, except that a `running` job that stopped reporting is `lost`.
-pub fn job_state(record: &serde_json::Value, now: f64) -> &str {
-    let state = record["state"].as_str().unwrap_or("unknown");
-    let updated = record["updated"].as_f64().unwrap_or(now);
-    if state == "running" && now - updated > LOST_AFTER_SECS {
+pub fn job_state(record: &JobRecord, now: f64) -> &'static str {
+    if record.state == JobState::Running && now - record.updated > LOST_AFTER_SECS {
         "lost"
     } else {
-        state
+        record.state.as_str()
     }
 }
 
@@ -196,41 +195,53 @@ struct Progress {
     first_page: Mutex<Option<f64>>,
 }
 
-/// The progress record of a job as nodes keep it (`pagectl jobs`, `/v1/jobs`).
-/// `state`: `running`, `done` or `failed` (some files failed).
+/// The progress record of a job as nodes keep it (`pagectl jobs`, `/v1/jobs`). `state`:
+/// running, done or failed (some files failed). The source and client names are cut to the
+/// record's limits, so that the nodes take it.
 fn job_record(
     opts: &LoadOptions,
     p: &Progress,
     total_files: u64,
     started: f64,
-    state: &str,
-) -> Vec<u8> {
+    state: JobState,
+) -> JobRecord {
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let first = *p.first_page.lock().unwrap_or_else(|e| e.into_inner());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default();
-    serde_json::json!({
-        "id": opts.id,
-        "source": opts.source,
-        "client": format!("{host}:{}", std::process::id()),
-        "state": state,
-        "submitted": opts.submitted,
-        "updated": unix_now(),
-        "elapsed_secs": unix_now() - opts.submitted,
-        "resolve_secs": started - opts.submitted,
-        "first_page_secs": first.map(|f| f + started - opts.submitted),
-        "files_total": total_files,
-        "files_done": g(&p.files_done),
-        "files_failed": g(&p.failed),
-        "bytes_done": g(&p.bytes_done),
-        "bytes_loaded": g(&p.bytes_loaded),
-        "pages_loaded": g(&p.pages_loaded),
-        "pages_present": g(&p.pages_present),
-        "verify": opts.verify,
-    })
-    .to_string()
-    .into_bytes()
+    let updated = unix_now();
+    JobRecord {
+        id: opts.id.clone(),
+        source: clipped(&opts.source, MAX_JOB_SOURCE_LEN),
+        client: clipped(
+            &format!("{host}:{}", std::process::id()),
+            MAX_JOB_CLIENT_LEN,
+        ),
+        state,
+        verify: opts.verify,
+        submitted: opts.submitted,
+        updated,
+        elapsed_secs: updated - opts.submitted,
+        resolve_secs: started - opts.submitted,
+        first_page_secs: first.map(|f| f + started - opts.submitted),
+        files_total: total_files,
+        files_done: g(&p.files_done),
+        files_failed: g(&p.failed),
+        bytes_done: g(&p.bytes_done),
+        bytes_loaded: g(&p.bytes_loaded),
+        pages_loaded: g(&p.pages_loaded),
+        pages_present: g(&p.pages_present),
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn clipped(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
 }
 
 /// Loads every file of `paths` (see the module docs), printing progress to standard error: a
@@ -254,7 +265,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
             &progress,
             total_files,
             started,
-            "running",
+            JobState::Running,
         ))
         .await;
     if took == 0 {
@@ -277,7 +288,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
                     print_progress(&progress, total_files, start, tty, false);
                 }
                 if tick % 8 == 0 {
-                    let r = job_record(&opts, &progress, total_files, started, "running");
+                    let r = job_record(&opts, &progress, total_files, started, JobState::Running);
                     client.report_job(&r).await;
                 }
             }
@@ -328,9 +339,9 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         .await;
     ticker.abort();
     let state = if progress.failed.load(Ordering::Relaxed) > 0 {
-        "failed"
+        JobState::Failed
     } else {
-        "done"
+        JobState::Done
     };
     let record = job_record(opts, &progress, total_files, started, state);
     if client.report_job(&record).await == 0 {
@@ -463,5 +474,41 @@ mod tests {
         assert!(parse_manifest("{not json")
             .unwrap_err()
             .contains("not JSON"));
+    }
+
+    #[test]
+    fn records_fit_their_limits_and_silent_running_jobs_are_lost() {
+        let opts = LoadOptions {
+            source: format!("manifest /{}", "é".repeat(MAX_JOB_SOURCE_LEN)),
+            ..LoadOptions::default()
+        };
+        let p = Progress {
+            files_done: AtomicU64::new(2),
+            bytes_done: AtomicU64::new(3),
+            bytes_loaded: AtomicU64::new(4),
+            pages_loaded: AtomicU64::new(5),
+            pages_present: AtomicU64::new(6),
+            failed: AtomicU64::new(1),
+            first_page: Mutex::new(Some(0.5)),
+        };
+        let r = job_record(&opts, &p, 9, opts.submitted + 1.0, JobState::Running);
+        assert!(r.source.len() <= MAX_JOB_SOURCE_LEN && r.source.starts_with("manifest /é"));
+        assert_eq!(
+            (r.files_total, r.files_done, r.files_failed, r.bytes_done),
+            (9, 2, 1, 3)
+        );
+        assert_eq!((r.bytes_loaded, r.pages_loaded, r.pages_present), (4, 5, 6));
+        assert_eq!(r.first_page_secs, Some(1.5));
+        assert!(pagestore_protocol::frame::encode_job_record(&r).is_ok());
+        assert_eq!(job_state(&r, r.updated + 1.0), "running");
+        assert_eq!(job_state(&r, r.updated + LOST_AFTER_SECS + 1.0), "lost");
+        let done = JobRecord {
+            state: JobState::Done,
+            ..r
+        };
+        assert_eq!(
+            job_state(&done, done.updated + LOST_AFTER_SECS + 1.0),
+            "done"
+        );
     }
 }

@@ -229,10 +229,8 @@ async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
         "{text}"
     );
     // The counters behind those rates count exactly the bytes served from the caches.
-    let hit_bytes = |v: &[(_, u16, Option<serde_json::Value>)]| -> u64 {
-        v.iter()
-            .map(|(_, _, c)| c.as_ref().unwrap()["hit_bytes"].as_u64().unwrap())
-            .sum()
+    let hit_bytes = |v: &[(_, u16, Option<pagestore_client::ShardCounters>)]| -> u64 {
+        v.iter().map(|(_, _, c)| c.unwrap().hit_bytes).sum()
     };
     client.read("/data/dir/file", 0..u64::MAX).await.unwrap(); // warm every page
     let before = hit_bytes(&client.shard_counters().await);

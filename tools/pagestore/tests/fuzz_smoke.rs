@@ -9,7 +9,10 @@ mod bodies;
 
 use std::time::{Duration, Instant};
 
-use pagestore_protocol::frame::{encode_request, Request, RequestBody};
+use pagestore_protocol::frame::{
+    encode_counters, encode_job_record, encode_job_records, encode_request, encode_response,
+    JobRecord, JobState, Request, RequestBody, Response, ResponseBody, ShardCounters,
+};
 
 /// xorshift64*: deterministic, so that a failure repeats.
 struct Rng(u64);
@@ -162,7 +165,81 @@ fn decode_frame_survives_mutated_frames() {
         .unwrap();
         seeds.push(out);
     }
+    // Frames with a record as their payload.
+    let (counters, record, records) = payload_seeds();
+    let mut out = Vec::new();
+    encode_request(
+        &Request {
+            request_id: 3,
+            body: RequestBody::Jobs,
+        },
+        record.len() as u32,
+        &mut out,
+    )
+    .unwrap();
+    out.extend_from_slice(&record);
+    seeds.push(out);
+    for (body, payload) in [
+        (ResponseBody::Counters, &counters),
+        (ResponseBody::Jobs, &records),
+    ] {
+        let mut out = Vec::new();
+        encode_response(
+            &Response {
+                request_id: 4,
+                body,
+            },
+            payload.len() as u32,
+            &mut out,
+        )
+        .unwrap();
+        out.extend_from_slice(payload);
+        seeds.push(out);
+    }
     assert!(smoke("decode_frame", bodies::decode_frame, &seeds, BUDGET) > 100);
+}
+
+/// Payloads of a `Counters` answer, a `Jobs` request and a `Jobs` answer.
+fn payload_seeds() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let counters = encode_counters(&ShardCounters {
+        shard: 3,
+        hits: 10,
+        hit_bytes: 1 << 30,
+        epoch: 7,
+        ..ShardCounters::default()
+    })
+    .unwrap();
+    let job = JobRecord {
+        id: "load-1700000000-123-4567".into(),
+        source: "manifest /data/manifest.jsonl".into(),
+        client: "host-a:4567".into(),
+        state: JobState::Failed,
+        first_page_secs: Some(0.125),
+        files_total: 12,
+        files_failed: 1,
+        ..JobRecord::default()
+    };
+    let record = encode_job_record(&job).unwrap();
+    let short = JobRecord {
+        id: "b".into(),
+        ..JobRecord::default()
+    };
+    let records = encode_job_records(&[job, short]).unwrap();
+    (counters, record, records)
+}
+
+#[test]
+fn decode_payload_survives_mutated_payloads() {
+    let (counters, record, records) = payload_seeds();
+    let seeds = vec![
+        Vec::new(),
+        vec![0; 128],
+        counters,
+        record,
+        records,
+        encode_job_records(&[]).unwrap(),
+    ];
+    assert!(smoke("decode_payload", bodies::decode_payload, &seeds, BUDGET) > 100);
 }
 
 #[test]

@@ -58,6 +58,7 @@ fn response_payload_len(resp: &Response) -> u32 {
                 _ => 0,
             })
             .sum(),
+        ResponseBody::Counters => COUNTERS_PAYLOAD_LEN,
         _ => 0,
     }
 }
@@ -528,47 +529,57 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(1, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(2, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
 
 #[test]
 fn preamble_rejections() {
-    let mut bad_magic = preamble_bytes(1, 1, 16, 0);
+    let mut bad_magic = preamble_bytes(PROTOCOL_VERSION, 1, 16, 0);
     bad_magic[0] = b'X';
     assert_eq!(
         Preamble::decode(&bad_magic),
         Err(FrameError::Magic { got: *b"XSTF" })
     );
-    assert_eq!(
-        Preamble::decode(&preamble_bytes(2, 1, 16, 0)),
-        Err(FrameError::Version { got: 2 })
-    );
+    // The version before this one (JSON payloads in `Jobs` and `Counters`)
+    // and the next are refused.
+    for version in [1, 3] {
+        assert_eq!(
+            Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
+            Err(FrameError::Version { got: version })
+        );
+    }
     assert_eq!(
         Preamble::decode(&preamble_bytes(0, 1, 16, 0)),
         Err(FrameError::Version { got: 0 })
     );
     for kind in [0u16, 3, 0xffff] {
         assert_eq!(
-            Preamble::decode(&preamble_bytes(1, kind, 16, 0)),
+            Preamble::decode(&preamble_bytes(PROTOCOL_VERSION, kind, 16, 0)),
             Err(FrameError::Kind { got: kind })
         );
     }
     for len in [0u32, 1, 8, 17, MAX_HEADER - 1] {
         assert_eq!(
-            Preamble::decode(&preamble_bytes(1, 1, len, 0)),
+            Preamble::decode(&preamble_bytes(PROTOCOL_VERSION, 1, len, 0)),
             Err(FrameError::Misaligned { len })
         );
     }
-    assert!(Preamble::decode(&preamble_bytes(1, 1, MAX_HEADER, MAX_PAYLOAD)).is_ok());
+    assert!(Preamble::decode(&preamble_bytes(
+        PROTOCOL_VERSION,
+        1,
+        MAX_HEADER,
+        MAX_PAYLOAD
+    ))
+    .is_ok());
     assert!(Preamble::decode_prefix(&[0u8; 15]).is_err());
 }
 
 #[test]
 fn oversized_lengths_are_rejected_before_reading_on() {
     for len in [MAX_HEADER + 16, u32::MAX - 15, u32::MAX] {
-        let p = preamble_bytes(1, 1, len, 0);
+        let p = preamble_bytes(PROTOCOL_VERSION, 1, len, 0);
         assert_eq!(
             Preamble::decode(&p),
             Err(FrameError::HeaderTooLarge {
@@ -586,7 +597,7 @@ fn oversized_lengths_are_rejected_before_reading_on() {
         );
     }
     for len in [MAX_PAYLOAD + 1, u32::MAX] {
-        let p = preamble_bytes(1, 2, 64, len);
+        let p = preamble_bytes(PROTOCOL_VERSION, 2, 64, len);
         assert_eq!(
             Preamble::decode(&p),
             Err(FrameError::PayloadTooLarge {
@@ -602,7 +613,7 @@ fn oversized_lengths_are_rejected_before_reading_on() {
     }
     // Hand-built preambles are checked by the header decoders too.
     let huge = Preamble {
-        version: 1,
+        version: PROTOCOL_VERSION,
         kind: FrameKind::Request,
         header_len: u32::MAX,
         payload_len: 0,
@@ -973,7 +984,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    50535446010001006000000000000000\
+    50535446020001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -985,7 +996,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    50535446010001006000000000000000\
+    50535446020001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -998,7 +1009,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, replica: true } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    50535446010001006000000000000000\
+    50535446020001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1035,7 +1046,7 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header, of which the first 8
 /// bytes are front padding.
 const GOLDEN_PONG: &str = "\
-    50535446010002004000000000000000\
+    50535446020002004000000000000000\
     00000000000000000100000000000000\
     0700000000000000efcdab8967452301\
     00000000000000000000000000000000\
@@ -1045,7 +1056,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    50535446010001009000000000000000\
+    50535446020001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1060,7 +1071,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: 8 bytes of front padding, the 15
 /// message bytes (out of line), 1 byte of alignment, the 56-byte root.
 const GOLDEN_ERROR: &str = "\
-    50535446010002005000000000000000\
+    50535446020002005000000000000000\
     00000000000000006f66667365742070\
     61737420656e64000200000000000000\
     0a0100008f000000e4ffffff00000000\
@@ -1705,5 +1716,512 @@ proptest! {
             mutated[i] = *value;
         }
         decode_anything(&mutated);
+    }
+}
+
+// -- payload records: Counters and Jobs ----------------------------------
+
+fn counters() -> ShardCounters {
+    ShardCounters {
+        shard: 3,
+        pages: 1,
+        bytes: 2,
+        capacity_bytes: 3,
+        hits: 4,
+        misses: 5,
+        hit_bytes: 6,
+        ufs_reads: 7,
+        ufs_bytes: 8,
+        ufs_errors: 9,
+        evictions: 10,
+        checksum_failures: 11,
+        replica_reads: 12,
+        not_owner: 13,
+        forbidden: 14,
+        epoch: 15,
+    }
+}
+
+/// A record at every limit.
+fn largest_job_record() -> JobRecord {
+    JobRecord {
+        id: "i".repeat(MAX_JOB_ID),
+        source: "s".repeat(MAX_JOB_SOURCE_LEN),
+        client: "c".repeat(MAX_JOB_CLIENT_LEN),
+        state: JobState::Failed,
+        verify: true,
+        submitted: f64::MAX,
+        updated: f64::MIN,
+        elapsed_secs: f64::INFINITY,
+        resolve_secs: -0.0,
+        first_page_secs: Some(f64::EPSILON),
+        files_total: u64::MAX,
+        files_done: u64::MAX,
+        files_failed: u64::MAX,
+        bytes_done: u64::MAX,
+        bytes_loaded: u64::MAX,
+        pages_loaded: u64::MAX,
+        pages_present: u64::MAX,
+    }
+}
+
+/// `ShardCounters { shard: 3, pages: 1, bytes: 2, ..., epoch: 15 }` (each
+/// counter after `shard` one more than the one before): the 128-byte
+/// payload of a `Counters` answer.
+const GOLDEN_COUNTERS: &str = "\
+    03000000000000000100000000000000\
+    02000000000000000300000000000000\
+    04000000000000000500000000000000\
+    06000000000000000700000000000000\
+    08000000000000000900000000000000\
+    0a000000000000000b00000000000000\
+    0c000000000000000d00000000000000\
+    0e000000000000000f00000000000000";
+
+/// `JobRecord { id: "job-1", source: "prefix /data", client: "h:42",
+/// state: Done, verify: true, submitted: 1.5, updated: 2.0, elapsed_secs:
+/// 0.5, resolve_secs: 0.25, first_page_secs: Some(0.25), files_total: 1,
+/// files_done: 2, files_failed: 3, bytes_done: 4, bytes_loaded: 5,
+/// pages_loaded: 6, pages_present: 7 }`: the payload of a `Jobs` request.
+/// The 12 source bytes (out of line), 4 bytes of alignment, the 136-byte
+/// root.
+const GOLDEN_JOB_RECORD: &str = "\
+    707265666978202f6461746100000000\
+    6a6f622d31ffffff8c000000e8ffffff\
+    683a3432ffffffff0101000000000000\
+    000000000000f83f0000000000000040\
+    000000000000e03f000000000000d03f\
+    0100000000000000000000000000d03f\
+    01000000000000000200000000000000\
+    03000000000000000400000000000000\
+    05000000000000000600000000000000\
+    0700000000000000";
+
+/// `[JobRecord { id: "b", ..Default::default() }]`: the payload of a `Jobs`
+/// answer with one record (every string inline): the 136-byte element, then
+/// the vector (pointer -136, length 1).
+const GOLDEN_JOB_RECORDS: &str = "\
+    62ffffffffffffffffffffffffffffff\
+    ffffffffffffffff0000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    000000000000000078ffffff01000000";
+
+fn golden_job_record() -> JobRecord {
+    JobRecord {
+        id: "job-1".into(),
+        source: "prefix /data".into(),
+        client: "h:42".into(),
+        state: JobState::Done,
+        verify: true,
+        submitted: 1.5,
+        updated: 2.0,
+        elapsed_secs: 0.5,
+        resolve_secs: 0.25,
+        first_page_secs: Some(0.25),
+        files_total: 1,
+        files_done: 2,
+        files_failed: 3,
+        bytes_done: 4,
+        bytes_loaded: 5,
+        pages_loaded: 6,
+        pages_present: 7,
+    }
+}
+
+#[test]
+fn golden_payloads() {
+    let bytes = encode_counters(&counters()).unwrap();
+    assert_eq!(hex(&bytes), hex(&unhex(GOLDEN_COUNTERS)));
+    assert_eq!(
+        decode_counters(&unhex(GOLDEN_COUNTERS)).unwrap(),
+        counters()
+    );
+
+    let record = golden_job_record();
+    let bytes = encode_job_record(&record).unwrap();
+    assert_eq!(hex(&bytes), hex(&unhex(GOLDEN_JOB_RECORD)));
+    assert_eq!(
+        decode_job_record(&unhex(GOLDEN_JOB_RECORD)).unwrap(),
+        record
+    );
+
+    let short = JobRecord {
+        id: "b".into(),
+        ..JobRecord::default()
+    };
+    let bytes = encode_job_records(std::slice::from_ref(&short)).unwrap();
+    assert_eq!(hex(&bytes), hex(&unhex(GOLDEN_JOB_RECORDS)));
+    assert_eq!(
+        decode_job_records(&unhex(GOLDEN_JOB_RECORDS)).unwrap(),
+        [short]
+    );
+    // No records: the vector alone, pointing at itself.
+    let empty = encode_job_records(&[]).unwrap();
+    assert_eq!(hex(&empty), "0000000000000000");
+    assert!(decode_job_records(&empty).unwrap().is_empty());
+}
+
+/// Sizes, alignments and offsets of the payload records stated in
+/// docs/PROTOCOL.md.
+#[test]
+fn documented_payload_layouts() {
+    use std::mem::{align_of, size_of};
+    assert_eq!(
+        (
+            size_of::<ArchivedShardCounters>(),
+            align_of::<ArchivedShardCounters>()
+        ),
+        (128, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedJobRecord>(),
+            align_of::<ArchivedJobRecord>()
+        ),
+        (136, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedJobState>(),
+            align_of::<ArchivedJobState>()
+        ),
+        (1, 1)
+    );
+    // Offsets within the JobRecord root, from a record whose fields are all
+    // different.
+    let record = golden_job_record();
+    let bytes = encode_job_record(&record).unwrap();
+    let root = &bytes[bytes.len() - size_of::<ArchivedJobRecord>()..];
+    for (at, width, value) in [
+        (24, 1, 1), // state Done
+        (25, 1, 1), // verify
+        (32, 8, 1.5f64.to_bits()),
+        (40, 8, 2.0f64.to_bits()),
+        (48, 8, 0.5f64.to_bits()),
+        (56, 8, 0.25f64.to_bits()),
+        (64, 1, 1), // first_page_secs: Some
+        (72, 8, 0.25f64.to_bits()),
+        (80, 8, 1),
+        (88, 8, 2),
+        (96, 8, 3),
+        (104, 8, 4),
+        (112, 8, 5),
+        (120, 8, 6),
+        (128, 8, 7),
+    ] {
+        assert_eq!(le(root, at, width), value, "at {at}");
+    }
+    let none = JobRecord {
+        first_page_secs: None,
+        state: JobState::Failed,
+        ..record
+    };
+    let bytes = encode_job_record(&none).unwrap();
+    let root = &bytes[bytes.len() - size_of::<ArchivedJobRecord>()..];
+    assert_eq!(le(root, 24, 1), 2);
+    assert_eq!(le(root, 64, 8), 0);
+    assert_eq!(le(root, 72, 8), 0);
+}
+
+#[test]
+fn payload_records_round_trip_at_any_alignment() {
+    let records = vec![
+        golden_job_record(),
+        largest_job_record(),
+        JobRecord {
+            id: "ü".repeat(MAX_JOB_ID / 2),
+            first_page_secs: None,
+            ..JobRecord::default()
+        },
+    ];
+    for shift in 0..16 {
+        let mut buf = vec![0xEEu8; shift];
+        buf.extend_from_slice(&encode_counters(&counters()).unwrap());
+        assert_eq!(decode_counters(&buf[shift..]).unwrap(), counters());
+        for r in &records {
+            let mut buf = vec![0xEEu8; shift];
+            buf.extend_from_slice(&encode_job_record(r).unwrap());
+            assert_eq!(&decode_job_record(&buf[shift..]).unwrap(), r);
+        }
+        let mut buf = vec![0xEEu8; shift];
+        buf.extend_from_slice(&encode_job_records(&records).unwrap());
+        assert_eq!(decode_job_records(&buf[shift..]).unwrap(), records);
+    }
+    // NaN survives too (compared by bits).
+    let nan = JobRecord {
+        updated: f64::NAN,
+        ..golden_job_record()
+    };
+    let back = decode_job_record(&encode_job_record(&nan).unwrap()).unwrap();
+    assert!(back.updated.is_nan());
+}
+
+#[test]
+fn payload_limits_hold_on_both_sides() {
+    // The largest record fits a Jobs request, and a node's whole board fits
+    // a Jobs answer.
+    let largest = largest_job_record();
+    let bytes = encode_job_record(&largest).unwrap();
+    assert!(bytes.len() <= MAX_JOB_RECORD as usize, "{}", bytes.len());
+    let board = vec![largest.clone(); MAX_JOB_RECORDS];
+    let bytes = encode_job_records(&board).unwrap();
+    assert!(bytes.len() <= MAX_JOB_RECORDS_PAYLOAD as usize);
+    assert_eq!(decode_job_records(&bytes).unwrap().len(), MAX_JOB_RECORDS);
+    let req = Request {
+        request_id: 1,
+        body: RequestBody::Jobs,
+    };
+    assert!(encode_request(&req, MAX_JOB_RECORD, &mut Vec::new()).is_ok());
+    let resp = Response {
+        request_id: 1,
+        body: ResponseBody::Jobs,
+    };
+    assert!(encode_response(&resp, bytes.len() as u32, &mut Vec::new()).is_ok());
+
+    // One past each limit: refused by the encoder, and by the decoder when a
+    // peer archives it anyway.
+    let over = [
+        JobRecord {
+            id: String::new(),
+            ..largest.clone()
+        },
+        JobRecord {
+            id: "i".repeat(MAX_JOB_ID + 1),
+            ..largest.clone()
+        },
+        JobRecord {
+            source: "s".repeat(MAX_JOB_SOURCE_LEN + 1),
+            ..largest.clone()
+        },
+        JobRecord {
+            client: "c".repeat(MAX_JOB_CLIENT_LEN + 1),
+            ..largest.clone()
+        },
+    ];
+    for r in &over {
+        let err = encode_job_record(r).unwrap_err();
+        assert!(matches!(err, FrameError::Limit(_)), "{err}");
+        let raw = encode_archive(r).unwrap();
+        let err = decode_job_record(&raw).unwrap_err();
+        assert!(matches!(err, FrameError::Limit(_)), "{err}");
+        assert!(encode_job_records(std::slice::from_ref(r)).is_err());
+        let raw = encode_archive(&vec![r.clone()]).unwrap();
+        assert!(decode_job_records(&raw).is_err());
+    }
+    let too_many = vec![golden_job_record(); MAX_JOB_RECORDS + 1];
+    assert!(matches!(
+        encode_job_records(&too_many).unwrap_err(),
+        FrameError::Limit(_)
+    ));
+    let raw = encode_archive(&too_many).unwrap();
+    assert!(matches!(
+        decode_job_records(&raw).unwrap_err(),
+        FrameError::Limit(_)
+    ));
+    // A record too large for a request, however valid its archive: refused
+    // before validation.
+    let huge = vec![0u8; MAX_JOB_RECORD as usize + 1];
+    assert!(matches!(
+        decode_job_record(&huge).unwrap_err(),
+        FrameError::Limit(_)
+    ));
+    let huge = vec![0u8; MAX_JOB_RECORDS_PAYLOAD as usize + 1];
+    assert!(matches!(
+        decode_job_records(&huge).unwrap_err(),
+        FrameError::Limit(_)
+    ));
+
+    // The frame checks: a Counters answer carries exactly one record, a Jobs
+    // answer at most a board's worth, a Jobs request at most one record.
+    for len in [0, COUNTERS_PAYLOAD_LEN - 8, COUNTERS_PAYLOAD_LEN + 8] {
+        let resp = Response {
+            request_id: 2,
+            body: ResponseBody::Counters,
+        };
+        assert!(encode_response(&resp, len, &mut Vec::new()).is_err());
+        let err = decode_response_frame(&raw_response_frame(&resp, len))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, FrameError::Mismatch(_)), "{err}");
+    }
+    let resp = Response {
+        request_id: 2,
+        body: ResponseBody::Jobs,
+    };
+    let err = decode_response_frame(&raw_response_frame(&resp, MAX_JOB_RECORDS_PAYLOAD + 1))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, FrameError::Limit(_)), "{err}");
+    let err = decode_request_frame(&raw_request_frame(&req, MAX_JOB_RECORD + 1))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, FrameError::Limit(_)), "{err}");
+}
+
+#[test]
+fn malformed_payloads_are_errors() {
+    // Wrong lengths.
+    for len in [0, 1, 127, 129, 256] {
+        let err = decode_counters(&vec![0u8; len]).unwrap_err();
+        assert!(matches!(err, FrameError::Mismatch(_)), "{len}: {err}");
+    }
+    for bad in [&[][..], &[0u8; 7][..], b"{\"id\":\"json\"}", b"[]"] {
+        assert!(decode_job_record(bad).is_err(), "{bad:?}");
+        assert!(decode_job_records(bad).is_err(), "{bad:?}");
+    }
+    // Every truncation of a valid payload.
+    let record = encode_job_record(&golden_job_record()).unwrap();
+    for end in 0..record.len() {
+        assert!(decode_job_record(&record[..end]).is_err(), "cut at {end}");
+    }
+    let records = encode_job_records(&[golden_job_record(), largest_job_record()]).unwrap();
+    for end in 0..records.len() {
+        assert!(decode_job_records(&records[..end]).is_err(), "cut at {end}");
+    }
+    // Bad enum tags: the state, and the option's tag.
+    let root = record.len() - std::mem::size_of::<ArchivedJobRecord>();
+    for (at, value) in [(24, 3u8), (24, 0xff), (64, 2)] {
+        let mut bad = record.clone();
+        bad[root + at] = value;
+        let err = decode_job_record(&bad).unwrap_err();
+        assert!(matches!(err, FrameError::Invalid(_)), "{at}: {err}");
+    }
+    // A bool that is neither 0 nor 1.
+    let mut bad = record.clone();
+    bad[root + 25] = 2;
+    assert!(decode_job_record(&bad).is_err());
+    // A string pointer out of the payload, and one into invalid UTF-8.
+    let mut bad = record.clone();
+    bad[root + 12..root + 16].copy_from_slice(&(-4096i32).to_le_bytes());
+    assert!(decode_job_record(&bad).is_err());
+    let mut bad = record.clone();
+    bad[0] = 0xff;
+    assert!(decode_job_record(&bad).is_err());
+    // A vector that claims more elements than the payload holds.
+    let mut bad = records.clone();
+    let at = bad.len() - 4;
+    bad[at..].copy_from_slice(&1000u32.to_le_bytes());
+    assert!(decode_job_records(&bad).is_err());
+}
+
+fn arb_job_record() -> impl Strategy<Value = JobRecord> {
+    (
+        (
+            arb_string(MAX_JOB_ID).prop_filter("ids are not empty", |s| !s.is_empty()),
+            arb_string(64),
+            arb_string(32),
+            prop_oneof![
+                Just(JobState::Running),
+                Just(JobState::Done),
+                Just(JobState::Failed)
+            ],
+            any::<bool>(),
+        ),
+        proptest::array::uniform4(-1e12f64..1e12),
+        proptest::option::of(0f64..1e6),
+        proptest::array::uniform7(any::<u64>()),
+    )
+        .prop_map(
+            |((id, source, client, state, verify), t, first, n)| JobRecord {
+                id,
+                source,
+                client,
+                state,
+                verify,
+                submitted: t[0],
+                updated: t[1],
+                elapsed_secs: t[2],
+                resolve_secs: t[3],
+                first_page_secs: first,
+                files_total: n[0],
+                files_done: n[1],
+                files_failed: n[2],
+                bytes_done: n[3],
+                bytes_loaded: n[4],
+                pages_loaded: n[5],
+                pages_present: n[6],
+            },
+        )
+}
+
+/// Decodes `buf` as every payload record; whatever decodes must encode
+/// again.
+fn decode_any_payload(buf: &[u8]) {
+    if let Ok(c) = decode_counters(buf) {
+        encode_counters(&c).unwrap();
+    }
+    if let Ok(r) = decode_job_record(buf) {
+        encode_job_record(&r).unwrap();
+    }
+    if let Ok(r) = decode_job_records(buf) {
+        encode_job_records(&r).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn prop_job_records_round_trip(
+        records in proptest::collection::vec(arb_job_record(), 0..6),
+    ) {
+        let bytes = encode_job_records(&records).unwrap();
+        prop_assert_eq!(&decode_job_records(&bytes).unwrap(), &records);
+        for r in &records {
+            let bytes = encode_job_record(r).unwrap();
+            prop_assert_eq!(&decode_job_record(&bytes).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn prop_counters_round_trip(shard in any::<u16>(), n in proptest::array::uniform15(any::<u64>())) {
+        let c = ShardCounters {
+            shard,
+            pages: n[0],
+            bytes: n[1],
+            capacity_bytes: n[2],
+            hits: n[3],
+            misses: n[4],
+            hit_bytes: n[5],
+            ufs_reads: n[6],
+            ufs_bytes: n[7],
+            ufs_errors: n[8],
+            evictions: n[9],
+            checksum_failures: n[10],
+            replica_reads: n[11],
+            not_owner: n[12],
+            forbidden: n[13],
+            epoch: n[14],
+        };
+        prop_assert_eq!(decode_counters(&encode_counters(&c).unwrap()).unwrap(), c);
+    }
+
+    #[test]
+    fn prop_random_payloads_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..400)) {
+        decode_any_payload(&buf);
+    }
+
+    #[test]
+    fn prop_mutated_payloads_never_panic(
+        records in proptest::collection::vec(arb_job_record(), 1..4),
+        flips in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<proptest::sample::Index>(),
+    ) {
+        for mut bytes in [
+            encode_job_records(&records).unwrap(),
+            encode_job_record(&records[0]).unwrap(),
+        ] {
+            for (at, value) in &flips {
+                let i = at.index(bytes.len());
+                bytes[i] = *value;
+            }
+            decode_any_payload(&bytes);
+            decode_any_payload(&bytes[..cut.index(bytes.len())]);
+        }
     }
 }

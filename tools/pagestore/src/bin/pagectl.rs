@@ -407,28 +407,25 @@ async fn jobs(client: &Client) -> Result<(), String> {
     );
     let now = pagestore_tools::load::unix_now();
     for r in &records {
-        let f = |k: &str| r[k].as_u64().unwrap_or(0);
         let state = pagestore_tools::load::job_state(r, now);
         println!(
             "{:<30} {:<9} {:>13} {:>10.2} {:>10.2} {:>9} {:>8.1}s  {}",
-            r["id"].as_str().unwrap_or("?"),
+            r.id,
             state,
             format!(
                 "{}/{}{}",
-                f("files_done"),
-                f("files_total"),
-                match f("files_failed") {
+                r.files_done,
+                r.files_total,
+                match r.files_failed {
                     0 => String::new(),
                     n => format!(" ({n}!)"),
                 }
             ),
-            f("bytes_done") as f64 / 1e9,
-            f("bytes_loaded") as f64 / 1e9,
-            r["first_page_secs"]
-                .as_f64()
-                .map_or("-".into(), |s| format!("{s:.3}s")),
-            r["elapsed_secs"].as_f64().unwrap_or(0.0),
-            r["source"].as_str().unwrap_or("")
+            r.bytes_done as f64 / 1e9,
+            r.bytes_loaded as f64 / 1e9,
+            r.first_page_secs.map_or("-".into(), |s| format!("{s:.3}s")),
+            r.elapsed_secs,
+            r.source
         );
     }
     Ok(())
@@ -443,14 +440,14 @@ async fn node_rates(
     let sum = |v: &[(
         pagestore_protocol::members::NodeInfo,
         u16,
-        Option<serde_json::Value>,
+        Option<pagestore_client::ShardCounters>,
     )]| {
         let mut m: std::collections::HashMap<u128, (u64, u64)> = Default::default();
         for (n, _, c) in v {
             if let Some(c) = c {
                 let e = m.entry(n.id).or_default();
-                e.0 += c["hit_bytes"].as_u64().unwrap_or(0);
-                e.1 += c["ufs_bytes"].as_u64().unwrap_or(0);
+                e.0 += c.hit_bytes;
+                e.1 += c.ufs_bytes;
             }
         }
         m
@@ -491,12 +488,12 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<
         "UFS MB/s"
     );
     let (mut cache_rate, mut ufs_rate) = (0.0, 0.0);
-    let mut total = pagestore_client::ShardCounters::default();
+    let mut total = pagestore_client::ShardStat::default();
     let mut down = 0;
     let membership = client.membership();
     for n in membership.nodes() {
         let mine: Vec<_> = stats.iter().filter(|(m, _, _)| m.id == n.id).collect();
-        let mut c = pagestore_client::ShardCounters::default();
+        let mut c = pagestore_client::ShardStat::default();
         let mut answered = 0;
         for (_, _, s) in &mine {
             if let Some(s) = s {
@@ -574,13 +571,12 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<
         if let Some(j) = jobs.first() {
             println!(
                 "last preload job {} ({}): first page cached {} after submission, {} of {} files",
-                j["id"].as_str().unwrap_or("?"),
-                j["state"].as_str().unwrap_or("?"),
-                j["first_page_secs"]
-                    .as_f64()
+                j.id,
+                j.state,
+                j.first_page_secs
                     .map_or("-".into(), |s| format!("{s:.3} s")),
-                j["files_done"].as_u64().unwrap_or(0),
-                j["files_total"].as_u64().unwrap_or(0)
+                j.files_done,
+                j.files_total
             );
         }
     }
