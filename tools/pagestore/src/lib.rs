@@ -4,6 +4,7 @@
 use std::{path::PathBuf, str::FromStr};
 
 pub mod admin;
+pub mod daemon;
 pub mod http_guard;
 pub mod load;
 pub mod local_cluster;

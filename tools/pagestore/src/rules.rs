@@ -22,30 +22,52 @@ pub struct RuleConfig {
     pub pin: Option<bool>,
 }
 
-/// A TOML scalar as the flag value it stands for (`"20GiB"`, `1024`, `1.5`).
-pub fn scalar(v: &toml::Value) -> String {
-    match v {
-        toml::Value::String(s) => s.clone(),
-        toml::Value::Integer(i) => i.to_string(),
-        toml::Value::Float(x) => x.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
 impl RuleConfig {
-    /// The same rule as a `--rule` flag value.
-    pub fn to_flag(&self) -> String {
-        let mut opts = Vec::new();
-        if let Some(q) = &self.quota {
-            opts.push(format!("quota={}", scalar(q)));
-        }
-        if let Some(t) = &self.ttl {
-            opts.push(format!("ttl={}", scalar(t)));
-        }
-        if let Some(p) = self.pin {
-            opts.push(format!("pin={p}"));
-        }
-        format!("{}:{}", self.prefix, opts.join(","))
+    /// The rule this table stands for; errors name the rule and the key, like [`parse_rule`]'s.
+    pub fn to_rule(&self) -> Result<Rule, String> {
+        let prefix = &self.prefix;
+        let quota = match &self.quota {
+            None => None,
+            Some(toml::Value::String(s)) => {
+                Some(parse_size(s).map_err(|e| format!("rule {prefix}: quota {e}"))?)
+            }
+            Some(toml::Value::Integer(n)) => Some(
+                u64::try_from(*n).map_err(|_| format!("rule {prefix}: quota {n} is not a size"))?,
+            ),
+            Some(other) => {
+                return Err(format!(
+                    "rule {prefix}: quota: a {} is not a size (e.g. \"20GiB\" or bytes)",
+                    other.type_str()
+                ))
+            }
+        };
+        let ttl = match &self.ttl {
+            None => None,
+            Some(toml::Value::String(s)) => {
+                Some(parse_duration(s).map_err(|e| format!("rule {prefix}: ttl {e}"))?)
+            }
+            Some(toml::Value::Integer(n)) => {
+                Some(Duration::from_secs(u64::try_from(*n).map_err(|_| {
+                    format!("rule {prefix}: ttl {n} is negative")
+                })?))
+            }
+            Some(toml::Value::Float(x)) => Some(
+                Duration::try_from_secs_f64(*x)
+                    .map_err(|_| format!("rule {prefix}: ttl {x} is not a duration we can use"))?,
+            ),
+            Some(other) => {
+                return Err(format!(
+                    "rule {prefix}: ttl: a {} is not a duration (e.g. \"2h\" or seconds)",
+                    other.type_str()
+                ))
+            }
+        };
+        Ok(Rule {
+            prefix: prefix.clone(),
+            quota,
+            ttl,
+            pin: self.pin.unwrap_or(false),
+        })
     }
 }
 
@@ -171,12 +193,28 @@ mod tests {
         }
         let t: RuleConfig =
             toml::from_str("prefix = \"/d/\"\nquota = \"1G\"\nttl = 90\npin = false\n").unwrap();
-        assert_eq!(t.to_flag(), "/d/:quota=1G,ttl=90,pin=false");
-        let back = parse_rule(&t.to_flag()).unwrap();
+        let back = t.to_rule().unwrap();
+        assert_eq!(
+            (back.quota, back.ttl, back.pin),
+            (Some(1 << 30), Some(Duration::from_secs(90)), false)
+        );
+        let t: RuleConfig =
+            toml::from_str("prefix = \"/d\"\nquota = 4096\nttl = \"1.5m\"\n").unwrap();
+        let back = t.to_rule().unwrap();
         assert_eq!(
             (back.quota, back.ttl),
-            (Some(1 << 30), Some(Duration::from_secs(90)))
+            (Some(4096), Some(Duration::from_secs(90)))
         );
+        for (bad, why) in [
+            ("quota = \"lots\"", "rule /d: quota"),
+            ("quota = -1", "rule /d: quota"),
+            ("ttl = \"soon\"", "rule /d: ttl"),
+            ("ttl = -1", "rule /d: ttl"),
+        ] {
+            let t: RuleConfig = toml::from_str(&format!("prefix = \"/d\"\n{bad}\n")).unwrap();
+            let e = t.to_rule().unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
         assert!(toml::from_str::<RuleConfig>("prefix = \"/d\"\nqouta = 1\n")
             .unwrap_err()
             .to_string()

@@ -1,5 +1,6 @@
 //! `pagestored` on its own: the embedded default (a data directory and a cache under
-//! `PAGESTORE_HOME`), the TOML config file with flags overriding it, and configuration errors.
+//! `PAGESTORE_HOME`), the TOML config file with flags overriding it, configuration errors, and
+//! the daemon as a library type (`pagestore_tools::daemon::Daemon`) in this process.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -205,4 +206,95 @@ fn configuration_errors_are_clear_and_exit_2() {
     .unwrap();
     let e = run(&["--config", cfg.to_str().unwrap()]);
     assert!(e.contains("etcd unreachable"), "{e}");
+}
+
+/// The daemon as a library type: started in this process over a temporary directory, read
+/// through a client byte-exact, stopped, and started again on the same directory.
+#[test]
+fn the_daemon_runs_in_process_and_stops_cleanly() {
+    use pagestore_client::{tls::client_config, Client, ClientOptions, ClusterSource};
+    use pagestore_tools::daemon::{AdminAddr, Daemon, Settings, Size};
+
+    let base = std::env::var("PAGESTORE_TEST_DIR").unwrap_or_else(|_| "/var/tmp".into());
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let want = common::bytes(7, (3 << 20) + 12_345);
+    std::fs::write(data.join("f"), &want).unwrap();
+    let port = free_udp_port();
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let settings = Settings {
+        cache_dirs: Some(vec![dir.path().join("cache")]),
+        cache_size: Some(Size(64 << 20)),
+        page_size: Some(Size(1 << 20)),
+        shards: Some(1),
+        mounts: Some(vec![("/d".into(), format!("file://{}", data.display()))]),
+        listen: Some(listen),
+        admin: Some(AdminAddr::At("127.0.0.1:0".parse().unwrap())),
+        pin: Some(false),
+        ..Settings::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read = |d: &Daemon| {
+        let tls = client_config(d.tls_dir()).unwrap();
+        let source = ClusterSource::Addr(d.listen());
+        let options = ClientOptions {
+            fallback: false,
+            ..ClientOptions::default()
+        };
+        rt.block_on(async {
+            let c = Client::connect(&source, tls, None, options).await.unwrap();
+            c.read("/d/f", 0..u64::MAX).await.unwrap()
+        })
+    };
+
+    let d = Daemon::start(settings.clone()).unwrap();
+    assert_eq!((d.listen(), d.shards()), (listen, 1));
+    assert!(d.banner().contains("/d <- file://"), "{}", d.banner());
+    let admin = d.admin_addr().unwrap();
+    assert!(read(&d) == want, "byte-exact through the node");
+    let metrics = http_get(admin, "/metrics");
+    assert!(
+        counter(&metrics, "pagestore_misses_total") >= 4,
+        "{metrics}"
+    );
+    let id = d.node_id();
+    d.stop().unwrap();
+
+    // Stopped: its UDP port and admin port are free again.
+    std::net::UdpSocket::bind(listen).unwrap();
+    std::net::TcpListener::bind(admin).unwrap();
+
+    // Started again on the same directory: the same node, its cache warm.
+    let d = Daemon::start(settings).unwrap();
+    assert_eq!(d.node_id(), id);
+    assert!(read(&d) == want);
+    let metrics = http_get(d.admin_addr().unwrap(), "/metrics");
+    assert!(counter(&metrics, "pagestore_hits_total") >= 4, "{metrics}");
+    assert_eq!(counter(&metrics, "pagestore_misses_total"), 0, "{metrics}");
+    d.stop().unwrap();
+}
+
+/// The body of `GET path` from a plain HTTP server.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
+/// The sum of a Prometheus counter's samples.
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
