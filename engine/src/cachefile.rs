@@ -19,7 +19,7 @@ use glommio::io::OpenOptions;
 
 use crate::{
     device::{Device, Faults},
-    error::{EngineError, Result},
+    error::StartError,
     event::Event,
     format::{
         clear_header, FileIdent, Geometry, HeaderState, SlotHeader, SuperError, Superblock, BLOCK,
@@ -27,6 +27,9 @@ use crate::{
     },
     rules::Rules,
 };
+
+/// Opening, formatting and recovering a cache file happen at start-up.
+type Result<T, E = StartError> = std::result::Result<T, E>;
 
 /// Bytes per read while loading the metadata region at start-up.
 const RECOVERY_READ: u64 = 8 << 20;
@@ -112,7 +115,7 @@ impl CacheFile {
     ) -> Result<(CacheFile, Recovered)> {
         let existed = path.exists();
         ensure_first_block(path)
-            .map_err(|e| EngineError::io("creating cache file", Some(path.to_path_buf()), e))?;
+            .map_err(|e| StartError::io("creating cache file", Some(path.to_path_buf()), e))?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -122,16 +125,16 @@ impl CacheFile {
             .map_err(|e| {
                 let e = crate::device::to_io(e);
                 if e.kind() == io::ErrorKind::InvalidInput {
-                    EngineError::DirectIoUnsupported {
+                    StartError::DirectIoUnsupported {
                         path: path.to_path_buf(),
                         source: e,
                     }
                 } else {
-                    EngineError::io("opening cache file", Some(path.to_path_buf()), e)
+                    StartError::io("opening cache file", Some(path.to_path_buf()), e)
                 }
             })?;
         if file.alignment() > BLOCK {
-            return Err(EngineError::Config(format!(
+            return Err(StartError::Config(format!(
                 "{}: the device needs {}-byte O_DIRECT alignment; at most {BLOCK} is supported",
                 path.display(),
                 file.alignment()
@@ -139,9 +142,7 @@ impl CacheFile {
         }
         let ioerr = |op: &'static str| {
             let p = path.to_path_buf();
-            move |e: glommio::GlommioError<()>| {
-                EngineError::io(op, Some(p), crate::device::to_io(e))
-            }
+            move |e: glommio::GlommioError<()>| StartError::io(op, Some(p), crate::device::to_io(e))
         };
         let size = file.file_size().await.map_err(ioerr("reading size of"))?;
         let dev = Device::new(file, path.to_path_buf(), faults);
@@ -164,14 +165,14 @@ impl CacheFile {
                 .dev
                 .read(0, BLOCK as usize)
                 .await
-                .map_err(|e| EngineError::io("reading superblock of", Some(path.into()), e))?;
+                .map_err(|e| StartError::io("reading superblock of", Some(path.into()), e))?;
             match Superblock::decode(&first) {
                 Err(SuperError::Blank) => need_format = true,
                 Err(SuperError::Version(v)) => {
                     // Another release's cache: not damage. Keep it unless told to discard it.
                     let reason = format!("format version {v}, this build reads {FORMAT_VERSION}");
                     if !reformat {
-                        return Err(EngineError::Incompatible {
+                        return Err(StartError::Incompatible {
                             path: path.to_path_buf(),
                             reason,
                         });
@@ -224,7 +225,7 @@ impl CacheFile {
                         need_format = true;
                     } else if !why.is_empty() {
                         if !reformat {
-                            return Err(EngineError::Incompatible {
+                            return Err(StartError::Incompatible {
                                 path: path.to_path_buf(),
                                 reason: why.join("; "),
                             });
@@ -258,7 +259,7 @@ impl CacheFile {
         let path = self.dev.path().clone();
         let err = |op: &'static str, p: &PathBuf| {
             let p = p.clone();
-            move |e: io::Error| EngineError::io(op, Some(p), e)
+            move |e: io::Error| StartError::io(op, Some(p), e)
         };
         // Drop all old content first: fresh extents read as zeroes, so every header is empty.
         self.dev
@@ -277,13 +278,13 @@ impl CacheFile {
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                 let available = crate::probe::free_space(&path).unwrap_or(0);
                 let _ = self.dev.truncate(0).await;
-                return Err(EngineError::NoSpace {
+                return Err(StartError::NoSpace {
                     path,
                     needed: self.geo.file_size,
                     available,
                 });
             }
-            Err(e) => return Err(EngineError::io("preallocating", Some(path), e)),
+            Err(e) => return Err(StartError::io("preallocating", Some(path), e)),
         }
         let mut mirror = vec![0u8; self.geo.meta_end as usize];
         Superblock {
@@ -323,10 +324,10 @@ impl CacheFile {
             let len = RECOVERY_READ.min(self.geo.meta_end - pos);
             let r =
                 self.dev.read(pos, len as usize).await.map_err(|e| {
-                    EngineError::io("reading cache metadata of", Some(path.clone()), e)
+                    StartError::io("reading cache metadata of", Some(path.clone()), e)
                 })?;
             if r.len() as u64 != len {
-                return Err(EngineError::Incompatible {
+                return Err(StartError::Incompatible {
                     path,
                     reason: "metadata region shorter than expected".into(),
                 });
@@ -376,7 +377,7 @@ impl CacheFile {
         dirty_blocks.dedup();
         for b in dirty_blocks {
             self.persist_block(b).await.map_err(|e| {
-                EngineError::io("clearing damaged headers in", Some(path.clone()), e)
+                StartError::io("clearing damaged headers in", Some(path.clone()), e)
             })?;
         }
         if rule_dropped > 0 {
@@ -394,7 +395,7 @@ impl CacheFile {
             self.dev
                 .sync()
                 .await
-                .map_err(|e| EngineError::io("syncing", Some(path.clone()), e))?;
+                .map_err(|e| StartError::io("syncing", Some(path.clone()), e))?;
             Superblock {
                 rules: fingerprint,
                 ..sb
@@ -402,7 +403,7 @@ impl CacheFile {
             .encode(&mut self.mirror.borrow_mut()[..BLOCK as usize]);
             self.persist_block(0)
                 .await
-                .map_err(|e| EngineError::io("writing superblock of", Some(path.clone()), e))?;
+                .map_err(|e| StartError::io("writing superblock of", Some(path.clone()), e))?;
         }
         Ok(rec)
     }

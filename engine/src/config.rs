@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use crate::{error::EngineError, policy::PolicyKind, rules::Rules};
+use crate::{error::StartError, policy::PolicyKind, rules::Rules};
 
 /// Smallest supported page size.
 pub const MIN_PAGE_SIZE: u32 = 64 << 10;
@@ -76,8 +76,8 @@ impl EngineConfig {
     }
 
     /// Checks the settings that do not need the disk.
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let bad = |m: String| Err(EngineError::Config(m));
+    pub fn validate(&self) -> Result<(), StartError> {
+        let bad = |m: String| Err(StartError::Config(m));
         if self.cache_dirs.is_empty() {
             return bad("no cache directory configured".into());
         }

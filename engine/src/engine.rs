@@ -17,7 +17,7 @@ use crate::{
     cachefile::CacheFile,
     config::EngineConfig,
     device::{FaultConfig, Faults},
-    error::{EngineError, Result},
+    error::{EngineError, Result, StartError},
     format::{FileIdent, Geometry},
     index::{Index, RuleStats},
     key::PageKey,
@@ -169,7 +169,7 @@ impl<S: 'static> ShardHandle<S> {
     }
 }
 
-fn lock_dir(dir: &std::path::Path) -> Result<File> {
+fn lock_dir(dir: &std::path::Path) -> Result<File, StartError> {
     use std::os::fd::AsRawFd;
     let path = dir.join("pagestore.lock");
     let f = std::fs::OpenOptions::new()
@@ -177,10 +177,10 @@ fn lock_dir(dir: &std::path::Path) -> Result<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| EngineError::io("creating lock file", Some(path.clone()), e))?;
+        .map_err(|e| StartError::io("creating lock file", Some(path.clone()), e))?;
     // SAFETY: flock on a file descriptor we own; the lock dies with the process.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(EngineError::CacheInUse { path });
+        return Err(StartError::CacheInUse { path });
     }
     Ok(f)
 }
@@ -202,7 +202,7 @@ fn allowed_cpus() -> Vec<usize> {
 
 impl Engine {
     /// Starts an engine whose shards keep no state of the user's.
-    pub fn start(config: EngineConfig) -> Result<Engine> {
+    pub fn start(config: EngineConfig) -> Result<Engine, StartError> {
         Engine::start_with(config, Arc::new(|_| ()))
     }
 }
@@ -210,7 +210,7 @@ impl Engine {
 impl<S: 'static> Engine<S> {
     /// Starts an engine and runs `init` on every shard's executor once it has recovered; what
     /// it returns is the shard's state (see [`ShardHandle::run_with`]).
-    pub fn start_with(config: EngineConfig, init: ShardInit<S>) -> Result<Engine<S>> {
+    pub fn start_with(config: EngineConfig, init: ShardInit<S>) -> Result<Engine<S>, StartError> {
         config.validate()?;
         crate::probe::probe_io_uring()?;
         let shards = config.resolved_shards();
@@ -218,7 +218,7 @@ impl<S: 'static> Engine<S> {
         let per_file = config.capacity / (shards * dirs) as u64;
         let geo = Geometry::for_capacity(config.page_size, config.chunk_size, per_file)
             .ok_or_else(|| {
-                EngineError::Config(format!(
+                StartError::Config(format!(
                     "capacity {} split over {shards} shards x {dirs} directories leaves {per_file} \
                      bytes per cache file, less than one {}-byte page plus metadata",
                     config.capacity, config.page_size
@@ -228,7 +228,7 @@ impl<S: 'static> Engine<S> {
         let mut locks = Vec::new();
         for dir in &config.cache_dirs {
             std::fs::create_dir_all(dir)
-                .map_err(|e| EngineError::io("creating cache directory", Some(dir.clone()), e))?;
+                .map_err(|e| StartError::io("creating cache directory", Some(dir.clone()), e))?;
             locks.push(lock_dir(dir)?);
             crate::probe::probe_direct_io(dir)?;
             check_space(dir, shards, geo.file_size)?;
@@ -237,7 +237,7 @@ impl<S: 'static> Engine<S> {
         let io_memory = config.page_size as usize * config.queue_depth;
         crate::probe::raise_memlock((io_memory as u64 + (1 << 20)) * shards as u64 + (8 << 20));
         let cpus = allowed_cpus();
-        let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<()>)>();
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), StartError>)>();
         let mut handles = Vec::new();
         let mut threads = Vec::new();
         for id in 0..shards {
@@ -268,7 +268,7 @@ impl<S: 'static> Engine<S> {
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(e) => {
-                    return Err(EngineError::io(
+                    return Err(StartError::io(
                         "starting shard executor",
                         None,
                         crate::device::to_io(e),
@@ -294,7 +294,7 @@ impl<S: 'static> Engine<S> {
                 Err(_) => {
                     // A shard thread died before reporting (e.g. its executor could not be
                     // built); its own error comes back when the threads are joined.
-                    first_err.get_or_insert(EngineError::ShardGone);
+                    first_err.get_or_insert(StartError::Shard(EngineError::ShardGone));
                     break;
                 }
             }
@@ -302,7 +302,7 @@ impl<S: 'static> Engine<S> {
         if let Some(e) = first_err {
             let joined = engine.stop();
             return Err(match (e, joined) {
-                (EngineError::ShardGone, Err(real)) => real,
+                (StartError::Shard(EngineError::ShardGone), Err(real)) => real.into(),
                 (e, _) => e,
             });
         }
@@ -373,16 +373,16 @@ impl<S: 'static> Drop for Engine<S> {
     }
 }
 
-fn check_space(dir: &std::path::Path, shards: usize, file_size: u64) -> Result<()> {
+fn check_space(dir: &std::path::Path, shards: usize, file_size: u64) -> Result<(), StartError> {
     let mut needed = 0u64;
     for id in 0..shards {
         let existing = std::fs::metadata(shard_file(dir, id)).map_or(0, |m| m.len());
         needed += file_size.saturating_sub(existing);
     }
     let free = crate::probe::free_space(dir)
-        .map_err(|e| EngineError::io("checking free space of", Some(dir.to_path_buf()), e))?;
+        .map_err(|e| StartError::io("checking free space of", Some(dir.to_path_buf()), e))?;
     if needed > free {
-        return Err(EngineError::NoSpace {
+        return Err(StartError::NoSpace {
             path: dir.to_path_buf(),
             needed,
             available: free,
@@ -396,7 +396,12 @@ pub fn shard_file(dir: &std::path::Path, id: usize) -> PathBuf {
     dir.join(format!("shard-{id}.cache"))
 }
 
-async fn open_shard(id: usize, shards: usize, cfg: &EngineConfig, geo: Geometry) -> Result<Shard> {
+async fn open_shard(
+    id: usize,
+    shards: usize,
+    cfg: &EngineConfig,
+    geo: Geometry,
+) -> Result<Shard, StartError> {
     let started = Instant::now();
     let faults = Rc::new(Faults::default());
     let mut files = Vec::new();

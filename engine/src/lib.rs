@@ -46,7 +46,7 @@ pub use config::{
 };
 pub use device::FaultConfig;
 pub use engine::{shard_file, Engine, ShardHandle, ShardInit};
-pub use error::{EngineError, Result};
+pub use error::{EngineError, Result, StartError};
 /// glommio's DMA buffer, for [`Shard::put_buffer`].
 pub use glommio::io::DmaBuffer;
 pub use index::RuleStats;

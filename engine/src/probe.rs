@@ -1,9 +1,9 @@
 //! Start-up checks that turn environment problems into clear errors instead of panics.
 
-use crate::error::EngineError;
+use crate::error::StartError;
 
 /// Checks that io_uring can be set up and supports the operations the engine issues.
-pub fn probe_io_uring() -> Result<(), EngineError> {
+pub fn probe_io_uring() -> Result<(), StartError> {
     let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
@@ -16,11 +16,11 @@ pub fn probe_io_uring() -> Result<(), EngineError> {
              filters io_uring_setup; allow it"
                 .to_string()
         };
-        EngineError::IoUringUnavailable(format!("io_uring_setup failed: {e}; {hint}"))
+        StartError::IoUringUnavailable(format!("io_uring_setup failed: {e}; {hint}"))
     })?;
     let mut probe = io_uring::Probe::new();
     ring.submitter().register_probe(&mut probe).map_err(|e| {
-        EngineError::IoUringUnavailable(format!("cannot probe io_uring opcodes: {e}"))
+        StartError::IoUringUnavailable(format!("cannot probe io_uring opcodes: {e}"))
     })?;
     use io_uring::opcode;
     let needed = [
@@ -37,7 +37,7 @@ pub fn probe_io_uring() -> Result<(), EngineError> {
         .map(|(_, name)| *name)
         .collect();
     if !missing.is_empty() {
-        return Err(EngineError::IoUringUnavailable(format!(
+        return Err(StartError::IoUringUnavailable(format!(
             "the kernel's io_uring lacks {}; a 5.8 or newer kernel is needed",
             missing.join(", ")
         )));
@@ -94,7 +94,7 @@ pub fn free_space(path: &std::path::Path) -> std::io::Result<u64> {
 
 /// Checks that files in `dir` can be opened with O_DIRECT (tmpfs before Linux 6.6, ramfs,
 /// overlayfs and many network or FUSE file systems refuse it).
-pub fn probe_direct_io(dir: &std::path::Path) -> Result<(), EngineError> {
+pub fn probe_direct_io(dir: &std::path::Path) -> Result<(), StartError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(".pagestore-odirect-probe");
     let r = std::fs::OpenOptions::new()
@@ -108,9 +108,9 @@ pub fn probe_direct_io(dir: &std::path::Path) -> Result<(), EngineError> {
     match r {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            Err(EngineError::DirectIoUnsupported { path, source: e })
+            Err(StartError::DirectIoUnsupported { path, source: e })
         }
-        Err(e) => Err(EngineError::io(
+        Err(e) => Err(StartError::io(
             "probing O_DIRECT in",
             Some(dir.to_path_buf()),
             e,

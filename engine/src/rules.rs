@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use crate::error::EngineError;
+use crate::error::StartError;
 
 /// The rule number of pages no rule covers.
 pub const NO_RULE: u8 = 0;
@@ -61,13 +61,13 @@ pub struct Rules {
     rules: Vec<Rule>,
 }
 
-fn bad(m: String) -> EngineError {
-    EngineError::Config(m)
+fn bad(m: String) -> StartError {
+    StartError::Config(m)
 }
 
 /// The canonical form of a rule prefix: starts with `/`, no trailing `/` (except `/` itself), no
 /// empty, `.` or `..` components.
-fn normalize(prefix: &str) -> Result<String, EngineError> {
+fn normalize(prefix: &str) -> Result<String, StartError> {
     if !prefix.starts_with('/') {
         return Err(bad(format!(
             "rule prefix {prefix:?} must be a logical path starting with /"
@@ -109,8 +109,8 @@ impl Rules {
     ///
     /// # Errors
     ///
-    /// [`EngineError::Config`] naming the rule and what is wrong with it.
-    pub fn new(rules: Vec<Rule>) -> Result<Rules, EngineError> {
+    /// [`StartError::Config`] naming the rule and what is wrong with it.
+    pub fn new(rules: Vec<Rule>) -> Result<Rules, StartError> {
         if rules.len() > MAX_RULES {
             return Err(bad(format!(
                 "{} rules given, at most {MAX_RULES} are supported",
@@ -209,8 +209,8 @@ impl Rules {
     ///
     /// # Errors
     ///
-    /// [`EngineError::Config`] if a quota is smaller than one page per shard.
-    pub fn limits(&self, shards: usize, page_size: u32) -> Result<Vec<RuleLimits>, EngineError> {
+    /// [`StartError::Config`] if a quota is smaller than one page per shard.
+    pub fn limits(&self, shards: usize, page_size: u32) -> Result<Vec<RuleLimits>, StartError> {
         let mut out = vec![RuleLimits::default()];
         let unit = u64::from(page_size) * shards.max(1) as u64;
         for r in &self.rules {

@@ -200,7 +200,7 @@ fn a_cache_of_another_format_version_is_refused_not_wiped() {
     f.write_all(&b).unwrap();
     f.sync_all().unwrap();
     match pagestore_engine::Engine::start(cfg.clone()) {
-        Err(pagestore_engine::EngineError::Incompatible { reason, .. }) => {
+        Err(pagestore_engine::StartError::Incompatible { reason, .. }) => {
             assert!(reason.contains("format version 2"), "{reason}");
         }
         Err(e) => panic!("expected Incompatible, got {e}"),

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use pagestore_engine::{Engine, EngineConfig, EngineError, PageKey};
+use pagestore_engine::{Engine, EngineConfig, PageKey, StartError};
 
 #[test]
 fn restart_restores_every_page_byte_exact() {
@@ -89,7 +89,7 @@ fn changed_settings_are_refused_unless_reformat() {
         ..cfg.clone()
     };
     match Engine::start(other.clone()) {
-        Err(EngineError::Incompatible { reason, .. }) => {
+        Err(StartError::Incompatible { reason, .. }) => {
             assert!(reason.contains("page size"), "{reason}");
         }
         Err(e) => panic!("expected Incompatible, got {e}"),
@@ -121,7 +121,7 @@ fn a_cache_directory_serves_one_process_at_a_time() {
     let cfg = config(dir.path(), 1, 64 * KIB, 4);
     let engine = start(cfg.clone());
     match Engine::start(cfg.clone()) {
-        Err(EngineError::CacheInUse { .. }) => {}
+        Err(StartError::CacheInUse { .. }) => {}
         Err(e) => panic!("expected CacheInUse, got {e}"),
         Ok(_) => panic!("two engines opened one directory"),
     }
@@ -161,7 +161,7 @@ fn bad_settings_give_clear_errors() {
     ];
     for c in cases {
         match Engine::start(c.clone()) {
-            Err(EngineError::Config(m)) => assert!(!m.is_empty()),
+            Err(StartError::Config(m)) => assert!(!m.is_empty()),
             Err(e) => panic!("{c:?}: expected a configuration error, got {e}"),
             Ok(_) => panic!("{c:?}: started"),
         }
@@ -176,7 +176,7 @@ fn a_capacity_larger_than_the_disk_is_refused() {
         ..config(dir.path(), 1, 64 * KIB, 4)
     };
     match Engine::start(cfg) {
-        Err(e @ EngineError::NoSpace { .. }) => {
+        Err(e @ StartError::NoSpace { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains("not enough space"), "{msg}");
         }

@@ -12,7 +12,7 @@ use std::{sync::Arc, time::Duration};
 
 use common::*;
 use pagestore_engine::{
-    Engine, EngineConfig, EngineError, PageKey, Rule, RuleStats, Rules, ShardStats,
+    Engine, EngineConfig, EngineError, PageKey, Rule, RuleStats, Rules, ShardStats, StartError,
 };
 
 const PAGE: u32 = 64 * KIB;
@@ -214,7 +214,7 @@ fn a_quota_with_nothing_evictable_refuses_and_bad_rules_do_not_start() {
     let mut two = config(dir.path(), 2, PAGE, SLOTS);
     two.rules = Arc::new(Rules::new(vec![rule("/q", Some(1), None, false)]).unwrap());
     match Engine::start(two) {
-        Err(EngineError::Config(m)) => assert!(m.contains("rule /q") && m.contains("quota"), "{m}"),
+        Err(StartError::Config(m)) => assert!(m.contains("rule /q") && m.contains("quota"), "{m}"),
         Err(e) => panic!("expected a configuration error, got {e}"),
         Ok(_) => panic!("expected a configuration error"),
     }

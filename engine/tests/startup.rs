@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use pagestore_engine::{Engine, EngineError};
+use pagestore_engine::{Engine, StartError};
 
 const CHILD: &str = "PAGESTORE_STARTUP_CHILD_DIR";
 
@@ -67,7 +67,7 @@ fn io_uring_child() {
         );
     }
     match Engine::start(config(std::path::Path::new(&dir), 1, 64 * KIB, 4)) {
-        Err(e @ EngineError::IoUringUnavailable(_)) => println!("EXPECTED-ERROR: {e}"),
+        Err(e @ StartError::IoUringUnavailable(_)) => println!("EXPECTED-ERROR: {e}"),
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("engine started without io_uring"),
     }
@@ -121,7 +121,7 @@ fn a_file_system_without_o_direct_is_a_clear_error() {
     let r = Engine::start(config(&mnt, 1, 64 * KIB, 4));
     let _ = Command::new("umount").arg(&mnt).status();
     match r {
-        Err(e @ EngineError::DirectIoUnsupported { .. }) => {
+        Err(e @ StartError::DirectIoUnsupported { .. }) => {
             assert!(e.to_string().contains("does not support O_DIRECT"), "{e}");
         }
         Err(e) => panic!("expected DirectIoUnsupported, got {e}"),

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use pagestore_engine::{Engine, EngineConfig, EngineError, Shard, ShardInit};
+use pagestore_engine::{Engine, EngineConfig, EngineError, Shard, ShardInit, StartError};
 
 use crate::{
     endpoint::{self, EndpointHandle, EndpointOptions, Limits, RequestBudget},
@@ -58,31 +58,21 @@ pub struct NodeOptions {
 }
 
 /// Why a node could not start.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     /// The engine could not start.
-    Engine(EngineError),
+    #[error(transparent)]
+    Engine(#[from] StartError),
     /// A shard could not bind its UDP port.
-    Bind(SocketAddr, std::io::Error),
+    #[error(
+        "cannot listen on {0} (UDP): {1}; shard ports are the base port plus the shard index, so \
+         the whole range must be free"
+    )]
+    Bind(SocketAddr, #[source] std::io::Error),
     /// A shard did not report in time.
+    #[error("a shard did not start its endpoint in time")]
     Timeout,
 }
-
-impl std::fmt::Display for NodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NodeError::Engine(e) => write!(f, "{e}"),
-            NodeError::Bind(a, e) => write!(
-                f,
-                "cannot listen on {a} (UDP): {e}; shard ports are the base port plus the shard \
-                 index, so the whole range must be free"
-            ),
-            NodeError::Timeout => write!(f, "a shard did not start its endpoint in time"),
-        }
-    }
-}
-
-impl std::error::Error for NodeError {}
 
 /// One shard's network state: its endpoint, ring view, miss path and service (opaque outside
 /// this module; reached through [`Node`]'s methods).

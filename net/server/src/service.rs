@@ -169,6 +169,8 @@ fn error(request_id: u64, code: ErrorCode, message: impl Into<String>) -> Reply 
     )
 }
 
+/// A request's engine error as the wire's error code. The match is exhaustive: a new engine
+/// error must choose its code here.
 fn engine_error(request_id: u64, e: &EngineError) -> Reply {
     let code = match e {
         EngineError::BadRange { .. } => ErrorCode::BadRange,
@@ -178,7 +180,6 @@ fn engine_error(request_id: u64, e: &EngineError) -> Reply {
         EngineError::CacheFull | EngineError::QuotaFull { .. } => ErrorCode::Full,
         EngineError::ShardGone => ErrorCode::Unavailable,
         EngineError::Io { .. } => ErrorCode::Io,
-        _ => ErrorCode::Internal,
     };
     error(request_id, code, e.to_string())
 }

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use pagestore_engine::{EngineError, PolicyKind, Rule, Rules};
+use pagestore_engine::{PolicyKind, Rule, Rules, StartError};
 use pagestore_mounts::{
     etcd::{self, EtcdError, EtcdOptions, RingMode},
     ufs::{FileRoots, UfsError},
@@ -252,7 +252,7 @@ pub enum SettingsError {
     FileRoots(#[from] UfsError),
     /// The cache rules do not go together (a prefix twice, a quota below a page per shard).
     #[error(transparent)]
-    Rules(#[from] EngineError),
+    Rules(#[from] StartError),
     /// The etcd settings (or their `PAGESTORE_ETCD_*` variables) are unusable.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
