@@ -83,6 +83,13 @@ pub struct ShardNet {
     service: Rc<ShardService>,
 }
 
+/// Upper bounds, in microseconds, of the request service-time histogram that
+/// [`ShardMetrics::latency_buckets`] counts (from 50 µs, a page hit on an idle shard, to 5 s).
+pub const LATENCY_BOUNDS_US: [u64; 16] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000,
+];
+
 /// Everything one shard reports for monitoring ([`Node::metrics`]).
 #[derive(Clone, Debug)]
 pub struct ShardMetrics {
@@ -96,6 +103,9 @@ pub struct ShardMetrics {
     pub latency_us: [u64; 5],
     /// Sum of request service times, microseconds.
     pub latency_sum_us: u64,
+    /// Requests by service time: entry `i` counts those above `LATENCY_BOUNDS_US[i - 1]` and
+    /// at most `LATENCY_BOUNDS_US[i]` microseconds; the last entry counts the rest.
+    pub latency_buckets: [u64; LATENCY_BOUNDS_US.len() + 1],
     /// The ring epoch the shard serves under.
     pub epoch: u64,
     /// `Fetch` requests served as a replica because a client's owner failed.
@@ -354,6 +364,7 @@ impl Node {
                 requests: 0,
                 latency_us: [0; 5],
                 latency_sum_us: 0,
+                latency_buckets: [0; LATENCY_BOUNDS_US.len() + 1],
                 epoch: 0,
                 replica_reads: 0,
                 not_owner: 0,
@@ -366,6 +377,10 @@ impl Node {
                 m.requests = net.endpoint.stats().requests.get();
                 m.latency_us = [q(0.5), q(0.9), q(0.99), q(0.999), h.max()];
                 m.latency_sum_us = (h.mean() * h.len() as f64) as u64;
+                for v in h.iter_recorded() {
+                    let le = LATENCY_BOUNDS_US.partition_point(|&b| b < v.value_iterated_to());
+                    m.latency_buckets[le] += v.count_at_value();
+                }
                 m.epoch = net.view.epoch();
                 (m.replica_reads, m.not_owner) = net.service.routing_counters();
                 m.forbidden = net.service.forbidden();

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod http_guard;
 pub mod load;
 pub mod local_cluster;
+pub mod metrics;
 pub mod pagefs;
 pub mod pages3;
 pub mod rules;

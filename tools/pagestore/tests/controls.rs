@@ -33,7 +33,7 @@ impl Metrics {
                 let name = it.next().unwrap();
                 let kind = it.next().unwrap();
                 assert!(
-                    ["counter", "gauge", "summary"].contains(&kind),
+                    ["counter", "gauge", "histogram"].contains(&kind),
                     "bad type: {line}"
                 );
                 assert!(typed.insert(name.to_string()), "family typed twice: {line}");
@@ -50,7 +50,7 @@ impl Metrics {
                 Some((n, l)) => (n, l.strip_suffix('}').unwrap()),
                 None => (series, ""),
             };
-            let family = ["_sum", "_count"]
+            let family = ["_total", "_bucket", "_sum", "_count"]
                 .iter()
                 .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
                 .unwrap_or(name);

@@ -1,0 +1,576 @@
+//! `/metrics`: one snapshot of a node rendered in the OpenMetrics text format by
+//! prometheus-client. The tables in this module are the one place where metric names, types and
+//! help texts live; docs/OPERATIONS.md lists the same names, and a test checks that every name
+//! it documents is exported.
+//!
+//! Counters are named here with their `_total` suffix, as they appear in samples; the
+//! OpenMetrics family (the `# TYPE` line) drops it.
+
+use std::fmt;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, NoLabelSet},
+    metrics::MetricType,
+    registry::Registry,
+};
+
+use pagestore_engine::{Rule, RuleStats};
+use pagestore_protocol::jobs::JobRecord;
+use pagestore_server::node::{ShardMetrics, LATENCY_BOUNDS_US};
+
+/// The `Content-Type` of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What `/metrics` reports, read once per scrape.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The node's UUID.
+    pub node: String,
+    /// Each shard's numbers, by shard index.
+    pub shards: Vec<ShardMetrics>,
+    /// Nodes holding ring slots in the node's view.
+    pub ring_nodes: u64,
+    /// Ring nodes known to be down.
+    pub ring_nodes_down: u64,
+    /// With etcd: whether its last request was answered.
+    pub etcd_reachable: Option<bool>,
+    /// Preload job records with their state as shown (`running`, `done`, `failed`, `lost`).
+    pub jobs: Vec<(JobRecord, &'static str)>,
+    /// Each cache rule with its accounting summed over the shards.
+    pub rules: Vec<(Rule, RuleStats)>,
+}
+
+/// Counter or gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic; the name ends in `_total`.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+/// One per-shard family: name, kind, help, value.
+type ShardFamily = (&'static str, Kind, &'static str, fn(&ShardMetrics) -> u64);
+
+/// The per-shard families (labels `node`, `shard`).
+const PER_SHARD: &[ShardFamily] = &[
+    (
+        "pagestore_hits_total",
+        Kind::Counter,
+        "Page reads served from the cache.",
+        |s| s.engine.hits,
+    ),
+    (
+        "pagestore_misses_total",
+        Kind::Counter,
+        "Page reads not in the cache.",
+        |s| s.engine.misses,
+    ),
+    (
+        "pagestore_hit_bytes_total",
+        Kind::Counter,
+        "Bytes served from the cache.",
+        |s| s.engine.hit_bytes,
+    ),
+    (
+        "pagestore_ufs_bytes_total",
+        Kind::Counter,
+        "Bytes read from the under storage (misses and preloads).",
+        |s| s.loader.ufs_bytes,
+    ),
+    (
+        "pagestore_ufs_reads_total",
+        Kind::Counter,
+        "Page loads sent to the under storage.",
+        |s| s.loader.ufs_reads,
+    ),
+    (
+        "pagestore_ufs_errors_total",
+        Kind::Counter,
+        "Under-storage requests that failed.",
+        |s| s.loader.ufs_errors,
+    ),
+    (
+        "pagestore_store_failures_total",
+        Kind::Counter,
+        "Loaded pages served but not kept (cache or rule quota full, or a disk error).",
+        |s| s.loader.store_failures,
+    ),
+    (
+        "pagestore_coalesced_misses_total",
+        Kind::Counter,
+        "Misses that joined a load already in flight.",
+        |s| s.loader.coalesced,
+    ),
+    (
+        "pagestore_metadata_cache_hits_total",
+        Kind::Counter,
+        "Path metadata and listings answered from the TTL cache.",
+        |s| s.loader.metadata_hits,
+    ),
+    (
+        "pagestore_metadata_cache_misses_total",
+        Kind::Counter,
+        "Path metadata and listings fetched from the under storage.",
+        |s| s.loader.metadata_misses,
+    ),
+    (
+        "pagestore_requests_total",
+        Kind::Counter,
+        "Requests served by the shard's QUIC endpoint.",
+        |s| s.requests,
+    ),
+    (
+        "pagestore_inserts_total",
+        Kind::Counter,
+        "Pages written.",
+        |s| s.engine.inserts,
+    ),
+    (
+        "pagestore_insert_bytes_total",
+        Kind::Counter,
+        "Bytes written.",
+        |s| s.engine.insert_bytes,
+    ),
+    (
+        "pagestore_evictions_total",
+        Kind::Counter,
+        "Pages evicted.",
+        |s| s.engine.evictions,
+    ),
+    (
+        "pagestore_checksum_failures_total",
+        Kind::Counter,
+        "Pages whose data failed its checksum (dropped, never served).",
+        |s| s.engine.checksum_failures,
+    ),
+    (
+        "pagestore_io_errors_total",
+        Kind::Counter,
+        "Disk errors.",
+        |s| s.engine.io_errors,
+    ),
+    (
+        "pagestore_capacity_bytes",
+        Kind::Gauge,
+        "Cache capacity.",
+        |s| s.engine.capacity_bytes,
+    ),
+    ("pagestore_used_bytes", Kind::Gauge, "Bytes cached.", |s| {
+        s.engine.bytes
+    }),
+    (
+        "pagestore_free_bytes",
+        Kind::Gauge,
+        "Capacity not holding pages.",
+        |s| s.engine.capacity_bytes.saturating_sub(s.engine.bytes),
+    ),
+    ("pagestore_pages", Kind::Gauge, "Pages cached.", |s| {
+        s.engine.pages
+    }),
+    (
+        "pagestore_ring_epoch",
+        Kind::Gauge,
+        "Ring epoch the shard serves under.",
+        |s| s.epoch,
+    ),
+    (
+        "pagestore_replica_reads_total",
+        Kind::Counter,
+        "Reads served as a replica because a client's owner failed (fallbacks seen by nodes; \
+         clients count theirs).",
+        |s| s.replica_reads,
+    ),
+    (
+        "pagestore_not_owner_total",
+        Kind::Counter,
+        "Requests answered NotOwner (a client routed with another ring; it falls back).",
+        |s| s.not_owner,
+    ),
+    (
+        "pagestore_forbidden_total",
+        Kind::Counter,
+        "Requests refused because the peer's certificate role does not allow them \
+         (docs/SECURITY.md).",
+        |s| s.forbidden,
+    ),
+    (
+        "pagestore_connections_total",
+        Kind::Counter,
+        "QUIC connections accepted.",
+        |s| s.endpoint.connections,
+    ),
+    (
+        "pagestore_connections_refused_total",
+        Kind::Counter,
+        "QUIC connection attempts refused by the connection or handshake limits.",
+        |s| s.endpoint.refused,
+    ),
+    (
+        "pagestore_quic_retries_total",
+        Kind::Counter,
+        "QUIC Retry packets sent to validate client addresses under load.",
+        |s| s.endpoint.retries,
+    ),
+    (
+        "pagestore_requests_stalled_total",
+        Kind::Counter,
+        "Requests reset because their bytes stopped arriving, and replies reset because the \
+         client stopped taking them (--request-stall-timeout).",
+        |s| s.endpoint.stalled,
+    ),
+    (
+        "pagestore_request_budget_waits_total",
+        Kind::Counter,
+        "Times a request waited for the node's request or reply budget (--max-partial-bytes).",
+        |s| s.endpoint.budget_waits,
+    ),
+    (
+        "pagestore_requests_rejected_total",
+        Kind::Counter,
+        "Request streams reset because the request was too large or malformed.",
+        |s| s.endpoint.rejected,
+    ),
+];
+
+/// The request service-time histogram (labels `node`, `shard`).
+const LATENCY: (&str, &str) = (
+    "pagestore_request_latency_microseconds",
+    "Request service time on the shard, microseconds, since the node started.",
+);
+
+/// The node-wide ratios (label `node`).
+const HIT_RATIO: (&str, &str) = (
+    "pagestore_hit_ratio",
+    "Hits / (hits + misses) since the node started.",
+);
+const BYTE_HIT_RATIO: (&str, &str) = (
+    "pagestore_byte_hit_ratio",
+    "Bytes from the cache / (bytes from the cache + bytes from the under storage).",
+);
+
+/// Membership gauges (label `node`).
+const RING_NODES: (&str, &str) = (
+    "pagestore_ring_nodes",
+    "Nodes holding ring slots in this node's view.",
+);
+const RING_NODES_DOWN: (&str, &str) = (
+    "pagestore_ring_nodes_down",
+    "Ring nodes known to be down (static ring mode); their keys are read from the under storage.",
+);
+const ETCD_REACHABLE: (&str, &str) = (
+    "pagestore_etcd_reachable",
+    "1 when the last request to etcd was answered.",
+);
+
+/// Preload jobs by state (labels `node`, `state`).
+const LOAD_JOBS: (&str, &str) = (
+    "pagestore_load_jobs",
+    "Preload jobs reported to this node, by state (running, done, failed, lost: no report for \
+     30 s).",
+);
+
+/// The job states [`LOAD_JOBS`] counts.
+const JOB_STATES: [&str; 4] = ["running", "done", "failed", "lost"];
+
+/// One per-job gauge: name, help, value (labels `node`, `job`, `state`).
+type JobFamily = (&'static str, &'static str, fn(&JobRecord) -> u64);
+
+const PER_JOB: &[JobFamily] = &[
+    ("pagestore_load_job_files_total", "Files in the job.", |r| {
+        r.files_total
+    }),
+    (
+        "pagestore_load_job_files_done",
+        "Files the job has finished (loaded or failed).",
+        |r| r.files_done,
+    ),
+    (
+        "pagestore_load_job_files_failed",
+        "Files that failed.",
+        |r| r.files_failed,
+    ),
+    (
+        "pagestore_load_job_bytes_done",
+        "Bytes of the finished files.",
+        |r| r.bytes_done,
+    ),
+    (
+        "pagestore_load_job_bytes_loaded",
+        "Bytes the job loaded from the under storage.",
+        |r| r.bytes_loaded,
+    ),
+];
+
+/// One per-rule family: name, kind, help, value (`None`: no series for that rule). Labels
+/// `node`, `rule`; node-wide sums over the shards.
+type RuleFamily = (
+    &'static str,
+    Kind,
+    &'static str,
+    fn(&Rule, &RuleStats) -> Option<u64>,
+);
+
+const PER_RULE: &[RuleFamily] = &[
+    (
+        "pagestore_rule_pages",
+        Kind::Gauge,
+        "Pages cached under the rule.",
+        |_, s| Some(s.pages),
+    ),
+    (
+        "pagestore_rule_bytes",
+        Kind::Gauge,
+        "Bytes cached under the rule (page lengths).",
+        |_, s| Some(s.bytes),
+    ),
+    (
+        "pagestore_rule_pinned_bytes",
+        Kind::Gauge,
+        "Bytes of the rule's pages that are pinned (by the rule or by request).",
+        |_, s| Some(s.pinned_bytes),
+    ),
+    (
+        "pagestore_rule_quota_bytes",
+        Kind::Gauge,
+        "The rule's quota on this node (each shard enforces quota/shards in whole pages).",
+        |r, _| r.quota,
+    ),
+    (
+        "pagestore_rule_ttl_seconds",
+        Kind::Gauge,
+        "The rule's TTL: older pages are never served.",
+        |r, _| r.ttl.map(|t| t.as_secs()),
+    ),
+    (
+        "pagestore_rule_inserts_total",
+        Kind::Counter,
+        "Pages stored under the rule.",
+        |_, s| Some(s.inserts),
+    ),
+    (
+        "pagestore_rule_evictions_total",
+        Kind::Counter,
+        "Pages of the rule evicted by the eviction policy (cache full).",
+        |_, s| Some(s.evictions),
+    ),
+    (
+        "pagestore_rule_quota_evictions_total",
+        Kind::Counter,
+        "Pages of the rule evicted to keep it within its quota.",
+        |_, s| Some(s.quota_evictions),
+    ),
+    (
+        "pagestore_rule_quota_refusals_total",
+        Kind::Counter,
+        "Pages not stored: the rule was at its quota and none of its pages could be evicted.",
+        |_, s| Some(s.quota_refusals),
+    ),
+    (
+        "pagestore_rule_expirations_total",
+        Kind::Counter,
+        "Pages found past the rule's TTL on lookup (dropped, read again from the under storage).",
+        |_, s| Some(s.expirations),
+    ),
+    (
+        "pagestore_rule_pins_refused_total",
+        Kind::Counter,
+        "Pages of a pin rule stored unpinned because 90% of a shard's slots were pinned.",
+        |_, s| Some(s.pins_refused),
+    ),
+];
+
+/// Every metric name `/metrics` can export (the histogram's samples add `_bucket`, `_sum` and
+/// `_count`).
+pub fn names() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = PER_SHARD.iter().map(|f| f.0).collect();
+    v.extend([LATENCY.0, HIT_RATIO.0, BYTE_HIT_RATIO.0]);
+    v.extend([
+        RING_NODES.0,
+        RING_NODES_DOWN.0,
+        ETCD_REACHABLE.0,
+        LOAD_JOBS.0,
+    ]);
+    v.extend(PER_JOB.iter().map(|f| f.0));
+    v.extend(PER_RULE.iter().map(|f| f.0));
+    v
+}
+
+/// The snapshot in the OpenMetrics text format (ends with `# EOF`).
+pub fn render(snapshot: Snapshot) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(snapshot));
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+        // Writing into a String does not fail; say so if it ever does instead of serving half.
+        return format!("# metrics could not be encoded: {e}\n# EOF\n");
+    }
+    out
+}
+
+/// A label value with backslash, double quote and newline escaped (prometheus-client writes
+/// label values as given).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// One family of integer samples.
+fn family(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    kind: Kind,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, u64)>,
+) -> fmt::Result {
+    let (name, ty) = match kind {
+        Kind::Counter => (
+            name.strip_suffix("_total").unwrap_or(name),
+            MetricType::Counter,
+        ),
+        Kind::Gauge => (name, MetricType::Gauge),
+    };
+    let mut m = e.encode_descriptor(name, help, None, ty)?;
+    for (labels, v) in samples {
+        let mut f = m.encode_family(&labels)?;
+        match kind {
+            Kind::Counter => f.encode_counter::<NoLabelSet, u64, u64>(&v, None)?,
+            Kind::Gauge => f.encode_gauge(&v)?,
+        }
+    }
+    Ok(())
+}
+
+/// One node-wide gauge of any numeric value.
+fn node_gauge(
+    e: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    node: &str,
+    v: f64,
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    m.encode_family(&vec![("node", label(node))])?
+        .encode_gauge(&v)
+}
+
+impl Snapshot {
+    fn node_labels(&self) -> Labels {
+        vec![("node", label(&self.node))]
+    }
+
+    fn shard_labels(&self, shard: usize) -> Labels {
+        vec![("node", label(&self.node)), ("shard", shard.to_string())]
+    }
+
+    fn encode_shards(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        for (name, kind, help, value) in PER_SHARD {
+            let samples = self.shards.iter().enumerate();
+            family(
+                e,
+                name,
+                *kind,
+                help,
+                samples.map(|(i, s)| (self.shard_labels(i), value(s))),
+            )?;
+        }
+        let mut m = e.encode_descriptor(LATENCY.0, LATENCY.1, None, MetricType::Histogram)?;
+        for (i, s) in self.shards.iter().enumerate() {
+            let labels = self.shard_labels(i);
+            let bounds = LATENCY_BOUNDS_US
+                .iter()
+                .map(|&b| b as f64)
+                .chain([f64::MAX]);
+            let buckets: Vec<(f64, u64)> = bounds.zip(s.latency_buckets).collect();
+            let count = s.latency_buckets.iter().sum();
+            m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                s.latency_sum_us as f64,
+                count,
+                &buckets,
+                None,
+            )?;
+        }
+        // Node-wide ratios: the first of the three numbers operators judge a cache by.
+        let sum = |f: fn(&ShardMetrics) -> u64| self.shards.iter().map(f).sum::<u64>() as f64;
+        let ratio = |a: f64, b: f64| if a + b > 0.0 { a / (a + b) } else { 0.0 };
+        let (hits, misses) = (sum(|s| s.engine.hits), sum(|s| s.engine.misses));
+        let (hit_bytes, ufs_bytes) = (sum(|s| s.engine.hit_bytes), sum(|s| s.loader.ufs_bytes));
+        node_gauge(e, HIT_RATIO, &self.node, ratio(hits, misses))?;
+        node_gauge(e, BYTE_HIT_RATIO, &self.node, ratio(hit_bytes, ufs_bytes))
+    }
+
+    fn encode_membership(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let node = self.node_labels();
+        let (name, help) = RING_NODES;
+        family(
+            e,
+            name,
+            Kind::Gauge,
+            help,
+            [(node.clone(), self.ring_nodes)],
+        )?;
+        let (name, help) = RING_NODES_DOWN;
+        family(
+            e,
+            name,
+            Kind::Gauge,
+            help,
+            [(node.clone(), self.ring_nodes_down)],
+        )?;
+        if let Some(up) = self.etcd_reachable {
+            let (name, help) = ETCD_REACHABLE;
+            family(e, name, Kind::Gauge, help, [(node, u64::from(up))])?;
+        }
+        Ok(())
+    }
+
+    fn encode_jobs(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let by_state = JOB_STATES.iter().map(|st| {
+            let n = self.jobs.iter().filter(|(_, s)| s == st).count() as u64;
+            let mut labels = self.node_labels();
+            labels.push(("state", (*st).to_string()));
+            (labels, n)
+        });
+        family(e, LOAD_JOBS.0, Kind::Gauge, LOAD_JOBS.1, by_state)?;
+        for (name, help, value) in PER_JOB {
+            let samples = self.jobs.iter().map(|(r, state)| {
+                let mut labels = self.node_labels();
+                labels.push(("job", label(&r.id)));
+                labels.push(("state", (*state).to_string()));
+                (labels, value(r))
+            });
+            family(e, name, Kind::Gauge, help, samples)?;
+        }
+        Ok(())
+    }
+
+    fn encode_rules(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        if self.rules.is_empty() {
+            return Ok(());
+        }
+        for (name, kind, help, value) in PER_RULE {
+            let samples = self.rules.iter().filter_map(|(r, s)| {
+                let mut labels = self.node_labels();
+                labels.push(("rule", label(&r.prefix)));
+                value(r, s).map(|v| (labels, v))
+            });
+            family(e, name, *kind, help, samples)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        self.encode_shards(&mut e)?;
+        self.encode_membership(&mut e)?;
+        self.encode_jobs(&mut e)?;
+        self.encode_rules(&mut e)
+    }
+}
+
+#[cfg(test)]
+mod tests;
