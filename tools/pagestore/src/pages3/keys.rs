@@ -7,22 +7,16 @@ use super::{checks, errors::invalid, valid_bucket};
 
 /// Decodes `%XX` escapes (invalid escapes are kept as they are).
 pub(super) fn percent_decode(s: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%' && i + 2 < s.len() {
-            if let (Some(h), Some(l)) = (hex(s[i + 1]), hex(s[i + 2])) {
-                out.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(s[i]);
-        i += 1;
-    }
-    out
+    percent_encoding::percent_decode(s).collect()
 }
+
+/// What `encoding-type=url` escapes: everything but unreserved characters and `/`.
+const URL_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
 
 /// Whether a key segment stays clear of `.`, `..` and NUL however many times it is
 /// percent-decoded (a store or a later hop might decode it again).
@@ -98,15 +92,7 @@ pub(super) fn check_segments(s: &str) -> S3Result<()> {
 
 /// `%XX`-encodes everything except unreserved characters and `/` (listing `encoding-type=url`).
 pub(super) fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, URL_ESCAPED).to_string()
 }
 
 /// Continuation tokens: the last key of the page, hex-encoded behind a version letter.

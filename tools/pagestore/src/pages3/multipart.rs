@@ -156,22 +156,26 @@ pub(super) struct Uploads {
     open: Mutex<HashMap<String, Upload>>,
 }
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// An unpredictable id (process-random hash keys over a counter and the time).
+/// An unpredictable id: 128 bits from the operating system's random source, in hex. Should
+/// that source fail (it does not on Linux once booted), the bits come from the process's
+/// randomly keyed hasher over a counter and the time instead.
 pub(super) fn random_id() -> String {
-    let mut out = String::new();
-    for _ in 0..2 {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        out.push_str(&format!("{:016x}", h.finish()));
+    let mut bits = [0u8; 16];
+    if let Err(e) = getrandom::fill(&mut bits) {
+        tracing::warn!(error = %e, "the OS random source failed; ids come from a keyed hash");
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        for half in bits.chunks_mut(8) {
+            let mut h = RandomState::new().build_hasher();
+            h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+            h.write_u128(
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
     }
-    out
+    bits.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn no_such_upload(id: &str) -> S3Error {
