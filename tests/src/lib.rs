@@ -12,6 +12,7 @@
 //! simulate a change at the origin.
 
 pub mod faulty;
+pub mod local_cluster;
 
 use std::{
     fmt::Write as _,

@@ -6,7 +6,6 @@ use std::{path::PathBuf, str::FromStr};
 pub mod admin;
 pub mod http_guard;
 pub mod load;
-pub mod local_cluster;
 pub mod pagefs;
 pub mod pages3;
 pub mod rules;
