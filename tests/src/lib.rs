@@ -1,5 +1,6 @@
-//! Test support for pagestore (dev-only, never published): real servers started in-process, and
-//! a faulty disk for the engine ([`faulty`]).
+//! Test support for pagestore (dev-only, never published): real servers started in-process, a
+//! cluster of real `pagestored` processes with an etcd helper ([`local_cluster`]), and a faulty
+//! disk for the engine ([`faulty`]).
 //!
 //! [`S3Server`] serves a local directory over the S3 protocol (the `s3s` server framework with
 //! its `s3s-fs` file-system backend), with SigV4 authentication, on a loopback port of its own.

@@ -25,7 +25,7 @@ use pagestore_client::{
     ufs::{MountTable, ObjectInfo},
     Client, ClientOptions,
 };
-use pagestore_tools::local_cluster::{LocalCluster, Settings};
+use pagestore_testkit::local_cluster::{LocalCluster, Settings};
 
 use crate::{bench::proc_cpu, Opts};
 

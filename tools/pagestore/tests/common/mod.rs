@@ -1,11 +1,11 @@
 //! A real cluster for tests: `pagestored` processes on 127.0.0.1 (see
-//! `pagestore_tools::local_cluster`), in a temporary directory removed afterwards.
+//! `pagestore_testkit::local_cluster`), in a temporary directory removed afterwards.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
 
 use pagestore_client::{Client, ClientOptions};
-use pagestore_tools::local_cluster::{LocalCluster, Settings};
+use pagestore_testkit::local_cluster::{LocalCluster, Settings};
 
 pub const PAGESTORED: &str = env!("CARGO_BIN_EXE_pagestored");
 pub const PAGECTL: &str = env!("CARGO_BIN_EXE_pagectl");
