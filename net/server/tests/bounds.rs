@@ -31,16 +31,9 @@ use pagestore_server::{
 const PAGE: u32 = 256 * 1024;
 const MAX_REQUEST: usize = (1 << 20) + 4096;
 
+/// The bytes of a whole page of `file` (version 1).
 fn page_bytes(file: u128, page: u64) -> Vec<u8> {
-    let mut x = file as u64 ^ page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5678;
-    (0..PAGE as usize / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
+    pagestore_testkit::data::page_bytes(file, page, 1, PAGE as usize)
 }
 
 struct TestNode {

@@ -33,24 +33,12 @@ use pagestore_server::{
     loader::LoaderOptions,
     node::{LoaderCounters, Node, NodeOptions, NodeSource, ShardState},
 };
+use pagestore_testkit::data::bytes as content;
 
 const PAGE: u32 = 64 * 1024;
 const P: u64 = PAGE as u64;
 const NODE: u128 = 0xA11CE;
 const OTHER: u128 = 0xB0B;
-
-/// Deterministic pseudo-random bytes.
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 // ---------------------------------------------------------------------------
 // The fake under storage

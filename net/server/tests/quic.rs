@@ -20,16 +20,9 @@ use pagestore_server::node::{Node, NodeOptions};
 const PAGE: u32 = 256 * 1024;
 const NODE: u128 = 0xA11CE;
 
+/// The bytes of a whole page of `file` (version 1).
 fn page_bytes(file: u128, page: u64) -> Vec<u8> {
-    let mut x = file as u64 ^ page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234;
-    (0..PAGE as usize / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
+    pagestore_testkit::data::page_bytes(file, page, 1, PAGE as usize)
 }
 
 struct TestNode {
@@ -520,16 +513,11 @@ fn garbage_datagrams_do_not_disturb_a_shard() {
     let addr = t.node.addrs()[0];
     // Random bytes, truncated QUIC-looking headers, empty and oversized datagrams.
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut rng = pagestore_testkit::data::Xorshift::new(0x1234_5678_9abc_def0);
     for i in 0..2000usize {
         let len = [0, 1, 5, 20, 1200, 1500, 9000, 60_000][i % 8];
         let mut d = vec![0u8; len];
-        for b in d.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
+        rng.fill(&mut d);
         if i % 3 == 0 && !d.is_empty() {
             d[0] = 0xC0 | (d[0] & 0x0F); // long header form, random version and CIDs
         }

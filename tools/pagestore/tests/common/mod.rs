@@ -67,15 +67,5 @@ impl Cluster {
 }
 
 /// Deterministic pseudo-random bytes.
-pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
+#[allow(unused_imports)]
+pub use pagestore_testkit::data::bytes;
