@@ -5,24 +5,27 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use common::no_ring;
 use pagestore_client::pool::{ClientError, Pool, PoolOptions};
-use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
+use pagestore_engine::PageKey;
 use pagestore_protocol::{
     frame::{self, ErrorCode, FileId, Key, PageStatus, Request, RequestBody, ResponseBody},
     ring::{MemberId, Ring, RingConfig},
     tls::{self, ClusterCa, Identity},
     transport,
 };
-use pagestore_server::node::{Node, NodeOptions};
+use pagestore_server::node::Node;
 
 const PAGE: u32 = 256 * 1024;
 const NODE: u128 = 0xA11CE;
 
 /// The bytes of a whole page of `file` (version 1).
 fn page_bytes(file: u128, page: u64) -> Vec<u8> {
-    pagestore_testkit::data::page_bytes(file, page, 1, PAGE as usize)
+    common::page_bytes(file, page, PAGE)
 }
 
 struct TestNode {
@@ -32,38 +35,14 @@ struct TestNode {
 }
 
 fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::tempdir();
     let ca = ClusterCa::generate("test cluster").unwrap();
-    let id = ca.issue("node", tls::Role::Node).unwrap();
-    let rustls = tls::server_config(&id, &ca.cert_der(), require_client_cert, frame::ALPN).unwrap();
-    let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
-        quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
-    ));
-    server.transport_config(transport::transport_config());
-    let engine = EngineConfig {
-        cache_dirs: vec![dir.path().to_path_buf()],
-        capacity: Geometry::new(PAGE, 4096, 128).file_size * 2,
-        page_size: PAGE,
-        shards: 2,
-        pin_cpus: false,
-        queue_depth: 4,
-        ..Default::default()
-    };
+    let server = common::server_config(&ca, require_client_cert);
+    // max_buffered is small (one request), so that concurrent writes must pause and resume (see
+    // the last test).
     let node = Node::start(
-        engine,
-        NodeOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            server: Arc::new(server),
-            node_id: NODE,
-            ring: Arc::new(ring),
-            max_request: (1 << 20) + 4096,
-            // Small, so that concurrent writes must pause and resume (see the last test).
-            max_buffered: (1 << 20) + 4096,
-            limits: Default::default(),
-            source: None,
-            nodes: Vec::new(),
-            replicas: 0,
-        },
+        common::engine_config(dir.path(), PAGE, 128, 2),
+        common::node_options(server, NODE, ring),
     )
     .unwrap();
     // Two pages on each shard, put through the engine directly.
@@ -87,21 +66,7 @@ fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
 }
 
 fn pool(ca: &ClusterCa, identity: Option<&Identity>) -> Arc<Pool> {
-    let rustls = tls::client_config(&ca.cert_der(), identity, frame::ALPN).unwrap();
-    let mut cfg = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
-    ));
-    cfg.transport_config(transport::transport_config());
-    let opts = PoolOptions {
-        timeout: Duration::from_secs(15),
-        ..Default::default()
-    };
-    Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), opts).unwrap()
-}
-
-/// An empty ring: a stand-alone node serves every key.
-fn no_ring() -> Ring {
-    Ring::new([], RingConfig::default(), 0).unwrap()
+    common::pool(ca, identity, "127.0.0.1:0")
 }
 
 fn key(file: u128, page: u64) -> Key {
