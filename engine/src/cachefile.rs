@@ -11,14 +11,14 @@ use std::{
     cell::{Cell, RefCell},
     io,
     path::{Path, PathBuf},
-    rc::Rc,
+    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use glommio::io::OpenOptions;
 
 use crate::{
-    device::{Device, Faults},
+    device::{Device, DiskHooks},
     error::StartError,
     event::Event,
     format::{
@@ -110,7 +110,7 @@ impl CacheFile {
         geo: Geometry,
         ident: FileIdent,
         reformat: bool,
-        faults: Rc<Faults>,
+        hooks: Option<Arc<dyn DiskHooks>>,
         rules: &Rules,
     ) -> Result<(CacheFile, Recovered)> {
         let existed = path.exists();
@@ -145,7 +145,7 @@ impl CacheFile {
             move |e: glommio::GlommioError<()>| StartError::io(op, Some(p), crate::device::to_io(e))
         };
         let size = file.file_size().await.map_err(ioerr("reading size of"))?;
-        let dev = Device::new(file, path.to_path_buf(), faults);
+        let dev = Device::new(file, path.to_path_buf(), ident.shard as usize, hooks);
         let mut cf = CacheFile {
             dev,
             geo,

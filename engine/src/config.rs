@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use crate::{error::StartError, policy::PolicyKind, rules::Rules};
+use crate::{device::DiskHooks, error::StartError, policy::PolicyKind, rules::Rules};
 
 /// Smallest supported page size.
 pub const MIN_PAGE_SIZE: u32 = 64 << 10;
@@ -45,6 +45,10 @@ pub struct EngineConfig {
     /// Quota, TTL and pin per logical-path prefix (see [`crate::rules`]); empty by default.
     /// Pages are stored under a rule with [`crate::Shard::put_in_rule`].
     pub rules: Arc<Rules>,
+    /// An interposer on every cache-file read, write and preallocation (see
+    /// [`crate::DiskHooks`]); `None` (the default, and what the daemon uses) adds nothing but a
+    /// `None` check per operation. Tests install a fault-injecting one.
+    pub disk_hooks: Option<Arc<dyn DiskHooks>>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +65,7 @@ impl Default for EngineConfig {
             max_inflight: 256,
             reformat: false,
             rules: Arc::default(),
+            disk_hooks: None,
         }
     }
 }

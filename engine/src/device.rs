@@ -1,12 +1,17 @@
 //! The disk seam: every byte the engine reads or writes goes through [`Device`].
 //!
-//! It wraps one glommio `DmaFile` (O_DIRECT over io_uring) and carries an optional fault plan so
-//! tests can make writes or reads fail with any errno (ENOSPC, EIO, ...) at a chosen moment.
+//! It wraps one glommio `DmaFile` (O_DIRECT over io_uring). It may carry [`DiskHooks`], an
+//! interposer installed at engine start that sees every read, write and preallocation first and
+//! may fail it (tests inject disk errors this way; production engines have none).
 //! glommio's file API is used only here and in `cachefile.rs` (opening files); its executor only in
 //! `engine.rs`. The hit path hands out glommio's `ReadResult` (through `PageData`) so senders on
 //! the same executor can transmit from the buffer the disk wrote into.
 
-use std::{cell::Cell, io, path::PathBuf, rc::Rc};
+use std::{
+    fmt, io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use glommio::{
     io::{DmaBuffer, DmaFile, ReadResult},
@@ -22,60 +27,78 @@ pub(crate) fn to_io(e: GlommioError<()>) -> io::Error {
     }
 }
 
-/// Faults to inject into one shard's disk I/O. `Copy` and `Send`, so tests can set it from any
-/// thread through [`crate::ShardHandle::set_faults`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FaultConfig {
-    /// Fail writes with this errno (e.g. `libc::ENOSPC`, `libc::EIO`)...
-    pub write_errno: Option<i32>,
-    /// ...after this many more writes have succeeded.
-    pub writes_before_failure: u64,
-    /// Fail every read with this errno.
-    pub read_errno: Option<i32>,
+/// What a cache-file operation is about to do, as [`DiskHooks`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskOp {
+    /// A read of `len` bytes at `pos`.
+    Read,
+    /// A write of `len` bytes at `pos`.
+    Write,
+    /// Reserving disk blocks for `[0, len)` (fallocate); `pos` is 0.
+    Preallocate,
 }
 
-#[derive(Default)]
-pub(crate) struct Faults {
-    config: Cell<FaultConfig>,
-    writes: Cell<u64>,
+/// One cache-file operation, handed to [`DiskHooks::before`] before it reaches the disk.
+#[derive(Clone, Copy, Debug)]
+pub struct DiskIo<'a> {
+    /// The operation.
+    pub op: DiskOp,
+    /// The shard doing it.
+    pub shard: usize,
+    /// The cache file.
+    pub path: &'a Path,
+    /// Byte offset in the file.
+    pub pos: u64,
+    /// Bytes read or written (for `Preallocate`, the size reserved).
+    pub len: u64,
 }
 
-impl Faults {
-    pub(crate) fn set(&self, c: FaultConfig) {
-        self.config.set(c);
-        self.writes.set(0);
-    }
-
-    fn check_write(&self) -> io::Result<()> {
-        let c = self.config.get();
-        if let Some(errno) = c.write_errno {
-            let n = self.writes.get();
-            if n >= c.writes_before_failure {
-                return Err(io::Error::from_raw_os_error(errno));
-            }
-            self.writes.set(n + 1);
-        }
-        Ok(())
-    }
-
-    fn check_read(&self) -> io::Result<()> {
-        match self.config.get().read_errno {
-            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
-            None => Ok(()),
-        }
-    }
+/// An interposer on every cache-file read, write and preallocation, installed for the life of an
+/// engine with [`crate::EngineConfig::disk_hooks`]. The engine never installs one itself: tests
+/// use it to inject disk faults (`pagestore-testkit`'s `FaultyDisk`). Without hooks the cost is
+/// one `None` check per operation.
+pub trait DiskHooks: Send + Sync + fmt::Debug {
+    /// Called on the shard's thread before each operation. An error fails the operation with that
+    /// error (keep its errno: `io::Error::from_raw_os_error`), and the disk is not touched.
+    fn before(&self, io: &DiskIo<'_>) -> io::Result<()>;
 }
 
 /// One open cache file.
 pub(crate) struct Device {
     file: DmaFile,
     path: PathBuf,
-    faults: Rc<Faults>,
+    shard: usize,
+    hooks: Option<Arc<dyn DiskHooks>>,
 }
 
 impl Device {
-    pub(crate) fn new(file: DmaFile, path: PathBuf, faults: Rc<Faults>) -> Self {
-        Device { file, path, faults }
+    pub(crate) fn new(
+        file: DmaFile,
+        path: PathBuf,
+        shard: usize,
+        hooks: Option<Arc<dyn DiskHooks>>,
+    ) -> Self {
+        Device {
+            file,
+            path,
+            shard,
+            hooks,
+        }
+    }
+
+    /// Runs the hooks, if any, for one operation.
+    #[inline]
+    fn hook(&self, op: DiskOp, pos: u64, len: u64) -> io::Result<()> {
+        match &self.hooks {
+            None => Ok(()),
+            Some(h) => h.before(&DiskIo {
+                op,
+                shard: self.shard,
+                path: &self.path,
+                pos,
+                len,
+            }),
+        }
     }
 
     pub(crate) fn path(&self) -> &PathBuf {
@@ -89,14 +112,14 @@ impl Device {
 
     /// Reads `len` bytes at `pos`; both must be 4096-aligned. May return fewer bytes at EOF.
     pub(crate) async fn read(&self, pos: u64, len: usize) -> io::Result<ReadResult> {
-        self.faults.check_read()?;
+        self.hook(DiskOp::Read, pos, len as u64)?;
         self.file.read_at_aligned(pos, len).await.map_err(to_io)
     }
 
     /// Writes the whole buffer at `pos` (4096-aligned). A short write is an error.
     pub(crate) async fn write(&self, buf: DmaBuffer, pos: u64) -> io::Result<()> {
-        self.faults.check_write()?;
         let want = buf.len();
+        self.hook(DiskOp::Write, pos, want as u64)?;
         let n = self.file.write_at(buf, pos).await.map_err(to_io)?;
         if n != want {
             return Err(io::Error::new(
@@ -113,7 +136,7 @@ impl Device {
 
     /// Reserves disk blocks for `[0, size)` (fallocate); the errno survives for ENOSPC handling.
     pub(crate) async fn preallocate(&self, size: u64) -> io::Result<()> {
-        self.faults.check_write()?;
+        self.hook(DiskOp::Preallocate, 0, size)?;
         self.file.pre_allocate(size, false).await.map_err(to_io)
     }
 

@@ -16,7 +16,6 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use crate::{
     cachefile::CacheFile,
     config::EngineConfig,
-    device::{FaultConfig, Faults},
     error::{EngineError, Result, StartError},
     format::{FileIdent, Geometry},
     index::{Index, RuleStats},
@@ -161,11 +160,6 @@ impl<S: 'static> ShardHandle<S> {
     /// Counters and occupancy.
     pub async fn stats(&self) -> Result<ShardStats> {
         self.run(|s| async move { s.stats() }).await
-    }
-
-    /// Injects disk faults (testing and drills).
-    pub async fn set_faults(&self, faults: FaultConfig) -> Result<()> {
-        self.run(move |s| async move { s.set_faults(faults) }).await
     }
 }
 
@@ -403,7 +397,6 @@ async fn open_shard(
     geo: Geometry,
 ) -> Result<Shard, StartError> {
     let started = Instant::now();
-    let faults = Rc::new(Faults::default());
     let mut files = Vec::new();
     for (d, dir) in cfg.cache_dirs.iter().enumerate() {
         let ident = FileIdent {
@@ -414,13 +407,21 @@ async fn open_shard(
         };
         let path = shard_file(dir, id);
         files.push(
-            CacheFile::open(&path, geo, ident, cfg.reformat, faults.clone(), &cfg.rules).await?,
+            CacheFile::open(
+                &path,
+                geo,
+                ident,
+                cfg.reformat,
+                cfg.disk_hooks.clone(),
+                &cfg.rules,
+            )
+            .await?,
         );
     }
     let nslots = geo.nslots * files.len() as u32;
     let limits = cfg.rules.limits(shards, cfg.page_size)?;
     let index = Index::with_rules(nslots, new_policy(cfg.policy, nslots), &limits);
-    let shard = Shard::new(id, files, index, faults, started, cfg.rules.clone());
+    let shard = Shard::new(id, files, index, started, cfg.rules.clone());
     let st = shard.stats();
     tracing::info!(
         shard = id,

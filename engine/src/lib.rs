@@ -44,7 +44,7 @@ mod stats;
 pub use config::{
     EngineConfig, DEFAULT_CHUNK_SIZE, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, MIN_PAGE_SIZE,
 };
-pub use device::FaultConfig;
+pub use device::{DiskHooks, DiskIo, DiskOp};
 pub use engine::{shard_file, Engine, ShardHandle, ShardInit};
 pub use error::{EngineError, Result, StartError};
 /// glommio's DMA buffer, for [`Shard::put_buffer`].

@@ -18,7 +18,6 @@ use glommio::io::{DmaBuffer, ReadResult};
 
 use crate::{
     cachefile::{now_ms, CacheFile, Recovered},
-    device::{FaultConfig, Faults},
     error::{EngineError, Result},
     event::Event,
     format::{Geometry, SlotHeader, FLAG_PINNED},
@@ -117,7 +116,6 @@ pub struct Shard {
     /// Notified when the last reader of a removed page finishes.
     reads_done: Event,
     counters: Counters,
-    faults: Rc<Faults>,
     recovery: Cell<RecoveryInfo>,
     rules: Arc<Rules>,
 }
@@ -155,7 +153,6 @@ impl Shard {
         id: usize,
         files: Vec<(CacheFile, Recovered)>,
         index: Index,
-        faults: Rc<Faults>,
         started: std::time::Instant,
         rules: Arc<Rules>,
     ) -> Shard {
@@ -168,7 +165,6 @@ impl Shard {
             filling: RefCell::new(HashMap::new()),
             reads_done: Event::default(),
             counters: Counters::default(),
-            faults,
             recovery: Cell::new(RecoveryInfo::default()),
             rules,
         };
@@ -727,11 +723,6 @@ impl Shard {
             recovery_dropped: rec.dropped,
             recovery_micros: rec.micros,
         }
-    }
-
-    /// Injects disk faults into this shard's I/O (testing and fault drills).
-    pub fn set_faults(&self, faults: FaultConfig) {
-        self.faults.set(faults);
     }
 
     /// Flushes the cache files to stable storage.

@@ -43,14 +43,14 @@ fn crash_child() {
         for t in 0..4u64 {
             let engine = &engine;
             scope.spawn(move || {
-                let mut rng = Rng(seed + t * 7919);
+                let mut rng = Rng::new(seed + t * 7919);
                 loop {
-                    let f = (rng.next() % FILES as u64) as u128;
-                    let p = rng.next() % PAGES;
-                    let v = 1 + rng.next() % 5;
+                    let f = (rng.next_u64() % FILES as u64) as u128;
+                    let p = rng.next_u64() % PAGES;
+                    let v = 1 + rng.next_u64() % 5;
                     let k = PageKey::new(f, p);
                     let s = engine.shard_of(&k);
-                    let r = if rng.next() % 10 == 0 {
+                    let r = if rng.next_u64() % 10 == 0 {
                         block_on(s.remove(k)).map(|_| ())
                     } else {
                         block_on(s.put(k, page_bytes(f, p, v, len_for(f, p, v)), v)).map(|_| ())
@@ -69,7 +69,7 @@ fn crash_child() {
 fn crash_consistency_under_sigkill() {
     let dir = tempdir();
     let exe = std::env::current_exe().unwrap();
-    let mut rng = Rng(0x1234_5678 ^ Instant::now().elapsed().as_nanos() as u64 | 1);
+    let mut rng = Rng::new(0x1234_5678 ^ Instant::now().elapsed().as_nanos() as u64 | 1);
     let mut seen_pages = 0u64;
     for round in 0..24 {
         let mut child = Command::new(&exe)
@@ -85,7 +85,7 @@ fn crash_consistency_under_sigkill() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(150 + rng.next() % 400));
+        std::thread::sleep(Duration::from_millis(150 + rng.next_u64() % 400));
         assert!(
             child.try_wait().unwrap().is_none(),
             "round {round}: child exited early"

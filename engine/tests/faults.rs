@@ -6,12 +6,16 @@
 mod common;
 
 use common::*;
-use pagestore_engine::{EngineError, FaultConfig, PageKey};
+use pagestore_engine::{EngineError, PageKey};
+use pagestore_testkit::faulty::{FaultConfig, FaultyDisk};
 
 #[test]
 fn enospc_and_eio_fail_the_request_and_the_shard_keeps_serving() {
     let dir = tempdir();
-    let engine = start(config(dir.path(), 1, 64 * KIB, 8));
+    let disk = FaultyDisk::new();
+    let mut cfg = config(dir.path(), 1, 64 * KIB, 8);
+    cfg.disk_hooks = Some(disk.clone());
+    let engine = start(cfg);
     let s = &engine.shards()[0];
     block_on(async {
         let good = PageKey::new(1, 0);
@@ -19,13 +23,14 @@ fn enospc_and_eio_fail_the_request_and_the_shard_keeps_serving() {
 
         // A put into a free slot makes three writes: data, checksum table, header. Fail each.
         for (errno, after) in [(libc::ENOSPC, 0), (libc::ENOSPC, 1), (libc::EIO, 2)] {
-            s.set_faults(FaultConfig {
-                write_errno: Some(errno),
-                writes_before_failure: after,
-                read_errno: None,
-            })
-            .await
-            .unwrap();
+            disk.set(
+                0,
+                FaultConfig {
+                    write_errno: Some(errno),
+                    writes_before_failure: after,
+                    read_errno: None,
+                },
+            );
             let k = PageKey::new(2, after);
             let r = s.put(k, page_bytes(2, after, 1, 30_000), 1).await;
             match &r {
@@ -41,23 +46,24 @@ fn enospc_and_eio_fail_the_request_and_the_shard_keeps_serving() {
                 page_bytes(1, 0, 1, 30_000)
             );
         }
-        s.set_faults(FaultConfig::default()).await.unwrap();
+        disk.set(0, FaultConfig::default());
         let st = s.stats().await.unwrap();
         assert_eq!(st.io_errors, 3);
         assert_eq!(st.pages, 1);
 
         // Reads failing with EIO are errors, not wrong bytes, and not the end of the shard.
-        s.set_faults(FaultConfig {
-            read_errno: Some(libc::EIO),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        disk.set(
+            0,
+            FaultConfig {
+                read_errno: Some(libc::EIO),
+                ..Default::default()
+            },
+        );
         assert!(matches!(
             s.get(good, 0, 10).await,
             Err(EngineError::Io { .. })
         ));
-        s.set_faults(FaultConfig::default()).await.unwrap();
+        disk.set(0, FaultConfig::default());
 
         // Once the disk recovers, every slot is usable again (slots of failed puts were freed).
         let slots = s.stats().await.unwrap().slots;
@@ -78,7 +84,9 @@ fn enospc_and_eio_fail_the_request_and_the_shard_keeps_serving() {
 #[test]
 fn pages_written_before_a_failed_put_survive_restart() {
     let dir = tempdir();
-    let cfg = config(dir.path(), 1, 64 * KIB, 8);
+    let disk = FaultyDisk::new();
+    let mut cfg = config(dir.path(), 1, 64 * KIB, 8);
+    cfg.disk_hooks = Some(disk.clone());
     {
         let engine = start(cfg.clone());
         let s = &engine.shards()[0];
@@ -89,16 +97,19 @@ fn pages_written_before_a_failed_put_survive_restart() {
                     .unwrap();
             }
             // Full cache: the next put must evict, and the disk fails midway through it.
-            s.set_faults(FaultConfig {
-                write_errno: Some(libc::EIO),
-                writes_before_failure: 1,
-                read_errno: None,
-            })
-            .await
-            .unwrap();
+            disk.set(
+                0,
+                FaultConfig {
+                    write_errno: Some(libc::EIO),
+                    writes_before_failure: 1,
+                    read_errno: None,
+                },
+            );
             assert!(s.put(PageKey::new(2, 0), vec![1; 5000], 1).await.is_err());
         });
     }
+    // The disk recovers: the engine restarts on a healthy one.
+    disk.set(0, FaultConfig::default());
     let engine = start(cfg);
     let s = &engine.shards()[0];
     block_on(async {

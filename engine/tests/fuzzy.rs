@@ -25,7 +25,7 @@ fn run(seed: u64, policy: PolicyKind) {
         ..config(dir.path(), 1, PAGE, 12)
     };
     let mut engine = start(cfg.clone());
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed | 1);
     // Model: the last version put per key (None after a removal), and the pinned keys.
     let mut last: HashMap<PageKey, Option<u64>> = HashMap::new();
     let mut pinned: HashSet<PageKey> = HashSet::new();

@@ -1,4 +1,6 @@
-//! Test support for pagestore (dev-only, never published): real servers started in-process.
+//! Test support for pagestore (dev-only, never published): real servers started in-process, a
+//! cluster of real `pagestored` processes with an etcd helper ([`local_cluster`]), a faulty disk
+//! for the engine ([`faulty`]) and the deterministic data generator ([`data`]).
 //!
 //! [`S3Server`] serves a local directory over the S3 protocol (the `s3s` server framework with
 //! its `s3s-fs` file-system backend), with SigV4 authentication, on a loopback port of its own.
@@ -9,6 +11,10 @@
 //! their relative paths. Files written straight into the directory are served as they are (the
 //! backend computes their MD5 etag when asked), so a test can rewrite an object on disk to
 //! simulate a change at the origin.
+
+pub mod data;
+pub mod faulty;
+pub mod local_cluster;
 
 use std::{
     fmt::Write as _,

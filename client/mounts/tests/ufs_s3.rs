@@ -16,9 +16,7 @@ const EPISODE_LEN: usize = 300_000;
 
 fn episode() -> Vec<u8> {
     // Not a short period: a misplaced range cannot match by accident.
-    (0..EPISODE_LEN as u64)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect()
+    pagestore_testkit::data::bytes(1, EPISODE_LEN)
 }
 
 /// A bucket with `prefix/` holding `episodes/e1.bin`, `episodes/sub/deep.txt` and

@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::{
     io::{BufRead, BufReader, Write},
     net::SocketAddr,
@@ -15,12 +17,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use pagestore_client::pool::{Pool, PoolOptions};
-use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
+use common::{client_config, pool, MAX_REQUEST};
+use pagestore_client::pool::Pool;
+use pagestore_engine::PageKey;
 use pagestore_protocol::{
     frame::{self, FileId, Key, Request, RequestBody, ResponseBody},
-    ring::{Ring, RingConfig},
-    tls::{self, ClusterCa, Identity},
+    tls::{self, ClusterCa},
     transport,
 };
 use pagestore_server::{
@@ -29,18 +31,10 @@ use pagestore_server::{
 };
 
 const PAGE: u32 = 256 * 1024;
-const MAX_REQUEST: usize = (1 << 20) + 4096;
 
+/// The bytes of a whole page of `file` (version 1).
 fn page_bytes(file: u128, page: u64) -> Vec<u8> {
-    let mut x = file as u64 ^ page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5678;
-    (0..PAGE as usize / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
+    common::page_bytes(file, page, PAGE)
 }
 
 struct TestNode {
@@ -50,34 +44,14 @@ struct TestNode {
 
 /// A two-shard node with one cached page (file 100, page 0) on shard 0.
 fn start_node(ca: &ClusterCa, require_client_cert: bool, limits: Limits) -> TestNode {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let id = ca.issue("node", tls::Role::Node).unwrap();
-    let rustls = tls::server_config(&id, &ca.cert_der(), require_client_cert, frame::ALPN).unwrap();
-    let server = quinn_proto::ServerConfig::with_crypto(Arc::new(
-        quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
-    ));
-    let engine = EngineConfig {
-        cache_dirs: vec![dir.path().to_path_buf()],
-        capacity: Geometry::new(PAGE, 4096, 128).file_size * 2,
-        page_size: PAGE,
-        shards: 2,
-        pin_cpus: false,
-        queue_depth: 4,
-        ..Default::default()
-    };
+    let dir = common::tempdir();
+    let server = common::server_config(ca, require_client_cert);
     let node = Node::start(
-        engine,
+        common::engine_config(dir.path(), PAGE, 128, 2),
         NodeOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            server: Arc::new(server),
-            node_id: 0xB0B,
-            ring: Arc::new(Ring::new([], RingConfig::default(), 0).unwrap()),
-            max_request: MAX_REQUEST,
             max_buffered: 2 * MAX_REQUEST,
             limits,
-            source: None,
-            nodes: Vec::new(),
-            replicas: 0,
+            ..common::node_options(server, 0xB0B, common::no_ring())
         },
     )
     .unwrap();
@@ -88,23 +62,6 @@ fn start_node(ca: &ClusterCa, require_client_cert: bool, limits: Limits) -> Test
     ))
     .unwrap();
     TestNode { node, _dir: dir }
-}
-
-fn client_config(ca: &ClusterCa, identity: Option<&Identity>) -> quinn::ClientConfig {
-    let rustls = tls::client_config(&ca.cert_der(), identity, frame::ALPN).unwrap();
-    let mut cfg = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
-    ));
-    cfg.transport_config(transport::transport_config());
-    cfg
-}
-
-fn pool(ca: &ClusterCa, identity: Option<&Identity>, bind: &str) -> Arc<Pool> {
-    let opts = PoolOptions {
-        timeout: Duration::from_secs(15),
-        ..Default::default()
-    };
-    Pool::new(client_config(ca, identity), bind.parse().unwrap(), opts).unwrap()
 }
 
 /// A bare quinn endpoint (each `connect` is a new connection).
@@ -287,7 +244,7 @@ fn start_child(dir: &Path) -> (Child, ClusterCa, SocketAddr) {
 
 #[test]
 fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::tempdir();
     let (mut child, ca, addr) = start_child(dir.path());
     let rt = tokio();
     let _guard = rt.enter();
@@ -455,7 +412,7 @@ fn readers_that_never_take_their_replies_cannot_grow_node_memory_beyond_its_boun
     // 6 connections x 160 reads of a 256 KiB page: an unbounded node would hold 240 MiB of
     // replies. Each connection may hold an eighth of the budget (1 MiB): the attack reaches
     // half of it, and the rest stays for readers that take their replies.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::tempdir();
     let (mut child, ca, addr) = start_child(dir.path());
     let rt = tokio();
     let _guard = rt.enter();

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -17,8 +19,8 @@ use std::{
 };
 
 use bytes::Bytes;
-use pagestore_client::pool::{Pool, PoolOptions};
-use pagestore_engine::{format::Geometry, EngineConfig, PageKey, ShardHandle};
+use pagestore_client::pool::Pool;
+use pagestore_engine::{PageKey, ShardHandle};
 use pagestore_protocol::{
     frame::{
         self, DirEntry, ErrorCode, FileId, FileRef, MountEntry, NodeEntry, PathKind, Request,
@@ -26,31 +28,18 @@ use pagestore_protocol::{
     },
     ring::{self, MemberId, Ring, RingConfig},
     source::{page_version, Source, SourceError, SourceFuture},
-    tls::{self, ClusterCa},
-    transport,
+    tls::ClusterCa,
 };
 use pagestore_server::{
     loader::LoaderOptions,
     node::{LoaderCounters, Node, NodeOptions, NodeSource, ShardState},
 };
+use pagestore_testkit::data::bytes as content;
 
 const PAGE: u32 = 64 * 1024;
 const P: u64 = PAGE as u64;
 const NODE: u128 = 0xA11CE;
 const OTHER: u128 = 0xB0B;
-
-/// Deterministic pseudo-random bytes.
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 // ---------------------------------------------------------------------------
 // The fake under storage
@@ -235,7 +224,7 @@ impl Default for Setup {
         Setup {
             shards: 2,
             loader: LoaderOptions::default(),
-            ring: Ring::new([], RingConfig::default(), 0).unwrap(),
+            ring: common::no_ring(),
             replicas: 0,
             nodes: Vec::new(),
             mounts: Vec::new(),
@@ -254,14 +243,9 @@ struct Harness {
 
 impl Harness {
     fn start(setup: Setup) -> Harness {
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let dir = common::tempdir();
         let ca = ClusterCa::generate("miss test cluster").unwrap();
-        let id = ca.issue("node", tls::Role::Node).unwrap();
-        let rustls = tls::server_config(&id, &ca.cert_der(), false, frame::ALPN).unwrap();
-        let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
-            quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
-        ));
-        server.transport_config(transport::transport_config());
+        let server = common::server_config(&ca, false);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -271,25 +255,9 @@ impl Harness {
             mounts: setup.mounts,
             ..Default::default()
         });
-        let engine = EngineConfig {
-            cache_dirs: vec![dir.path().to_path_buf()],
-            capacity: Geometry::new(PAGE, 4096, 256).file_size * setup.shards as u64,
-            page_size: PAGE,
-            shards: setup.shards,
-            pin_cpus: false,
-            queue_depth: 4,
-            ..Default::default()
-        };
         let node = Node::start(
-            engine,
+            common::engine_config(dir.path(), PAGE, 256, setup.shards),
             NodeOptions {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                server: Arc::new(server),
-                node_id: NODE,
-                ring: Arc::new(setup.ring),
-                max_request: (1 << 20) + 4096,
-                max_buffered: (1 << 20) + 4096,
-                limits: Default::default(),
                 source: Some(NodeSource {
                     source: Arc::new(FakeSource(fake.clone())),
                     runtime: rt.handle().clone(),
@@ -297,6 +265,7 @@ impl Harness {
                 }),
                 nodes: setup.nodes,
                 replicas: setup.replicas,
+                ..common::node_options(server, NODE, setup.ring)
             },
         )
         .unwrap();
@@ -319,16 +288,7 @@ impl Harness {
 
     /// A client pool; call inside `self.rt`.
     fn pool(&self) -> Arc<Pool> {
-        let rustls = tls::client_config(&self.ca.cert_der(), None, frame::ALPN).unwrap();
-        let mut cfg = quinn::ClientConfig::new(Arc::new(
-            quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
-        ));
-        cfg.transport_config(transport::transport_config());
-        let opts = PoolOptions {
-            timeout: Duration::from_secs(15),
-            ..Default::default()
-        };
-        Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), opts).unwrap()
+        common::pool(&self.ca, None, "127.0.0.1:0")
     }
 
     /// The loader counters summed over shards.

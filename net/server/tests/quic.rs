@@ -5,31 +5,27 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use common::no_ring;
 use pagestore_client::pool::{ClientError, Pool, PoolOptions};
-use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
+use pagestore_engine::PageKey;
 use pagestore_protocol::{
     frame::{self, ErrorCode, FileId, Key, PageStatus, Request, RequestBody, ResponseBody},
     ring::{MemberId, Ring, RingConfig},
     tls::{self, ClusterCa, Identity},
     transport,
 };
-use pagestore_server::node::{Node, NodeOptions};
+use pagestore_server::node::Node;
 
 const PAGE: u32 = 256 * 1024;
 const NODE: u128 = 0xA11CE;
 
+/// The bytes of a whole page of `file` (version 1).
 fn page_bytes(file: u128, page: u64) -> Vec<u8> {
-    let mut x = file as u64 ^ page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234;
-    (0..PAGE as usize / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
+    common::page_bytes(file, page, PAGE)
 }
 
 struct TestNode {
@@ -39,38 +35,14 @@ struct TestNode {
 }
 
 fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::tempdir();
     let ca = ClusterCa::generate("test cluster").unwrap();
-    let id = ca.issue("node", tls::Role::Node).unwrap();
-    let rustls = tls::server_config(&id, &ca.cert_der(), require_client_cert, frame::ALPN).unwrap();
-    let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
-        quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls).unwrap(),
-    ));
-    server.transport_config(transport::transport_config());
-    let engine = EngineConfig {
-        cache_dirs: vec![dir.path().to_path_buf()],
-        capacity: Geometry::new(PAGE, 4096, 128).file_size * 2,
-        page_size: PAGE,
-        shards: 2,
-        pin_cpus: false,
-        queue_depth: 4,
-        ..Default::default()
-    };
+    let server = common::server_config(&ca, require_client_cert);
+    // max_buffered is small (one request), so that concurrent writes must pause and resume (see
+    // the last test).
     let node = Node::start(
-        engine,
-        NodeOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            server: Arc::new(server),
-            node_id: NODE,
-            ring: Arc::new(ring),
-            max_request: (1 << 20) + 4096,
-            // Small, so that concurrent writes must pause and resume (see the last test).
-            max_buffered: (1 << 20) + 4096,
-            limits: Default::default(),
-            source: None,
-            nodes: Vec::new(),
-            replicas: 0,
-        },
+        common::engine_config(dir.path(), PAGE, 128, 2),
+        common::node_options(server, NODE, ring),
     )
     .unwrap();
     // Two pages on each shard, put through the engine directly.
@@ -94,21 +66,7 @@ fn start_node(require_client_cert: bool, ring: Ring) -> TestNode {
 }
 
 fn pool(ca: &ClusterCa, identity: Option<&Identity>) -> Arc<Pool> {
-    let rustls = tls::client_config(&ca.cert_der(), identity, frame::ALPN).unwrap();
-    let mut cfg = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(rustls).unwrap(),
-    ));
-    cfg.transport_config(transport::transport_config());
-    let opts = PoolOptions {
-        timeout: Duration::from_secs(15),
-        ..Default::default()
-    };
-    Pool::new(cfg, "127.0.0.1:0".parse().unwrap(), opts).unwrap()
-}
-
-/// An empty ring: a stand-alone node serves every key.
-fn no_ring() -> Ring {
-    Ring::new([], RingConfig::default(), 0).unwrap()
+    common::pool(ca, identity, "127.0.0.1:0")
 }
 
 fn key(file: u128, page: u64) -> Key {
@@ -520,16 +478,11 @@ fn garbage_datagrams_do_not_disturb_a_shard() {
     let addr = t.node.addrs()[0];
     // Random bytes, truncated QUIC-looking headers, empty and oversized datagrams.
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut rng = pagestore_testkit::data::Xorshift::new(0x1234_5678_9abc_def0);
     for i in 0..2000usize {
         let len = [0, 1, 5, 20, 1200, 1500, 9000, 60_000][i % 8];
         let mut d = vec![0u8; len];
-        for b in d.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
+        rng.fill(&mut d);
         if i % 3 == 0 && !d.is_empty() {
             d[0] = 0xC0 | (d[0] & 0x0F); // long header form, random version and CIDs
         }

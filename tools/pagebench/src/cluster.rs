@@ -25,7 +25,10 @@ use pagestore_client::{
     ufs::{MountTable, ObjectInfo},
     Client, ClientOptions,
 };
-use pagestore_tools::local_cluster::{LocalCluster, Settings};
+use pagestore_testkit::{
+    data::{Xorshift, GOLDEN},
+    local_cluster::{LocalCluster, Settings},
+};
 
 use crate::{bench::proc_cpu, Opts};
 
@@ -58,13 +61,6 @@ fn cluster_cpu(c: &LocalCluster) -> f64 {
         .sum()
 }
 
-fn fill(x: &mut u64, buf: &mut [u8]) {
-    for chunk in buf.chunks_mut(8) {
-        let b = crate::local::rng_next(x).to_le_bytes();
-        chunk.copy_from_slice(&b[..chunk.len()]);
-    }
-}
-
 /// Writes `files` files of `file_size` bytes under `dir` (kept between runs of the same shape).
 fn dataset(dir: &Path, files: u64, file_size: u64, seed: u64) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -74,12 +70,13 @@ fn dataset(dir: &Path, files: u64, file_size: u64, seed: u64) -> Result<(), Stri
         if std::fs::metadata(&path).is_ok_and(|m| m.len() == file_size) {
             continue;
         }
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (f + 1);
+        // The testkit's generator: the same stream as ever, so kept datasets stay valid.
+        let mut x = Xorshift::new(seed.wrapping_mul(GOLDEN) ^ (f + 1));
         let mut out = std::fs::File::create(&path).map_err(|e| e.to_string())?;
         let mut left = file_size as usize;
         while left > 0 {
             let n = left.min(buf.len());
-            fill(&mut x, &mut buf[..n]);
+            x.fill(&mut buf[..n]);
             std::io::Write::write_all(&mut out, &buf[..n]).map_err(|e| e.to_string())?;
             left -= n;
         }

@@ -12,7 +12,7 @@ use std::{
 
 use futures_util::{stream, StreamExt};
 use pagestore_client::{tls, Client, ClientOptions, ClusterSource};
-use pagestore_tools::local_cluster::{LocalCluster, Settings};
+use pagestore_testkit::local_cluster::{LocalCluster, Settings};
 
 use crate::{
     bench::{stat_all, Catalog},

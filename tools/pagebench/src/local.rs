@@ -5,6 +5,7 @@ use std::{collections::HashMap, rc::Rc, time::Instant};
 
 use hdrhistogram::Histogram;
 use pagestore_engine::{format::Geometry, Engine, EngineConfig, PageKey, ShardStats};
+use pagestore_testkit::data::{Xorshift, GOLDEN};
 
 use crate::Opts;
 
@@ -105,10 +106,7 @@ fn drive(
                     futures_lite::future::block_on(h.run(move |shard| async move {
                         let id = shard.id() as u128;
                         let mut data = vec![0u8; page as usize];
-                        let mut x = seed ^ (id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                        for c in data.chunks_mut(8) {
-                            c.copy_from_slice(&rng_next(&mut x).to_le_bytes()[..c.len()]);
-                        }
+                        Xorshift::new(seed ^ (id as u64 + 1).wrapping_mul(GOLDEN)).fill(&mut data);
                         let data = Rc::new(data);
                         let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
                         let mut tasks = Vec::new();

@@ -21,6 +21,7 @@ use pagestore_protocol::{
     transport,
 };
 use pagestore_server::node::{Node, NodeOptions};
+use pagestore_testkit::data::{Xorshift, GOLDEN};
 
 use crate::Opts;
 
@@ -36,15 +37,8 @@ struct Side {
 }
 
 fn page_data(shard: u64, page: u64, len: usize) -> Vec<u8> {
-    let mut x = (shard + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
+    let mut v = vec![0; len];
+    Xorshift::new((shard + 1).wrapping_mul(GOLDEN) ^ page).fill(&mut v);
     v
 }
 

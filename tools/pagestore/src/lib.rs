@@ -7,7 +7,6 @@ pub mod admin;
 pub mod daemon;
 pub mod http_guard;
 pub mod load;
-pub mod local_cluster;
 pub mod metrics;
 pub mod pagefs;
 pub mod pages3;

@@ -392,7 +392,7 @@ async fn sigterm_stops_a_node_cleanly_and_its_cache_survives() {
     );
 
     // The admin endpoints agree with the shards.
-    use pagestore_tools::local_cluster::http_get;
+    use pagestore_testkit::local_cluster::http_get;
     let mut hits = 0u64;
     for n in &c.nodes {
         let base = n.admin.as_deref().unwrap();
@@ -599,7 +599,7 @@ async fn preload_jobs_load_every_page_once_and_verify_repairs_stale_files() {
     assert!(rows.iter().all(|r| r.contains(" done ")), "{text}");
     assert!(text.contains("manifest /data/manifest.jsonl"), "{text}");
     assert!(text.contains("prefix /data/set"), "{text}");
-    use pagestore_tools::local_cluster::http_get;
+    use pagestore_testkit::local_cluster::http_get;
     for n in &c.nodes {
         let (status, body) = http_get(n.admin.as_deref().unwrap(), "/v1/jobs").unwrap();
         assert_eq!(status, 200);

@@ -15,7 +15,7 @@ use std::{
 
 use common::{bytes, Cluster, PAGESTORED};
 use pagestore_client::ClientOptions;
-use pagestore_tools::local_cluster::http_get;
+use pagestore_testkit::local_cluster::http_get;
 
 const PAGE: usize = 64 << 10;
 

@@ -20,7 +20,7 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use common::{bytes, Cluster, PAGECTL, PAGESTORED};
 use pagestore_client::{etcd::EtcdOptions, Client, ClientOptions, ClusterSource, StatsSnapshot};
 use pagestore_protocol::node_id::parse_uuid;
-use pagestore_tools::local_cluster::{http_get, http_post, EtcdServer};
+use pagestore_testkit::local_cluster::{http_get, http_post, EtcdServer};
 
 const LEASE_TTL: &str = "3";
 

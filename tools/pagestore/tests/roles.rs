@@ -69,7 +69,8 @@ fn readers_read_writers_invalidate_and_certificates_come_from_pagectl() {
         .iter()
         .map(|n| {
             let admin = n.admin.as_deref().unwrap();
-            let (code, text) = pagestore_tools::local_cluster::http_get(admin, "/metrics").unwrap();
+            let (code, text) =
+                pagestore_testkit::local_cluster::http_get(admin, "/metrics").unwrap();
             assert_eq!(code, 200);
             text.lines()
                 .filter(|l| l.starts_with("pagestore_forbidden_total{"))

@@ -1,11 +1,11 @@
 //! A real cluster for tests: `pagestored` processes on 127.0.0.1 (see
-//! `pagestore_tools::local_cluster`), in a temporary directory removed afterwards.
+//! `pagestore_testkit::local_cluster`), in a temporary directory removed afterwards.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
 
 use pagestore_client::{Client, ClientOptions};
-use pagestore_tools::local_cluster::{LocalCluster, Settings};
+use pagestore_testkit::local_cluster::{LocalCluster, Settings};
 
 pub const PAGESTORED: &str = env!("CARGO_BIN_EXE_pagestored");
 pub const PAGECTL: &str = env!("CARGO_BIN_EXE_pagectl");
@@ -67,15 +67,5 @@ impl Cluster {
 }
 
 /// Deterministic pseudo-random bytes.
-pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
+#[allow(unused_imports)]
+pub use pagestore_testkit::data::bytes;
