@@ -3,7 +3,7 @@
 
 use super::*;
 use proptest::prelude::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 const N: u32 = 16;
 
