@@ -274,9 +274,10 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
              docs/SECURITY.md); loading anyway"
         );
     }
+    let out = ProgressOut::new(total_files);
     let ticker = {
         let (progress, client, opts) = (progress.clone(), client.clone(), opts.clone());
-        let tty = std::io::stderr().is_terminal();
+        let (out, tty) = (out.clone(), out.bar.is_some());
         tokio::spawn(async move {
             let every = Duration::from_millis(250);
             let print_every = if tty { 1 } else { 20 };
@@ -285,7 +286,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
                 tokio::time::sleep(every).await;
                 tick += 1;
                 if tick % print_every == 0 {
-                    print_progress(&progress, total_files, start, tty, false);
+                    out.show(&progress, total_files, start, false);
                 }
                 if tick % 8 == 0 {
                     let r = job_record(&opts, &progress, total_files, started, JobState::Running);
@@ -347,13 +348,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
     if client.report_job(&record).await == 0 {
         tracing::warn!("no node took the job's final record");
     }
-    print_progress(
-        &progress,
-        total_files,
-        start,
-        std::io::stderr().is_terminal(),
-        true,
-    );
+    out.show(&progress, total_files, start, true);
     // The counters live in `progress` (the ticker and the records read them); the report
     // copies them once at the end.
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -371,26 +366,62 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
     rep
 }
 
-fn print_progress(p: &Progress, total: u64, start: Instant, tty: bool, last: bool) {
-    let done = p.files_done.load(Ordering::Relaxed);
-    let bytes = p.bytes_done.load(Ordering::Relaxed);
-    let secs = start.elapsed().as_secs_f64().max(1e-3);
-    let rate = bytes as f64 / secs;
-    let eta = if done > 0 && done < total {
-        format!("{:.0}s", secs * (total - done) as f64 / done as f64)
-    } else {
-        "-".into()
-    };
-    let line = format!(
-        "files {done}/{total}  {:.1} MB  {:.1} MB/s  ETA {eta}  failed {}",
-        bytes as f64 / 1e6,
-        rate / 1e6,
-        p.failed.load(Ordering::Relaxed)
-    );
-    if tty {
-        eprint!("\r\x1b[2K{line}{}", if last { "\n" } else { "" });
-    } else {
-        eprintln!("{line}");
+/// Where progress goes: a bar redrawn in place on a terminal (indicatif), otherwise a plain
+/// line every few seconds (logs and pipes keep every line).
+#[derive(Clone)]
+struct ProgressOut {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl ProgressOut {
+    fn new(total: u64) -> ProgressOut {
+        if !std::io::stderr().is_terminal() {
+            return ProgressOut { bar: None };
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        // A fixed template: the only way it fails is a typo here, and then the default does.
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("{bar:30} files {pos}/{len}  {msg}  ETA {eta}")
+        {
+            bar.set_style(style);
+        }
+        ProgressOut { bar: Some(bar) }
+    }
+
+    fn show(&self, p: &Progress, total: u64, start: Instant, last: bool) {
+        let done = p.files_done.load(Ordering::Relaxed);
+        let bytes = p.bytes_done.load(Ordering::Relaxed);
+        let rate = bytes as f64 / start.elapsed().as_secs_f64().max(1e-3);
+        let failed = p.failed.load(Ordering::Relaxed);
+        let amounts = format!(
+            "{:.1} MB  {:.1} MB/s  failed {failed}",
+            bytes as f64 / 1e6,
+            rate / 1e6
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(done);
+                bar.set_message(amounts);
+                if last {
+                    bar.finish();
+                }
+            }
+            None => {
+                let secs = start.elapsed().as_secs_f64().max(1e-3);
+                let eta = if done > 0 && done < total {
+                    format!("{:.0}s", secs * (total - done) as f64 / done as f64)
+                } else {
+                    "-".into()
+                };
+                let (mb, mbs) = (bytes as f64 / 1e6, rate / 1e6);
+                eprintln!(
+                    "files {done}/{total}  {mb:.1} MB  {mbs:.1} MB/s  ETA {eta}  failed {failed}"
+                );
+            }
+        }
     }
 }
 
