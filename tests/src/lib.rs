@@ -15,6 +15,7 @@
 pub mod data;
 pub mod faulty;
 pub mod local_cluster;
+pub mod openmetrics;
 
 use std::{
     fmt::Write as _,

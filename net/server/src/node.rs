@@ -91,7 +91,7 @@ pub const LATENCY_BOUNDS_US: [u64; 16] = [
 ];
 
 /// Everything one shard reports for monitoring ([`Node::metrics`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ShardMetrics {
     /// The engine's counters.
     pub engine: pagestore_engine::ShardStats,
@@ -361,15 +361,8 @@ impl Node {
             let mut m = ShardMetrics {
                 engine: shard.stats(),
                 loader: loader_counters(net),
-                requests: 0,
-                latency_us: [0; 5],
-                latency_sum_us: 0,
-                latency_buckets: [0; LATENCY_BOUNDS_US.len() + 1],
-                epoch: 0,
-                replica_reads: 0,
-                not_owner: 0,
-                forbidden: 0,
                 endpoint: endpoint_counters(net),
+                ..ShardMetrics::default()
             };
             if let Some(net) = net {
                 let h = net.service.latency();

@@ -19,49 +19,13 @@ use pagestore_testkit::local_cluster::http_get;
 
 const PAGE: usize = 64 << 10;
 
-/// A parsed `/metrics` page: `(name, labels)` → value. Panics on a line that is not valid
-/// Prometheus text (a sample before its `# TYPE`, a value that is not a number).
+/// A parsed `/metrics` page: `(name, labels)` → value (the testkit's strict OpenMetrics reader
+/// panics on anything a scraper would reject).
 struct Metrics(BTreeMap<(String, String), f64>);
 
 impl Metrics {
     fn parse(text: &str) -> Metrics {
-        let mut typed = std::collections::BTreeSet::new();
-        let mut out = BTreeMap::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let mut it = rest.split(' ');
-                let name = it.next().unwrap();
-                let kind = it.next().unwrap();
-                assert!(
-                    ["counter", "gauge", "histogram"].contains(&kind),
-                    "bad type: {line}"
-                );
-                assert!(typed.insert(name.to_string()), "family typed twice: {line}");
-                continue;
-            }
-            if line.starts_with('#') || line.is_empty() {
-                continue;
-            }
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            let value: f64 = value
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value: {line}"));
-            let (name, labels) = match series.split_once('{') {
-                Some((n, l)) => (n, l.strip_suffix('}').unwrap()),
-                None => (series, ""),
-            };
-            let family = ["_total", "_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
-                .unwrap_or(name);
-            assert!(typed.contains(family), "sample before its TYPE: {line}");
-            assert!(
-                out.insert((name.to_string(), labels.to_string()), value)
-                    .is_none(),
-                "duplicate series: {line}"
-            );
-        }
-        Metrics(out)
+        Metrics(pagestore_testkit::openmetrics::parse(text))
     }
 
     /// `pagestore_rule_<name>` of the rule with `prefix` (0 when the series is absent).

@@ -1,26 +1,15 @@
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Duration,
-};
+use std::{collections::BTreeSet, time::Duration};
 
 use super::*;
 use pagestore_protocol::jobs::JobState;
+use pagestore_testkit::openmetrics::parse;
 
 /// A snapshot with every family populated: two shards, a rule with a quota and one without,
 /// a job, and etcd.
 fn full() -> Snapshot {
     let mut shard = ShardMetrics {
-        engine: Default::default(),
-        loader: Default::default(),
-        requests: 0,
-        latency_us: [0; 5],
-        latency_sum_us: 0,
-        latency_buckets: [0; LATENCY_BOUNDS_US.len() + 1],
         epoch: 3,
-        replica_reads: 0,
-        not_owner: 0,
-        forbidden: 0,
-        endpoint: Default::default(),
+        ..ShardMetrics::default()
     };
     shard.engine.hits = 30;
     shard.engine.misses = 10;
@@ -63,48 +52,6 @@ fn full() -> Snapshot {
             ),
         ],
     }
-}
-
-/// Parses OpenMetrics text strictly enough to catch a malformed exposition: every family is
-/// typed once, every sample belongs to a typed family, every value is a number, and the text
-/// ends with `# EOF`. Returns `(sample name, labels)` → value.
-fn parse(text: &str) -> BTreeMap<(String, String), f64> {
-    assert!(text.ends_with("# EOF\n"), "{text}");
-    let mut types = BTreeMap::new();
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| *l != "# EOF") {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
-            assert!(
-                types.insert(name.to_string(), kind.to_string()).is_none(),
-                "{line}"
-            );
-            continue;
-        }
-        if line.starts_with("# HELP ") {
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').unwrap();
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("bad value: {line}"));
-        let (name, labels) = match series.split_once('{') {
-            Some((n, l)) => (n, l.strip_suffix('}').unwrap()),
-            None => (series, ""),
-        };
-        let family = ["_total", "_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s).filter(|f| types.contains_key(*f)))
-            .unwrap_or(name);
-        assert!(types.contains_key(family), "sample before its TYPE: {line}");
-        assert!(
-            out.insert((name.to_string(), labels.to_string()), value)
-                .is_none(),
-            "{line}"
-        );
-    }
-    out
 }
 
 #[test]
