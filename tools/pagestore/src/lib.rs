@@ -1,9 +1,11 @@
-//! Shared pieces of the `pagestored` daemon and the `pagectl` CLI: argument parsing, sizes,
+//! Shared pieces of the `pagestored` daemon and the client binaries (`pagectl`, `pagefs`,
+//! `pages3`, and `pagebench`): the cluster options and client start-up ([`cli`]), sizes,
 //! defaults and logging.
 
 use std::{path::PathBuf, str::FromStr};
 
 pub mod admin;
+pub mod cli;
 pub mod http_guard;
 pub mod load;
 pub mod local_cluster;
