@@ -25,6 +25,8 @@ use crate::{dataset, Opts};
 #[command(
     name = "pagebench",
     override_usage = "pagebench COMMAND [OPTIONS]",
+    // An option given twice takes its last value, as before clap.
+    args_override_self = true,
     after_help = "Sizes take K, M, G, T suffixes (powers of 1024)."
 )]
 pub struct Cli {
@@ -754,6 +756,8 @@ mod tests {
                 assert!(e.contains(n), "{bad}: {e}");
             }
         }
+        let (_, o) = run("fuse --seconds 1 --seconds 2 --json --json").unwrap();
+        assert_eq!(o.seconds, 2.0);
         let (_, o) = run("compare --workloads read,preload").unwrap();
         assert_eq!(o.workloads, ["read", "preload"]);
         assert!(o.workloads_given);

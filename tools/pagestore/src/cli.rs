@@ -246,6 +246,7 @@ mod tests {
 
     /// A command line with a subcommand, like pagectl's.
     #[derive(Parser, Debug)]
+    #[command(args_override_self = true)]
     struct Cli {
         #[command(flatten)]
         cluster: ClusterArgs,

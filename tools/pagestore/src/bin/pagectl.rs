@@ -20,7 +20,8 @@ use tokio::io::AsyncReadExt;
 /// Options may come before or after the command word (pagectl --cluster X ls /data, pagectl ls
 /// -l /data --cluster X). `pagectl help COMMAND` describes one command.
 #[derive(Parser, Debug)]
-#[command(name = "pagectl")]
+// An option given twice takes its last value, as before clap.
+#[command(name = "pagectl", args_override_self = true)]
 struct Cli {
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -931,6 +932,23 @@ mod tests {
                 "{line}"
             );
         }
+        // Given twice, the last one counts (the tests' helper puts its own first).
+        for line in [
+            "--tls-dir /a --cluster 1.1.1.1:1 --tls-dir /t cat /f --cluster 10.0.0.1:7400",
+            "--tls-dir /a --cluster 10.0.0.1:7400 cat /f --tls-dir /t",
+        ] {
+            let c = parse(line).unwrap();
+            assert_eq!(c.cluster.cluster(), "10.0.0.1:7400", "{line}");
+            assert_eq!(c.cluster.tls_dir(), PathBuf::from("/t"), "{line}");
+        }
+        let c = parse("head -n 1 -n 3 /f --no-fallback --no-fallback").unwrap();
+        assert_eq!(
+            c.command,
+            Command::Head {
+                lines: 3,
+                path: "/f".into()
+            }
+        );
         let c = parse("--no-fallback stat --interval 0.2 --timeout 1").unwrap();
         assert_eq!(
             c.command,

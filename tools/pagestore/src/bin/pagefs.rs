@@ -31,7 +31,12 @@ const USAGE: &str = "usage: pagefs MOUNTPOINT [OPTIONS] (pagefs --help lists the
 /// MOUNTPOINT` on standard output once mounted. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
 /// With --no-fallback, reads of a member that is down fail (EIO).
 #[derive(Parser, Debug)]
-#[command(name = "pagefs", override_usage = "pagefs MOUNTPOINT [OPTIONS]")]
+// An option given twice takes its last value, as before clap.
+#[command(
+    name = "pagefs",
+    override_usage = "pagefs MOUNTPOINT [OPTIONS]",
+    args_override_self = true
+)]
 struct Cli {
     /// Where to mount: an empty directory
     #[arg(value_name = "MOUNTPOINT")]

@@ -16,7 +16,8 @@ use tokio::signal::unix::{signal, SignalKind};
 /// http://ADDR` on standard output once listening; stops on SIGINT or SIGTERM. With
 /// --no-fallback, reads of a member that is down fail.
 #[derive(Parser, Debug)]
-#[command(name = "pages3")]
+// An option given twice takes its last value (--mount adds up), as before clap.
+#[command(name = "pages3", args_override_self = true)]
 struct Cli {
     /// HTTP address
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:7480", value_parser = parse_listen)]
@@ -317,6 +318,14 @@ mod tests {
         let o = s.cluster.client_options().unwrap();
         assert!(!o.fallback);
         assert_eq!(o.call_timeout, Duration::from_secs(4));
+
+        // Given twice, the last value counts; --mount adds up.
+        let s = settings(
+            parse("--anonymous --region a --region b --mount /a=file:///x --mount /b=file:///y")
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!((s.gateway.region.as_str(), s.mounts.len()), ("b", 2));
 
         // Defaults.
         let s = settings(parse("--anonymous").unwrap()).unwrap();
