@@ -81,8 +81,10 @@ pub struct ClusterArgs {
 /// `--timeout SECS`: at least 10 ms, at most a million seconds.
 fn parse_timeout(s: &str) -> Result<Duration, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
-    // `max` turns NaN into the floor.
-    Ok(Duration::from_secs_f64(v.max(0.01).min(1e6)))
+    if v.is_nan() {
+        return Err("not a number".into());
+    }
+    Ok(Duration::from_secs_f64(v.clamp(0.01, 1e6)))
 }
 
 impl ClusterArgs {
@@ -127,13 +129,13 @@ impl ClusterArgs {
 
     /// The client settings these options ask for.
     pub fn client_options(&self) -> Result<ClientOptions, Error> {
-        let mut o = ClientOptions::default();
-        o.fallback = !self.no_fallback;
-        if let Some(t) = self.timeout {
-            o.call_timeout = t;
-        }
-        o.etcd = self.etcd_options()?;
-        Ok(o)
+        let default = ClientOptions::default();
+        Ok(ClientOptions {
+            fallback: !self.no_fallback,
+            call_timeout: self.timeout.unwrap_or(default.call_timeout),
+            etcd: self.etcd_options()?,
+            ..default
+        })
     }
 
     /// A client of the cluster these options name, started (it has read the membership);
@@ -179,13 +181,22 @@ const HELP_WIDTH: usize = 100;
 pub fn wrap_help(cmd: clap::Command) -> clap::Command {
     let mut cmd = cmd.next_line_help(true);
     // A subcommand's about is also listed, indented, in its parent's help.
-    if let Some(t) = cmd.get_about().map(|t| wrap(&t.to_string(), HELP_WIDTH - 10)) {
+    if let Some(t) = cmd
+        .get_about()
+        .map(|t| wrap(&t.to_string(), HELP_WIDTH - 10))
+    {
         cmd = cmd.about(t);
     }
-    if let Some(t) = cmd.get_long_about().map(|t| wrap(&t.to_string(), HELP_WIDTH)) {
+    if let Some(t) = cmd
+        .get_long_about()
+        .map(|t| wrap(&t.to_string(), HELP_WIDTH))
+    {
         cmd = cmd.long_about(t);
     }
-    if let Some(t) = cmd.get_after_help().map(|t| wrap(&t.to_string(), HELP_WIDTH)) {
+    if let Some(t) = cmd
+        .get_after_help()
+        .map(|t| wrap(&t.to_string(), HELP_WIDTH))
+    {
         cmd = cmd.after_help(t);
     }
     // Descriptions are indented by 10 columns under their option.
@@ -294,8 +305,12 @@ mod tests {
         assert_eq!(c.cluster.timeout, Some(Duration::from_millis(10)));
         let c = parse("--timeout inf ls").unwrap();
         assert_eq!(c.cluster.timeout, Some(Duration::from_secs(1_000_000)));
-        let e = parse("--timeout soon ls").unwrap_err().to_string();
-        assert!(e.contains("--timeout"), "{e}");
+        for bad in ["soon", "NaN"] {
+            let e = parse(&format!("--timeout {bad} ls"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--timeout"), "{e}");
+        }
     }
 
     /// The variables are the process's own: one test reads them all, in order.
@@ -341,9 +356,16 @@ mod tests {
         assert_eq!(wrap("one\n\ntwo  three", 80), "one\n\ntwo three");
         let mut cmd = wrap_help(<Cli as clap::CommandFactory>::command());
         let help = cmd.render_long_help().to_string();
-        assert!(help.lines().all(|l| l.chars().count() <= HELP_WIDTH), "{help}");
+        assert!(
+            help.lines().all(|l| l.chars().count() <= HELP_WIDTH),
+            "{help}"
+        );
         assert!(help.contains("$PAGESTORE_TLS_DIR"), "{help}");
-        let ls = cmd.find_subcommand_mut("ls").unwrap().render_long_help().to_string();
+        let ls = cmd
+            .find_subcommand_mut("ls")
+            .unwrap()
+            .render_long_help()
+            .to_string();
         assert!(ls.contains("--cluster"), "{ls}");
     }
 
