@@ -306,6 +306,29 @@ impl EtcdOptions {
     }
 }
 
+impl EtcdOptions {
+    /// [`EtcdOptions::from_env`] with a binary's etcd flags laid over it: each of `user`,
+    /// `password_file` (read here), `ca`, `cert` and `key` that is given wins over its
+    /// `PAGESTORE_ETCD_*` variable.
+    pub fn from_env_and_flags(
+        user: Option<String>,
+        password_file: Option<&Path>,
+        [ca, cert, key]: [Option<PathBuf>; 3],
+    ) -> Result<EtcdOptions, EtcdError> {
+        let mut o = EtcdOptions::from_env()?;
+        if let Some(u) = user {
+            o.user = Some(u);
+        }
+        if let Some(f) = password_file {
+            o.password = Some(read_password_file(f)?);
+        }
+        o.ca = ca.or(o.ca);
+        o.cert = cert.or(o.cert);
+        o.key = key.or(o.key);
+        Ok(o)
+    }
+}
+
 /// Reads a password from `path`: its first line, without the line end. An empty password is
 /// an error.
 pub fn read_password_file(path: &Path) -> Result<String, EtcdError> {

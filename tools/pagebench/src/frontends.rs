@@ -11,8 +11,9 @@ use std::{
 };
 
 use futures_util::{stream, StreamExt};
-use pagestore_client::{tls, Client, ClientOptions, ClusterSource};
+use pagestore_client::{Client, ClientOptions};
 use pagestore_testkit::local_cluster::{LocalCluster, Settings};
+use pagestore_tools::cli::ClusterArgs;
 
 use crate::{
     bench::{stat_all, Catalog},
@@ -394,17 +395,12 @@ pub fn s3_url(
     url
 }
 
-/// Connects to an external cluster (`--cluster`, `--tls-dir`).
-pub async fn connect(cluster: &str, tls_dir: &Path) -> Result<Arc<Client>, String> {
-    let tls = tls::client_config(tls_dir).map_err(|e| format!("--tls-dir: {e}"))?;
-    Client::connect(
-        &ClusterSource::parse(cluster),
-        tls,
-        None,
-        ClientOptions::default(),
-    )
-    .await
-    .map_err(|e| format!("--cluster {cluster}: {e}"))
+/// Connects to an external cluster (`--cluster`, `--tls-dir` and the other client options).
+pub async fn connect(cluster: &ClusterArgs) -> Result<Arc<Client>, String> {
+    cluster
+        .connect(None)
+        .await
+        .map_err(|e| format!("--cluster {}: {e}", cluster.cluster()))
 }
 
 #[cfg(test)]

@@ -205,8 +205,8 @@ fn external_counters(o: &Opts, rt: &tokio::runtime::Runtime) -> Result<Probe, St
         frontend: o.cpu_pids.clone(),
         ..Probe::default()
     };
-    if let Some(c) = &o.cluster {
-        probe.counters = Some(rt.block_on(frontends::connect(c, &o.tls_dir()))?);
+    if o.cluster.cluster.is_some() {
+        probe.counters = Some(rt.block_on(frontends::connect(&o.cluster))?);
     }
     Ok(probe)
 }
@@ -395,9 +395,9 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                 }
             }
         },
-        Mode::Client => match &o.cluster {
+        Mode::Client => match &o.cluster.cluster {
             Some(c) => {
-                let client = rt.block_on(frontends::connect(c, &o.tls_dir()))?;
+                let client = rt.block_on(frontends::connect(&o.cluster))?;
                 let prefix = if o.prefix.is_empty() {
                     PREFIX.to_string()
                 } else {

@@ -1,206 +1,307 @@
 //! `pagectl`: the pagestore command line: read files and list directories through the
 //! cluster, and manage cluster certificates.
 
-use std::{io::Write, path::PathBuf, sync::Arc};
+use std::{io::Write, path::PathBuf, sync::Arc, time::Duration};
 
-use pagestore_client::{tls, Client, ClientOptions, ClusterSource, Error};
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use pagestore_client::{Client, Error};
 use pagestore_protocol::{
     frame::PathKind,
     tls::{ClusterCa, Role},
 };
-use pagestore_tools::{flag, home, init_logging, Args, DEFAULT_LISTEN};
+use pagestore_tools::{cli::ClusterArgs, init_logging};
 use tokio::io::AsyncReadExt;
 
-const USAGE: &str = "\
-usage: pagectl [OPTIONS] COMMAND
+/// The pagestore command line: read files and list directories through the cluster, preload and
+/// drop cached files, show the cluster's state, manage its certificates, and (with etcd) its
+/// membership and mounts.
+///
+/// Options may come before or after the command word (pagectl --cluster X ls /data, pagectl ls
+/// -l /data --cluster X). `pagectl help COMMAND` describes one command.
+#[derive(Parser, Debug)]
+// An option given twice takes its last value, as before clap.
+#[command(name = "pagectl", args_override_self = true)]
+struct Cli {
+    #[command(flatten)]
+    cluster: ClusterArgs,
 
-commands:
-  cat PATH...        write files to standard output
-  ls [-l] PATH       list a directory (or show one file)
-  stat [PATH]        without PATH: nodes, shards, capacity, use, hit ratio and read bandwidth
-                     (sampled over --interval SECS, default 1) of the cluster, and the last
-                     preload job's time to its first page; with PATH: size, version, file id
-                     and pages of a path
-  ring               each node's and shard's share of the ring
-  head [-n LINES] PATH
-                     the first lines of a file (default 10)
-  load (--manifest FILE | --prefix PATH) [--parallel N] [--verify]
-                     preload files into the cache: a manifest lists one logical path per line
-                     (or JSON lines with a \"path\" field; FILE may be a local file or a path in
-                     the namespace); --prefix takes every file under a directory. Pages already
-                     cached are skipped. --verify also compares every cached page with the
-                     under storage and reloads what differs. Runs until the job is done.
-  jobs               past and running preload jobs (the nodes keep the last 100)
-  free PATH          drop every cached page of the files under PATH (a directory or a file);
-                     the under storage is not touched
-  members            (etcd) live members and ring slots, and the ring mode
-  node remove UUID   (etcd) remove a member's ring slot: a permanent departure (static ring);
-                     stop the node first
-  mount ls           (etcd) the mount table
-  mount set /PREFIX URL
-                     (etcd) add or change a mount; nodes apply it within seconds. The URL
-                     holds no credentials (they would be readable in etcd): nodes add their
-                     own, from a --mount of the same prefix and URL or their environment
-  mount rm /PREFIX   (etcd) remove a mount
-  ca-init DIR        create a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into
-                     each node's TLS directory before its first start to form one cluster
-  cert issue --role ROLE [--name NAME] DIR
-                     issue a client certificate signed by the cluster CA in --tls-dir (which
-                     must hold ca-key.pem) into DIR (client-cert.pem, client-key.pem 0600, and
-                     ca-cert.pem): give DIR to a client as its --tls-dir. ROLE is reader (read
-                     only), writer (also store pages, invalidate, job records) or admin (also
-                     drop cached files); see docs/SECURITY.md
+    /// Accepted and ignored (older scripts pass it).
+    #[arg(long, global = true, hide = true)]
+    wait: bool,
 
-options:
-  --cluster WHERE         a member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
-                          (etcds:// for TLS; default $PAGESTORE_CLUSTER or 127.0.0.1:7400).
-                          Readers need no etcd: a member's address follows membership too
-  --etcd-user USER        log in to etcd as USER (or $PAGESTORE_ETCD_USER); the password
-                          comes from --etcd-password-file FILE or $PAGESTORE_ETCD_PASSWORD
-  --etcd-password-file FILE
-                          file holding the etcd password (first line)
-  --etcd-ca FILE          with etcds://: CA certificate(s) that sign etcd's certificate
-  --etcd-cert FILE, --etcd-key FILE
-                          with etcds://: client certificate and key for etcd
-  --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
-                          client-key.pem, or ca-key.pem, if the cluster requires client
-                          certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
-  --no-fallback           fail instead of reading the under storage when a member is down
-  --timeout SECS          time allowed per request to a member (default 3)";
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug, PartialEq)]
+enum Command {
+    /// Write files to standard output
+    Cat {
+        /// Files in the namespace (e.g. /data/a.bin)
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+    },
+
+    /// List a directory (or show one file)
+    Ls {
+        /// Sizes too
+        #[arg(short = 'l')]
+        long: bool,
+        /// A directory or a file
+        #[arg(value_name = "PATH", default_value = "/")]
+        path: String,
+    },
+
+    /// Without PATH: the cluster; with PATH: size, version, file id and pages of a path
+    ///
+    /// Without PATH: nodes (DOWN if they do not answer), shards, capacity, use, hit ratio and
+    /// read bandwidth from the caches and from the under storage (sampled over --interval) of
+    /// the cluster, and the last preload job's time to its first page. With PATH: size,
+    /// version, file id and pages of a path.
+    Stat {
+        /// A file or directory
+        #[arg(value_name = "PATH")]
+        path: Option<String>,
+        /// Seconds over which the read bandwidth is sampled (0 to 3600)
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value = "1",
+            allow_negative_numbers = true,
+            value_parser = parse_interval
+        )]
+        interval: Duration,
+    },
+
+    /// Each node's and shard's share of the ring
+    Ring,
+
+    /// The first lines of a file
+    Head {
+        /// Lines to show
+        #[arg(short = 'n', value_name = "LINES", default_value_t = 10)]
+        lines: usize,
+        /// A file
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// Preload files into the cache (--manifest FILE | --prefix PATH)
+    ///
+    /// Preloads files into the cache: a manifest lists one logical path per line (or JSON lines
+    /// with a "path" field; FILE may be a local file or a path in the namespace); --prefix takes
+    /// every file under a directory. Pages already cached are skipped. --verify also compares
+    /// every cached page with the under storage and reloads what differs. Runs until the job is
+    /// done; `pagectl jobs` shows it meanwhile.
+    Load {
+        /// The manifest: a local file or a path in the namespace
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<String>,
+        /// Every file under this directory
+        #[arg(long, value_name = "PATH")]
+        prefix: Option<String>,
+        /// Files in flight at once (default 16)
+        #[arg(long, value_name = "N")]
+        parallel: Option<usize>,
+        /// Also compare every cached page with the under storage and reload what differs
+        #[arg(long)]
+        verify: bool,
+    },
+
+    /// Past and running preload jobs (the nodes keep the last 100)
+    Jobs,
+
+    /// Drop every cached page of the files under PATH (a directory or a file)
+    ///
+    /// Drops every cached page of the files under PATH (a directory or a file); the under
+    /// storage is not touched. Needs an admin certificate.
+    Free {
+        /// A directory or a file
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// (etcd) Live members and ring slots, and the ring mode
+    Members,
+
+    /// (etcd) Manage ring slots: node remove UUID
+    Node {
+        #[command(subcommand)]
+        action: NodeCommand,
+    },
+
+    /// (etcd) The mount table: mount ls, mount set /PREFIX URL, mount rm /PREFIX
+    Mount {
+        #[command(subcommand)]
+        action: Option<MountCommand>,
+    },
+
+    /// Create a cluster CA (ca-cert.pem, ca-key.pem) in DIR
+    ///
+    /// Creates a cluster CA (ca-cert.pem, ca-key.pem) in DIR; copy both files into each node's
+    /// TLS directory before its first start to form one cluster.
+    CaInit {
+        /// Where to write the CA
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+
+    /// Client certificates: cert issue --role ROLE [--name NAME] DIR
+    Cert {
+        #[command(subcommand)]
+        action: CertCommand,
+    },
+}
+
+#[derive(Subcommand, Debug, PartialEq)]
+enum NodeCommand {
+    /// Remove a member's ring slot: a permanent departure (static ring); stop the node first
+    Remove {
+        /// The node's id (see pagectl members)
+        #[arg(value_name = "UUID")]
+        id: String,
+    },
+}
+
+#[derive(Subcommand, Debug, PartialEq)]
+enum MountCommand {
+    /// The mount table (also `pagectl mount` alone)
+    Ls,
+
+    /// Add or change a mount; nodes apply it within seconds
+    ///
+    /// Adds or changes a mount; nodes apply it within seconds. The URL holds no credentials
+    /// (they would be readable in etcd): nodes add their own, from a --mount of the same prefix
+    /// and URL or their environment.
+    Set {
+        /// The logical prefix (e.g. /data)
+        #[arg(value_name = "/PREFIX")]
+        prefix: String,
+        /// The under storage, without credentials (file:///dir, s3://bucket/prefix?..., gs://...)
+        #[arg(value_name = "URL")]
+        url: String,
+    },
+
+    /// Remove a mount
+    Rm {
+        /// The logical prefix
+        #[arg(value_name = "/PREFIX")]
+        prefix: String,
+    },
+}
+
+#[derive(Subcommand, Debug, PartialEq)]
+enum CertCommand {
+    /// Issue a client certificate signed by the cluster CA in --tls-dir into DIR
+    ///
+    /// Issues a client certificate signed by the cluster CA in --tls-dir (which must hold
+    /// ca-key.pem) into DIR (client-cert.pem, client-key.pem 0600, and ca-cert.pem): give DIR to
+    /// a client as its --tls-dir. See docs/SECURITY.md.
+    Issue {
+        /// reader (read only), writer (also store pages, invalidate, job records) or admin
+        /// (also drop cached files)
+        #[arg(long, value_name = "ROLE", value_parser = parse_role)]
+        role: Role,
+        /// The certificate's name (default "pagestore ROLE")
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// Where to write the certificate (a client's --tls-dir)
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    Role::parse(s).ok_or_else(|| format!("{s:?}: expected reader, writer, admin or node"))
+}
+
+/// `stat --interval SECS`: 0 to an hour.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if v.is_nan() {
+        return Err("not a number".into());
+    }
+    Ok(Duration::from_secs_f64(v.clamp(0.0, 3600.0)))
+}
 
 fn main() {
     init_logging();
-    let code = match real_main() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("pagectl: {e}");
-            1
-        }
-    };
-    std::process::exit(code);
+    let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
+    if let Err(e) = real_main(cli) {
+        eprintln!("pagectl: {e:#}");
+        std::process::exit(1);
+    }
 }
 
-fn real_main() -> Result<(), String> {
-    let mut args = Args::from_env();
-    let mut cluster = std::env::var("PAGESTORE_CLUSTER").unwrap_or_else(|_| DEFAULT_LISTEN.into());
-    let mut tls_dir = std::env::var_os("PAGESTORE_TLS_DIR")
-        .map_or_else(|| home().join("cache").join("tls"), PathBuf::from);
-    let mut options = ClientOptions::default();
-    let mut words = Vec::new();
-    let mut long = false;
-    let mut lines: usize = 10;
-    let mut manifest = None;
-    let mut prefix = None;
-    let mut load_opts = pagestore_tools::load::LoadOptions::default();
-    let mut interval = std::time::Duration::from_secs(1);
-    let mut role = None;
-    let mut name = None;
-    // --etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert, --etcd-key
-    let mut etcd_flags: [Option<String>; 5] = Default::default();
-    while let Some(arg) = args.next() {
-        match flag(&arg) {
-            "--cluster" => cluster = args.value(&arg)?,
-            "--etcd-user" => etcd_flags[0] = Some(args.value(&arg)?),
-            "--etcd-password-file" => etcd_flags[1] = Some(args.value(&arg)?),
-            "--etcd-ca" => etcd_flags[2] = Some(args.value(&arg)?),
-            "--etcd-cert" => etcd_flags[3] = Some(args.value(&arg)?),
-            "--etcd-key" => etcd_flags[4] = Some(args.value(&arg)?),
-            "--tls-dir" => tls_dir = args.value(&arg)?.into(),
-            "--no-fallback" => options.fallback = false,
-            "--interval" => {
-                interval =
-                    std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.clamp(0.0, 3600.0))
-            }
-            "--timeout" => {
-                options.call_timeout =
-                    std::time::Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
-            }
-            "-l" => long = true,
-            "-n" => lines = args.parsed(&arg)?,
-            "--manifest" => manifest = Some(args.value(&arg)?),
-            "--prefix" => prefix = Some(args.value(&arg)?),
-            "--parallel" => load_opts.parallel = args.parsed(&arg)?,
-            "--verify" => load_opts.verify = true,
-            "--role" => {
-                let v = args.value(&arg)?;
-                role = Some(Role::parse(&v).ok_or_else(|| {
-                    format!("--role {v:?}: expected reader, writer, admin or node")
-                })?)
-            }
-            "--name" => name = Some(args.value(&arg)?),
-            "--wait" => {}
-            "-h" | "--help" | "help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            f if f.starts_with("--") => return Err(format!("unknown option {f:?}\n\n{USAGE}")),
-            _ => words.push(arg),
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    let Cli {
+        cluster, command, ..
+    } = cli;
+    match command {
+        Command::CaInit { dir } => return ca_init(dir).map_err(anyhow::Error::msg),
+        Command::Cert {
+            action: CertCommand::Issue { role, name, dir },
+        } => {
+            let name = name.unwrap_or_else(|| format!("pagestore {role}"));
+            return cert_issue(&cluster.tls_dir(), dir, role, &name).map_err(anyhow::Error::msg);
         }
-    }
-    let Some((command, rest)) = words.split_first() else {
-        return Err(format!("no command\n\n{USAGE}"));
-    };
-    if command == "ca-init" {
-        let [dir] = rest else {
-            return Err("usage: pagectl ca-init DIR".into());
-        };
-        return ca_init(dir.into());
-    }
-    if command == "cert" {
-        let words: Vec<&str> = rest.iter().map(String::as_str).collect();
-        let (["issue", dir], Some(role)) = (words.as_slice(), role) else {
-            return Err(
-                "usage: pagectl cert issue --role reader|writer|admin [--name NAME] DIR".into(),
-            );
-        };
-        let name = name.unwrap_or_else(|| format!("pagestore {role}"));
-        return cert_issue(&tls_dir, dir.into(), role, &name);
+        _ => {}
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
-    let is_etcd = pagestore_client::etcd::is_etcd_url(&cluster);
-    if !is_etcd && etcd_flags.iter().any(Option::is_some) {
-        return Err(
-            "--etcd-user, --etcd-password-file, --etcd-ca, --etcd-cert and --etcd-key \
-                    need --cluster etcd://... (or etcds://)"
-                .into(),
-        );
+        .context("cannot start the runtime")?;
+    if matches!(
+        command,
+        Command::Members | Command::Node { .. } | Command::Mount { .. }
+    ) {
+        let opts = cluster.etcd_options()?.unwrap_or_default();
+        return runtime
+            .block_on(etcd_command(&cluster.cluster(), &opts, &command))
+            .map_err(anyhow::Error::msg);
     }
-    let etcd_options = if is_etcd {
-        Some(pagestore_tools::etcd_options(etcd_flags)?)
-    } else {
-        None
-    };
-    if matches!(command.as_str(), "members" | "node" | "mount") {
-        let opts = etcd_options.unwrap_or_default();
-        return runtime.block_on(etcd_command(&cluster, &opts, command, rest));
-    }
-    options.etcd = etcd_options;
     runtime.block_on(async {
-        let tls = tls::client_config(&tls_dir).map_err(|e| e.to_string())?;
-        let client = Client::connect(&ClusterSource::parse(&cluster), tls, None, options)
-            .await
-            .map_err(|e| e.to_string())?;
-        match (command.as_str(), rest) {
-            ("cat", paths) if !paths.is_empty() => {
-                for p in paths {
-                    cat(&client, p).await?;
+        let client = cluster.connect(None).await?;
+        match command {
+            Command::Cat { paths } => {
+                for p in &paths {
+                    cat(&client, p).await.map_err(anyhow::Error::msg)?;
                 }
                 Ok(())
             }
-            ("ls", [path]) => ls(&client, path, long).await,
-            ("ls", []) => ls(&client, "/", long).await,
-            ("stat", [path]) => stat(&client, path).await,
-            ("stat", []) => cluster_stat(&client, interval).await,
-            ("ring", []) => ring(&client),
-            ("free", [path]) => free(&client, path).await,
-            ("head", [path]) => head(&client, path, lines).await,
-            ("load", []) => load(&client, manifest, prefix, &load_opts).await,
-            ("jobs", []) => jobs(&client).await,
-            _ => Err(format!("bad command {words:?}\n\n{USAGE}")),
+            Command::Ls { long, path } => ls(&client, &path, long).await,
+            Command::Stat {
+                path: Some(path), ..
+            } => stat(&client, &path).await,
+            Command::Stat {
+                path: None,
+                interval,
+            } => cluster_stat(&client, interval).await,
+            Command::Ring => ring(&client),
+            Command::Free { path } => free(&client, &path).await,
+            Command::Head { lines, path } => head(&client, &path, lines).await,
+            Command::Load {
+                manifest,
+                prefix,
+                parallel,
+                verify,
+            } => {
+                let mut load_opts = pagestore_tools::load::LoadOptions::default();
+                if let Some(n) = parallel {
+                    load_opts.parallel = n;
+                }
+                load_opts.verify = verify;
+                load(&client, manifest, prefix, &load_opts).await
+            }
+            Command::Jobs => jobs(&client).await,
+            Command::Members
+            | Command::Node { .. }
+            | Command::Mount { .. }
+            | Command::CaInit { .. }
+            | Command::Cert { .. } => Ok(()),
         }
+        .map_err(anyhow::Error::msg)
     })
 }
 
@@ -610,27 +711,31 @@ async fn free(client: &Arc<Client>, path: &str) -> Result<(), String> {
 async fn etcd_command(
     cluster: &str,
     options: &pagestore_client::etcd::EtcdOptions,
-    command: &str,
-    rest: &[String],
+    command: &Command,
 ) -> Result<(), String> {
     use pagestore_client::etcd::{self, Etcd};
     use pagestore_protocol::node_id::{format_uuid, parse_uuid};
     if !etcd::is_etcd_url(cluster) {
+        let command = match command {
+            Command::Members => "members",
+            Command::Node { .. } => "node",
+            _ => "mount",
+        };
         return Err(format!(
             "pagectl {command} works on membership in etcd: give --cluster etcd://HOST:PORT[/CLUSTER]"
         ));
     }
-    if command == "mount" && rest.first().is_some_and(|w| w == "set") {
-        if let Some(url) = rest.get(2) {
-            // Refused before etcd is even asked.
-            etcd::no_credentials(url)?;
-        }
+    if let Command::Mount {
+        action: Some(MountCommand::Set { url, .. }),
+    } = command
+    {
+        // Refused before etcd is even asked.
+        etcd::no_credentials(url)?;
     }
     let etcd = Etcd::new(cluster, options).map_err(|e| e.to_string())?;
     let state = etcd.state().await.map_err(|e| e.to_string())?;
-    let words: Vec<&str> = rest.iter().map(String::as_str).collect();
-    match (command, words.as_slice()) {
-        ("members", []) => {
+    match command {
+        Command::Members => {
             println!(
                 "ring mode {} (etcd revision {})",
                 state.mode().as_str(),
@@ -671,7 +776,9 @@ async fn etcd_command(
             }
             Ok(())
         }
-        ("node", ["remove", id]) => {
+        Command::Node {
+            action: NodeCommand::Remove { id },
+        } => {
             let uuid = parse_uuid(id).ok_or_else(|| format!("{id:?} is not a node UUID"))?;
             if state.live.contains_key(&uuid) {
                 return Err(format!(
@@ -684,7 +791,9 @@ async fn etcd_command(
             println!("removed the ring slot of {}", format_uuid(uuid));
             Ok(())
         }
-        ("mount", ["ls"]) | ("mount", []) => {
+        Command::Mount {
+            action: None | Some(MountCommand::Ls),
+        } => {
             for (prefix, url) in &state.mounts {
                 let warn = if etcd::credentials_in(url).is_empty() {
                     ""
@@ -695,7 +804,9 @@ async fn etcd_command(
             }
             Ok(())
         }
-        ("mount", ["set", prefix, url]) => {
+        Command::Mount {
+            action: Some(MountCommand::Set { prefix, url }),
+        } => {
             // Check the spec the way the nodes parse it (whether the store opens is for each
             // node to say: a file:// path may exist there and not here).
             let (p, u) = pagestore_client::ufs::parse_mount(&format!("{prefix}={url}"))
@@ -704,19 +815,16 @@ async fn etcd_command(
             println!("mount {p} <- {}", pagestore_client::ufs::redact(&u));
             Ok(())
         }
-        ("mount", ["rm", prefix]) => {
+        Command::Mount {
+            action: Some(MountCommand::Rm { prefix }),
+        } => {
             if !etcd.remove_mount(prefix).await.map_err(|e| e.to_string())? {
                 return Err(format!("no mount at {prefix} (see pagectl mount ls)"));
             }
             println!("removed mount {prefix}");
             Ok(())
         }
-        _ => Err(format!(
-            "bad command: {command} {}
-
-{USAGE}",
-            words.join(" ")
-        )),
+        other => Err(format!("{other:?} is not a command on etcd")),
     }
 }
 
@@ -788,4 +896,214 @@ async fn stat(client: &Client, path: &str) -> Result<(), String> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pagectl").chain(line.split_whitespace()))
+    }
+
+    #[test]
+    fn options_go_before_or_after_the_command() {
+        for line in [
+            "--cluster 10.0.0.1:7400 --tls-dir /t ls -l /data",
+            "ls -l /data --cluster 10.0.0.1:7400 --tls-dir /t",
+            "ls --cluster=10.0.0.1:7400 -l --tls-dir=/t /data",
+            "--wait --tls-dir /t ls /data -l --cluster 10.0.0.1:7400 --wait",
+        ] {
+            let c = parse(line).unwrap();
+            assert_eq!(c.cluster.cluster(), "10.0.0.1:7400", "{line}");
+            assert_eq!(c.cluster.tls_dir(), PathBuf::from("/t"), "{line}");
+            assert_eq!(
+                c.command,
+                Command::Ls {
+                    long: true,
+                    path: "/data".into()
+                },
+                "{line}"
+            );
+        }
+        // Given twice, the last one counts (the tests' helper puts its own first).
+        for line in [
+            "--tls-dir /a --cluster 1.1.1.1:1 --tls-dir /t cat /f --cluster 10.0.0.1:7400",
+            "--tls-dir /a --cluster 10.0.0.1:7400 cat /f --tls-dir /t",
+        ] {
+            let c = parse(line).unwrap();
+            assert_eq!(c.cluster.cluster(), "10.0.0.1:7400", "{line}");
+            assert_eq!(c.cluster.tls_dir(), PathBuf::from("/t"), "{line}");
+        }
+        let c = parse("head -n 1 -n 3 /f --no-fallback --no-fallback").unwrap();
+        assert_eq!(
+            c.command,
+            Command::Head {
+                lines: 3,
+                path: "/f".into()
+            }
+        );
+        let c = parse("--no-fallback stat --interval 0.2 --timeout 1").unwrap();
+        assert_eq!(
+            c.command,
+            Command::Stat {
+                path: None,
+                interval: Duration::from_millis(200)
+            }
+        );
+        let o = c.cluster.client_options().unwrap();
+        assert!(!o.fallback);
+        assert_eq!(o.call_timeout, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn every_command_line_form_parses() {
+        let cmd = |line: &str| parse(line).unwrap().command;
+        assert_eq!(
+            cmd("cat /a /b /c"),
+            Command::Cat {
+                paths: vec!["/a".into(), "/b".into(), "/c".into()]
+            }
+        );
+        assert_eq!(
+            cmd("ls"),
+            Command::Ls {
+                long: false,
+                path: "/".into()
+            }
+        );
+        assert_eq!(
+            cmd("stat /data/f"),
+            Command::Stat {
+                path: Some("/data/f".into()),
+                interval: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(
+            cmd("head -n 2 /f"),
+            Command::Head {
+                lines: 2,
+                path: "/f".into()
+            }
+        );
+        assert_eq!(
+            cmd("head /f"),
+            Command::Head {
+                lines: 10,
+                path: "/f".into()
+            }
+        );
+        assert_eq!(
+            cmd("load --manifest m.txt --parallel 4 --verify"),
+            Command::Load {
+                manifest: Some("m.txt".into()),
+                prefix: None,
+                parallel: Some(4),
+                verify: true
+            }
+        );
+        assert_eq!(
+            cmd("load --prefix /data/set"),
+            Command::Load {
+                manifest: None,
+                prefix: Some("/data/set".into()),
+                parallel: None,
+                verify: false
+            }
+        );
+        assert_eq!(cmd("ring"), Command::Ring);
+        assert_eq!(cmd("jobs"), Command::Jobs);
+        assert_eq!(cmd("members"), Command::Members);
+        assert_eq!(
+            cmd("free /data"),
+            Command::Free {
+                path: "/data".into()
+            }
+        );
+        assert_eq!(
+            cmd("node remove 0123"),
+            Command::Node {
+                action: NodeCommand::Remove { id: "0123".into() }
+            }
+        );
+        assert_eq!(cmd("mount"), Command::Mount { action: None });
+        assert_eq!(
+            cmd("mount ls"),
+            Command::Mount {
+                action: Some(MountCommand::Ls)
+            }
+        );
+        assert_eq!(
+            cmd("mount set /more file:///m"),
+            Command::Mount {
+                action: Some(MountCommand::Set {
+                    prefix: "/more".into(),
+                    url: "file:///m".into()
+                })
+            }
+        );
+        assert_eq!(
+            cmd("mount rm /more"),
+            Command::Mount {
+                action: Some(MountCommand::Rm {
+                    prefix: "/more".into()
+                })
+            }
+        );
+        assert_eq!(
+            cmd("ca-init /etc/ca"),
+            Command::CaInit {
+                dir: "/etc/ca".into()
+            }
+        );
+        assert_eq!(
+            cmd("cert issue --role reader --name n /r"),
+            Command::Cert {
+                action: CertCommand::Issue {
+                    role: Role::Reader,
+                    name: Some("n".into()),
+                    dir: "/r".into()
+                }
+            }
+        );
+        assert_eq!(
+            cmd("--tls-dir /ca cert issue /w --role writer"),
+            Command::Cert {
+                action: CertCommand::Issue {
+                    role: Role::Writer,
+                    name: None,
+                    dir: "/w".into()
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn bad_command_lines_say_what_is_wrong() {
+        for (line, needle) in [
+            ("", "Usage"),
+            ("cat", "PATH"),
+            ("ls /a /b", "/b"),
+            ("frobnicate", "frobnicate"),
+            ("ls --frobnicate", "--frobnicate"),
+            ("cert issue /r", "--role"),
+            (
+                "cert issue --role root /r",
+                "expected reader, writer, admin or node",
+            ),
+            ("head -n many /f", "-n"),
+            ("stat --interval soon", "--interval"),
+            ("node forget 0123", "forget"),
+            ("ca-init", "DIR"),
+        ] {
+            let e = parse(line).unwrap_err().to_string();
+            assert!(e.contains(needle), "{line:?}: {e}");
+        }
+        // --help is not an error.
+        for line in ["--help", "help", "ls --help", "help cert issue"] {
+            assert!(!parse(line).unwrap_err().use_stderr(), "{line}");
+        }
+    }
 }

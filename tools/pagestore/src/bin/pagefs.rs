@@ -9,113 +9,84 @@ use std::{
     time::Duration,
 };
 
+use anyhow::{bail, Context};
+use clap::Parser;
 use fuser::{MountOption, SessionACL, SessionUnmounter};
-use pagestore_client::{tls, Client, ClientOptions, ClusterSource};
 use pagestore_tools::{
-    flag, home, init_logging,
+    cli::ClusterArgs,
+    init_logging,
     pagefs::{FsOptions, PageFs},
-    parse_size, Args, DEFAULT_LISTEN,
+    parse_size,
 };
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
 
-const USAGE: &str = "\
-usage: pagefs MOUNTPOINT [OPTIONS]
+/// The short form of the usage, for a missing mount point.
+const USAGE: &str = "usage: pagefs MOUNTPOINT [OPTIONS] (pagefs --help lists the options)";
 
-Mounts the cluster's namespace (the same paths as `pagectl ls /`) read-only at MOUNTPOINT, an
-empty directory, and serves it until SIGINT or SIGTERM, which unmount it. Prints `ready
-MOUNTPOINT` on standard output once mounted. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
+/// Mounts the cluster's namespace read-only through FUSE.
+///
+/// Mounts the cluster's namespace (the same paths as `pagectl ls /`) read-only at MOUNTPOINT, an
+/// empty directory, and serves it until SIGINT or SIGTERM, which unmount it. Prints `ready
+/// MOUNTPOINT` on standard output once mounted. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
+/// With --no-fallback, reads of a member that is down fail (EIO).
+#[derive(Parser, Debug)]
+// An option given twice takes its last value, as before clap.
+#[command(
+    name = "pagefs",
+    override_usage = "pagefs MOUNTPOINT [OPTIONS]",
+    args_override_self = true
+)]
+struct Cli {
+    /// Where to mount: an empty directory
+    #[arg(value_name = "MOUNTPOINT")]
+    mountpoint: Option<PathBuf>,
 
-options:
-  --cluster WHERE         member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
-                          (default $PAGESTORE_CLUSTER or 127.0.0.1:7400)
-  --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
-                          client-key.pem, or ca-key.pem, if the cluster requires client
-                          certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
-  --no-fallback           fail reads (EIO) instead of reading the under storage when a member
-                          is down
-  --timeout SECS          time allowed per request to a member (default 3)
-  --attr-ttl SECS         how long the kernel may cache names, sizes and kinds (default 10; 0 asks
-                          every time)
-  --threads N             FUSE request threads and client runtime threads (default: CPUs,
-                          2 to 16)
-  --readahead SIZE        kernel read-ahead window of the mount (default the larger of 8M and
-                          two pages; 0 keeps the kernel's default)
-  --allow-other           let users other than the one mounting read the files (the
-                          kernel enforces the modes shown: a file:// mount's files keep
-                          their own modes and owners; refused if a file:// mount's
-                          directory is not on this machine)";
+    /// How long the kernel may cache names, sizes and kinds (0 asks every time)
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value = "10",
+        allow_negative_numbers = true,
+        value_parser = parse_attr_ttl
+    )]
+    attr_ttl: Duration,
+
+    /// FUSE request threads and client runtime threads (default: CPUs, 2 to 16; at most 256)
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+
+    /// Kernel read-ahead window of the mount (default the larger of 8M and two pages; 0 keeps
+    /// the kernel's default)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    readahead: Option<u64>,
+
+    /// Let users other than the one mounting read the files (the kernel enforces the modes
+    /// shown: a file:// mount's files keep their own modes and owners; refused if a file://
+    /// mount's directory is not on this machine)
+    #[arg(long)]
+    allow_other: bool,
+
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+/// `--attr-ttl SECS`: 0 to a million seconds.
+fn parse_attr_ttl(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if v.is_nan() {
+        return Err("not a number".into());
+    }
+    Ok(Duration::from_secs_f64(v.clamp(0.0, 1e6)))
+}
 
 fn main() {
     init_logging();
-    let code = match real_main() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("pagefs: {e}");
-            1
-        }
-    };
-    std::process::exit(code);
-}
-
-struct Settings {
-    mountpoint: PathBuf,
-    cluster: String,
-    tls_dir: PathBuf,
-    client: ClientOptions,
-    attr_ttl: Duration,
-    threads: usize,
-    readahead: Option<u64>,
-    allow_other: bool,
-}
-
-fn parse_args() -> Result<Option<Settings>, String> {
-    let mut args = Args::from_env();
-    let mut s = Settings {
-        mountpoint: PathBuf::new(),
-        cluster: std::env::var("PAGESTORE_CLUSTER").unwrap_or_else(|_| DEFAULT_LISTEN.into()),
-        tls_dir: std::env::var_os("PAGESTORE_TLS_DIR")
-            .map_or_else(|| home().join("cache").join("tls"), PathBuf::from),
-        client: ClientOptions::default(),
-        attr_ttl: Duration::from_secs(10),
-        threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16)),
-        readahead: None,
-        allow_other: false,
-    };
-    let mut words = Vec::new();
-    while let Some(arg) = args.next() {
-        match flag(&arg) {
-            "--cluster" => s.cluster = args.value(&arg)?,
-            "--tls-dir" => s.tls_dir = args.value(&arg)?.into(),
-            "--no-fallback" => s.client.fallback = false,
-            "--timeout" => {
-                s.client.call_timeout =
-                    Duration::from_secs_f64(args.parsed::<f64>(&arg)?.clamp(0.01, 1e6))
-            }
-            "--attr-ttl" => {
-                s.attr_ttl = Duration::from_secs_f64(args.parsed::<f64>(&arg)?.clamp(0.0, 1e6))
-            }
-            "--threads" => s.threads = args.parsed::<usize>(&arg)?.clamp(1, 256),
-            "--readahead" => s.readahead = Some(parse_size(&args.value(&arg)?)?),
-            "--allow-other" => s.allow_other = true,
-            "-h" | "--help" | "help" => {
-                println!("{USAGE}");
-                return Ok(None);
-            }
-            f if f.starts_with("--") => return Err(format!("unknown option {f:?}\n\n{USAGE}")),
-            _ => words.push(arg),
-        }
+    let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
+    if let Err(e) = real_main(cli) {
+        eprintln!("pagefs: {e:#}");
+        std::process::exit(1);
     }
-    match words.as_slice() {
-        [mp] => s.mountpoint = mp.into(),
-        [] => return Err(format!("no mount point\n\n{USAGE}")),
-        _ => {
-            return Err(format!(
-                "one mount point expected, got {words:?}\n\n{USAGE}"
-            ))
-        }
-    }
-    Ok(Some(s))
 }
 
 /// The mount point must be an empty directory that is not a dead mount.
@@ -164,57 +135,51 @@ fn check_dev_fuse() -> Result<(), String> {
     }
 }
 
-fn real_main() -> Result<(), String> {
-    let Some(s) = parse_args()? else {
-        return Ok(());
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    let Some(mountpoint) = &cli.mountpoint else {
+        bail!("no mount point\n\n{USAGE}");
     };
-    let mp = check_mountpoint(&s.mountpoint)?;
-    check_dev_fuse()?;
+    let threads = cli.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16)),
+        |n| n.clamp(1, 256),
+    );
+    let mp = check_mountpoint(mountpoint).map_err(anyhow::Error::msg)?;
+    check_dev_fuse().map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(s.threads)
+        .worker_threads(threads)
         .thread_name("pagefs-io")
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let client = runtime.block_on(async {
-        let tls = tls::client_config(&s.tls_dir).map_err(|e| e.to_string())?;
-        Client::connect(
-            &ClusterSource::parse(&s.cluster),
-            tls,
-            None,
-            s.client.clone(),
-        )
-        .await
-        .map_err(|e| e.to_string())
-    })?;
+        .context("cannot start the runtime")?;
+    let client = runtime.block_on(cli.cluster.connect(None))?;
     let page = u64::from(client.page_size());
-    let readahead = s.readahead.unwrap_or((2 * page).max(8 << 20));
+    let readahead = cli.readahead.unwrap_or((2 * page).max(8 << 20));
     let fs = PageFs::new(
         client.clone(),
         runtime.handle().clone(),
         FsOptions {
-            attr_ttl: s.attr_ttl,
+            attr_ttl: cli.attr_ttl,
             readahead: u32::try_from(readahead.max(4096)).unwrap_or(u32::MAX),
             ..FsOptions::default()
         },
     );
-    if s.allow_other {
+    if cli.allow_other {
         let blind = fs.mounts_without_modes();
         if !blind.is_empty() {
-            return Err(format!(
+            bail!(
                 "--allow-other: the cluster's file:// mounts {} are not directories on this \
                  machine, so pagefs cannot report their files' modes and the kernel could not \
                  keep other users out of files they may not read; mount without --allow-other, \
                  or run pagefs on the machine that has these directories",
                 blind.join(", ")
-            ));
+            );
         }
     }
     // Signals are caught from here on, so one that comes during the mount still unmounts.
     let (mut term, mut int) = {
         let _rt = runtime.enter();
-        let term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
-        let int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?;
+        let term = signal(SignalKind::terminate()).context("SIGTERM")?;
+        let int = signal(SignalKind::interrupt()).context("SIGINT")?;
         (term, int)
     };
     let mut config = fuser::Config::default();
@@ -228,12 +193,12 @@ fn real_main() -> Result<(), String> {
         MountOption::NoSuid,
         MountOption::NoExec,
     ];
-    config.acl = if s.allow_other {
+    config.acl = if cli.allow_other {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(s.threads);
+    config.n_threads = Some(threads);
     config.clone_fd = true;
     let slot = fs.notifier_slot();
     let mut session = fuser::Session::new(fs, &mp, &config).map_err(|e| {
@@ -244,7 +209,7 @@ fn real_main() -> Result<(), String> {
             }
             _ => "",
         };
-        format!("cannot mount at {}: {e}{hint}", mp.display())
+        anyhow::anyhow!("cannot mount at {}: {e}{hint}", mp.display())
     })?;
     slot.set(session.notifier());
     let mut unmounter = session.unmount_callable();
@@ -257,9 +222,9 @@ fn real_main() -> Result<(), String> {
     info!(
         "mounted {} (cluster {}, page size {page}, attribute TTL {:?}, {} threads)",
         mp.display(),
-        s.cluster,
-        s.attr_ttl,
-        s.threads
+        cli.cluster.cluster(),
+        cli.attr_ttl,
+        threads
     );
     // Not println!: a closed standard output must not panic with the file system mounted.
     say(&format!("ready {}", mp.display()));
@@ -274,7 +239,7 @@ fn real_main() -> Result<(), String> {
     let result = match stop {
         Ok(sig) => {
             info!("{sig}: unmounting {}", mp.display());
-            unmount(&mut unmounter, &mp)?;
+            unmount(&mut unmounter, &mp).map_err(anyhow::Error::msg)?;
             // The session ends once the kernel lets go; after a lazy unmount that is when the
             // last open file closes. A second signal stops waiting.
             runtime.block_on(async {
@@ -301,7 +266,7 @@ fn real_main() -> Result<(), String> {
                     if let Err(e) = unmount(&mut unmounter, &mp) {
                         warn!("{e}");
                     }
-                    Err(why)
+                    Err(anyhow::Error::msg(why))
                 }
             }
         }
@@ -389,4 +354,59 @@ fn unescape(s: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pagefs").chain(line.split_whitespace()))
+    }
+
+    #[test]
+    fn the_mount_point_goes_before_or_after_the_options() {
+        for line in [
+            "/mnt/ps --cluster /m --tls-dir /t --timeout 2 --no-fallback --attr-ttl 0",
+            "--cluster /m --tls-dir /t /mnt/ps --timeout=2 --no-fallback --attr-ttl=0",
+        ] {
+            let c = parse(line).unwrap();
+            assert_eq!(c.mountpoint, Some(PathBuf::from("/mnt/ps")), "{line}");
+            assert_eq!(c.cluster.cluster(), "/m");
+            assert_eq!(c.cluster.tls_dir(), PathBuf::from("/t"));
+            assert_eq!(c.attr_ttl, Duration::ZERO);
+            let o = c.cluster.client_options().unwrap();
+            assert!(!o.fallback);
+            assert_eq!(o.call_timeout, Duration::from_secs(2));
+        }
+        let c = parse("/mnt --threads 4 --readahead 16M --allow-other").unwrap();
+        assert_eq!(
+            (c.threads, c.readahead, c.allow_other),
+            (Some(4), Some(16 << 20), true)
+        );
+        let c = parse("/mnt").unwrap();
+        assert_eq!(c.attr_ttl, Duration::from_secs(10));
+        assert_eq!((c.threads, c.readahead, c.allow_other), (None, None, false));
+        // No mount point parses; real_main refuses it with the usage line.
+        assert_eq!(parse("").unwrap().mountpoint, None);
+        for (line, needle) in [
+            ("/a /b", "/b"),
+            ("/a --readahead lots", "--readahead"),
+            ("/a --frobnicate", "--frobnicate"),
+            (
+                "/a --etcd-user u --cluster 127.0.0.1:1 --attr-ttl x",
+                "--attr-ttl",
+            ),
+        ] {
+            let e = parse(line).unwrap_err().to_string();
+            assert!(e.contains(needle), "{line}: {e}");
+        }
+        let c = parse("/a --etcd-user u --cluster 127.0.0.1:1").unwrap();
+        assert!(matches!(
+            c.cluster.client_options(),
+            Err(pagestore_tools::cli::Error::EtcdFlagsWithoutEtcd)
+        ));
+    }
 }

@@ -3,46 +3,112 @@
 
 use std::{io::Write, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use pagestore_client::{tls, ufs, Client, ClientOptions, ClusterSource};
-use pagestore_tools::{flag, home, http_guard, pages3, Args, DEFAULT_LISTEN};
+use anyhow::{bail, Context};
+use clap::Parser;
+use pagestore_client::ufs;
+use pagestore_tools::{cli::ClusterArgs, home, http_guard, pages3};
 use tokio::signal::unix::{signal, SignalKind};
 
-const DEFAULT_S3_LISTEN: &str = "127.0.0.1:7480";
+/// An S3 gateway in front of the cluster.
+///
+/// Serves the cluster's namespace over the S3 protocol (path-style requests): the first component
+/// of a path is the bucket, the rest the key (/data/a/b.bin is s3://data/a/b.bin). Prints `ready
+/// http://ADDR` on standard output once listening; stops on SIGINT or SIGTERM. With
+/// --no-fallback, reads of a member that is down fail.
+#[derive(Parser, Debug)]
+// An option given twice takes its last value (--mount adds up), as before clap.
+#[command(name = "pages3", args_override_self = true)]
+struct Cli {
+    /// HTTP address
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:7480", value_parser = parse_listen)]
+    listen: SocketAddr,
 
-const USAGE: &str = "\
-usage: pages3 [OPTIONS]
+    /// The access key clients sign with
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "PAGES3_ACCESS_KEY",
+        hide_env_values = true
+    )]
+    access_key: Option<String>,
 
-Serves the cluster's namespace over the S3 protocol (path-style requests): the first component
-of a path is the bucket, the rest the key (/data/a/b.bin is s3://data/a/b.bin). Prints `ready
-http://ADDR` on standard output once listening; stops on SIGINT or SIGTERM.
+    /// Its secret key
+    #[arg(
+        long,
+        value_name = "SECRET",
+        env = "PAGES3_SECRET_KEY",
+        hide_env_values = true
+    )]
+    secret_key: Option<String>,
 
-options:
-  --listen IP:PORT        HTTP address (default 127.0.0.1:7480)
-  --access-key KEY        the access key clients sign with (default $PAGES3_ACCESS_KEY)
-  --secret-key SECRET     its secret key (default $PAGES3_SECRET_KEY)
-  --anonymous             also serve unsigned GET and HEAD requests (reads and listings) to
-                          anyone who can reach --listen; writes still need a signature
-  --region REGION         region reported to clients (default us-east-1)
-  --mount /LOGICAL=URL    the under storage, as given to pagestored, with credentials
-                          (repeatable): needed for writes (PutObject, multipart uploads,
-                          DeleteObject) and for reads when a member is down
-  --staging-dir DIR       where parts of multipart uploads wait (default
-                          $PAGESTORE_HOME/pages3-staging)
-  --cluster WHERE         member file, any member's IP:PORT, or etcd://HOST:PORT[/CLUSTER]
-                          (default $PAGESTORE_CLUSTER or 127.0.0.1:7400)
-  --tls-dir DIR           directory with the cluster's ca-cert.pem (and client-cert.pem and
-                          client-key.pem, or ca-key.pem, if the cluster requires client
-                          certificates); default $PAGESTORE_TLS_DIR or $PAGESTORE_HOME/cache/tls
-  --no-fallback           fail reads instead of reading the under storage when a member is down
-  --timeout SECS          time allowed per request to a member (default 3)
-  --allow-sigv2           also accept AWS Signature Version 2 (header or presigned), held to
-                          15 minutes of clock skew; refused by default
-  --header-timeout SECS   time a client has to send a request's head (default 10)
-  --body-timeout SECS     time a request body may make no progress (default 30)
-  --max-connections N     connections open at once (default 1024)
-  --max-connections-per-ip N
-                          connections open at once from one address (default 128; 0: no
-                          limit)";
+    /// Also serve unsigned GET and HEAD requests (reads and listings) to anyone who can reach
+    /// --listen; writes still need a signature
+    #[arg(long)]
+    anonymous: bool,
+
+    /// Region reported to clients
+    #[arg(long, value_name = "REGION", default_value = "us-east-1")]
+    region: String,
+
+    /// The under storage, as given to pagestored, with credentials (repeatable): needed for
+    /// writes (PutObject, multipart uploads, DeleteObject) and for reads when a member is down
+    #[arg(long = "mount", value_name = "/LOGICAL=URL", value_parser = parse_mount)]
+    mounts: Vec<(String, String)>,
+
+    /// Where parts of multipart uploads wait (default $PAGESTORE_HOME/pages3-staging)
+    #[arg(long, value_name = "DIR")]
+    staging_dir: Option<PathBuf>,
+
+    /// Also accept AWS Signature Version 2 (header or presigned), held to 15 minutes of clock
+    /// skew; refused by default
+    #[arg(long)]
+    allow_sigv2: bool,
+
+    /// Time a client has to send a request's head (default 10)
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = parse_secs)]
+    header_timeout: Option<Duration>,
+
+    /// Time a request body may make no progress (default 30)
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = parse_secs)]
+    body_timeout: Option<Duration>,
+
+    /// Connections open at once (default 1024)
+    #[arg(long, value_name = "N", value_parser = parse_max_connections)]
+    max_connections: Option<usize>,
+
+    /// Connections open at once from one address (default 128; 0: no limit)
+    #[arg(long, value_name = "N")]
+    max_connections_per_ip: Option<usize>,
+
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not IP:PORT (e.g. 127.0.0.1:7480)"))
+}
+
+fn parse_mount(s: &str) -> Result<(String, String), String> {
+    ufs::parse_mount(s).map_err(|e| e.to_string())
+}
+
+/// A timeout: more than 0 and at most a day.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err("give seconds between 0 and 86400".into())
+    }
+}
+
+fn parse_max_connections(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>().map_err(|e| format!("{e}"))? {
+        0 => Err("give at least 1".into()),
+        n => Ok(n),
+    }
+}
 
 /// Logs to stderr at the level in `PAGESTORE_LOG` (or `RUST_LOG`), default info. s3s reports
 /// every client error (a missing key, a bad signature) at ERROR: its own lines appear only at
@@ -75,159 +141,96 @@ fn init_logging() {
 
 fn main() {
     init_logging();
-    let code = match real_main() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("pages3: {e}");
-            1
-        }
-    };
-    std::process::exit(code);
+    let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
+    if let Err(e) = real_main(cli) {
+        eprintln!("pages3: {e:#}");
+        std::process::exit(1);
+    }
 }
 
+/// What the gateway serves, and how, checked.
 struct Settings {
     listen: SocketAddr,
-    cluster: String,
-    tls_dir: PathBuf,
+    cluster: ClusterArgs,
     mounts: Vec<(String, String)>,
-    client: ClientOptions,
     gateway: pages3::Options,
     limits: http_guard::Limits,
 }
 
-fn parse() -> Result<Option<Settings>, String> {
-    let mut args = Args::from_env();
-    let mut listen = DEFAULT_S3_LISTEN.to_string();
-    let mut cluster = std::env::var("PAGESTORE_CLUSTER").unwrap_or_else(|_| DEFAULT_LISTEN.into());
-    let mut tls_dir = std::env::var_os("PAGESTORE_TLS_DIR")
-        .map_or_else(|| home().join("cache").join("tls"), PathBuf::from);
-    let mut access = std::env::var("PAGES3_ACCESS_KEY").ok();
-    let mut secret = std::env::var("PAGES3_SECRET_KEY").ok();
-    let mut anonymous = false;
-    let mut region = "us-east-1".to_string();
-    let mut staging = home().join("pages3-staging");
-    let mut mounts = Vec::new();
-    let mut client = ClientOptions::default();
-    let mut allow_sigv2 = false;
-    let mut limits = http_guard::Limits::PAGES3;
-    let secs = |arg: &str, v: f64| {
-        if v.is_finite() && v > 0.0 && v <= 86_400.0 {
-            Ok(Duration::from_secs_f64(v))
-        } else {
-            Err(format!("{arg} {v}: give seconds between 0 and 86400"))
-        }
-    };
-    while let Some(arg) = args.next() {
-        match flag(&arg) {
-            "--listen" => listen = args.value(&arg)?,
-            "--cluster" => cluster = args.value(&arg)?,
-            "--tls-dir" => tls_dir = args.value(&arg)?.into(),
-            "--mount" => {
-                let spec = args.value(&arg)?;
-                mounts.push(ufs::parse_mount(&spec).map_err(|e| e.to_string())?);
-            }
-            "--access-key" => access = Some(args.value(&arg)?),
-            "--secret-key" => secret = Some(args.value(&arg)?),
-            "--anonymous" => anonymous = true,
-            "--region" => region = args.value(&arg)?,
-            "--staging-dir" => staging = args.value(&arg)?.into(),
-            "--no-fallback" => client.fallback = false,
-            "--allow-sigv2" => allow_sigv2 = true,
-            "--header-timeout" => limits.header_timeout = secs(&arg, args.parsed(&arg)?)?,
-            "--body-timeout" => limits.body_stall_timeout = secs(&arg, args.parsed(&arg)?)?,
-            "--max-connections" => {
-                limits.max_connections = args.parsed(&arg)?;
-                if limits.max_connections == 0 {
-                    return Err("--max-connections 0: give at least 1".into());
-                }
-            }
-            "--max-connections-per-ip" => limits.max_connections_per_ip = args.parsed(&arg)?,
-            "--timeout" => {
-                client.call_timeout = Duration::from_secs_f64(args.parsed::<f64>(&arg)?.max(0.01))
-            }
-            "-h" | "--help" | "help" => {
-                println!("{USAGE}");
-                return Ok(None);
-            }
-            f => return Err(format!("unknown argument {f:?}\n\n{USAGE}")),
-        }
-    }
-    let listen: SocketAddr = listen
-        .parse()
-        .map_err(|_| format!("--listen {listen:?} is not IP:PORT (e.g. 127.0.0.1:7480)"))?;
+fn settings(cli: Cli) -> anyhow::Result<Settings> {
     let credentials = match (
-        access.filter(|s| !s.is_empty()),
-        secret.filter(|s| !s.is_empty()),
+        cli.access_key.filter(|s| !s.is_empty()),
+        cli.secret_key.filter(|s| !s.is_empty()),
     ) {
         (Some(a), Some(s)) => Some((a, s)),
         (None, None) => None,
-        (Some(_), None) => {
-            return Err("--access-key without --secret-key (or PAGES3_SECRET_KEY)".into())
-        }
-        (None, Some(_)) => {
-            return Err("--secret-key without --access-key (or PAGES3_ACCESS_KEY)".into())
-        }
+        (Some(_), None) => bail!("--access-key without --secret-key (or PAGES3_SECRET_KEY)"),
+        (None, Some(_)) => bail!("--secret-key without --access-key (or PAGES3_ACCESS_KEY)"),
     };
-    if credentials.is_none() && !anonymous {
-        return Err(
+    if credentials.is_none() && !cli.anonymous {
+        bail!(
             "refusing to start without credentials: give --access-key and --secret-key \
              (or set PAGES3_ACCESS_KEY and PAGES3_SECRET_KEY) so that clients must sign their \
              requests, or --anonymous to serve unsigned reads to anyone who can connect"
-                .into(),
         );
     }
+    let region = cli.region;
     if region.is_empty()
         || !region
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-')
     {
-        return Err(format!(
-            "--region {region:?} is not a region name (e.g. us-east-1)"
-        ));
+        bail!("--region {region:?} is not a region name (e.g. us-east-1)");
     }
-    let writable = !mounts.is_empty();
-    Ok(Some(Settings {
-        listen,
-        cluster,
-        tls_dir,
-        mounts,
-        client,
+    let mut limits = http_guard::Limits::PAGES3;
+    if let Some(t) = cli.header_timeout {
+        limits.header_timeout = t;
+    }
+    if let Some(t) = cli.body_timeout {
+        limits.body_stall_timeout = t;
+    }
+    if let Some(n) = cli.max_connections {
+        limits.max_connections = n;
+    }
+    if let Some(n) = cli.max_connections_per_ip {
+        limits.max_connections_per_ip = n;
+    }
+    let writable = !cli.mounts.is_empty();
+    Ok(Settings {
+        listen: cli.listen,
+        cluster: cli.cluster,
+        mounts: cli.mounts,
         gateway: pages3::Options {
             region,
-            staging_dir: staging,
+            staging_dir: cli
+                .staging_dir
+                .unwrap_or_else(|| home().join("pages3-staging")),
             credentials,
-            anonymous,
+            anonymous: cli.anonymous,
             writable,
-            allow_sigv2,
+            allow_sigv2: cli.allow_sigv2,
         },
         limits,
-    }))
+    })
 }
 
-fn real_main() -> Result<(), String> {
-    let Some(s) = parse()? else {
-        return Ok(());
-    };
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    let s = settings(cli)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("pages3")
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+        .context("cannot start the runtime")?;
     runtime.block_on(run(s))
 }
 
-async fn run(s: Settings) -> Result<(), String> {
+async fn run(s: Settings) -> anyhow::Result<()> {
     let ufs = if s.mounts.is_empty() {
         None
     } else {
-        Some(Arc::new(
-            ufs::MountTable::new(&s.mounts).map_err(|e| e.to_string())?,
-        ))
+        Some(Arc::new(ufs::MountTable::new(&s.mounts)?))
     };
-    let tls = tls::client_config(&s.tls_dir).map_err(|e| e.to_string())?;
-    let client = Client::connect(&ClusterSource::parse(&s.cluster), tls, ufs, s.client)
-        .await
-        .map_err(|e| e.to_string())?;
+    let client = s.cluster.connect(ufs).await?;
     for (prefix, _) in &s.mounts {
         if !client.mounts().iter().any(|m| &m.prefix == prefix) {
             tracing::warn!(
@@ -238,17 +241,15 @@ async fn run(s: Settings) -> Result<(), String> {
         }
     }
     let writable = s.gateway.writable;
-    let service = pages3::service(client, s.gateway)?;
+    let service = pages3::service(client, s.gateway).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(s.listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", s.listen))?;
+        .with_context(|| format!("cannot listen on {}", s.listen))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| format!("cannot listen on {}: {e}", s.listen))?;
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+        .with_context(|| format!("cannot listen on {}", s.listen))?;
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     tracing::info!(%addr, writable, "pages3 serving");
     {
         let mut out = std::io::stdout().lock();
@@ -264,4 +265,102 @@ async fn run(s: Settings) -> Result<(), String> {
     })
     .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pages3").chain(line.split_whitespace()))
+    }
+
+    fn refusal(line: &str) -> String {
+        match parse(line) {
+            Err(e) => e.to_string(),
+            Ok(c) => match settings(c) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("{line}: taken"),
+            },
+        }
+    }
+
+    /// Also the one test that sets the `PAGES3_*` variables.
+    #[test]
+    fn flags_and_variables_become_settings() {
+        std::env::remove_var("PAGES3_ACCESS_KEY");
+        std::env::remove_var("PAGES3_SECRET_KEY");
+        let c = parse(
+            "--listen 127.0.0.1:0 --access-key k --secret-key s --region eu-1 --mount /a=file:///x \
+             --mount /b=file:///y --staging-dir /st --allow-sigv2 --header-timeout 1 \
+             --body-timeout 2 --max-connections 3 --max-connections-per-ip 0 --cluster /m \
+             --tls-dir /t --no-fallback --timeout 4",
+        )
+        .unwrap();
+        let s = settings(c).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+        assert_eq!(s.mounts.len(), 2);
+        assert_eq!(s.mounts[1].0, "/b");
+        assert_eq!(
+            s.gateway.credentials,
+            Some(("k".to_string(), "s".to_string()))
+        );
+        assert_eq!(s.gateway.region, "eu-1");
+        assert_eq!(s.gateway.staging_dir, PathBuf::from("/st"));
+        assert!(s.gateway.writable && s.gateway.allow_sigv2 && !s.gateway.anonymous);
+        assert_eq!(s.limits.header_timeout, Duration::from_secs(1));
+        assert_eq!(s.limits.body_stall_timeout, Duration::from_secs(2));
+        assert_eq!(s.limits.max_connections, 3);
+        assert_eq!(s.limits.max_connections_per_ip, 0);
+        assert_eq!(s.cluster.cluster(), "/m");
+        let o = s.cluster.client_options().unwrap();
+        assert!(!o.fallback);
+        assert_eq!(o.call_timeout, Duration::from_secs(4));
+
+        // Given twice, the last value counts; --mount adds up.
+        let s = settings(
+            parse("--anonymous --region a --region b --mount /a=file:///x --mount /b=file:///y")
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!((s.gateway.region.as_str(), s.mounts.len()), ("b", 2));
+
+        // Defaults.
+        let s = settings(parse("--anonymous").unwrap()).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:7480".parse::<SocketAddr>().unwrap());
+        assert_eq!(s.gateway.region, "us-east-1");
+        assert!(s.gateway.credentials.is_none() && !s.gateway.writable);
+        assert_eq!(s.limits.max_connections, 1024);
+
+        // The key pair from the environment; empty values count as none.
+        std::env::set_var("PAGES3_ACCESS_KEY", "ek");
+        std::env::set_var("PAGES3_SECRET_KEY", "es");
+        let s = settings(parse("").unwrap()).unwrap();
+        assert_eq!(
+            s.gateway.credentials,
+            Some(("ek".to_string(), "es".to_string()))
+        );
+        std::env::set_var("PAGES3_SECRET_KEY", "");
+        assert!(refusal("").contains("--access-key without --secret-key"));
+        std::env::remove_var("PAGES3_ACCESS_KEY");
+        std::env::remove_var("PAGES3_SECRET_KEY");
+
+        for (line, needle) in [
+            ("--anonymous --listen nowhere", "is not IP:PORT"),
+            ("--anonymous --mount data=file:///x", "must start with /"),
+            ("--anonymous --region eu_1", "is not a region name"),
+            ("--anonymous --header-timeout 0", "between 0 and 86400"),
+            ("--anonymous --body-timeout 1e9", "between 0 and 86400"),
+            ("--anonymous --max-connections 0", "give at least 1"),
+            ("--anonymous frobnicate", "frobnicate"),
+            ("--anonymous --frobnicate", "--frobnicate"),
+            ("", "refusing to start without credentials"),
+            ("--secret-key s", "--secret-key without --access-key"),
+        ] {
+            let e = refusal(line);
+            assert!(e.contains(needle), "{line}: {e}");
+        }
+    }
 }

@@ -448,16 +448,15 @@ impl Settings {
             return Ok((None, EtcdOptions::default()));
         };
         etcd::parse_etcd_url(url).map_err(|e| invalid(format!("--etcd: {e}")))?;
-        let mut o = EtcdOptions::from_env()?;
-        if let Some(u) = &self.etcd_user {
-            o.user = Some(u.clone());
-        }
-        if let Some(f) = &self.etcd_password_file {
-            o.password = Some(etcd::read_password_file(f)?);
-        }
-        o.ca = self.etcd_ca.clone().or(o.ca);
-        o.cert = self.etcd_cert.clone().or(o.cert);
-        o.key = self.etcd_key.clone().or(o.key);
+        let o = EtcdOptions::from_env_and_flags(
+            self.etcd_user.clone(),
+            self.etcd_password_file.as_deref(),
+            [
+                self.etcd_ca.clone(),
+                self.etcd_cert.clone(),
+                self.etcd_key.clone(),
+            ],
+        )?;
         Ok((Some(url.clone()), o))
     }
 }
