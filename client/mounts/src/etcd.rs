@@ -471,19 +471,19 @@ pub fn credentials_in(url: &str) -> Vec<String> {
 
 /// `Err` with what to do instead when `url` carries credentials ([`credentials_in`]): mount
 /// URLs in etcd must not.
-pub fn no_credentials(url: &str) -> Result<(), String> {
+pub fn no_credentials(url: &str) -> Result<(), EtcdError> {
     let secrets = credentials_in(url);
     if secrets.is_empty() {
         return Ok(());
     }
-    Err(format!(
+    Err(EtcdError::Config(format!(
         "the mount URL carries credentials ({}), and the mount table in etcd holds none (every \
          reader of etcd would see them): give the URL without them, and the credentials to the \
          nodes in their local configuration (a --mount with the same prefix and URL plus the \
          credentials) or their environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
          GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY ...)",
         secrets.join(", ")
-    ))
+    )))
 }
 
 /// The mount table to serve from `table` (as stored in etcd, without credentials): a mount
@@ -991,7 +991,7 @@ impl Etcd {
     /// Adds or replaces one mount. A URL with credentials is refused: whoever may read the
     /// table in etcd would read them.
     pub async fn set_mount(&self, prefix: &str, url: &str) -> Result<(), EtcdError> {
-        no_credentials(url).map_err(EtcdError::Config)?;
+        no_credentials(url)?;
         self.put(&format!("mounts/{prefix}"), url, None).await
     }
 

@@ -71,6 +71,23 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// An error and its causes on one line, each cause once (typed errors often repeat their
+/// cause in their own message): what the binaries print before they exit.
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

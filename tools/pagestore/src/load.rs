@@ -111,28 +111,52 @@ pub struct JobReport {
 
 /// Paths named by a manifest: one logical path per line, or JSON lines with a `path` field.
 /// Blank lines and lines starting with `#` are skipped.
-pub fn parse_manifest(text: &str) -> Result<Vec<String>, String> {
+/// Why a preload job could not list its files.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A manifest line is not a usable path.
+    #[error("manifest line {line}: {why}")]
+    Manifest {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The cluster could not list the prefix (no such path, unavailable, refused).
+    #[error(transparent)]
+    Cluster(#[from] Error),
+    /// A directory under the prefix could not be listed.
+    #[error("{dir}: {source}")]
+    Listing {
+        /// The directory.
+        dir: String,
+        /// Why.
+        source: Error,
+    },
+}
+
+pub fn parse_manifest(text: &str) -> Result<Vec<String>, LoadError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
+        let bad = |why| LoadError::Manifest { line: i + 1, why };
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let path = if line.starts_with('{') {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| format!("manifest line {}: not JSON: {e}", i + 1))?;
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
             v.get("path")
                 .and_then(|p| p.as_str())
-                .ok_or_else(|| format!("manifest line {}: no string field \"path\"", i + 1))?
+                .ok_or_else(|| bad("no string field \"path\"".into()))?
                 .to_string()
         } else {
             line.to_string()
         };
         if !path.starts_with('/') {
-            return Err(format!(
-                "manifest line {}: {path:?} is not an absolute logical path (e.g. /data/x.bin)",
-                i + 1
-            ));
+            return Err(bad(format!(
+                "{path:?} is not an absolute logical path (e.g. /data/x.bin)"
+            )));
         }
         out.push(path);
     }
@@ -140,14 +164,14 @@ pub fn parse_manifest(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// Every file under `prefix` (a directory, or one file), walking directories concurrently.
-pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, String> {
+pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, LoadError> {
     let root = match prefix.trim_end_matches('/') {
         "" => "/".to_string(),
         p => p.to_string(),
     };
     match client.list(&root).await {
         Err(Error::NotDir(_)) => return Ok(vec![root]),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
         Ok(_) => {}
     }
     let mut files = Vec::new();
@@ -166,7 +190,10 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, String> 
             .collect()
             .await;
         for (dir, r) in listed {
-            let entries = r.map_err(|e| format!("{dir}: {e}"))?;
+            let entries = r.map_err(|source| LoadError::Listing {
+                dir: dir.clone(),
+                source,
+            })?;
             for e in entries {
                 let p = if dir == "/" {
                     format!("/{}", e.name)
@@ -498,12 +525,15 @@ mod tests {
         );
         assert!(parse_manifest("relative/path")
             .unwrap_err()
+            .to_string()
             .contains("line 1"));
         assert!(parse_manifest("/a\n{\"nopath\": 1}")
             .unwrap_err()
+            .to_string()
             .contains("line 2"));
         assert!(parse_manifest("{not json")
             .unwrap_err()
+            .to_string()
             .contains("not JSON"));
     }
 

@@ -229,7 +229,7 @@ fn main() {
     init_logging();
     let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
     if let Err(e) = real_main(cli) {
-        eprintln!("pagectl: {e:#}");
+        eprintln!("pagectl: {}", pagestore_tools::error_chain(&e));
         std::process::exit(1);
     }
 }
@@ -239,12 +239,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         cluster, command, ..
     } = cli;
     match command {
-        Command::CaInit { dir } => return ca_init(dir).map_err(anyhow::Error::msg),
+        Command::CaInit { dir } => return ca_init(dir),
         Command::Cert {
             action: CertCommand::Issue { role, name, dir },
         } => {
             let name = name.unwrap_or_else(|| format!("pagestore {role}"));
-            return cert_issue(&cluster.tls_dir(), dir, role, &name).map_err(anyhow::Error::msg);
+            return cert_issue(&cluster.tls_dir(), dir, role, &name);
         }
         _ => {}
     }
@@ -257,16 +257,14 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::Members | Command::Node { .. } | Command::Mount { .. }
     ) {
         let opts = cluster.etcd_options()?.unwrap_or_default();
-        return runtime
-            .block_on(etcd_command(&cluster.cluster(), &opts, &command))
-            .map_err(anyhow::Error::msg);
+        return runtime.block_on(etcd_command(&cluster.cluster(), &opts, &command));
     }
     runtime.block_on(async {
         let client = cluster.connect(None).await?;
         match command {
             Command::Cat { paths } => {
                 for p in &paths {
-                    cat(&client, p).await.map_err(anyhow::Error::msg)?;
+                    cat(&client, p).await?;
                 }
                 Ok(())
             }
@@ -301,21 +299,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             | Command::CaInit { .. }
             | Command::Cert { .. } => Ok(()),
         }
-        .map_err(anyhow::Error::msg)
     })
 }
 
-fn ca_init(dir: PathBuf) -> Result<(), String> {
+fn ca_init(dir: PathBuf) -> anyhow::Result<()> {
     let (cert, key) = (dir.join("ca-cert.pem"), dir.join("ca-key.pem"));
     if cert.exists() || key.exists() {
-        return Err(format!(
+        anyhow::bail!(
             "{} already holds a CA; remove it first if you really want a new one",
             dir.display()
-        ));
+        );
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let ca = ClusterCa::generate(pagestore_protocol::tls::CA_NAME).map_err(|e| e.to_string())?;
-    ca.save(&cert, &key).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    let ca = ClusterCa::generate(pagestore_protocol::tls::CA_NAME)?;
+    ca.save(&cert, &key)?;
     println!("wrote {} and {}", cert.display(), key.display());
     Ok(())
 }
@@ -327,29 +324,29 @@ fn cert_issue(
     dir: PathBuf,
     role: Role,
     name: &str,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let (ca_cert, ca_key) = (tls_dir.join("ca-cert.pem"), tls_dir.join("ca-key.pem"));
     if !ca_key.exists() {
-        return Err(format!(
+        anyhow::bail!(
             "{} does not exist: run this where the cluster CA's key is (a node's TLS directory, \
              or the directory given to pagectl ca-init), with --tls-dir pointing at it",
             ca_key.display()
-        ));
+        );
     }
-    let ca = ClusterCa::load(&ca_cert, &ca_key).map_err(|e| e.to_string())?;
+    let ca = ClusterCa::load(&ca_cert, &ca_key)?;
     let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
     if cert.exists() || key.exists() {
-        return Err(format!(
+        anyhow::bail!(
             "{} already holds a client certificate; remove it first",
             dir.display()
-        ));
+        );
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let id = ca.issue(name, role).map_err(|e| e.to_string())?;
-    pagestore_protocol::tls::save_identity(&id, &cert, &key).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    let id = ca.issue(name, role)?;
+    pagestore_protocol::tls::save_identity(&id, &cert, &key)?;
     let ca_copy = dir.join("ca-cert.pem");
     if ca_copy != ca_cert {
-        std::fs::copy(&ca_cert, &ca_copy).map_err(|e| format!("{}: {e}", ca_copy.display()))?;
+        std::fs::copy(&ca_cert, &ca_copy).with_context(|| ca_copy.display().to_string())?;
     }
     println!(
         "wrote a {role} certificate for {name:?}: {} and {} (with {}); use --tls-dir {}",
@@ -361,13 +358,13 @@ fn cert_issue(
     Ok(())
 }
 
-async fn cat(client: &Arc<Client>, path: &str) -> Result<(), String> {
-    let mut f = client.open(path).await.map_err(|e| e.to_string())?;
+async fn cat(client: &Arc<Client>, path: &str) -> anyhow::Result<()> {
+    let mut f = client.open(path).await?;
     let mut buf = vec![0u8; client.page_size() as usize];
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     loop {
-        let n = f.read(&mut buf).await.map_err(|e| format!("{path}: {e}"))?;
+        let n = f.read(&mut buf).await.with_context(|| path.to_string())?;
         if n == 0 {
             break;
         }
@@ -375,22 +372,22 @@ async fn cat(client: &Arc<Client>, path: &str) -> Result<(), String> {
             Ok(()) => {}
             // `pagectl cat f | head` is not an error.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-            Err(e) => return Err(format!("writing standard output: {e}")),
+            Err(e) => anyhow::bail!("writing standard output: {e}"),
         }
     }
     match out.flush() {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("writing standard output: {e}"))
+            Err(anyhow::Error::new(e).context("writing standard output"))
         }
         _ => Ok(()),
     }
 }
 
-async fn ls(client: &Client, path: &str, long: bool) -> Result<(), String> {
+async fn ls(client: &Client, path: &str, long: bool) -> anyhow::Result<()> {
     let entries = match client.list(path).await {
         Ok(e) => e,
         Err(Error::NotDir(_)) => {
-            let info = client.stat(path).await.map_err(|e| e.to_string())?;
+            let info = client.stat(path).await?;
             println!(
                 "{}",
                 if long {
@@ -401,7 +398,7 @@ async fn ls(client: &Client, path: &str, long: bool) -> Result<(), String> {
             );
             return Ok(());
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
     let mut out = String::new();
     for e in entries {
@@ -429,7 +426,7 @@ async fn load(
     manifest: Option<String>,
     prefix: Option<String>,
     opts: &pagestore_tools::load::LoadOptions,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     use pagestore_tools::load;
     let t0 = std::time::Instant::now();
     let mut opts = opts.clone();
@@ -442,18 +439,19 @@ async fn load(
     let paths = match (manifest, prefix) {
         (Some(m), None) => {
             let text = if std::path::Path::new(&m).exists() || !m.starts_with('/') {
-                std::fs::read_to_string(&m).map_err(|e| format!("manifest {m}: {e}"))?
+                std::fs::read_to_string(&m).with_context(|| format!("manifest {m}"))?
             } else {
                 let b = client
                     .read(&m, 0..u64::MAX)
                     .await
-                    .map_err(|e| format!("manifest {m}: {e}"))?;
-                String::from_utf8(b.to_vec()).map_err(|_| format!("manifest {m}: not UTF-8"))?
+                    .with_context(|| format!("manifest {m}"))?;
+                String::from_utf8(b.to_vec())
+                    .map_err(|_| anyhow::anyhow!("manifest {m}: not UTF-8"))?
             };
             load::parse_manifest(&text)?
         }
         (None, Some(p)) => load::walk(client, &p).await?,
-        _ => return Err("load needs exactly one of --manifest FILE or --prefix PATH".into()),
+        _ => anyhow::bail!("load needs exactly one of --manifest FILE or --prefix PATH"),
     };
     let resolve = t0.elapsed().as_secs_f64();
     eprintln!(
@@ -490,14 +488,14 @@ async fn load(
         eprintln!("failed: {p}: {why}");
     }
     if r.failed > 0 {
-        return Err(format!("{} files failed", r.failed));
+        anyhow::bail!("{} files failed", r.failed);
     }
     Ok(())
 }
 
 /// Past and running preload jobs, as the nodes keep their records.
-async fn jobs(client: &Client) -> Result<(), String> {
-    let records = client.jobs().await.map_err(|e| e.to_string())?;
+async fn jobs(client: &Client) -> anyhow::Result<()> {
+    let records = client.jobs().await?;
     if records.is_empty() {
         println!("no preload jobs recorded (nodes keep the last 100 in memory)");
         return Ok(());
@@ -572,7 +570,7 @@ async fn node_rates(
         .collect()
 }
 
-async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<(), String> {
+async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow::Result<()> {
     let rates = node_rates(client, interval).await;
     let stats = client.shard_stats().await;
     let gb = |b: u64| b as f64 / 1e9;
@@ -682,23 +680,23 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> Result<
         }
     }
     if down > 0 {
-        return Err(format!(
+        anyhow::bail!(
             "{down} node(s) did not answer: check that pagestored runs there and that UDP to its \
              ports is open"
-        ));
+        );
     }
     Ok(())
 }
 
-async fn free(client: &Arc<Client>, path: &str) -> Result<(), String> {
+async fn free(client: &Arc<Client>, path: &str) -> anyhow::Result<()> {
     let files = pagestore_tools::load::walk(client, path).await?;
     let mut pages = 0;
     for f in &files {
-        let info = client.stat(f).await.map_err(|e| format!("{f}: {e}"))?;
+        let info = client.stat(f).await.with_context(|| f.to_string())?;
         pages += client
             .invalidate_checked(f, Some(info.file_id))
             .await
-            .map_err(|e| format!("{f}: {e}"))?;
+            .with_context(|| f.to_string())?;
     }
     println!(
         "freed {pages} cached pages of {} files under {path}",
@@ -712,7 +710,7 @@ async fn etcd_command(
     cluster: &str,
     options: &pagestore_client::etcd::EtcdOptions,
     command: &Command,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     use pagestore_client::etcd::{self, Etcd};
     use pagestore_protocol::node_id::{format_uuid, parse_uuid};
     if !etcd::is_etcd_url(cluster) {
@@ -721,9 +719,9 @@ async fn etcd_command(
             Command::Node { .. } => "node",
             _ => "mount",
         };
-        return Err(format!(
+        anyhow::bail!(
             "pagectl {command} works on membership in etcd: give --cluster etcd://HOST:PORT[/CLUSTER]"
-        ));
+        );
     }
     if let Command::Mount {
         action: Some(MountCommand::Set { url, .. }),
@@ -732,8 +730,8 @@ async fn etcd_command(
         // Refused before etcd is even asked.
         etcd::no_credentials(url)?;
     }
-    let etcd = Etcd::new(cluster, options).map_err(|e| e.to_string())?;
-    let state = etcd.state().await.map_err(|e| e.to_string())?;
+    let etcd = Etcd::new(cluster, options)?;
+    let state = etcd.state().await?;
     match command {
         Command::Members => {
             println!(
@@ -779,14 +777,12 @@ async fn etcd_command(
         Command::Node {
             action: NodeCommand::Remove { id },
         } => {
-            let uuid = parse_uuid(id).ok_or_else(|| format!("{id:?} is not a node UUID"))?;
+            let uuid = parse_uuid(id).with_context(|| format!("{id:?} is not a node UUID"))?;
             if state.live.contains_key(&uuid) {
-                return Err(format!(
-                    "{id} is live: stop it first (SIGTERM), then remove its slot"
-                ));
+                anyhow::bail!("{id} is live: stop it first (SIGTERM), then remove its slot");
             }
-            if !etcd.remove_slot(uuid).await.map_err(|e| e.to_string())? {
-                return Err(format!("{id} has no ring slot (see pagectl members)"));
+            if !etcd.remove_slot(uuid).await? {
+                anyhow::bail!("{id} has no ring slot (see pagectl members)");
             }
             println!("removed the ring slot of {}", format_uuid(uuid));
             Ok(())
@@ -809,26 +805,25 @@ async fn etcd_command(
         } => {
             // Check the spec the way the nodes parse it (whether the store opens is for each
             // node to say: a file:// path may exist there and not here).
-            let (p, u) = pagestore_client::ufs::parse_mount(&format!("{prefix}={url}"))
-                .map_err(|e| e.to_string())?;
-            etcd.set_mount(&p, &u).await.map_err(|e| e.to_string())?;
+            let (p, u) = pagestore_client::ufs::parse_mount(&format!("{prefix}={url}"))?;
+            etcd.set_mount(&p, &u).await?;
             println!("mount {p} <- {}", pagestore_client::ufs::redact(&u));
             Ok(())
         }
         Command::Mount {
             action: Some(MountCommand::Rm { prefix }),
         } => {
-            if !etcd.remove_mount(prefix).await.map_err(|e| e.to_string())? {
-                return Err(format!("no mount at {prefix} (see pagectl mount ls)"));
+            if !etcd.remove_mount(prefix).await? {
+                anyhow::bail!("no mount at {prefix} (see pagectl mount ls)");
             }
             println!("removed mount {prefix}");
             Ok(())
         }
-        other => Err(format!("{other:?} is not a command on etcd")),
+        other => Err(anyhow::anyhow!("{other:?} is not a command on etcd")),
     }
 }
 
-fn ring(client: &Client) -> Result<(), String> {
+fn ring(client: &Client) -> anyhow::Result<()> {
     let membership = client.membership();
     let down = client.down_members();
     let shares = membership.ring().shares();
@@ -857,13 +852,13 @@ fn ring(client: &Client) -> Result<(), String> {
     Ok(())
 }
 
-async fn head(client: &Arc<Client>, path: &str, lines: usize) -> Result<(), String> {
-    let mut f = client.open(path).await.map_err(|e| e.to_string())?;
+async fn head(client: &Arc<Client>, path: &str, lines: usize) -> anyhow::Result<()> {
+    let mut f = client.open(path).await?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     let mut seen = 0;
     'read: while seen < lines {
-        let n = f.read(&mut buf).await.map_err(|e| format!("{path}: {e}"))?;
+        let n = f.read(&mut buf).await.with_context(|| path.to_string())?;
         if n == 0 {
             break;
         }
@@ -882,8 +877,8 @@ async fn head(client: &Arc<Client>, path: &str, lines: usize) -> Result<(), Stri
     Ok(())
 }
 
-async fn stat(client: &Client, path: &str) -> Result<(), String> {
-    match client.stat_path(path).await.map_err(|e| e.to_string())? {
+async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
+    match client.stat_path(path).await? {
         PathKind::Dir => println!("{path}: directory"),
         PathKind::File {
             size,

@@ -84,7 +84,7 @@ fn main() {
     init_logging();
     let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
     if let Err(e) = real_main(cli) {
-        eprintln!("pagefs: {e:#}");
+        eprintln!("pagefs: {}", pagestore_tools::error_chain(&e));
         std::process::exit(1);
     }
 }

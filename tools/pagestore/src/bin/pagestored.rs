@@ -21,7 +21,7 @@ fn main() {
         Err(e) => usage_error(e),
     };
     if let Err(e) = run(cli) {
-        eprintln!("pagestored: {}", report(&e));
+        eprintln!("pagestored: {}", pagestore_tools::error_chain(&e));
         std::process::exit(2);
     }
 }
@@ -87,21 +87,4 @@ impl Signals {
             }
         })
     }
-}
-
-/// The error and its causes in one line, each cause once (some errors repeat their cause in
-/// their own message).
-fn report(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
 }
