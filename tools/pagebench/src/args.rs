@@ -5,6 +5,7 @@
 
 use std::{ffi::OsString, path::PathBuf};
 
+use anyhow::{anyhow, bail, Result};
 use clap::{
     error::{ContextKind, ContextValue},
     Args, CommandFactory, FromArgMatches, Parser, Subcommand,
@@ -350,40 +351,40 @@ pub struct Fusecmp {
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
 
-fn list<T: std::str::FromStr>(v: &str) -> Result<List<T>, String>
+fn list<T: std::str::FromStr>(v: &str) -> Result<List<T>>
 where
     T::Err: std::fmt::Display,
 {
     v.split(',')
-        .map(|x| x.trim().parse().map_err(|e| format!("{x:?}: {e}")))
+        .map(|x| x.trim().parse().map_err(|e| anyhow!("{x:?}: {e}")))
         .collect::<Result<_, _>>()
         .map(List)
 }
 
-fn number(v: &str) -> Result<f64, String> {
-    v.trim().parse().map_err(|e| format!("{e}"))
+fn number(v: &str) -> Result<f64> {
+    Ok(v.trim().parse()?)
 }
 
-fn positive(v: &str) -> Result<f64, String> {
+fn positive(v: &str) -> Result<f64> {
     match number(v)? {
         x if x.is_finite() && x > 0.0 => Ok(x),
-        _ => Err("must be a positive number".into()),
+        _ => bail!("must be a positive number"),
     }
 }
 
-fn non_negative(v: &str) -> Result<f64, String> {
+fn non_negative(v: &str) -> Result<f64> {
     match number(v)? {
         x if x.is_finite() && x >= 0.0 => Ok(x),
-        _ => Err("must be a number >= 0".into()),
+        _ => bail!("must be a number >= 0"),
     }
 }
 
-fn skew(v: &str) -> Result<f64, String> {
-    non_negative(v).map_err(|_| "the skew must be a number >= 0".into())
+fn skew(v: &str) -> Result<f64> {
+    non_negative(v).map_err(|_| anyhow!("the skew must be a number >= 0"))
 }
 
-fn size_u32(v: &str) -> Result<u32, String> {
-    u32::try_from(parse_size(v)?).map_err(|_| "too large".to_string())
+fn size_u32(v: &str) -> Result<u32> {
+    u32::try_from(parse_size(v).map_err(anyhow::Error::msg)?).map_err(|_| anyhow!("too large"))
 }
 
 impl Common {
@@ -543,7 +544,7 @@ where
         .and_then(|m| Cli::from_arg_matches(&m).map_err(|e| e.format(&mut cmd)))
         .map_err(|e| not_for_this_command(e, &args))?;
     let (name, o) = cli.command.into_opts();
-    validate(name, &o).map_err(Refused::Invalid)?;
+    validate(name, &o).map_err(|e| Refused::Invalid(format!("{e:#}")))?;
     Ok((name, o))
 }
 
@@ -578,24 +579,24 @@ fn not_for_this_command(e: clap::Error, args: &[OsString]) -> Refused {
 }
 
 /// The checks across options.
-fn validate(cmd: &str, o: &Opts) -> Result<(), String> {
+fn validate(cmd: &str, o: &Opts) -> Result<()> {
     if o.shards == 0 || o.qd == 0 {
-        return Err("--shards and --qd must be at least 1".into());
+        bail!("--shards and --qd must be at least 1");
     }
     if o.readers.is_empty() || o.readers.contains(&0) {
-        return Err("--readers: every value must be at least 1".into());
+        bail!("--readers: every value must be at least 1");
     }
     if o.block == 0 || o.file_size == 0 {
-        return Err("--block and --file-size must be at least 1 byte".into());
+        bail!("--block and --file-size must be at least 1 byte");
     }
     if o.direct && o.block % 4096 != 0 {
-        return Err("--direct needs a --block that is a multiple of 4096".into());
+        bail!("--direct needs a --block that is a multiple of 4096");
     }
     if o.nodes == Some(0) {
-        return Err("--nodes must be at least 1".into());
+        bail!("--nodes must be at least 1");
     }
     if o.manifest_files == 0 || o.manifest_file_size == 0 {
-        return Err("--manifest-files and --manifest-file-size must be at least 1".into());
+        bail!("--manifest-files and --manifest-file-size must be at least 1");
     }
     let target = matches!(cmd, "gen" | "ufs" | "fuse" | "s3" | "client" | "fusecmp");
     if target || (cmd == "scale" && o.scale_client) {
@@ -610,10 +611,7 @@ fn validate(cmd: &str, o: &Opts) -> Result<(), String> {
         };
         for w in &o.workloads {
             if !allowed.contains(&w.as_str()) {
-                return Err(format!(
-                    "unknown workload {w} for {cmd} ({})",
-                    allowed.join(", ")
-                ));
+                bail!("unknown workload {w} for {cmd} ({})", allowed.join(", "));
             }
         }
     }

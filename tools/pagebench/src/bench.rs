@@ -27,6 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use bytes::Bytes;
 use futures_util::{stream, StreamExt};
 use hdrhistogram::Histogram;
@@ -50,12 +51,12 @@ pub const WORKLOADS: &[&str] = &["seq", "pages", "rand4k", "rand128k", "zipf", "
 pub const DEFAULT_ZIPF: f64 = 0.99;
 
 /// A tokio runtime with `threads` workers.
-pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
+pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start a tokio runtime: {e}"))
+        .context("cannot start a tokio runtime")
 }
 
 /// `url` with `--ufs-latency-ms` / `--ufs-mbps` added as the mount table's emulation knobs.
@@ -91,7 +92,7 @@ pub enum Workload {
 
 impl Workload {
     /// Parses a workload name.
-    pub fn parse(s: &str) -> Result<Workload, String> {
+    pub fn parse(s: &str) -> Result<Workload> {
         Ok(match s {
             "seq" => Workload::Seq,
             "pages" => Workload::Pages,
@@ -99,12 +100,7 @@ impl Workload {
             "rand128k" => Workload::Rand(128 << 10),
             "zipf" => Workload::Zipf,
             "episodes" => Workload::Episodes,
-            _ => {
-                return Err(format!(
-                    "unknown workload {s:?} (one of {})",
-                    WORKLOADS.join(", ")
-                ))
-            }
+            _ => bail!("unknown workload {s:?} (one of {})", WORKLOADS.join(", ")),
         })
     }
 
@@ -235,7 +231,7 @@ struct Picker {
 }
 
 impl Picker {
-    fn new(cat: Arc<Catalog>, spec: &Spec) -> Result<Picker, String> {
+    fn new(cat: Arc<Catalog>, spec: &Spec) -> Result<Picker> {
         let page = spec.page.max(4096);
         let file_size = cat.ds.file_size;
         let pages_per_file = file_size.div_ceil(page).max(1);
@@ -247,12 +243,12 @@ impl Picker {
         };
         match spec.workload {
             Workload::Episodes if cat.layouts.is_empty() => {
-                return Err("the dataset has no episodes (gen --episodes N)".into())
+                bail!("the dataset has no episodes (gen --episodes N)")
             }
             Workload::Seq | Workload::Pages | Workload::Rand(_) | Workload::Zipf
                 if cat.flat == 0 =>
             {
-                return Err("the dataset has no flat files (gen --size, --file-size)".into())
+                bail!("the dataset has no flat files (gen --size, --file-size)")
             }
             _ => {}
         }
@@ -361,14 +357,15 @@ impl Tally {
         }
     }
 
-    fn add(&mut self, o: &Tally) -> Result<(), String> {
+    fn add(&mut self, o: &Tally) -> Result<()> {
         self.ops += o.ops;
         self.bytes += o.bytes;
         self.verified_ops += o.verified_ops;
         self.verified_bytes += o.verified_bytes;
         self.ranges += o.ranges;
         self.pages_touched += o.pages_touched;
-        self.hist.add(&o.hist).map_err(|e| e.to_string())
+        self.hist.add(&o.hist)?;
+        Ok(())
     }
 
     fn record(&mut self, took: Duration, bytes: u64) {
@@ -391,19 +388,19 @@ impl Tally {
         off: u64,
         want: u64,
         buf: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         if buf.len() as u64 != want {
-            return Err(format!(
+            bail!(
                 "{target}: {} at {off}: {} bytes where {want} were expected",
                 e.rel,
                 buf.len()
-            ));
+            );
         }
         if !check {
             return Ok(());
         }
         dataset::check(e.key, off, buf).map_err(|bad| {
-            format!(
+            anyhow!(
                 "{target}: {} bytes {off}..{}: wrong byte at offset {bad} (not what gen wrote)",
                 e.rel,
                 off + want
@@ -475,7 +472,7 @@ impl FsTarget {
         self.root.join(&e.rel)
     }
 
-    fn open(&self, e: &Entry, advice: libc::c_int) -> Result<std::fs::File, String> {
+    fn open(&self, e: &Entry, advice: libc::c_int) -> Result<std::fs::File> {
         let mut oo = std::fs::OpenOptions::new();
         oo.read(true);
         if self.direct {
@@ -483,23 +480,23 @@ impl FsTarget {
         }
         let f = oo
             .open(self.path(e))
-            .map_err(|err| format!("{}: {err}", self.path(e).display()))?;
+            .with_context(|| self.path(e).display().to_string())?;
         fadvise(&f, advice);
         Ok(f)
     }
 
     /// Checks that every file is there with its size.
-    pub fn check(&self, cat: &Catalog) -> Result<(), String> {
+    pub fn check(&self, cat: &Catalog) -> Result<()> {
         for e in &cat.files {
             let m = std::fs::metadata(self.path(e))
-                .map_err(|err| format!("{}: {err}", self.path(e).display()))?;
+                .with_context(|| self.path(e).display().to_string())?;
             if m.len() != e.size {
-                return Err(format!(
+                bail!(
                     "{}: {} bytes, the descriptor says {}; run gen again",
                     self.path(e).display(),
                     m.len(),
                     e.size
-                ));
+                );
             }
         }
         Ok(())
@@ -523,7 +520,7 @@ impl FsTarget {
         off: u64,
         len: u64,
         buf: &'a mut AlignedBuf,
-    ) -> Result<&'a [u8], String> {
+    ) -> Result<&'a [u8]> {
         let (start, skip) = if self.direct {
             let s = off / ALIGN as u64 * ALIGN as u64;
             (s, (off - s) as usize)
@@ -546,7 +543,11 @@ impl FsTarget {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("read at {}: {e}", start + got as u64)),
+                Err(e) => {
+                    return Err(
+                        anyhow::Error::new(e).context(format!("read at {}", start + got as u64))
+                    )
+                }
             }
         }
         let end = got.min(want);
@@ -583,16 +584,12 @@ pub enum AsyncTarget {
 }
 
 /// Stats every file of `cat` under `prefix` through `stat`.
-pub async fn stat_all<F, Fut>(
-    cat: &Catalog,
-    prefix: &str,
-    stat: F,
-) -> Result<Vec<ObjectInfo>, String>
+pub async fn stat_all<F, Fut>(cat: &Catalog, prefix: &str, stat: F) -> Result<Vec<ObjectInfo>>
 where
     F: Fn(String) -> Fut,
-    Fut: std::future::Future<Output = Result<ObjectInfo, String>>,
+    Fut: std::future::Future<Output = Result<ObjectInfo>>,
 {
-    let got: Vec<Result<ObjectInfo, String>> = stream::iter(cat.files.iter())
+    let got: Vec<Result<ObjectInfo>> = stream::iter(cat.files.iter())
         .map(|e| stat(format!("{prefix}/{}", e.rel)))
         .buffered(32)
         .collect()
@@ -601,10 +598,12 @@ where
     for (r, e) in got.into_iter().zip(&cat.files) {
         let info = r?;
         if info.size != e.size {
-            return Err(format!(
+            bail!(
                 "{}: {} bytes, the descriptor says {}; run gen again",
-                info.path, info.size, e.size
-            ));
+                info.path,
+                info.size,
+                e.size
+            );
         }
         out.push(info);
     }
@@ -613,16 +612,14 @@ where
 
 impl AsyncTarget {
     /// Reads `len` bytes at `off` of `cat.files[f]`.
-    pub async fn read(&self, cat: &Catalog, f: usize, off: u64, len: u64) -> Result<Bytes, String> {
+    pub async fn read(&self, cat: &Catalog, f: usize, off: u64, len: u64) -> Result<Bytes> {
         match self {
-            AsyncTarget::Store { table, infos } => table
-                .read(&infos[f], off..off + len)
-                .await
-                .map_err(|e| e.to_string()),
-            AsyncTarget::Client { client, infos } => client
-                .read_at(&infos[f], off, len)
-                .await
-                .map_err(|e| e.to_string()),
+            AsyncTarget::Store { table, infos } => {
+                Ok(table.read(&infos[f], off..off + len).await?)
+            }
+            AsyncTarget::Client { client, infos } => {
+                Ok(client.read_at(&infos[f], off, len).await?)
+            }
             AsyncTarget::Engine {
                 shards,
                 owner,
@@ -639,9 +636,8 @@ impl AsyncTarget {
                     let key = PageKey::new(u128::from(e.key), p);
                     let got = shards[owner[f][p as usize] as usize]
                         .get(key, in_page as u32, n as u32)
-                        .await
-                        .map_err(|err| err.to_string())?
-                        .ok_or_else(|| format!("{} page {p} is not in the engine", e.rel))?;
+                        .await?
+                        .ok_or_else(|| anyhow!("{} page {p} is not in the engine", e.rel))?;
                     out.extend_from_slice(&got);
                     pos += n;
                 }
@@ -656,7 +652,7 @@ impl AsyncTarget {
         cat: &Catalog,
         root: &std::path::Path,
         rt: &tokio::runtime::Runtime,
-    ) -> Result<AsyncTarget, String> {
+    ) -> Result<AsyncTarget> {
         let page = u64::from(engine.page_size());
         let mut owner = Vec::new();
         let mut work = Vec::new();
@@ -672,7 +668,7 @@ impl AsyncTarget {
         }
         let shards = engine.shards().to_vec();
         rt.block_on(async {
-            let results: Vec<Result<(), String>> = stream::iter(work)
+            let results: Vec<Result<()>> = stream::iter(work)
                 .map(|(i, p)| {
                     let e = &cat.files[i];
                     let path = root.join(&e.rel);
@@ -682,25 +678,24 @@ impl AsyncTarget {
                         let len = page.min(e.size - start);
                         let data = tokio::task::spawn_blocking(move || {
                             let f = std::fs::File::open(&path)
-                                .map_err(|err| format!("{}: {err}", path.display()))?;
+                                .with_context(|| path.display().to_string())?;
                             let mut v = vec![0u8; len as usize];
                             f.read_exact_at(&mut v, start)
-                                .map_err(|err| format!("{}: {err}", path.display()))?;
-                            Ok::<_, String>(v)
+                                .with_context(|| path.display().to_string())?;
+                            Ok::<_, anyhow::Error>(v)
                         })
-                        .await
-                        .map_err(|err| err.to_string())??;
+                        .await??;
                         shard
                             .put(PageKey::new(u128::from(e.key), p), data, 1)
                             .await
-                            .map_err(|err| format!("engine put: {err}"))?;
+                            .context("engine put")?;
                         Ok(())
                     }
                 })
                 .buffer_unordered(8)
                 .collect()
                 .await;
-            results.into_iter().collect::<Result<(), String>>()
+            results.into_iter().collect::<Result<()>>()
         })?;
         Ok(AsyncTarget::Engine {
             shards,
@@ -884,7 +879,7 @@ pub fn run(
     spec: &Spec,
     probe: &Probe,
     rt: &tokio::runtime::Runtime,
-) -> Result<RunResult, String> {
+) -> Result<RunResult> {
     let picker = Arc::new(Picker::new(cat.clone(), spec)?);
     if let Target::Fs(fs) = target {
         fs.drop_caches(cat);
@@ -908,10 +903,10 @@ pub fn run(
         Workload::Episodes => 0,
     };
     if tally.ops == 0 {
-        return Err(format!(
+        bail!(
             "{label} {}: no operation completed (is --seconds too short?)",
             spec.workload.name()
-        ));
+        );
     }
     Ok(RunResult {
         target: label.to_string(),
@@ -938,10 +933,10 @@ fn seq_files(cat: &Catalog, reader: usize, readers: usize) -> Vec<usize> {
     (0..cat.flat).filter(|f| f % readers == reader).collect()
 }
 
-fn run_fs(label: &str, fs: &FsTarget, picker: &Picker, spec: &Spec) -> Result<Tally, String> {
+fn run_fs(label: &str, fs: &FsTarget, picker: &Picker, spec: &Spec) -> Result<Tally> {
     let stop = Stop::new(spec);
     let streams = spec.streams();
-    let results: Vec<Result<Tally, String>> = std::thread::scope(|s| {
+    let results: Vec<Result<Tally>> = std::thread::scope(|s| {
         let joins: Vec<_> = (0..streams)
             .map(|w| {
                 let stop = &stop;
@@ -952,7 +947,7 @@ fn run_fs(label: &str, fs: &FsTarget, picker: &Picker, spec: &Spec) -> Result<Ta
             .into_iter()
             .map(|j| {
                 j.join()
-                    .unwrap_or_else(|_| Err("reader thread panicked".into()))
+                    .unwrap_or_else(|_| Err(anyhow!("reader thread panicked")))
             })
             .collect()
     });
@@ -970,7 +965,7 @@ fn fs_stream(
     spec: &Spec,
     stop: &Stop,
     w: usize,
-) -> Result<Tally, String> {
+) -> Result<Tally> {
     let cat = &picker.cat;
     let mut t = Tally::new();
     let mut x = dataset::rng_state(spec.seed, w as u64 + 1);
@@ -1000,7 +995,8 @@ fn fs_stream(
                             Ok(n) => got += n,
                             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
                             Err(err) => {
-                                return Err(format!("{}: {err}", fs.path(e).display()));
+                                return Err(anyhow::Error::new(err)
+                                    .context(fs.path(e).display().to_string()));
                             }
                         }
                     }
@@ -1037,13 +1033,13 @@ fn fs_stream(
                 for &(off, len) in &ranges {
                     let got = fs
                         .pread(file, off, len, &mut buf)
-                        .map_err(|err| format!("{}: {err}", fs.path(e).display()))?;
+                        .with_context(|| fs.path(e).display().to_string())?;
                     if got.len() as u64 != len {
-                        return Err(format!(
+                        bail!(
                             "{label}: {} at {off}: {} bytes where {len} were expected",
                             e.rel,
                             got.len()
-                        ));
+                        );
                     }
                     if check {
                         copies.push((off, len, got.to_vec()));
@@ -1073,7 +1069,7 @@ fn fs_stream(
                 let t0 = Instant::now();
                 let got = fs
                     .pread(file, off, len, &mut buf)
-                    .map_err(|err| format!("{}: {err}", fs.path(e).display()))?;
+                    .with_context(|| fs.path(e).display().to_string())?;
                 let took = t0.elapsed();
                 t.verify(t.due(spec.verify_every), label, e, off, len, got)?;
                 t.record(took, len);
@@ -1088,7 +1084,7 @@ async fn run_async(
     target: Arc<AsyncTarget>,
     picker: Arc<Picker>,
     spec: &Spec,
-) -> Result<Tally, String> {
+) -> Result<Tally> {
     let stop = Arc::new(Stop::new(spec));
     let mut tasks = Vec::new();
     for w in 0..spec.streams() {
@@ -1101,7 +1097,7 @@ async fn run_async(
     }
     let mut t = Tally::new();
     for task in tasks {
-        t.add(&task.await.map_err(|e| e.to_string())??)?;
+        t.add(&task.await??)?;
     }
     Ok(t)
 }
@@ -1113,7 +1109,7 @@ async fn async_stream(
     spec: &Spec,
     stop: &Stop,
     w: usize,
-) -> Result<Tally, String> {
+) -> Result<Tally> {
     let cat = &picker.cat;
     let mut t = Tally::new();
     let mut x = dataset::rng_state(spec.seed, w as u64 + 1);
@@ -1124,10 +1120,7 @@ async fn async_stream(
                 if let AsyncTarget::Client { client, infos } = target {
                     // A file handle: the client's own read-ahead keeps pages in flight.
                     use tokio::io::AsyncReadExt;
-                    let mut h = client
-                        .open(&infos[f].path)
-                        .await
-                        .map_err(|err| err.to_string())?;
+                    let mut h = client.open(&infos[f].path).await?;
                     let mut buf = vec![0u8; spec.block as usize];
                     let mut off = 0u64;
                     while off < e.size {
@@ -1141,7 +1134,7 @@ async fn async_stream(
                             let n = h
                                 .read(&mut buf[got..want as usize])
                                 .await
-                                .map_err(|err| format!("{}: {err}", infos[f].path))?;
+                                .with_context(|| infos[f].path.clone())?;
                             if n == 0 {
                                 break;
                             }

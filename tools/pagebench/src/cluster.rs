@@ -20,6 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::{bail, Context as _, Result};
 use futures_util::{stream, StreamExt};
 use pagestore_client::{
     ufs::{MountTable, ObjectInfo},
@@ -49,7 +50,7 @@ impl Pass {
     }
 }
 
-fn pagestored_binary() -> Result<PathBuf, String> {
+fn pagestored_binary() -> Result<PathBuf> {
     crate::frontends::tool_binary("pagestored")
 }
 
@@ -62,8 +63,8 @@ fn cluster_cpu(c: &LocalCluster) -> f64 {
 }
 
 /// Writes `files` files of `file_size` bytes under `dir` (kept between runs of the same shape).
-fn dataset(dir: &Path, files: u64, file_size: u64, seed: u64) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn dataset(dir: &Path, files: u64, file_size: u64, seed: u64) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let mut buf = vec![0u8; 1 << 20];
     for f in 0..files {
         let path = dir.join(format!("f{f:05}"));
@@ -72,12 +73,12 @@ fn dataset(dir: &Path, files: u64, file_size: u64, seed: u64) -> Result<(), Stri
         }
         // The testkit's generator: the same stream as ever, so kept datasets stay valid.
         let mut x = Xorshift::new(seed.wrapping_mul(GOLDEN) ^ (f + 1));
-        let mut out = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+        let mut out = std::fs::File::create(&path)?;
         let mut left = file_size as usize;
         while left > 0 {
             let n = left.min(buf.len());
             x.fill(&mut buf[..n]);
-            std::io::Write::write_all(&mut out, &buf[..n]).map_err(|e| e.to_string())?;
+            std::io::Write::write_all(&mut out, &buf[..n])?;
             left -= n;
         }
     }
@@ -91,10 +92,10 @@ async fn read_pages<F, Fut>(
     page: u64,
     qd: usize,
     read: F,
-) -> Result<(u64, Vec<u32>), String>
+) -> Result<(u64, Vec<u32>)>
 where
     F: Fn(ObjectInfo, u64) -> Fut,
-    Fut: std::future::Future<Output = Result<bytes::Bytes, String>>,
+    Fut: std::future::Future<Output = Result<bytes::Bytes>>,
 {
     let work: Vec<(usize, u64)> = infos
         .iter()
@@ -118,7 +119,7 @@ where
 }
 
 /// Runs the whole comparison.
-pub fn run_cluster(o: &Opts) -> Result<(), String> {
+pub fn run_cluster(o: &Opts) -> Result<()> {
     let binary = pagestored_binary()?;
     let root = o.dir.join("cluster");
     let ufs_dir = root.join("ufs");
@@ -147,12 +148,11 @@ pub fn run_cluster(o: &Opts) -> Result<(), String> {
     settings.cache_size = (o.size * 2 / 3 + (256 << 20)).to_string();
     settings.mounts = vec![mount.clone()];
     settings.metadata_ttl = "600".into();
-    let mut cluster = LocalCluster::start(settings)?;
+    let mut cluster = LocalCluster::start(settings).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let mut report = Report::new();
     let warm = rt.block_on(async { measure(o, &mut cluster, &mount, files, &mut report).await });
     drop(cluster);
@@ -190,22 +190,21 @@ async fn measure(
     mount: &str,
     files: u64,
     report: &mut Report,
-) -> Result<f64, String> {
+) -> Result<f64> {
     let page = u64::from(o.page_size);
-    let (prefix, url) = mount.split_once('=').ok_or("bad mount")?;
-    let ufs = Arc::new(
-        MountTable::new(&[(prefix.to_string(), url.to_string())]).map_err(|e| e.to_string())?,
-    );
+    let (prefix, url) = mount.split_once('=').context("bad mount")?;
+    let ufs = Arc::new(MountTable::new(&[(prefix.to_string(), url.to_string())])?);
     let client = cluster
         .client(ClientOptions {
             parallel: o.qd,
             ..ClientOptions::default()
         })
-        .await?;
+        .await
+        .map_err(anyhow::Error::msg)?;
     let mut infos = Vec::new();
     for f in 0..files {
         let path = format!("/bench/f{f:05}");
-        infos.push(client.stat(&path).await.map_err(|e| e.to_string())?);
+        infos.push(client.stat(&path).await?);
     }
     let total_bytes: u64 = infos.iter().map(|i| i.size).sum();
     report.insert(
@@ -239,9 +238,9 @@ async fn measure(
         let ufs = ufs.clone();
         async move {
             let start = p * page;
-            ufs.read(&info, start..(start + page).min(info.size))
-                .await
-                .map_err(|e| e.to_string())
+            Ok(ufs
+                .read(&info, start..(start + page).min(info.size))
+                .await?)
         }
     })
     .await?;
@@ -252,7 +251,10 @@ async fn measure(
         client_cpu: crate::local::cpu_seconds() - c0,
         server_cpu: cluster_cpu(cluster) - s0,
     });
-    let (h0, m0) = cluster.hits_and_misses().await?;
+    let (h0, m0) = cluster
+        .hits_and_misses()
+        .await
+        .map_err(anyhow::Error::msg)?;
     for name in ["cold (miss: owner loads)", "warm (hit)"] {
         let (c0, s0, t0) = (
             crate::local::cpu_seconds(),
@@ -261,16 +263,11 @@ async fn measure(
         );
         let (bytes, crcs) = read_pages(&infos, page, o.qd, |info, p| {
             let client = client.clone();
-            async move {
-                client
-                    .read_page(&info, p, 0, page as u32)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
+            async move { Ok(client.read_page(&info, p, 0, page as u32).await?) }
         })
         .await?;
         if crcs != reference {
-            return Err(format!("{name}: the bytes differ from the under storage's"));
+            bail!("{name}: the bytes differ from the under storage's");
         }
         passes.push(Pass {
             name,
@@ -280,7 +277,10 @@ async fn measure(
             server_cpu: cluster_cpu(cluster) - s0,
         });
     }
-    let (h1, m1) = cluster.hits_and_misses().await?;
+    let (h1, m1) = cluster
+        .hits_and_misses()
+        .await
+        .map_err(anyhow::Error::msg)?;
     let pages: u64 = infos.iter().map(|i| i.size.div_ceil(page)).sum();
 
     say(
@@ -358,7 +358,7 @@ async fn random_reads(
     client: &Arc<Client>,
     infos: &[ObjectInfo],
     block: u64,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value> {
     let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
     let ops = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -372,24 +372,21 @@ async fn random_reads(
                 let info = &infos[(x % infos.len() as u64) as usize];
                 let off = ((x >> 20) % (info.size.saturating_sub(block) / block).max(1)) * block;
                 let t = Instant::now();
-                let b = client
-                    .read_at(info, off, block)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let b = client.read_at(info, off, block).await?;
                 if b.len() as u64 != block.min(info.size - off) {
-                    return Err(format!("short read at {off} of {}", info.path));
+                    bail!("short read at {off} of {}", info.path);
                 }
                 hist.saturating_record(t.elapsed().as_nanos() as u64);
                 ops.fetch_add(1, Ordering::Relaxed);
             }
-            Ok::<_, String>(hist)
+            Ok::<_, anyhow::Error>(hist)
         }));
     }
     let start = Instant::now();
     let mut hist = crate::local::new_hist();
     for t in tasks {
-        let h = t.await.map_err(|e| e.to_string())??;
-        hist.add(&h).map_err(|e| e.to_string())?;
+        let h = t.await??;
+        hist.add(&h)?;
     }
     let secs = start.elapsed().as_secs_f64().max(o.seconds);
     let n = ops.load(Ordering::Relaxed);
@@ -430,7 +427,7 @@ async fn kill_timeline(
     client: &Arc<Client>,
     infos: &[ObjectInfo],
     reference: &[u32],
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value> {
     use tokio::io::AsyncReadExt;
     let page = u64::from(o.page_size) as usize;
     let total: u64 = infos.iter().map(|i| i.size).sum();
@@ -458,11 +455,11 @@ async fn kill_timeline(
     let mut slot = 0;
     let mut buf = vec![0u8; page];
     for info in infos {
-        let mut f = client.open(&info.path).await.map_err(|e| e.to_string())?;
+        let mut f = client.open(&info.path).await?;
         loop {
             let mut got = 0;
             while got < page {
-                let n = f.read(&mut buf[got..]).await.map_err(|e| e.to_string())?;
+                let n = f.read(&mut buf[got..]).await?;
                 if n == 0 {
                     break;
                 }
@@ -472,10 +469,7 @@ async fn kill_timeline(
                 break;
             }
             if crc32fast::hash(&buf[..got]) != reference[slot] {
-                return Err(format!(
-                    "{}: page bytes differ during the kill run",
-                    info.path
-                ));
+                bail!("{}: page bytes differ during the kill run", info.path);
             }
             slot += 1;
             let d = done.fetch_add(got as u64, Ordering::Relaxed) + got as u64;
@@ -486,8 +480,8 @@ async fn kill_timeline(
         }
     }
     let end = start.elapsed().as_secs_f64();
-    let samples = sampler.await.map_err(|e| e.to_string())?;
-    let kill = killed_at.ok_or("the scan ended before the kill")?;
+    let samples = sampler.await?;
+    let kill = killed_at.context("the scan ended before the kill")?;
     let detect = samples
         .iter()
         .find(|(_, _, fb)| *fb > 0)

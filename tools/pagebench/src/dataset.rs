@@ -21,6 +21,7 @@ use std::{
     time::Instant,
 };
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use bytes::Bytes;
 use pagestore_client::ufs::MountTable;
 
@@ -44,11 +45,11 @@ pub enum Layout {
 
 impl Layout {
     /// Parses `grouped` or `interleaved`.
-    pub fn parse(s: &str) -> Result<Layout, String> {
+    pub fn parse(s: &str) -> Result<Layout> {
         match s {
             "grouped" => Ok(Layout::Grouped),
             "interleaved" => Ok(Layout::Interleaved),
-            _ => Err(format!(
+            _ => Err(anyhow!(
                 "--layout {s:?}: expected grouped (topic-group chunking) or interleaved"
             )),
         }
@@ -416,26 +417,24 @@ impl Dataset {
     }
 
     /// Reads a descriptor.
-    pub fn from_json(bytes: &[u8]) -> Result<Dataset, String> {
+    pub fn from_json(bytes: &[u8]) -> Result<Dataset> {
         let v: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| format!("{DESCRIPTOR} is not JSON: {e}"))?;
+            serde_json::from_slice(bytes).with_context(|| format!("{DESCRIPTOR} is not JSON"))?;
         if v["format"] != "pagebench-dataset" || v["version"] != 1 {
-            return Err(format!(
-                "{DESCRIPTOR} is not a pagebench dataset descriptor of version 1"
-            ));
+            bail!("{DESCRIPTOR} is not a pagebench dataset descriptor of version 1");
         }
-        let u = |p: &str| -> Result<u64, String> {
+        let u = |p: &str| -> Result<u64> {
             v.pointer(p)
                 .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| format!("{DESCRIPTOR}: {p} missing or not a number"))
+                .ok_or_else(|| anyhow!("{DESCRIPTOR}: {p} missing or not a number"))
         };
-        let u32_ = |p: &str| -> Result<u32, String> {
-            u32::try_from(u(p)?).map_err(|_| format!("{DESCRIPTOR}: {p} too large"))
+        let u32_ = |p: &str| -> Result<u32> {
+            u32::try_from(u(p)?).map_err(|_| anyhow!("{DESCRIPTOR}: {p} too large"))
         };
         let layout = v
             .pointer("/episodes/layout")
             .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| format!("{DESCRIPTOR}: /episodes/layout missing"))?;
+            .ok_or_else(|| anyhow!("{DESCRIPTOR}: /episodes/layout missing"))?;
         Ok(Dataset {
             seed: u("/seed")?,
             files: u("/files/count")?,
@@ -456,16 +455,16 @@ impl Dataset {
     }
 
     /// Checks that the shape makes sense.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<()> {
         let e = &self.episodes;
         if self.files > 0 && self.file_size == 0 {
-            return Err("--file-size must be at least 1 byte".into());
+            bail!("--file-size must be at least 1 byte");
         }
         if e.count > 0 && (e.secs == 0 || e.cameras == 0 || e.fps == 0) {
-            return Err("--episode-secs and --cameras must be at least 1".into());
+            bail!("--episode-secs and --cameras must be at least 1");
         }
         if self.files + e.count + self.small_files == 0 {
-            return Err("the dataset would be empty (no files, episodes or small files)".into());
+            bail!("the dataset would be empty (no files, episodes or small files)");
         }
         Ok(())
     }
@@ -481,14 +480,14 @@ pub enum Dest {
 
 impl Dest {
     /// `--ufs URL`.
-    pub fn store(url: &str) -> Result<Dest, String> {
+    pub fn store(url: &str) -> Result<Dest> {
         if let Some(path) = url.strip_prefix("file://") {
             // A local directory may not exist yet.
             let path = path.split('?').next().unwrap_or(path);
-            std::fs::create_dir_all(path).map_err(|e| format!("--ufs {url}: {e}"))?;
+            std::fs::create_dir_all(path).with_context(|| format!("--ufs {url}"))?;
         }
-        let table = MountTable::new(&[(GEN_PREFIX.to_string(), url.to_string())])
-            .map_err(|e| format!("--ufs: {e}"))?;
+        let table =
+            MountTable::new(&[(GEN_PREFIX.to_string(), url.to_string())]).context("--ufs")?;
         Ok(Dest::Store(Arc::new(table)))
     }
 
@@ -534,31 +533,27 @@ fn generate_bytes(e: &Entry, off: u64, len: u64) -> Bytes {
 
 /// Writes the dataset (files already there with the right size, written with the same seed, are
 /// kept), then the descriptor.
-pub fn generate(
-    ds: &Dataset,
-    dest: &Dest,
-    rt: &tokio::runtime::Runtime,
-) -> Result<GenReport, String> {
+pub fn generate(ds: &Dataset, dest: &Dest, rt: &tokio::runtime::Runtime) -> Result<GenReport> {
     ds.validate()?;
     let start = Instant::now();
     let entries = ds.entries();
-    let descriptor = serde_json::to_vec_pretty(&ds.to_json()).map_err(|e| e.to_string())?;
+    let descriptor = serde_json::to_vec_pretty(&ds.to_json())?;
     let mut report = match dest {
         Dest::Dir(root) => generate_dir(ds, root, &entries)?,
         Dest::Store(table) => rt.block_on(generate_store(ds, table.clone(), &entries))?,
     };
     match dest {
         Dest::Dir(root) => std::fs::write(root.join(DESCRIPTOR), &descriptor)
-            .map_err(|e| format!("{}: {e}", root.join(DESCRIPTOR).display()))?,
+            .with_context(|| root.join(DESCRIPTOR).display().to_string())?,
         Dest::Store(table) => rt
             .block_on(table.put(&format!("{GEN_PREFIX}/{DESCRIPTOR}"), descriptor.into()))
-            .map_err(|e| format!("writing the descriptor: {e}"))?,
+            .context("writing the descriptor")?,
     }
     report.secs = start.elapsed().as_secs_f64();
     Ok(report)
 }
 
-fn generate_dir(ds: &Dataset, root: &Path, entries: &[Entry]) -> Result<GenReport, String> {
+fn generate_dir(ds: &Dataset, root: &Path, entries: &[Entry]) -> Result<GenReport> {
     // Content depends only on the seed and the path, so files of the right size written under
     // the same seed are kept whatever else changed.
     let same = std::fs::read(root.join(DESCRIPTOR))
@@ -571,21 +566,25 @@ fn generate_dir(ds: &Dataset, root: &Path, entries: &[Entry]) -> Result<GenRepor
         match std::fs::remove_file(root.join(DESCRIPTOR)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", root.join(DESCRIPTOR).display())),
+            Err(e) => {
+                return Err(
+                    anyhow::Error::new(e).context(root.join(DESCRIPTOR).display().to_string())
+                )
+            }
         }
     }
     for sub in ["files", "episodes", "small"] {
         std::fs::create_dir_all(root.join(sub))
-            .map_err(|e| format!("{}: {e}", root.join(sub).display()))?;
+            .with_context(|| root.join(sub).display().to_string())?;
     }
     let next = AtomicUsize::new(0);
     let written = AtomicU64::new(0);
     let bytes = AtomicU64::new(0);
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
         let joins: Vec<_> = (0..threads)
             .map(|_| {
-                s.spawn(|| -> Result<(), String> {
+                s.spawn(|| -> Result<()> {
                     let mut buf = vec![0u8; 1 << 20];
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -597,7 +596,7 @@ fn generate_dir(ds: &Dataset, root: &Path, entries: &[Entry]) -> Result<GenRepor
                             continue;
                         }
                         write_file(&path, e, &mut buf)
-                            .map_err(|err| format!("{}: {err}", path.display()))?;
+                            .with_context(|| path.display().to_string())?;
                         written.fetch_add(1, Ordering::Relaxed);
                         bytes.fetch_add(e.size, Ordering::Relaxed);
                     }
@@ -608,7 +607,7 @@ fn generate_dir(ds: &Dataset, root: &Path, entries: &[Entry]) -> Result<GenRepor
             .into_iter()
             .map(|j| {
                 j.join()
-                    .unwrap_or_else(|_| Err("generator panicked".into()))
+                    .unwrap_or_else(|_| Err(anyhow!("generator panicked")))
             })
             .collect()
     });
@@ -644,7 +643,7 @@ async fn generate_store(
     ds: &Dataset,
     table: Arc<MountTable>,
     entries: &[Entry],
-) -> Result<GenReport, String> {
+) -> Result<GenReport> {
     use futures_util::{stream, StreamExt};
     let same = read_descriptor_store(&table)
         .await
@@ -655,7 +654,7 @@ async fn generate_store(
     }
     let written = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
-    let results: Vec<Result<(), String>> = stream::iter(entries.iter().cloned())
+    let results: Vec<Result<()>> = stream::iter(entries.iter().cloned())
         .map(|e| {
             let (table, written, bytes) = (table.clone(), written.clone(), bytes.clone());
             async move {
@@ -667,34 +666,27 @@ async fn generate_store(
                     let ent = e.clone();
                     let data =
                         tokio::task::spawn_blocking(move || generate_bytes(&ent, 0, ent.size))
-                            .await
-                            .map_err(|err| err.to_string())?;
-                    table
-                        .put(&path, data)
-                        .await
-                        .map_err(|err| format!("{path}: {err}"))?;
+                            .await?;
+                    table.put(&path, data).await.with_context(|| path.clone())?;
                 } else {
                     let mut up = table
                         .put_multipart(&path)
                         .await
-                        .map_err(|err| format!("{path}: {err}"))?;
+                        .with_context(|| path.clone())?;
                     let mut off = 0;
                     while off < e.size {
                         let len = (e.size - off).min(PART);
                         let ent = e.clone();
                         let data =
                             tokio::task::spawn_blocking(move || generate_bytes(&ent, off, len))
-                                .await
-                                .map_err(|err| err.to_string())?;
+                                .await?;
                         if let Err(err) = up.put_part(data.into()).await {
                             let _ = up.abort().await;
-                            return Err(format!("{path}: {err}"));
+                            return Err(anyhow::Error::new(err).context(path));
                         }
                         off += len;
                     }
-                    up.complete()
-                        .await
-                        .map_err(|err| format!("{path}: {err}"))?;
+                    up.complete().await.with_context(|| path.clone())?;
                 }
                 written.fetch_add(1, Ordering::Relaxed);
                 bytes.fetch_add(e.size, Ordering::Relaxed);
@@ -717,10 +709,10 @@ async fn generate_store(
 }
 
 /// `pagebench gen`: writes the dataset and says what it did.
-pub fn run_gen(o: &crate::Opts) -> Result<(), String> {
+pub fn run_gen(o: &crate::Opts) -> Result<()> {
     let ds = o.dataset();
     let dest = match (&o.ufs, o.dir_given) {
-        (Some(_), true) => return Err("gen takes --dir DIR or --ufs URL, not both".into()),
+        (Some(_), true) => bail!("gen takes --dir DIR or --ufs URL, not both"),
         (Some(url), false) => Dest::store(url)?,
         (None, _) => Dest::Dir(o.dir.clone()),
     };

@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use crate::{local, Opts};
+use anyhow::{anyhow, bail, Context as _, Result};
 
 /// What fio measured for one workload.
 pub struct FioResult {
@@ -27,7 +28,7 @@ impl FioResult {
     }
 }
 
-fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
+fn run_fio(o: &Opts, workload: &str) -> Result<FioResult> {
     let per_job = (o.size / o.shards as u64).max(o.page_size as u64);
     let (rw, bs) = match workload {
         "write" => ("write", o.page_size as u64),
@@ -48,7 +49,7 @@ fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
     if rw == "write" {
         // Writes go to fresh preallocated files of the same size as the engine's data.
         let dir = o.dir.join("fio");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&dir)?;
         cmd.args([
             "--name=ref",
             &format!("--directory={}", dir.display()),
@@ -77,15 +78,12 @@ fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
     }
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot run fio ({e}); install it (Debian: apt-get install fio)"))?;
+        .map_err(|e| anyhow!("cannot run fio ({e}); install it (Debian: apt-get install fio)"))?;
     if !out.status.success() {
-        return Err(format!(
-            "fio failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("cannot parse fio output: {e}"))?;
+        serde_json::from_slice(&out.stdout).context("cannot parse fio output")?;
     let dirn = if rw == "write" { "write" } else { "read" };
     let j = &v["jobs"][0][dirn];
     let pct = |p: &str| j["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
@@ -100,7 +98,7 @@ fn run_fio(o: &Opts, workload: &str) -> Result<FioResult, String> {
 
 /// The engine first (it leaves its cache files in place), then fio over the same bytes, for
 /// every workload.
-pub fn compare_results(o: &Opts) -> Result<(Vec<local::WorkloadResult>, Vec<FioResult>), String> {
+pub fn compare_results(o: &Opts) -> Result<(Vec<local::WorkloadResult>, Vec<FioResult>)> {
     let results = local::run_local(o)?;
     let mut refs = Vec::new();
     for w in &o.workloads {
@@ -111,7 +109,7 @@ pub fn compare_results(o: &Opts) -> Result<(Vec<local::WorkloadResult>, Vec<FioR
 }
 
 /// [`compare_results`], printed with ratios.
-pub fn compare(o: &Opts) -> Result<(), String> {
+pub fn compare(o: &Opts) -> Result<()> {
     let (results, refs) = compare_results(o)?;
     local::report(o, &results, Some(&refs));
     Ok(())

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use futures_util::{stream, StreamExt};
 use pagestore_client::{Client, ClientOptions};
 use pagestore_testkit::local_cluster::{LocalCluster, Settings};
@@ -25,16 +26,16 @@ use crate::{
 pub const PREFIX: &str = "/bench";
 
 /// A binary of pagestore-tools: `$NAME` (upper case) if set, else next to this executable.
-pub fn tool_binary(name: &str) -> Result<PathBuf, String> {
+pub fn tool_binary(name: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(name.to_uppercase()) {
         return Ok(p.into());
     }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe()?;
     let p = exe.with_file_name(name);
     if p.exists() {
         Ok(p)
     } else {
-        Err(format!(
+        Err(anyhow!(
             "{} not found: build it first (cargo build --release -p pagestore-tools) or set {}",
             p.display(),
             name.to_uppercase()
@@ -67,7 +68,7 @@ impl Stack {
         nodes: usize,
         sizes: impl Iterator<Item = u64>,
         rt: &tokio::runtime::Runtime,
-    ) -> Result<Stack, String> {
+    ) -> Result<Stack> {
         let page = u64::from(o.page_size).max(1);
         // The descriptor takes a page too.
         let bytes = sizes.map(|s| s.div_ceil(page).max(1) * page).sum::<u64>() + page;
@@ -75,11 +76,11 @@ impl Stack {
         let nodes_dir = work.join("nodes");
         let _ = std::fs::remove_dir_all(&nodes_dir);
         let dataset =
-            std::fs::canonicalize(dataset).map_err(|e| format!("{}: {e}", dataset.display()))?;
+            std::fs::canonicalize(dataset).with_context(|| dataset.display().to_string())?;
         let url = crate::bench::with_emulation(&format!("file://{}", dataset.display()), o);
         let mut s = Settings::new(&binary, &nodes_dir);
         s.nodes = nodes.max(1);
-        s.shards = u16::try_from(o.shards).map_err(|_| "--shards: too many")?;
+        s.shards = u16::try_from(o.shards).map_err(|_| anyhow!("--shards: too many"))?;
         s.page_size = o.page_size.to_string();
         // Hash placement is within a few percent of even; leave room for it and the metadata.
         let per_node = bytes / s.nodes as u64 * 5 / 4 + (256 << 20);
@@ -87,8 +88,10 @@ impl Stack {
         s.cache_size = per_node.to_string();
         s.mounts = vec![format!("{PREFIX}={url}")];
         s.metadata_ttl = "600".into();
-        let cluster = LocalCluster::start(s)?;
-        let client = rt.block_on(cluster.client(ClientOptions::default()))?;
+        let cluster = LocalCluster::start(s).map_err(anyhow::Error::msg)?;
+        let client = rt
+            .block_on(cluster.client(ClientOptions::default()))
+            .map_err(anyhow::Error::msg)?;
         Ok(Stack {
             cluster,
             client,
@@ -106,39 +109,39 @@ impl Stack {
     }
 
     /// Loads every file of `cat` into the cache (as `pagectl load` does): seconds taken.
-    pub fn warm(&self, cat: &Catalog, rt: &tokio::runtime::Runtime) -> Result<f64, String> {
+    pub fn warm(&self, cat: &Catalog, rt: &tokio::runtime::Runtime) -> Result<f64> {
         let t0 = Instant::now();
         let client = self.client.clone();
         rt.block_on(async {
             let infos = stat_all(cat, PREFIX, |p| {
                 let c = client.clone();
-                async move { c.stat(&p).await.map_err(|e| e.to_string()) }
+                async move { Ok(c.stat(&p).await?) }
             })
             .await?;
-            let results: Vec<Result<(), String>> = stream::iter(infos)
+            let results: Vec<Result<()>> = stream::iter(infos)
                 .map(|info| {
                     let c = client.clone();
                     async move {
                         c.load(&info)
                             .await
                             .map(|_| ())
-                            .map_err(|e| format!("loading {}: {e}", info.path))
+                            .with_context(|| format!("loading {}", info.path))
                     }
                 })
                 .buffer_unordered(8)
                 .collect()
                 .await;
-            results.into_iter().collect::<Result<(), String>>()
+            results.into_iter().collect::<Result<()>>()
         })?;
         Ok(t0.elapsed().as_secs_f64())
     }
 }
 
 /// Fails with advice when the file system under `dir` has less than `need` bytes free.
-fn check_space(dir: &Path, need: u64) -> Result<(), String> {
+fn check_space(dir: &Path, need: u64) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| format!("{}: a path with a NUL byte", dir.display()))?;
+        .map_err(|_| anyhow!("{}: a path with a NUL byte", dir.display()))?;
     // SAFETY: statvfs is plain data, filled by the call.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
@@ -147,14 +150,14 @@ fn check_space(dir: &Path, need: u64) -> Result<(), String> {
     }
     let free = st.f_bavail as u64 * st.f_frsize as u64;
     if need > free {
-        return Err(format!(
+        bail!(
             "the nodes' caches need {:.1} GB on {} and {:.1} GB are free: every file takes at \
              least one page of cache (--page-size), so use smaller pages or fewer or smaller \
              files, or another --dir",
             need as f64 / 1e9,
             dir.display(),
             free as f64 / 1e9
-        ));
+        );
     }
     Ok(())
 }
@@ -199,8 +202,8 @@ fn signal(pid: u32, sig: libc::c_int) {
 }
 
 /// Waits for a line starting with `prefix` on the child's standard output; returns the rest.
-fn wait_line(child: &mut Child, prefix: &'static str, what: &str) -> Result<String, String> {
-    let stdout = child.stdout.take().ok_or("no stdout")?;
+fn wait_line(child: &mut Child, prefix: &'static str, what: &str) -> Result<String> {
+    let stdout = child.stdout.take().context("no stdout")?;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -216,10 +219,10 @@ fn wait_line(child: &mut Child, prefix: &'static str, what: &str) -> Result<Stri
             Ok(rest) => return Ok(rest),
             Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("{what} exited before it was ready ({status})"));
+                    bail!("{what} exited before it was ready ({status})");
                 }
             }
-            Err(_) => return Err(format!("{what} did not say it was ready within 30 s")),
+            Err(_) => bail!("{what} did not say it was ready within 30 s"),
         }
     }
 }
@@ -235,11 +238,7 @@ pub struct FuseMount {
 
 impl FuseMount {
     /// Mounts the cluster at `mp` (created if needed; must be empty).
-    pub fn start(
-        cluster: &LocalCluster,
-        mp: &Path,
-        threads: Option<usize>,
-    ) -> Result<FuseMount, String> {
+    pub fn start(cluster: &LocalCluster, mp: &Path, threads: Option<usize>) -> Result<FuseMount> {
         let binary = tool_binary("pagefs")?;
         if let Err(e) = std::fs::metadata(mp) {
             if e.raw_os_error() == Some(libc::ENOTCONN) {
@@ -247,13 +246,13 @@ impl FuseMount {
                 lazy_unmount(mp);
             }
         }
-        std::fs::create_dir_all(mp).map_err(|e| format!("{}: {e}", mp.display()))?;
-        let mp = std::fs::canonicalize(mp).map_err(|e| format!("{}: {e}", mp.display()))?;
+        std::fs::create_dir_all(mp).with_context(|| mp.display().to_string())?;
+        let mp = std::fs::canonicalize(mp).with_context(|| mp.display().to_string())?;
         if is_mounted(&mp) {
-            return Err(format!(
+            bail!(
                 "{} is already a mount point; unmount it first (umount -l {0})",
                 mp.display()
-            ));
+            );
         }
         let mut cmd = Command::new(&binary);
         cmd.arg(&mp)
@@ -269,7 +268,7 @@ impl FuseMount {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("{}: {e}", binary.display()))?;
+            .with_context(|| binary.display().to_string())?;
         let pid = child.id();
         let mut m = FuseMount {
             child: None,
@@ -278,7 +277,7 @@ impl FuseMount {
         };
         let ready = wait_line(&mut child, "ready", "pagefs");
         m.child = Some(child);
-        ready.map_err(|e| format!("{e} (pagefs needs root and /dev/fuse)"))?;
+        ready.map_err(|e| anyhow!("{e:#} (pagefs needs root and /dev/fuse)"))?;
         Ok(m)
     }
 }
@@ -316,7 +315,7 @@ impl Gateway {
         key: &str,
         secret: &str,
         staging: &Path,
-    ) -> Result<Gateway, String> {
+    ) -> Result<Gateway> {
         let binary = tool_binary("pages3")?;
         let mut child = Command::new(&binary)
             .args(["--listen", "127.0.0.1:0", "--cluster"])
@@ -332,7 +331,7 @@ impl Gateway {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("{}: {e}", binary.display()))?;
+            .with_context(|| binary.display().to_string())?;
         let pid = child.id();
         match wait_line(&mut child, "ready ", "pages3") {
             Ok(endpoint) => Ok(Gateway {
@@ -396,11 +395,11 @@ pub fn s3_url(
 }
 
 /// Connects to an external cluster (`--cluster`, `--tls-dir` and the other client options).
-pub async fn connect(cluster: &ClusterArgs) -> Result<Arc<Client>, String> {
+pub async fn connect(cluster: &ClusterArgs) -> Result<Arc<Client>> {
     cluster
         .connect(None)
         .await
-        .map_err(|e| format!("--cluster {}: {e}", cluster.cluster()))
+        .with_context(|| format!("--cluster {}", cluster.cluster()))
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 
 use std::{collections::BTreeMap, os::unix::fs::FileExt, sync::Arc};
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use pagestore_client::ClientOptions;
 use pagestore_engine::{format::Geometry, Engine, EngineConfig};
 
@@ -48,16 +49,15 @@ fn sample_ranges(cat: &Catalog) -> Vec<(usize, u64, u64)> {
     v
 }
 
-fn crc_fs(fs: &FsTarget, cat: &Catalog, ranges: &[(usize, u64, u64)]) -> Result<Vec<u32>, String> {
+fn crc_fs(fs: &FsTarget, cat: &Catalog, ranges: &[(usize, u64, u64)]) -> Result<Vec<u32>> {
     ranges
         .iter()
         .map(|&(f, off, len)| {
             let path = fs.root.join(&cat.files[f].rel);
-            let file =
-                std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let file = std::fs::File::open(&path).with_context(|| path.display().to_string())?;
             let mut buf = vec![0u8; len as usize];
             file.read_exact_at(&mut buf, off)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+                .with_context(|| path.display().to_string())?;
             Ok(crc32fast::hash(&buf))
         })
         .collect()
@@ -68,7 +68,7 @@ fn crc_async(
     cat: &Catalog,
     ranges: &[(usize, u64, u64)],
     rt: &tokio::runtime::Runtime,
-) -> Result<Vec<u32>, String> {
+) -> Result<Vec<u32>> {
     rt.block_on(async {
         let mut out = Vec::new();
         for &(f, off, len) in ranges {
@@ -96,31 +96,32 @@ fn compare(
     want: &[u32],
     ranges: &[(usize, u64, u64)],
     cat: &Catalog,
-) -> Result<(), String> {
+) -> Result<()> {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if g != w {
             let (f, off, len) = ranges[i];
-            return Err(format!(
+            bail!(
                 "checksum mismatch through {name}: {} bytes {off}..{} (crc32 {g:08x}, the \
                  generator's {w:08x})",
                 cat.files[f].rel,
                 off + len
-            ));
+            );
         }
     }
     Ok(())
 }
 
 /// The engine over the same pages.
-fn start_engine(o: &Opts, cat: &Catalog) -> Result<Engine, String> {
+fn start_engine(o: &Opts, cat: &Catalog) -> Result<Engine> {
     let page = u64::from(o.page_size);
     let dir = o.dir.join("fusecmp").join("engine");
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let pages: u64 = cat.files.iter().map(|e| e.size.div_ceil(page)).sum();
     let shards = o.shards.max(1) as u64;
     let per_shard = pages.div_ceil(shards) * 3 / 2 + 4;
-    let per_shard = u32::try_from(per_shard).map_err(|_| "too many pages for the engine")?;
+    let per_shard =
+        u32::try_from(per_shard).map_err(|_| anyhow!("too many pages for the engine"))?;
     let geo = Geometry::new(o.page_size, 4096, per_shard);
     Engine::start(EngineConfig {
         cache_dirs: vec![dir],
@@ -131,7 +132,7 @@ fn start_engine(o: &Opts, cat: &Catalog) -> Result<Engine, String> {
         reformat: true,
         ..Default::default()
     })
-    .map_err(|e| format!("engine: {e}"))
+    .context("engine")
 }
 
 /// One cell of the comparison.
@@ -144,7 +145,7 @@ struct Cell {
 }
 
 /// Runs the comparison.
-pub fn run_fusecmp(o: &Opts) -> Result<(), String> {
+pub fn run_fusecmp(o: &Opts) -> Result<()> {
     let workloads: Vec<Workload> = if o.workloads_given {
         o.new_workloads()?
     } else {
@@ -190,7 +191,7 @@ pub fn run_fusecmp(o: &Opts) -> Result<(), String> {
     }));
     let infos = rt.block_on(bench::stat_all(&cat, PREFIX, |p| {
         let c = stack.client.clone();
-        async move { c.stat(&p).await.map_err(|e| e.to_string()) }
+        async move { Ok(c.stat(&p).await?) }
     }))?;
     let client_t = Arc::new(AsyncTarget::Client {
         client: stack.client.clone(),
@@ -303,9 +304,7 @@ pub fn run_fusecmp(o: &Opts) -> Result<(), String> {
             &cat,
         )?;
         drop(et);
-        engine
-            .shutdown()
-            .map_err(|e| format!("engine shutdown: {e}"))?;
+        engine.shutdown().context("engine shutdown")?;
         let _ = std::fs::remove_dir_all(o.dir.join("fusecmp").join("engine"));
     }
     let checked_bytes: u64 = ranges.iter().map(|r| r.2).sum();

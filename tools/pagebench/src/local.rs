@@ -3,6 +3,7 @@
 
 use std::{collections::HashMap, rc::Rc, time::Instant};
 
+use anyhow::{anyhow, bail, Result};
 use hdrhistogram::Histogram;
 use pagestore_engine::{format::Geometry, Engine, EngineConfig, PageKey, ShardStats};
 use pagestore_testkit::data::{Xorshift, GOLDEN};
@@ -90,13 +91,13 @@ fn drive(
     o: &Opts,
     pages: u64,
     kind: Kind,
-) -> Result<(u64, u64, Histogram<u64>, f64), String> {
+) -> Result<(u64, u64, Histogram<u64>, f64)> {
     let start = Instant::now();
     let secs = o.seconds;
     let qd = o.qd;
     let page = o.page_size;
     let seed = o.seed;
-    let results: Vec<Result<Measured, String>> = std::thread::scope(|scope| {
+    let results: Vec<Result<Measured>> = std::thread::scope(|scope| {
         let joins: Vec<_> = engine
             .shards()
             .iter()
@@ -123,10 +124,7 @@ fn drive(
                                         let mut i = t;
                                         while i < pages {
                                             let t0 = Instant::now();
-                                            shard
-                                                .put(&PageKey::new(id, i), &data, 1)
-                                                .await
-                                                .map_err(|e| e.to_string())?;
+                                            shard.put(&PageKey::new(id, i), &data, 1).await?;
                                             let _ = hist.record(t0.elapsed().as_nanos() as u64);
                                             ops += 1;
                                             bytes += data.len() as u64;
@@ -142,16 +140,15 @@ fn drive(
                                             let t0 = Instant::now();
                                             let got = shard
                                                 .get(&PageKey::new(id, p), off, block)
-                                                .await
-                                                .map_err(|e| e.to_string())?
-                                                .ok_or_else(|| format!("page {p} missing"))?;
+                                                .await?
+                                                .ok_or_else(|| anyhow!("page {p} missing"))?;
                                             let _ = hist.record(t0.elapsed().as_nanos() as u64);
                                             ops += 1;
                                             bytes += got.len() as u64;
                                         }
                                     }
                                 }
-                                Ok::<_, String>((ops, bytes, hist))
+                                Ok::<_, anyhow::Error>((ops, bytes, hist))
                             }));
                         }
                         let mut total = (0, 0, new_hist());
@@ -159,11 +156,10 @@ fn drive(
                             let (ops, bytes, hist) = t.await?;
                             total.0 += ops;
                             total.1 += bytes;
-                            total.2.add(hist).map_err(|e| e.to_string())?;
+                            total.2.add(hist)?;
                         }
                         Ok(total)
-                    }))
-                    .map_err(|e| e.to_string())?
+                    }))?
                 })
             })
             .collect();
@@ -171,7 +167,7 @@ fn drive(
             .into_iter()
             .map(|j| {
                 j.join()
-                    .unwrap_or_else(|_| Err("shard driver panicked".into()))
+                    .unwrap_or_else(|_| Err(anyhow!("shard driver panicked")))
             })
             .collect()
     });
@@ -181,23 +177,23 @@ fn drive(
         let (ops, bytes, hist) = r?;
         out.0 += ops;
         out.1 += bytes;
-        out.2.add(hist).map_err(|e| e.to_string())?;
+        out.2.add(hist)?;
     }
     Ok(out)
 }
 
-fn totals(engine: &Engine) -> Result<ShardStats, String> {
-    let s = futures_lite::future::block_on(engine.stats()).map_err(|e| e.to_string())?;
+fn totals(engine: &Engine) -> Result<ShardStats> {
+    let s = futures_lite::future::block_on(engine.stats())?;
     Ok(ShardStats::total(&s))
 }
 
 /// Runs the selected workloads on a fresh engine.
-pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>, String> {
+pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     // Always a fresh cache: a warm one would turn the write workload into no-ops.
     let _ = std::fs::remove_dir_all(o.dir.join("engine"));
-    std::fs::create_dir_all(o.dir.join("engine")).map_err(|e| e.to_string())?;
-    let engine = Engine::start(engine_config(o, pages)).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(o.dir.join("engine"))?;
+    let engine = Engine::start(engine_config(o, pages))?;
     let mut results = Vec::new();
     let mut filled = false;
     for w in &o.workloads {
@@ -229,13 +225,14 @@ pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>, String> {
             hit_ratio: (lookups > 0).then(|| (after.hits - before.hits) as f64 / lookups as f64),
         });
         if after.checksum_failures != 0 || after.io_errors != 0 {
-            return Err(format!(
+            bail!(
                 "{} checksum failures, {} I/O errors",
-                after.checksum_failures, after.io_errors
-            ));
+                after.checksum_failures,
+                after.io_errors
+            );
         }
     }
-    engine.shutdown().map_err(|e| e.to_string())?;
+    engine.shutdown()?;
     Ok(results)
 }
 
@@ -361,11 +358,11 @@ fn rss_bytes() -> u64 {
 }
 
 /// `restart`: fills a cache with `--pages` pages, then restarts it in a fresh process.
-pub fn restart(o: &Opts) -> Result<(), String> {
+pub fn restart(o: &Opts) -> Result<()> {
     let per_shard = o.pages.div_ceil(o.shards as u64);
     let _ = std::fs::remove_dir_all(o.dir.join("engine"));
-    std::fs::create_dir_all(o.dir.join("engine")).map_err(|e| e.to_string())?;
-    let engine = Engine::start(engine_config(o, per_shard)).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(o.dir.join("engine"))?;
+    let engine = Engine::start(engine_config(o, per_shard))?;
     let t = Instant::now();
     drive(&engine, o, per_shard, Kind::Write)?;
     let filled = totals(&engine)?.pages;
@@ -376,8 +373,8 @@ pub fn restart(o: &Opts) -> Result<(), String> {
             t.elapsed().as_secs_f64()
         );
     }
-    engine.shutdown().map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    engine.shutdown()?;
+    let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args([
         "restart-open",
@@ -395,19 +392,19 @@ pub fn restart(o: &Opts) -> Result<(), String> {
     if o.json {
         cmd.arg("--json");
     }
-    let status = cmd.status().map_err(|e| e.to_string())?;
+    let status = cmd.status()?;
     if !status.success() {
-        return Err("restart-open failed".into());
+        bail!("restart-open failed");
     }
     Ok(())
 }
 
 /// The measured half of `restart`, in a process that has not touched the cache yet.
-pub fn restart_open(o: &Opts) -> Result<(), String> {
+pub fn restart_open(o: &Opts) -> Result<()> {
     let per_shard = o.pages.div_ceil(o.shards as u64);
     let rss0 = rss_bytes();
     let t = Instant::now();
-    let engine = Engine::start(engine_config(o, per_shard)).map_err(|e| e.to_string())?;
+    let engine = Engine::start(engine_config(o, per_shard))?;
     let secs = t.elapsed().as_secs_f64();
     let rss = rss_bytes().saturating_sub(rss0);
     let st = totals(&engine)?;
@@ -421,7 +418,7 @@ pub fn restart_open(o: &Opts) -> Result<(), String> {
                 "bytes_per_indexed_page": rss as f64 / st.recovered_pages.max(1) as f64,
             })
         );
-        engine.shutdown().map_err(|e| e.to_string())?;
+        engine.shutdown()?;
         return Ok(());
     }
     println!(
@@ -433,14 +430,14 @@ pub fn restart_open(o: &Opts) -> Result<(), String> {
         rss as f64 / (1 << 20) as f64,
         rss as f64 / st.recovered_pages.max(1) as f64
     );
-    engine.shutdown().map_err(|e| e.to_string())?;
+    engine.shutdown()?;
     Ok(())
 }
 
 /// `raw`: the same random reads as `read`/`read4k` (block = 4 KiB or the page size per workload),
 /// issued with glommio's `DmaFile` directly on the cache files `local` left behind, with `--qd`
 /// tasks per file on one executor per shard. The engine's overhead is its ratio to this.
-pub fn raw(o: &Opts) -> Result<(), String> {
+pub fn raw(o: &Opts) -> Result<()> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     let geo = Geometry::new(o.page_size, 4096, pages as u32);
     let mut all = Vec::new();
@@ -463,7 +460,8 @@ pub fn raw(o: &Opts) -> Result<(), String> {
                         let f = Rc::new(
                             glommio::io::DmaFile::open(&path)
                                 .await
-                                .map_err(|e| format!("{}: {e}", path.display()))?,
+                                // glommio's errors are not Sync: anyhow cannot keep them.
+                                .map_err(|e| anyhow!("{}: {e}", path.display()))?,
                         );
                         let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
                         let mut tasks = Vec::new();
@@ -482,33 +480,33 @@ pub fn raw(o: &Opts) -> Result<(), String> {
                                     let got = f
                                         .read_at_aligned(pos, block as usize)
                                         .await
-                                        .map_err(|e| e.to_string())?;
+                                        .map_err(|e| anyhow!("{e}"))?;
                                     if got.len() as u64 != block {
-                                        return Err("short read".to_string());
+                                        bail!("short read");
                                     }
                                     let _ = hist.record(t0.elapsed().as_nanos() as u64);
                                     ops += 1;
                                 }
-                                Ok::<_, String>((ops, hist))
+                                Ok::<_, anyhow::Error>((ops, hist))
                             }));
                         }
                         let mut total = (0u64, new_hist());
                         for t in tasks {
                             let (ops, h) = t.await?;
                             total.0 += ops;
-                            total.1.add(h).map_err(|e| e.to_string())?;
+                            total.1.add(h)?;
                         }
-                        Ok::<_, String>(total)
+                        Ok::<_, anyhow::Error>(total)
                     })
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| anyhow!("{e}"))
             })
             .collect();
         let mut ops = 0;
         let mut hist = new_hist();
         for j in joins {
-            let (n, h) = j?.join().map_err(|e| e.to_string())??;
+            let (n, h) = j?.join().map_err(|e| anyhow!("{e}"))??;
             ops += n;
-            hist.add(h).map_err(|e| e.to_string())?;
+            hist.add(h)?;
         }
         let r = WorkloadResult {
             name: format!("raw-{w}"),
@@ -547,7 +545,7 @@ pub fn shard_counts(max: usize) -> Vec<usize> {
     counts
 }
 
-pub fn scale(o: &Opts) -> Result<(), String> {
+pub fn scale(o: &Opts) -> Result<()> {
     let counts = shard_counts(o.shards);
     let per_shard_size = o.size / o.shards as u64;
     if !o.json {

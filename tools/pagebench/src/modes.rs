@@ -9,6 +9,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use pagestore_client::ufs::MountTable;
 
 use crate::{
@@ -72,9 +73,9 @@ pub fn local_dataset(
     ds: &Dataset,
     rt: &tokio::runtime::Runtime,
     notes: &mut Vec<String>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf> {
     let dir = o.dir.join("dataset");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let r = dataset::generate(ds, &Dest::Dir(dir.clone()), rt)?;
     notes.push(format!(
         "dataset {}: {:.2} GB ({} flat files of {} MiB, {} episodes); wrote {} files in {:.1} s, \
@@ -98,11 +99,11 @@ pub fn local_stack(
     ds: &Dataset,
     rt: &tokio::runtime::Runtime,
     notes: &mut Vec<String>,
-) -> Result<(Stack, Arc<Catalog>), String> {
+) -> Result<(Stack, Arc<Catalog>)> {
     let data = local_dataset(o, ds, rt, notes)?;
     let cat = Arc::new(Catalog::new(ds.clone()));
     let work = o.dir.join(name);
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    std::fs::create_dir_all(&work).with_context(|| work.display().to_string())?;
     let nodes = o.nodes.unwrap_or(3);
     let stack = Stack::start(o, &work, &data, nodes, cat.files.iter().map(|e| e.size), rt)?;
     notes.push(format!(
@@ -130,16 +131,16 @@ pub fn local_stack(
     Ok((stack, cat))
 }
 
-async fn descriptor_store(table: &MountTable, prefix: &str) -> Result<Dataset, String> {
+async fn descriptor_store(table: &MountTable, prefix: &str) -> Result<Dataset> {
     let path = format!("{prefix}/{DESCRIPTOR}");
     let info = table
         .stat(&path)
         .await
-        .map_err(|e| format!("{path}: {e} (write the dataset with pagebench gen first)"))?;
+        .map_err(|e| anyhow!("{path}: {e} (write the dataset with pagebench gen first)"))?;
     let b = table
         .read(&info, 0..info.size)
         .await
-        .map_err(|e| format!("{path}: {e}"))?;
+        .with_context(|| path.clone())?;
     Dataset::from_json(&b)
 }
 
@@ -161,12 +162,12 @@ fn store_target(
     table: Arc<MountTable>,
     prefix: &str,
     rt: &tokio::runtime::Runtime,
-) -> Result<(Target, Arc<Catalog>), String> {
+) -> Result<(Target, Arc<Catalog>)> {
     let ds = rt.block_on(descriptor_store(&table, prefix))?;
     let cat = Arc::new(Catalog::new(ds));
     let infos = rt.block_on(bench::stat_all(&cat, prefix, |p| {
         let t = table.clone();
-        async move { t.stat(&p).await.map_err(|e| e.to_string()) }
+        async move { Ok(t.stat(&p).await?) }
     }))?;
     Ok((
         Target::Async(Arc::new(AsyncTarget::Store { table, infos })),
@@ -179,20 +180,20 @@ fn client_target(
     prefix: &str,
     cat: Option<Arc<Catalog>>,
     rt: &tokio::runtime::Runtime,
-) -> Result<(Target, Arc<Catalog>), String> {
+) -> Result<(Target, Arc<Catalog>)> {
     let cat = match cat {
         Some(c) => c,
         None => {
             let path = format!("{prefix}/{DESCRIPTOR}");
             let b = rt
                 .block_on(client.read(&path, 0..u64::MAX))
-                .map_err(|e| format!("{path}: {e} (write the dataset with pagebench gen first)"))?;
+                .map_err(|e| anyhow!("{path}: {e} (write the dataset with pagebench gen first)"))?;
             Arc::new(Catalog::new(Dataset::from_json(&b)?))
         }
     };
     let infos = rt.block_on(bench::stat_all(&cat, prefix, |p| {
         let c = client.clone();
-        async move { c.stat(&p).await.map_err(|e| e.to_string()) }
+        async move { Ok(c.stat(&p).await?) }
     }))?;
     Ok((
         Target::Async(Arc::new(AsyncTarget::Client { client, infos })),
@@ -200,7 +201,7 @@ fn client_target(
     ))
 }
 
-fn external_counters(o: &Opts, rt: &tokio::runtime::Runtime) -> Result<Probe, String> {
+fn external_counters(o: &Opts, rt: &tokio::runtime::Runtime) -> Result<Probe> {
     let mut probe = Probe {
         frontend: o.cpu_pids.clone(),
         ..Probe::default()
@@ -211,7 +212,7 @@ fn external_counters(o: &Opts, rt: &tokio::runtime::Runtime) -> Result<Probe, St
     Ok(probe)
 }
 
-fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, String> {
+fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup> {
     let mut notes = Vec::new();
     let ds = o.dataset();
     let mut s = match mode {
@@ -220,8 +221,8 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                 Some(u) => u.clone(),
                 None => {
                     let dir = local_dataset(o, &ds, rt, &mut notes)?;
-                    let dir = std::fs::canonicalize(&dir)
-                        .map_err(|e| format!("{}: {e}", dir.display()))?;
+                    let dir =
+                        std::fs::canonicalize(&dir).with_context(|| dir.display().to_string())?;
                     format!("file://{}", dir.display())
                 }
             };
@@ -230,9 +231,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                 "under storage {} read with object_store (no cache)",
                 pagestore_client::ufs::redact(&url)
             ));
-            let table = Arc::new(
-                MountTable::new(&[("/ufs".to_string(), url)]).map_err(|e| format!("--ufs: {e}"))?,
-            );
+            let table = Arc::new(MountTable::new(&[("/ufs".to_string(), url)]).context("--ufs")?);
             let (target, cat) = store_target(table, "/ufs", rt)?;
             Setup {
                 label: "ufs".into(),
@@ -249,7 +248,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
         Mode::Fuse => match &o.path {
             Some(root) => {
                 let b = std::fs::read(root.join(DESCRIPTOR)).map_err(|e| {
-                    format!(
+                    anyhow!(
                         "{}: {e} (--path must be the dataset root, written by pagebench gen)",
                         root.join(DESCRIPTOR).display()
                     )
@@ -309,7 +308,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                 let bucket = o
                     .bucket
                     .as_deref()
-                    .ok_or("s3 --endpoint needs --bucket (the first path component)")?;
+                    .context("s3 --endpoint needs --bucket (the first path component)")?;
                 let key = o
                     .access_key
                     .clone()
@@ -319,9 +318,10 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                     .clone()
                     .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
                 if key.is_none() || secret.is_none() {
-                    return Err("s3 needs credentials: --access-key and --secret-key (or \
+                    bail!(
+                        "s3 needs credentials: --access-key and --secret-key (or \
                          AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
-                        .into());
+                    );
                 }
                 let url = frontends::s3_url(
                     endpoint,
@@ -336,9 +336,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                      client)",
                     o.prefix
                 ));
-                let table = Arc::new(
-                    MountTable::new(&[("/s3".to_string(), url)]).map_err(|e| e.to_string())?,
-                );
+                let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
                 let (target, cat) = store_target(table, "/s3", rt)?;
                 Setup {
                     label: "s3".into(),
@@ -356,8 +354,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                 let (stack, _) = local_stack(o, "s3", &ds, rt, &mut notes)?;
                 let (key, secret) = ("pagebench", "pagebench-secret");
                 let staging = o.dir.join("s3").join("staging");
-                std::fs::create_dir_all(&staging)
-                    .map_err(|e| format!("{}: {e}", staging.display()))?;
+                std::fs::create_dir_all(&staging).with_context(|| staging.display().to_string())?;
                 let gw = Gateway::start(&stack.cluster, key, secret, &staging)?;
                 notes.push(format!(
                     "pages3 at {} (bucket {}), read with object_store's S3 client",
@@ -372,9 +369,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
                     Some(key),
                     Some(secret),
                 );
-                let table = Arc::new(
-                    MountTable::new(&[("/s3".to_string(), url)]).map_err(|e| e.to_string())?,
-                );
+                let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
                 let (target, cat) = store_target(table, "/s3", rt)?;
                 let mut frontend = vec![gw.pid];
                 frontend.extend(&o.cpu_pids);
@@ -460,7 +455,7 @@ fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup, St
 }
 
 /// Runs a target mode.
-pub fn run_mode(o: &Opts, mode: Mode) -> Result<(), String> {
+pub fn run_mode(o: &Opts, mode: Mode) -> Result<()> {
     let workloads: Vec<Workload> = o.new_workloads()?;
     let warning = load_warning();
     let load0 = loadavg();
@@ -508,7 +503,7 @@ pub fn run_mode(o: &Opts, mode: Mode) -> Result<(), String> {
 /// `scale --client`: the client-library workloads against one node with 1, 2, 4 ... `--shards`
 /// shards (a fresh warm cluster for each count), printing throughput per shard, so that a
 /// machine with more cores shows whether the served path scales like the engine.
-pub fn scale_client(o: &Opts) -> Result<(), String> {
+pub fn scale_client(o: &Opts) -> Result<()> {
     let counts = crate::local::shard_counts(o.shards);
     let workloads: Vec<Workload> = o.new_workloads()?;
     let rt = bench::runtime(2)?;

@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use hdrhistogram::Histogram;
 use pagestore_client::pool::{Pool, PoolOptions};
 use pagestore_engine::{format::Geometry, EngineConfig, PageKey};
@@ -71,14 +72,10 @@ fn thread_cpu(prefix: &str) -> (f64, f64) {
 }
 
 /// Runs `conns` concurrent request loops for `secs`, each calling `one` and recording latency.
-async fn drive<F, Fut>(
-    conns: usize,
-    secs: f64,
-    one: F,
-) -> Result<(u64, u64, Histogram<u64>, f64), String>
+async fn drive<F, Fut>(conns: usize, secs: f64, one: F) -> Result<(u64, u64, Histogram<u64>, f64)>
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = Result<u64, String>> + Send,
+    Fut: std::future::Future<Output = Result<u64>> + Send,
 {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -96,40 +93,36 @@ where
                 ops += 1;
                 i += conns as u64;
             }
-            Ok::<_, String>((ops, bytes, h))
+            Ok::<_, anyhow::Error>((ops, bytes, h))
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
     let (mut ops, mut bytes, mut h) = (0, 0, crate::local::new_hist());
     for t in tasks {
-        let (o, b, hh) = t.await.map_err(|e| e.to_string())??;
+        let (o, b, hh) = t.await??;
         ops += o;
         bytes += b;
-        h.add(hh).map_err(|e| e.to_string())?;
+        h.add(hh)?;
     }
     Ok((ops, bytes, h, start.elapsed().as_secs_f64()))
 }
 
 /// `pagebench net`.
-pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
+pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
     let page = o.page_size as usize;
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     let conns = o.qd * o.shards;
-    let ca = ClusterCa::generate("pagebench").map_err(|e| e.to_string())?;
-    let id = ca
-        .issue("node", tls::Role::Node)
-        .map_err(|e| e.to_string())?;
+    let ca = ClusterCa::generate("pagebench")?;
+    let id = ca.issue("node", tls::Role::Node)?;
     let base = o.dir.join("net");
     let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(base.join("engine")).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(base.join("engine"))?;
 
     // The node.
-    let rustls =
-        tls::server_config(&id, &ca.cert_der(), false, frame::ALPN).map_err(|e| e.to_string())?;
+    let rustls = tls::server_config(&id, &ca.cert_der(), false, frame::ALPN)?;
     let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
-        quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls)
-            .map_err(|e| e.to_string())?,
+        quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls)?,
     ));
     server.transport_config(transport::transport_config());
     let engine = EngineConfig {
@@ -141,11 +134,11 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
         reformat: true,
         ..Default::default()
     };
-    let ring = Ring::new([], RingConfig::default(), 0).map_err(|e| e.to_string())?;
+    let ring = Ring::new([], RingConfig::default(), 0)?;
     let node = Node::start(
         engine,
         NodeOptions {
-            listen: "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+            listen: "127.0.0.1:0".parse()?,
             server: Arc::new(server),
             node_id: 1,
             ring: Arc::new(ring),
@@ -156,9 +149,8 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
             nodes: Vec::new(),
             replicas: 0,
         },
-    )
-    .map_err(|e| e.to_string())?;
-    let engine_ref = node.engine().ok_or("engine gone")?;
+    )?;
+    let engine_ref = node.engine().context("engine gone")?;
     for s in 0..o.shards as u64 {
         for p in 0..pages {
             let data = page_data(s, p, page);
@@ -166,8 +158,7 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
                 PageKey::new(s as u128, p),
                 data,
                 1,
-            ))
-            .map_err(|e| e.to_string())?;
+            ))?;
         }
     }
     let checks: Arc<Vec<Vec<u32>>> = Arc::new(
@@ -181,23 +172,19 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
         .worker_threads(o.shards.max(1))
         .thread_name("pagebench-client")
         .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let client_tls =
-        tls::client_config(&ca.cert_der(), None, frame::ALPN).map_err(|e| e.to_string())?;
+        .build()?;
+    let client_tls = tls::client_config(&ca.cert_der(), None, frame::ALPN)?;
     let mut qc = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(client_tls).map_err(|e| e.to_string())?,
+        quinn::crypto::rustls::QuicClientConfig::try_from(client_tls)?,
     ));
     qc.transport_config(transport::transport_config());
-    let pool = rt
-        .block_on(async {
-            Pool::new(
-                qc,
-                "127.0.0.1:0".parse().expect("literal"),
-                PoolOptions::default(),
-            )
-        })
-        .map_err(|e| e.to_string())?;
+    let pool = rt.block_on(async {
+        Pool::new(
+            qc,
+            "127.0.0.1:0".parse().expect("literal"),
+            PoolOptions::default(),
+        )
+    })?;
     let shards = o.shards;
     let (s0, c0) = thread_cpu("pagestore-shard");
     let quic = rt.block_on(drive(conns, o.seconds, {
@@ -219,15 +206,12 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<(), String> {
                         epoch: 0,
                     },
                 };
-                let (resp, body) = pool
-                    .request(addrs[shard], &req, &[])
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let (resp, body) = pool.request(addrs[shard], &req, &[]).await?;
                 if !matches!(resp.body, ResponseBody::Data { .. }) || body.len() != page {
-                    return Err(format!("bad answer {:?} ({} bytes)", resp.body, body.len()));
+                    bail!("bad answer {:?} ({} bytes)", resp.body, body.len());
                 }
                 if i % 16 == 0 && crc32(&body) != checks[shard][p as usize] {
-                    return Err(format!("shard {shard} page {p}: wrong bytes"));
+                    bail!("shard {shard} page {p}: wrong bytes");
                 }
                 Ok(body.len() as u64)
             }
@@ -327,21 +311,18 @@ fn nginx_side(
     conns: usize,
     checks: &Arc<Vec<Vec<u32>>>,
     rt: &tokio::runtime::Runtime,
-) -> Result<Side, String> {
+) -> Result<Side> {
     let page = o.page_size as usize;
     let www = base.join("www");
     for s in 0..o.shards as u64 {
-        std::fs::create_dir_all(www.join(format!("s{s}"))).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(www.join(format!("s{s}")))?;
         for p in 0..pages {
-            std::fs::write(www.join(format!("s{s}/p{p}")), page_data(s, p, page))
-                .map_err(|e| e.to_string())?;
+            std::fs::write(www.join(format!("s{s}/p{p}")), page_data(s, p, page))?;
         }
     }
-    tls::save_identity(id, &base.join("cert.pem"), &base.join("key.pem"))
-        .map_err(|e| e.to_string())?;
+    tls::save_identity(id, &base.join("cert.pem"), &base.join("key.pem"))?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
+        .and_then(|l| l.local_addr())?
         .port();
     let conf = format!(
         "worker_processes {w};\ndaemon off;\npid {b}/nginx.pid;\nerror_log {b}/error.log;\n\
@@ -353,8 +334,8 @@ fn nginx_side(
         w = o.shards,
         b = base.display(),
     );
-    std::fs::create_dir_all(base.join("tmp")).map_err(|e| e.to_string())?;
-    std::fs::write(base.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(base.join("tmp"))?;
+    std::fs::write(base.join("nginx.conf"), conf)?;
     let mut child = std::process::Command::new("nginx")
         .args([
             "-c",
@@ -365,17 +346,16 @@ fn nginx_side(
         .stderr(std::process::Stdio::null())
         .spawn()
         .map_err(|e| {
-            format!("cannot start nginx ({e}); install it (Debian: apt-get install nginx-light)")
+            anyhow!("cannot start nginx ({e}); install it (Debian: apt-get install nginx-light)")
         })?;
     std::thread::sleep(Duration::from_millis(500));
     let nginx_cpu0 = child_cpu(child.id());
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.cert_der()).map_err(|e| e.to_string())?;
+    roots.add(ca.cert_der())?;
     let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .map_err(|e| e.to_string())?
+    .with_protocol_versions(&[&rustls::version::TLS13])?
     .with_root_certificates(roots)
     .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
@@ -385,15 +365,9 @@ fn nginx_side(
         // One keep-alive HTTPS connection per concurrent requester.
         let mut streams = Vec::new();
         for _ in 0..conns {
-            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .map_err(|e| e.to_string())?;
-            let name = rustls::pki_types::ServerName::try_from(tls::SERVER_NAME)
-                .map_err(|e| e.to_string())?;
-            let s = connector
-                .connect(name, tcp)
-                .await
-                .map_err(|e| e.to_string())?;
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            let name = rustls::pki_types::ServerName::try_from(tls::SERVER_NAME)?;
+            let s = connector.connect(name, tcp).await?;
             streams.push(Arc::new(tokio::sync::Mutex::new(s)));
         }
         let streams = Arc::new(streams);
@@ -406,10 +380,10 @@ fn nginx_side(
                 let mut s = streams[c].lock().await;
                 let body = http_get(&mut *s, &format!("/s{shard}/p{p}")).await?;
                 if body.len() != page {
-                    return Err(format!("nginx returned {} bytes", body.len()));
+                    bail!("nginx returned {} bytes", body.len());
                 }
                 if i % 16 == 0 && crc32(&body) != checks[shard][p as usize] {
-                    return Err(format!("nginx s{shard}/p{p}: wrong bytes"));
+                    bail!("nginx s{shard}/p{p}: wrong bytes");
                 }
                 Ok(body.len() as u64)
             }
@@ -458,33 +432,26 @@ fn child_cpu(pid: u32) -> f64 {
     total / tick
 }
 
-async fn http_get<S>(s: &mut S, path: &str) -> Result<Vec<u8>, String>
+async fn http_get<S>(s: &mut S, path: &str) -> Result<Vec<u8>>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: pagestore\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    s.flush().await.map_err(|e| e.to_string())?;
+        .await?;
+    s.flush().await?;
     let mut head = Vec::with_capacity(512);
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        let n = s.read(&mut b).await.map_err(|e| e.to_string())?;
+        let n = s.read(&mut b).await?;
         if n == 0 || head.len() > 16 << 10 {
-            return Err(format!(
-                "connection closed in headers after {} bytes",
-                head.len()
-            ));
+            bail!("connection closed in headers after {} bytes", head.len());
         }
         head.push(b[0]);
     }
     let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
     if !text.starts_with("http/1.1 200") {
-        return Err(format!(
-            "nginx: {}",
-            text.lines().next().unwrap_or_default()
-        ));
+        bail!("nginx: {}", text.lines().next().unwrap_or_default());
     }
     let len = text
         .lines()
@@ -492,9 +459,8 @@ where
             l.strip_prefix("content-length:")
                 .map(|v| v.trim().parse::<usize>())
         })
-        .ok_or("no content-length")?
-        .map_err(|e| e.to_string())?;
+        .context("no content-length")??;
     let mut body = vec![0u8; len];
-    s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    s.read_exact(&mut body).await?;
     Ok(body)
 }

@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use futures_util::{stream, StreamExt};
 use pagestore_client::ufs::MountTable;
 
@@ -129,14 +130,8 @@ impl Preload {
     }
 }
 
-fn fio_write(
-    dir: &std::path::Path,
-    jobs: usize,
-    qd: usize,
-    block: u64,
-    bytes: u64,
-) -> Result<f64, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn fio_write(dir: &std::path::Path, jobs: usize, qd: usize, block: u64, bytes: u64) -> Result<f64> {
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let per_job = (bytes / jobs as u64).clamp(64 << 20, 1 << 30);
     let out = Command::new("fio")
         .args([
@@ -153,19 +148,16 @@ fn fio_write(
             "--output-format=json",
         ])
         .output()
-        .map_err(|e| format!("cannot run fio ({e}); install it (Debian: apt-get install fio)"))?;
+        .map_err(|e| anyhow!("cannot run fio ({e}); install it (Debian: apt-get install fio)"))?;
     let _ = std::fs::remove_dir_all(dir);
     if !out.status.success() {
-        return Err(format!(
-            "fio failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("cannot parse fio output: {e}"))?;
+        serde_json::from_slice(&out.stdout).context("cannot parse fio output")?;
     v["jobs"][0]["write"]["bw_bytes"]
         .as_f64()
-        .ok_or_else(|| "fio output has no write bandwidth".into())
+        .context("fio output has no write bandwidth")
 }
 
 /// `time to first page 0.123 s; to completion 4.56 s (...)` from pagectl's standard output.
@@ -186,7 +178,7 @@ fn parse_pagectl(out: &str) -> (Option<f64>, Option<f64>) {
 }
 
 /// Runs the preload measurement.
-pub fn run_preload(o: &Opts) -> Result<Preload, String> {
+pub fn run_preload(o: &Opts) -> Result<Preload> {
     let pagectl = tool_binary("pagectl")?;
     let rt = bench::runtime(2)?;
     let ds = Dataset {
@@ -202,7 +194,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload, String> {
     };
     let work = o.dir.join("preload");
     let data = work.join("dataset");
-    std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+    std::fs::create_dir_all(&data).with_context(|| data.display().to_string())?;
     let mut notes = Vec::new();
     let g = dataset::generate(&ds, &Dest::Dir(data.clone()), &rt)?;
     notes.push(format!(
@@ -219,7 +211,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload, String> {
         .iter()
         .map(|e| format!("{PREFIX}/{}\n", e.rel))
         .collect();
-    std::fs::write(&manifest, text).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    std::fs::write(&manifest, text).with_context(|| manifest.display().to_string())?;
     let nodes = o.nodes.unwrap_or(3);
     let total: u64 = entries.iter().map(|e| e.size).sum();
     let stack = Stack::start(o, &work, &data, nodes, entries.iter().map(|e| e.size), &rt)?;
@@ -230,28 +222,25 @@ pub fn run_preload(o: &Opts) -> Result<Preload, String> {
     ));
 
     // The under storage's read bandwidth for these files, at pagectl load's parallelism.
-    let data_abs = std::fs::canonicalize(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+    let data_abs = std::fs::canonicalize(&data).with_context(|| data.display().to_string())?;
     let url = bench::with_emulation(&format!("file://{}", data_abs.display()), o);
-    let table = Arc::new(MountTable::new(&[(PREFIX.to_string(), url)]).map_err(|e| e.to_string())?);
+    let table = Arc::new(MountTable::new(&[(PREFIX.to_string(), url)])?);
     let t0 = Instant::now();
     let read: u64 = rt.block_on(async {
-        let got: Vec<Result<u64, String>> = stream::iter(entries.iter())
+        let got: Vec<Result<u64>> = stream::iter(entries.iter())
             .map(|e| {
                 let table = table.clone();
                 async move {
                     let path = format!("{PREFIX}/{}", e.rel);
-                    let info = table.stat(&path).await.map_err(|err| err.to_string())?;
-                    let b = table
-                        .read(&info, 0..info.size)
-                        .await
-                        .map_err(|err| err.to_string())?;
+                    let info = table.stat(&path).await?;
+                    let b = table.read(&info, 0..info.size).await?;
                     Ok(b.len() as u64)
                 }
             })
             .buffer_unordered(LOAD_PARALLEL)
             .collect()
             .await;
-        got.into_iter().sum::<Result<u64, String>>()
+        got.into_iter().sum::<Result<u64>>()
     })?;
     let ufs_bps = read as f64 / t0.elapsed().as_secs_f64().max(1e-9);
 
@@ -277,10 +266,10 @@ pub fn run_preload(o: &Opts) -> Result<Preload, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("{}: {e}", pagectl.display()))?;
+        .with_context(|| pagectl.display().to_string())?;
     let mut first_page = None;
     let status = loop {
-        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+        if let Some(st) = child.try_wait()? {
             break st;
         }
         if first_page.is_none() {
@@ -309,7 +298,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload, String> {
         let _ = s.read_to_string(&mut err);
     }
     if !status.success() {
-        return Err(format!("pagectl load failed ({status}):\n{out}{err}"));
+        bail!("pagectl load failed ({status}):\n{out}{err}");
     }
     if first_page.is_none() && total > 0 {
         // The job was faster than one poll.
@@ -342,14 +331,12 @@ pub fn run_preload(o: &Opts) -> Result<Preload, String> {
             let b = client
                 .read(&path, 0..e.size)
                 .await
-                .map_err(|err| format!("{path}: {err}"))?;
+                .with_context(|| path.clone())?;
             if b.len() as u64 != e.size || dataset::check(e.key, 0, &b).is_err() {
-                return Err(format!(
-                    "{path}: the bytes read after the preload are wrong"
-                ));
+                bail!("{path}: the bytes read after the preload are wrong");
             }
         }
-        Ok::<_, String>(())
+        Ok::<_, anyhow::Error>(())
     })?;
     let after = rt.block_on(cluster_hits(&client)).unwrap_or_default();
     let sample_hits = (after.0 - before.0, after.1 - before.1);

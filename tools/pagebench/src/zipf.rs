@@ -5,6 +5,8 @@
 //! Ranks are then spread over the item space by a seeded affine permutation, so the hot items
 //! are not simply the first pages of the first file.
 
+use anyhow::{bail, Result};
+
 /// The largest item count the table accepts (8 bytes per item).
 pub const MAX_ITEMS: u64 = 1 << 26;
 
@@ -32,18 +34,18 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 impl Zipf {
     /// A sampler over `n` items with skew `s` (0 is uniform; about 1 is the classic Zipf; larger
     /// is more skewed), with the rank-to-item permutation chosen by `seed`.
-    pub fn new(n: u64, s: f64, seed: u64) -> Result<Zipf, String> {
+    pub fn new(n: u64, s: f64, seed: u64) -> Result<Zipf> {
         if n == 0 {
-            return Err("zipf: no items to choose from".into());
+            bail!("zipf: no items to choose from");
         }
         if n > MAX_ITEMS {
-            return Err(format!(
+            bail!(
                 "zipf: {n} items is more than the sampler's table allows ({MAX_ITEMS}); use \
                  larger pages or fewer files"
-            ));
+            );
         }
         if !s.is_finite() || s < 0.0 {
-            return Err(format!("--zipf {s}: the skew must be a number >= 0"));
+            bail!("--zipf {s}: the skew must be a number >= 0");
         }
         let mut cdf = Vec::with_capacity(n as usize);
         let mut sum = 0.0f64;
