@@ -264,21 +264,6 @@ fn compare(o: &Opts) -> Result<()> {
     Ok(())
 }
 
-/// `e` and its causes on one line, `: `-separated as `{:#}` prints them, except that a cause
-/// whose text is already in the line is left out: some errors pagebench meets (the engine's I/O
-/// errors, quinn's read errors) print their source in their own message as well.
-pub fn one_line(e: &anyhow::Error) -> String {
-    let mut line = e.to_string();
-    for cause in e.chain().skip(1) {
-        let cause = cause.to_string();
-        if !line.contains(&cause) {
-            line.push_str(": ");
-            line.push_str(&cause);
-        }
-    }
-    line
-}
-
 fn main() {
     let (cmd, opts) = match args::parse(std::env::args_os()) {
         Ok(x) => x,
@@ -310,40 +295,7 @@ fn main() {
         _ => Err(anyhow!("unknown command {cmd}")),
     };
     if let Err(e) = r {
-        eprintln!("pagebench: {}", one_line(&e));
+        eprintln!("pagebench: {}", pagestore_tools::error_chain(&e));
         std::process::exit(1);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use anyhow::Context as _;
-
-    use super::one_line;
-
-    #[test]
-    fn one_line_prints_each_cause_once() {
-        let io = || std::io::Error::other("disk on fire");
-        let e = Err::<(), _>(io()).context("/x/f1").unwrap_err();
-        assert_eq!(one_line(&e), "/x/f1: disk on fire");
-        // A cause its message already holds (as the engine's I/O errors do) is not repeated.
-        #[derive(Debug)]
-        struct Put(std::io::Error);
-        impl std::fmt::Display for Put {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "write /x/f1: {}", self.0)
-            }
-        }
-        impl std::error::Error for Put {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let e = Err::<(), _>(Put(io())).context("engine put").unwrap_err();
-        assert_eq!(
-            format!("{e:#}"),
-            "engine put: write /x/f1: disk on fire: disk on fire"
-        );
-        assert_eq!(one_line(&e), "engine put: write /x/f1: disk on fire");
     }
 }

@@ -104,4 +104,31 @@ mod tests {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn error_chain_prints_each_cause_once() {
+        use anyhow::Context as _;
+        let io = || std::io::Error::other("disk on fire");
+        let e = Err::<(), _>(io()).context("/x/f1").unwrap_err();
+        assert_eq!(error_chain(&e), "/x/f1: disk on fire");
+        // A cause its message already holds (as the engine's I/O errors do) is not repeated.
+        #[derive(Debug)]
+        struct Put(std::io::Error);
+        impl std::fmt::Display for Put {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "write /x/f1: {}", self.0)
+            }
+        }
+        impl std::error::Error for Put {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Err::<(), _>(Put(io())).context("engine put").unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "engine put: write /x/f1: disk on fire: disk on fire"
+        );
+        assert_eq!(error_chain(&e), "engine put: write /x/f1: disk on fire");
+    }
 }
