@@ -302,84 +302,17 @@ impl Client {
         ufs: Option<Arc<MountTable>>,
         options: ClientOptions,
     ) -> Result<Arc<Client>, Error> {
-        let mut followed: Option<(Arc<Etcd>, ClusterState)> = None;
-        let (listed, probe): (Option<Vec<NodeInfo>>, Vec<SocketAddr>) = match source {
-            ClusterSource::File(path) => {
-                let nodes = read_member_file(path)?;
-                let addrs = nodes.iter().map(|n| n.addr).collect();
-                (Some(nodes), addrs)
-            }
-            ClusterSource::Addr(a) => (None, vec![*a]),
-            ClusterSource::Etcd(url) => {
-                let settings = match &options.etcd {
-                    Some(o) => o.clone(),
-                    None => EtcdOptions::from_env().map_err(|e| Error::Config(e.to_string()))?,
-                };
-                let etcd = Etcd::new(url, &settings).map_err(|e| Error::Config(e.to_string()))?;
-                let etcd = Arc::new(etcd);
-                let state = etcd.state().await.map_err(|e| match e {
-                    crate::etcd::EtcdError::Auth(_) | crate::etcd::EtcdError::Config(_) => {
-                        Error::Config(format!(
-                            "{e} (or give a member's IP:PORT instead: readers need no etcd \
-                             access)"
-                        ))
-                    }
-                    e => Error::Unavailable(format!("{e} (the client needs etcd to start)")),
-                })?;
-                let probe = state.live.values().map(|r| r.info.addr).collect();
-                let nodes = state.ring_nodes();
-                followed = Some((etcd, state));
-                (Some(nodes), probe)
-            }
-        };
-        let loopback = probe.iter().all(|a| a.ip().is_loopback());
-        let bind: SocketAddr = match (probe.first(), loopback) {
-            (Some(a), true) if a.is_ipv6() => "[::1]:0",
-            (_, true) => "127.0.0.1:0",
-            (Some(a), false) if a.is_ipv6() => "[::]:0",
-            _ => "0.0.0.0:0",
-        }
-        .parse()
-        .map_err(|e| Error::Config(format!("{e}")))?;
+        let (listed, probe, followed) = resolve_source(source, &options).await?;
         let pool = Pool::new(
             tls,
-            bind,
+            local_bind(&probe)?,
             PoolOptions {
                 timeout: options.call_timeout,
                 ..PoolOptions::default()
             },
         )
         .map_err(|e| Error::Config(format!("cannot open a UDP socket: {e}")))?;
-        let mut last_err = String::from("no member to ask");
-        let mut info = None;
-        for addr in &probe {
-            let req = Request {
-                request_id: 1,
-                body: RequestBody::Cluster,
-            };
-            match pool.request(*addr, &req, &[]).await {
-                Ok((resp, _)) => match resp.body {
-                    ResponseBody::ClusterInfo {
-                        page_size,
-                        epoch,
-                        replicas,
-                        nodes,
-                        mounts,
-                    } => {
-                        info = Some((page_size, epoch, replicas, nodes, mounts));
-                        break;
-                    }
-                    other => last_err = format!("{addr} answered {other:?}"),
-                },
-                Err(e) => last_err = e.to_string(),
-            }
-        }
-        let Some((page_size, member_epoch, replicas, nodes, mounts)) = info else {
-            return Err(Error::Unavailable(format!(
-                "no cluster member answered ({last_err}); check --cluster, that pagestored runs, \
-                 and the TLS settings"
-            )));
-        };
+        let (page_size, member_epoch, replicas, nodes, mounts) = ask_cluster(&pool, &probe).await?;
         if page_size == 0 {
             return Err(Error::Config("the cluster reports a page size of 0".into()));
         }
@@ -1322,6 +1255,93 @@ fn follow_members(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
+}
+
+/// What a client learns of its cluster source: the member list it names (none for a bare
+/// address), the addresses to ask for the cluster's settings, and the etcd state to follow.
+type Resolved = (
+    Option<Vec<NodeInfo>>,
+    Vec<SocketAddr>,
+    Option<(Arc<Etcd>, ClusterState)>,
+);
+
+async fn resolve_source(
+    source: &ClusterSource,
+    options: &ClientOptions,
+) -> Result<Resolved, Error> {
+    Ok(match source {
+        ClusterSource::File(path) => {
+            let nodes = read_member_file(path)?;
+            let addrs = nodes.iter().map(|n| n.addr).collect();
+            (Some(nodes), addrs, None)
+        }
+        ClusterSource::Addr(a) => (None, vec![*a], None),
+        ClusterSource::Etcd(url) => {
+            let settings = match &options.etcd {
+                Some(o) => o.clone(),
+                None => EtcdOptions::from_env().map_err(|e| Error::Config(e.to_string()))?,
+            };
+            let etcd = Etcd::new(url, &settings).map_err(|e| Error::Config(e.to_string()))?;
+            let etcd = Arc::new(etcd);
+            let state = etcd.state().await.map_err(|e| match e {
+                crate::etcd::EtcdError::Auth(_) | crate::etcd::EtcdError::Config(_) => {
+                    Error::Config(format!(
+                        "{e} (or give a member's IP:PORT instead: readers need no etcd access)"
+                    ))
+                }
+                e => Error::Unavailable(format!("{e} (the client needs etcd to start)")),
+            })?;
+            let probe = state.live.values().map(|r| r.info.addr).collect();
+            let nodes = state.ring_nodes();
+            (Some(nodes), probe, Some((etcd, state)))
+        }
+    })
+}
+
+/// The local UDP address to bind: loopback when every member is on loopback (so a test cluster
+/// needs no other interface), the unspecified address of the members' family otherwise.
+fn local_bind(probe: &[SocketAddr]) -> Result<SocketAddr, Error> {
+    let loopback = probe.iter().all(|a| a.ip().is_loopback());
+    match (probe.first(), loopback) {
+        (Some(a), true) if a.is_ipv6() => "[::1]:0",
+        (_, true) => "127.0.0.1:0",
+        (Some(a), false) if a.is_ipv6() => "[::]:0",
+        _ => "0.0.0.0:0",
+    }
+    .parse()
+    .map_err(|e| Error::Config(format!("{e}")))
+}
+
+/// The cluster's settings as the first member in `probe` that answers gives them: page size,
+/// ring epoch, replicas, members and mount table.
+async fn ask_cluster(
+    pool: &Pool,
+    probe: &[SocketAddr],
+) -> Result<(u32, u64, u8, Vec<frame::NodeEntry>, Vec<MountEntry>), Error> {
+    let mut last_err = String::from("no member to ask");
+    for addr in probe {
+        let req = Request {
+            request_id: 1,
+            body: RequestBody::Cluster,
+        };
+        match pool.request(*addr, &req, &[]).await {
+            Ok((resp, _)) => match resp.body {
+                ResponseBody::ClusterInfo {
+                    page_size,
+                    epoch,
+                    replicas,
+                    nodes,
+                    mounts,
+                } => return Ok((page_size, epoch, replicas, nodes, mounts)),
+                other => last_err = format!("{addr} answered {other:?}"),
+            },
+            Err(e) => last_err = e.to_string(),
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "no cluster member answered ({last_err}); check --cluster, that pagestored runs, and the \
+         TLS settings"
+    )))
 }
 
 fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {

@@ -101,6 +101,71 @@ fn ensure_first_block(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Creates (if needed) and opens the cache file at `path` with O_DIRECT; a file system that
+/// refuses O_DIRECT, or a device whose alignment is above [`BLOCK`], is a start-up error.
+async fn open_direct(path: &Path) -> Result<glommio::io::DmaFile> {
+    ensure_first_block(path)
+        .map_err(|e| StartError::io("creating cache file", Some(path.to_path_buf()), e))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .dma_open(path)
+        .await
+        .map_err(|e| {
+            let e = crate::device::to_io(e);
+            if e.kind() == io::ErrorKind::InvalidInput {
+                StartError::DirectIoUnsupported {
+                    path: path.to_path_buf(),
+                    source: e,
+                }
+            } else {
+                StartError::io("opening cache file", Some(path.to_path_buf()), e)
+            }
+        })?;
+    if file.alignment() > BLOCK {
+        return Err(StartError::Config(format!(
+            "{}: the device needs {}-byte O_DIRECT alignment; at most {BLOCK} is supported",
+            path.display(),
+            file.alignment()
+        )));
+    }
+    Ok(file)
+}
+
+/// How an existing file's superblock differs from the configured geometry and identity (empty:
+/// it can be used as it is).
+fn mismatches(sb: &Superblock, geo: Geometry, ident: FileIdent) -> Vec<String> {
+    let mut why = Vec::new();
+    let g = sb.geometry;
+    if g.page_size != geo.page_size {
+        why.push(format!(
+            "page size is {} (configured {})",
+            g.page_size, geo.page_size
+        ));
+    }
+    if g.chunk_size != geo.chunk_size {
+        why.push(format!(
+            "checksum chunk is {} (configured {})",
+            g.chunk_size, geo.chunk_size
+        ));
+    }
+    if g.nslots != geo.nslots {
+        why.push(format!(
+            "it holds {} slots, the configured capacity gives {}",
+            g.nslots, geo.nslots
+        ));
+    }
+    if sb.ident != ident {
+        let (a, b) = (sb.ident, ident);
+        why.push(format!(
+            "it belongs to shard {}/{} dir {}/{} (now shard {}/{} dir {}/{})",
+            a.shard, a.shards, a.dir, a.dirs, b.shard, b.shards, b.dir, b.dirs
+        ));
+    }
+    why
+}
+
 impl CacheFile {
     /// Opens (creating or formatting as needed) the cache file at `path` and recovers its index.
     /// `rules` is the engine's rule table: pages stored under another set of rule prefixes are
@@ -114,32 +179,7 @@ impl CacheFile {
         rules: &Rules,
     ) -> Result<(CacheFile, Recovered)> {
         let existed = path.exists();
-        ensure_first_block(path)
-            .map_err(|e| StartError::io("creating cache file", Some(path.to_path_buf()), e))?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .dma_open(path)
-            .await
-            .map_err(|e| {
-                let e = crate::device::to_io(e);
-                if e.kind() == io::ErrorKind::InvalidInput {
-                    StartError::DirectIoUnsupported {
-                        path: path.to_path_buf(),
-                        source: e,
-                    }
-                } else {
-                    StartError::io("opening cache file", Some(path.to_path_buf()), e)
-                }
-            })?;
-        if file.alignment() > BLOCK {
-            return Err(StartError::Config(format!(
-                "{}: the device needs {}-byte O_DIRECT alignment; at most {BLOCK} is supported",
-                path.display(),
-                file.alignment()
-            )));
-        }
+        let file = open_direct(path).await?;
         let ioerr = |op: &'static str| {
             let p = path.to_path_buf();
             move |e: glommio::GlommioError<()>| StartError::io(op, Some(p), crate::device::to_io(e))
@@ -186,39 +226,7 @@ impl CacheFile {
                     need_format = true;
                 }
                 Ok(sb) => {
-                    let mut why = Vec::new();
-                    let g = sb.geometry;
-                    if g.page_size != geo.page_size {
-                        why.push(format!(
-                            "page size is {} (configured {})",
-                            g.page_size, geo.page_size
-                        ));
-                    }
-                    if g.chunk_size != geo.chunk_size {
-                        why.push(format!(
-                            "checksum chunk is {} (configured {})",
-                            g.chunk_size, geo.chunk_size
-                        ));
-                    }
-                    if g.nslots != geo.nslots {
-                        why.push(format!(
-                            "it holds {} slots, the configured capacity gives {}",
-                            g.nslots, geo.nslots
-                        ));
-                    }
-                    if sb.ident != ident {
-                        why.push(format!(
-                            "it belongs to shard {}/{} dir {}/{} (now shard {}/{} dir {}/{})",
-                            sb.ident.shard,
-                            sb.ident.shards,
-                            sb.ident.dir,
-                            sb.ident.dirs,
-                            ident.shard,
-                            ident.shards,
-                            ident.dir,
-                            ident.dirs
-                        ));
-                    }
+                    let why = mismatches(&sb, geo, ident);
                     found = Some(sb);
                     if why.is_empty() && size < geo.file_size {
                         tracing::warn!(path = %path.display(), size, "cache file truncated; reformatting");

@@ -482,6 +482,8 @@ impl Shard {
         Ok(PutOutcome::Stored)
     }
 
+    // Long because: the three crash-ordered steps (clear the old header, write data and
+    // table, write the header) read best in one place; each is a short block below.
     async fn store(
         &self,
         key: &PageKey,

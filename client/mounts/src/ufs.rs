@@ -182,11 +182,7 @@ fn client_options() -> object_store::ClientOptions {
     object_store::ClientOptions::new().with_connect_timeout(std::time::Duration::from_secs(1))
 }
 
-fn base_store_for(
-    url: &str,
-    u: &url::Url,
-    q: &std::collections::HashMap<String, String>,
-) -> Result<Arc<dyn ObjectStore>, UfsError> {
+fn base_store_for(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
     // Messages name the URL without its secrets.
     let shown = redact(url);
     let url = shown.as_str();
@@ -195,132 +191,144 @@ fn base_store_for(
             let (fs, _) = open_local(url, u)?;
             Ok(Arc::new(fs))
         }
-        "s3" => {
-            let bucket = u
-                .host_str()
-                .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
-            let mut b = object_store::aws::AmazonS3Builder::new()
-                .with_client_options(client_options())
-                .with_retry(retry_config())
-                .with_bucket_name(bucket);
-            b = b.with_region(q.get("region").map_or("us-east-1", String::as_str));
-            if let Some(e) = q.get("endpoint") {
-                b = b
-                    .with_endpoint(e)
-                    .with_allow_http(e.starts_with("http://"))
-                    .with_virtual_hosted_style_request(false);
-            }
-            let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
-            let key = q
-                .get("access_key_id")
-                .cloned()
-                .or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok());
-            let secret = q
-                .get("secret_access_key")
-                .cloned()
-                .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
-            match (key, secret, anonymous) {
-                (Some(k), Some(s), _) => b = b.with_access_key_id(k).with_secret_access_key(s),
-                (_, _, true) => b = b.with_skip_signature(true),
-                _ => {
-                    // Never fall back silently to a cloud metadata endpoint.
-                    return Err(UfsError::Config(format!(
-                        "{url}: no credentials: set access_key_id and secret_access_key (or \
-                         AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or anonymous=true for a \
-                         public bucket"
-                    )));
-                }
-            }
-            let s3 = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-            Ok(Arc::new(object_store::prefix::PrefixStore::new(
-                s3,
-                u.path().trim_matches('/'),
-            )))
-        }
-        "gs" => {
-            let bucket = u
-                .host_str()
-                .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
-            let mut b = object_store::gcp::GoogleCloudStorageBuilder::new()
-                .with_client_options(client_options())
-                .with_retry(retry_config())
-                .with_bucket_name(bucket);
-            if let Some(e) = q.get("endpoint") {
-                b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
-            }
-            let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
-            let key_file = q
-                .get("service_account_path")
-                .cloned()
-                .or_else(|| std::env::var("GOOGLE_SERVICE_ACCOUNT").ok())
-                .or_else(|| std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok());
-            b = match (key_file, q.get("service_account_key"), anonymous) {
-                (_, Some(json), _) => b.with_service_account_key(json),
-                (Some(path), None, _) => b.with_service_account_path(path),
-                (None, None, true) => b.with_skip_signature(true),
-                (None, None, false) => {
-                    return Err(UfsError::Config(format!(
-                        "{url}: no credentials: set service_account_path (or \
-                         GOOGLE_APPLICATION_CREDENTIALS) to a service account key file, or \
-                         anonymous=true for a public bucket"
-                    )))
-                }
-            };
-            let gcs = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-            Ok(Arc::new(object_store::prefix::PrefixStore::new(
-                gcs,
-                u.path().trim_matches('/'),
-            )))
-        }
-        "az" | "abfs" => {
-            let container = u
-                .host_str()
-                .ok_or_else(|| UfsError::Config(format!("{url}: no container")))?;
-            let account = q
-                .get("account")
-                .cloned()
-                .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_NAME").ok())
-                .ok_or_else(|| {
-                    UfsError::Config(format!(
-                        "{url}: no storage account: set account= (or AZURE_STORAGE_ACCOUNT_NAME)"
-                    ))
-                })?;
-            let mut b = object_store::azure::MicrosoftAzureBuilder::new()
-                .with_client_options(client_options())
-                .with_retry(retry_config())
-                .with_account(account)
-                .with_container_name(container);
-            if let Some(e) = q.get("endpoint") {
-                b = b
-                    .with_endpoint(e.clone())
-                    .with_allow_http(e.starts_with("http://"));
-            }
-            let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
-            let key = q
-                .get("access_key")
-                .cloned()
-                .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_KEY").ok());
-            b = match (key, q.get("sas"), anonymous) {
-                (Some(k), _, _) => b.with_access_key(k),
-                (None, Some(sas), _) => {
-                    b.with_config(object_store::azure::AzureConfigKey::SasKey, sas.as_str())
-                }
-                (None, None, true) => b.with_skip_signature(true),
-                (None, None, false) => {
-                    return Err(UfsError::Config(format!(
-                        "{url}: no credentials: set access_key (or AZURE_STORAGE_ACCOUNT_KEY), \
-                         sas, or anonymous=true for a public container"
-                    )))
-                }
-            };
-            let az = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-            Ok(Arc::new(object_store::prefix::PrefixStore::new(
-                az,
-                u.path().trim_matches('/'),
-            )))
-        }
+        "s3" => s3_store(url, u, q),
+        "gs" => gcs_store(url, u, q),
+        "az" | "abfs" => azure_store(url, u, q),
         other => Err(UfsError::Config(format!("{url}: unknown scheme {other:?}"))),
     }
+}
+
+/// Query parameters of a mount URL.
+type Query = std::collections::HashMap<String, String>;
+
+/// `s3://bucket/prefix?region=..&endpoint=..`: keys from the URL or `AWS_*`, or anonymous.
+fn s3_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let bucket = u
+        .host_str()
+        .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
+    let mut b = object_store::aws::AmazonS3Builder::new()
+        .with_client_options(client_options())
+        .with_retry(retry_config())
+        .with_bucket_name(bucket);
+    b = b.with_region(q.get("region").map_or("us-east-1", String::as_str));
+    if let Some(e) = q.get("endpoint") {
+        b = b
+            .with_endpoint(e)
+            .with_allow_http(e.starts_with("http://"))
+            .with_virtual_hosted_style_request(false);
+    }
+    let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
+    let key = q
+        .get("access_key_id")
+        .cloned()
+        .or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok());
+    let secret = q
+        .get("secret_access_key")
+        .cloned()
+        .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
+    match (key, secret, anonymous) {
+        (Some(k), Some(s), _) => b = b.with_access_key_id(k).with_secret_access_key(s),
+        (_, _, true) => b = b.with_skip_signature(true),
+        _ => {
+            // Never fall back silently to a cloud metadata endpoint.
+            return Err(UfsError::Config(format!(
+                "{url}: no credentials: set access_key_id and secret_access_key (or \
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or anonymous=true for a \
+                 public bucket"
+            )));
+        }
+    }
+    let s3 = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(
+        s3,
+        u.path().trim_matches('/'),
+    )))
+}
+
+/// `gs://bucket/prefix`: a service account key (file or JSON), or anonymous.
+fn gcs_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let bucket = u
+        .host_str()
+        .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
+    let mut b = object_store::gcp::GoogleCloudStorageBuilder::new()
+        .with_client_options(client_options())
+        .with_retry(retry_config())
+        .with_bucket_name(bucket);
+    if let Some(e) = q.get("endpoint") {
+        b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
+    }
+    let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
+    let key_file = q
+        .get("service_account_path")
+        .cloned()
+        .or_else(|| std::env::var("GOOGLE_SERVICE_ACCOUNT").ok())
+        .or_else(|| std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok());
+    b = match (key_file, q.get("service_account_key"), anonymous) {
+        (_, Some(json), _) => b.with_service_account_key(json),
+        (Some(path), None, _) => b.with_service_account_path(path),
+        (None, None, true) => b.with_skip_signature(true),
+        (None, None, false) => {
+            return Err(UfsError::Config(format!(
+                "{url}: no credentials: set service_account_path (or \
+                 GOOGLE_APPLICATION_CREDENTIALS) to a service account key file, or \
+                 anonymous=true for a public bucket"
+            )))
+        }
+    };
+    let gcs = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(
+        gcs,
+        u.path().trim_matches('/'),
+    )))
+}
+
+/// `az://container/prefix?account=..`: an account key, a SAS token, or anonymous.
+fn azure_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let container = u
+        .host_str()
+        .ok_or_else(|| UfsError::Config(format!("{url}: no container")))?;
+    let account = q
+        .get("account")
+        .cloned()
+        .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_NAME").ok())
+        .ok_or_else(|| {
+            UfsError::Config(format!(
+                "{url}: no storage account: set account= (or AZURE_STORAGE_ACCOUNT_NAME)"
+            ))
+        })?;
+    let mut b = object_store::azure::MicrosoftAzureBuilder::new()
+        .with_client_options(client_options())
+        .with_retry(retry_config())
+        .with_account(account)
+        .with_container_name(container);
+    if let Some(e) = q.get("endpoint") {
+        b = b
+            .with_endpoint(e.clone())
+            .with_allow_http(e.starts_with("http://"));
+    }
+    let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
+    let key = q
+        .get("access_key")
+        .cloned()
+        .or_else(|| std::env::var("AZURE_STORAGE_ACCOUNT_KEY").ok());
+    b = match (key, q.get("sas"), anonymous) {
+        (Some(k), _, _) => b.with_access_key(k),
+        (None, Some(sas), _) => {
+            b.with_config(object_store::azure::AzureConfigKey::SasKey, sas.as_str())
+        }
+        (None, None, true) => b.with_skip_signature(true),
+        (None, None, false) => {
+            return Err(UfsError::Config(format!(
+                "{url}: no credentials: set access_key (or AZURE_STORAGE_ACCOUNT_KEY), \
+                 sas, or anonymous=true for a public container"
+            )))
+        }
+    };
+    let az = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(
+        az,
+        u.path().trim_matches('/'),
+    )))
 }
 
 /// Opens the directory of a `file://` URL as a [`LocalStore`]; also returns the directory's

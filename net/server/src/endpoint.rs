@@ -949,6 +949,8 @@ impl Driver {
     }
 
     /// Runs one connection: timers, events, new streams, reads, writes, transmits.
+    // Long because: one pass over a connection in quinn-proto's required order (timeouts,
+    // endpoint events, stream events, reads, writes, transmits); each phase is a short block.
     fn drive(&mut self, ch: ConnectionHandle, now: Instant) -> bool {
         let mut work = false;
         let Some(c) = self.conns.get_mut(&ch) else {
@@ -1179,6 +1181,8 @@ fn take_queued(
 /// [`Partial::charge_more`]); a stream that cannot get more room waits in `c.starved`, its bytes left
 /// in quinn-proto, where flow control holds the peer back. Once the client has finished its
 /// side, the whole request is `Queued`, with the charge it keeps until its reply is ready.
+// Long because: one stream's states (reading, starved, queued) and its charge are handled in
+// one match so that every path settles the charge; splitting it would spread that invariant.
 fn read_stream(
     c: &mut Conn,
     id: StreamId,
