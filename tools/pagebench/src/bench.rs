@@ -958,6 +958,15 @@ fn run_fs(label: &str, fs: &FsTarget, picker: &Picker, spec: &Spec) -> Result<Ta
     Ok(t)
 }
 
+/// What every read stream of a run shares.
+#[derive(Clone, Copy)]
+struct Stream<'a> {
+    label: &'a str,
+    picker: &'a Picker,
+    spec: &'a Spec,
+    stop: &'a Stop,
+}
+
 fn fs_stream(
     label: &str,
     fs: &FsTarget,
@@ -966,117 +975,167 @@ fn fs_stream(
     stop: &Stop,
     w: usize,
 ) -> Result<Tally> {
-    let cat = &picker.cat;
+    let s = Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    };
     let mut t = Tally::new();
     let mut x = dataset::rng_state(spec.seed, w as u64 + 1);
     let mut buf = AlignedBuf::new(spec.block.max(picker.page) as usize);
     match spec.workload {
-        Workload::Seq => {
-            for f in seq_files(cat, w, spec.readers.max(1)) {
-                let e = &cat.files[f];
-                let mut file = fs.open(e, libc::POSIX_FADV_SEQUENTIAL)?;
-                let mut off = 0u64;
-                while off < e.size {
-                    let want = spec.block.min(e.size - off);
-                    if !stop.take(want) {
-                        return Ok(t);
-                    }
-                    let t0 = Instant::now();
-                    let b = buf.as_mut();
-                    let span = if fs.direct {
-                        (want as usize).next_multiple_of(ALIGN)
-                    } else {
-                        want as usize
-                    };
-                    let mut got = 0usize;
-                    while got < want as usize {
-                        match file.read(&mut b[got..span]) {
-                            Ok(0) => break,
-                            Ok(n) => got += n,
-                            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(err) => {
-                                return Err(anyhow::Error::new(err)
-                                    .context(fs.path(e).display().to_string()));
-                            }
-                        }
-                    }
-                    let took = t0.elapsed();
-                    t.verify(
-                        t.due(spec.verify_every),
-                        label,
-                        e,
-                        off,
-                        want,
-                        &b[..got.min(span)],
-                    )?;
-                    t.record(took, want);
-                    off += want;
-                }
-            }
-        }
-        Workload::Episodes => {
-            let mut open: HashMap<usize, std::fs::File> = HashMap::new();
-            loop {
-                let (f, ranges) = picker.sample(&mut x, spec);
-                let total: u64 = ranges.iter().map(|r| r.1).sum();
-                if !stop.take(total) {
-                    return Ok(t);
-                }
-                let e = &cat.files[f];
-                let file = match open.entry(f) {
-                    hash_map::Entry::Occupied(o) => o.into_mut(),
-                    hash_map::Entry::Vacant(v) => v.insert(fs.open(e, libc::POSIX_FADV_RANDOM)?),
-                };
-                let check = t.due(spec.verify_every);
-                let t0 = Instant::now();
-                let mut copies = Vec::new();
-                for &(off, len) in &ranges {
-                    let got = fs
-                        .pread(file, off, len, &mut buf)
-                        .with_context(|| fs.path(e).display().to_string())?;
-                    if got.len() as u64 != len {
-                        bail!(
-                            "{label}: {} at {off}: {} bytes where {len} were expected",
-                            e.rel,
-                            got.len()
-                        );
-                    }
-                    if check {
-                        copies.push((off, len, got.to_vec()));
-                    }
-                }
-                let took = t0.elapsed();
-                for (off, len, got) in copies {
-                    t.verify(true, label, e, off, len, &got)?;
-                }
-                t.record(took, total);
-                t.ranges += ranges.len() as u64;
-                t.pages_touched += picker.pages_touched(&ranges);
-            }
-        }
-        wl => {
-            let mut open: HashMap<usize, std::fs::File> = HashMap::new();
-            loop {
-                let (f, off, len) = picker.read(&mut x, wl);
-                if !stop.take(len) {
-                    return Ok(t);
-                }
-                let e = &cat.files[f];
-                let file = match open.entry(f) {
-                    hash_map::Entry::Occupied(o) => o.into_mut(),
-                    hash_map::Entry::Vacant(v) => v.insert(fs.open(e, libc::POSIX_FADV_RANDOM)?),
-                };
-                let t0 = Instant::now();
-                let got = fs
-                    .pread(file, off, len, &mut buf)
-                    .with_context(|| fs.path(e).display().to_string())?;
-                let took = t0.elapsed();
-                t.verify(t.due(spec.verify_every), label, e, off, len, got)?;
-                t.record(took, len);
-            }
-        }
+        Workload::Seq => fs_seq(s, fs, w, &mut t, &mut buf)?,
+        Workload::Episodes => fs_episodes(s, fs, &mut x, &mut t, &mut buf)?,
+        wl => fs_random(s, fs, wl, &mut x, &mut t, &mut buf)?,
     }
     Ok(t)
+}
+
+/// The stream's share of the files, each read from start to end in `spec.block` reads.
+fn fs_seq(s: Stream, fs: &FsTarget, w: usize, t: &mut Tally, buf: &mut AlignedBuf) -> Result<()> {
+    let Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    } = s;
+    let cat = &picker.cat;
+    for f in seq_files(cat, w, spec.readers.max(1)) {
+        let e = &cat.files[f];
+        let mut file = fs.open(e, libc::POSIX_FADV_SEQUENTIAL)?;
+        let mut off = 0u64;
+        while off < e.size {
+            let want = spec.block.min(e.size - off);
+            if !stop.take(want) {
+                return Ok(());
+            }
+            let t0 = Instant::now();
+            let b = buf.as_mut();
+            let span = if fs.direct {
+                (want as usize).next_multiple_of(ALIGN)
+            } else {
+                want as usize
+            };
+            let mut got = 0usize;
+            while got < want as usize {
+                match file.read(&mut b[got..span]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(err) => {
+                        return Err(
+                            anyhow::Error::new(err).context(fs.path(e).display().to_string())
+                        );
+                    }
+                }
+            }
+            let took = t0.elapsed();
+            t.verify(
+                t.due(spec.verify_every),
+                label,
+                e,
+                off,
+                want,
+                &b[..got.min(span)],
+            )?;
+            t.record(took, want);
+            off += want;
+        }
+    }
+    Ok(())
+}
+
+/// Sampled episodes: each a set of ranges of one file, timed together.
+fn fs_episodes(
+    s: Stream,
+    fs: &FsTarget,
+    x: &mut u64,
+    t: &mut Tally,
+    buf: &mut AlignedBuf,
+) -> Result<()> {
+    let Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    } = s;
+    let cat = &picker.cat;
+    let mut open: HashMap<usize, std::fs::File> = HashMap::new();
+    loop {
+        let (f, ranges) = picker.sample(x, spec);
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        if !stop.take(total) {
+            return Ok(());
+        }
+        let e = &cat.files[f];
+        let file = match open.entry(f) {
+            hash_map::Entry::Occupied(o) => o.into_mut(),
+            hash_map::Entry::Vacant(v) => v.insert(fs.open(e, libc::POSIX_FADV_RANDOM)?),
+        };
+        let check = t.due(spec.verify_every);
+        let t0 = Instant::now();
+        let mut copies = Vec::new();
+        for &(off, len) in &ranges {
+            let got = fs
+                .pread(file, off, len, buf)
+                .with_context(|| fs.path(e).display().to_string())?;
+            if got.len() as u64 != len {
+                bail!(
+                    "{label}: {} at {off}: {} bytes where {len} were expected",
+                    e.rel,
+                    got.len()
+                );
+            }
+            if check {
+                copies.push((off, len, got.to_vec()));
+            }
+        }
+        let took = t0.elapsed();
+        for (off, len, got) in copies {
+            t.verify(true, label, e, off, len, &got)?;
+        }
+        t.record(took, total);
+        t.ranges += ranges.len() as u64;
+        t.pages_touched += picker.pages_touched(&ranges);
+    }
+}
+
+/// Random reads of `wl`'s size, each timed on its own.
+fn fs_random(
+    s: Stream,
+    fs: &FsTarget,
+    wl: Workload,
+    x: &mut u64,
+    t: &mut Tally,
+    buf: &mut AlignedBuf,
+) -> Result<()> {
+    let Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    } = s;
+    let cat = &picker.cat;
+    let mut open: HashMap<usize, std::fs::File> = HashMap::new();
+    loop {
+        let (f, off, len) = picker.read(x, wl);
+        if !stop.take(len) {
+            return Ok(());
+        }
+        let e = &cat.files[f];
+        let file = match open.entry(f) {
+            hash_map::Entry::Occupied(o) => o.into_mut(),
+            hash_map::Entry::Vacant(v) => v.insert(fs.open(e, libc::POSIX_FADV_RANDOM)?),
+        };
+        let t0 = Instant::now();
+        let got = fs
+            .pread(file, off, len, buf)
+            .with_context(|| fs.path(e).display().to_string())?;
+        let took = t0.elapsed();
+        t.verify(t.due(spec.verify_every), label, e, off, len, got)?;
+        t.record(took, len);
+    }
 }
 
 async fn run_async(
@@ -1110,100 +1169,152 @@ async fn async_stream(
     stop: &Stop,
     w: usize,
 ) -> Result<Tally> {
-    let cat = &picker.cat;
+    let s = Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    };
     let mut t = Tally::new();
     let mut x = dataset::rng_state(spec.seed, w as u64 + 1);
     match spec.workload {
-        Workload::Seq => {
-            for f in seq_files(cat, w, spec.readers.max(1)) {
-                let e = &cat.files[f];
-                if let AsyncTarget::Client { client, infos } = target {
-                    // A file handle: the client's own read-ahead keeps pages in flight.
-                    use tokio::io::AsyncReadExt;
-                    let mut h = client.open(&infos[f].path).await?;
-                    let mut buf = vec![0u8; spec.block as usize];
-                    let mut off = 0u64;
-                    while off < e.size {
-                        let want = spec.block.min(e.size - off);
-                        if !stop.take(want) {
-                            return Ok(t);
-                        }
-                        let t0 = Instant::now();
-                        let mut got = 0usize;
-                        while got < want as usize {
-                            let n = h
-                                .read(&mut buf[got..want as usize])
-                                .await
-                                .with_context(|| infos[f].path.clone())?;
-                            if n == 0 {
-                                break;
-                            }
-                            got += n;
-                        }
-                        let took = t0.elapsed();
-                        t.verify(t.due(spec.verify_every), label, e, off, want, &buf[..got])?;
-                        t.record(took, want);
-                        off += want;
-                    }
-                    continue;
-                }
-                // Blocks in flight, in order.
-                let blocks = (0..e.size.div_ceil(spec.block)).map(|i| {
-                    let off = i * spec.block;
-                    (off, spec.block.min(e.size - off))
-                });
-                let mut s = std::pin::pin!(stream::iter(blocks)
-                    .take_while(|&(_, len)| std::future::ready(stop.take(len)))
-                    .map(|(off, len)| async move {
-                        let t0 = Instant::now();
-                        let r = target.read(cat, f, off, len).await;
-                        (off, len, t0.elapsed(), r)
-                    })
-                    .buffered(spec.qd.max(1)));
-                while let Some((off, len, took, r)) = s.next().await {
-                    let b = r?;
-                    t.verify(t.due(spec.verify_every), label, e, off, len, &b)?;
-                    t.record(took, len);
-                }
-                if Instant::now() >= stop.deadline {
-                    return Ok(t);
-                }
-            }
-        }
-        Workload::Episodes => loop {
-            let (f, ranges) = picker.sample(&mut x, spec);
-            let total: u64 = ranges.iter().map(|r| r.1).sum();
-            if !stop.take(total) {
-                return Ok(t);
-            }
-            let e = &cat.files[f];
-            let check = t.due(spec.verify_every);
-            let t0 = Instant::now();
-            let mut got = Vec::with_capacity(ranges.len());
-            for &(off, len) in &ranges {
-                got.push(target.read(cat, f, off, len).await?);
-            }
-            let took = t0.elapsed();
-            for (&(off, len), b) in ranges.iter().zip(&got) {
-                t.verify(check, label, e, off, len, b)?;
-            }
-            t.record(took, total);
-            t.ranges += ranges.len() as u64;
-            t.pages_touched += picker.pages_touched(&ranges);
-        },
-        wl => loop {
-            let (f, off, len) = picker.read(&mut x, wl);
-            if !stop.take(len) {
-                return Ok(t);
-            }
-            let t0 = Instant::now();
-            let b = target.read(cat, f, off, len).await?;
-            let took = t0.elapsed();
-            t.verify(t.due(spec.verify_every), label, &cat.files[f], off, len, &b)?;
-            t.record(took, len);
-        },
+        Workload::Seq => async_seq(s, target, w, &mut t).await?,
+        Workload::Episodes => async_episodes(s, target, &mut x, &mut t).await?,
+        wl => async_random(s, target, wl, &mut x, &mut t).await?,
     }
     Ok(t)
+}
+
+/// The stream's share of the files, each read from start to end: through a file handle for
+/// the client, else with `spec.qd` blocks in flight, in order.
+async fn async_seq(s: Stream<'_>, target: &AsyncTarget, w: usize, t: &mut Tally) -> Result<()> {
+    let Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    } = s;
+    let cat = &picker.cat;
+    for f in seq_files(cat, w, spec.readers.max(1)) {
+        let e = &cat.files[f];
+        if let AsyncTarget::Client { client, infos } = target {
+            // A file handle: the client's own read-ahead keeps pages in flight.
+            use tokio::io::AsyncReadExt;
+            let mut h = client.open(&infos[f].path).await?;
+            let mut buf = vec![0u8; spec.block as usize];
+            let mut off = 0u64;
+            while off < e.size {
+                let want = spec.block.min(e.size - off);
+                if !stop.take(want) {
+                    return Ok(());
+                }
+                let t0 = Instant::now();
+                let mut got = 0usize;
+                while got < want as usize {
+                    let n = h
+                        .read(&mut buf[got..want as usize])
+                        .await
+                        .with_context(|| infos[f].path.clone())?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                let took = t0.elapsed();
+                t.verify(t.due(spec.verify_every), label, e, off, want, &buf[..got])?;
+                t.record(took, want);
+                off += want;
+            }
+            continue;
+        }
+        // Blocks in flight, in order.
+        let blocks = (0..e.size.div_ceil(spec.block)).map(|i| {
+            let off = i * spec.block;
+            (off, spec.block.min(e.size - off))
+        });
+        let mut s = std::pin::pin!(stream::iter(blocks)
+            .take_while(|&(_, len)| std::future::ready(stop.take(len)))
+            .map(|(off, len)| async move {
+                let t0 = Instant::now();
+                let r = target.read(cat, f, off, len).await;
+                (off, len, t0.elapsed(), r)
+            })
+            .buffered(spec.qd.max(1)));
+        while let Some((off, len, took, r)) = s.next().await {
+            let b = r?;
+            t.verify(t.due(spec.verify_every), label, e, off, len, &b)?;
+            t.record(took, len);
+        }
+        if Instant::now() >= stop.deadline {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Sampled episodes: each a set of ranges of one file, timed together.
+async fn async_episodes(
+    s: Stream<'_>,
+    target: &AsyncTarget,
+    x: &mut u64,
+    t: &mut Tally,
+) -> Result<()> {
+    let Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    } = s;
+    let cat = &picker.cat;
+    loop {
+        let (f, ranges) = picker.sample(x, spec);
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        if !stop.take(total) {
+            return Ok(());
+        }
+        let e = &cat.files[f];
+        let check = t.due(spec.verify_every);
+        let t0 = Instant::now();
+        let mut got = Vec::with_capacity(ranges.len());
+        for &(off, len) in &ranges {
+            got.push(target.read(cat, f, off, len).await?);
+        }
+        let took = t0.elapsed();
+        for (&(off, len), b) in ranges.iter().zip(&got) {
+            t.verify(check, label, e, off, len, b)?;
+        }
+        t.record(took, total);
+        t.ranges += ranges.len() as u64;
+        t.pages_touched += picker.pages_touched(&ranges);
+    }
+}
+
+/// Random reads of `wl`'s size, each timed on its own.
+async fn async_random(
+    s: Stream<'_>,
+    target: &AsyncTarget,
+    wl: Workload,
+    x: &mut u64,
+    t: &mut Tally,
+) -> Result<()> {
+    let Stream {
+        label,
+        picker,
+        spec,
+        stop,
+    } = s;
+    let cat = &picker.cat;
+    loop {
+        let (f, off, len) = picker.read(x, wl);
+        if !stop.take(len) {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let b = target.read(cat, f, off, len).await?;
+        let took = t0.elapsed();
+        t.verify(t.due(spec.verify_every), label, &cat.files[f], off, len, &b)?;
+        t.record(took, len);
+    }
 }
 
 fn opt2(v: Option<f64>) -> String {

@@ -227,6 +227,39 @@ async fn measure(
         ),
     );
 
+    let (passes, reference, (hits, misses)) = run_passes(o, cluster, &ufs, &client, &infos).await?;
+    let pages: u64 = infos.iter().map(|i| i.size.div_ceil(page)).sum();
+    report_passes(
+        o,
+        &passes,
+        hits,
+        misses,
+        pages,
+        client.stats().fallbacks,
+        report,
+    );
+
+    let mut random = Vec::new();
+    for block in [4096u64, 128 << 10] {
+        random.push(random_reads(o, &client, &infos, block).await?);
+    }
+    report.insert("random".into(), random.into());
+    let kill = kill_timeline(o, cluster, &client, &infos, &reference).await?;
+    report.insert("kill".into(), kill);
+    Ok(passes[2].gbps())
+}
+
+/// The three passes over every page: the under storage with no cache, then cold and warm
+/// through the client. Returns them, the under storage's crc32 per page, and the (hits,
+/// misses) the nodes counted over the cold and warm passes.
+async fn run_passes(
+    o: &Opts,
+    cluster: &mut LocalCluster,
+    ufs: &Arc<MountTable>,
+    client: &Arc<Client>,
+    infos: &[ObjectInfo],
+) -> Result<(Vec<Pass>, Vec<u32>, (u64, u64))> {
+    let page = u64::from(o.page_size);
     let mut passes = Vec::new();
     // The no-cache baseline: object_store straight from the under storage.
     let (c0, s0, t0) = (
@@ -234,7 +267,7 @@ async fn measure(
         cluster_cpu(cluster),
         Instant::now(),
     );
-    let (bytes, reference) = read_pages(&infos, page, o.qd, |info, p| {
+    let (bytes, reference) = read_pages(infos, page, o.qd, |info, p| {
         let ufs = ufs.clone();
         async move {
             let start = p * page;
@@ -261,7 +294,7 @@ async fn measure(
             cluster_cpu(cluster),
             Instant::now(),
         );
-        let (bytes, crcs) = read_pages(&infos, page, o.qd, |info, p| {
+        let (bytes, crcs) = read_pages(infos, page, o.qd, |info, p| {
             let client = client.clone();
             async move { Ok(client.read_page(&info, p, 0, page as u32).await?) }
         })
@@ -281,8 +314,19 @@ async fn measure(
         .hits_and_misses()
         .await
         .map_err(anyhow::Error::msg)?;
-    let pages: u64 = infos.iter().map(|i| i.size.div_ceil(page)).sum();
+    Ok((passes, reference, (h1 - h0, m1 - m0)))
+}
 
+/// Prints the passes and adds them, and the counters, to the report.
+fn report_passes(
+    o: &Opts,
+    passes: &[Pass],
+    hits: u64,
+    misses: u64,
+    pages: u64,
+    fallbacks: u64,
+    report: &mut Report,
+) {
     say(
         o,
         format!(
@@ -292,7 +336,7 @@ async fn measure(
     );
     let base = passes[0].gbps();
     let mut pass_json = Vec::new();
-    for p in &passes {
+    for p in passes {
         let gb = p.bytes as f64 / 1e9;
         say(
             o,
@@ -314,8 +358,8 @@ async fn measure(
     report.insert("passes".into(), pass_json.into());
     report.insert(
         "counters".into(),
-        serde_json::json!({"hits": h1 - h0, "misses": m1 - m0, "pages_per_pass": pages,
-            "fallbacks": client.stats().fallbacks}),
+        serde_json::json!({"hits": hits, "misses": misses, "pages_per_pass": pages,
+            "fallbacks": fallbacks}),
     );
     report.insert("cold_over_ufs".into(), (passes[1].gbps() / base).into());
     report.insert(
@@ -326,10 +370,7 @@ async fn measure(
         o,
         format!(
             "hits {} / misses {} over the two passes ({} pages each); fallbacks {}",
-            h1 - h0,
-            m1 - m0,
-            pages,
-            client.stats().fallbacks
+            hits, misses, pages, fallbacks
         ),
     );
     say(
@@ -340,15 +381,6 @@ async fn measure(
             passes[2].gbps() / passes[1].gbps()
         ),
     );
-
-    let mut random = Vec::new();
-    for block in [4096u64, 128 << 10] {
-        random.push(random_reads(o, &client, &infos, block).await?);
-    }
-    report.insert("random".into(), random.into());
-    let kill = kill_timeline(o, cluster, &client, &infos, &reference).await?;
-    report.insert("kill".into(), kill);
-    Ok(passes[2].gbps())
 }
 
 /// Warm random reads of `block` bytes at uniformly random offsets of random files, `qd` in
@@ -433,24 +465,7 @@ async fn kill_timeline(
     let total: u64 = infos.iter().map(|i| i.size).sum();
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let sampler = {
-        let done = done.clone();
-        let client = client.clone();
-        tokio::spawn(async move {
-            let mut samples = Vec::new();
-            loop {
-                samples.push((
-                    start.elapsed().as_secs_f64(),
-                    done.load(Ordering::Relaxed),
-                    client.stats().fallbacks,
-                ));
-                if done.load(Ordering::Relaxed) >= total {
-                    return samples;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let sampler = spawn_sampler(client, &done, start, total);
     let mut killed_at = None;
     let mut slot = 0;
     let mut buf = vec![0u8; page];
@@ -482,6 +497,44 @@ async fn kill_timeline(
     let end = start.elapsed().as_secs_f64();
     let samples = sampler.await?;
     let kill = killed_at.context("the scan ended before the kill")?;
+    Ok(kill_report(o, client, &samples, total, kill, end))
+}
+
+/// Samples (seconds since `start`, bytes done, client fallbacks) every 20 ms until `done`
+/// reaches `total`.
+fn spawn_sampler(
+    client: &Arc<Client>,
+    done: &Arc<AtomicU64>,
+    start: Instant,
+    total: u64,
+) -> tokio::task::JoinHandle<Vec<(f64, u64, u64)>> {
+    let done = done.clone();
+    let client = client.clone();
+    tokio::spawn(async move {
+        let mut samples = Vec::new();
+        loop {
+            samples.push((
+                start.elapsed().as_secs_f64(),
+                done.load(Ordering::Relaxed),
+                client.stats().fallbacks,
+            ));
+            if done.load(Ordering::Relaxed) >= total {
+                return samples;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// Prints the kill run's timeline and returns it as JSON.
+fn kill_report(
+    o: &Opts,
+    client: &Arc<Client>,
+    samples: &[(f64, u64, u64)],
+    total: u64,
+    kill: f64,
+    end: f64,
+) -> serde_json::Value {
     let detect = samples
         .iter()
         .find(|(_, _, fb)| *fb > 0)
@@ -523,12 +576,12 @@ async fn kill_timeline(
         o,
         "  every page read byte-exact (crc32 against the under storage's)".into(),
     );
-    Ok(serde_json::json!({
+    serde_json::json!({
         "bytes": total, "killed_at_secs": kill, "end_secs": end,
         "before_gbps": rate(0.0, kill), "during_secs": during_end - kill,
         "during_gbps": rate(kill, during_end), "after_gbps": after,
         "first_fallback_after_kill_secs": detect, "fallbacks": st.fallbacks,
         "member_failures": st.member_failures, "skipped_dead": st.skipped_dead,
         "byte_exact": true,
-    }))
+    })
 }

@@ -135,6 +135,9 @@ fn start_engine(o: &Opts, cat: &Catalog) -> Result<Engine> {
     .context("engine")
 }
 
+/// Sample ranges: (file, offset, length).
+type Ranges = Vec<(usize, u64, u64)>;
+
 /// One cell of the comparison.
 struct Cell {
     workload: Workload,
@@ -142,6 +145,26 @@ struct Cell {
     fuse: usize,
     client: usize,
     engine: Option<usize>,
+}
+
+/// The spec of one cell: the options' spec for `w` and `r`, one read in flight per reader.
+fn cell_spec(o: &Opts, w: Workload, r: usize) -> Spec {
+    Spec {
+        qd: 1,
+        ..Spec::from_opts(o, w, r, u64::from(o.page_size))
+    }
+}
+
+/// What the runs produced, for the report.
+struct Outcome {
+    warning: Option<String>,
+    load0: [f64; 3],
+    load1: [f64; 3],
+    notes: Vec<String>,
+    engine_note: Option<String>,
+    cells: Vec<Cell>,
+    results: Vec<RunResult>,
+    ranges: Vec<(usize, u64, u64)>,
 }
 
 /// Runs the comparison.
@@ -169,13 +192,62 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
     }
     ds.small_files = 0;
     let mut notes = Vec::new();
+    let mut results: Vec<RunResult> = Vec::new();
+    let (cat, mut cells, ranges, want) =
+        run_stack(o, &ds, &workloads, &readers, &rt, &mut notes, &mut results)?;
+    let engine_note = if o.no_engine {
+        Some("engine runs skipped (--no-engine)".to_string())
+    } else {
+        run_engine(
+            o,
+            &cat,
+            &ranges,
+            &want,
+            &mut cells,
+            &rt,
+            &mut notes,
+            &mut results,
+        )?;
+        None
+    };
+    let out = Outcome {
+        warning,
+        load0,
+        load1: loadavg(),
+        notes,
+        engine_note,
+        cells,
+        results,
+        ranges,
+    };
+    if o.json {
+        print_json(&out, &cat);
+    } else {
+        print_text(&out, &cat, u64::from(o.page_size));
+    }
+    Ok(())
+}
+
+/// The FUSE and client runs of every cell, on a local cluster with a pagefs mount, and the
+/// checksum comparison through both paths; the cluster and mount are gone on return.
+/// Returns the catalog, the cells (engine runs not yet done), the sample ranges and their
+/// expected checksums.
+#[allow(clippy::type_complexity)]
+fn run_stack(
+    o: &Opts,
+    ds: &crate::dataset::Dataset,
+    workloads: &[Workload],
+    readers: &[usize],
+    rt: &tokio::runtime::Runtime,
+    notes: &mut Vec<String>,
+    results: &mut Vec<RunResult>,
+) -> Result<(Arc<Catalog>, Vec<Cell>, Vec<(usize, u64, u64)>, Vec<u32>)> {
     let so = Opts {
         nodes: Some(o.nodes.unwrap_or(1)),
         cold: false,
         ..o.clone()
     };
-    let page = u64::from(o.page_size);
-    let (stack, cat) = local_stack(&so, "fusecmp", &ds, &rt, &mut notes)?;
+    let (stack, cat) = local_stack(&so, "fusecmp", ds, rt, notes)?;
     let mount = FuseMount::start(&stack.cluster, &o.dir.join("fusecmp").join("mnt"), None)?;
     let root = mount.mp.join(PREFIX.trim_start_matches('/'));
     let buffered = FsTarget {
@@ -215,21 +287,16 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
         frontend: Vec::new(),
         ..probe_fuse.clone()
     };
-    let spec_for = |w: Workload, r: usize| Spec {
-        qd: 1,
-        ..Spec::from_opts(o, w, r, page)
-    };
-    let mut results: Vec<RunResult> = Vec::new();
     let mut cells = Vec::new();
-    for &w in &workloads {
-        for &r in &readers {
-            let spec = spec_for(w, r);
+    for &w in workloads {
+        for &r in readers {
+            let spec = cell_spec(o, w, r);
             let fs = if w == Workload::Seq {
                 &fs_seq
             } else {
                 &fs_rand
             };
-            results.push(bench::run("fuse", fs, &cat, &spec, &probe_fuse, &rt)?);
+            results.push(bench::run("fuse", fs, &cat, &spec, &probe_fuse, rt)?);
             let fuse = results.len() - 1;
             results.push(bench::run(
                 "client",
@@ -237,7 +304,7 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
                 &cat,
                 &spec,
                 &probe_client,
-                &rt,
+                rt,
             )?);
             cells.push(Cell {
                 workload: w,
@@ -248,114 +315,159 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
             });
         }
     }
-    let ranges = sample_ranges(&cat);
-    let want = crc_expected(&cat, &ranges);
+    let (ranges, want) = check_fuse_and_client(&buffered, &client_t, &cat, rt)?;
+    drop(mount);
+    drop(stack);
+    Ok((cat, cells, ranges, want))
+}
+
+/// Reads the sample ranges through FUSE and the client library and compares them with the
+/// generator's bytes; returns the ranges and their expected checksums.
+fn check_fuse_and_client(
+    buffered: &FsTarget,
+    client_t: &AsyncTarget,
+    cat: &Catalog,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Ranges, Vec<u32>)> {
+    let ranges = sample_ranges(cat);
+    let want = crc_expected(cat, &ranges);
     compare(
         "FUSE",
-        &crc_fs(&buffered, &cat, &ranges)?,
+        &crc_fs(buffered, cat, &ranges)?,
         &want,
         &ranges,
-        &cat,
+        cat,
     )?;
     compare(
         "the client library",
-        &crc_async(&client_t, &cat, &ranges, &rt)?,
+        &crc_async(client_t, cat, &ranges, rt)?,
         &want,
         &ranges,
-        &cat,
+        cat,
     )?;
-    drop(mount);
-    drop(stack);
+    Ok((ranges, want))
+}
 
-    let mut engine_note = None;
-    if o.no_engine {
-        engine_note = Some("engine runs skipped (--no-engine)".to_string());
-    } else {
-        let engine = start_engine(o, &cat)?;
-        let data = o.dir.join("dataset");
-        let t0 = std::time::Instant::now();
-        let et = Arc::new(AsyncTarget::fill_engine(&engine, &cat, &data, &rt)?);
-        notes.push(format!(
-            "engine: {} shard(s) in this process, filled with the same pages in {:.1} s",
-            o.shards,
-            t0.elapsed().as_secs_f64()
-        ));
-        let depth = (ClientOptions::default().readahead as u64 * page / o.block.max(1)).max(1);
-        for c in &mut cells {
-            let mut spec = spec_for(c.workload, c.readers);
-            if c.workload == Workload::Seq {
-                spec.qd = depth as usize;
-            }
-            results.push(bench::run(
-                "engine",
-                &Target::Async(et.clone()),
-                &cat,
-                &spec,
-                &Probe::default(),
-                &rt,
-            )?);
-            c.engine = Some(results.len() - 1);
-        }
-        compare(
-            "the engine",
-            &crc_async(&et, &cat, &ranges, &rt)?,
-            &want,
-            &ranges,
-            &cat,
-        )?;
-        drop(et);
-        engine.shutdown().context("engine shutdown")?;
-        let _ = std::fs::remove_dir_all(o.dir.join("fusecmp").join("engine"));
-    }
-    let checked_bytes: u64 = ranges.iter().map(|r| r.2).sum();
-    let load1 = loadavg();
-
-    let ratio = |a: &RunResult, b: &RunResult| a.bw() / b.bw().max(1e-9);
-    let mut seq_ratios = BTreeMap::new();
-    for c in &cells {
+/// The engine run of every cell, in a fresh engine in this process filled with the same
+/// pages, and the checksum comparison through it.
+#[allow(clippy::too_many_arguments)]
+fn run_engine(
+    o: &Opts,
+    cat: &Arc<Catalog>,
+    ranges: &[(usize, u64, u64)],
+    want: &[u32],
+    cells: &mut [Cell],
+    rt: &tokio::runtime::Runtime,
+    notes: &mut Vec<String>,
+    results: &mut Vec<RunResult>,
+) -> Result<()> {
+    let page = u64::from(o.page_size);
+    let engine = start_engine(o, cat)?;
+    let data = o.dir.join("dataset");
+    let t0 = std::time::Instant::now();
+    let et = Arc::new(AsyncTarget::fill_engine(&engine, cat, &data, rt)?);
+    notes.push(format!(
+        "engine: {} shard(s) in this process, filled with the same pages in {:.1} s",
+        o.shards,
+        t0.elapsed().as_secs_f64()
+    ));
+    let depth = (ClientOptions::default().readahead as u64 * page / o.block.max(1)).max(1);
+    for c in cells.iter_mut() {
+        let mut spec = cell_spec(o, c.workload, c.readers);
         if c.workload == Workload::Seq {
-            seq_ratios.insert(c.readers, ratio(&results[c.fuse], &results[c.client]));
+            spec.qd = depth as usize;
         }
+        results.push(bench::run(
+            "engine",
+            &Target::Async(et.clone()),
+            cat,
+            &spec,
+            &Probe::default(),
+            rt,
+        )?);
+        c.engine = Some(results.len() - 1);
     }
+    compare(
+        "the engine",
+        &crc_async(&et, cat, ranges, rt)?,
+        want,
+        ranges,
+        cat,
+    )?;
+    drop(et);
+    engine.shutdown().context("engine shutdown")?;
+    let _ = std::fs::remove_dir_all(o.dir.join("fusecmp").join("engine"));
+    Ok(())
+}
+
+fn ratio(a: &RunResult, b: &RunResult) -> f64 {
+    a.bw() / b.bw().max(1e-9)
+}
+
+impl Outcome {
+    /// FUSE / client for the sequential cells, by readers.
+    fn seq_ratios(&self) -> BTreeMap<usize, f64> {
+        let mut seq_ratios = BTreeMap::new();
+        for c in &self.cells {
+            if c.workload == Workload::Seq {
+                seq_ratios.insert(
+                    c.readers,
+                    ratio(&self.results[c.fuse], &self.results[c.client]),
+                );
+            }
+        }
+        seq_ratios
+    }
+
+    fn checked_bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.2).sum()
+    }
+}
+
+fn print_json(out: &Outcome, cat: &Catalog) {
+    let results = &out.results;
+    let seq_ratios = out.seq_ratios();
     let met = seq_ratios.values().all(|&r| r >= SEQ_TARGET);
-    if o.json {
-        let cells_json: Vec<_> = cells
-            .iter()
-            .map(|c| {
-                let (f, cl) = (&results[c.fuse], &results[c.client]);
-                let e = c.engine.map(|i| &results[i]);
-                serde_json::json!({
-                    "workload": c.workload.name(), "readers": c.readers,
-                    "fuse_bytes_per_sec": f.bw(), "client_bytes_per_sec": cl.bw(),
-                    "engine_bytes_per_sec": e.map(RunResult::bw),
-                    "fuse_over_client": ratio(f, cl),
-                    "fuse_over_engine": e.map(|e| ratio(f, e)),
-                    "p99_us": {"fuse": f.us(0.99), "client": cl.us(0.99),
-                               "engine": e.map(|e| e.us(0.99))},
-                })
-            })
-            .collect();
-        println!(
-            "{}",
+    let cells_json: Vec<_> = out
+        .cells
+        .iter()
+        .map(|c| {
+            let (f, cl) = (&results[c.fuse], &results[c.client]);
+            let e = c.engine.map(|i| &results[i]);
             serde_json::json!({
-                "mode": "fusecmp",
-                "setup": notes,
-                "dataset": cat.ds.to_json(),
-                "load_average": {"before": load0, "after": load1},
-                "warning": warning,
-                "cells": cells_json,
-                "sequential_target": {"fuse_over_client_min": SEQ_TARGET,
-                    "ratios": seq_ratios.iter().map(|(r, v)| serde_json::json!({"readers": r, "fuse_over_client": v})).collect::<Vec<_>>(),
-                    "met": met},
-                "checksums": {"ranges": ranges.len(), "bytes": checked_bytes,
-                    "paths": if engine_note.is_some() { vec!["fuse", "client"] } else { vec!["fuse", "client", "engine"] },
-                    "equal_to_generator": true},
-                "runs": results.iter().map(RunResult::to_json).collect::<Vec<_>>(),
+                "workload": c.workload.name(), "readers": c.readers,
+                "fuse_bytes_per_sec": f.bw(), "client_bytes_per_sec": cl.bw(),
+                "engine_bytes_per_sec": e.map(RunResult::bw),
+                "fuse_over_client": ratio(f, cl),
+                "fuse_over_engine": e.map(|e| ratio(f, e)),
+                "p99_us": {"fuse": f.us(0.99), "client": cl.us(0.99),
+                           "engine": e.map(|e| e.us(0.99))},
             })
-        );
-        return Ok(());
-    }
-    if let Some(w) = &warning {
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({
+            "mode": "fusecmp",
+            "setup": out.notes,
+            "dataset": cat.ds.to_json(),
+            "load_average": {"before": out.load0, "after": out.load1},
+            "warning": out.warning,
+            "cells": cells_json,
+            "sequential_target": {"fuse_over_client_min": SEQ_TARGET,
+                "ratios": seq_ratios.iter().map(|(r, v)| serde_json::json!({"readers": r, "fuse_over_client": v})).collect::<Vec<_>>(),
+                "met": met},
+            "checksums": {"ranges": out.ranges.len(), "bytes": out.checked_bytes(),
+                "paths": if out.engine_note.is_some() { vec!["fuse", "client"] } else { vec!["fuse", "client", "engine"] },
+                "equal_to_generator": true},
+            "runs": results.iter().map(RunResult::to_json).collect::<Vec<_>>(),
+        })
+    );
+}
+
+fn print_text(out: &Outcome, cat: &Catalog, page: u64) {
+    let results = &out.results;
+    if let Some(w) = &out.warning {
         println!("{w}");
     }
     println!(
@@ -365,10 +477,13 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
         cat.flat_bytes() as f64 / 1e9,
         page >> 10
     );
-    for n in notes.iter().chain(engine_note.iter()) {
+    for n in out.notes.iter().chain(out.engine_note.iter()) {
         println!("{n}");
     }
-    println!("load average {:.2} before, {:.2} after", load0[0], load1[0]);
+    println!(
+        "load average {:.2} before, {:.2} after",
+        out.load0[0], out.load1[0]
+    );
     println!(
         "\n{:<9} {:>3} {:>10} {:>10} {:>10} {:>11} {:>11} {:>10} {:>10} {:>10}",
         "workload",
@@ -382,7 +497,7 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
         "client",
         "engine"
     );
-    for c in &cells {
+    for c in &out.cells {
         let (f, cl) = (&results[c.fuse], &results[c.client]);
         let e = c.engine.map(|i| &results[i]);
         let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
@@ -400,6 +515,8 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
             opt(e.map(|e| e.us(0.99)), 0),
         );
     }
+    let seq_ratios = out.seq_ratios();
+    let met = seq_ratios.values().all(|&r| r >= SEQ_TARGET);
     if !seq_ratios.is_empty() {
         println!(
             "\nsequential FUSE / client: {} (target >= {SEQ_TARGET}x): {}",
@@ -414,15 +531,14 @@ pub fn run_fusecmp(o: &Opts) -> Result<()> {
     println!(
         "checksums: {} ranges ({:.1} MB) read through FUSE, the client library{}: identical, \
          and equal to the generator's bytes",
-        ranges.len(),
-        checked_bytes as f64 / 1e6,
-        if engine_note.is_some() {
+        out.ranges.len(),
+        out.checked_bytes() as f64 / 1e6,
+        if out.engine_note.is_some() {
             ""
         } else {
             " and the engine"
         }
     );
     println!("\nevery run:");
-    bench::print_table(&results);
-    Ok(())
+    bench::print_table(results);
 }

@@ -212,230 +212,284 @@ fn external_counters(o: &Opts, rt: &tokio::runtime::Runtime) -> Result<Probe> {
     Ok(probe)
 }
 
+/// `ufs`: the under storage read directly with object_store (no cache).
+fn setup_ufs(
+    o: &Opts,
+    ds: &Dataset,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let url = match &o.ufs {
+        Some(u) => u.clone(),
+        None => {
+            let dir = local_dataset(o, ds, rt, &mut notes)?;
+            let dir = std::fs::canonicalize(&dir).with_context(|| dir.display().to_string())?;
+            format!("file://{}", dir.display())
+        }
+    };
+    let url = bench::with_emulation(&url, o);
+    notes.push(format!(
+        "under storage {} read with object_store (no cache)",
+        pagestore_client::ufs::redact(&url)
+    ));
+    let table = Arc::new(MountTable::new(&[("/ufs".to_string(), url)]).context("--ufs")?);
+    let (target, cat) = store_target(table, "/ufs", rt)?;
+    Ok(Setup {
+        label: "ufs".into(),
+        target,
+        cat,
+        probe: external_counters(o, rt)?,
+        page: u64::from(o.page_size),
+        notes,
+        _stack: None,
+        _mount: None,
+        _gateway: None,
+    })
+}
+
+/// `fuse --path`: files under an existing mount.
+fn setup_fuse_path(
+    o: &Opts,
+    root: &std::path::Path,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let b = std::fs::read(root.join(DESCRIPTOR)).map_err(|e| {
+        anyhow!(
+            "{}: {e} (--path must be the dataset root, written by pagebench gen)",
+            root.join(DESCRIPTOR).display()
+        )
+    })?;
+    let cat = Arc::new(Catalog::new(Dataset::from_json(&b)?));
+    let fs = FsTarget {
+        root: root.to_path_buf(),
+        direct: o.direct,
+        drop_cache: !o.keep_page_cache,
+    };
+    fs.check(&cat)?;
+    notes.push(format!("files under {}", root.display()));
+    Ok(Setup {
+        label: "fuse".into(),
+        target: Target::Fs(Arc::new(fs)),
+        cat,
+        probe: external_counters(o, rt)?,
+        page: u64::from(o.page_size),
+        notes,
+        _stack: None,
+        _mount: None,
+        _gateway: None,
+    })
+}
+
+/// `fuse`: a local cluster with a pagefs mount.
+fn setup_fuse_local(
+    o: &Opts,
+    ds: &Dataset,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let (stack, cat) = local_stack(o, "fuse", ds, rt, &mut notes)?;
+    let mount = FuseMount::start(&stack.cluster, &o.dir.join("fuse").join("mnt"), None)?;
+    let fs = FsTarget {
+        root: mount.mp.join(PREFIX.trim_start_matches('/')),
+        direct: o.direct,
+        drop_cache: !o.keep_page_cache,
+    };
+    fs.check(&cat)?;
+    notes.push(format!("pagefs mounted at {}", mount.mp.display()));
+    let mut frontend = vec![mount.pid];
+    frontend.extend(&o.cpu_pids);
+    Ok(Setup {
+        label: "fuse".into(),
+        target: Target::Fs(Arc::new(fs)),
+        cat,
+        probe: Probe {
+            counters: Some(stack.client.clone()),
+            nodes: stack.pids(),
+            frontend,
+        },
+        page: u64::from(o.page_size),
+        notes,
+        _mount: Some(mount),
+        _stack: Some(stack),
+        _gateway: None,
+    })
+}
+
+/// `s3 --endpoint`: an existing S3 endpoint.
+fn setup_s3_endpoint(
+    o: &Opts,
+    endpoint: &str,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let bucket = o
+        .bucket
+        .as_deref()
+        .context("s3 --endpoint needs --bucket (the first path component)")?;
+    let key = o
+        .access_key
+        .clone()
+        .or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok());
+    let secret = o
+        .secret_key
+        .clone()
+        .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
+    if key.is_none() || secret.is_none() {
+        bail!(
+            "s3 needs credentials: --access-key and --secret-key (or \
+                         AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        );
+    }
+    let url = frontends::s3_url(
+        endpoint,
+        bucket,
+        &o.prefix,
+        &o.region,
+        key.as_deref(),
+        secret.as_deref(),
+    );
+    notes.push(format!(
+        "S3 endpoint {endpoint}, bucket {bucket}, prefix {:?} (object_store's S3 \
+                     client)",
+        o.prefix
+    ));
+    let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
+    let (target, cat) = store_target(table, "/s3", rt)?;
+    Ok(Setup {
+        label: "s3".into(),
+        target,
+        cat,
+        probe: external_counters(o, rt)?,
+        page: u64::from(o.page_size),
+        notes,
+        _stack: None,
+        _mount: None,
+        _gateway: None,
+    })
+}
+
+/// `s3`: a local cluster behind a pages3 gateway.
+fn setup_s3_local(
+    o: &Opts,
+    ds: &Dataset,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let (stack, _) = local_stack(o, "s3", ds, rt, &mut notes)?;
+    let (key, secret) = ("pagebench", "pagebench-secret");
+    let staging = o.dir.join("s3").join("staging");
+    std::fs::create_dir_all(&staging).with_context(|| staging.display().to_string())?;
+    let gw = Gateway::start(&stack.cluster, key, secret, &staging)?;
+    notes.push(format!(
+        "pages3 at {} (bucket {}), read with object_store's S3 client",
+        gw.endpoint,
+        PREFIX.trim_start_matches('/')
+    ));
+    let url = frontends::s3_url(
+        &gw.endpoint,
+        PREFIX.trim_start_matches('/'),
+        "",
+        "us-east-1",
+        Some(key),
+        Some(secret),
+    );
+    let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
+    let (target, cat) = store_target(table, "/s3", rt)?;
+    let mut frontend = vec![gw.pid];
+    frontend.extend(&o.cpu_pids);
+    Ok(Setup {
+        label: "s3".into(),
+        target,
+        cat,
+        probe: Probe {
+            counters: Some(stack.client.clone()),
+            nodes: stack.pids(),
+            frontend,
+        },
+        page: u64::from(o.page_size),
+        notes,
+        _gateway: Some(gw),
+        _stack: Some(stack),
+        _mount: None,
+    })
+}
+
+/// `client --cluster`: an existing cluster through the client library.
+fn setup_client_remote(
+    o: &Opts,
+    c: &str,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let client = rt.block_on(frontends::connect(&o.cluster))?;
+    let prefix = if o.prefix.is_empty() {
+        PREFIX.to_string()
+    } else {
+        format!("/{}", o.prefix.trim_matches('/'))
+    };
+    notes.push(format!("cluster {c}, dataset at {prefix}"));
+    let page = u64::from(client.page_size());
+    let (target, cat) = client_target(client.clone(), &prefix, None, rt)?;
+    Ok(Setup {
+        label: "client".into(),
+        target,
+        cat,
+        probe: Probe {
+            counters: Some(client),
+            frontend: o.cpu_pids.clone(),
+            nodes: Vec::new(),
+        },
+        page,
+        notes,
+        _stack: None,
+        _mount: None,
+        _gateway: None,
+    })
+}
+
+/// `client`: a local cluster through the client library.
+fn setup_client_local(
+    o: &Opts,
+    ds: &Dataset,
+    rt: &tokio::runtime::Runtime,
+    mut notes: Vec<String>,
+) -> Result<Setup> {
+    let (stack, cat) = local_stack(o, "client", ds, rt, &mut notes)?;
+    let (target, cat) = client_target(stack.client.clone(), PREFIX, Some(cat), rt)?;
+    Ok(Setup {
+        label: "client".into(),
+        target,
+        cat,
+        probe: Probe {
+            counters: Some(stack.client.clone()),
+            nodes: stack.pids(),
+            frontend: o.cpu_pids.clone(),
+        },
+        page: u64::from(o.page_size),
+        notes,
+        _stack: Some(stack),
+        _mount: None,
+        _gateway: None,
+    })
+}
+
 fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup> {
-    let mut notes = Vec::new();
+    let notes = Vec::new();
     let ds = o.dataset();
     let mut s = match mode {
-        Mode::Ufs => {
-            let url = match &o.ufs {
-                Some(u) => u.clone(),
-                None => {
-                    let dir = local_dataset(o, &ds, rt, &mut notes)?;
-                    let dir =
-                        std::fs::canonicalize(&dir).with_context(|| dir.display().to_string())?;
-                    format!("file://{}", dir.display())
-                }
-            };
-            let url = bench::with_emulation(&url, o);
-            notes.push(format!(
-                "under storage {} read with object_store (no cache)",
-                pagestore_client::ufs::redact(&url)
-            ));
-            let table = Arc::new(MountTable::new(&[("/ufs".to_string(), url)]).context("--ufs")?);
-            let (target, cat) = store_target(table, "/ufs", rt)?;
-            Setup {
-                label: "ufs".into(),
-                target,
-                cat,
-                probe: external_counters(o, rt)?,
-                page: u64::from(o.page_size),
-                notes,
-                _stack: None,
-                _mount: None,
-                _gateway: None,
-            }
-        }
+        Mode::Ufs => setup_ufs(o, &ds, rt, notes)?,
         Mode::Fuse => match &o.path {
-            Some(root) => {
-                let b = std::fs::read(root.join(DESCRIPTOR)).map_err(|e| {
-                    anyhow!(
-                        "{}: {e} (--path must be the dataset root, written by pagebench gen)",
-                        root.join(DESCRIPTOR).display()
-                    )
-                })?;
-                let cat = Arc::new(Catalog::new(Dataset::from_json(&b)?));
-                let fs = FsTarget {
-                    root: root.clone(),
-                    direct: o.direct,
-                    drop_cache: !o.keep_page_cache,
-                };
-                fs.check(&cat)?;
-                notes.push(format!("files under {}", root.display()));
-                Setup {
-                    label: "fuse".into(),
-                    target: Target::Fs(Arc::new(fs)),
-                    cat,
-                    probe: external_counters(o, rt)?,
-                    page: u64::from(o.page_size),
-                    notes,
-                    _stack: None,
-                    _mount: None,
-                    _gateway: None,
-                }
-            }
-            None => {
-                let (stack, cat) = local_stack(o, "fuse", &ds, rt, &mut notes)?;
-                let mount =
-                    FuseMount::start(&stack.cluster, &o.dir.join("fuse").join("mnt"), None)?;
-                let fs = FsTarget {
-                    root: mount.mp.join(PREFIX.trim_start_matches('/')),
-                    direct: o.direct,
-                    drop_cache: !o.keep_page_cache,
-                };
-                fs.check(&cat)?;
-                notes.push(format!("pagefs mounted at {}", mount.mp.display()));
-                let mut frontend = vec![mount.pid];
-                frontend.extend(&o.cpu_pids);
-                Setup {
-                    label: "fuse".into(),
-                    target: Target::Fs(Arc::new(fs)),
-                    cat,
-                    probe: Probe {
-                        counters: Some(stack.client.clone()),
-                        nodes: stack.pids(),
-                        frontend,
-                    },
-                    page: u64::from(o.page_size),
-                    notes,
-                    _mount: Some(mount),
-                    _stack: Some(stack),
-                    _gateway: None,
-                }
-            }
+            Some(root) => setup_fuse_path(o, root, rt, notes)?,
+            None => setup_fuse_local(o, &ds, rt, notes)?,
         },
         Mode::S3 => match &o.endpoint {
-            Some(endpoint) => {
-                let bucket = o
-                    .bucket
-                    .as_deref()
-                    .context("s3 --endpoint needs --bucket (the first path component)")?;
-                let key = o
-                    .access_key
-                    .clone()
-                    .or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok());
-                let secret = o
-                    .secret_key
-                    .clone()
-                    .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
-                if key.is_none() || secret.is_none() {
-                    bail!(
-                        "s3 needs credentials: --access-key and --secret-key (or \
-                         AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
-                    );
-                }
-                let url = frontends::s3_url(
-                    endpoint,
-                    bucket,
-                    &o.prefix,
-                    &o.region,
-                    key.as_deref(),
-                    secret.as_deref(),
-                );
-                notes.push(format!(
-                    "S3 endpoint {endpoint}, bucket {bucket}, prefix {:?} (object_store's S3 \
-                     client)",
-                    o.prefix
-                ));
-                let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
-                let (target, cat) = store_target(table, "/s3", rt)?;
-                Setup {
-                    label: "s3".into(),
-                    target,
-                    cat,
-                    probe: external_counters(o, rt)?,
-                    page: u64::from(o.page_size),
-                    notes,
-                    _stack: None,
-                    _mount: None,
-                    _gateway: None,
-                }
-            }
-            None => {
-                let (stack, _) = local_stack(o, "s3", &ds, rt, &mut notes)?;
-                let (key, secret) = ("pagebench", "pagebench-secret");
-                let staging = o.dir.join("s3").join("staging");
-                std::fs::create_dir_all(&staging).with_context(|| staging.display().to_string())?;
-                let gw = Gateway::start(&stack.cluster, key, secret, &staging)?;
-                notes.push(format!(
-                    "pages3 at {} (bucket {}), read with object_store's S3 client",
-                    gw.endpoint,
-                    PREFIX.trim_start_matches('/')
-                ));
-                let url = frontends::s3_url(
-                    &gw.endpoint,
-                    PREFIX.trim_start_matches('/'),
-                    "",
-                    "us-east-1",
-                    Some(key),
-                    Some(secret),
-                );
-                let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
-                let (target, cat) = store_target(table, "/s3", rt)?;
-                let mut frontend = vec![gw.pid];
-                frontend.extend(&o.cpu_pids);
-                Setup {
-                    label: "s3".into(),
-                    target,
-                    cat,
-                    probe: Probe {
-                        counters: Some(stack.client.clone()),
-                        nodes: stack.pids(),
-                        frontend,
-                    },
-                    page: u64::from(o.page_size),
-                    notes,
-                    _gateway: Some(gw),
-                    _stack: Some(stack),
-                    _mount: None,
-                }
-            }
+            Some(endpoint) => setup_s3_endpoint(o, endpoint, rt, notes)?,
+            None => setup_s3_local(o, &ds, rt, notes)?,
         },
         Mode::Client => match &o.cluster.cluster {
-            Some(c) => {
-                let client = rt.block_on(frontends::connect(&o.cluster))?;
-                let prefix = if o.prefix.is_empty() {
-                    PREFIX.to_string()
-                } else {
-                    format!("/{}", o.prefix.trim_matches('/'))
-                };
-                notes.push(format!("cluster {c}, dataset at {prefix}"));
-                let page = u64::from(client.page_size());
-                let (target, cat) = client_target(client.clone(), &prefix, None, rt)?;
-                Setup {
-                    label: "client".into(),
-                    target,
-                    cat,
-                    probe: Probe {
-                        counters: Some(client),
-                        frontend: o.cpu_pids.clone(),
-                        nodes: Vec::new(),
-                    },
-                    page,
-                    notes,
-                    _stack: None,
-                    _mount: None,
-                    _gateway: None,
-                }
-            }
-            None => {
-                let (stack, cat) = local_stack(o, "client", &ds, rt, &mut notes)?;
-                let (target, cat) = client_target(stack.client.clone(), PREFIX, Some(cat), rt)?;
-                Setup {
-                    label: "client".into(),
-                    target,
-                    cat,
-                    probe: Probe {
-                        counters: Some(stack.client.clone()),
-                        nodes: stack.pids(),
-                        frontend: o.cpu_pids.clone(),
-                    },
-                    page: u64::from(o.page_size),
-                    notes,
-                    _stack: Some(stack),
-                    _mount: None,
-                    _gateway: None,
-                }
-            }
+            Some(c) => setup_client_remote(o, c, rt, notes)?,
+            None => setup_client_local(o, &ds, rt, notes)?,
         },
     };
     s.label = mode.name().into();

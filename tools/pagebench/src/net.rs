@@ -119,8 +119,40 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(base.join("engine"))?;
 
-    // The node.
-    let rustls = tls::server_config(&id, &ca.cert_der(), false, frame::ALPN)?;
+    let node = start_node(o, &base, &ca, &id, pages)?;
+    let checks: Arc<Vec<Vec<u32>>> = Arc::new(
+        (0..o.shards as u64)
+            .map(|s| (0..pages).map(|p| crc32(&page_data(s, p, page))).collect())
+            .collect(),
+    );
+    let addrs: Arc<Vec<SocketAddr>> = Arc::new(node.addrs().to_vec());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(o.shards.max(1))
+        .thread_name("pagebench-client")
+        .enable_all()
+        .build()?;
+    let (quic, mtu) = quic_side(o, &ca, &addrs, &checks, pages, conns, &rt)?;
+    let mut sides = vec![quic];
+    drop(node);
+
+    if with_nginx {
+        sides.push(nginx_side(o, &base, &ca, &id, pages, conns, &checks, &rt)?);
+    }
+    print_net(o, &sides, conns, mtu);
+    Ok(())
+}
+
+/// The node under test, its shards filled with `pages` pages each.
+fn start_node(
+    o: &Opts,
+    base: &Path,
+    ca: &ClusterCa,
+    id: &tls::Identity,
+    pages: u64,
+) -> Result<Node> {
+    let page = o.page_size as usize;
+    let rustls = tls::server_config(id, &ca.cert_der(), false, frame::ALPN)?;
     let mut server = quinn_proto::ServerConfig::with_crypto(Arc::new(
         quinn_proto::crypto::rustls::QuicServerConfig::try_from(rustls)?,
     ));
@@ -161,18 +193,21 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
             ))?;
         }
     }
-    let checks: Arc<Vec<Vec<u32>>> = Arc::new(
-        (0..o.shards as u64)
-            .map(|s| (0..pages).map(|p| crc32(&page_data(s, p, page))).collect())
-            .collect(),
-    );
-    let addrs: Arc<Vec<SocketAddr>> = Arc::new(node.addrs().to_vec());
+    Ok(node)
+}
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(o.shards.max(1))
-        .thread_name("pagebench-client")
-        .enable_all()
-        .build()?;
+/// The QUIC side: `conns` requests in flight from a client pool to the node's shard
+/// endpoints. Returns the side and the path MTU the connection reached.
+fn quic_side(
+    o: &Opts,
+    ca: &ClusterCa,
+    addrs: &Arc<Vec<SocketAddr>>,
+    checks: &Arc<Vec<Vec<u32>>>,
+    pages: u64,
+    conns: usize,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Side, u16)> {
+    let page = o.page_size as usize;
     let client_tls = tls::client_config(&ca.cert_der(), None, frame::ALPN)?;
     let mut qc = quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(client_tls)?,
@@ -224,7 +259,7 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
             Err(_) => 0,
         }
     });
-    let mut sides = vec![Side {
+    let side = Side {
         name: "pagestore (QUIC)",
         bytes: quic.1,
         ops: quic.0,
@@ -232,13 +267,13 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
         hist: quic.2,
         server_cpu: s1 - s0,
         client_cpu: c1 - c0,
-    }];
+    };
     pool.close();
-    drop(node);
+    Ok((side, mtu))
+}
 
-    if with_nginx {
-        sides.push(nginx_side(o, &base, &ca, &id, pages, conns, &checks, &rt)?);
-    }
+fn print_net(o: &Opts, sides: &[Side], conns: usize, mtu: u16) {
+    let page = o.page_size as usize;
     let ratio = (sides.len() == 2)
         .then(|| (sides[0].bytes as f64 / sides[0].secs) / (sides[1].bytes as f64 / sides[1].secs));
     if o.json {
@@ -264,7 +299,7 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
                 "in_flight": conns, "quic_path_mtu": mtu, "sides": v,
                 "ratio_quic_over_nginx": ratio})
         );
-        return Ok(());
+        return;
     }
     println!("QUIC path MTU reached: {mtu} bytes");
     println!(
@@ -278,7 +313,7 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
         "{:<18} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14}",
         "", "MB/s", "p50 ms", "p99 ms", "max ms", "server CPU s/GB", "client CPU s/GB"
     );
-    for s in &sides {
+    for s in sides {
         let gb = s.bytes as f64 / 1e9;
         println!(
             "{:<18} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>14.3} {:>14.3}",
@@ -294,7 +329,6 @@ pub fn run_net(o: &Opts, with_nginx: bool) -> Result<()> {
     if let Some(r) = ratio {
         println!("ratio pagestore / nginx HTTPS: {r:.3} (throughput)");
     }
-    Ok(())
 }
 
 fn crc32(b: &[u8]) -> u32 {
@@ -313,52 +347,10 @@ fn nginx_side(
     rt: &tokio::runtime::Runtime,
 ) -> Result<Side> {
     let page = o.page_size as usize;
-    let www = base.join("www");
-    for s in 0..o.shards as u64 {
-        std::fs::create_dir_all(www.join(format!("s{s}")))?;
-        for p in 0..pages {
-            std::fs::write(www.join(format!("s{s}/p{p}")), page_data(s, p, page))?;
-        }
-    }
-    tls::save_identity(id, &base.join("cert.pem"), &base.join("key.pem"))?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())?
-        .port();
-    let conf = format!(
-        "worker_processes {w};\ndaemon off;\npid {b}/nginx.pid;\nerror_log {b}/error.log;\n\
-         events {{ worker_connections 1024; }}\n\
-         http {{ access_log off; sendfile on; keepalive_requests 1000000; default_type application/octet-stream;\n\
-           client_body_temp_path {b}/tmp; proxy_temp_path {b}/tmp; fastcgi_temp_path {b}/tmp; uwsgi_temp_path {b}/tmp; scgi_temp_path {b}/tmp;\n\
-           server {{ listen 127.0.0.1:{port} ssl reuseport; ssl_certificate {b}/cert.pem; ssl_certificate_key {b}/key.pem;\n\
-             ssl_protocols TLSv1.3; root {b}/www; }} }}\n",
-        w = o.shards,
-        b = base.display(),
-    );
-    std::fs::create_dir_all(base.join("tmp"))?;
-    std::fs::write(base.join("nginx.conf"), conf)?;
-    let mut child = std::process::Command::new("nginx")
-        .args([
-            "-c",
-            &base.join("nginx.conf").display().to_string(),
-            "-p",
-            &base.display().to_string(),
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            anyhow!("cannot start nginx ({e}); install it (Debian: apt-get install nginx-light)")
-        })?;
+    let (mut child, port) = start_nginx(o, base, id, pages)?;
     std::thread::sleep(Duration::from_millis(500));
     let nginx_cpu0 = child_cpu(child.id());
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.cert_der())?;
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let connector = tls_connector(ca)?;
     let shards = o.shards;
     let (_, c0) = thread_cpu("pagestore-shard");
     let result = rt.block_on(async {
@@ -406,6 +398,66 @@ fn nginx_side(
         server_cpu: nginx_cpu,
         client_cpu: c1 - c0,
     })
+}
+
+/// Writes the pages as files under `base/www` and starts nginx serving them over HTTPS with
+/// `id`'s certificate; returns the child and its port.
+fn start_nginx(
+    o: &Opts,
+    base: &Path,
+    id: &tls::Identity,
+    pages: u64,
+) -> Result<(std::process::Child, u16)> {
+    let page = o.page_size as usize;
+    let www = base.join("www");
+    for s in 0..o.shards as u64 {
+        std::fs::create_dir_all(www.join(format!("s{s}")))?;
+        for p in 0..pages {
+            std::fs::write(www.join(format!("s{s}/p{p}")), page_data(s, p, page))?;
+        }
+    }
+    tls::save_identity(id, &base.join("cert.pem"), &base.join("key.pem"))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())?
+        .port();
+    let conf = format!(
+        "worker_processes {w};\ndaemon off;\npid {b}/nginx.pid;\nerror_log {b}/error.log;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{ access_log off; sendfile on; keepalive_requests 1000000; default_type application/octet-stream;\n\
+           client_body_temp_path {b}/tmp; proxy_temp_path {b}/tmp; fastcgi_temp_path {b}/tmp; uwsgi_temp_path {b}/tmp; scgi_temp_path {b}/tmp;\n\
+           server {{ listen 127.0.0.1:{port} ssl reuseport; ssl_certificate {b}/cert.pem; ssl_certificate_key {b}/key.pem;\n\
+             ssl_protocols TLSv1.3; root {b}/www; }} }}\n",
+        w = o.shards,
+        b = base.display(),
+    );
+    std::fs::create_dir_all(base.join("tmp"))?;
+    std::fs::write(base.join("nginx.conf"), conf)?;
+    let child = std::process::Command::new("nginx")
+        .args([
+            "-c",
+            &base.join("nginx.conf").display().to_string(),
+            "-p",
+            &base.display().to_string(),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            anyhow!("cannot start nginx ({e}); install it (Debian: apt-get install nginx-light)")
+        })?;
+    Ok((child, port))
+}
+
+/// A TLS 1.3 connector that trusts the cluster CA.
+fn tls_connector(ca: &ClusterCa) -> Result<tokio_rustls::TlsConnector> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der())?;
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
 }
 
 /// CPU seconds of a process and its children (nginx master and workers).

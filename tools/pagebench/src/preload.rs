@@ -221,8 +221,44 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
         o.page_size >> 10
     ));
 
-    // The under storage's read bandwidth for these files, at pagectl load's parallelism.
-    let data_abs = std::fs::canonicalize(&data).with_context(|| data.display().to_string())?;
+    let ufs_bps = ufs_read_bps(o, &data, &entries, &rt)?;
+
+    // The disk's write bandwidth at the size a preload writes per page.
+    let block = o
+        .manifest_file_size
+        .min(u64::from(o.page_size))
+        .next_multiple_of(4096);
+    let jobs = nodes * o.shards.max(1);
+    let disk_bps = fio_write(&work.join("fio"), jobs, o.qd, block, total)?;
+
+    let job = run_job(o, &pagectl, &stack, &manifest, &entries, &rt)?;
+    let (verified_files, sample_hits) = verify_sample(&stack, &entries, &rt)?;
+    Ok(Preload {
+        files: entries.len() as u64,
+        bytes: total,
+        first_page: job.first_page,
+        completion: job.completion,
+        all_cached: job.all_cached,
+        pagectl_first_page: job.pagectl_first_page,
+        pagectl_completion: job.pagectl_completion,
+        ufs_bps,
+        disk_bps,
+        disk_block: block,
+        cpu_nodes: job.cpu_nodes,
+        verified_files,
+        sample_hits,
+        notes,
+    })
+}
+
+/// The under storage's read bandwidth for these files, at pagectl load's parallelism.
+fn ufs_read_bps(
+    o: &Opts,
+    data: &std::path::Path,
+    entries: &[dataset::Entry],
+    rt: &tokio::runtime::Runtime,
+) -> Result<f64> {
+    let data_abs = std::fs::canonicalize(data).with_context(|| data.display().to_string())?;
     let url = bench::with_emulation(&format!("file://{}", data_abs.display()), o);
     let table = Arc::new(MountTable::new(&[(PREFIX.to_string(), url)])?);
     let t0 = Instant::now();
@@ -242,27 +278,40 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
             .await;
         got.into_iter().sum::<Result<u64>>()
     })?;
-    let ufs_bps = read as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+    Ok(read as f64 / t0.elapsed().as_secs_f64().max(1e-9))
+}
 
-    // The disk's write bandwidth at the size a preload writes per page.
-    let block = o
-        .manifest_file_size
-        .min(u64::from(o.page_size))
-        .next_multiple_of(4096);
-    let jobs = nodes * o.shards.max(1);
-    let disk_bps = fio_write(&work.join("fio"), jobs, o.qd, block, total)?;
+/// What the timed `pagectl load` job measured.
+struct JobTimes {
+    first_page: Option<f64>,
+    completion: f64,
+    all_cached: Option<f64>,
+    pagectl_first_page: Option<f64>,
+    pagectl_completion: Option<f64>,
+    cpu_nodes: f64,
+}
 
-    // The job.
-    let (_, base_pages) = pages_and_hits(&stack, &rt);
+/// Runs `pagectl load --manifest` against the cluster, polling the nodes' page counters for
+/// the first page, then waits (at most 30 s after the job) until every page counts as cached.
+fn run_job(
+    o: &Opts,
+    pagectl: &std::path::Path,
+    stack: &Stack,
+    manifest: &std::path::Path,
+    entries: &[dataset::Entry],
+    rt: &tokio::runtime::Runtime,
+) -> Result<JobTimes> {
+    let total: u64 = entries.iter().map(|e| e.size).sum();
+    let (_, base_pages) = pages_and_hits(stack, rt);
     let cpu0: f64 = stack.pids().iter().map(|p| bench::proc_cpu(*p)).sum();
     let t0 = Instant::now();
-    let mut child = Command::new(&pagectl)
+    let mut child = Command::new(pagectl)
         .arg("--cluster")
         .arg(&stack.cluster.members)
         .arg("--tls-dir")
         .arg(&stack.cluster.ca_dir)
         .args(["load", "--manifest"])
-        .arg(&manifest)
+        .arg(manifest)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -273,7 +322,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
             break st;
         }
         if first_page.is_none() {
-            let (_, pages) = pages_and_hits(&stack, &rt);
+            let (_, pages) = pages_and_hits(stack, rt);
             if pages > base_pages {
                 first_page = Some(t0.elapsed().as_secs_f64());
             }
@@ -312,7 +361,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
         .sum();
     let mut all_cached = None;
     while t0.elapsed() < Duration::from_secs_f64(completion + 30.0) {
-        let (_, pages) = pages_and_hits(&stack, &rt);
+        let (_, pages) = pages_and_hits(stack, rt);
         if pages >= base_pages + want {
             all_cached = Some(t0.elapsed().as_secs_f64());
             break;
@@ -320,8 +369,23 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
         std::thread::sleep(Duration::from_millis(2));
     }
     let (pagectl_first_page, pagectl_completion) = parse_pagectl(&out);
+    Ok(JobTimes {
+        first_page,
+        completion,
+        all_cached,
+        pagectl_first_page,
+        pagectl_completion,
+        cpu_nodes,
+    })
+}
 
-    // Every sampled file is now a hit, and byte-exact.
+/// Reads a sample of the files through the client: every sampled file is now a hit, and
+/// byte-exact. Returns the files read and the (hits, misses) they counted.
+fn verify_sample(
+    stack: &Stack,
+    entries: &[dataset::Entry],
+    rt: &tokio::runtime::Runtime,
+) -> Result<(u64, (u64, u64))> {
     let client = stack.client.clone();
     let sample: Vec<_> = entries.iter().step_by(97).cloned().collect();
     let before = rt.block_on(cluster_hits(&client)).unwrap_or_default();
@@ -340,22 +404,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
     })?;
     let after = rt.block_on(cluster_hits(&client)).unwrap_or_default();
     let sample_hits = (after.0 - before.0, after.1 - before.1);
-    Ok(Preload {
-        files: entries.len() as u64,
-        bytes: total,
-        first_page,
-        completion,
-        all_cached,
-        pagectl_first_page,
-        pagectl_completion,
-        ufs_bps,
-        disk_bps,
-        disk_block: block,
-        cpu_nodes,
-        verified_files: sample.len() as u64,
-        sample_hits,
-        notes,
-    })
+    Ok((sample.len() as u64, sample_hits))
 }
 
 /// (hits, pages cached) over the cluster.

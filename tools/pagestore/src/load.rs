@@ -302,26 +302,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         );
     }
     let out = ProgressOut::new(total_files);
-    let ticker = {
-        let (progress, client, opts) = (progress.clone(), client.clone(), opts.clone());
-        let (out, tty) = (out.clone(), out.bar.is_some());
-        tokio::spawn(async move {
-            let every = Duration::from_millis(250);
-            let print_every = if tty { 1 } else { 20 };
-            let mut tick: u64 = 0;
-            loop {
-                tokio::time::sleep(every).await;
-                tick += 1;
-                if tick % print_every == 0 {
-                    out.show(&progress, total_files, start, false);
-                }
-                if tick % 8 == 0 {
-                    let r = job_record(&opts, &progress, total_files, started, JobState::Running);
-                    client.report_job(&r).await;
-                }
-            }
-        })
-    };
+    let ticker = spawn_ticker(&progress, &client, opts, &out, total_files, start, started);
     let report = Arc::new(Mutex::new(JobReport {
         files: total_files,
         ..JobReport::default()
@@ -332,35 +313,7 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
             async move {
                 let r = load_one(&client, &path, opts.verify).await;
                 let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
-                match r {
-                    Ok(one) => {
-                        if one.loaded + one.present > 0 {
-                            let mut f = progress
-                                .first_page
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner());
-                            f.get_or_insert(start.elapsed().as_secs_f64());
-                        }
-                        progress
-                            .pages_loaded
-                            .fetch_add(one.loaded, Ordering::Relaxed);
-                        progress
-                            .pages_present
-                            .fetch_add(one.present, Ordering::Relaxed);
-                        progress
-                            .bytes_loaded
-                            .fetch_add(one.bytes, Ordering::Relaxed);
-                        rep.pages_verified += one.verified;
-                        rep.repaired += u64::from(one.repaired);
-                        progress.bytes_done.fetch_add(one.size, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        progress.failed.fetch_add(1, Ordering::Relaxed);
-                        if rep.failures.len() < 20 {
-                            rep.failures.push((path.clone(), e));
-                        }
-                    }
-                }
+                count_file(r, &path, &progress, &mut rep, start);
                 progress.files_done.fetch_add(1, Ordering::Relaxed);
             }
         })
@@ -376,6 +329,81 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         tracing::warn!("no node took the job's final record");
     }
     out.show(&progress, total_files, start, true);
+    final_report(&report, &progress, start)
+}
+
+/// Every 250 ms shows the progress (every 5 s without a terminal) and, every 2 s, reports
+/// the job's record to the cluster; runs until aborted.
+fn spawn_ticker(
+    progress: &Arc<Progress>,
+    client: &Arc<Client>,
+    opts: &LoadOptions,
+    out: &ProgressOut,
+    total_files: u64,
+    start: Instant,
+    started: f64,
+) -> tokio::task::JoinHandle<()> {
+    let (progress, client, opts) = (progress.clone(), client.clone(), opts.clone());
+    let (out, tty) = (out.clone(), out.bar.is_some());
+    tokio::spawn(async move {
+        let every = Duration::from_millis(250);
+        let print_every = if tty { 1 } else { 20 };
+        let mut tick: u64 = 0;
+        loop {
+            tokio::time::sleep(every).await;
+            tick += 1;
+            if tick % print_every == 0 {
+                out.show(&progress, total_files, start, false);
+            }
+            if tick % 8 == 0 {
+                let r = job_record(&opts, &progress, total_files, started, JobState::Running);
+                client.report_job(&r).await;
+            }
+        }
+    })
+}
+
+/// Adds one file's outcome to the counters and the report.
+fn count_file(
+    r: Result<OneFile, String>,
+    path: &str,
+    progress: &Progress,
+    rep: &mut JobReport,
+    start: Instant,
+) {
+    match r {
+        Ok(one) => {
+            if one.loaded + one.present > 0 {
+                let mut f = progress
+                    .first_page
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                f.get_or_insert(start.elapsed().as_secs_f64());
+            }
+            progress
+                .pages_loaded
+                .fetch_add(one.loaded, Ordering::Relaxed);
+            progress
+                .pages_present
+                .fetch_add(one.present, Ordering::Relaxed);
+            progress
+                .bytes_loaded
+                .fetch_add(one.bytes, Ordering::Relaxed);
+            rep.pages_verified += one.verified;
+            rep.repaired += u64::from(one.repaired);
+            progress.bytes_done.fetch_add(one.size, Ordering::Relaxed);
+        }
+        Err(e) => {
+            progress.failed.fetch_add(1, Ordering::Relaxed);
+            if rep.failures.len() < 20 {
+                rep.failures.push((path.to_string(), e));
+            }
+        }
+    }
+}
+
+/// The report, with the counters copied from `progress`.
+fn final_report(report: &Mutex<JobReport>, progress: &Progress, start: Instant) -> JobReport {
     // The counters live in `progress` (the ticker and the records read them); the report
     // copies them once at the end.
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);

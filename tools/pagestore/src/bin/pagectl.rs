@@ -591,19 +591,12 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
     let mut down = 0;
     let membership = client.membership();
     for n in membership.nodes() {
-        let mine: Vec<_> = stats.iter().filter(|(m, _, _)| m.id == n.id).collect();
-        let mut c = pagestore_client::ShardStat::default();
-        let mut answered = 0;
-        for (_, _, s) in &mine {
-            if let Some(s) = s {
-                answered += 1;
-                c.pages += s.pages;
-                c.bytes += s.bytes;
-                c.capacity_bytes += s.capacity_bytes;
-                c.hits += s.hits;
-                c.misses += s.misses;
-            }
-        }
+        let (c, answered) = sum_shards(
+            stats
+                .iter()
+                .filter(|(m, _, _)| m.id == n.id)
+                .filter_map(|(_, _, s)| s.as_ref()),
+        );
         if answered == 0 {
             down += 1;
             println!(
@@ -615,7 +608,6 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
             );
             continue;
         }
-        let lookups = c.hits + c.misses;
         let (cr, ur) = rates.get(&n.id).copied().unwrap_or_default();
         cache_rate += cr;
         ufs_rate += ur;
@@ -627,21 +619,12 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
             gb(c.capacity_bytes),
             gb(c.bytes),
             100.0 * c.bytes as f64 / c.capacity_bytes.max(1) as f64,
-            if lookups == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.1}%", 100.0 * c.hits as f64 / lookups as f64)
-            },
+            hit_ratio(c.hits, c.misses),
             cr / 1e6,
             ur / 1e6
         );
-        total.pages += c.pages;
-        total.bytes += c.bytes;
-        total.capacity_bytes += c.capacity_bytes;
-        total.hits += c.hits;
-        total.misses += c.misses;
+        add_stat(&mut total, &c);
     }
-    let lookups = total.hits + total.misses;
     println!(
         "cluster: {} nodes ({down} down), {:.2} GB of {:.2} GB used, {} pages; hit ratio {} \
          ({} hits, {} misses since the nodes started)",
@@ -649,11 +632,7 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
         gb(total.bytes),
         gb(total.capacity_bytes),
         total.pages,
-        if lookups == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.1}%", 100.0 * total.hits as f64 / lookups as f64)
-        },
+        hit_ratio(total.hits, total.misses),
         total.hits,
         total.misses
     );
@@ -665,7 +644,49 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
         ufs_rate / 1e6,
         (cache_rate + ufs_rate) / 1e6 / membership.nodes().count().max(1) as f64
     );
-    // The third number: how soon the last preload job had data in the cache.
+    print_last_job(client).await;
+    if down > 0 {
+        anyhow::bail!(
+            "{down} node(s) did not answer: check that pagestored runs there and that UDP to its \
+             ports is open"
+        );
+    }
+    Ok(())
+}
+
+/// The sum of the shards' counters that answered, and how many did.
+fn sum_shards<'a>(
+    shards: impl Iterator<Item = &'a pagestore_client::ShardStat>,
+) -> (pagestore_client::ShardStat, usize) {
+    let mut c = pagestore_client::ShardStat::default();
+    let mut answered = 0;
+    for s in shards {
+        answered += 1;
+        add_stat(&mut c, s);
+    }
+    (c, answered)
+}
+
+fn add_stat(total: &mut pagestore_client::ShardStat, c: &pagestore_client::ShardStat) {
+    total.pages += c.pages;
+    total.bytes += c.bytes;
+    total.capacity_bytes += c.capacity_bytes;
+    total.hits += c.hits;
+    total.misses += c.misses;
+}
+
+/// `12.3%`, or `-` before the first lookup.
+fn hit_ratio(hits: u64, misses: u64) -> String {
+    let lookups = hits + misses;
+    if lookups == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.1}%", 100.0 * hits as f64 / lookups as f64)
+    }
+}
+
+/// The third number: how soon the last preload job had data in the cache.
+async fn print_last_job(client: &Client) {
     if let Ok(jobs) = client.jobs().await {
         if let Some(j) = jobs.first() {
             println!(
@@ -679,13 +700,6 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
             );
         }
     }
-    if down > 0 {
-        anyhow::bail!(
-            "{down} node(s) did not answer: check that pagestored runs there and that UDP to its \
-             ports is open"
-        );
-    }
-    Ok(())
 }
 
 async fn free(client: &Arc<Client>, path: &str) -> anyhow::Result<()> {
@@ -712,7 +726,6 @@ async fn etcd_command(
     command: &Command,
 ) -> anyhow::Result<()> {
     use pagestore_client::etcd::{self, Etcd};
-    use pagestore_protocol::node_id::{format_uuid, parse_uuid};
     if !etcd::is_etcd_url(cluster) {
         let command = match command {
             Command::Members => "members",
@@ -734,59 +747,12 @@ async fn etcd_command(
     let state = etcd.state().await?;
     match command {
         Command::Members => {
-            println!(
-                "ring mode {} (etcd revision {})",
-                state.mode().as_str(),
-                state.revision
-            );
-            println!(
-                "{:<38} {:<22} {:>6} {:<6} {:<4} admin",
-                "node", "address", "shards", "live", "slot"
-            );
-            let mut ids: Vec<u128> = state
-                .live
-                .keys()
-                .chain(state.slots.keys())
-                .copied()
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
-                let r = state.live.get(&id).or(state.slots.get(&id));
-                let Some(r) = r else { continue };
-                println!(
-                    "{:<38} {:<22} {:>6} {:<6} {:<4} {}",
-                    format_uuid(id),
-                    r.info.addr,
-                    r.info.shards,
-                    if state.live.contains_key(&id) {
-                        "yes"
-                    } else {
-                        "NO"
-                    },
-                    if state.slots.contains_key(&id) {
-                        "yes"
-                    } else {
-                        "no"
-                    },
-                    r.admin.as_deref().unwrap_or("-")
-                );
-            }
+            print_members(&state);
             Ok(())
         }
         Command::Node {
             action: NodeCommand::Remove { id },
-        } => {
-            let uuid = parse_uuid(id).with_context(|| format!("{id:?} is not a node UUID"))?;
-            if state.live.contains_key(&uuid) {
-                anyhow::bail!("{id} is live: stop it first (SIGTERM), then remove its slot");
-            }
-            if !etcd.remove_slot(uuid).await? {
-                anyhow::bail!("{id} has no ring slot (see pagectl members)");
-            }
-            println!("removed the ring slot of {}", format_uuid(uuid));
-            Ok(())
-        }
+        } => remove_node_slot(&etcd, &state, id).await,
         Command::Mount {
             action: None | Some(MountCommand::Ls),
         } => {
@@ -821,6 +787,67 @@ async fn etcd_command(
         }
         other => Err(anyhow::anyhow!("{other:?} is not a command on etcd")),
     }
+}
+
+/// `pagectl members`: the ring mode, then every node that is live or holds a slot.
+fn print_members(state: &pagestore_client::etcd::ClusterState) {
+    use pagestore_protocol::node_id::format_uuid;
+    println!(
+        "ring mode {} (etcd revision {})",
+        state.mode().as_str(),
+        state.revision
+    );
+    println!(
+        "{:<38} {:<22} {:>6} {:<6} {:<4} admin",
+        "node", "address", "shards", "live", "slot"
+    );
+    let mut ids: Vec<u128> = state
+        .live
+        .keys()
+        .chain(state.slots.keys())
+        .copied()
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        let r = state.live.get(&id).or(state.slots.get(&id));
+        let Some(r) = r else { continue };
+        println!(
+            "{:<38} {:<22} {:>6} {:<6} {:<4} {}",
+            format_uuid(id),
+            r.info.addr,
+            r.info.shards,
+            if state.live.contains_key(&id) {
+                "yes"
+            } else {
+                "NO"
+            },
+            if state.slots.contains_key(&id) {
+                "yes"
+            } else {
+                "no"
+            },
+            r.admin.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// `pagectl node remove ID`: refused while the node is live.
+async fn remove_node_slot(
+    etcd: &pagestore_client::etcd::Etcd,
+    state: &pagestore_client::etcd::ClusterState,
+    id: &str,
+) -> anyhow::Result<()> {
+    use pagestore_protocol::node_id::{format_uuid, parse_uuid};
+    let uuid = parse_uuid(id).with_context(|| format!("{id:?} is not a node UUID"))?;
+    if state.live.contains_key(&uuid) {
+        anyhow::bail!("{id} is live: stop it first (SIGTERM), then remove its slot");
+    }
+    if !etcd.remove_slot(uuid).await? {
+        anyhow::bail!("{id} has no ring slot (see pagectl members)");
+    }
+    println!("removed the ring slot of {}", format_uuid(uuid));
+    Ok(())
 }
 
 fn ring(client: &Client) -> anyhow::Result<()> {

@@ -164,16 +164,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         },
     );
     if cli.allow_other {
-        let blind = fs.mounts_without_modes();
-        if !blind.is_empty() {
-            bail!(
-                "--allow-other: the cluster's file:// mounts {} are not directories on this \
-                 machine, so pagefs cannot report their files' modes and the kernel could not \
-                 keep other users out of files they may not read; mount without --allow-other, \
-                 or run pagefs on the machine that has these directories",
-                blind.join(", ")
-            );
-        }
+        check_allow_other(&fs)?;
     }
     // Signals are caught from here on, so one that comes during the mount still unmounts.
     let (mut term, mut int) = {
@@ -182,35 +173,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         let int = signal(SignalKind::interrupt()).context("SIGINT")?;
         (term, int)
     };
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        MountOption::RO,
-        MountOption::FSName("pagestore".into()),
-        MountOption::Subtype("pagestore".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoAtime,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::NoExec,
-    ];
-    config.acl = if cli.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    config.n_threads = Some(threads);
-    config.clone_fd = true;
+    let config = mount_config(&cli, threads);
     let slot = fs.notifier_slot();
-    let mut session = fuser::Session::new(fs, &mp, &config).map_err(|e| {
-        let hint = match e.raw_os_error() {
-            Some(libc::EPERM | libc::EACCES) => "; mounting needs root (or CAP_SYS_ADMIN)",
-            _ if e.kind() == std::io::ErrorKind::NotFound => {
-                "; mounting as a user needs fusermount3 (Debian package fuse3), or run as root"
-            }
-            _ => "",
-        };
-        anyhow::anyhow!("cannot mount at {}: {e}{hint}", mp.display())
-    })?;
+    let mut session = fuser::Session::new(fs, &mp, &config).map_err(|e| mount_error(&e, &mp))?;
     slot.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     if readahead > 0 {
@@ -251,28 +216,87 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             });
             Ok(())
         }
-        Err(ended) => {
-            let why = match ended {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(format!("the FUSE session failed: {e}")),
-                Err(e) => Some(format!("the FUSE session stopped: {e}")),
-            };
-            match why {
-                None => {
-                    info!("{} was unmounted from outside", mp.display());
-                    Ok(())
-                }
-                Some(why) => {
-                    if let Err(e) = unmount(&mut unmounter, &mp) {
-                        warn!("{e}");
-                    }
-                    Err(anyhow::Error::msg(why))
-                }
-            }
-        }
+        Err(ended) => session_ended(ended, &mut unmounter, &mp),
     };
     say(&format!("unmounted {} {:?}", mp.display(), client.stats()));
     result
+}
+
+/// `--allow-other` is refused while a file:// mount is not a directory here: pagefs could not
+/// report its files' modes, so the kernel could not keep other users out.
+fn check_allow_other(fs: &PageFs) -> anyhow::Result<()> {
+    let blind = fs.mounts_without_modes();
+    if !blind.is_empty() {
+        bail!(
+            "--allow-other: the cluster's file:// mounts {} are not directories on this \
+             machine, so pagefs cannot report their files' modes and the kernel could not \
+             keep other users out of files they may not read; mount without --allow-other, \
+             or run pagefs on the machine that has these directories",
+            blind.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The mount options: read-only, permissions checked by the kernel, `threads` FUSE threads.
+fn mount_config(cli: &Cli, threads: usize) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("pagestore".into()),
+        MountOption::Subtype("pagestore".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoExec,
+    ];
+    config.acl = if cli.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(threads);
+    config.clone_fd = true;
+    config
+}
+
+/// Why the mount failed, with a hint for the usual causes.
+fn mount_error(e: &std::io::Error, mp: &Path) -> anyhow::Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => "; mounting needs root (or CAP_SYS_ADMIN)",
+        _ if e.kind() == std::io::ErrorKind::NotFound => {
+            "; mounting as a user needs fusermount3 (Debian package fuse3), or run as root"
+        }
+        _ => "",
+    };
+    anyhow::anyhow!("cannot mount at {}: {e}{hint}", mp.display())
+}
+
+/// The FUSE session ended without a signal: unmounted from outside (fine), or failed (the
+/// mount point is unmounted, and the error returned).
+fn session_ended(
+    ended: Result<std::io::Result<()>, tokio::task::JoinError>,
+    unmounter: &mut SessionUnmounter,
+    mp: &Path,
+) -> anyhow::Result<()> {
+    let why = match ended {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("the FUSE session failed: {e}")),
+        Err(e) => Some(format!("the FUSE session stopped: {e}")),
+    };
+    match why {
+        None => {
+            info!("{} was unmounted from outside", mp.display());
+            Ok(())
+        }
+        Some(why) => {
+            if let Err(e) = unmount(unmounter, mp) {
+                warn!("{e}");
+            }
+            Err(anyhow::Error::msg(why))
+        }
+    }
 }
 
 fn say(line: &str) {
