@@ -21,7 +21,7 @@
 //!     assert_eq!(shard.get(key, 0, 1000).await?, Some(vec![7u8; 1000]));
 //!     Ok::<_, pagestore_engine::EngineError>(())
 //! })?;
-//! # Ok::<_, pagestore_engine::EngineError>(())
+//! # Ok::<_, Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! docs/ARCHITECTURE.md explains the threads and the hit path; docs/FORMAT.md the on-disk layout.
