@@ -158,6 +158,54 @@ struct Setup {
     _stack: Option<Stack>,
 }
 
+impl Setup {
+    /// A setup that keeps nothing alive beyond its target (add keepers with the `with_` methods).
+    fn new(
+        label: &str,
+        target: Target,
+        cat: Arc<Catalog>,
+        probe: Probe,
+        page: u64,
+        notes: Vec<String>,
+    ) -> Setup {
+        Setup {
+            label: label.into(),
+            target,
+            cat,
+            probe,
+            page,
+            notes,
+            _mount: None,
+            _gateway: None,
+            _stack: None,
+        }
+    }
+
+    fn with_stack(mut self, stack: Stack) -> Setup {
+        self._stack = Some(stack);
+        self
+    }
+
+    fn with_mount(mut self, mount: FuseMount) -> Setup {
+        self._mount = Some(mount);
+        self
+    }
+
+    fn with_gateway(mut self, gateway: Gateway) -> Setup {
+        self._gateway = Some(gateway);
+        self
+    }
+}
+
+/// What a local stack is measured by: its client's counters, its node processes and `frontend`.
+fn stack_probe(stack: &Stack, frontend: Vec<u32>) -> Probe {
+    Probe {
+        counters: Some(stack.client.clone()),
+        nodes: stack.pids(),
+        frontend,
+    }
+}
+
 fn store_target(
     table: Arc<MountTable>,
     prefix: &str,
@@ -234,17 +282,14 @@ fn setup_ufs(
     ));
     let table = Arc::new(MountTable::new(&[("/ufs".to_string(), url)]).context("--ufs")?);
     let (target, cat) = store_target(table, "/ufs", rt)?;
-    Ok(Setup {
-        label: "ufs".into(),
+    Ok(Setup::new(
+        "ufs",
         target,
         cat,
-        probe: external_counters(o, rt)?,
-        page: u64::from(o.page_size),
+        external_counters(o, rt)?,
+        u64::from(o.page_size),
         notes,
-        _stack: None,
-        _mount: None,
-        _gateway: None,
-    })
+    ))
 }
 
 /// `fuse --path`: files under an existing mount.
@@ -268,17 +313,14 @@ fn setup_fuse_path(
     };
     fs.check(&cat)?;
     notes.push(format!("files under {}", root.display()));
-    Ok(Setup {
-        label: "fuse".into(),
-        target: Target::Fs(Arc::new(fs)),
+    Ok(Setup::new(
+        "fuse",
+        Target::Fs(Arc::new(fs)),
         cat,
-        probe: external_counters(o, rt)?,
-        page: u64::from(o.page_size),
+        external_counters(o, rt)?,
+        u64::from(o.page_size),
         notes,
-        _stack: None,
-        _mount: None,
-        _gateway: None,
-    })
+    ))
 }
 
 /// `fuse`: a local cluster with a pagefs mount.
@@ -299,21 +341,16 @@ fn setup_fuse_local(
     notes.push(format!("pagefs mounted at {}", mount.mp.display()));
     let mut frontend = vec![mount.pid];
     frontend.extend(&o.cpu_pids);
-    Ok(Setup {
-        label: "fuse".into(),
-        target: Target::Fs(Arc::new(fs)),
+    Ok(Setup::new(
+        "fuse",
+        Target::Fs(Arc::new(fs)),
         cat,
-        probe: Probe {
-            counters: Some(stack.client.clone()),
-            nodes: stack.pids(),
-            frontend,
-        },
-        page: u64::from(o.page_size),
+        stack_probe(&stack, frontend),
+        u64::from(o.page_size),
         notes,
-        _mount: Some(mount),
-        _stack: Some(stack),
-        _gateway: None,
-    })
+    )
+    .with_mount(mount)
+    .with_stack(stack))
 }
 
 /// `s3 --endpoint`: an existing S3 endpoint.
@@ -356,17 +393,14 @@ fn setup_s3_endpoint(
     ));
     let table = Arc::new(MountTable::new(&[("/s3".to_string(), url)])?);
     let (target, cat) = store_target(table, "/s3", rt)?;
-    Ok(Setup {
-        label: "s3".into(),
+    Ok(Setup::new(
+        "s3",
         target,
         cat,
-        probe: external_counters(o, rt)?,
-        page: u64::from(o.page_size),
+        external_counters(o, rt)?,
+        u64::from(o.page_size),
         notes,
-        _stack: None,
-        _mount: None,
-        _gateway: None,
-    })
+    ))
 }
 
 /// `s3`: a local cluster behind a pages3 gateway.
@@ -398,21 +432,16 @@ fn setup_s3_local(
     let (target, cat) = store_target(table, "/s3", rt)?;
     let mut frontend = vec![gw.pid];
     frontend.extend(&o.cpu_pids);
-    Ok(Setup {
-        label: "s3".into(),
+    Ok(Setup::new(
+        "s3",
         target,
         cat,
-        probe: Probe {
-            counters: Some(stack.client.clone()),
-            nodes: stack.pids(),
-            frontend,
-        },
-        page: u64::from(o.page_size),
+        stack_probe(&stack, frontend),
+        u64::from(o.page_size),
         notes,
-        _gateway: Some(gw),
-        _stack: Some(stack),
-        _mount: None,
-    })
+    )
+    .with_gateway(gw)
+    .with_stack(stack))
 }
 
 /// `client --cluster`: an existing cluster through the client library.
@@ -431,21 +460,18 @@ fn setup_client_remote(
     notes.push(format!("cluster {c}, dataset at {prefix}"));
     let page = u64::from(client.page_size());
     let (target, cat) = client_target(client.clone(), &prefix, None, rt)?;
-    Ok(Setup {
-        label: "client".into(),
+    Ok(Setup::new(
+        "client",
         target,
         cat,
-        probe: Probe {
+        Probe {
             counters: Some(client),
             frontend: o.cpu_pids.clone(),
             nodes: Vec::new(),
         },
         page,
         notes,
-        _stack: None,
-        _mount: None,
-        _gateway: None,
-    })
+    ))
 }
 
 /// `client`: a local cluster through the client library.
@@ -457,21 +483,15 @@ fn setup_client_local(
 ) -> Result<Setup> {
     let (stack, cat) = local_stack(o, "client", ds, rt, &mut notes)?;
     let (target, cat) = client_target(stack.client.clone(), PREFIX, Some(cat), rt)?;
-    Ok(Setup {
-        label: "client".into(),
+    Ok(Setup::new(
+        "client",
         target,
         cat,
-        probe: Probe {
-            counters: Some(stack.client.clone()),
-            nodes: stack.pids(),
-            frontend: o.cpu_pids.clone(),
-        },
-        page: u64::from(o.page_size),
+        stack_probe(&stack, o.cpu_pids.clone()),
+        u64::from(o.page_size),
         notes,
-        _stack: Some(stack),
-        _mount: None,
-        _gateway: None,
-    })
+    )
+    .with_stack(stack))
 }
 
 fn setup(o: &Opts, mode: Mode, rt: &tokio::runtime::Runtime) -> Result<Setup> {
