@@ -73,7 +73,7 @@ fn job_records(payload: &[u8]) {
 
 /// The S3 gateway's request checks (`pages3::fuzz_request`: method, target, headers, body).
 pub fn s3_request(data: &[u8]) {
-    pagestore_tools::pages3::fuzz_request(data);
+    pages3::fuzz_request(data);
 }
 
 /// `pagectl load`'s manifest parser (plain lines and JSON lines): every path it returns is

@@ -10,7 +10,7 @@ use clap::{
     error::{ContextKind, ContextValue},
     Args, CommandFactory, FromArgMatches, Parser, Subcommand,
 };
-use pagestore_tools::{cli::ClusterArgs, parse_size};
+use pagestore_cli::{parse_size, ClusterArgs};
 
 use crate::{dataset, Opts};
 
@@ -538,7 +538,7 @@ where
     T: Into<OsString>,
 {
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-    let mut cmd = pagestore_tools::cli::wrap_help(Cli::command());
+    let mut cmd = pagestore_cli::wrap_help(Cli::command());
     let cli = cmd
         .try_get_matches_from_mut(&args)
         .and_then(|m| Cli::from_arg_matches(&m).map_err(|e| e.format(&mut cmd)))

@@ -12,9 +12,9 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use futures_util::{stream, StreamExt};
+use pagestore_cli::ClusterArgs;
 use pagestore_client::{Client, ClientOptions};
 use pagestore_testkit::local_cluster::{LocalCluster, Settings};
-use pagestore_tools::cli::ClusterArgs;
 
 use crate::{
     bench::{stat_all, Catalog},
@@ -25,7 +25,7 @@ use crate::{
 /// name through pages3).
 pub const PREFIX: &str = "/bench";
 
-/// A binary of pagestore-tools: `$NAME` (upper case) if set, else next to this executable.
+/// One of pagestore's binaries (`pagestored`, `pagefs`, `pages3`): `$NAME` (upper case) if set, else next to this executable.
 pub fn tool_binary(name: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(name.to_uppercase()) {
         return Ok(p.into());
@@ -36,7 +36,7 @@ pub fn tool_binary(name: &str) -> Result<PathBuf> {
         Ok(p)
     } else {
         Err(anyhow!(
-            "{} not found: build it first (cargo build --release -p pagestore-tools) or set {}",
+            "{} not found: build it first (cargo build --release --workspace --bins) or set {}",
             p.display(),
             name.to_uppercase()
         ))

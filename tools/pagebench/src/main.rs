@@ -19,7 +19,7 @@ mod zipf;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Result};
-use pagestore_tools::cli::ClusterArgs;
+use pagestore_cli::ClusterArgs;
 
 /// Command-line options shared by the subcommands.
 #[derive(Clone, Debug)]
@@ -295,7 +295,7 @@ fn main() {
         _ => Err(anyhow!("unknown command {cmd}")),
     };
     if let Err(e) = r {
-        eprintln!("pagebench: {}", pagestore_tools::error_chain(&e));
+        eprintln!("pagebench: {}", pagestore_cli::error_chain(&e));
         std::process::exit(1);
     }
 }

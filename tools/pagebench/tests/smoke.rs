@@ -160,14 +160,7 @@ fn scale_prints_a_row_per_shard_count() {
 
 #[test]
 fn cluster_runs_three_real_nodes_and_checks_every_byte() {
-    // `cargo test --workspace` builds pagestored next to pagebench.
-    let pagestored =
-        std::path::Path::new(env!("CARGO_BIN_EXE_pagebench")).with_file_name("pagestored");
-    assert!(
-        pagestored.exists(),
-        "{} missing: build it with cargo build -p pagestore-tools",
-        pagestored.display()
-    );
+    let pagestored = tool("pagestored");
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_pagebench"))
         .args(["cluster", "--dir", d.path().to_str().unwrap()])
@@ -206,18 +199,18 @@ fn cluster_runs_three_real_nodes_and_checks_every_byte() {
     }
 }
 
-/// A pagestore-tools binary next to pagebench (`cargo test --workspace` builds them).
+/// One of pagestore's binaries next to pagebench (`cargo test --workspace` builds them all).
 fn tool(name: &str) -> std::path::PathBuf {
     let p = std::path::Path::new(env!("CARGO_BIN_EXE_pagebench")).with_file_name(name);
     assert!(
         p.exists(),
-        "{} missing: build it with cargo build -p pagestore-tools",
+        "{} missing: build it with cargo build --workspace --bins",
         p.display()
     );
     p
 }
 
-/// Runs pagebench with the pagestore-tools binaries it starts; returns standard output.
+/// Runs pagebench with the pagestore binaries it starts; returns standard output.
 fn pagebench_with_tools(args: &[&str]) -> String {
     run(Command::new(env!("CARGO_BIN_EXE_pagebench"))
         .args(args)

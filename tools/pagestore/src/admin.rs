@@ -3,13 +3,11 @@
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
-use crate::{
-    http_guard::{self, Limits},
-    metrics,
-};
+use crate::metrics;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{body::Incoming, Request, Response, StatusCode};
+use pagestore_cli::http_guard::{self, Limits};
 use pagestore_engine::{EngineError, Rule, RuleStats};
 use pagestore_protocol::{members::Membership, node_id::format_uuid};
 use pagestore_server::node::{Node, ShardMetrics};

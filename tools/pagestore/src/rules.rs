@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pagestore_engine::Rule;
 
-use crate::parse_size;
+use pagestore_cli::parse_size;
 
 /// One `[[rule]]` table of the config file.
 #[derive(serde::Deserialize, Debug, Clone)]

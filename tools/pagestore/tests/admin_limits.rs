@@ -14,11 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use pagestore_cli::http_guard::Limits;
 use pagestore_protocol::{members::Membership, ring::RingConfig};
-use pagestore_tools::{
-    admin::{self, Admin, RingState},
-    http_guard::Limits,
-};
+use pagestore_tools::admin::{self, Admin, RingState};
 
 /// Held for the whole of each test, runtime included: a runtime built while the other test has
 /// lowered RLIMIT_NOFILE would fail for want of descriptors.

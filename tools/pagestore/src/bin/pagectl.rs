@@ -5,12 +5,12 @@ use std::{io::Write, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use pagestore_cli::{init_logging, ClusterArgs};
 use pagestore_client::{Client, Error};
 use pagestore_protocol::{
     frame::PathKind,
     tls::{ClusterCa, Role},
 };
-use pagestore_tools::{cli::ClusterArgs, init_logging};
 use tokio::io::AsyncReadExt;
 
 /// The pagestore command line: read files and list directories through the cluster, preload and
@@ -227,9 +227,9 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 fn main() {
     init_logging();
-    let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
+    let cli: Cli = pagestore_cli::parse_or_exit(1);
     if let Err(e) = real_main(cli) {
-        eprintln!("pagectl: {}", pagestore_tools::error_chain(&e));
+        eprintln!("pagectl: {}", pagestore_cli::error_chain(&e));
         std::process::exit(1);
     }
 }

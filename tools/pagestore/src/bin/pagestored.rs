@@ -8,11 +8,9 @@
 
 use anyhow::Context;
 use clap::{error::ErrorKind, Parser};
+use pagestore_cli::init_logging;
 use pagestore_protocol::node_id::format_uuid;
-use pagestore_tools::{
-    daemon::{self, cli::Command, Cli, Daemon},
-    init_logging,
-};
+use pagestore_tools::daemon::{self, cli::Command, Cli, Daemon};
 
 fn main() {
     init_logging();
@@ -21,7 +19,7 @@ fn main() {
         Err(e) => usage_error(e),
     };
     if let Err(e) = run(cli) {
-        eprintln!("pagestored: {}", pagestore_tools::error_chain(&e));
+        eprintln!("pagestored: {}", pagestore_cli::error_chain(&e));
         std::process::exit(2);
     }
 }

@@ -19,7 +19,8 @@ use pagestore_mounts::{
 };
 use serde::{de, Deserialize, Deserializer};
 
-use crate::{home, parse_size, rules::RuleConfig, DEFAULT_LISTEN};
+use crate::rules::RuleConfig;
+use pagestore_cli::{home, parse_size, DEFAULT_LISTEN};
 
 /// Every setting of `pagestored`. The config file (`--config FILE`, TOML) holds any of them
 /// under these names; a flag of the same meaning (`cache_size` is `--cache-size`) wins over the
@@ -106,7 +107,7 @@ pub struct Settings {
 }
 
 /// A byte size: `"4M"`, `"64KiB"`, `"1G"` or a plain number of bytes (see
-/// [`crate::parse_size`]), in the config file as a string or an integer.
+/// [`pagestore_cli::parse_size`]), in the config file as a string or an integer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Size(pub u64);
 

@@ -309,6 +309,6 @@ fn defaults_are_the_embedded_single_node_ones() {
     // Without cache directories, the default is under PAGESTORE_HOME.
     assert_eq!(
         Settings::default().cache_dirs_or_default(),
-        [crate::home().join("cache")]
+        [pagestore_cli::home().join("cache")]
     );
 }

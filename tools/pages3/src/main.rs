@@ -1,12 +1,12 @@
-//! `pages3`: an S3-compatible gateway in front of the cluster (see `pagestore_tools::pages3`
+//! `pages3`: an S3-compatible gateway in front of the cluster (see the `pages3` library
 //! for the S3 side, `docs/OPERATIONS.md` for its use).
 
 use std::{io::Write, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use pagestore_cli::{home, http_guard, ClusterArgs};
 use pagestore_client::ufs;
-use pagestore_tools::{cli::ClusterArgs, home, http_guard, pages3};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// An S3 gateway in front of the cluster.
@@ -141,9 +141,9 @@ fn init_logging() {
 
 fn main() {
     init_logging();
-    let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
+    let cli: Cli = pagestore_cli::parse_or_exit(1);
     if let Err(e) = real_main(cli) {
-        eprintln!("pages3: {}", pagestore_tools::error_chain(&e));
+        eprintln!("pages3: {}", pagestore_cli::error_chain(&e));
         std::process::exit(1);
     }
 }

@@ -1,5 +1,5 @@
-//! `pagefs`: mounts pagestore's logical namespace read-only through FUSE (see
-//! `pagestore_tools::pagefs` for the file system itself, `docs/OPERATIONS.md` for its use).
+//! `pagefs`: mounts pagestore's logical namespace read-only through FUSE (see the
+//! `pagefs` library for the file system itself, `docs/OPERATIONS.md` for its use).
 
 use std::{
     ffi::CString,
@@ -12,12 +12,8 @@ use std::{
 use anyhow::{bail, Context};
 use clap::Parser;
 use fuser::{MountOption, SessionACL, SessionUnmounter};
-use pagestore_tools::{
-    cli::ClusterArgs,
-    init_logging,
-    pagefs::{FsOptions, PageFs},
-    parse_size,
-};
+use pagefs::{FsOptions, PageFs};
+use pagestore_cli::{init_logging, parse_size, ClusterArgs};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
 
@@ -82,9 +78,9 @@ fn parse_attr_ttl(s: &str) -> Result<Duration, String> {
 
 fn main() {
     init_logging();
-    let cli: Cli = pagestore_tools::cli::parse_or_exit(1);
+    let cli: Cli = pagestore_cli::parse_or_exit(1);
     if let Err(e) = real_main(cli) {
-        eprintln!("pagefs: {}", pagestore_tools::error_chain(&e));
+        eprintln!("pagefs: {}", pagestore_cli::error_chain(&e));
         std::process::exit(1);
     }
 }
@@ -430,7 +426,7 @@ mod tests {
         let c = parse("/a --etcd-user u --cluster 127.0.0.1:1").unwrap();
         assert!(matches!(
             c.cluster.client_options(),
-            Err(pagestore_tools::cli::Error::EtcdFlagsWithoutEtcd)
+            Err(pagestore_cli::Error::EtcdFlagsWithoutEtcd)
         ));
     }
 }

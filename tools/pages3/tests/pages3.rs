@@ -19,7 +19,7 @@
 //! requests are signed by the helpers in `RAW_HELPERS` (SigV4, aws-chunked, SigV2).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use pagestore_testkit::fixture as common;
 
 use std::{
     io::{BufRead, BufReader},
@@ -997,7 +997,7 @@ fn staged_files(dir: &Path) -> Vec<PathBuf> {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
-            } else if pagestore_tools::pages3::is_staged_name(&e.file_name().to_string_lossy()) {
+            } else if pages3::is_staged_name(&e.file_name().to_string_lossy()) {
                 out.push(p);
             }
         }

@@ -8,7 +8,7 @@
 //! test leaves no mount behind.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use pagestore_testkit::fixture as common;
 
 use std::{
     collections::BTreeMap,

@@ -12,7 +12,7 @@
 //!
 //! What the gateway refuses beyond s3s's own checks (Signature Version 2, long-lived presigned
 //! URLs, wrong digests, cut aws-chunked bodies, slow clients, too many connections) is in
-//! `docs/SECURITY.md`; the checks are in [`checks`] and [`crate::http_guard`].
+//! `docs/SECURITY.md`; the checks are in [`checks`] and [`pagestore_cli::http_guard`].
 //!
 //! The module is cut along the S3 operation groups: `keys` maps keys to logical paths and
 //! encodes listing keys and tokens, `errors` turns client and store failures into S3 errors
@@ -63,11 +63,11 @@ use s3s::{
     Body, HttpError, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError, S3,
 };
 
-use crate::http_guard::{self, Limits, StallBody};
 use checks::{ChunkedCheck, Digests, Policy};
 use errors::{client_error, internal, invalid, no_such_bucket};
 use keys::{etag, key_path, segment_is_safe, KeyPath};
 use multipart::{Uploads, MAX_PART_NUMBER};
+use pagestore_cli::http_guard::{self, Limits, StallBody};
 use read::check_if_match;
 use write::{sweep_staged, BodyReader};
 
