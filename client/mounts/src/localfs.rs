@@ -15,6 +15,11 @@
 //!   one component at a time, each opened with `O_NOFOLLOW | O_DIRECTORY`.
 //! - Deletes `unlinkat` the name in the verified parent directory, and only if it names a
 //!   regular file.
+//! - Every rename into a directory and every delete holds an exclusive `flock` on that
+//!   directory, so that conditional writes are atomic among this store's writers (in every
+//!   process): `PutMode::Create` renames with `RENAME_NOREPLACE`; `PutMode::Update`, a
+//!   multipart write given a [`CommitMode`], and [`LocalStore::delete_if`] compare the current
+//!   version tag and replace (or remove) the file under the lock.
 //! - Version tags (the e-tag) are `inode-mtime_ns-ctime_ns-size` (hex) from `fstat` of the
 //!   opened file. A read reports the tag of the descriptor it reads and checks the tag again
 //!   after reading: a file rewritten in place during the read is a
@@ -445,10 +450,13 @@ impl TmpFile {
         })
     }
 
-    /// Makes the data durable and renames the file to `target` in its directory; returns the
-    /// new object's metadata.
-    fn commit(mut self, location: &Path, target: &str, no_replace: bool) -> Result<ObjectMeta> {
+    /// Makes the data durable and renames the file to `target` in its directory (under the
+    /// directory's lock, after checking `mode`); returns the new object's metadata.
+    fn commit(mut self, location: &Path, target: &str, mode: &PutMode) -> Result<ObjectMeta> {
         self.file.sync_all().map_err(|e| to_error(location, e))?;
+        let _lock = lock_dir(&self.dir).map_err(|e| to_error(location, e))?;
+        check_version(&self.dir, target, location, mode)?;
+        let no_replace = matches!(mode, PutMode::Create);
         rename_in(&self.dir, &self.name, target, no_replace).map_err(|e| to_error(location, e))?;
         self.done = true;
         // The rename may change the ctime: the tag is taken afterwards.
@@ -463,6 +471,53 @@ impl Drop for TmpFile {
             let _ = unlink_at(&self.dir, &self.name, 0);
         }
     }
+}
+
+/// The mode a multipart write of a [`LocalStore`] completes with, given as an extension of its
+/// `PutMultipartOptions` (other stores ignore it: use it only with this store).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitMode(pub PutMode);
+
+/// An exclusive `flock` of the directory `dir`, held until the returned descriptor is dropped.
+fn lock_dir(dir: &OwnedFd) -> io::Result<OwnedFd> {
+    let fd = openat_one(dir, ".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    loop {
+        // SAFETY: `fd` is an open descriptor for the call.
+        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(fd);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The version tag of the regular file `name` in `dir` (`None`: nothing, or not a file).
+fn tag_at(dir: &OwnedFd, name: &str, location: &Path) -> Result<Option<String>> {
+    match stat_at(dir, name) {
+        Ok(st) if is_reg(st.st_mode) => Ok(meta_of_stat(location.clone(), &st).e_tag),
+        Ok(_) => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(to_error(location, e)),
+    }
+}
+
+/// Checks a `PutMode::Update` against the file `name` in `dir` (the caller holds the
+/// directory's lock); other modes pass.
+fn check_version(dir: &OwnedFd, name: &str, location: &Path, mode: &PutMode) -> Result<()> {
+    let PutMode::Update(v) = mode else {
+        return Ok(());
+    };
+    let want = v.e_tag.as_deref().map(|t| t.trim_matches('"'));
+    let have = tag_at(dir, name, location)?;
+    if want.is_none() || have.as_deref() != want {
+        return Err(object_store::Error::Precondition {
+            path: location.to_string(),
+            source: "the object has another version".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The verified parent directory of `location` (created where missing) and the last name.
@@ -529,6 +584,14 @@ impl LocalStore {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Deletes the object at `location` if its version tag is `e_tag` (quotes ignored), as one
+    /// step among this store's writers; another version is [`object_store::Error::Precondition`],
+    /// nothing there [`object_store::Error::NotFound`].
+    pub async fn delete_if(&self, location: &Path, e_tag: &str) -> Result<()> {
+        let (root, location, want) = (self.root.clone(), location.clone(), e_tag.to_string());
+        blocking(move || delete_one(&root, &location, Some(&want))).await
     }
 
     /// Opens the regular file at `location` for reading.
@@ -634,16 +697,7 @@ impl ObjectStore for LocalStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        let no_replace = match opts.mode {
-            PutMode::Overwrite => false,
-            PutMode::Create => true,
-            PutMode::Update(_) => {
-                return Err(object_store::Error::NotImplemented {
-                    operation: "put with PutMode::Update".into(),
-                    implementer: STORE.into(),
-                })
-            }
-        };
+        let mode = opts.mode;
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (dir, name) = parent_for_write(&root, &location)?;
@@ -653,7 +707,7 @@ impl ObjectStore for LocalStore {
                     .write_all(b)
                     .map_err(|e| to_error(&location, e))?;
             }
-            tmp.commit(&location, &name, no_replace).map(put_result)
+            tmp.commit(&location, &name, &mode).map(put_result)
         })
         .await
     }
@@ -661,8 +715,12 @@ impl ObjectStore for LocalStore {
     async fn put_multipart_opts(
         &self,
         location: &Path,
-        _opts: PutMultipartOptions,
+        opts: PutMultipartOptions,
     ) -> Result<Box<dyn MultipartUpload>> {
+        let mode = opts
+            .extensions
+            .get::<CommitMode>()
+            .map_or(PutMode::Overwrite, |m| m.0.clone());
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (dir, name) = parent_for_write(&root, &location)?;
@@ -672,6 +730,7 @@ impl ObjectStore for LocalStore {
                 name,
                 tmp: Some(tmp),
                 offset: 0,
+                mode,
             }) as Box<dyn MultipartUpload>)
         })
         .await
@@ -720,7 +779,7 @@ impl ObjectStore for LocalStore {
                 let root = root.clone();
                 async move {
                     let location = loc?;
-                    blocking(move || delete_one(&root, &location).map(|_| location)).await
+                    blocking(move || delete_one(&root, &location, None).map(|_| location)).await
                 }
             })
             .boxed()
@@ -749,7 +808,10 @@ impl ObjectStore for LocalStore {
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        let no_replace = matches!(options.mode, CopyMode::Create);
+        let mode = match options.mode {
+            CopyMode::Create => PutMode::Create,
+            _ => PutMode::Overwrite,
+        };
         let (root, from, to) = (self.root.clone(), from.clone(), to.clone());
         blocking(move || {
             let (src, meta) = LocalStore::open_file(&root, &from)?;
@@ -760,22 +822,31 @@ impl ObjectStore for LocalStore {
             if copied != meta.size || Some(version_tag(&st)) != meta.e_tag {
                 return Err(changed(&from));
             }
-            tmp.commit(&to, &name, no_replace).map(|_| ())
+            tmp.commit(&to, &name, &mode).map(|_| ())
         })
         .await
     }
 }
 
-fn delete_one(root: &OwnedFd, location: &Path) -> Result<()> {
+fn delete_one(root: &OwnedFd, location: &Path, expected: Option<&str>) -> Result<()> {
     let Some((dirs, name)) = split_parent(location.as_ref()).map_err(|e| to_error(location, e))?
     else {
         return Err(not_found(location, "the root is not an object"));
     };
     let dir = open_beneath(root, &dirs.join("/"), libc::O_PATH | libc::O_DIRECTORY)
         .map_err(|e| to_error(location, e))?;
+    let _lock = lock_dir(&dir).map_err(|e| to_error(location, e))?;
     let st = stat_at(&dir, name).map_err(|e| to_error(location, e))?;
     if !is_reg(st.st_mode) {
         return Err(not_found(location, "not a regular file"));
+    }
+    if let Some(want) = expected {
+        if meta_of_stat(location.clone(), &st).e_tag.as_deref() != Some(want.trim_matches('"')) {
+            return Err(object_store::Error::Precondition {
+                path: location.to_string(),
+                source: "the object has another version".into(),
+            });
+        }
     }
     unlink_at(&dir, name, 0).map_err(|e| to_error(location, e))
 }
@@ -810,6 +881,7 @@ struct LocalUpload {
     name: String,
     tmp: Option<TmpFile>,
     offset: u64,
+    mode: PutMode,
 }
 
 impl std::fmt::Debug for LocalUpload {
@@ -850,8 +922,8 @@ impl MultipartUpload for LocalUpload {
                 store: STORE,
                 source: "the upload is finished".into(),
             })?;
-        let (location, name) = (self.location.clone(), self.name.clone());
-        blocking(move || tmp.commit(&location, &name, false).map(put_result)).await
+        let (location, name, mode) = (self.location.clone(), self.name.clone(), self.mode.clone());
+        blocking(move || tmp.commit(&location, &name, &mode).map(put_result)).await
     }
 
     async fn abort(&mut self) -> Result<()> {

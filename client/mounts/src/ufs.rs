@@ -415,6 +415,17 @@ pub fn check_path(path: &str) -> Result<(), UfsError> {
 /// The file id of `path` at `version` (see [`pagestore_protocol::ring::file_id`]).
 pub use pagestore_protocol::ring::file_id;
 
+/// The error of an operation the store behind `path` cannot do.
+fn not_implemented(path: &str, operation: &str) -> UfsError {
+    UfsError::Store(
+        path.to_string(),
+        object_store::Error::NotImplemented {
+            operation: operation.to_string(),
+            implementer: "this mount's store".to_string(),
+        },
+    )
+}
+
 fn version_of(meta: &object_store::ObjectMeta) -> String {
     match &meta.e_tag {
         Some(e) => e.trim_matches('"').to_string(),
@@ -660,6 +671,106 @@ impl MountTable {
             .put_multipart(&p)
             .await
             .map_err(|e| UfsError::Store(path.to_string(), e))
+    }
+
+    /// Writes `data` as the object at `path` in one request, if `mode` allows it
+    /// (`PutMode::Create`: nothing there; `PutMode::Update`: the object has that version), as
+    /// one atomic step of the store. `Ok(false)`: the condition failed and nothing was written.
+    /// A store that cannot do the conditional write answers `UfsError::Store` with
+    /// `object_store::Error::NotImplemented`.
+    pub async fn put_if(
+        &self,
+        path: &str,
+        data: Bytes,
+        mode: object_store::PutMode,
+    ) -> Result<bool, UfsError> {
+        let (m, p) = self.resolve(path)?;
+        match m.store.put_opts(&p, data.into(), mode.into()).await {
+            Ok(_) => Ok(true),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(false),
+            Err(object_store::Error::NotFound { .. }) => Err(UfsError::NotFound(path.into())),
+            Err(e) => Err(UfsError::Store(path.to_string(), e)),
+        }
+    }
+
+    /// Starts a multipart write of `path` that completes only if `mode` allows it, atomically.
+    /// Only `file://` mounts can (object_store has no conditional multipart completion); other
+    /// mounts answer `object_store::Error::NotImplemented` for a mode other than `Overwrite`. A
+    /// failed condition is `object_store::Error::Precondition` or `AlreadyExists` from
+    /// `complete`.
+    pub async fn put_multipart_if(
+        &self,
+        path: &str,
+        mode: object_store::PutMode,
+    ) -> Result<Box<dyn object_store::MultipartUpload>, UfsError> {
+        if mode == object_store::PutMode::Overwrite {
+            return self.put_multipart(path).await;
+        }
+        let (m, p) = self.resolve(path)?;
+        if m.local.is_none() {
+            return Err(not_implemented(path, "a conditional multipart write"));
+        }
+        let mut opts = object_store::PutMultipartOptions::default();
+        opts.extensions.insert(crate::localfs::CommitMode(mode));
+        m.store
+            .put_multipart_opts(&p, opts)
+            .await
+            .map_err(|e| UfsError::Store(path.to_string(), e))
+    }
+
+    /// Deletes the object at `path` if it has version `version`, atomically. `Ok(false)`: it
+    /// has another version and stays. Only `file://` mounts can; others answer
+    /// `object_store::Error::NotImplemented`.
+    pub async fn delete_if(&self, path: &str, version: &str) -> Result<bool, UfsError> {
+        let (m, p) = self.resolve(path)?;
+        let Some(local) = &m.local else {
+            return Err(not_implemented(path, "a conditional delete"));
+        };
+        match local.delete_if(&p, version).await {
+            Ok(()) => Ok(true),
+            Err(object_store::Error::Precondition { .. }) => Ok(false),
+            Err(object_store::Error::NotFound { .. }) => Err(UfsError::NotFound(path.into())),
+            Err(e) => Err(UfsError::Store(path.to_string(), e)),
+        }
+    }
+
+    /// Copies the object at `from` to `to` inside the store (both under the same mount);
+    /// objects in different mounts answer `object_store::Error::NotImplemented`.
+    pub async fn copy(&self, from: &str, to: &str) -> Result<(), UfsError> {
+        let (mf, pf) = self.resolve(from)?;
+        let (mt, pt) = self.resolve(to)?;
+        if mf.prefix != mt.prefix {
+            return Err(not_implemented(to, "a copy between two mounts"));
+        }
+        mf.store.copy(&pf, &pt).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => UfsError::NotFound(from.to_string()),
+            e => UfsError::Store(to.to_string(), e),
+        })
+    }
+
+    /// The objects directly under the logical directory `dir`, as `(name, size, version tag)`
+    /// (the version tag as [`MountTable::stat`] gives it).
+    pub async fn list_versions(&self, dir: &str) -> Result<Vec<(String, u64, String)>, UfsError> {
+        let (m, p) = self.resolve(dir)?;
+        let prefix = (!p.as_ref().is_empty()).then_some(&p);
+        let r = m
+            .store
+            .list_with_delimiter(prefix)
+            .await
+            .map_err(|e| UfsError::Store(dir.to_string(), e))?;
+        Ok(r.objects
+            .iter()
+            .map(|o| {
+                (
+                    o.location.filename().unwrap_or_default().to_string(),
+                    o.size,
+                    version_of(o),
+                )
+            })
+            .collect())
     }
 
     /// Deletes the object at `path`.

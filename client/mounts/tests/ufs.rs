@@ -180,3 +180,135 @@ fn configuration_errors_are_clear() {
         .to_string()
         .contains("mounted twice"));
 }
+
+#[test]
+fn conditional_writes_deletes_copies_and_versioned_listings_on_file_mounts() {
+    use object_store::{PutMode, UpdateVersion};
+    let (_d, t) = setup();
+    let update = |v: &str| {
+        PutMode::Update(UpdateVersion {
+            e_tag: Some(format!("\"{v}\"")),
+            version: None,
+        })
+    };
+    rt().block_on(async {
+        let p = "/data/cond/x";
+        // Create: only where nothing is.
+        assert!(t.put_if(p, "one".into(), PutMode::Create).await.unwrap());
+        assert!(!t.put_if(p, "two".into(), PutMode::Create).await.unwrap());
+        let v1 = t.stat(p).await.unwrap().version;
+        // Update: only from the version named.
+        assert!(t.put_if(p, "two".into(), update(&v1)).await.unwrap());
+        let v2 = t.stat(p).await.unwrap().version;
+        assert_ne!(v1, v2);
+        assert!(!t.put_if(p, "three".into(), update(&v1)).await.unwrap());
+        assert!(!t
+            .put_if("/data/cond/none", "x".into(), update(&v1))
+            .await
+            .unwrap());
+        let info = t.stat(p).await.unwrap();
+        assert_eq!(&t.read(&info, 0..10).await.unwrap()[..], b"two");
+        // A multipart write completing under a condition.
+        let mut u = t.put_multipart_if(p, update(&v1)).await.unwrap();
+        u.put_part(bytes::Bytes::from_static(b"stale").into())
+            .await
+            .unwrap();
+        assert!(matches!(
+            u.complete().await,
+            Err(object_store::Error::Precondition { .. })
+        ));
+        let mut u = t.put_multipart_if(p, update(&v2)).await.unwrap();
+        u.put_part(bytes::Bytes::from_static(b"fresh").into())
+            .await
+            .unwrap();
+        u.complete().await.unwrap();
+        let v3 = t.stat(p).await.unwrap().version;
+        let mut u = t.put_multipart_if(p, PutMode::Create).await.unwrap();
+        u.put_part(bytes::Bytes::from_static(b"x").into())
+            .await
+            .unwrap();
+        assert!(u.complete().await.is_err());
+        // Listed versions are stat's versions.
+        let listed = t.list_versions("/data/cond").await.unwrap();
+        assert_eq!(listed, vec![("x".to_string(), 5, v3.clone())]);
+        // Copy inside a mount; between mounts it is not the store's to do.
+        t.copy(p, "/data/cond/y").await.unwrap();
+        let y = t.stat("/data/cond/y").await.unwrap();
+        assert_eq!(&t.read(&y, 0..10).await.unwrap()[..], b"fresh");
+        assert!(matches!(
+            t.copy(p, "/data/inner/y").await,
+            Err(UfsError::Store(
+                _,
+                object_store::Error::NotImplemented { .. }
+            ))
+        ));
+        assert!(matches!(
+            t.copy("/data/cond/none", "/data/cond/z").await,
+            Err(UfsError::NotFound(_))
+        ));
+        // Conditional delete.
+        assert!(!t.delete_if(p, &v2).await.unwrap());
+        assert!(t.stat(p).await.is_ok());
+        assert!(t.delete_if(p, &format!("\"{v3}\"")).await.unwrap());
+        assert!(matches!(t.stat(p).await, Err(UfsError::NotFound(_))));
+        assert!(matches!(
+            t.delete_if(p, &v3).await,
+            Err(UfsError::NotFound(_))
+        ));
+    });
+}
+
+#[test]
+fn concurrent_conditional_updates_from_one_version_let_exactly_one_win() {
+    use object_store::{PutMode, UpdateVersion};
+    let (_d, t) = setup();
+    let t = std::sync::Arc::new(t);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let p = "/data/race";
+        t.put(p, "base".into()).await.unwrap();
+        let v = t.stat(p).await.unwrap().version;
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let (t, v) = (t.clone(), v.clone());
+                tokio::spawn(async move {
+                    let mode = PutMode::Update(UpdateVersion {
+                        e_tag: Some(v),
+                        version: None,
+                    });
+                    t.put_if(p, format!("writer {i}").into(), mode)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut won = 0;
+        for task in tasks {
+            if task.await.unwrap() {
+                won += 1;
+            }
+        }
+        assert_eq!(won, 1, "compare-and-swap from one version: one writer wins");
+        let creates: Vec<_> = (0..8)
+            .map(|i| {
+                let t = t.clone();
+                tokio::spawn(async move {
+                    t.put_if("/data/race-new", format!("{i}").into(), PutMode::Create)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for c in creates {
+            if c.await.unwrap() {
+                created += 1;
+            }
+        }
+        assert_eq!(created, 1, "create-only: one writer creates");
+    });
+}
