@@ -685,6 +685,15 @@ impl MountTable {
         mode: object_store::PutMode,
     ) -> Result<bool, UfsError> {
         let (m, p) = self.resolve(path)?;
+        // GCS compares generations, which the version tags here do not carry.
+        if matches!(&mode, object_store::PutMode::Update(v) if v.version.is_none())
+            && m.url.starts_with("gs://")
+        {
+            return Err(not_implemented(
+                path,
+                "a conditional update (If-Match) on a GCS mount",
+            ));
+        }
         match m.store.put_opts(&p, data.into(), mode.into()).await {
             Ok(_) => Ok(true),
             Err(
