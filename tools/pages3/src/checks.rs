@@ -125,6 +125,19 @@ pub fn check_request(
             "browser-based POST uploads are not served by pages3; use PutObject",
         ));
     }
+    if let Some(name) = headers
+        .keys()
+        .map(|k| k.as_str())
+        .find(|k| is_sse_header(k))
+    {
+        return Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            format!(
+                "server-side encryption ({name}) is not supported: pages3 stores and serves \
+                 objects as they are sent; send the request without encryption headers"
+            ),
+        ));
+    }
     if signed && is_sigv2(uri, headers) {
         if !policy.allow_sigv2 {
             return Err(sigv4_required());
@@ -193,6 +206,14 @@ pub fn check_request(
             "Signature is required (this gateway does not serve anonymous requests)",
         )),
     }
+}
+
+/// Whether a request header asks for server-side encryption (SSE-S3, SSE-KMS, SSE-C, also for
+/// a copy's source), which pages3 refuses rather than ignores.
+pub fn is_sse_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.starts_with("x-amz-server-side-encryption")
+        || name.starts_with("x-amz-copy-source-server-side-encryption")
 }
 
 /// Parses an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`; `+0000` and `UTC` are accepted for

@@ -110,6 +110,13 @@ fn no_space(detail: &dyn std::fmt::Display) -> S3Error {
 pub(super) fn store_error(e: pagestore_client::ufs::UfsError) -> S3Error {
     use pagestore_client::ufs::UfsError;
     match e {
+        UfsError::Store(_, object_store::Error::NotImplemented { operation, .. }) => {
+            not_implemented(&operation)
+        }
+        UfsError::Store(
+            _,
+            object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. },
+        ) => super::cond::precondition_failed("the object changed during the request"),
         UfsError::Store(_, ref inner) if out_of_space(inner) => no_space(&e),
         e @ UfsError::Store(..) => client_error(ClientError::Unavailable(e.to_string())),
         e => client_error(e.into()),
@@ -122,6 +129,33 @@ pub(super) fn io_failure(what: &str, e: io::Error) -> S3Error {
         return no_space(&format!("{what}: {e}"));
     }
     internal(format!("{what}: {e}"))
+}
+
+/// 501 NotImplemented: the under storage of this bucket cannot do `operation`.
+pub(super) fn not_implemented(operation: &str) -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::NotImplemented,
+        format!("{operation} is not supported by the under storage of this bucket"),
+    )
+}
+
+/// 409: a key that names a directory (a prefix with objects under it) or lies beneath an
+/// object; on a file system both cannot exist.
+pub(super) fn conflict(msg: String) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom("ObjectPrefixConflict".into()), msg);
+    e.set_status_code(hyper::StatusCode::CONFLICT);
+    e
+}
+
+/// A failed completion of a (possibly conditional) write of the under storage.
+pub(super) fn upload_error(path: &str, e: object_store::Error) -> S3Error {
+    match e {
+        object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. } => {
+            super::cond::precondition_failed("the object changed during the request")
+        }
+        object_store::Error::NotImplemented { operation, .. } => not_implemented(&operation),
+        e => part_error(path, e),
+    }
 }
 
 /// A failed part or completion of a multipart write to the under storage.

@@ -16,13 +16,18 @@
 //!
 //! The module is cut along the S3 operation groups: `keys` maps keys to logical paths and
 //! encodes listing keys and tokens, `errors` turns client and store failures into S3 errors
-//! without server details, `list` serves ListObjects and ListObjectsV2, `read` GetObject and
-//! HeadObject, `write` PutObject and DeleteObject(s) (and sweeps staged files of `file://`
-//! stores), `multipart` the multipart uploads staged on local disk. This file holds the
-//! service (authentication, access checks, routing, bucket names) and the [`S3`] implementation,
-//! a table of the operations that calls into those modules.
+//! without server details, `cond` evaluates conditional requests (412/304, and the store write
+//! modes of `If-None-Match: *` and `If-Match`), `list` serves ListObjects and ListObjectsV2 (with
+//! ETags), `read` GetObject, `write` PutObject and DeleteObject(s) (and sweeps staged files of
+//! `file://` stores), `multipart` the multipart uploads staged on local disk (part MD5s, `md5-N`
+//! ETags, repeated completions, ListMultipartUploads), `copy` CopyObject, UploadPartCopy and
+//! GetObjectAttributes. This file holds the service (authentication, access checks, routing,
+//! bucket names, request ids), HeadObject and ListBuckets, and the [`S3`] implementation, a
+//! table of the operations that calls into those modules.
 
 pub mod checks;
+mod cond;
+mod copy;
 mod errors;
 mod fuzz;
 mod keys;
@@ -49,13 +54,15 @@ use s3s::{
     auth::{S3Auth, SecretKey},
     dto::{
         AbortMultipartUploadInput, AbortMultipartUploadOutput, Bucket, BucketLocationConstraint,
-        CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CreateMultipartUploadInput,
-        CreateMultipartUploadOutput, DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput,
-        DeleteObjectsOutput, ETag, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
-        GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput,
-        ListBucketsInput, ListBucketsOutput, ListObjectsInput, ListObjectsOutput,
+        CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
+        CopyObjectOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
+        DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag,
+        GetBucketLocationInput, GetBucketLocationOutput, GetObjectAttributesInput,
+        GetObjectAttributesOutput, GetObjectInput, GetObjectOutput, HeadBucketInput,
+        HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput, ListBucketsOutput,
+        ListMultipartUploadsInput, ListMultipartUploadsOutput, ListObjectsInput, ListObjectsOutput,
         ListObjectsV2Input, ListObjectsV2Output, Owner, PutObjectInput, PutObjectOutput, Timestamp,
-        UploadPartInput, UploadPartOutput,
+        UploadPartCopyInput, UploadPartCopyOutput, UploadPartInput, UploadPartOutput,
     },
     route::S3Route,
     service::{S3Service, S3ServiceBuilder},
@@ -64,11 +71,11 @@ use s3s::{
 };
 
 use checks::{ChunkedCheck, Digests, Policy};
+use cond::{check_read, ReadConditions, Tags};
 use errors::{client_error, internal, invalid, no_such_bucket};
-use keys::{etag, key_path, segment_is_safe, KeyPath};
-use multipart::{Uploads, MAX_PART_NUMBER};
+use keys::{decode_token, encode_token, etag, key_path, segment_is_safe, KeyPath};
+use multipart::{Aliases, Uploads, MAX_PART_NUMBER};
 use pagestore_cli::http_guard::{self, Limits, StallBody};
-use read::check_if_match;
 use write::{sweep_staged, BodyReader};
 
 #[doc(hidden)]
@@ -124,6 +131,7 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
         writable: options.writable,
         started,
         uploads,
+        aliases: Arc::new(Aliases::default()),
     };
     let policy = Policy {
         anonymous: options.anonymous,
@@ -199,8 +207,50 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
             }
         });
         let s3 = self.s3.clone();
-        Box::pin(async move { s3.call(req).await })
+        Box::pin(async move {
+            let mut resp = s3.call(req).await?;
+            finish_response(
+                &mut resp,
+                &multipart::random_id()[..16].to_ascii_uppercase(),
+            );
+            Ok(resp)
+        })
     }
+}
+
+/// What every answer gets on its way out: an `x-amz-request-id` header, and the same id as
+/// `<RequestId>` in an error body (S3's error format); a 304 goes without a body.
+fn finish_response(resp: &mut hyper::Response<Body>, id: &str) {
+    use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+    if let Ok(v) = HeaderValue::from_str(id) {
+        resp.headers_mut().insert("x-amz-request-id", v);
+    }
+    if resp.status() == hyper::StatusCode::NOT_MODIFIED {
+        *resp.body_mut() = Body::empty();
+        resp.headers_mut().remove(CONTENT_TYPE);
+        resp.headers_mut().remove(CONTENT_LENGTH);
+        return;
+    }
+    if resp.status().as_u16() < 400 {
+        return;
+    }
+    let Some(body) = resp.body().bytes() else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return;
+    };
+    if text.contains("<RequestId>") {
+        return;
+    }
+    let Some(at) = text.rfind("</Error>") else {
+        return;
+    };
+    let with_id = format!("{}<RequestId>{id}</RequestId>{}", &text[..at], &text[at..]);
+    if let Ok(v) = HeaderValue::from_str(&with_id.len().to_string()) {
+        resp.headers_mut().insert(CONTENT_LENGTH, v);
+    }
+    *resp.body_mut() = Body::from(with_id);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -385,9 +435,29 @@ struct Gateway {
     /// modification times (the ETag tells versions apart).
     started: SystemTime,
     uploads: Arc<Uploads>,
+    /// ETags of objects this gateway wrote from multipart uploads.
+    aliases: Arc<Aliases>,
 }
 
 impl Gateway {
+    /// The ETags of the object `info`: the one reported (S3's `md5-N` form for an object this
+    /// gateway completed from a multipart upload, while it keeps that version; else the store's
+    /// version tag) and the store's.
+    fn tags_of(&self, info: &ObjectInfo) -> Tags {
+        let store = etag(&info.version);
+        let reported = self
+            .aliases
+            .get(&info.path, &info.version)
+            .map_or_else(|| store.clone(), ETag::Strong);
+        Tags { reported, store }
+    }
+
+    /// When the object `info` was last modified, as reported (Last-Modified) and as the
+    /// If-Modified-Since and If-Unmodified-Since conditions compare it.
+    fn modified(&self, _info: &ObjectInfo) -> SystemTime {
+        self.started
+    }
+
     fn last_modified(&self) -> Timestamp {
         Timestamp::from(self.started)
     }
@@ -445,14 +515,38 @@ impl Gateway {
 impl S3 for Gateway {
     async fn list_buckets(
         &self,
-        _req: S3Request<ListBucketsInput>,
+        req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let input = req.input;
+        let max = match input.max_buckets {
+            None => usize::MAX,
+            Some(n) if (1..=10_000).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(invalid(format!(
+                    "max-buckets {n} is not between 1 and 10000"
+                )))
+            }
+        };
+        let after = match input.continuation_token.as_deref() {
+            None | Some("") => None,
+            Some(t) => Some(decode_token(t)?),
+        };
+        let prefix = input.prefix.clone().unwrap_or_default();
         let entries = self.client.list("/").await.map_err(client_error)?;
-        let buckets = entries
+        let mut names: Vec<String> = entries
             .into_iter()
-            .filter(|e| e.is_dir && valid_bucket(&e.name))
-            .map(|e| Bucket {
-                name: Some(e.name),
+            .filter(|e| e.is_dir && valid_bucket(&e.name) && e.name.starts_with(&prefix))
+            .filter(|e| after.as_deref().is_none_or(|a| e.name.as_str() > a))
+            .map(|e| e.name)
+            .collect();
+        names.sort();
+        names.dedup();
+        let next = (names.len() > max).then(|| encode_token(&names[max - 1]));
+        names.truncate(max);
+        let buckets = names
+            .into_iter()
+            .map(|name| Bucket {
+                name: Some(name),
                 creation_date: Some(self.last_modified()),
                 bucket_region: Some(self.region.clone()),
             })
@@ -463,7 +557,8 @@ impl S3 for Gateway {
                 display_name: Some("pagestore".into()),
                 id: Some("pagestore".into()),
             }),
-            ..ListBucketsOutput::default()
+            continuation_token: next,
+            prefix: input.prefix,
         }))
     }
 
@@ -497,14 +592,24 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = &req.input;
         let info = self.stat_object(&input.bucket, &input.key).await?;
-        let tag = etag(&info.version);
-        check_if_match(input.if_match.as_ref().and_then(|c| c.as_etag()), &tag)?;
+        let tags = self.tags_of(&info);
+        let modified = self.modified(&info);
+        check_read(
+            &ReadConditions {
+                if_match: input.if_match.as_ref(),
+                if_none_match: input.if_none_match.as_ref(),
+                if_modified_since: input.if_modified_since.as_ref(),
+                if_unmodified_since: input.if_unmodified_since.as_ref(),
+            },
+            &tags,
+            modified,
+        )?;
         Ok(S3Response::new(HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: Some(info.size.try_into().unwrap_or(i64::MAX)),
             content_type: Some("application/octet-stream".into()),
-            e_tag: Some(tag),
-            last_modified: Some(self.last_modified()),
+            e_tag: Some(tags.reported),
+            last_modified: Some(modified.into()),
             ..HeadObjectOutput::default()
         }))
     }
@@ -534,44 +639,42 @@ impl S3 for Gateway {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let input = req.input;
-        let path = self.write_path(&input.bucket, &input.key)?;
-        self.writable()?;
-        self.require_bucket(&input.bucket).await?;
-        let info = self
-            .write_object(
-                &path,
-                input.body,
-                &req.headers,
-                req.trailing_headers.as_ref(),
-            )
-            .await?;
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(etag(&info.version)),
-            size: Some(info.size.try_into().unwrap_or(i64::MAX)),
-            ..PutObjectOutput::default()
-        }))
+        write::put_object(self, req).await
     }
 
     async fn delete_object(
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let input = &req.input;
-        let path = match key_path(&input.bucket, &input.key)? {
-            KeyPath::Object(p) => Some(p),
-            KeyPath::Marker => None,
-        };
-        self.writable()?;
-        self.require_bucket(&input.bucket).await?;
-        if let Some(path) = path {
-            match self.client.delete(&path).await {
-                // Deleting what is not there succeeds, as in S3.
-                Ok(()) | Err(ClientError::NotFound(_)) => {}
-                Err(e) => return Err(client_error(e)),
-            }
-        }
-        Ok(S3Response::new(DeleteObjectOutput::default()))
+        write::delete_object(self, req).await
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        copy::copy_object(self, req).await
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        copy::upload_part_copy(self, req).await
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        copy::get_object_attributes(self, req).await
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        multipart::list_multipart_uploads(self, req).await
     }
 
     async fn delete_objects(

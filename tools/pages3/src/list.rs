@@ -1,11 +1,14 @@
 //! ListObjects and ListObjectsV2: pages of keys in key order, walked from the directories of
 //! the logical namespace.
 
-use pagestore_client::Error as ClientError;
+use std::collections::HashMap;
+
+use futures_util::{stream, StreamExt, TryStreamExt};
+use pagestore_client::{ufs::ObjectInfo, Error as ClientError};
 use pagestore_protocol::frame::DirEntry;
 use s3s::{
     dto::{
-        CommonPrefix, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+        CommonPrefix, ETag, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
         ListObjectsV2Output, Object, ObjectStorageClass,
     },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
@@ -21,7 +24,11 @@ use super::{
 /// One item of a listing, in key order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Item {
-    Object { key: String, size: u64 },
+    Object {
+        key: String,
+        size: u64,
+        etag: Option<ETag>,
+    },
     Prefix(String),
 }
 
@@ -151,7 +158,11 @@ impl Gateway {
                 page.items.push(if is_dir {
                     Item::Prefix(key)
                 } else {
-                    Item::Object { key, size }
+                    Item::Object {
+                        key,
+                        size,
+                        etag: None,
+                    }
                 });
             }
             return Ok(page);
@@ -178,15 +189,97 @@ impl Gateway {
                     page.truncated = true;
                     break;
                 }
-                page.items.push(Item::Object { key, size });
+                page.items.push(Item::Object {
+                    key,
+                    size,
+                    etag: None,
+                });
             }
         }
         Ok(page)
     }
 
-    fn object_entry(&self, key: String, size: u64, enc: bool) -> Object {
+    /// Fills in the ETag of every object of the page (equal to HeadObject's): from a listing of
+    /// each directory in the store where the gateway has the mount table, else (or for an
+    /// object that listing missed) from a stat through the cluster. An object gone meanwhile
+    /// leaves the page.
+    async fn fill_etags(&self, bucket: &str, page: &mut Page) -> S3Result<()> {
+        let mut dirs: HashMap<String, HashMap<String, String>> = HashMap::new();
+        if let Some(table) = self.client.ufs_table() {
+            for item in &page.items {
+                let Item::Object { key, .. } = item else {
+                    continue;
+                };
+                let dir = match key.rfind('/') {
+                    Some(i) => format!("/{bucket}/{}", &key[..i]),
+                    None => format!("/{bucket}"),
+                };
+                if dirs.contains_key(&dir) {
+                    continue;
+                }
+                let versions = match table.list_versions(&dir).await {
+                    Ok(v) => v.into_iter().map(|(n, _, v)| (n, v)).collect(),
+                    Err(_) => HashMap::new(),
+                };
+                dirs.insert(dir, versions);
+            }
+        }
+        let wanted: Vec<(usize, String, u64, Option<String>)> = page
+            .items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| match item {
+                Item::Object { key, size, .. } => {
+                    let path = format!("/{bucket}/{key}");
+                    let (dir, name) = path.rsplit_once('/').unwrap_or(("", &path));
+                    let known = dirs.get(dir).and_then(|d| d.get(name)).cloned();
+                    Some((i, path, *size, known))
+                }
+                Item::Prefix(_) => None,
+            })
+            .collect();
+        let found: Vec<(usize, Option<ETag>)> = stream::iter(wanted)
+            .map(|(i, path, size, known)| async move {
+                let version = match known {
+                    Some(v) => v,
+                    None => match self.client.stat(&path).await {
+                        Ok(info) => info.version,
+                        Err(
+                            ClientError::NotFound(_)
+                            | ClientError::IsDir(_)
+                            | ClientError::NotDir(_),
+                        ) => return Ok((i, None)),
+                        Err(e) => return Err(client_error(e)),
+                    },
+                };
+                let info = ObjectInfo {
+                    path,
+                    size,
+                    version,
+                    file_id: 0,
+                };
+                Ok::<_, S3Error>((i, Some(self.tags_of(&info).reported)))
+            })
+            .buffered(16)
+            .try_collect()
+            .await?;
+        let mut gone = Vec::new();
+        for (i, tag) in found {
+            match (tag, page.items.get_mut(i)) {
+                (Some(t), Some(Item::Object { etag, .. })) => *etag = Some(t),
+                _ => gone.push(i),
+            }
+        }
+        for i in gone.into_iter().rev() {
+            page.items.remove(i);
+        }
+        Ok(())
+    }
+
+    fn object_entry(&self, key: String, size: u64, etag: Option<ETag>, enc: bool) -> Object {
         Object {
             key: Some(if enc { url_encode(&key) } else { key }),
+            e_tag: etag,
             size: Some(size.try_into().unwrap_or(i64::MAX)),
             last_modified: Some(self.last_modified()),
             storage_class: Some(ObjectStorageClass::from_static(
@@ -201,7 +294,9 @@ impl Gateway {
         let mut prefixes = Vec::new();
         for item in page.items {
             match item {
-                Item::Object { key, size } => objects.push(self.object_entry(key, size, enc)),
+                Item::Object { key, size, etag } => {
+                    objects.push(self.object_entry(key, size, etag, enc))
+                }
                 Item::Prefix(p) => prefixes.push(CommonPrefix {
                     prefix: Some(if enc { url_encode(&p) } else { p }),
                 }),
@@ -244,13 +339,17 @@ pub(super) async fn list_objects_v2(
     let input = req.input;
     let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    let token = match input.continuation_token.as_deref() {
+    // An empty token is no token (as S3 takes it).
+    let continuation_token = input.continuation_token.filter(|t| !t.is_empty());
+    let token = match continuation_token.as_deref() {
         Some(t) => Some(decode_token(t)?),
         None => None,
     };
     // A continuation token wins over start-after (it is later in the same listing).
-    let after = token.as_deref().or(input.start_after.as_deref());
-    let page = gw
+    let after = token
+        .as_deref()
+        .or(input.start_after.as_deref().filter(|s| !s.is_empty()));
+    let mut page = gw
         .list_page(&ListArgs {
             bucket: &input.bucket,
             prefix: &prefix,
@@ -260,10 +359,12 @@ pub(super) async fn list_objects_v2(
         })
         .await?;
     let enc = is_url(input.encoding_type.as_ref());
+    // The token names the last key the walk reached, even if that object went away since.
     let next = page
         .truncated
         .then(|| page.items.last().map(|i| encode_token(i.key())))
         .flatten();
+    gw.fill_etags(&input.bucket, &mut page).await?;
     let truncated = page.truncated;
     let count = page.items.len();
     let (contents, prefixes) = gw.split_page(page, enc);
@@ -271,12 +372,12 @@ pub(super) async fn list_objects_v2(
     Ok(S3Response::new(ListObjectsV2Output {
         name: Some(input.bucket),
         prefix: Some(code(prefix)),
-        delimiter: input.delimiter.map(code),
+        delimiter: input.delimiter.filter(|d| !d.is_empty()).map(code),
         start_after: input.start_after.map(code),
         max_keys: Some(max as i32),
         key_count: Some(count as i32),
         is_truncated: Some(truncated),
-        continuation_token: input.continuation_token,
+        continuation_token,
         next_continuation_token: next,
         contents: Some(contents),
         common_prefixes: Some(prefixes),
@@ -293,7 +394,7 @@ pub(super) async fn list_objects(
     let input = req.input;
     let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    let page = gw
+    let mut page = gw
         .list_page(&ListArgs {
             bucket: &input.bucket,
             prefix: &prefix,
@@ -308,12 +409,14 @@ pub(super) async fn list_objects(
         .truncated
         .then(|| page.items.last().map(|i| code(i.key().to_string())))
         .flatten();
+    gw.fill_etags(&input.bucket, &mut page).await?;
     let truncated = page.truncated;
     let (contents, prefixes) = gw.split_page(page, enc);
     Ok(S3Response::new(ListObjectsOutput {
         name: Some(input.bucket),
-        prefix: Some(code(prefix)),
-        delimiter: input.delimiter.map(code),
+        // Version 1 answers the Prefix as given, even with encoding-type=url (as S3 does).
+        prefix: Some(prefix),
+        delimiter: input.delimiter.filter(|d| !d.is_empty()).map(code),
         marker: Some(code(input.marker.unwrap_or_default())),
         max_keys: Some(max as i32),
         is_truncated: Some(truncated),

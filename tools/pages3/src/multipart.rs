@@ -14,19 +14,80 @@ use std::{
 };
 
 use bytes::BytesMut;
+use object_store::PutMode;
 use s3s::{
-    dto::{CompleteMultipartUploadInput, CompleteMultipartUploadOutput},
+    crypto::{Checksum as _, Md5},
+    dto::{
+        CompleteMultipartUploadInput, CompleteMultipartUploadOutput, ETag,
+        ListMultipartUploadsInput, ListMultipartUploadsOutput, MultipartUpload, Timestamp,
+    },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result, TrailingHeaders,
 };
 use tokio::io::AsyncWriteExt;
 
 use super::{
     checks::Digests,
-    errors::{internal, io_failure, part_error, store_error},
-    keys::etag,
+    cond::WriteCondition,
+    errors::{internal, invalid, io_failure, store_error, upload_error},
     write::{BodyReader, WRITE_CHUNK},
-    Gateway,
+    Gateway, MAX_KEYS,
 };
+
+/// Completed uploads remembered for retries of their CompleteMultipartUpload.
+const MAX_DONE: usize = 1000;
+
+/// Store versions remembered with the `md5-N` ETag of the upload that wrote them.
+const MAX_ALIASES: usize = 100_000;
+
+/// S3's ETag of a multipart object: the MD5 of the parts' binary MD5s, `-` and the number of
+/// parts.
+pub(super) fn multipart_etag(part_tags: &[&str]) -> String {
+    let mut h = Md5::new();
+    for t in part_tags {
+        let hex = t.trim_matches('"');
+        let bytes: Vec<u8> = (0..hex.len() / 2)
+            .filter_map(|i| hex.get(2 * i..2 * i + 2))
+            .filter_map(|b| u8::from_str_radix(b, 16).ok())
+            .collect();
+        h.update(&bytes);
+    }
+    format!("{}-{}", hex(h.finalize().as_ref()), part_tags.len())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The ETags this gateway gave objects it wrote from multipart uploads (`md5-N`), by logical
+/// path with the store version they name: HEAD, GET and listings report that ETag while the
+/// object keeps that version, and while this gateway runs.
+#[derive(Default)]
+pub(super) struct Aliases(Mutex<HashMap<String, (String, String)>>);
+
+impl Aliases {
+    pub(super) fn get(&self, path: &str, version: &str) -> Option<String> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(path)
+            .filter(|(v, _)| v == version)
+            .map(|(_, a)| a.clone())
+    }
+
+    pub(super) fn set(&self, path: &str, version: &str, alias: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= MAX_ALIASES && !m.contains_key(path) {
+            // Forgetting only changes what later reads report (the store's tag).
+            m.clear();
+        }
+        m.insert(path.to_string(), (version.to_string(), alias.to_string()));
+    }
+
+    pub(super) fn forget(&self, path: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+    }
+}
 
 /// Parts of a multipart upload must be at least this large, except the last (as in S3).
 const MIN_PART: u64 = 5 << 20;
@@ -37,8 +98,10 @@ pub(super) const MAX_PART_NUMBER: i32 = 10_000;
 /// Names of upload directories under the staging directory.
 const UPLOAD_DIR_PREFIX: &str = "upload-";
 
-/// CompleteMultipartUpload: checks the part list, sends the staged parts, then invalidates the
-/// cluster's pages of the object.
+/// CompleteMultipartUpload: checks the part list, sends the staged parts (under the request's
+/// If-Match / If-None-Match condition, done by the store), then invalidates the cluster's pages
+/// of the object. The answer's ETag is S3's `md5-N` form. A retry of a completed upload with
+/// the same parts answers the same again.
 pub(super) async fn complete_multipart_upload(
     gw: &Gateway,
     req: S3Request<CompleteMultipartUploadInput>,
@@ -46,6 +109,7 @@ pub(super) async fn complete_multipart_upload(
     let input = req.input;
     let path = gw.write_path(&input.bucket, &input.key)?;
     let ufs = gw.writable()?;
+    let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
     let wanted: Vec<(i32, Option<String>)> = input
         .multipart_upload
         .and_then(|m| m.parts)
@@ -58,26 +122,111 @@ pub(super) async fn complete_multipart_upload(
             )
         })
         .collect();
-    let files = gw
+    let answer = |tag: String| {
+        S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            e_tag: Some(ETag::Strong(tag)),
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            ..CompleteMultipartUploadOutput::default()
+        })
+    };
+    let (files, tag) = match gw
         .uploads
-        .begin_complete(&input.upload_id, &path, &wanted)?;
-    let old = ufs.stat(&path).await.ok().map(|i| i.file_id);
-    match send_parts(ufs, &path, &files).await {
-        Ok(()) => {}
-        Err(e) => {
-            gw.uploads.end_complete(&input.upload_id, false).await;
-            return Err(e);
-        }
+        .begin_complete(&input.upload_id, &path, &wanted)?
+    {
+        Begun::Again(tag) => return Ok(answer(tag)),
+        Begun::Started(files, tag) => (files, tag),
+    };
+    let sent = async {
+        let (mode, old) = gw.write_mode(&path, &cond).await?;
+        send_parts(ufs, &path, &files, mode).await?;
+        Ok::<_, S3Error>(old)
     }
-    gw.uploads.end_complete(&input.upload_id, true).await;
+    .await;
+    let old = match sent {
+        Ok(old) => old,
+        Err(e) => {
+            gw.uploads.end_complete(&input.upload_id, None).await;
+            return Err(gw.write_failed(&path, e).await);
+        }
+    };
+    gw.uploads
+        .end_complete(&input.upload_id, Some((&wanted, &tag)))
+        .await;
     gw.client.invalidate(&path, old).await;
-    let info = ufs.stat(&path).await.map_err(store_error)?;
-    Ok(S3Response::new(CompleteMultipartUploadOutput {
-        bucket: Some(input.bucket.clone()),
-        key: Some(input.key.clone()),
-        e_tag: Some(etag(&info.version)),
-        location: Some(format!("/{}/{}", input.bucket, input.key)),
-        ..CompleteMultipartUploadOutput::default()
+    match ufs.stat(&path).await {
+        Ok(info) => gw.aliases.set(&path, &info.version, &tag),
+        Err(e) => return Err(store_error(e)),
+    }
+    Ok(answer(tag))
+}
+
+/// ListMultipartUploads: the uploads under way in this gateway for keys of the bucket under
+/// `prefix`, in key order (then by upload id), after the key and upload id markers.
+pub(super) async fn list_multipart_uploads(
+    gw: &Gateway,
+    req: S3Request<ListMultipartUploadsInput>,
+) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+    let input = req.input;
+    gw.require_bucket(&input.bucket).await?;
+    if input.delimiter.as_deref().is_some_and(|d| !d.is_empty()) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            "ListMultipartUploads with a delimiter",
+        ));
+    }
+    let max = match input.max_uploads {
+        None => MAX_KEYS,
+        Some(n) if n < 0 => return Err(invalid(format!("max-uploads {n} is negative"))),
+        Some(n) => (n as usize).min(MAX_KEYS),
+    };
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let key_marker = input.key_marker.clone().unwrap_or_default();
+    let id_marker = input.upload_id_marker.clone().unwrap_or_default();
+    let bucket_dir = format!("/{}/", input.bucket);
+    let mut all: Vec<(String, String, SystemTime)> = gw
+        .uploads
+        .list()
+        .into_iter()
+        .filter_map(|(id, path, t)| {
+            let key = path.strip_prefix(&bucket_dir)?.to_string();
+            key.starts_with(&prefix).then_some((key, id, t))
+        })
+        .filter(|(key, id, _)| {
+            key_marker.is_empty()
+                || key.as_str() > key_marker.as_str()
+                || (key == &key_marker && !id_marker.is_empty() && id.as_str() > id_marker.as_str())
+        })
+        .collect();
+    all.sort();
+    let truncated = all.len() > max;
+    all.truncate(max);
+    let last = all.last().cloned();
+    let uploads = all
+        .into_iter()
+        .map(|(key, id, t)| MultipartUpload {
+            initiated: Some(Timestamp::from(t)),
+            key: Some(key),
+            upload_id: Some(id),
+            storage_class: Some(s3s::dto::StorageClass::from_static(
+                s3s::dto::StorageClass::STANDARD,
+            )),
+            ..MultipartUpload::default()
+        })
+        .collect();
+    Ok(S3Response::new(ListMultipartUploadsOutput {
+        bucket: Some(input.bucket),
+        prefix: input.prefix,
+        key_marker: input.key_marker,
+        upload_id_marker: input.upload_id_marker,
+        max_uploads: Some(max as i32),
+        is_truncated: Some(truncated),
+        next_key_marker: last.as_ref().filter(|_| truncated).map(|l| l.0.clone()),
+        next_upload_id_marker: last.filter(|_| truncated).map(|l| l.1),
+        uploads: Some(uploads),
+        encoding_type: input.encoding_type,
+        ..ListMultipartUploadsOutput::default()
     }))
 }
 
@@ -87,10 +236,14 @@ async fn send_parts(
     ufs: &pagestore_client::ufs::MountTable,
     path: &str,
     files: &[PathBuf],
+    mode: PutMode,
 ) -> S3Result<()> {
     use tokio::io::AsyncReadExt;
     let fail = internal;
-    let mut upload = ufs.put_multipart(path).await.map_err(store_error)?;
+    let mut upload = ufs
+        .put_multipart_if(path, mode)
+        .await
+        .map_err(store_error)?;
     let result: S3Result<()> = async {
         let mut pending = Vec::new();
         let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
@@ -115,7 +268,7 @@ async fn send_parts(
                     pending.push(upload.put_part(part.into()));
                     sent_any = true;
                     if pending.len() >= 2 {
-                        pending.remove(0).await.map_err(|e| part_error(path, e))?;
+                        pending.remove(0).await.map_err(|e| upload_error(path, e))?;
                     }
                 }
             }
@@ -124,9 +277,9 @@ async fn send_parts(
             pending.push(upload.put_part(buf.split().freeze().into()));
         }
         for p in pending {
-            p.await.map_err(|e| part_error(path, e))?;
+            p.await.map_err(|e| upload_error(path, e))?;
         }
-        upload.complete().await.map_err(|e| part_error(path, e))?;
+        upload.complete().await.map_err(|e| upload_error(path, e))?;
         Ok(())
     }
     .await;
@@ -149,11 +302,31 @@ struct Upload {
     parts: BTreeMap<i32, PartFile>,
     /// CompleteMultipartUpload is sending the parts.
     completing: bool,
+    initiated: SystemTime,
+}
+
+/// The part list of a CompleteMultipartUpload: part numbers with the ETags given.
+type PartList = [(i32, Option<String>)];
+
+/// A completed upload, for retries of its CompleteMultipartUpload.
+struct Done {
+    path: String,
+    parts: Vec<(i32, Option<String>)>,
+    etag: String,
+}
+
+/// What [`Uploads::begin_complete`] found.
+enum Begun {
+    /// The upload is completing now: its part files in order, and the object's ETag.
+    Started(Vec<PathBuf>, String),
+    /// The upload was completed before with the same parts: its ETag.
+    Again(String),
 }
 
 pub(super) struct Uploads {
     dir: PathBuf,
     open: Mutex<HashMap<String, Upload>>,
+    done: Mutex<(HashMap<String, Done>, std::collections::VecDeque<String>)>,
 }
 
 /// An unpredictable id: 128 bits from the operating system's random source, in hex. Should
@@ -206,6 +379,7 @@ impl Uploads {
         Ok(Uploads {
             dir: dir.to_path_buf(),
             open: Mutex::new(HashMap::new()),
+            done: Mutex::new((HashMap::new(), std::collections::VecDeque::new())),
         })
     }
 
@@ -226,9 +400,18 @@ impl Uploads {
                 dir,
                 parts: BTreeMap::new(),
                 completing: false,
+                initiated: SystemTime::now(),
             },
         );
         Ok(id)
+    }
+
+    /// The uploads under way: id, logical path, start time.
+    fn list(&self) -> Vec<(String, String, SystemTime)> {
+        self.lock()
+            .iter()
+            .map(|(id, u)| (id.clone(), u.path.clone(), u.initiated))
+            .collect()
     }
 
     /// The upload's directory, if `id` is open for `path` and not completing.
@@ -266,12 +449,12 @@ impl Uploads {
                 return Err(fail(e));
             }
         };
-        // Fixed keys: the same bytes get the same ETag.
-        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        // S3's part ETag: the MD5 of the part.
+        let mut hash = Md5::new();
         let mut size = 0u64;
         let written: S3Result<()> = async {
             while let Some(chunk) = body.next().await? {
-                hash.write(&chunk);
+                hash.update(&chunk);
                 digests.update(&chunk);
                 size += chunk.len() as u64;
                 file.write_all(&chunk).await.map_err(fail)?;
@@ -287,7 +470,7 @@ impl Uploads {
             body.drain().await;
             return Err(e);
         }
-        let etag = format!("{:016x}{size:x}", hash.finish());
+        let etag = hex(hash.finalize().as_ref());
         let dest = dir.join(format!("part-{number:05}"));
         let mut open = self.lock();
         // Aborted or completed while the body was arriving: drop the part.
@@ -313,12 +496,7 @@ impl Uploads {
 
     /// Checks the client's part list against the staged parts and marks the upload as
     /// completing; returns the part files in order.
-    fn begin_complete(
-        &self,
-        id: &str,
-        path: &str,
-        wanted: &[(i32, Option<String>)],
-    ) -> S3Result<Vec<PathBuf>> {
+    fn begin_complete(&self, id: &str, path: &str, wanted: &PartList) -> S3Result<Begun> {
         let mut open = self.lock();
         let u = match open.get_mut(id) {
             Some(u) if u.path == path && !u.completing => u,
@@ -328,7 +506,19 @@ impl Uploads {
                     "the upload is already being completed",
                 ))
             }
-            _ => return Err(no_such_upload(id)),
+            _ => {
+                let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                return match done.0.get(id) {
+                    Some(d) if d.path == path && d.parts == wanted => {
+                        Ok(Begun::Again(d.etag.clone()))
+                    }
+                    Some(_) => Err(S3Error::with_message(
+                        S3ErrorCode::InvalidPart,
+                        "the upload was completed with other parts",
+                    )),
+                    None => Err(no_such_upload(id)),
+                };
+            }
         };
         if wanted.is_empty() {
             return Err(S3Error::with_message(
@@ -369,17 +559,40 @@ impl Uploads {
             }
             files.push(part.file.clone());
         }
+        let tags: Vec<&str> = wanted
+            .iter()
+            .filter_map(|(n, _)| u.parts.get(n).map(|p| p.etag.as_str()))
+            .collect();
+        let etag = multipart_etag(&tags);
         u.completing = true;
-        Ok(files)
+        Ok(Begun::Started(files, etag))
     }
 
-    /// Ends a completion: on success the upload and its files go; on failure it can be
-    /// completed again.
-    async fn end_complete(&self, id: &str, done: bool) {
+    /// Ends a completion: on success (the parts and the ETag) the upload and its files go and
+    /// the completion is remembered for retries; on failure it can be completed again.
+    async fn end_complete(&self, id: &str, done: Option<(&PartList, &str)>) {
         let dir = {
             let mut open = self.lock();
-            if done {
-                open.remove(id).map(|u| u.dir)
+            if let Some((parts, etag)) = done {
+                let u = open.remove(id);
+                if let Some(u) = &u {
+                    let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                    d.0.insert(
+                        id.to_string(),
+                        Done {
+                            path: u.path.clone(),
+                            parts: parts.to_vec(),
+                            etag: etag.to_string(),
+                        },
+                    );
+                    d.1.push_back(id.to_string());
+                    while d.1.len() > MAX_DONE {
+                        if let Some(old) = d.1.pop_front() {
+                            d.0.remove(&old);
+                        }
+                    }
+                }
+                u.map(|u| u.dir)
             } else {
                 if let Some(u) = open.get_mut(id) {
                     u.completing = false;

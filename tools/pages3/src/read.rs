@@ -12,13 +12,17 @@ use bytes::Bytes;
 use futures_util::{stream, Stream, StreamExt};
 use pagestore_client::{ufs::ObjectInfo, Client, Error as ClientError};
 use s3s::{
-    dto::{ETag, GetObjectInput, GetObjectOutput, StreamingBlob},
+    dto::{GetObjectInput, GetObjectOutput, StreamingBlob},
     stream::{ByteStream, RemainingLength},
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError,
 };
 use tokio::sync::mpsc;
 
-use super::{errors::client_error, keys::etag, Gateway};
+use super::{
+    cond::{check_read, ReadConditions},
+    errors::client_error,
+    Gateway,
+};
 
 /// Pages a GetObject reads ahead of the connection.
 const READ_AHEAD_PAGES: usize = 4;
@@ -135,8 +139,18 @@ pub(super) async fn get_object(
         ));
     }
     let info = gw.stat_object(&input.bucket, &input.key).await?;
-    let tag = etag(&info.version);
-    check_if_match(input.if_match.as_ref().and_then(|c| c.as_etag()), &tag)?;
+    let tags = gw.tags_of(&info);
+    let modified = gw.modified(&info);
+    check_read(
+        &ReadConditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        },
+        &tags,
+        modified,
+    )?;
     let (start, end) = match &input.range {
         None => (0, info.size),
         // No range of an empty object is satisfiable, a suffix range neither (as S3 answers;
@@ -198,20 +212,27 @@ pub(super) async fn get_object(
             .is_some()
             .then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
         content_type: Some("application/octet-stream".into()),
-        e_tag: Some(tag),
-        last_modified: Some(gw.last_modified()),
+        e_tag: Some(tags.reported),
+        last_modified: Some(modified.into()),
         ..GetObjectOutput::default()
     }))
 }
 
-pub(super) fn check_if_match(cond: Option<&ETag>, current: &ETag) -> S3Result<()> {
-    match cond {
-        Some(want) if want.value().trim_matches('"') != current.value() => {
-            Err(S3Error::with_message(
-                S3ErrorCode::PreconditionFailed,
-                "If-Match: the object has another ETag now",
-            ))
-        }
-        _ => Ok(()),
-    }
+/// A stream of the bytes `start..end` of `info` read through the cluster, page by page
+/// (the source of a copy between mounts, or of UploadPartCopy).
+pub(super) fn object_blob(
+    client: Arc<Client>,
+    info: ObjectInfo,
+    start: u64,
+    end: u64,
+) -> StreamingBlob {
+    let page = u64::from(client.page_size());
+    let pieces: Vec<(u64, u64)> = chunks(start, end, page).collect();
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(read_pieces(client, info, pieces.into_iter(), tx));
+    StreamingBlob::new(BodyStream {
+        first: None,
+        rx: Some(rx),
+        remaining: usize::try_from(end.saturating_sub(start)).unwrap_or(usize::MAX),
+    })
 }

@@ -10,18 +10,109 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use hyper::HeaderMap;
-use pagestore_client::{ufs::ObjectInfo, Client, Error as ClientError};
+use object_store::PutMode;
+use pagestore_client::{
+    ufs::{ObjectInfo, UfsError},
+    Client, Error as ClientError,
+};
+use pagestore_protocol::frame::PathKind;
 use s3s::{
-    dto::{DeleteObjectsInput, DeleteObjectsOutput, DeletedObject, StreamingBlob},
+    dto::{
+        DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput,
+        DeletedObject, ETag, ETagCondition, PutObjectInput, PutObjectOutput, StreamingBlob,
+    },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result, TrailingHeaders,
 };
 
 use super::{
     checks::{self, Digests},
-    errors::{client_error, invalid, part_error, store_error},
+    cond::{precondition_failed, WriteCondition},
+    errors::{client_error, conflict, invalid, store_error, upload_error},
     keys::{key_path, percent_decode, KeyPath},
     Gateway,
 };
+
+/// The ETag of an empty body (what S3 answers for a zero-byte directory marker).
+pub(super) const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
+/// PutObject: a key ending in `/` with an empty body is a directory marker, accepted and not
+/// stored (directories exist while they hold objects); other keys are written through
+/// [`Gateway::write_object`] under the request's condition.
+pub(super) async fn put_object(
+    gw: &Gateway,
+    req: S3Request<PutObjectInput>,
+) -> S3Result<S3Response<PutObjectOutput>> {
+    let input = req.input;
+    let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+    if key_path(&input.bucket, &input.key)? == KeyPath::Marker {
+        checks::check_written_key_len(&input.key)?;
+        gw.writable()?;
+        gw.require_bucket(&input.bucket).await?;
+        let mut body = BodyReader::new(input.body, &req.headers);
+        let mut refused = None;
+        if cond != WriteCondition::None {
+            refused = Some(S3Error::with_message(
+                S3ErrorCode::NotImplemented,
+                "a conditional write of a directory marker (keys ending in /): pagestore keeps \
+                 no markers",
+            ));
+        }
+        while refused.is_none() {
+            match body.next().await? {
+                None => break,
+                Some(b) if b.is_empty() => {}
+                Some(_) => {
+                    refused = Some(invalid(format!(
+                        "{:?}: a key ending in / is a directory marker; pagestore keeps no \
+                         markers and accepts them only empty",
+                        input.key
+                    )))
+                }
+            }
+        }
+        if let Some(e) = refused {
+            body.drain().await;
+            return Err(e);
+        }
+        return Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(ETag::Strong(EMPTY_MD5.into())),
+            size: Some(0),
+            ..PutObjectOutput::default()
+        }));
+    }
+    let path = gw.write_path(&input.bucket, &input.key)?;
+    gw.writable()?;
+    gw.require_bucket(&input.bucket).await?;
+    let info = gw
+        .write_object(
+            &path,
+            input.body,
+            &req.headers,
+            req.trailing_headers.as_ref(),
+            &cond,
+        )
+        .await?;
+    Ok(S3Response::new(PutObjectOutput {
+        e_tag: Some(gw.tags_of(&info).reported),
+        size: Some(info.size.try_into().unwrap_or(i64::MAX)),
+        ..PutObjectOutput::default()
+    }))
+}
+
+/// DeleteObject: 204 whether or not there was an object (a directory name, a missing key or
+/// a marker included, as S3 answers); with `If-Match`, the object goes only if it has that
+/// ETag, atomically (`file://` mounts; other stores answer 501).
+pub(super) async fn delete_object(
+    gw: &Gateway,
+    req: S3Request<DeleteObjectInput>,
+) -> S3Result<S3Response<DeleteObjectOutput>> {
+    let input = &req.input;
+    let path = key_path(&input.bucket, &input.key)?;
+    gw.writable()?;
+    gw.require_bucket(&input.bucket).await?;
+    gw.delete_key(path, input.if_match.as_ref()).await?;
+    Ok(S3Response::new(DeleteObjectOutput::default()))
+}
 
 /// Buffer size for PutObject bodies: smaller bodies are written in one request, larger ones
 /// as a multipart upload of parts this size. Also the part size used to send staged uploads.
@@ -56,25 +147,164 @@ impl Gateway {
         }
     }
 
+    /// The key at `path` removed (see [`delete_object`]): `If-Match` (`cond`) makes it a
+    /// conditional delete.
+    pub(super) async fn delete_key(
+        &self,
+        path: KeyPath,
+        cond: Option<&ETagCondition>,
+    ) -> S3Result<()> {
+        let ufs = self.writable()?;
+        let path = match (path, cond) {
+            (KeyPath::Marker, None) => return Ok(()),
+            (KeyPath::Marker, Some(_)) => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NoSuchKey,
+                    "If-Match: keys ending in / name no object here",
+                ))
+            }
+            (KeyPath::Object(p), _) => p,
+        };
+        let Some(cond) = cond else {
+            return match self.client.delete(&path).await {
+                // Deleting what is not there succeeds, as in S3.
+                Ok(())
+                | Err(ClientError::NotFound(_) | ClientError::IsDir(_) | ClientError::NotDir(_)) => {
+                    Ok(())
+                }
+                Err(e) => Err(client_error(e)),
+            };
+        };
+        let info = match ufs.stat(&path).await {
+            Ok(i) => i,
+            Err(UfsError::NotFound(_)) => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NoSuchKey,
+                    "If-Match: the specified key does not exist",
+                ))
+            }
+            Err(e) => return Err(store_error(e)),
+        };
+        if WriteCondition::Match(cond.clone())
+            .mode(Some((&info.version, &self.tags_of(&info))))
+            .is_err()
+        {
+            return Err(precondition_failed("If-Match: the object has another ETag"));
+        }
+        match ufs.delete_if(&path, &info.version).await {
+            Ok(true) => {}
+            Ok(false) => return Err(precondition_failed("If-Match: the object has another ETag")),
+            Err(UfsError::NotFound(_)) => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NoSuchKey,
+                    "If-Match: the specified key does not exist",
+                ))
+            }
+            Err(e) => return Err(store_error(e)),
+        }
+        self.client.invalidate(&path, Some(info.file_id)).await;
+        Ok(())
+    }
+
+    /// The store's write mode for `cond` on `path` now: the current object is looked up (its
+    /// file id comes back too, for the invalidation after the write).
+    pub(super) async fn write_mode(
+        &self,
+        path: &str,
+        cond: &WriteCondition,
+    ) -> S3Result<(PutMode, Option<u128>)> {
+        let ufs = self.writable()?;
+        let current = match ufs.stat(path).await {
+            Ok(i) => Some(i),
+            Err(UfsError::NotFound(_)) => None,
+            Err(_) if *cond == WriteCondition::None => None,
+            Err(e) => return Err(store_error(e)),
+        };
+        let tags = current.as_ref().map(|i| self.tags_of(i));
+        let mode = cond.mode(
+            current
+                .as_ref()
+                .zip(tags.as_ref())
+                .map(|(i, t)| (i.version.as_str(), t)),
+        )?;
+        Ok((mode, current.map(|i| i.file_id)))
+    }
+
+    /// After a failed write of `path`: 409 when the key names a directory or lies beneath an
+    /// object (the store cannot hold both), else `e`.
+    pub(super) async fn conflict_or(&self, path: &str, e: S3Error) -> S3Error {
+        let Ok(ufs) = self.writable() else {
+            return e;
+        };
+        let key = path.splitn(3, '/').nth(2).unwrap_or(path);
+        if matches!(ufs.stat_path(path).await, Ok(PathKind::Dir)) {
+            return conflict(format!(
+                "{key:?} names a directory that holds objects; a key cannot be both an object \
+                 and a prefix here"
+            ));
+        }
+        let mut parent = path;
+        // The bucket itself (`/bucket`) is a directory.
+        while let Some((p, _)) = parent.rsplit_once('/') {
+            if p.matches('/').count() < 2 {
+                break;
+            }
+            if ufs.stat(p).await.is_ok() {
+                let pk = p.splitn(3, '/').nth(2).unwrap_or(p);
+                return conflict(format!(
+                    "{pk:?} is an object; no key beneath it can be written ({key:?})"
+                ));
+            }
+            parent = p;
+        }
+        e
+    }
+
     /// Writes `body` to `path`: in one request when it is small, else as a multipart upload
     /// streamed in [`WRITE_CHUNK`] parts; then invalidates the cluster's pages of the object.
     /// The object appears only when the body was complete (an aws-chunked body: exactly its
-    /// declared decoded length) and matched every digest the request names; else nothing is
-    /// written and the old object stays.
+    /// declared decoded length) and matched every digest the request names, and when `cond`
+    /// holds at that moment (the store's own conditional write); else nothing is written and
+    /// the old object stays.
     pub(super) async fn write_object(
         &self,
         path: &str,
         body: Option<StreamingBlob>,
         headers: &HeaderMap,
         trailers: Option<&TrailingHeaders>,
+        cond: &WriteCondition,
     ) -> S3Result<ObjectInfo> {
         let ufs = self.writable()?;
-        let mut digests = Digests::from_headers(headers)?;
         let mut body = BodyReader::new(body, headers);
+        let checked = async {
+            let digests = Digests::from_headers(headers)?;
+            let (mode, old) = self.write_mode(path, cond).await?;
+            if mode != PutMode::Overwrite
+                && !ufs.is_local(path)
+                && body.expected.is_none_or(|n| n > WRITE_CHUNK as u64)
+            {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NotImplemented,
+                    format!(
+                        "a conditional PutObject of more than {} MiB (or of unknown length) on \
+                         this bucket's under storage",
+                        WRITE_CHUNK >> 20
+                    ),
+                ));
+            }
+            Ok((digests, mode, old))
+        }
+        .await;
+        let (mut digests, mode, old) = match checked {
+            Ok(v) => v,
+            Err(e) => {
+                body.drain().await;
+                return Err(e);
+            }
+        };
         let mut buf = BytesMut::new();
         let mut upload = None;
         let mut pending = Vec::new();
-        let old = ufs.stat(path).await.ok().map(|i| i.file_id);
         let result: Result<(), S3Error> = async {
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
@@ -82,30 +312,41 @@ impl Gateway {
                 while buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
                     if upload.is_none() {
-                        upload = Some(ufs.put_multipart(path).await.map_err(store_error)?);
+                        upload = Some(
+                            ufs.put_multipart_if(path, mode.clone())
+                                .await
+                                .map_err(store_error)?,
+                        );
                     }
                     if let Some(u) = upload.as_mut() {
                         pending.push(u.put_part(part.into()));
                     }
                     if pending.len() >= 2 {
-                        pending.remove(0).await.map_err(|e| part_error(path, e))?;
+                        pending.remove(0).await.map_err(|e| upload_error(path, e))?;
                     }
                 }
             }
             digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
             match upload.as_mut() {
-                None => ufs
-                    .put(path, buf.split().freeze())
-                    .await
-                    .map_err(store_error)?,
+                None => {
+                    let written = ufs
+                        .put_if(path, buf.split().freeze(), mode.clone())
+                        .await
+                        .map_err(store_error)?;
+                    if !written {
+                        return Err(precondition_failed(
+                            "the object changed (or appeared) during the request",
+                        ));
+                    }
+                }
                 Some(u) => {
                     if !buf.is_empty() {
                         pending.push(u.put_part(buf.split().freeze().into()));
                     }
                     for p in pending.drain(..) {
-                        p.await.map_err(|e| part_error(path, e))?;
+                        p.await.map_err(|e| upload_error(path, e))?;
                     }
-                    u.complete().await.map_err(|e| part_error(path, e))?;
+                    u.complete().await.map_err(|e| upload_error(path, e))?;
                 }
             }
             Ok(())
@@ -117,10 +358,24 @@ impl Gateway {
                 let _ = u.abort().await;
             }
             body.drain().await;
-            return Err(e);
+            return Err(self.write_failed(path, e).await);
         }
         self.client.invalidate(path, old).await;
         ufs.stat(path).await.map_err(store_error)
+    }
+}
+
+impl Gateway {
+    /// A failed write: a store failure may be an object/prefix conflict (409).
+    pub(super) async fn write_failed(&self, path: &str, e: S3Error) -> S3Error {
+        if matches!(
+            e.code(),
+            S3ErrorCode::ServiceUnavailable | S3ErrorCode::InternalError | S3ErrorCode::NoSuchKey
+        ) {
+            self.conflict_or(path, e).await
+        } else {
+            e
+        }
     }
 }
 
@@ -135,7 +390,7 @@ pub(super) struct BodyReader {
     /// The decoded length an aws-chunked body declares.
     declared: Option<u64>,
     /// The length the client sends (Content-Length or the decoded length).
-    expected: Option<u64>,
+    pub(super) expected: Option<u64>,
     received: u64,
     failed: bool,
 }
@@ -243,12 +498,9 @@ pub(super) async fn delete_objects(
     let mut deleted = Vec::new();
     let mut errors = Vec::new();
     for o in input.delete.objects {
+        let cond = o.e_tag.clone().map(ETagCondition::ETag);
         let result = match key_path(&input.bucket, &o.key) {
-            Ok(KeyPath::Marker) => Ok(()),
-            Ok(KeyPath::Object(p)) => match gw.client.delete(&p).await {
-                Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
-                Err(e) => Err(client_error(e)),
-            },
+            Ok(path) => gw.delete_key(path, cond.as_ref()).await,
             Err(e) => Err(e),
         };
         match result {

@@ -11,6 +11,16 @@
 //! bytes at once; a three-part multipart upload; DeleteObject; a gateway without `--mount`
 //! refusing writes; a clean stop on SIGTERM; and a refusal to start without credentials.
 //!
+//! Issue 16, in the same test over the same cluster and virtual environment: `S3_RULES_SCRIPT`
+//! (boto3 and raw signed requests: every conditional-request rule on GET, HEAD, PUT,
+//! CompleteMultipartUpload, DELETE and DeleteObjects; ETags in v1 and v2 listings equal to
+//! HEAD's, part ETags as MD5s, `md5-N` multipart ETags; directory markers; deletes of
+//! directories and missing keys; 409 object/prefix conflicts; RequestId in error bodies;
+//! repeated completions; ListMultipartUploads; CopyObject; UploadPartCopy; GetObjectAttributes;
+//! SSE refused; listing details) and `CLIENTS_SCRIPT` (AWS CLI `s3 sync` twice, `cp`, `rm`;
+//! s3cmd `sync` twice, a 30 MB multipart `put`, a recursive `get`; pyarrow's S3FileSystem
+//! `create_dir`, `copy_file`, `move`, `delete_dir_contents`).
+//!
 //! `pages3_refuses_what_s3_refuses` (issue 12): SigV2 refused, or held to the clock with
 //! `--allow-sigv2`; presigned lifetimes; Content-MD5 and x-amz-checksum-* verified; cut or
 //! mislabelled aws-chunked bodies refused; errors without server paths; KeyTooLongError; ranges
@@ -171,7 +181,7 @@ fn python() -> PathBuf {
         let py = venv.join("bin").join("python");
         let ready = || {
             Command::new(&py)
-                .args(["-c", "import boto3, s3fs, fsspec"])
+                .args(["-c", "import boto3, s3fs, fsspec, pyarrow.fs, awscli, S3"])
                 .stderr(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success())
@@ -202,17 +212,25 @@ fn python() -> PathBuf {
                 "aiobotocore==3.10.0",
                 "s3fs==2026.9.0",
                 "fsspec==2026.9.0",
+                // Real clients of the issue-16 tests (the AWS CLI that goes with this
+                // botocore, s3cmd, pyarrow's own S3 file system).
+                "awscli==1.46.3",
+                "s3cmd==2.4.0",
+                "pyarrow==26.0.1",
             ])
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "pip install boto3 s3fs into {} failed:\n{}{}",
+            "pip install boto3 s3fs awscli s3cmd pyarrow into {} failed:\n{}{}",
             venv.display(),
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(ready(), "boto3/s3fs still not importable after pip install");
+        assert!(
+            ready(),
+            "boto3/s3fs/pyarrow/awscli/s3cmd still not importable after pip install"
+        );
         py
     })
     .clone()
@@ -530,7 +548,11 @@ check(hashlib.sha256(s3.get_object(Bucket="data", Key="fresh/dir/big.bin")["Body
 check(local("fresh/dir/big.bin") == big)
 r = s3.list_objects_v2(Bucket="data", Prefix="fresh/")
 check([o["Key"] for o in r["Contents"]] == ["fresh/dir/big.bin"], r.get("Contents"))
-check(err(lambda: s3.put_object(Bucket="data", Key="fresh/marker/", Body=b"")) == (400, "InvalidArgument"))
+# A zero-byte directory marker is accepted and not stored (directories exist while they hold
+# objects); one with bytes is refused.
+check(status(s3.put_object(Bucket="data", Key="fresh/marker/", Body=b"")) == 200)
+check(not os.path.exists(os.path.join(DATA, "fresh/marker")))
+check(err(lambda: s3.put_object(Bucket="data", Key="fresh/marker/", Body=b"x")) == (400, "InvalidArgument"))
 
 # --- multipart: three parts, at least 5 MiB except the last
 key = "mp/obj.bin"
@@ -584,6 +606,340 @@ check(err(lambda: signed.put_object(Bucket="data", Key="objs/ro", Body=b"x")) ==
 check(err(lambda: signed.create_multipart_upload(Bucket="data", Key="objs/ro")) == (501, "NotImplemented"))
 check(err(lambda: signed.delete_object(Bucket="data", Key="objs/a.bin")) == (501, "NotImplemented"))
 check(not os.path.exists(os.path.join(DATA, "objs/ro")) and os.path.exists(os.path.join(DATA, "objs/a.bin")))
+print("ALL OK")
+"#;
+
+/// Issue 16 with boto3: conditional requests (412/304), ETags in listings and of parts and
+/// multipart objects, directory markers, deletes of directories and missing keys,
+/// object/prefix conflicts (409), error bodies, idempotent completion, ListMultipartUploads,
+/// CopyObject, UploadPartCopy, GetObjectAttributes, SSE refused, listing details.
+const S3_RULES_SCRIPT: &str = r#"
+import os, hashlib, datetime, http.client, urllib.parse
+import boto3, botocore
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+EP, KEY, SECRET, DATA = (os.environ[k] for k in ("EP", "KEY", "SECRET", "DATA"))
+cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1, "mode": "standard"},
+             region_name="us-east-1")
+s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                  config=cfg)
+
+def check(cond, *msg):
+    if not cond:
+        raise AssertionError(" ".join(map(str, msg)))
+
+def err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code")
+    raise AssertionError("expected an error")
+
+def error_of(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response
+    raise AssertionError("expected an error")
+
+def status(r):
+    return r["ResponseMetadata"]["HTTPStatusCode"]
+
+def local(key):
+    return open(os.path.join(DATA, key), "rb").read()
+
+def raw(method, path, headers=None, body=b""):
+    # A signed request sent as written (query included); returns (status, headers, body).
+    u = urllib.parse.urlsplit(EP)
+    req = AWSRequest(method=method, url=EP + path, data=body,
+                     headers=dict(headers or {}, **{"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}))
+    S3SigV4Auth(Credentials(KEY, SECRET), "s3", "us-east-1").add_auth(req)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request(method, path, body=body, headers=dict(req.headers.items()))
+    resp = conn.getresponse()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+head = lambda k, **kw: s3.head_object(Bucket="data", Key=k, **kw)
+get = lambda k, **kw: s3.get_object(Bucket="data", Key=k, **kw)
+put = lambda k, b, **kw: s3.put_object(Bucket="data", Key=k, Body=b, **kw)
+
+# --- ETags in listings (v1 and v2) equal HEAD's
+for key in ["objs/a.bin", "tree/a/x.bin", "readme.txt", "tree/top.txt"]:
+    h = head(key)["ETag"]
+    v2 = s3.list_objects_v2(Bucket="data", Prefix=key)["Contents"]
+    v1 = s3.list_objects(Bucket="data", Prefix=key)["Contents"]
+    check(v2[0]["Key"] == key and v2[0]["ETag"] == h, "v2 etag", key, v2[0], h)
+    check(v1[0]["Key"] == key and v1[0]["ETag"] == h, "v1 etag", key, v1[0], h)
+for o in s3.list_objects_v2(Bucket="data", Prefix="tree/")["Contents"]:
+    check(o["ETag"] == head(o["Key"])["ETag"], "recursive listing etag", o)
+for o in s3.list_objects_v2(Bucket="data", Prefix="tree/", Delimiter="/")["Contents"]:
+    check(o["ETag"] == head(o["Key"])["ETag"], "delimited listing etag", o)
+page = s3.list_objects_v2(Bucket="data", Prefix="big/", MaxKeys=1000)["Contents"]
+check(len(page) == 1000 and all(o.get("ETag", "").startswith('"') for o in page), "big page etags")
+check(page[123]["ETag"] == head(page[123]["Key"])["ETag"])
+
+# --- conditional GET and HEAD (S3's precedence: If-Match, then If-Unmodified-Since unless
+# If-Match held; If-None-Match, then If-Modified-Since unless If-None-Match was given)
+h = head("objs/a.bin")
+etag, lm = h["ETag"], h["LastModified"]
+day = datetime.timedelta(days=1)
+check(status(get("objs/a.bin", IfMatch=etag)) == 200)
+check(err(lambda: get("objs/a.bin", IfMatch='"nope"')) == (412, "PreconditionFailed"))
+check(status(get("objs/a.bin", IfNoneMatch='"nope"')) == 200)
+check(err(lambda: get("objs/a.bin", IfNoneMatch=etag))[0] == 304)
+check(err(lambda: get("objs/a.bin", IfNoneMatch="*"))[0] == 304)
+check(err(lambda: get("objs/a.bin", IfModifiedSince=lm))[0] == 304)
+check(status(get("objs/a.bin", IfModifiedSince=lm - day)) == 200)
+check(status(get("objs/a.bin", IfUnmodifiedSince=lm)) == 200)
+check(err(lambda: get("objs/a.bin", IfUnmodifiedSince=lm - day)) == (412, "PreconditionFailed"))
+check(status(get("objs/a.bin", IfMatch=etag, IfUnmodifiedSince=lm - day)) == 200, "If-Match wins")
+check(status(get("objs/a.bin", IfNoneMatch='"nope"', IfModifiedSince=lm + day)) == 200, "If-None-Match wins")
+check(err(lambda: get("objs/a.bin", IfMatch='"nope"', IfNoneMatch=etag))[0] == 412, "412 before 304")
+check(err(lambda: head("objs/a.bin", IfNoneMatch=etag))[0] == 304)
+check(err(lambda: head("objs/a.bin", IfMatch='"nope"'))[0] == 412)
+check(err(lambda: head("objs/a.bin", IfModifiedSince=lm))[0] == 304)
+check(err(lambda: head("objs/a.bin", IfUnmodifiedSince=lm - day))[0] == 412)
+check(status(head("objs/a.bin", IfNoneMatch='"nope"', IfMatch=etag)) == 200)
+st, hd, body = raw("GET", "/data/objs/a.bin", {"If-None-Match": etag})
+check(st == 304 and body == b"" and hd.get("etag") == etag, "raw 304", st, hd, body[:100])
+
+# --- PUT If-None-Match: * (create only) and If-Match (compare and swap)
+check(status(put("cond/lock", b"one", IfNoneMatch="*")) == 200)
+check(err(lambda: put("cond/lock", b"two", IfNoneMatch="*")) == (412, "PreconditionFailed"))
+check(local("cond/lock") == b"one", "create-only put must not overwrite")
+e1 = head("cond/lock")["ETag"]
+r = put("cond/lock", b"two", IfMatch=e1)
+e2 = r["ETag"]
+check(status(r) == 200 and e2 != e1 and head("cond/lock")["ETag"] == e2)
+check(get("cond/lock")["Body"].read() == b"two")
+check(err(lambda: put("cond/lock", b"three", IfMatch=e1)) == (412, "PreconditionFailed"))
+check(local("cond/lock") == b"two")
+check(err(lambda: put("cond/never", b"x", IfMatch=e1)) == (404, "NoSuchKey"))
+check(not os.path.exists(os.path.join(DATA, "cond/never")))
+check(err(lambda: put("cond/lock", b"x", IfNoneMatch=e2)) == (501, "NotImplemented"))
+big = os.urandom(17 * 1024 * 1024)
+check(status(put("cond/big", big, IfNoneMatch="*")) == 200, "large create-only put")
+check(err(lambda: put("cond/big", b"small", IfNoneMatch="*"))[0] == 412)
+check(local("cond/big") == big)
+
+# --- parts: ETag = MD5 of the part; object: md5-of-md5s-N, same on HEAD, GET and listings
+def mp(key, parts, **kw):
+    uid = s3.create_multipart_upload(Bucket="data", Key=key)["UploadId"]
+    tags = []
+    for i, p in enumerate(parts):
+        t = s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=i + 1, Body=p)["ETag"]
+        check(t == '"%s"' % hashlib.md5(p).hexdigest(), "part etag is its md5", t)
+        tags.append(t)
+    return uid, {"Parts": [{"PartNumber": i + 1, "ETag": t} for i, t in enumerate(tags)]}
+
+parts = [os.urandom(5 * 1024 * 1024), os.urandom(1000)]
+want = '"%s-2"' % hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
+uid, body = mp("cond/mp.bin", parts)
+r = s3.complete_multipart_upload(Bucket="data", Key="cond/mp.bin", UploadId=uid,
+                                 MultipartUpload=body, IfNoneMatch="*")
+check(r["ETag"] == want, "multipart etag", r["ETag"], want)
+check(head("cond/mp.bin")["ETag"] == want and get("cond/mp.bin")["ETag"] == want)
+check(s3.list_objects_v2(Bucket="data", Prefix="cond/mp.bin")["Contents"][0]["ETag"] == want)
+check(get("cond/mp.bin")["Body"].read() == b"".join(parts))
+check(status(get("cond/mp.bin", IfMatch=want)) == 200)
+# A retry of the completion (its answer lost) answers the same.
+r2 = s3.complete_multipart_upload(Bucket="data", Key="cond/mp.bin", UploadId=uid, MultipartUpload=body)
+check(status(r2) == 200 and r2["ETag"] == want, "idempotent completion", r2)
+a = s3.get_object_attributes(Bucket="data", Key="cond/mp.bin", ObjectAttributes=["ETag", "ObjectSize"])
+check(a["ObjectSize"] == sum(map(len, parts)), a)
+check(a["ETag"].strip('"') == want.strip('"'), a)
+uid, body = mp("cond/mp.bin", [b"z" * 100])
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key="cond/mp.bin", UploadId=uid,
+      MultipartUpload=body, IfNoneMatch="*")) == (412, "PreconditionFailed"))
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key="cond/mp.bin", UploadId=uid,
+      MultipartUpload=body, IfMatch='"nope"')) == (412, "PreconditionFailed"))
+check(get("cond/mp.bin")["Body"].read() == b"".join(parts), "a refused completion writes nothing")
+r = s3.complete_multipart_upload(Bucket="data", Key="cond/mp.bin", UploadId=uid,
+                                 MultipartUpload=body, IfMatch=want)
+check(get("cond/mp.bin")["Body"].read() == b"z" * 100 and head("cond/mp.bin")["ETag"] == r["ETag"])
+
+# --- ListMultipartUploads
+uid = s3.create_multipart_upload(Bucket="data", Key="cond/open.bin")["UploadId"]
+ups = s3.list_multipart_uploads(Bucket="data", Prefix="cond/").get("Uploads", [])
+check([(u["Key"], u["UploadId"]) for u in ups] == [("cond/open.bin", uid)], ups)
+check(s3.list_multipart_uploads(Bucket="data", Prefix="objs/").get("Uploads", []) == [])
+s3.abort_multipart_upload(Bucket="data", Key="cond/open.bin", UploadId=uid)
+check(s3.list_multipart_uploads(Bucket="data").get("Uploads", []) == [])
+
+# --- DELETE and DeleteObjects with If-Match
+e = head("cond/lock")["ETag"]
+check(err(lambda: s3.delete_object(Bucket="data", Key="cond/lock", IfMatch='"nope"')) == (412, "PreconditionFailed"))
+check(os.path.exists(os.path.join(DATA, "cond/lock")))
+check(status(s3.delete_object(Bucket="data", Key="cond/lock", IfMatch=e)) == 204)
+check(not os.path.exists(os.path.join(DATA, "cond/lock")))
+put("cond/d1", b"1"); put("cond/d2", b"2")
+r = s3.delete_objects(Bucket="data", Delete={"Objects": [
+    {"Key": "cond/d1", "ETag": '"nope"'}, {"Key": "cond/d2", "ETag": head("cond/d2")["ETag"]}]})
+check([x["Key"] for x in r.get("Deleted", [])] == ["cond/d2"], r)
+check([(x["Key"], x["Code"]) for x in r.get("Errors", [])] == [("cond/d1", "PreconditionFailed")], r)
+check(os.path.exists(os.path.join(DATA, "cond/d1")) and not os.path.exists(os.path.join(DATA, "cond/d2")))
+
+# --- directory markers, deletes of directories and missing keys
+r = put("cond/dir/", b"")
+check(status(r) == 200 and r["ETag"] == '"d41d8cd98f00b204e9800998ecf8427e"', r)
+check(status(s3.delete_object(Bucket="data", Key="tree/b")) == 204, "a directory's name")
+check(os.path.exists(os.path.join(DATA, "tree/b/c/d/e.bin")))
+check(status(s3.delete_object(Bucket="data", Key="cond/missing")) == 204)
+check(status(s3.delete_object(Bucket="data", Key="cond/dir/")) == 204)
+
+# --- object/prefix conflicts: 409, without server paths; errors carry a RequestId
+for key in ["tree/a", "objs/empty/x"]:
+    e = error_of(lambda: put(key, b"x"))
+    check(e["ResponseMetadata"]["HTTPStatusCode"] == 409, key, e)
+    check(DATA not in e["Error"].get("Message", ""), "server path in", e)
+    check(e["ResponseMetadata"].get("RequestId"), "RequestId", e)
+st, hd, body = raw("PUT", "/data/tree/a", body=b"x")
+check(st == 409 and b"<RequestId>" in body and DATA.encode() not in body, st, body)
+check(hd.get("x-amz-request-id") and hd["x-amz-request-id"].encode() in body, hd, body)
+
+# --- CopyObject (through the store's copy, the destination's cached pages invalidated)
+a = local("objs/a.bin")
+check(get("objs/a.bin")["Body"].read() == a)
+put("cond/copy.bin", b"old bytes")
+check(get("cond/copy.bin")["Body"].read() == b"old bytes")
+r = s3.copy_object(Bucket="data", Key="cond/copy.bin", CopySource={"Bucket": "data", "Key": "objs/a.bin"})
+check(r["CopyObjectResult"]["ETag"] == head("cond/copy.bin")["ETag"], r)
+check(get("cond/copy.bin")["Body"].read() == a and local("cond/copy.bin") == a, "copied bytes")
+check(err(lambda: s3.copy_object(Bucket="data", Key="cond/copy2.bin", CopySource={"Bucket": "data", "Key": "objs/a.bin"},
+      CopySourceIfMatch='"nope"')) == (412, "PreconditionFailed"))
+check(err(lambda: s3.copy_object(Bucket="data", Key="cond/copy2.bin", CopySource={"Bucket": "data", "Key": "objs/nope"}))[0] == 404)
+# UploadPartCopy: a range of the 17 MiB object, then all of a.bin
+uid = s3.create_multipart_upload(Bucket="data", Key="cond/upc.bin")["UploadId"]
+cut = 5 * 1024 * 1024
+p1 = s3.upload_part_copy(Bucket="data", Key="cond/upc.bin", UploadId=uid, PartNumber=1,
+                         CopySource={"Bucket": "data", "Key": "cond/big"}, CopySourceRange="bytes=100-%d" % (cut + 99))
+p2 = s3.upload_part_copy(Bucket="data", Key="cond/upc.bin", UploadId=uid, PartNumber=2,
+                         CopySource={"Bucket": "data", "Key": "objs/a.bin"})
+check(p1["CopyPartResult"]["ETag"] == '"%s"' % hashlib.md5(big[100:cut + 100]).hexdigest(), p1)
+check(err(lambda: s3.upload_part_copy(Bucket="data", Key="cond/upc.bin", UploadId=uid, PartNumber=3,
+      CopySource={"Bucket": "data", "Key": "objs/a.bin"}, CopySourceRange="bytes=0-%d" % len(a)))[0] == 400)
+s3.complete_multipart_upload(Bucket="data", Key="cond/upc.bin", UploadId=uid, MultipartUpload={"Parts": [
+    {"PartNumber": 1, "ETag": p1["CopyPartResult"]["ETag"]}, {"PartNumber": 2, "ETag": p2["CopyPartResult"]["ETag"]}]})
+check(get("cond/upc.bin")["Body"].read() == big[100:cut + 100] + a, "UploadPartCopy")
+
+# --- GetObjectAttributes
+at = s3.get_object_attributes(Bucket="data", Key="objs/a.bin", ObjectAttributes=["ETag", "ObjectSize", "StorageClass"])
+check(at["ObjectSize"] == len(a) and at["ETag"].strip('"') == head("objs/a.bin")["ETag"].strip('"'), at)
+check(err(lambda: s3.get_object_attributes(Bucket="data", Key="objs/nope", ObjectAttributes=["ETag"]))[0] == 404)
+
+# --- server-side encryption: refused, nothing written
+for kw in [dict(ServerSideEncryption="AES256"), dict(ServerSideEncryption="aws:kms", SSEKMSKeyId="k"),
+           dict(SSECustomerAlgorithm="AES256", SSECustomerKey="k" * 32)]:
+    check(err(lambda: put("cond/sse", b"secret", **kw)) == (501, "NotImplemented"), kw)
+    check(err(lambda: s3.create_multipart_upload(Bucket="data", Key="cond/sse", **kw)) == (501, "NotImplemented"), kw)
+check(not os.path.exists(os.path.join(DATA, "cond/sse")))
+e = error_of(lambda: put("cond/sse", b"secret", ServerSideEncryption="AES256"))
+check("encryption" in e["Error"]["Message"], e)
+
+# --- listing details
+st, _, body = raw("GET", "/data?list-type=2&prefix=tree%2F&delimiter=")
+check(st == 200 and b"<Delimiter" not in body and body.count(b"<Key>") == 6, "empty delimiter", body[:400])
+st, _, body = raw("GET", "/data?list-type=2&prefix=tree%2F&continuation-token=")
+check(st == 200 and body.count(b"<Key>") == 6, "empty continuation token", st, body[:400])
+st, _, body = raw("GET", "/data?prefix=objs%2Fwith%20&encoding-type=url")
+check(st == 200 and b"<Prefix>objs/with </Prefix>" in body and b"<Key>objs/with%20space%2Bplus.txt</Key>" in body,
+      "v1 url encoding", body)
+check([b["Name"] for b in s3.list_buckets(MaxBuckets=1)["Buckets"]] == ["data"])
+check("ContinuationToken" not in s3.list_buckets(MaxBuckets=1))
+check(s3.list_buckets(Prefix="zz").get("Buckets", []) == [])
+print("ALL OK")
+"#;
+
+/// Issue 16 with the AWS CLI, s3cmd and pyarrow's own S3 file system.
+const CLIENTS_SCRIPT: &str = r#"
+import os, subprocess, hashlib, tempfile, time
+import pyarrow.fs as pafs
+EP, KEY, SECRET, DATA, BIN = (os.environ[k] for k in ("EP", "KEY", "SECRET", "DATA", "BIN"))
+
+def check(cond, *msg):
+    if not cond:
+        raise AssertionError(" ".join(map(str, msg)))
+
+def run(*args, env=None):
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    check(p.returncode == 0, args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p.stdout
+
+def local(key):
+    return open(os.path.join(DATA, key), "rb").read()
+
+work = tempfile.mkdtemp()
+src = os.path.join(work, "src")
+files = {"a.txt": b"alpha\n", "sub/b.bin": os.urandom(70000), "sub/deeper/c.txt": b"c" * 10}
+for rel, b in files.items():
+    os.makedirs(os.path.dirname(os.path.join(src, rel)), exist_ok=True)
+    open(os.path.join(src, rel), "wb").write(b)
+
+# --- AWS CLI: sync up twice; the second uploads nothing.
+env = dict(os.environ, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="us-east-1",
+           AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.path.join(work, "none"),
+           AWS_SHARED_CREDENTIALS_FILE=os.path.join(work, "none"))
+# The local files are older than anything the gateway reports as Last-Modified (this branch
+# reports the gateway's start time; with real modification times from the store, a fresh
+# upload is newer than its source as well): sync compares sizes and times.
+old = time.time() - 86400
+for rel in files:
+    os.utime(os.path.join(src, rel), (old, old))
+aws = [os.path.join(BIN, "aws"), "--endpoint-url", EP]
+out = run(*aws, "s3", "sync", src, "s3://data/awscli/", env=env)
+check(out.count("upload:") == 3, "first sync", out)
+for rel, b in files.items():
+    check(local("awscli/" + rel) == b, rel)
+out = run(*aws, "s3", "sync", src, "s3://data/awscli/", env=env)
+check("upload:" not in out, "second sync uploaded again", out)
+out = run(*aws, "s3", "ls", "--recursive", "s3://data/awscli/", env=env)
+check(out.count("\n") == 3, out)
+run(*aws, "s3", "cp", "s3://data/awscli/a.txt", "s3://data/awscli/copy.txt", env=env)
+check(local("awscli/copy.txt") == b"alpha\n", "aws s3 cp between keys")
+run(*aws, "s3", "rm", "--recursive", "s3://data/awscli/", env=env)
+p = subprocess.run(aws + ["s3", "ls", "--recursive", "s3://data/awscli/"], capture_output=True, text=True, env=env)
+# The AWS CLI exits 1 when a listing finds nothing.
+check(p.returncode in (0, 1) and p.stdout.strip() == "", "after rm --recursive", p.returncode, p.stdout, p.stderr)
+
+# --- s3cmd: sync (needs listing ETags) and a 30 MB multipart put (needs part MD5s)
+host = EP.split("://", 1)[1]
+cfg = os.path.join(work, "s3cfg")
+open(cfg, "w").write("[default]\naccess_key = %s\nsecret_key = %s\nhost_base = %s\nhost_bucket = %s\n"
+                     "use_https = False\nsignature_v2 = False\nbucket_location = us-east-1\n"
+                     "check_ssl_certificate = False\n" % (KEY, SECRET, host, host))
+s3cmd = [os.path.join(BIN, "python"), os.path.join(BIN, "s3cmd"), "-c", cfg]
+out = run(*s3cmd, "sync", src + "/", "s3://data/s3cmd/")
+for rel, b in files.items():
+    check(local("s3cmd/" + rel) == b, "s3cmd sync", rel)
+out = run(*s3cmd, "sync", src + "/", "s3://data/s3cmd/")
+check("upload:" not in out, "s3cmd second sync uploaded again", out)
+big = os.path.join(work, "big.bin")
+open(big, "wb").write(os.urandom(30 * 1000 * 1000))
+run(*s3cmd, "put", "--multipart-chunk-size-mb=5", big, "s3://data/s3cmd/big.bin")
+check(hashlib.sha256(local("s3cmd/big.bin")).digest() == hashlib.sha256(open(big, "rb").read()).digest(), "s3cmd multipart put")
+dst = os.path.join(work, "got")
+os.makedirs(dst)
+run(*s3cmd, "get", "--recursive", "s3://data/s3cmd/sub/", dst + "/")
+check(open(os.path.join(dst, "b.bin"), "rb").read() == files["sub/b.bin"], "s3cmd wildcard get", os.listdir(dst))
+
+# --- pyarrow's S3 file system: create_dir, copy_file, delete_dir_contents
+fs = pafs.S3FileSystem(access_key=KEY, secret_key=SECRET, endpoint_override=host, scheme="http",
+                       region="us-east-1")
+fs.create_dir("data/pa/dir")
+with fs.open_output_stream("data/pa/dir/f.txt") as f:
+    f.write(b"pyarrow\n")
+fs.copy_file("data/pa/dir/f.txt", "data/pa/copy.txt")
+check(local("pa/copy.txt") == b"pyarrow\n", "pyarrow copy_file")
+fs.move("data/pa/copy.txt", "data/pa/moved.txt")
+check(local("pa/moved.txt") == b"pyarrow\n" and not os.path.exists(os.path.join(DATA, "pa/copy.txt")))
+fs.delete_dir_contents("data/pa/dir")
+check(not os.path.exists(os.path.join(DATA, "pa/dir/f.txt")), "pyarrow delete_dir_contents")
+fs.delete_file("data/pa/moved.txt")
+check(not os.path.exists(os.path.join(DATA, "pa/moved.txt")))
 print("ALL OK")
 "#;
 
@@ -683,6 +1039,10 @@ async fn boto3_s3fs_and_object_store_through_pages3() {
     eprintln!("object_store: done at {:.1} s", t0.elapsed().as_secs_f64());
 
     run_python("boto3", BOTO3_SCRIPT, &env, &[&gw, &anon]);
+    run_python("s3-rules", S3_RULES_SCRIPT, &env, &[&gw]);
+    let mut env = env;
+    env.push(("BIN", python().parent().unwrap().display().to_string()));
+    run_python("clients", CLIENTS_SCRIPT, &env, &[&gw]);
 
     // A clean stop; staged uploads are gone.
     let st = gw.terminate();

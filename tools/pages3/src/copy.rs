@@ -1,0 +1,231 @@
+//! CopyObject and UploadPartCopy (through the store's own copy where source and destination
+//! share a mount, else read through the cluster and written), and GetObjectAttributes.
+
+use hyper::HeaderMap;
+use pagestore_client::ufs::{ObjectInfo, UfsError};
+use s3s::{
+    dto::{
+        CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopyPartResult, CopySource, ETag,
+        GetObjectAttributesInput, GetObjectAttributesOutput, ObjectAttributes, StorageClass,
+        Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
+    },
+    S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
+};
+
+use super::{
+    checks::Digests,
+    cond::{check_copy_source, ReadConditions, WriteCondition},
+    errors::{invalid, store_error},
+    multipart::MAX_PART_NUMBER,
+    read::object_blob,
+    write::BodyReader,
+    Gateway,
+};
+
+/// The bucket and key of `x-amz-copy-source` (versions and access points are refused).
+fn source(src: &CopySource) -> S3Result<(String, String)> {
+    match src {
+        CopySource::Bucket {
+            bucket,
+            key,
+            version_id: None,
+        } => Ok((bucket.to_string(), key.to_string())),
+        CopySource::Bucket { .. } => Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            "a copy of a given versionId: pagestore keeps no object versions",
+        )),
+        _ => Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            "a copy from an access point",
+        )),
+    }
+}
+
+impl Gateway {
+    /// The copy's source, stat-ed, with the `x-amz-copy-source-if-*` conditions checked.
+    async fn copy_source(
+        &self,
+        src: &CopySource,
+        conds: &ReadConditions<'_>,
+    ) -> S3Result<ObjectInfo> {
+        let (bucket, key) = source(src)?;
+        let info = self.stat_object(&bucket, &key).await?;
+        check_copy_source(conds, &self.tags_of(&info), self.modified(&info))?;
+        Ok(info)
+    }
+}
+
+/// CopyObject: the store copies the object where both keys share a mount (a copy between
+/// mounts is read through the cluster and written); then the destination's cached pages are
+/// invalidated. Metadata directives change nothing (pagestore keeps no object metadata); a
+/// copy of an object onto itself is answered without writing.
+pub(super) async fn copy_object(
+    gw: &Gateway,
+    req: S3Request<CopyObjectInput>,
+) -> S3Result<S3Response<CopyObjectOutput>> {
+    let input = req.input;
+    let dst = gw.write_path(&input.bucket, &input.key)?;
+    let ufs = gw.writable()?;
+    gw.require_bucket(&input.bucket).await?;
+    let info = gw
+        .copy_source(
+            &input.copy_source,
+            &ReadConditions {
+                if_match: input.copy_source_if_match.as_ref(),
+                if_none_match: input.copy_source_if_none_match.as_ref(),
+                if_modified_since: input.copy_source_if_modified_since.as_ref(),
+                if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+            },
+        )
+        .await?;
+    let result = |info: &ObjectInfo| {
+        S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(gw.tags_of(info).reported),
+                last_modified: Some(Timestamp::from(gw.modified(info))),
+                ..CopyObjectResult::default()
+            }),
+            ..CopyObjectOutput::default()
+        })
+    };
+    if info.path == dst {
+        return Ok(result(&info));
+    }
+    let old = ufs.stat(&dst).await.ok().map(|i| i.file_id);
+    match ufs.copy(&info.path, &dst).await {
+        Ok(()) => {
+            gw.client.invalidate(&dst, old).await;
+        }
+        Err(UfsError::Store(_, object_store::Error::NotImplemented { .. })) => {
+            // Between two mounts: read through the cluster, written as a PutObject would be.
+            let body = object_blob(gw.client.clone(), info.clone(), 0, info.size);
+            gw.write_object(
+                &dst,
+                Some(body),
+                &HeaderMap::new(),
+                None,
+                &WriteCondition::None,
+            )
+            .await?;
+        }
+        Err(e) => return Err(gw.write_failed(&dst, store_error(e)).await),
+    }
+    gw.aliases.forget(&dst);
+    let new = ufs.stat(&dst).await.map_err(store_error)?;
+    Ok(result(&new))
+}
+
+/// `bytes=FIRST-LAST` of `x-amz-copy-source-range`, checked against `size`: `start..end`.
+fn copy_range(range: Option<&str>, size: u64) -> S3Result<(u64, u64)> {
+    let Some(r) = range else {
+        return Ok((0, size));
+    };
+    let bad = || {
+        invalid(format!(
+            "x-amz-copy-source-range {r:?} is not bytes=FIRST-LAST within the source's {size} \
+             bytes"
+        ))
+    };
+    let (a, b) = r
+        .strip_prefix("bytes=")
+        .and_then(|x| x.split_once('-'))
+        .ok_or_else(bad)?;
+    let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+    if a > b || b >= size {
+        return Err(bad());
+    }
+    Ok((a, b + 1))
+}
+
+/// UploadPartCopy: the part is read from the source object (or its range) through the cluster
+/// and staged as an UploadPart's body would be.
+pub(super) async fn upload_part_copy(
+    gw: &Gateway,
+    req: S3Request<UploadPartCopyInput>,
+) -> S3Result<S3Response<UploadPartCopyOutput>> {
+    let input = req.input;
+    let dst = gw.write_path(&input.bucket, &input.key)?;
+    if !(1..=MAX_PART_NUMBER).contains(&input.part_number) {
+        return Err(invalid(format!(
+            "part number {} is not between 1 and {MAX_PART_NUMBER}",
+            input.part_number
+        )));
+    }
+    let info = gw
+        .copy_source(
+            &input.copy_source,
+            &ReadConditions {
+                if_match: input.copy_source_if_match.as_ref(),
+                if_none_match: input.copy_source_if_none_match.as_ref(),
+                if_modified_since: input.copy_source_if_modified_since.as_ref(),
+                if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+            },
+        )
+        .await?;
+    let (start, end) = copy_range(input.copy_source_range.as_deref(), info.size)?;
+    let mut headers = HeaderMap::new();
+    headers.insert(hyper::header::CONTENT_LENGTH, (end - start).into());
+    let body = object_blob(gw.client.clone(), info, start, end);
+    let tag = gw
+        .uploads
+        .put_part(
+            &input.upload_id,
+            &dst,
+            input.part_number,
+            BodyReader::new(Some(body), &headers),
+            Digests::from_headers(&HeaderMap::new())?,
+            None,
+        )
+        .await?;
+    Ok(S3Response::new(UploadPartCopyOutput {
+        copy_part_result: Some(CopyPartResult {
+            e_tag: Some(ETag::Strong(tag)),
+            last_modified: Some(Timestamp::from(std::time::SystemTime::now())),
+            ..CopyPartResult::default()
+        }),
+        ..UploadPartCopyOutput::default()
+    }))
+}
+
+/// GetObjectAttributes: the ETag, the size and the storage class, as asked (objects have no
+/// parts or checksums here).
+pub(super) async fn get_object_attributes(
+    gw: &Gateway,
+    req: S3Request<GetObjectAttributesInput>,
+) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+    let input = &req.input;
+    let info = gw.stat_object(&input.bucket, &input.key).await?;
+    // One header may list several attributes (`ETag,ObjectSize`).
+    let asked = |a: &str| {
+        input
+            .object_attributes
+            .iter()
+            .flat_map(|x| x.as_str().split(','))
+            .any(|x| x.trim() == a)
+    };
+    Ok(S3Response::new(GetObjectAttributesOutput {
+        e_tag: asked(ObjectAttributes::ETAG).then(|| gw.tags_of(&info).reported),
+        object_size: asked(ObjectAttributes::OBJECT_SIZE)
+            .then(|| info.size.try_into().unwrap_or(i64::MAX)),
+        storage_class: asked(ObjectAttributes::STORAGE_CLASS)
+            .then(|| StorageClass::from_static(StorageClass::STANDARD)),
+        last_modified: Some(Timestamp::from(gw.modified(&info))),
+        ..GetObjectAttributesOutput::default()
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::copy_range;
+
+    #[test]
+    fn copy_ranges_are_checked() {
+        assert_eq!(copy_range(None, 10).unwrap(), (0, 10));
+        assert_eq!(copy_range(Some("bytes=0-9"), 10).unwrap(), (0, 10));
+        assert_eq!(copy_range(Some("bytes=3-3"), 10).unwrap(), (3, 4));
+        for bad in ["bytes=0-10", "bytes=5-4", "0-3", "bytes=-3", "bytes=1-"] {
+            assert!(copy_range(Some(bad), 10).is_err(), "{bad}");
+        }
+    }
+}
