@@ -61,8 +61,9 @@ use s3s::{
         GetObjectAttributesOutput, GetObjectInput, GetObjectOutput, HeadBucketInput,
         HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput, ListBucketsOutput,
         ListMultipartUploadsInput, ListMultipartUploadsOutput, ListObjectsInput, ListObjectsOutput,
-        ListObjectsV2Input, ListObjectsV2Output, Owner, PutObjectInput, PutObjectOutput, Timestamp,
-        UploadPartCopyInput, UploadPartCopyOutput, UploadPartInput, UploadPartOutput,
+        ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, Owner,
+        PutObjectInput, PutObjectOutput, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
+        UploadPartInput, UploadPartOutput,
     },
     route::S3Route,
     service::{S3Service, S3ServiceBuilder},
@@ -668,6 +669,13 @@ impl S3 for Gateway {
         req: S3Request<GetObjectAttributesInput>,
     ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
         copy::get_object_attributes(self, req).await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        multipart::list_parts(self, req).await
     }
 
     async fn list_multipart_uploads(

@@ -19,7 +19,8 @@ use s3s::{
     crypto::{Checksum as _, Md5},
     dto::{
         CompleteMultipartUploadInput, CompleteMultipartUploadOutput, ETag,
-        ListMultipartUploadsInput, ListMultipartUploadsOutput, MultipartUpload, Timestamp,
+        ListMultipartUploadsInput, ListMultipartUploadsOutput, ListPartsInput, ListPartsOutput,
+        MultipartUpload, Part, Timestamp,
     },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result, TrailingHeaders,
 };
@@ -162,6 +163,48 @@ pub(super) async fn complete_multipart_upload(
     Ok(answer(tag))
 }
 
+/// ListParts: the parts staged so far for an upload under way, in part number order.
+pub(super) async fn list_parts(
+    gw: &Gateway,
+    req: S3Request<ListPartsInput>,
+) -> S3Result<S3Response<ListPartsOutput>> {
+    let input = req.input;
+    let path = gw.write_path(&input.bucket, &input.key)?;
+    let max = match input.max_parts {
+        None => MAX_KEYS,
+        Some(n) if n < 0 => return Err(invalid(format!("max-parts {n} is negative"))),
+        Some(n) => (n as usize).min(MAX_KEYS),
+    };
+    let marker = input.part_number_marker.unwrap_or(0);
+    let (parts, more) = gw.uploads.parts(&input.upload_id, &path, marker, max)?;
+    let next = parts.last().map(|p| p.number).filter(|_| more);
+    Ok(S3Response::new(ListPartsOutput {
+        bucket: Some(input.bucket),
+        key: Some(input.key),
+        upload_id: Some(input.upload_id),
+        max_parts: Some(max as i32),
+        part_number_marker: input.part_number_marker,
+        next_part_number_marker: next,
+        is_truncated: Some(more),
+        storage_class: Some(s3s::dto::StorageClass::from_static(
+            s3s::dto::StorageClass::STANDARD,
+        )),
+        parts: Some(
+            parts
+                .into_iter()
+                .map(|p| Part {
+                    part_number: Some(p.number),
+                    e_tag: Some(ETag::Strong(p.etag)),
+                    size: Some(p.size.try_into().unwrap_or(i64::MAX)),
+                    last_modified: Some(Timestamp::from(p.staged)),
+                    ..Part::default()
+                })
+                .collect(),
+        ),
+        ..ListPartsOutput::default()
+    }))
+}
+
 /// ListMultipartUploads: the uploads under way in this gateway for keys of the bucket under
 /// `prefix`, in key order (then by upload id), after the key and upload id markers.
 pub(super) async fn list_multipart_uploads(
@@ -289,10 +332,19 @@ async fn send_parts(
     result
 }
 
+/// A staged part as ListParts shows it.
+struct StagedPart {
+    number: i32,
+    etag: String,
+    size: u64,
+    staged: SystemTime,
+}
+
 struct PartFile {
     etag: String,
     size: u64,
     file: PathBuf,
+    staged: SystemTime,
 }
 
 struct Upload {
@@ -406,6 +458,36 @@ impl Uploads {
         Ok(id)
     }
 
+    /// The staged parts of upload `id` for `path` after part `marker`, at most `max`; and
+    /// whether more follow.
+    fn parts(
+        &self,
+        id: &str,
+        path: &str,
+        marker: i32,
+        max: usize,
+    ) -> S3Result<(Vec<StagedPart>, bool)> {
+        let open = self.lock();
+        let u = match open.get(id) {
+            Some(u) if u.path == path => u,
+            _ => return Err(no_such_upload(id)),
+        };
+        let mut v: Vec<_> = u
+            .parts
+            .range(marker.saturating_add(1)..)
+            .map(|(n, p)| StagedPart {
+                number: *n,
+                etag: p.etag.clone(),
+                size: p.size,
+                staged: p.staged,
+            })
+            .take(max.saturating_add(1))
+            .collect();
+        let more = v.len() > max;
+        v.truncate(max);
+        Ok((v, more))
+    }
+
     /// The uploads under way: id, logical path, start time.
     fn list(&self) -> Vec<(String, String, SystemTime)> {
         self.lock()
@@ -483,6 +565,7 @@ impl Uploads {
                         etag: etag.clone(),
                         size,
                         file: dest,
+                        staged: SystemTime::now(),
                     },
                 );
                 Ok(etag)

@@ -16,10 +16,10 @@
 //! CompleteMultipartUpload, DELETE and DeleteObjects; ETags in v1 and v2 listings equal to
 //! HEAD's, part ETags as MD5s, `md5-N` multipart ETags; directory markers; deletes of
 //! directories and missing keys; 409 object/prefix conflicts; RequestId in error bodies;
-//! repeated completions; ListMultipartUploads; CopyObject; UploadPartCopy; GetObjectAttributes;
+//! repeated completions; ListMultipartUploads; ListParts; CopyObject; UploadPartCopy; GetObjectAttributes;
 //! SSE refused; listing details) and `CLIENTS_SCRIPT` (AWS CLI `s3 sync` twice, `cp`, `rm`;
 //! s3cmd `sync` twice, a 30 MB multipart `put`, a recursive `get`; pyarrow's S3FileSystem
-//! `create_dir`, `copy_file`, `move`, `delete_dir_contents`).
+//! `create_dir`, `copy_file`, `move`, `delete_dir_contents`; s3fs `rm(recursive=True)`).
 //!
 //! `pages3_refuses_what_s3_refuses` (issue 12): SigV2 refused, or held to the clock with
 //! `--allow-sigv2`; presigned lifetimes; Content-MD5 and x-amz-checksum-* verified; cut or
@@ -766,6 +766,17 @@ check(get("cond/mp.bin")["Body"].read() == b"z" * 100 and head("cond/mp.bin")["E
 uid = s3.create_multipart_upload(Bucket="data", Key="cond/open.bin")["UploadId"]
 ups = s3.list_multipart_uploads(Bucket="data", Prefix="cond/").get("Uploads", [])
 check([(u["Key"], u["UploadId"]) for u in ups] == [("cond/open.bin", uid)], ups)
+# --- ListParts
+for n, b in [(1, b"p1" * 10), (3, b"p3")]:
+    s3.upload_part(Bucket="data", Key="cond/open.bin", UploadId=uid, PartNumber=n, Body=b)
+lp = s3.list_parts(Bucket="data", Key="cond/open.bin", UploadId=uid)
+check([(p["PartNumber"], p["Size"], p["ETag"]) for p in lp["Parts"]] ==
+      [(1, 20, '"%s"' % hashlib.md5(b"p1" * 10).hexdigest()), (3, 2, '"%s"' % hashlib.md5(b"p3").hexdigest())], lp)
+lp = s3.list_parts(Bucket="data", Key="cond/open.bin", UploadId=uid, MaxParts=1)
+check(lp["IsTruncated"] and [p["PartNumber"] for p in lp["Parts"]] == [1], lp)
+lp = s3.list_parts(Bucket="data", Key="cond/open.bin", UploadId=uid, PartNumberMarker=lp["NextPartNumberMarker"])
+check(not lp["IsTruncated"] and [p["PartNumber"] for p in lp["Parts"]] == [3], lp)
+check(err(lambda: s3.list_parts(Bucket="data", Key="cond/open.bin", UploadId="nope")) == (404, "NoSuchUpload"))
 check(s3.list_multipart_uploads(Bucket="data", Prefix="objs/").get("Uploads", []) == [])
 s3.abort_multipart_upload(Bucket="data", Key="cond/open.bin", UploadId=uid)
 check(s3.list_multipart_uploads(Bucket="data").get("Uploads", []) == [])
@@ -940,6 +951,22 @@ fs.delete_dir_contents("data/pa/dir")
 check(not os.path.exists(os.path.join(DATA, "pa/dir/f.txt")), "pyarrow delete_dir_contents")
 fs.delete_file("data/pa/moved.txt")
 check(not os.path.exists(os.path.join(DATA, "pa/moved.txt")))
+
+# --- fsspec's s3fs: rm(recursive=True) of a tree (objects, then the directories' markers)
+import s3fs
+sfs = s3fs.S3FileSystem(key=KEY, secret=SECRET, client_kwargs={"endpoint_url": EP})
+for rel in ["rm/a.txt", "rm/x/b.txt", "rm/x/y/c.txt"]:
+    sfs.pipe_file("data/" + rel, b"bytes of " + rel.encode())
+check(sfs.cat_file("data/rm/x/y/c.txt") == b"bytes of rm/x/y/c.txt")
+sfs.rm("data/rm", recursive=True)
+sfs.invalidate_cache()
+for rel in ["rm/a.txt", "rm/x/b.txt", "rm/x/y/c.txt"]:
+    check(not sfs.isfile("data/" + rel), rel)
+# The emptied directories stay on the file system; the listings hide them only with the
+# hiding of empty directories (outside this gateway's part of issue 16). Until then `find`
+# may still name the emptied prefix itself, but no object under it.
+check(all(p == "data/rm" for p in sfs.find("data/rm")), sfs.find("data/rm"))
+check(not any(os.path.isfile(os.path.join(r, f)) for r, _, fs_ in os.walk(os.path.join(DATA, "rm")) for f in fs_))
 print("ALL OK")
 "#;
 
