@@ -20,6 +20,10 @@
 //!   process): `PutMode::Create` renames with `RENAME_NOREPLACE`; `PutMode::Update`, a
 //!   multipart write given a [`CommitMode`], and [`LocalStore::delete_if`] compare the current
 //!   version tag and replace (or remove) the file under the lock.
+//! - Object attributes (Content-Type, Cache-Control, Content-Disposition, Content-Encoding,
+//!   Content-Language, user metadata) are kept in one user extended attribute of the file
+//!   ([`ATTRIBUTES_XATTR`], JSON), written on the temporary file before the rename and copied
+//!   with the file. On a file system without user extended attributes they are not kept.
 //! - Version tags (the e-tag) are `inode-mtime_ns-ctime_ns-size` (hex) from `fstat` of the
 //!   opened file. A read reports the tag of the descriptor it reads and checks the tag again
 //!   after reading: a file rewritten in place during the read is a
@@ -48,9 +52,9 @@ use bytes::Bytes;
 use futures_util::{stream::BoxStream, StreamExt};
 use object_store::{
     path::{Path, PathPart},
-    CopyMode, CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload,
-    ObjectMeta, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
-    Result, UploadPart,
+    Attribute, Attributes, CopyMode, CopyOptions, GetOptions, GetResult, GetResultPayload,
+    ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMode, PutMultipartOptions, PutOptions,
+    PutPayload, PutResult, Result, UploadPart,
 };
 
 const STORE: &str = "LocalStore";
@@ -520,6 +524,121 @@ fn check_version(dir: &OwnedFd, name: &str, location: &Path, mode: &PutMode) -> 
     Ok(())
 }
 
+/// The user extended attribute that holds an object's attributes (a JSON object).
+pub const ATTRIBUTES_XATTR: &str = "user.pagestore.attributes";
+
+/// The most bytes of attributes kept (S3 allows 2 KB of user metadata; ext4 keeps an
+/// attribute in one block).
+const MAX_ATTRIBUTES: usize = 3500;
+
+fn attribute_name(a: &Attribute) -> Option<String> {
+    Some(match a {
+        Attribute::ContentType => "Content-Type".into(),
+        Attribute::CacheControl => "Cache-Control".into(),
+        Attribute::ContentDisposition => "Content-Disposition".into(),
+        Attribute::ContentEncoding => "Content-Encoding".into(),
+        Attribute::ContentLanguage => "Content-Language".into(),
+        Attribute::Metadata(k) => format!("meta:{k}"),
+        _ => return None,
+    })
+}
+
+fn attribute_of(name: &str) -> Option<Attribute> {
+    Some(match name {
+        "Content-Type" => Attribute::ContentType,
+        "Cache-Control" => Attribute::CacheControl,
+        "Content-Disposition" => Attribute::ContentDisposition,
+        "Content-Encoding" => Attribute::ContentEncoding,
+        "Content-Language" => Attribute::ContentLanguage,
+        n => Attribute::Metadata(n.strip_prefix("meta:")?.to_string().into()),
+    })
+}
+
+/// The JSON form of `attrs` (`None` when there is nothing to keep).
+fn encode_attributes(attrs: &Attributes) -> Result<Option<Vec<u8>>> {
+    let map: serde_json::Map<String, serde_json::Value> = attrs
+        .iter()
+        .filter_map(|(k, v)| Some((attribute_name(k)?, serde_json::Value::from(v.as_ref()))))
+        .collect();
+    if map.is_empty() {
+        return Ok(None);
+    }
+    let bytes = serde_json::to_vec(&map).map_err(|e| object_store::Error::Generic {
+        store: STORE,
+        source: Box::new(e),
+    })?;
+    if bytes.len() > MAX_ATTRIBUTES {
+        return Err(object_store::Error::Generic {
+            store: STORE,
+            source: format!("object attributes over {MAX_ATTRIBUTES} bytes").into(),
+        });
+    }
+    Ok(Some(bytes))
+}
+
+fn decode_attributes(bytes: &[u8]) -> Attributes {
+    let mut out = Attributes::new();
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(bytes) {
+        for (k, v) in map {
+            if let (Some(a), serde_json::Value::String(v)) = (attribute_of(&k), v) {
+                out.insert(a, v.into());
+            }
+        }
+    }
+    out
+}
+
+/// Sets the attributes blob on `file`. A file system without user extended attributes keeps
+/// none (not an error: the object itself is written).
+fn set_attributes(file: &File, blob: &[u8], location: &Path) -> Result<()> {
+    let name = cstr(ATTRIBUTES_XATTR).map_err(|e| to_error(location, e))?;
+    // SAFETY: `file` is open, `name` NUL-terminated and `blob` a live buffer of the length
+    // passed, for the call.
+    let r = unsafe {
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            name.as_ptr(),
+            blob.as_ptr().cast(),
+            blob.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::ENOTSUP | libc::EPERM)) {
+            tracing::debug!(path = %location, "the file system keeps no user extended attributes");
+            return Ok(());
+        }
+        return Err(to_error(location, e));
+    }
+    Ok(())
+}
+
+/// The attributes blob of `file` (`None`: none kept).
+fn get_attributes(file: &File, location: &Path) -> Result<Option<Vec<u8>>> {
+    let name = cstr(ATTRIBUTES_XATTR).map_err(|e| to_error(location, e))?;
+    let mut buf = vec![0u8; MAX_ATTRIBUTES + 1];
+    // SAFETY: `file` is open, `name` NUL-terminated and `buf` a writable buffer of the length
+    // passed, for the call.
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA | libc::ENOTSUP | libc::ERANGE) => Ok(None),
+            _ => Err(to_error(location, e)),
+        };
+    }
+    buf.truncate(n as usize);
+    Ok(Some(buf))
+}
+
 /// The verified parent directory of `location` (created where missing) and the last name.
 fn parent_for_write(root: &OwnedFd, location: &Path) -> Result<(Arc<OwnedFd>, String)> {
     let rel = location.as_ref();
@@ -584,6 +703,18 @@ impl LocalStore {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The attributes kept with the object at `location` (empty where none were kept).
+    pub async fn object_attributes(&self, location: &Path) -> Result<Attributes> {
+        let (root, location) = (self.root.clone(), location.clone());
+        blocking(move || {
+            let (file, _) = LocalStore::open_file(&root, &location)?;
+            Ok(get_attributes(&file, &location)?
+                .map(|b| decode_attributes(&b))
+                .unwrap_or_default())
+        })
+        .await
     }
 
     /// Deletes the object at `location` if its version tag is `e_tag` (quotes ignored), as one
@@ -698,6 +829,7 @@ impl ObjectStore for LocalStore {
         opts: PutOptions,
     ) -> Result<PutResult> {
         let mode = opts.mode;
+        let attrs = encode_attributes(&opts.attributes)?;
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (dir, name) = parent_for_write(&root, &location)?;
@@ -706,6 +838,9 @@ impl ObjectStore for LocalStore {
                 (&*tmp.file)
                     .write_all(b)
                     .map_err(|e| to_error(&location, e))?;
+            }
+            if let Some(blob) = &attrs {
+                set_attributes(&tmp.file, blob, &location)?;
             }
             tmp.commit(&location, &name, &mode).map(put_result)
         })
@@ -721,10 +856,14 @@ impl ObjectStore for LocalStore {
             .extensions
             .get::<CommitMode>()
             .map_or(PutMode::Overwrite, |m| m.0.clone());
+        let attrs = encode_attributes(&opts.attributes)?;
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (dir, name) = parent_for_write(&root, &location)?;
             let tmp = TmpFile::create(dir).map_err(|e| to_error(&location, e))?;
+            if let Some(blob) = &attrs {
+                set_attributes(&tmp.file, blob, &location)?;
+            }
             Ok(Box::new(LocalUpload {
                 location,
                 name,
@@ -818,6 +957,9 @@ impl ObjectStore for LocalStore {
             let (dir, name) = parent_for_write(&root, &to)?;
             let tmp = TmpFile::create(dir).map_err(|e| to_error(&to, e))?;
             let copied = io::copy(&mut &*src, &mut &*tmp.file).map_err(|e| to_error(&from, e))?;
+            if let Some(blob) = get_attributes(&src, &from)? {
+                set_attributes(&tmp.file, &blob, &to)?;
+            }
             let st = src.metadata().map_err(|e| to_error(&from, e))?;
             if copied != meta.size || Some(version_tag(&st)) != meta.e_tag {
                 return Err(changed(&from));

@@ -673,16 +673,17 @@ impl MountTable {
             .map_err(|e| UfsError::Store(path.to_string(), e))
     }
 
-    /// Writes `data` as the object at `path` in one request, if `mode` allows it
-    /// (`PutMode::Create`: nothing there; `PutMode::Update`: the object has that version), as
-    /// one atomic step of the store. `Ok(false)`: the condition failed and nothing was written.
-    /// A store that cannot do the conditional write answers `UfsError::Store` with
-    /// `object_store::Error::NotImplemented`.
+    /// Writes `data` as the object at `path` in one request, with `attributes` (where the
+    /// store keeps them), if `mode` allows it (`PutMode::Create`: nothing there;
+    /// `PutMode::Update`: the object has that version), as one atomic step of the store.
+    /// `Ok(false)`: the condition failed and nothing was written. A store that cannot do the
+    /// conditional write answers `UfsError::Store` with `object_store::Error::NotImplemented`.
     pub async fn put_if(
         &self,
         path: &str,
         data: Bytes,
         mode: object_store::PutMode,
+        attributes: object_store::Attributes,
     ) -> Result<bool, UfsError> {
         let (m, p) = self.resolve(path)?;
         // GCS compares generations, which the version tags here do not carry.
@@ -694,7 +695,12 @@ impl MountTable {
                 "a conditional update (If-Match) on a GCS mount",
             ));
         }
-        match m.store.put_opts(&p, data.into(), mode.into()).await {
+        let opts = object_store::PutOptions {
+            mode,
+            attributes,
+            ..Default::default()
+        };
+        match m.store.put_opts(&p, data.into(), opts).await {
             Ok(_) => Ok(true),
             Err(
                 object_store::Error::AlreadyExists { .. }
@@ -714,20 +720,47 @@ impl MountTable {
         &self,
         path: &str,
         mode: object_store::PutMode,
+        attributes: object_store::Attributes,
     ) -> Result<Box<dyn object_store::MultipartUpload>, UfsError> {
-        if mode == object_store::PutMode::Overwrite {
-            return self.put_multipart(path).await;
-        }
         let (m, p) = self.resolve(path)?;
-        if m.local.is_none() {
-            return Err(not_implemented(path, "a conditional multipart write"));
+        let mut opts = object_store::PutMultipartOptions {
+            attributes,
+            ..Default::default()
+        };
+        if mode != object_store::PutMode::Overwrite {
+            if m.local.is_none() {
+                return Err(not_implemented(path, "a conditional multipart write"));
+            }
+            opts.extensions.insert(crate::localfs::CommitMode(mode));
         }
-        let mut opts = object_store::PutMultipartOptions::default();
-        opts.extensions.insert(crate::localfs::CommitMode(mode));
         m.store
             .put_multipart_opts(&p, opts)
             .await
             .map_err(|e| UfsError::Store(path.to_string(), e))
+    }
+
+    /// The attributes kept with the object at `path` (Content-Type, Cache-Control,
+    /// Content-Disposition, Content-Encoding, Content-Language, user metadata; empty where the
+    /// store keeps none): `file://` mounts read them from the file, other stores from a HEAD.
+    pub async fn object_attributes(
+        &self,
+        path: &str,
+    ) -> Result<object_store::Attributes, UfsError> {
+        let (m, p) = self.resolve(path)?;
+        let found = match &m.local {
+            Some(local) => local.object_attributes(&p).await,
+            None => {
+                let opts = GetOptions {
+                    head: true,
+                    ..Default::default()
+                };
+                m.store.get_opts(&p, opts).await.map(|r| r.attributes)
+            }
+        };
+        found.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => UfsError::NotFound(path.to_string()),
+            e => UfsError::Store(path.to_string(), e),
+        })
     }
 
     /// Deletes the object at `path` if it has version `version`, atomically. `Ok(false)`: it

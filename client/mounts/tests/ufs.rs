@@ -194,22 +194,42 @@ fn conditional_writes_deletes_copies_and_versioned_listings_on_file_mounts() {
     rt().block_on(async {
         let p = "/data/cond/x";
         // Create: only where nothing is.
-        assert!(t.put_if(p, "one".into(), PutMode::Create).await.unwrap());
-        assert!(!t.put_if(p, "two".into(), PutMode::Create).await.unwrap());
+        assert!(t
+            .put_if(p, "one".into(), PutMode::Create, Default::default())
+            .await
+            .unwrap());
+        assert!(!t
+            .put_if(p, "two".into(), PutMode::Create, Default::default())
+            .await
+            .unwrap());
         let v1 = t.stat(p).await.unwrap().version;
         // Update: only from the version named.
-        assert!(t.put_if(p, "two".into(), update(&v1)).await.unwrap());
+        assert!(t
+            .put_if(p, "two".into(), update(&v1), Default::default())
+            .await
+            .unwrap());
         let v2 = t.stat(p).await.unwrap().version;
         assert_ne!(v1, v2);
-        assert!(!t.put_if(p, "three".into(), update(&v1)).await.unwrap());
         assert!(!t
-            .put_if("/data/cond/none", "x".into(), update(&v1))
+            .put_if(p, "three".into(), update(&v1), Default::default())
+            .await
+            .unwrap());
+        assert!(!t
+            .put_if(
+                "/data/cond/none",
+                "x".into(),
+                update(&v1),
+                Default::default()
+            )
             .await
             .unwrap());
         let info = t.stat(p).await.unwrap();
         assert_eq!(&t.read(&info, 0..10).await.unwrap()[..], b"two");
         // A multipart write completing under a condition.
-        let mut u = t.put_multipart_if(p, update(&v1)).await.unwrap();
+        let mut u = t
+            .put_multipart_if(p, update(&v1), Default::default())
+            .await
+            .unwrap();
         u.put_part(bytes::Bytes::from_static(b"stale").into())
             .await
             .unwrap();
@@ -217,13 +237,19 @@ fn conditional_writes_deletes_copies_and_versioned_listings_on_file_mounts() {
             u.complete().await,
             Err(object_store::Error::Precondition { .. })
         ));
-        let mut u = t.put_multipart_if(p, update(&v2)).await.unwrap();
+        let mut u = t
+            .put_multipart_if(p, update(&v2), Default::default())
+            .await
+            .unwrap();
         u.put_part(bytes::Bytes::from_static(b"fresh").into())
             .await
             .unwrap();
         u.complete().await.unwrap();
         let v3 = t.stat(p).await.unwrap().version;
-        let mut u = t.put_multipart_if(p, PutMode::Create).await.unwrap();
+        let mut u = t
+            .put_multipart_if(p, PutMode::Create, Default::default())
+            .await
+            .unwrap();
         u.put_part(bytes::Bytes::from_static(b"x").into())
             .await
             .unwrap();
@@ -280,7 +306,7 @@ fn concurrent_conditional_updates_from_one_version_let_exactly_one_win() {
                         e_tag: Some(v),
                         version: None,
                     });
-                    t.put_if(p, format!("writer {i}").into(), mode)
+                    t.put_if(p, format!("writer {i}").into(), mode, Default::default())
                         .await
                         .unwrap()
                 })
@@ -297,9 +323,14 @@ fn concurrent_conditional_updates_from_one_version_let_exactly_one_win() {
             .map(|i| {
                 let t = t.clone();
                 tokio::spawn(async move {
-                    t.put_if("/data/race-new", format!("{i}").into(), PutMode::Create)
-                        .await
-                        .unwrap()
+                    t.put_if(
+                        "/data/race-new",
+                        format!("{i}").into(),
+                        PutMode::Create,
+                        Default::default(),
+                    )
+                    .await
+                    .unwrap()
                 })
             })
             .collect();
@@ -311,4 +342,65 @@ fn concurrent_conditional_updates_from_one_version_let_exactly_one_win() {
         }
         assert_eq!(created, 1, "create-only: one writer creates");
     });
+}
+
+#[test]
+fn attributes_are_kept_with_objects_of_file_mounts_and_copied_with_them() {
+    use object_store::{Attribute, Attributes, PutMode};
+    let (d, t) = setup();
+    rt().block_on(async {
+        let mut attrs = Attributes::new();
+        attrs.insert(Attribute::ContentType, "text/plain; charset=utf-8".into());
+        attrs.insert(Attribute::CacheControl, "max-age=60".into());
+        attrs.insert(Attribute::Metadata("mtime".into()), "1700000000".into());
+        assert!(t
+            .put_if(
+                "/data/attr/a",
+                "hello".into(),
+                PutMode::Overwrite,
+                attrs.clone()
+            )
+            .await
+            .unwrap());
+        let got = t.object_attributes("/data/attr/a").await.unwrap();
+        if !xattrs_work(d.path()) {
+            // Not kept, and not an error: the object itself was written.
+            assert!(got.is_empty());
+            return;
+        }
+        assert_eq!(got, attrs);
+        t.copy("/data/attr/a", "/data/attr/b").await.unwrap();
+        assert_eq!(t.object_attributes("/data/attr/b").await.unwrap(), attrs);
+        let mut u = t
+            .put_multipart_if("/data/attr/c", PutMode::Overwrite, attrs.clone())
+            .await
+            .unwrap();
+        u.put_part(bytes::Bytes::from_static(b"parts").into())
+            .await
+            .unwrap();
+        u.complete().await.unwrap();
+        assert_eq!(t.object_attributes("/data/attr/c").await.unwrap(), attrs);
+        // An object written without attributes has none.
+        t.put("/data/attr/plain", "x".into()).await.unwrap();
+        assert!(t
+            .object_attributes("/data/attr/plain")
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(matches!(
+            t.object_attributes("/data/attr/none").await,
+            Err(UfsError::NotFound(_))
+        ));
+    });
+}
+
+/// Whether the file system of `dir` keeps user extended attributes.
+fn xattrs_work(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let f = dir.join("xattr-probe");
+    std::fs::write(&f, b"").unwrap();
+    let path = std::ffi::CString::new(f.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new("user.probe").unwrap();
+    // SAFETY: both strings are NUL-terminated and the value a live 1-byte buffer for the call.
+    unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"x".as_ptr().cast(), 1, 0) == 0 }
 }

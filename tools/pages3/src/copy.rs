@@ -6,13 +6,14 @@ use pagestore_client::ufs::{ObjectInfo, UfsError};
 use s3s::{
     dto::{
         CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopyPartResult, CopySource, ETag,
-        GetObjectAttributesInput, GetObjectAttributesOutput, ObjectAttributes, StorageClass,
-        Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
+        GetObjectAttributesInput, GetObjectAttributesOutput, MetadataDirective, ObjectAttributes,
+        StorageClass, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
     },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
 };
 
 use super::{
+    attrs::Asked,
     checks::Digests,
     cond::{check_copy_source, ReadConditions, WriteCondition},
     errors::{invalid, store_error},
@@ -57,8 +58,9 @@ impl Gateway {
 
 /// CopyObject: the store copies the object where both keys share a mount (a copy between
 /// mounts is read through the cluster and written); then the destination's cached pages are
-/// invalidated. Metadata directives change nothing (pagestore keeps no object metadata); a
-/// copy of an object onto itself is answered without writing.
+/// invalidated; the store's copy keeps the source's attributes. With `x-amz-metadata-directive:
+/// REPLACE` the object is read and written with the request's attributes instead. A copy of
+/// an object onto itself without REPLACE is answered without writing.
 pub(super) async fn copy_object(
     gw: &Gateway,
     req: S3Request<CopyObjectInput>,
@@ -88,16 +90,52 @@ pub(super) async fn copy_object(
             ..CopyObjectOutput::default()
         })
     };
-    if info.path == dst {
+    let replace = input
+        .metadata_directive
+        .as_ref()
+        .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+    if info.path == dst && !replace {
         return Ok(result(&info));
     }
+    // New attributes: the object is read through the cluster and written with them, as a
+    // PutObject would be (the store's copy keeps the source's).
+    let replaced = if replace {
+        Some(
+            Asked {
+                content_type: input.content_type.as_deref(),
+                cache_control: input.cache_control.as_deref(),
+                content_disposition: input.content_disposition.as_deref(),
+                content_encoding: input.content_encoding.as_deref(),
+                content_language: input.content_language.as_deref(),
+                metadata: input.metadata.as_ref(),
+            }
+            .attributes()?,
+        )
+    } else {
+        None
+    };
     let old = ufs.stat(&dst).await.ok().map(|i| i.file_id);
-    match ufs.copy(&info.path, &dst).await {
+    let copied = match replaced {
+        Some(_) => Err(UfsError::Store(
+            dst.clone(),
+            object_store::Error::NotImplemented {
+                operation: "a copy with new attributes".into(),
+                implementer: "pages3".into(),
+            },
+        )),
+        None => ufs.copy(&info.path, &dst).await,
+    };
+    match copied {
         Ok(()) => {
             gw.client.invalidate(&dst, old).await;
         }
         Err(UfsError::Store(_, object_store::Error::NotImplemented { .. })) => {
-            // Between two mounts: read through the cluster, written as a PutObject would be.
+            // Between two mounts, or with new attributes: read through the cluster, written
+            // as a PutObject would be.
+            let attributes = match replaced {
+                Some(a) => a,
+                None => gw.attributes_of(&info).await,
+            };
             let body = object_blob(gw.client.clone(), info.clone(), 0, info.size);
             gw.write_object(
                 &dst,
@@ -105,6 +143,7 @@ pub(super) async fn copy_object(
                 &HeaderMap::new(),
                 None,
                 &WriteCondition::None,
+                attributes,
             )
             .await?;
         }

@@ -25,6 +25,7 @@
 //! bucket names, request ids), HeadObject and ListBuckets, and the [`S3`] implementation, a
 //! table of the operations that calls into those modules.
 
+mod attrs;
 pub mod checks;
 mod cond;
 mod copy;
@@ -133,6 +134,7 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
         started,
         uploads,
         aliases: Arc::new(Aliases::default()),
+        attr_cache: Arc::new(attrs::AttrCache::default()),
     };
     let policy = Policy {
         anonymous: options.anonymous,
@@ -438,6 +440,8 @@ struct Gateway {
     uploads: Arc<Uploads>,
     /// ETags of objects this gateway wrote from multipart uploads.
     aliases: Arc<Aliases>,
+    /// Attributes (Content-Type, user metadata...) of object versions read lately.
+    attr_cache: Arc<attrs::AttrCache>,
 }
 
 impl Gateway {
@@ -605,10 +609,16 @@ impl S3 for Gateway {
             &tags,
             modified,
         )?;
+        let a = self.served_attributes(&info).await;
         Ok(S3Response::new(HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: Some(info.size.try_into().unwrap_or(i64::MAX)),
-            content_type: Some("application/octet-stream".into()),
+            content_type: Some(a.content_type()),
+            cache_control: a.cache_control,
+            content_disposition: a.content_disposition,
+            content_encoding: a.content_encoding,
+            content_language: a.content_language,
+            metadata: a.metadata,
             e_tag: Some(tags.reported),
             last_modified: Some(modified.into()),
             ..HeadObjectOutput::default()
@@ -700,7 +710,16 @@ impl S3 for Gateway {
         let path = self.write_path(&input.bucket, &input.key)?;
         self.writable()?;
         self.require_bucket(&input.bucket).await?;
-        let id = self.uploads.create(path).await?;
+        let attributes = attrs::Asked {
+            content_type: input.content_type.as_deref(),
+            cache_control: input.cache_control.as_deref(),
+            content_disposition: input.content_disposition.as_deref(),
+            content_encoding: input.content_encoding.as_deref(),
+            content_language: input.content_language.as_deref(),
+            metadata: input.metadata.as_ref(),
+        }
+        .attributes()?;
+        let id = self.uploads.create(path, attributes).await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),

@@ -14,7 +14,7 @@ use std::{
 };
 
 use bytes::BytesMut;
-use object_store::PutMode;
+use object_store::{Attributes, PutMode};
 use s3s::{
     crypto::{Checksum as _, Md5},
     dto::{
@@ -132,16 +132,17 @@ pub(super) async fn complete_multipart_upload(
             ..CompleteMultipartUploadOutput::default()
         })
     };
-    let (files, tag) = match gw
-        .uploads
-        .begin_complete(&input.upload_id, &path, &wanted)?
-    {
-        Begun::Again(tag) => return Ok(answer(tag)),
-        Begun::Started(files, tag) => (files, tag),
-    };
+    let (files, tag, attributes) =
+        match gw
+            .uploads
+            .begin_complete(&input.upload_id, &path, &wanted)?
+        {
+            Begun::Again(tag) => return Ok(answer(tag)),
+            Begun::Started(files, tag, attributes) => (files, tag, attributes),
+        };
     let sent = async {
         let (mode, old) = gw.write_mode(&path, &cond).await?;
-        send_parts(ufs, &path, &files, mode).await?;
+        send_parts(ufs, &path, &files, mode, attributes).await?;
         Ok::<_, S3Error>(old)
     }
     .await;
@@ -280,11 +281,12 @@ async fn send_parts(
     path: &str,
     files: &[PathBuf],
     mode: PutMode,
+    attributes: Attributes,
 ) -> S3Result<()> {
     use tokio::io::AsyncReadExt;
     let fail = internal;
     let mut upload = ufs
-        .put_multipart_if(path, mode)
+        .put_multipart_if(path, mode, attributes)
         .await
         .map_err(store_error)?;
     let result: S3Result<()> = async {
@@ -355,6 +357,8 @@ struct Upload {
     /// CompleteMultipartUpload is sending the parts.
     completing: bool,
     initiated: SystemTime,
+    /// Content-Type and the like, given at CreateMultipartUpload.
+    attributes: Attributes,
 }
 
 /// The part list of a CompleteMultipartUpload: part numbers with the ETags given.
@@ -369,8 +373,9 @@ struct Done {
 
 /// What [`Uploads::begin_complete`] found.
 enum Begun {
-    /// The upload is completing now: its part files in order, and the object's ETag.
-    Started(Vec<PathBuf>, String),
+    /// The upload is completing now: its part files in order, the object's ETag, and the
+    /// attributes to keep with it.
+    Started(Vec<PathBuf>, String, Attributes),
     /// The upload was completed before with the same parts: its ETag.
     Again(String),
 }
@@ -439,7 +444,7 @@ impl Uploads {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(super) async fn create(&self, path: String) -> S3Result<String> {
+    pub(super) async fn create(&self, path: String, attributes: Attributes) -> S3Result<String> {
         let id = random_id();
         let dir = self.dir.join(format!("{UPLOAD_DIR_PREFIX}{id}"));
         tokio::fs::create_dir_all(&dir)
@@ -453,6 +458,7 @@ impl Uploads {
                 parts: BTreeMap::new(),
                 completing: false,
                 initiated: SystemTime::now(),
+                attributes,
             },
         );
         Ok(id)
@@ -648,7 +654,7 @@ impl Uploads {
             .collect();
         let etag = multipart_etag(&tags);
         u.completing = true;
-        Ok(Begun::Started(files, etag))
+        Ok(Begun::Started(files, etag, u.attributes.clone()))
     }
 
     /// Ends a completion: on success (the parts and the ETag) the upload and its files go and

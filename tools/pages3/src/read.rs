@@ -203,7 +203,18 @@ pub(super) async fn get_object(
         rx,
         remaining: usize::try_from(len).unwrap_or(usize::MAX),
     };
+    let a = gw.served_attributes(&info).await;
+    // response-* parameters override what is kept, as in S3.
+    let or = |asked: &Option<String>, kept: Option<String>| asked.clone().or(kept);
     Ok(S3Response::new(GetObjectOutput {
+        cache_control: or(&input.response_cache_control, a.cache_control.clone()),
+        content_disposition: or(
+            &input.response_content_disposition,
+            a.content_disposition.clone(),
+        ),
+        content_encoding: or(&input.response_content_encoding, a.content_encoding.clone()),
+        content_language: or(&input.response_content_language, a.content_language.clone()),
+        metadata: a.metadata.clone(),
         accept_ranges: Some("bytes".into()),
         body: Some(StreamingBlob::new(body)),
         content_length: Some(len.try_into().unwrap_or(i64::MAX)),
@@ -211,7 +222,12 @@ pub(super) async fn get_object(
             .range
             .is_some()
             .then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
-        content_type: Some("application/octet-stream".into()),
+        content_type: Some(
+            input
+                .response_content_type
+                .clone()
+                .unwrap_or_else(|| a.content_type()),
+        ),
         e_tag: Some(tags.reported),
         last_modified: Some(modified.into()),
         ..GetObjectOutput::default()

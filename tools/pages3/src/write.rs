@@ -10,7 +10,7 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use hyper::HeaderMap;
-use object_store::PutMode;
+use object_store::{Attributes, PutMode};
 use pagestore_client::{
     ufs::{ObjectInfo, UfsError},
     Client, Error as ClientError,
@@ -25,6 +25,7 @@ use s3s::{
 };
 
 use super::{
+    attrs::Asked,
     checks::{self, Digests},
     cond::{precondition_failed, WriteCondition},
     errors::{client_error, conflict, invalid, store_error, upload_error},
@@ -83,6 +84,15 @@ pub(super) async fn put_object(
     let path = gw.write_path(&input.bucket, &input.key)?;
     gw.writable()?;
     gw.require_bucket(&input.bucket).await?;
+    let attributes = Asked {
+        content_type: input.content_type.as_deref(),
+        cache_control: input.cache_control.as_deref(),
+        content_disposition: input.content_disposition.as_deref(),
+        content_encoding: input.content_encoding.as_deref(),
+        content_language: input.content_language.as_deref(),
+        metadata: input.metadata.as_ref(),
+    }
+    .attributes()?;
     let info = gw
         .write_object(
             &path,
@@ -90,6 +100,7 @@ pub(super) async fn put_object(
             &req.headers,
             req.trailing_headers.as_ref(),
             &cond,
+            attributes,
         )
         .await?;
     Ok(S3Response::new(PutObjectOutput {
@@ -273,6 +284,7 @@ impl Gateway {
         headers: &HeaderMap,
         trailers: Option<&TrailingHeaders>,
         cond: &WriteCondition,
+        attributes: Attributes,
     ) -> S3Result<ObjectInfo> {
         let ufs = self.writable()?;
         let mut body = BodyReader::new(body, headers);
@@ -313,7 +325,7 @@ impl Gateway {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
                     if upload.is_none() {
                         upload = Some(
-                            ufs.put_multipart_if(path, mode.clone())
+                            ufs.put_multipart_if(path, mode.clone(), attributes.clone())
                                 .await
                                 .map_err(store_error)?,
                         );
@@ -330,7 +342,7 @@ impl Gateway {
             match upload.as_mut() {
                 None => {
                     let written = ufs
-                        .put_if(path, buf.split().freeze(), mode.clone())
+                        .put_if(path, buf.split().freeze(), mode.clone(), attributes.clone())
                         .await
                         .map_err(store_error)?;
                     if !written {

@@ -17,7 +17,7 @@
 //! HEAD's, part ETags as MD5s, `md5-N` multipart ETags; directory markers; deletes of
 //! directories and missing keys; 409 object/prefix conflicts; RequestId in error bodies;
 //! repeated completions; ListMultipartUploads; ListParts; CopyObject; UploadPartCopy; GetObjectAttributes;
-//! SSE refused; listing details) and `CLIENTS_SCRIPT` (AWS CLI `s3 sync` twice, `cp`, `rm`;
+//! SSE refused; object attributes and user metadata kept; listing details) and `CLIENTS_SCRIPT` (AWS CLI `s3 sync` twice, `cp`, `rm`;
 //! s3cmd `sync` twice, a 30 MB multipart `put`, a recursive `get`; pyarrow's S3FileSystem
 //! `create_dir`, `copy_file`, `move`, `delete_dir_contents`; s3fs `rm(recursive=True)`).
 //!
@@ -850,6 +850,46 @@ for kw in [dict(ServerSideEncryption="AES256"), dict(ServerSideEncryption="aws:k
 check(not os.path.exists(os.path.join(DATA, "cond/sse")))
 e = error_of(lambda: put("cond/sse", b"secret", ServerSideEncryption="AES256"))
 check("encryption" in e["Error"]["Message"], e)
+
+# --- attributes: Content-Type, Cache-Control, Content-Disposition, Content-Language and user
+# metadata kept with the object (file:// mounts: in a user extended attribute of the file)
+probe = os.path.join(DATA, "xattr-probe")
+open(probe, "wb").close()
+try:
+    os.setxattr(probe, "user.probe", b"x")
+    xattrs = True
+except OSError:
+    xattrs = False
+os.remove(probe)
+kept = dict(ContentType="text/csv", CacheControl="max-age=60", ContentLanguage="en",
+            ContentDisposition='attachment; filename="a.csv"')
+put("attr/a.csv", b"x,y\n", Metadata={"mtime": "1700000000", "Owner": "me"}, **kept)
+check(local("attr/a.csv") == b"x,y\n")
+if xattrs:
+    for r in [head("attr/a.csv"), get("attr/a.csv")]:
+        check(all(r.get(k) == v for k, v in kept.items()), "attributes", r)
+        check(r["Metadata"] == {"mtime": "1700000000", "owner": "me"}, r["Metadata"])
+    check(get("attr/a.csv", ResponseContentType="application/json")["ContentType"] == "application/json")
+    s3.copy_object(Bucket="data", Key="attr/b.csv", CopySource={"Bucket": "data", "Key": "attr/a.csv"})
+    h = head("attr/b.csv")
+    check(h["ContentType"] == "text/csv" and h["Metadata"]["mtime"] == "1700000000", "copy keeps attributes", h)
+    s3.copy_object(Bucket="data", Key="attr/b.csv", CopySource={"Bucket": "data", "Key": "attr/b.csv"},
+                   MetadataDirective="REPLACE", ContentType="text/plain", Metadata={"k": "v"})
+    h = head("attr/b.csv")
+    check(h["ContentType"] == "text/plain" and h["Metadata"] == {"k": "v"} and "CacheControl" not in h,
+          "copy onto itself with REPLACE", h)
+    check(get("attr/b.csv")["Body"].read() == b"x,y\n")
+    uid = s3.create_multipart_upload(Bucket="data", Key="attr/mp.bin", ContentType="image/png",
+                                     Metadata={"m": "1"})["UploadId"]
+    t = s3.upload_part(Bucket="data", Key="attr/mp.bin", UploadId=uid, PartNumber=1, Body=b"png")["ETag"]
+    s3.complete_multipart_upload(Bucket="data", Key="attr/mp.bin", UploadId=uid,
+                                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": t}]})
+    h = head("attr/mp.bin")
+    check(h["ContentType"] == "image/png" and h["Metadata"] == {"m": "1"}, "multipart attributes", h)
+else:
+    check(head("attr/a.csv")["ContentType"] == "application/octet-stream")
+check(err(lambda: put("attr/big", b"x", Metadata={"k": "v" * 3000})) == (400, "MetadataTooLarge"))
+check(not os.path.exists(os.path.join(DATA, "attr/big")))
 
 # --- listing details
 st, _, body = raw("GET", "/data?list-type=2&prefix=tree%2F&delimiter=")

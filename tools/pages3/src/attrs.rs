@@ -1,0 +1,197 @@
+//! Object attributes: Content-Type, Cache-Control, Content-Disposition, Content-Encoding,
+//! Content-Language and user metadata (`x-amz-meta-*`), kept by the store where it can
+//! (object_store attributes; `file://` mounts in a user extended attribute of the file) and
+//! served on HeadObject and GetObject.
+
+use std::{collections::HashMap, sync::Mutex};
+
+use object_store::{Attribute, Attributes};
+use pagestore_client::ufs::ObjectInfo;
+use s3s::{S3Error, S3ErrorCode, S3Result};
+
+use super::Gateway;
+
+/// S3's limit on user metadata (keys and values together).
+const MAX_METADATA: usize = 2048;
+
+/// Versions whose attributes the gateway remembers (a HEAD of a cloud store each otherwise).
+const MAX_CACHED: usize = 10_000;
+
+/// The attributes a write asks to keep.
+#[derive(Default)]
+pub(super) struct Asked<'a> {
+    pub(super) content_type: Option<&'a str>,
+    pub(super) cache_control: Option<&'a str>,
+    pub(super) content_disposition: Option<&'a str>,
+    pub(super) content_encoding: Option<&'a str>,
+    pub(super) content_language: Option<&'a str>,
+    pub(super) metadata: Option<&'a HashMap<String, String>>,
+}
+
+impl Asked<'_> {
+    /// As store attributes; user metadata over S3's 2 KB is 400 MetadataTooLarge. The
+    /// `aws-chunked` content coding is the request's framing, not the object's: not kept.
+    pub(super) fn attributes(&self) -> S3Result<Attributes> {
+        let mut a = Attributes::new();
+        let mut put = |k: Attribute, v: Option<&str>| {
+            if let Some(v) = v.filter(|v| !v.is_empty()) {
+                a.insert(k, v.to_string().into());
+            }
+        };
+        put(Attribute::ContentType, self.content_type);
+        put(Attribute::CacheControl, self.cache_control);
+        put(Attribute::ContentDisposition, self.content_disposition);
+        let encoding = self.content_encoding.map(|e| {
+            e.split(',')
+                .map(str::trim)
+                .filter(|c| !c.eq_ignore_ascii_case("aws-chunked"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        put(Attribute::ContentEncoding, encoding.as_deref());
+        put(Attribute::ContentLanguage, self.content_language);
+        if let Some(m) = self.metadata {
+            let size: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
+            if size > MAX_METADATA {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::MetadataTooLarge,
+                    format!("the user metadata has {size} bytes; at most {MAX_METADATA} are kept"),
+                ));
+            }
+            for (k, v) in m {
+                a.insert(
+                    Attribute::Metadata(k.to_ascii_lowercase().into()),
+                    v.clone().into(),
+                );
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// Attributes as a response's headers take them.
+#[derive(Default)]
+pub(super) struct Served {
+    pub(super) content_type: Option<String>,
+    pub(super) cache_control: Option<String>,
+    pub(super) content_disposition: Option<String>,
+    pub(super) content_encoding: Option<String>,
+    pub(super) content_language: Option<String>,
+    pub(super) metadata: Option<HashMap<String, String>>,
+}
+
+impl Served {
+    fn of(a: &Attributes) -> Served {
+        let get = |k: &Attribute| a.get(k).map(|v| v.to_string());
+        let metadata: HashMap<String, String> = a
+            .iter()
+            .filter_map(|(k, v)| match k {
+                Attribute::Metadata(name) => Some((name.to_string(), v.to_string())),
+                _ => None,
+            })
+            .collect();
+        Served {
+            content_type: get(&Attribute::ContentType),
+            cache_control: get(&Attribute::CacheControl),
+            content_disposition: get(&Attribute::ContentDisposition),
+            content_encoding: get(&Attribute::ContentEncoding),
+            content_language: get(&Attribute::ContentLanguage),
+            metadata: (!metadata.is_empty()).then_some(metadata),
+        }
+    }
+
+    /// The Content-Type to answer: the stored one, else S3's default for binary data.
+    pub(super) fn content_type(&self) -> String {
+        self.content_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".into())
+    }
+}
+
+/// Attributes of object versions, by logical path.
+#[derive(Default)]
+pub(super) struct AttrCache(Mutex<HashMap<String, (String, Attributes)>>);
+
+impl AttrCache {
+    fn get(&self, path: &str, version: &str) -> Option<Attributes> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(path)
+            .filter(|(v, _)| v == version)
+            .map(|(_, a)| a.clone())
+    }
+
+    fn set(&self, path: &str, version: &str, a: Attributes) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= MAX_CACHED && !m.contains_key(path) {
+            m.clear();
+        }
+        m.insert(path.to_string(), (version.to_string(), a));
+    }
+}
+
+impl Gateway {
+    /// The attributes kept with the object `info` (none where the gateway has no mount table
+    /// or the store keeps none, or the lookup fails: a read is not refused for them).
+    pub(super) async fn attributes_of(&self, info: &ObjectInfo) -> Attributes {
+        if let Some(a) = self.attr_cache.get(&info.path, &info.version) {
+            return a;
+        }
+        let Some(table) = self.client.ufs_table() else {
+            return Attributes::new();
+        };
+        match table.object_attributes(&info.path).await {
+            Ok(a) => {
+                self.attr_cache.set(&info.path, &info.version, a.clone());
+                a
+            }
+            Err(e) => {
+                tracing::debug!(path = %info.path, error = %e, "object attributes not read");
+                Attributes::new()
+            }
+        }
+    }
+
+    /// [`Gateway::attributes_of`] as a response's headers take them.
+    pub(super) async fn served_attributes(&self, info: &ObjectInfo) -> Served {
+        Served::of(&self.attributes_of(info).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn asked_attributes_drop_the_chunked_coding_and_limit_metadata() {
+        let mut meta = HashMap::new();
+        meta.insert("Mtime".to_string(), "1700000000".to_string());
+        let a = Asked {
+            content_type: Some("text/csv"),
+            content_encoding: Some("aws-chunked, gzip"),
+            metadata: Some(&meta),
+            ..Asked::default()
+        }
+        .attributes()
+        .unwrap();
+        let s = Served::of(&a);
+        assert_eq!(s.content_type.as_deref(), Some("text/csv"));
+        assert_eq!(s.content_encoding.as_deref(), Some("gzip"));
+        assert_eq!(s.metadata.unwrap()["mtime"], "1700000000");
+        let only_chunked = Asked {
+            content_encoding: Some("aws-chunked"),
+            ..Asked::default()
+        }
+        .attributes()
+        .unwrap();
+        assert!(only_chunked.is_empty());
+        meta.insert("big".into(), "x".repeat(2100));
+        let e = Asked {
+            metadata: Some(&meta),
+            ..Asked::default()
+        }
+        .attributes()
+        .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::MetadataTooLarge);
+    }
+}
