@@ -292,6 +292,13 @@ const PRESSURE_STALL: Duration = Duration::from_secs(1);
 /// Freed request and reply bytes after which the shard asks the allocator to return memory to the system.
 const TRIM_AFTER: usize = 16 << 20;
 
+/// Bytes for one received datagram or GRO batch: the kernel merges UDP segments up to 64 KiB.
+const RECV_SLOT: usize = 64 << 10;
+
+/// Receive calls (each up to `quinn_udp::BATCH_SIZE` datagrams or GRO batches) per driver turn
+/// before the connections are driven again.
+const RECV_CALLS_PER_TURN: usize = 4;
+
 /// Counters of one endpoint.
 #[derive(Default, Debug)]
 pub struct EndpointStats {
@@ -656,7 +663,6 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         true,
         None,
     );
-    let gro = udp.gro_segments().max(1);
     let stats = Rc::new(EndpointStats::default());
     let wake = Rc::new(Event::default());
     let closing = Rc::new(Cell::new(false));
@@ -686,7 +692,7 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         rate: (Instant::now(), 0),
         next_scan: Instant::now() + Duration::from_secs(1),
         starving: false,
-        recv_buf: vec![0u8; 65_536 * gro],
+        recv_buf: vec![0u8; RECV_SLOT * quinn_udp::BATCH_SIZE],
         send_buf: Vec::with_capacity(65_536),
     };
     let (c, d, f) = (closing.clone(), done_ev.clone(), finished.clone());
@@ -798,13 +804,18 @@ impl Driver {
         }
     }
 
-    /// Reads every datagram waiting on the socket.
+    /// Reads the datagrams waiting on the socket, in batches (`recvmmsg`, each slot a GRO batch
+    /// of up to 64 KiB), at most [`RECV_CALLS_PER_TURN`] calls: the turn then drives every
+    /// connection before it reads more, so one busy peer cannot hold the shard in its receive
+    /// loop. Each batch is copied once into `Bytes` that quinn-proto's datagrams are split from.
     fn receive(&mut self, now: Instant) -> io::Result<bool> {
         let mut any = false;
-        loop {
-            let mut meta = [quinn_udp::RecvMeta::default()];
+        for _ in 0..RECV_CALLS_PER_TURN {
+            let mut meta = [quinn_udp::RecvMeta::default(); quinn_udp::BATCH_SIZE];
             let n = {
-                let mut bufs = [IoSliceMut::new(&mut self.recv_buf)];
+                let mut slots = self.recv_buf.chunks_mut(RECV_SLOT);
+                let mut bufs: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
+                    std::array::from_fn(|_| IoSliceMut::new(slots.next().unwrap_or_default()));
                 match self
                     .out
                     .state
@@ -824,20 +835,21 @@ impl Driver {
                 }
             };
             any = true;
-            for m in &meta[..n] {
+            for (i, m) in meta[..n].iter().enumerate() {
+                let slot = i * RECV_SLOT;
+                let len = m.len.min(RECV_SLOT);
                 let stride = m.stride.max(1);
-                let mut off = 0;
-                while off < m.len {
-                    let end = (off + stride).min(m.len);
-                    let data = BytesMut::from(&self.recv_buf[off..end]);
+                let mut batch = BytesMut::from(&self.recv_buf[slot..slot + len]);
+                while !batch.is_empty() {
+                    let data = batch.split_to(stride.min(batch.len()));
                     self.stats
                         .datagrams_in
                         .set(self.stats.datagrams_in.get() + 1);
                     self.handle_datagram(now, m.addr, m.dst_ip, m.ecn, data);
-                    off = end;
                 }
             }
         }
+        Ok(any)
     }
 
     fn handle_datagram(
