@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::pool::{Pool, PoolOptions};
+use crate::pool::{ClientError, Pool, PoolOptions};
 use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
@@ -31,47 +31,104 @@ use crate::{
     ufs::{MountTable, ObjectInfo, UfsError},
 };
 
+/// The underlying error of an [`Error`] (any error type: a [`ClientError`], a [`UfsError`], an
+/// [`std::io::Error`], a TLS or etcd error).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a client call failed.
-#[derive(Debug)]
+///
+/// **Messages and sources.** Every message is complete on its own: where a failure has an
+/// underlying error, the message quotes that error's text where the sentence needs it (so a
+/// log line with `{e}` says everything), and `source()` returns the error itself, typed, for
+/// programs that inspect it and for printers that walk the chain. A chain printer therefore
+/// skips a cause whose text the message already holds, as `pagestore_tools::error_chain` does;
+/// the engine's I/O errors follow the same rule. The variants that can have an underlying error
+/// are [`Error::Unavailable`] (a [`ClientError`] from the pool, a [`UfsError::Store`], an etcd
+/// error, a malformed record) and [`Error::Config`] (an I/O error, a TLS or etcd error); the
+/// others are answers, whose text is the whole story. Build those two with
+/// [`Error::unavailable`], [`Error::unavailable_from`], [`Error::config`] and
+/// [`Error::config_from`].
+///
+/// A [`UfsError::Store`] source shows the store's own error unedited: its text may quote an
+/// endpoint URL with credentials, which the message leaves out (`ufs::scrub`). Print a chain
+/// through `ufs::scrub`, as `error_chain` does.
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The path does not exist.
+    #[error("{0}: no such file or directory")]
     NotFound(String),
     /// The path is a directory where a file was expected.
+    #[error("{0}: is a directory")]
     IsDir(String),
     /// The path is a file where a directory was expected.
+    #[error("{0}: not a directory")]
     NotDir(String),
     /// The path is not acceptable (relative, `..`).
+    #[error("bad path: {0}")]
     BadPath(String),
     /// The object changed since it was opened; open it again.
+    #[error("{0}")]
     Changed(String),
     /// The byte range cannot be served.
+    #[error("bad range: {0}")]
     BadRange(String),
     /// Neither the cluster nor (with fallback on) the under storage could answer.
-    Unavailable(String),
+    #[error("unavailable: {message}")]
+    Unavailable {
+        /// What failed, quoting the source's text.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// Client configuration (cluster file, TLS, mounts) is wrong.
-    Config(String),
+    #[error("configuration: {message}")]
+    Config {
+        /// What is wrong, quoting the source's text.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The cluster refused the request: this client's certificate does not give the role it
     /// needs (the message names both).
+    #[error("refused: {0}")]
     Forbidden(String),
 }
 
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::NotFound(p) => write!(f, "{p}: no such file or directory"),
-            Error::IsDir(p) => write!(f, "{p}: is a directory"),
-            Error::NotDir(p) => write!(f, "{p}: not a directory"),
-            Error::BadPath(m) => write!(f, "bad path: {m}"),
-            Error::Changed(m) => write!(f, "{m}"),
-            Error::BadRange(m) => write!(f, "bad range: {m}"),
-            Error::Unavailable(m) => write!(f, "unavailable: {m}"),
-            Error::Config(m) => write!(f, "configuration: {m}"),
-            Error::Forbidden(m) => write!(f, "refused: {m}"),
+impl Error {
+    /// [`Error::Unavailable`] without an underlying error.
+    pub fn unavailable(message: impl Into<String>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Unavailable`] caused by `source`; `message` quotes its text.
+    pub fn unavailable_from(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// [`Error::Config`] without an underlying error.
+    pub fn config(message: impl Into<String>) -> Error {
+        Error::Config {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Config`] caused by `source`; `message` quotes its text.
+    pub fn config_from(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Config {
+            message: message.into(),
+            source: Some(source.into()),
         }
     }
 }
-
-impl std::error::Error for Error {}
 
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
@@ -82,22 +139,25 @@ impl From<Error> for std::io::Error {
             Error::NotDir(_) => K::NotADirectory,
             Error::BadPath(_) | Error::BadRange(_) => K::InvalidInput,
             Error::Changed(_) => K::StaleNetworkFileHandle,
-            Error::Unavailable(_) => K::Other,
-            Error::Config(_) => K::InvalidInput,
+            Error::Unavailable { .. } => K::Other,
+            Error::Config { .. } => K::InvalidInput,
             Error::Forbidden(_) => K::PermissionDenied,
         };
         std::io::Error::new(kind, e)
     }
 }
 
+/// A store failure is [`Error::Unavailable`] with the [`UfsError`] as its source (and the
+/// store's error as the source of that). The other kinds are answers or settings that carry
+/// only their text, which becomes the message of the same kind here.
 impl From<UfsError> for Error {
     fn from(e: UfsError) -> Error {
         match e {
             UfsError::NotFound(p) => Error::NotFound(p),
             UfsError::BadPath(m) => Error::BadPath(m),
             e @ UfsError::Changed { .. } => Error::Changed(e.to_string()),
-            UfsError::Config(m) => Error::Config(m),
-            e @ UfsError::Store(..) => Error::Unavailable(e.to_string()),
+            UfsError::Config(m) => Error::config(crate::ufs::scrub(&m)),
+            e @ UfsError::Store(..) => Error::unavailable_from(e.to_string(), e),
         }
     }
 }
@@ -311,10 +371,10 @@ impl Client {
                 ..PoolOptions::default()
             },
         )
-        .map_err(|e| Error::Config(format!("cannot open a UDP socket: {e}")))?;
+        .map_err(|e| Error::config_from(format!("cannot open a UDP socket: {e}"), e))?;
         let (page_size, member_epoch, replicas, nodes, mounts) = ask_cluster(&pool, &probe).await?;
         if page_size == 0 {
-            return Err(Error::Config("the cluster reports a page size of 0".into()));
+            return Err(Error::config("the cluster reports a page size of 0"));
         }
         let from_member = listed.is_none();
         let nodes = match listed {
@@ -330,7 +390,7 @@ impl Client {
             .as_ref()
             .map_or_else(HashSet::new, |(_, s)| s.down().into_iter().collect());
         let membership = Membership::new(nodes, RingConfig::default(), epoch)
-            .map_err(|e| Error::Config(e.to_string()))?;
+            .map_err(|e| Error::config_from(e.to_string(), e))?;
         let ufs = match ufs {
             Some(u) => Some(u),
             None if options.fallback => fallback_table(&mounts),
@@ -681,15 +741,14 @@ impl Client {
 
     fn ufs(&self) -> Result<&MountTable, Error> {
         if !self.options.fallback {
-            return Err(Error::Unavailable(
-                "the owning member cannot be reached and fallback is off".into(),
+            return Err(Error::unavailable(
+                "the owning member cannot be reached and fallback is off",
             ));
         }
         self.ufs.as_deref().ok_or_else(|| {
-            Error::Unavailable(
+            Error::unavailable(
                 "the owning member cannot be reached and no under storage is configured on this \
-                 client for fallback"
-                    .into(),
+                 client for fallback",
             )
         })
     }
@@ -702,7 +761,7 @@ impl Client {
             if let Attempt::Answer(r) = self.ask(addr, body).await {
                 return match r.map_err(|e| named(e, path))? {
                     (ResponseBody::PathInfo { kind }, _) => Ok(kind),
-                    (other, _) => Err(Error::Unavailable(format!("unexpected answer {other:?}"))),
+                    (other, _) => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
                 };
             }
         }
@@ -752,7 +811,7 @@ impl Client {
                             }
                         }
                         (other, _) => {
-                            return Err(Error::Unavailable(format!("unexpected answer {other:?}")))
+                            return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                         }
                     },
                     Attempt::Failed => break,
@@ -833,7 +892,7 @@ impl Client {
                 }
                 Attempt::Failed => {
                     if !self.options.fallback {
-                        return Err(Error::Unavailable(format!(
+                        return Err(Error::unavailable(format!(
                             "member {addr} could not serve page {page} of {} and fallback is off",
                             info.path
                         )));
@@ -915,7 +974,7 @@ impl Client {
             let addr = ring
                 .owner(info.file_id, p)
                 .and_then(|m| layout.membership.addr_of(m))
-                .ok_or_else(|| Error::Unavailable("the ring has no members".into()))?;
+                .ok_or_else(|| Error::unavailable("the ring has no members"))?;
             by_owner.entry(addr).or_default().push(p);
         }
         let file = FileRef {
@@ -946,11 +1005,11 @@ impl Client {
                     out.present += n.saturating_sub(u64::from(pages));
                 }
                 Attempt::Answer(Ok((other, _))) => {
-                    return Err(Error::Unavailable(format!("{addr} answered {other:?}")))
+                    return Err(Error::unavailable(format!("{addr} answered {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
                 Attempt::Failed => {
-                    return Err(Error::Unavailable(format!(
+                    return Err(Error::unavailable(format!(
                         "member {addr} could not load pages of {}",
                         info.path
                     )))
@@ -1046,7 +1105,7 @@ impl Client {
             .collect::<Vec<_>>();
         let mut by_id: HashMap<String, JobRecord> = HashMap::new();
         let mut answered = 0;
-        let mut last_err = String::from("no live node");
+        let mut last_err = None;
         for r in futures_util::future::join_all(asks).await {
             match r {
                 Ok(list) => {
@@ -1058,13 +1117,17 @@ impl Client {
                         }
                     }
                 }
-                Err(e) => last_err = e.to_string(),
+                Err(e) => last_err = Some(e),
             }
         }
         if answered == 0 {
-            return Err(Error::Unavailable(format!(
-                "no node answered for job records ({last_err})"
-            )));
+            let why = last_err
+                .as_ref()
+                .map_or("no live node".into(), Error::to_string);
+            return Err(Error::Unavailable {
+                message: format!("no node answered for job records ({why})"),
+                source: last_err.map(BoxError::from),
+            });
         }
         let mut v: Vec<JobRecord> = by_id.into_values().collect();
         v.sort_by(|a, b| {
@@ -1084,12 +1147,12 @@ impl Client {
             .pool
             .request(addr, &req, record)
             .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
+            .map_err(|e| Error::unavailable_from(e.to_string(), e))?;
         match resp.body {
             ResponseBody::Jobs => frame::decode_job_records(&payload)
-                .map_err(|e| Error::Unavailable(format!("{addr}: job records: {e}"))),
-            ResponseBody::Error { message, .. } => Err(Error::Unavailable(message)),
-            other => Err(Error::Unavailable(format!("{addr} answered {other:?}"))),
+                .map_err(|e| Error::unavailable_from(format!("{addr}: job records: {e}"), e)),
+            ResponseBody::Error { message, .. } => Err(Error::unavailable(message)),
+            other => Err(Error::unavailable(format!("{addr} answered {other:?}"))),
         }
     }
 
@@ -1180,10 +1243,9 @@ impl Client {
     /// The mount table for writes (whatever the fallback setting).
     pub fn writable(&self) -> Result<&MountTable, Error> {
         self.ufs.as_deref().ok_or_else(|| {
-            Error::Config(
+            Error::config(
                 "writes go through to the under storage: give the client a mount table with \
-                 credentials"
-                    .into(),
+                 credentials",
             )
         })
     }
@@ -1217,7 +1279,7 @@ fn node_infos(nodes: &[pagestore_protocol::frame::NodeEntry]) -> Result<Vec<Node
             Ok(NodeInfo {
                 id: n.id.as_u128(),
                 addr: n.addr.parse().map_err(|_| {
-                    Error::Config(format!("member address {:?} is not IP:PORT", n.addr))
+                    Error::config(format!("member address {:?} is not IP:PORT", n.addr))
                 })?,
                 shards: n.shards,
             })
@@ -1279,17 +1341,23 @@ async fn resolve_source(
         ClusterSource::Etcd(url) => {
             let settings = match &options.etcd {
                 Some(o) => o.clone(),
-                None => EtcdOptions::from_env().map_err(|e| Error::Config(e.to_string()))?,
+                None => {
+                    EtcdOptions::from_env().map_err(|e| Error::config_from(e.to_string(), e))?
+                }
             };
-            let etcd = Etcd::new(url, &settings).map_err(|e| Error::Config(e.to_string()))?;
+            let etcd =
+                Etcd::new(url, &settings).map_err(|e| Error::config_from(e.to_string(), e))?;
             let etcd = Arc::new(etcd);
             let state = etcd.state().await.map_err(|e| match e {
                 crate::etcd::EtcdError::Auth(_) | crate::etcd::EtcdError::Config(_) => {
-                    Error::Config(format!(
-                        "{e} (or give a member's IP:PORT instead: readers need no etcd access)"
-                    ))
+                    Error::config_from(
+                        format!(
+                            "{e} (or give a member's IP:PORT instead: readers need no etcd access)"
+                        ),
+                        e,
+                    )
                 }
-                e => Error::Unavailable(format!("{e} (the client needs etcd to start)")),
+                e => Error::unavailable_from(format!("{e} (the client needs etcd to start)"), e),
             })?;
             let probe = state.live.values().map(|r| r.info.addr).collect();
             let nodes = state.ring_nodes();
@@ -1309,7 +1377,7 @@ fn local_bind(probe: &[SocketAddr]) -> Result<SocketAddr, Error> {
         _ => "0.0.0.0:0",
     }
     .parse()
-    .map_err(|e| Error::Config(format!("{e}")))
+    .map_err(|e: std::net::AddrParseError| Error::config_from(e.to_string(), e))
 }
 
 /// The cluster's settings as the first member in `probe` that answers gives them: page size,
@@ -1319,6 +1387,7 @@ async fn ask_cluster(
     probe: &[SocketAddr],
 ) -> Result<(u32, u64, u8, Vec<frame::NodeEntry>, Vec<MountEntry>), Error> {
     let mut last_err = String::from("no member to ask");
+    let mut cause: Option<ClientError> = None;
     for addr in probe {
         let req = Request {
             request_id: 1,
@@ -1333,25 +1402,35 @@ async fn ask_cluster(
                     nodes,
                     mounts,
                 } => return Ok((page_size, epoch, replicas, nodes, mounts)),
-                other => last_err = format!("{addr} answered {other:?}"),
+                other => {
+                    last_err = format!("{addr} answered {other:?}");
+                    cause = None;
+                }
             },
-            Err(e) => last_err = e.to_string(),
+            Err(e) => {
+                last_err = e.to_string();
+                cause = Some(e);
+            }
         }
     }
-    Err(Error::Unavailable(format!(
-        "no cluster member answered ({last_err}); check --cluster, that pagestored runs, and the \
-         TLS settings"
-    )))
+    Err(Error::Unavailable {
+        message: format!(
+            "no cluster member answered ({last_err}); check --cluster, that pagestored runs, and \
+             the TLS settings"
+        ),
+        source: cause.map(BoxError::from),
+    })
 }
 
 fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::Config(format!(
+        let message = format!(
             "cannot read member file {}: {e} (--cluster takes a member file or IP:PORT)",
             path.display()
-        ))
+        );
+        Error::config_from(message, e)
     })?;
-    parse_member_file(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    parse_member_file(&text).map_err(|e| Error::config(format!("{}: {e}", path.display())))
 }
 
 /// A mount table for fallback from the cluster's (credential-free) mounts. Mounts that cannot
@@ -1366,3 +1445,6 @@ fn fallback_table(mounts: &[MountEntry]) -> Option<Arc<MountTable>> {
     // Paths under a mount that cannot be opened here are unavailable, not missing.
     Some(Arc::new(MountTable::new_partial(&pairs)))
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,7 +17,7 @@ pub mod tls;
 pub use pagestore_mounts::{etcd, localfs, ufs};
 
 pub use client::{
-    Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
+    BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };
 pub use handle::FileHandle;
 pub use pagestore_protocol::frame::{JobRecord, JobState, ShardCounters};

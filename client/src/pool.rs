@@ -10,33 +10,119 @@ use std::{
 
 /// Why a call failed. Every variant means the request may not have been served; none is a
 /// protocol answer (those come back in the reply).
-#[derive(Debug)]
+///
+/// Messages follow the convention of [`crate::Error`]: each is complete on its own (it quotes
+/// the underlying error's text), and `source()` returns that underlying error, typed
+/// ([`ConnectFailure`], [`TransferFailure`], [`ProtocolFailure`]).
+#[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// Could not set up a connection (address, TLS or handshake problem, or unreachable).
-    Connect(SocketAddr, String),
+    /// Could not set up a connection (address, TLS or handshake problem, or unreachable), or
+    /// the node refused this client.
+    #[error("connecting to {0}: {1}")]
+    Connect(SocketAddr, #[source] ConnectFailure),
     /// The connection or stream failed while the request was in flight.
-    Transfer(SocketAddr, String),
-    /// The reply was larger than allowed.
+    #[error("request to {0} failed: {1}")]
+    Transfer(SocketAddr, #[source] TransferFailure),
+    /// The reply was larger than allowed (the limit in bytes).
+    #[error("reply from {0} exceeds {1} bytes")]
     TooLarge(SocketAddr, usize),
     /// No reply within the call timeout.
+    #[error("no reply from {0} within {1:?}")]
     Timeout(SocketAddr, Duration),
     /// The reply was not a valid frame, or did not answer the request.
-    Protocol(SocketAddr, String),
+    #[error("bad reply from {0}: {1}")]
+    Protocol(SocketAddr, #[source] ProtocolFailure),
 }
 
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl ClientError {
+    /// The endpoint the call went to.
+    pub fn addr(&self) -> SocketAddr {
         match self {
-            ClientError::Connect(a, m) => write!(f, "connecting to {a}: {m}"),
-            ClientError::Transfer(a, m) => write!(f, "request to {a} failed: {m}"),
-            ClientError::TooLarge(a, n) => write!(f, "reply from {a} exceeds {n} bytes"),
-            ClientError::Timeout(a, d) => write!(f, "no reply from {a} within {d:?}"),
-            ClientError::Protocol(a, m) => write!(f, "bad reply from {a}: {m}"),
+            ClientError::Connect(a, _)
+            | ClientError::Transfer(a, _)
+            | ClientError::TooLarge(a, _)
+            | ClientError::Timeout(a, _)
+            | ClientError::Protocol(a, _) => *a,
         }
     }
 }
 
-impl std::error::Error for ClientError {}
+/// Why a connection could not be set up ([`ClientError::Connect`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectFailure {
+    /// quinn refused to start connecting (bad address, no client configuration, endpoint
+    /// closing).
+    #[error(transparent)]
+    Setup(#[from] quinn::ConnectError),
+    /// The handshake failed, or the connection was lost during it.
+    #[error(transparent)]
+    Handshake(quinn::ConnectionError),
+    /// The node closed the connection for a reason this client can act on (its TLS
+    /// certificate, a connection limit). The message explains the close and says what to do
+    /// ([`refusal_reason`]) instead of quoting quinn's report of it, which is the source: a
+    /// chain printer shows that report once, after the explanation.
+    #[error("{}", refusal_reason(.0).unwrap_or_else(|| .0.to_string()))]
+    Refused(#[source] quinn::ConnectionError),
+}
+
+impl From<quinn::ConnectionError> for ConnectFailure {
+    /// [`ConnectFailure::Refused`] when [`refusal_reason`] explains `e`, else
+    /// [`ConnectFailure::Handshake`].
+    fn from(e: quinn::ConnectionError) -> ConnectFailure {
+        if refusal_reason(&e).is_some() {
+            ConnectFailure::Refused(e)
+        } else {
+            ConnectFailure::Handshake(e)
+        }
+    }
+}
+
+/// How a request's stream failed ([`ClientError::Transfer`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TransferFailure {
+    /// Opening the stream failed: the connection is gone.
+    #[error(transparent)]
+    Open(#[from] quinn::ConnectionError),
+    /// Sending the request failed.
+    #[error(transparent)]
+    Write(#[from] quinn::WriteError),
+    /// The send side was closed already when the request was finished.
+    #[error(transparent)]
+    Finish(#[from] quinn::ClosedStream),
+    /// Reading the reply failed.
+    #[error(transparent)]
+    Read(#[from] quinn::ReadError),
+}
+
+/// What was wrong with a reply ([`ClientError::Protocol`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolFailure {
+    /// The request could not be encoded (too long a path, too large a field).
+    #[error("cannot encode request: {0}")]
+    Encode(#[source] pagestore_protocol::frame::FrameError),
+    /// The reply is not a valid response frame.
+    #[error("{0}")]
+    Decode(#[source] pagestore_protocol::frame::FrameError),
+    /// More bytes followed the reply frame on its stream.
+    #[error("bytes after the reply frame")]
+    TrailingBytes,
+    /// The reply names another request than the one sent on its stream.
+    #[error("response to request {answered} arrived on the stream of request {sent}")]
+    WrongRequest {
+        /// The request id the reply carries.
+        answered: u64,
+        /// The request id sent on the stream.
+        sent: u64,
+    },
+    /// The reply is of a kind that does not answer the request (both shown as `Debug`).
+    #[error("{response} does not answer {request}")]
+    NotAnAnswer {
+        /// The reply's body.
+        response: String,
+        /// The request's body.
+        request: String,
+    },
+}
 
 /// Why a node closed the connection, when the reason is one this client can act on: the node
 /// refused this client's TLS certificate (or the lack of one), or refused the connection.
@@ -150,10 +236,10 @@ impl Pool {
         let connecting = self
             .endpoint
             .connect(addr, &self.options.server_name)
-            .map_err(|e| ClientError::Connect(addr, e.to_string()))?;
-        let conn = connecting.await.map_err(|e| {
-            ClientError::Connect(addr, refusal_reason(&e).unwrap_or_else(|| e.to_string()))
-        })?;
+            .map_err(|e| ClientError::Connect(addr, e.into()))?;
+        let conn = connecting
+            .await
+            .map_err(|e| ClientError::Connect(addr, e.into()))?;
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         match conns.get(&addr) {
             // Another task connected first: use that one.
@@ -223,12 +309,12 @@ impl Pool {
     ) -> Result<Vec<u8>, ClientError> {
         // A stream error on a closed connection says only "connection lost": name the reason
         // when the node refused this client.
-        let xfer =
-            |e: &dyn std::fmt::Display| match conn.close_reason().as_ref().and_then(refusal_reason)
-            {
-                Some(why) => ClientError::Connect(addr, why),
-                None => ClientError::Transfer(addr, e.to_string()),
-            };
+        let xfer = |e: TransferFailure| match conn.close_reason() {
+            Some(close) if refusal_reason(&close).is_some() => {
+                ClientError::Connect(addr, ConnectFailure::Refused(close))
+            }
+            _ => ClientError::Transfer(addr, e),
+        };
         let writer = if payload.is_empty() {
             None
         } else {
@@ -239,19 +325,23 @@ impl Pool {
             };
             Some(lock.lock_owned().await)
         };
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(&e))?;
-        send.write_all(request).await.map_err(|e| xfer(&e))?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(e.into()))?;
+        send.write_all(request).await.map_err(|e| xfer(e.into()))?;
         if !payload.is_empty() {
-            send.write_all(payload).await.map_err(|e| xfer(&e))?;
+            send.write_all(payload).await.map_err(|e| xfer(e.into()))?;
         }
-        send.finish().map_err(|e| xfer(&e))?;
+        send.finish().map_err(|e| xfer(e.into()))?;
         drop(writer);
         // Replies are frames: the preamble says how long the whole frame is, so the buffer is
         // allocated once at its final size (no regrowth, no extra copies).
         let mut buf = vec![0u8; pagestore_protocol::frame::PREAMBLE_LEN];
         let mut got = 0;
         while got < buf.len() {
-            match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
+            match recv
+                .read(&mut buf[got..])
+                .await
+                .map_err(|e| xfer(e.into()))?
+            {
                 Some(n) => got += n,
                 None => {
                     buf.truncate(got);
@@ -267,7 +357,11 @@ impl Pool {
         }
         buf.resize(total, 0);
         while got < total {
-            match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
+            match recv
+                .read(&mut buf[got..])
+                .await
+                .map_err(|e| xfer(e.into()))?
+            {
                 Some(n) => got += n,
                 None => break,
             }
@@ -277,13 +371,10 @@ impl Pool {
             && recv
                 .read(&mut [0u8; 1])
                 .await
-                .map_err(|e| xfer(&e))?
+                .map_err(|e| xfer(e.into()))?
                 .is_some()
         {
-            return Err(ClientError::Protocol(
-                addr,
-                "bytes after the reply frame".into(),
-            ));
+            return Err(ClientError::Protocol(addr, ProtocolFailure::TrailingBytes));
         }
         Ok(buf)
     }
@@ -296,24 +387,24 @@ impl Pool {
         request: &pagestore_protocol::frame::Request,
         payload: &[u8],
     ) -> Result<(pagestore_protocol::frame::Response, Vec<u8>), ClientError> {
-        let proto = |m: String| ClientError::Protocol(addr, m);
+        let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);
         let mut head = Vec::with_capacity(128);
         pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
-            .map_err(|e| proto(format!("cannot encode request: {e}")))?;
+            .map_err(|e| proto(ProtocolFailure::Encode(e)))?;
         let mut raw = self.call(addr, &head, payload).await?;
         let (response, range) = pagestore_protocol::frame::decode_response_frame(&raw)
-            .map_err(|e| proto(e.to_string()))?;
+            .map_err(|e| proto(ProtocolFailure::Decode(e)))?;
         if response.request_id != request.request_id && response.request_id != 0 {
-            return Err(proto(format!(
-                "response to request {} arrived on the stream of request {}",
-                response.request_id, request.request_id
-            )));
+            return Err(proto(ProtocolFailure::WrongRequest {
+                answered: response.request_id,
+                sent: request.request_id,
+            }));
         }
         if !response.body.answers(&request.body) {
-            return Err(proto(format!(
-                "{:?} does not answer {:?}",
-                response.body, request.body
-            )));
+            return Err(proto(ProtocolFailure::NotAnAnswer {
+                response: format!("{:?}", response.body),
+                request: format!("{:?}", request.body),
+            }));
         }
         let body = raw.split_off(range.start);
         Ok((response, body))

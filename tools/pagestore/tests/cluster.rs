@@ -77,7 +77,7 @@ async fn three_nodes_serve_200_files_byte_exact_cold_then_warm_with_mutual_tls()
     )
     .await;
     assert!(
-        matches!(refused, Err(Error::Unavailable(_))),
+        matches!(refused, Err(Error::Unavailable { .. })),
         "{:?}",
         refused.err()
     );
@@ -316,7 +316,7 @@ async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
     if let Ok(info) = info {
         let r = strict.read_at(&info, 0, info.size).await;
         assert!(
-            matches!(r, Err(Error::Unavailable(_))),
+            matches!(r, Err(Error::Unavailable { .. })),
             "{:?}",
             r.map(|b| b.len())
         );
@@ -476,7 +476,7 @@ async fn a_write_through_the_client_is_read_back_at_once_despite_the_ttl() {
         .await;
     assert!(matches!(
         reader.put("/data/x", vec![1u8].into()).await,
-        Err(Error::Config(_))
+        Err(Error::Config { .. })
     ));
 }
 
