@@ -677,7 +677,7 @@ impl Client {
     }
 
     /// Sends `body` to `addr` and classifies the outcome.
-    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Vec<u8>)> {
+    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
         if !self.usable(addr) {
             return Attempt::Failed;
         }
@@ -888,7 +888,7 @@ impl Client {
                         },
                         1,
                     );
-                    return Ok(Bytes::from(payload));
+                    return Ok(payload);
                 }
                 Attempt::Failed => {
                     if !self.options.fallback {
@@ -1024,7 +1024,7 @@ impl Client {
     async fn ask_every_shard<T>(
         &self,
         body: RequestBody,
-        parse: fn(ResponseBody, Vec<u8>) -> Option<T>,
+        parse: fn(ResponseBody, Bytes) -> Option<T>,
     ) -> Vec<(NodeInfo, u16, Option<T>)> {
         let layout = self.layout();
         let mut asks = Vec::new();

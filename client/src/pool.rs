@@ -355,18 +355,21 @@ impl Pool {
         if total > self.options.max_reply {
             return Err(ClientError::TooLarge(addr, self.options.max_reply));
         }
-        buf.resize(total, 0);
+        // quinn's chunks are appended as they come: one copy per byte, and no zero-fill first.
+        buf.reserve_exact(total - got);
         while got < total {
             match recv
-                .read(&mut buf[got..])
+                .read_chunk(total - got, true)
                 .await
                 .map_err(|e| xfer(e.into()))?
             {
-                Some(n) => got += n,
+                Some(chunk) => {
+                    buf.extend_from_slice(&chunk.bytes);
+                    got += chunk.bytes.len();
+                }
                 None => break,
             }
         }
-        buf.truncate(got);
         if got == total
             && recv
                 .read(&mut [0u8; 1])
@@ -380,18 +383,18 @@ impl Pool {
     }
 
     /// Sends one request frame (and its payload) and decodes the response frame. Returns the
-    /// response and its payload bytes.
+    /// response and its payload bytes: a view into the buffer the reply was read into (no copy).
     pub async fn request(
         &self,
         addr: SocketAddr,
         request: &pagestore_protocol::frame::Request,
         payload: &[u8],
-    ) -> Result<(pagestore_protocol::frame::Response, Vec<u8>), ClientError> {
+    ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
         let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);
         let mut head = Vec::with_capacity(128);
         pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
             .map_err(|e| proto(ProtocolFailure::Encode(e)))?;
-        let mut raw = self.call(addr, &head, payload).await?;
+        let raw = self.call(addr, &head, payload).await?;
         let (response, range) = pagestore_protocol::frame::decode_response_frame(&raw)
             .map_err(|e| proto(ProtocolFailure::Decode(e)))?;
         if response.request_id != request.request_id && response.request_id != 0 {
@@ -406,7 +409,7 @@ impl Pool {
                 request: format!("{:?}", request.body),
             }));
         }
-        let body = raw.split_off(range.start);
+        let body = bytes::Bytes::from(raw).slice(range);
         Ok((response, body))
     }
 
