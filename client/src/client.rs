@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::pool::{ClientError, Pool, PoolOptions};
+use crate::{
+    pool::{ClientError, Pool, PoolOptions},
+    timing::Latency,
+};
 use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
@@ -198,8 +201,16 @@ pub struct ClientOptions {
     /// Read from a replica, then from the under storage, when an owner fails (default on).
     pub fallback: bool,
     /// Time allowed for one request to a shard, connecting included (default 3 s). A member
-    /// that does not answer within it is marked dead.
+    /// that does not answer within it is marked dead. Once a member has answered, a request
+    /// waiting on it is given up sooner when the member goes silent: see `min_silence`.
     pub call_timeout: Duration,
+    /// A request is given up, and its member backed off, when the member has answered nothing
+    /// for [`timing::SILENCE_FACTOR`] times its usual answer time, but never sooner than this
+    /// (default 250 ms) nor later than `call_timeout`. A killed node is thus left within a
+    /// fraction of a second; a busy one, which keeps answering, is not.
+    ///
+    /// [`timing::SILENCE_FACTOR`]: crate::timing::SILENCE_FACTOR
+    pub min_silence: Duration,
     /// Page requests in flight per read call (default 8).
     pub parallel: usize,
     /// Pages a file handle fetches ahead of a sequential reader (default 4).
@@ -222,6 +233,7 @@ impl Default for ClientOptions {
         ClientOptions {
             fallback: true,
             call_timeout: Duration::from_secs(3),
+            min_silence: Duration::from_millis(250),
             parallel: 8,
             readahead: 4,
             min_backoff: Duration::from_secs(1),
@@ -251,6 +263,9 @@ pub struct ClientStats {
     pub member_failures: AtomicU64,
     /// Requests that skipped a member because it is backed off, or down in etcd.
     pub skipped_dead: AtomicU64,
+    /// Requests given up before the call timeout because their member went silent (see
+    /// [`ClientOptions::min_silence`]); each also counts in `member_failures`.
+    pub silent_gives_up: AtomicU64,
     /// Membership changes applied (from etcd, or from a member's list).
     pub ring_updates: AtomicU64,
 }
@@ -274,6 +289,8 @@ pub struct StatsSnapshot {
     pub member_failures: u64,
     /// See [`ClientStats::skipped_dead`].
     pub skipped_dead: u64,
+    /// See [`ClientStats::silent_gives_up`].
+    pub silent_gives_up: u64,
     /// See [`ClientStats::ring_updates`].
     pub ring_updates: u64,
 }
@@ -310,6 +327,8 @@ pub struct Client {
     refresh: Option<Arc<tokio::sync::Notify>>,
     ufs: Option<Arc<MountTable>>,
     health: Mutex<HashMap<SocketAddr, Health>>,
+    /// Each member's usual answer time and last answer (members that answered at least once).
+    timing: Mutex<HashMap<SocketAddr, Latency>>,
     stats: ClientStats,
     options: ClientOptions,
     next_id: AtomicU64,
@@ -409,6 +428,7 @@ impl Client {
             refresh: from_member.then(|| Arc::new(tokio::sync::Notify::new())),
             ufs,
             health: Mutex::new(HashMap::new()),
+            timing: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
             options,
             next_id: AtomicU64::new(2),
@@ -634,6 +654,7 @@ impl Client {
             member_failures: g(&s.member_failures),
             skipped_dead: g(&s.skipped_dead),
             ring_updates: g(&s.ring_updates),
+            silent_gives_up: g(&s.silent_gives_up),
         }
     }
 
@@ -676,6 +697,65 @@ impl Client {
         tracing::warn!(%addr, backoff = ?e.backoff, why, "member failed; backing off");
     }
 
+    /// Records an answer from `addr` to a request sent at `sent`.
+    fn answered(&self, addr: SocketAddr, sent: Instant) {
+        let now = Instant::now();
+        let took = now.saturating_duration_since(sent);
+        let mut t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        t.entry(addr)
+            .and_modify(|l| l.record(took, now))
+            .or_insert_with(|| Latency::new(took, now));
+    }
+
+    /// Resolves when the request sent to `addr` at `sent` should be given up: `addr` has
+    /// answered nothing for its silence limit, and does not answer a `Ping` within it either (a
+    /// request that is merely slow, such as a page its shard loads from a distant store, is
+    /// waited for as long as the member answers pings). Never resolves for a member that has
+    /// not answered yet: the call timeout covers it. Returns why, for the log.
+    async fn silence(&self, addr: SocketAddr, sent: Instant) -> String {
+        let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
+        loop {
+            let latency = {
+                let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+                t.get(&addr).copied()
+            };
+            let Some(l) = latency else {
+                return std::future::pending().await;
+            };
+            let at = l.give_up_at(sent, floor, ceiling);
+            if Instant::now() < at {
+                tokio::time::sleep_until(at.into()).await;
+                continue;
+            }
+            let limit = l.silence_limit(floor, ceiling);
+            if self.pings(addr, limit).await {
+                continue;
+            }
+            return format!(
+                "no answer for {limit:?}, not even to a ping (it usually answers within {:?})",
+                l.usual()
+            );
+        }
+    }
+
+    /// Whether `addr` answers a `Ping` within `limit` (an answer counts as one in its timing).
+    async fn pings(&self, addr: SocketAddr, limit: Duration) -> bool {
+        let nonce = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let req = Request {
+            request_id: nonce,
+            body: RequestBody::Ping { nonce },
+        };
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, self.pool.request(addr, &req, &[])).await {
+            Ok(Ok((resp, _))) if matches!(resp.body, ResponseBody::Pong { nonce: n } if n == nonce) =>
+            {
+                self.answered(addr, sent);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Sends `body` to `addr` and classifies the outcome.
     async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
         if !self.usable(addr) {
@@ -685,13 +765,25 @@ impl Client {
             request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             body,
         };
-        match self.pool.request(addr, &req, &[]).await {
+        let sent = Instant::now();
+        let reply = tokio::select! {
+            r = self.pool.request(addr, &req, &[]) => r,
+            why = self.silence(addr, sent) => {
+                bump(&self.stats.silent_gives_up, 1);
+                // Its connection may lead to a process that is gone: connect afresh next time.
+                self.pool.forget(addr);
+                self.failed(addr, &why);
+                return Attempt::Failed;
+            }
+        };
+        match reply {
             Err(e) => {
                 self.failed(addr, &e.to_string());
                 Attempt::Failed
             }
             Ok((resp, payload)) => {
                 // Any answer means the member is alive.
+                self.answered(addr, sent);
                 self.succeeded(addr);
                 match &resp.body {
                     ResponseBody::Error { code, message } => match code {

@@ -7,11 +7,14 @@
 //!   owning shards over QUIC, replica and under-storage fallback with dead-member back-off.
 //! - [`handle`]: an open file implementing tokio's `AsyncRead` and `AsyncSeek`, version-pinned,
 //!   with read-ahead.
+//! - [`timing`]: each member's usual answer time, and the silence after which a request waiting
+//!   on it is given up.
 //! - [`tls`]: where a client finds its TLS material.
 
 pub mod client;
 pub mod handle;
 pub mod pool;
+pub mod timing;
 pub mod tls;
 
 pub use pagestore_mounts::{etcd, localfs, ufs};

@@ -337,6 +337,37 @@ async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_left_when_it_goes_silent_not_after_the_call_timeout() {
+    let content = bytes(12, 24 * MIB + 5);
+    let mut c = cluster_with_data(false, |root| {
+        std::fs::write(root.join("f"), &content).unwrap();
+    });
+    // A call timeout far longer than the test may take: only the silence rule can end the
+    // requests that wait on the killed node.
+    let call_timeout = Duration::from_secs(30);
+    let client = c
+        .client(ClientOptions {
+            call_timeout,
+            ..ClientOptions::default()
+        })
+        .await;
+    assert!(read_all(&client, "/data/f").await == content);
+    // Every member has answered: the client knows their usual answer times.
+    c.inner.kill(1);
+    let t = std::time::Instant::now();
+    let all = client.read("/data/f", 0..content.len() as u64).await.unwrap();
+    let took = t.elapsed();
+    assert!(all[..] == content[..], "byte-exact after the kill");
+    let s = client.stats();
+    assert!(s.silent_gives_up >= 1, "{s:?}");
+    assert!(s.fallbacks > 0, "{s:?}");
+    assert!(
+        took < call_timeout / 3,
+        "the dead node was waited for as if it might answer: {took:?} ({s:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewritten_object_is_read_new_after_the_ttl_and_never_mixed() {
     let v1 = bytes(21, 3 * MIB);
     let v2 = bytes(22, 3 * MIB);
