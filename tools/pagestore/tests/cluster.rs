@@ -355,7 +355,10 @@ async fn a_killed_worker_is_left_when_it_goes_silent_not_after_the_call_timeout(
     // Every member has answered: the client knows their usual answer times.
     c.inner.kill(1);
     let t = std::time::Instant::now();
-    let all = client.read("/data/f", 0..content.len() as u64).await.unwrap();
+    let all = client
+        .read("/data/f", 0..content.len() as u64)
+        .await
+        .unwrap();
     let took = t.elapsed();
     assert!(all[..] == content[..], "byte-exact after the kill");
     let s = client.stats();
