@@ -205,9 +205,10 @@ pub struct ClientOptions {
     /// waiting on it is given up sooner when the member goes silent: see `min_silence`.
     pub call_timeout: Duration,
     /// A request is given up, and its member backed off, when the member has answered nothing
-    /// for [`timing::SILENCE_FACTOR`] times its usual answer time, but never sooner than this
-    /// (default 250 ms) nor later than `call_timeout`. A killed node is thus left within a
-    /// fraction of a second; a busy one, which keeps answering, is not.
+    /// for [`timing::SILENCE_FACTOR`] times its usual answer time (never less than this,
+    /// default 100 ms, nor more than `call_timeout`) and then misses a ping for as long. A
+    /// killed node is thus left within a fraction of a second; a busy one, which keeps
+    /// answering pings, is not.
     ///
     /// [`timing::SILENCE_FACTOR`]: crate::timing::SILENCE_FACTOR
     pub min_silence: Duration,
@@ -233,7 +234,7 @@ impl Default for ClientOptions {
         ClientOptions {
             fallback: true,
             call_timeout: Duration::from_secs(3),
-            min_silence: Duration::from_millis(250),
+            min_silence: Duration::from_millis(100),
             parallel: 8,
             readahead: 4,
             min_backoff: Duration::from_secs(1),
