@@ -191,7 +191,66 @@ pub struct Pool {
     /// one request after another, not interleaved (requests without payload are a few bytes
     /// and are not held back).
     writers: Mutex<HashMap<usize, Arc<tokio::sync::Mutex<()>>>>,
+    /// Buffers of large replies, kept for the next ones (see [`ReplyBuffers`]).
+    buffers: Arc<ReplyBuffers>,
     options: PoolOptions,
+}
+
+/// Replies at least this large are read into a kept buffer ([`ReplyBuffers`]).
+const KEEP_FROM: usize = 256 << 10;
+/// Bytes of free reply buffers kept at most.
+const KEEP_AT_MOST: usize = 64 << 20;
+
+/// Free buffers of large replies (pages), reused for the next ones: a fresh multi-megabyte
+/// allocation is mapped by the system allocator and faulted in page by page on every reply, then
+/// unmapped when it is dropped, which costs more CPU than copying the page into it. A reply's
+/// bytes go back here when the last `Bytes` viewing them is dropped. At most [`KEEP_AT_MOST`]
+/// bytes are kept; more are freed.
+#[derive(Debug, Default)]
+struct ReplyBuffers {
+    free: Mutex<(Vec<Vec<u8>>, usize)>,
+}
+
+impl ReplyBuffers {
+    /// An empty buffer with room for at least `len` bytes.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = free.0.iter().position(|b| b.capacity() >= len) {
+            let b = free.0.swap_remove(i);
+            free.1 -= b.capacity();
+            return b;
+        }
+        drop(free);
+        Vec::with_capacity(len)
+    }
+
+    /// Keeps `b` for a later reply, unless that would keep too much.
+    fn give(&self, mut b: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.1 + b.capacity() <= KEEP_AT_MOST {
+            b.clear();
+            free.1 += b.capacity();
+            free.0.push(b);
+        }
+    }
+}
+
+/// A reply read into a kept buffer; gives the buffer back when dropped.
+struct KeptReply {
+    bytes: Vec<u8>,
+    home: Arc<ReplyBuffers>,
+}
+
+impl AsRef<[u8]> for KeptReply {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for KeptReply {
+    fn drop(&mut self) {
+        self.home.give(std::mem::take(&mut self.bytes));
+    }
 }
 
 impl Pool {
@@ -216,6 +275,7 @@ impl Pool {
             endpoint,
             conns: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
+            buffers: Arc::default(),
             options,
         }))
     }
@@ -260,7 +320,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         let timeout = self.options.timeout;
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
             Ok(r) => r,
@@ -286,7 +346,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         // A cached connection may belong to an earlier life of the member (it restarted): when
         // it turns out closed, try once more on a fresh connection.
         if let Some(conn) = self.cached(addr) {
@@ -306,7 +366,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         // A stream error on a closed connection says only "connection lost": name the reason
         // when the node refused this client.
         let xfer = |e: TransferFailure| match conn.close_reason() {
@@ -345,7 +405,7 @@ impl Pool {
                 Some(n) => got += n,
                 None => {
                     buf.truncate(got);
-                    return Ok(buf);
+                    return Ok(buf.into());
                 }
             }
         }
@@ -356,7 +416,15 @@ impl Pool {
             return Err(ClientError::TooLarge(addr, self.options.max_reply));
         }
         // quinn's chunks are appended as they come: one copy per byte, and no zero-fill first.
-        buf.reserve_exact(total - got);
+        // A large reply goes into a kept buffer (see `ReplyBuffers`).
+        let kept = total >= KEEP_FROM;
+        if kept {
+            let mut b = self.buffers.take(total);
+            b.extend_from_slice(&buf);
+            buf = b;
+        } else {
+            buf.reserve_exact(total - got);
+        }
         while got < total {
             match recv
                 .read_chunk(total - got, true)
@@ -379,7 +447,14 @@ impl Pool {
         {
             return Err(ClientError::Protocol(addr, ProtocolFailure::TrailingBytes));
         }
-        Ok(buf)
+        Ok(if kept {
+            bytes::Bytes::from_owner(KeptReply {
+                bytes: buf,
+                home: self.buffers.clone(),
+            })
+        } else {
+            buf.into()
+        })
     }
 
     /// Sends one request frame (and its payload) and decodes the response frame. Returns the
@@ -409,7 +484,7 @@ impl Pool {
                 request: format!("{:?}", request.body),
             }));
         }
-        let body = bytes::Bytes::from(raw).slice(range);
+        let body = raw.slice(range);
         Ok((response, body))
     }
 
@@ -417,5 +492,49 @@ impl Pool {
     pub fn close(&self) {
         self.endpoint.close(0u32.into(), b"client closing");
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_reply_gives_its_buffer_back_for_the_next_one() {
+        let home = Arc::new(ReplyBuffers::default());
+        let mut first = home.take(1 << 20);
+        first.extend_from_slice(&[5u8; 1 << 20]);
+        let at = first.as_ptr();
+        let reply = bytes::Bytes::from_owner(KeptReply {
+            bytes: first,
+            home: home.clone(),
+        });
+        let view = reply.slice(10..20);
+        drop(reply);
+        // A slice still views the buffer: nothing is given back yet.
+        assert!(home.free.lock().unwrap().0.is_empty());
+        assert_eq!(&view[..], &[5u8; 10]);
+        drop(view);
+        assert_eq!(home.free.lock().unwrap().1, 1 << 20);
+        // The next reply of that size or smaller reuses it, emptied; a larger one does not.
+        let again = home.take(1 << 19);
+        assert_eq!((again.as_ptr(), again.len()), (at, 0));
+        assert_eq!(home.free.lock().unwrap().1, 0);
+        home.give(again);
+        assert!(home.take(2 << 20).capacity() >= 2 << 20);
+        assert_eq!(home.free.lock().unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn no_more_than_keep_at_most_bytes_are_kept() {
+        let home = ReplyBuffers::default();
+        for _ in 0..(KEEP_AT_MOST / (4 << 20)) + 3 {
+            home.give(Vec::with_capacity(4 << 20));
+        }
+        let kept = home.free.lock().unwrap().1;
+        assert!(
+            kept <= KEEP_AT_MOST && kept > KEEP_AT_MOST - (4 << 20),
+            "{kept}"
+        );
     }
 }
