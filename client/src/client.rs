@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::pool::{Pool, PoolOptions};
+use crate::{
+    pool::{ClientError, Pool, PoolOptions},
+    timing::Latency,
+};
 use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
@@ -31,47 +34,104 @@ use crate::{
     ufs::{MountTable, ObjectInfo, UfsError},
 };
 
+/// The underlying error of an [`Error`] (any error type: a [`ClientError`], a [`UfsError`], an
+/// [`std::io::Error`], a TLS or etcd error).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a client call failed.
-#[derive(Debug)]
+///
+/// **Messages and sources.** Every message is complete on its own: where a failure has an
+/// underlying error, the message quotes that error's text where the sentence needs it (so a
+/// log line with `{e}` says everything), and `source()` returns the error itself, typed, for
+/// programs that inspect it and for printers that walk the chain. A chain printer therefore
+/// skips a cause whose text the message already holds, as `pagestore_tools::error_chain` does;
+/// the engine's I/O errors follow the same rule. The variants that can have an underlying error
+/// are [`Error::Unavailable`] (a [`ClientError`] from the pool, a [`UfsError::Store`], an etcd
+/// error, a malformed record) and [`Error::Config`] (an I/O error, a TLS or etcd error); the
+/// others are answers, whose text is the whole story. Build those two with
+/// [`Error::unavailable`], [`Error::unavailable_from`], [`Error::config`] and
+/// [`Error::config_from`].
+///
+/// A [`UfsError::Store`] source shows the store's own error unedited: its text may quote an
+/// endpoint URL with credentials, which the message leaves out (`ufs::scrub`). Print a chain
+/// through `ufs::scrub`, as `error_chain` does.
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The path does not exist.
+    #[error("{0}: no such file or directory")]
     NotFound(String),
     /// The path is a directory where a file was expected.
+    #[error("{0}: is a directory")]
     IsDir(String),
     /// The path is a file where a directory was expected.
+    #[error("{0}: not a directory")]
     NotDir(String),
     /// The path is not acceptable (relative, `..`).
+    #[error("bad path: {0}")]
     BadPath(String),
     /// The object changed since it was opened; open it again.
+    #[error("{0}")]
     Changed(String),
     /// The byte range cannot be served.
+    #[error("bad range: {0}")]
     BadRange(String),
     /// Neither the cluster nor (with fallback on) the under storage could answer.
-    Unavailable(String),
+    #[error("unavailable: {message}")]
+    Unavailable {
+        /// What failed, quoting the source's text.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// Client configuration (cluster file, TLS, mounts) is wrong.
-    Config(String),
+    #[error("configuration: {message}")]
+    Config {
+        /// What is wrong, quoting the source's text.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The cluster refused the request: this client's certificate does not give the role it
     /// needs (the message names both).
+    #[error("refused: {0}")]
     Forbidden(String),
 }
 
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::NotFound(p) => write!(f, "{p}: no such file or directory"),
-            Error::IsDir(p) => write!(f, "{p}: is a directory"),
-            Error::NotDir(p) => write!(f, "{p}: not a directory"),
-            Error::BadPath(m) => write!(f, "bad path: {m}"),
-            Error::Changed(m) => write!(f, "{m}"),
-            Error::BadRange(m) => write!(f, "bad range: {m}"),
-            Error::Unavailable(m) => write!(f, "unavailable: {m}"),
-            Error::Config(m) => write!(f, "configuration: {m}"),
-            Error::Forbidden(m) => write!(f, "refused: {m}"),
+impl Error {
+    /// [`Error::Unavailable`] without an underlying error.
+    pub fn unavailable(message: impl Into<String>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Unavailable`] caused by `source`; `message` quotes its text.
+    pub fn unavailable_from(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// [`Error::Config`] without an underlying error.
+    pub fn config(message: impl Into<String>) -> Error {
+        Error::Config {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Config`] caused by `source`; `message` quotes its text.
+    pub fn config_from(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Config {
+            message: message.into(),
+            source: Some(source.into()),
         }
     }
 }
-
-impl std::error::Error for Error {}
 
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
@@ -82,22 +142,25 @@ impl From<Error> for std::io::Error {
             Error::NotDir(_) => K::NotADirectory,
             Error::BadPath(_) | Error::BadRange(_) => K::InvalidInput,
             Error::Changed(_) => K::StaleNetworkFileHandle,
-            Error::Unavailable(_) => K::Other,
-            Error::Config(_) => K::InvalidInput,
+            Error::Unavailable { .. } => K::Other,
+            Error::Config { .. } => K::InvalidInput,
             Error::Forbidden(_) => K::PermissionDenied,
         };
         std::io::Error::new(kind, e)
     }
 }
 
+/// A store failure is [`Error::Unavailable`] with the [`UfsError`] as its source (and the
+/// store's error as the source of that). The other kinds are answers or settings that carry
+/// only their text, which becomes the message of the same kind here.
 impl From<UfsError> for Error {
     fn from(e: UfsError) -> Error {
         match e {
             UfsError::NotFound(p) => Error::NotFound(p),
             UfsError::BadPath(m) => Error::BadPath(m),
             e @ UfsError::Changed { .. } => Error::Changed(e.to_string()),
-            UfsError::Config(m) => Error::Config(m),
-            e @ UfsError::Store(..) => Error::Unavailable(e.to_string()),
+            UfsError::Config(m) => Error::config(crate::ufs::scrub(&m)),
+            e @ UfsError::Store(..) => Error::unavailable_from(e.to_string(), e),
         }
     }
 }
@@ -138,8 +201,17 @@ pub struct ClientOptions {
     /// Read from a replica, then from the under storage, when an owner fails (default on).
     pub fallback: bool,
     /// Time allowed for one request to a shard, connecting included (default 3 s). A member
-    /// that does not answer within it is marked dead.
+    /// that does not answer within it is marked dead. Once a member has answered, a request
+    /// waiting on it is given up sooner when the member goes silent: see `min_silence`.
     pub call_timeout: Duration,
+    /// A request is given up, and its member backed off, when the member has answered nothing
+    /// for [`timing::SILENCE_FACTOR`] times its usual answer time (never less than this,
+    /// default 100 ms, nor more than `call_timeout`) and then misses a ping for as long. A
+    /// killed node is thus left within a fraction of a second; a busy one, which keeps
+    /// answering pings, is not.
+    ///
+    /// [`timing::SILENCE_FACTOR`]: crate::timing::SILENCE_FACTOR
+    pub min_silence: Duration,
     /// Page requests in flight per read call (default 8).
     pub parallel: usize,
     /// Pages a file handle fetches ahead of a sequential reader (default 4).
@@ -162,6 +234,7 @@ impl Default for ClientOptions {
         ClientOptions {
             fallback: true,
             call_timeout: Duration::from_secs(3),
+            min_silence: Duration::from_millis(100),
             parallel: 8,
             readahead: 4,
             min_backoff: Duration::from_secs(1),
@@ -191,6 +264,9 @@ pub struct ClientStats {
     pub member_failures: AtomicU64,
     /// Requests that skipped a member because it is backed off, or down in etcd.
     pub skipped_dead: AtomicU64,
+    /// Requests given up before the call timeout because their member went silent (see
+    /// [`ClientOptions::min_silence`]); each also counts in `member_failures`.
+    pub silent_gives_up: AtomicU64,
     /// Membership changes applied (from etcd, or from a member's list).
     pub ring_updates: AtomicU64,
 }
@@ -214,6 +290,8 @@ pub struct StatsSnapshot {
     pub member_failures: u64,
     /// See [`ClientStats::skipped_dead`].
     pub skipped_dead: u64,
+    /// See [`ClientStats::silent_gives_up`].
+    pub silent_gives_up: u64,
     /// See [`ClientStats::ring_updates`].
     pub ring_updates: u64,
 }
@@ -250,6 +328,8 @@ pub struct Client {
     refresh: Option<Arc<tokio::sync::Notify>>,
     ufs: Option<Arc<MountTable>>,
     health: Mutex<HashMap<SocketAddr, Health>>,
+    /// Each member's usual answer time and last answer (members that answered at least once).
+    timing: Mutex<HashMap<SocketAddr, Latency>>,
     stats: ClientStats,
     options: ClientOptions,
     next_id: AtomicU64,
@@ -311,10 +391,10 @@ impl Client {
                 ..PoolOptions::default()
             },
         )
-        .map_err(|e| Error::Config(format!("cannot open a UDP socket: {e}")))?;
+        .map_err(|e| Error::config_from(format!("cannot open a UDP socket: {e}"), e))?;
         let (page_size, member_epoch, replicas, nodes, mounts) = ask_cluster(&pool, &probe).await?;
         if page_size == 0 {
-            return Err(Error::Config("the cluster reports a page size of 0".into()));
+            return Err(Error::config("the cluster reports a page size of 0"));
         }
         let from_member = listed.is_none();
         let nodes = match listed {
@@ -330,7 +410,7 @@ impl Client {
             .as_ref()
             .map_or_else(HashSet::new, |(_, s)| s.down().into_iter().collect());
         let membership = Membership::new(nodes, RingConfig::default(), epoch)
-            .map_err(|e| Error::Config(e.to_string()))?;
+            .map_err(|e| Error::config_from(e.to_string(), e))?;
         let ufs = match ufs {
             Some(u) => Some(u),
             None if options.fallback => fallback_table(&mounts),
@@ -349,6 +429,7 @@ impl Client {
             refresh: from_member.then(|| Arc::new(tokio::sync::Notify::new())),
             ufs,
             health: Mutex::new(HashMap::new()),
+            timing: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
             options,
             next_id: AtomicU64::new(2),
@@ -574,6 +655,7 @@ impl Client {
             member_failures: g(&s.member_failures),
             skipped_dead: g(&s.skipped_dead),
             ring_updates: g(&s.ring_updates),
+            silent_gives_up: g(&s.silent_gives_up),
         }
     }
 
@@ -616,8 +698,67 @@ impl Client {
         tracing::warn!(%addr, backoff = ?e.backoff, why, "member failed; backing off");
     }
 
+    /// Records an answer from `addr` to a request sent at `sent`.
+    fn answered(&self, addr: SocketAddr, sent: Instant) {
+        let now = Instant::now();
+        let took = now.saturating_duration_since(sent);
+        let mut t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        t.entry(addr)
+            .and_modify(|l| l.record(took, now))
+            .or_insert_with(|| Latency::new(took, now));
+    }
+
+    /// Resolves when the request sent to `addr` at `sent` should be given up: `addr` has
+    /// answered nothing for its silence limit, and does not answer a `Ping` within it either (a
+    /// request that is merely slow, such as a page its shard loads from a distant store, is
+    /// waited for as long as the member answers pings). Never resolves for a member that has
+    /// not answered yet: the call timeout covers it. Returns why, for the log.
+    async fn silence(&self, addr: SocketAddr, sent: Instant) -> String {
+        let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
+        loop {
+            let latency = {
+                let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+                t.get(&addr).copied()
+            };
+            let Some(l) = latency else {
+                return std::future::pending().await;
+            };
+            let at = l.give_up_at(sent, floor, ceiling);
+            if Instant::now() < at {
+                tokio::time::sleep_until(at.into()).await;
+                continue;
+            }
+            let limit = l.silence_limit(floor, ceiling);
+            if self.pings(addr, limit).await {
+                continue;
+            }
+            return format!(
+                "no answer for {limit:?}, not even to a ping (it usually answers within {:?})",
+                l.usual()
+            );
+        }
+    }
+
+    /// Whether `addr` answers a `Ping` within `limit` (an answer counts as one in its timing).
+    async fn pings(&self, addr: SocketAddr, limit: Duration) -> bool {
+        let nonce = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let req = Request {
+            request_id: nonce,
+            body: RequestBody::Ping { nonce },
+        };
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, self.pool.request(addr, &req, &[])).await {
+            Ok(Ok((resp, _))) if matches!(resp.body, ResponseBody::Pong { nonce: n } if n == nonce) =>
+            {
+                self.answered(addr, sent);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Sends `body` to `addr` and classifies the outcome.
-    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Vec<u8>)> {
+    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
         if !self.usable(addr) {
             return Attempt::Failed;
         }
@@ -625,13 +766,25 @@ impl Client {
             request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             body,
         };
-        match self.pool.request(addr, &req, &[]).await {
+        let sent = Instant::now();
+        let reply = tokio::select! {
+            r = self.pool.request(addr, &req, &[]) => r,
+            why = self.silence(addr, sent) => {
+                bump(&self.stats.silent_gives_up, 1);
+                // Its connection may lead to a process that is gone: connect afresh next time.
+                self.pool.forget(addr);
+                self.failed(addr, &why);
+                return Attempt::Failed;
+            }
+        };
+        match reply {
             Err(e) => {
                 self.failed(addr, &e.to_string());
                 Attempt::Failed
             }
             Ok((resp, payload)) => {
                 // Any answer means the member is alive.
+                self.answered(addr, sent);
                 self.succeeded(addr);
                 match &resp.body {
                     ResponseBody::Error { code, message } => match code {
@@ -681,15 +834,14 @@ impl Client {
 
     fn ufs(&self) -> Result<&MountTable, Error> {
         if !self.options.fallback {
-            return Err(Error::Unavailable(
-                "the owning member cannot be reached and fallback is off".into(),
+            return Err(Error::unavailable(
+                "the owning member cannot be reached and fallback is off",
             ));
         }
         self.ufs.as_deref().ok_or_else(|| {
-            Error::Unavailable(
+            Error::unavailable(
                 "the owning member cannot be reached and no under storage is configured on this \
-                 client for fallback"
-                    .into(),
+                 client for fallback",
             )
         })
     }
@@ -702,7 +854,7 @@ impl Client {
             if let Attempt::Answer(r) = self.ask(addr, body).await {
                 return match r.map_err(|e| named(e, path))? {
                     (ResponseBody::PathInfo { kind }, _) => Ok(kind),
-                    (other, _) => Err(Error::Unavailable(format!("unexpected answer {other:?}"))),
+                    (other, _) => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
                 };
             }
         }
@@ -752,7 +904,7 @@ impl Client {
                             }
                         }
                         (other, _) => {
-                            return Err(Error::Unavailable(format!("unexpected answer {other:?}")))
+                            return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                         }
                     },
                     Attempt::Failed => break,
@@ -829,11 +981,11 @@ impl Client {
                         },
                         1,
                     );
-                    return Ok(Bytes::from(payload));
+                    return Ok(payload);
                 }
                 Attempt::Failed => {
                     if !self.options.fallback {
-                        return Err(Error::Unavailable(format!(
+                        return Err(Error::unavailable(format!(
                             "member {addr} could not serve page {page} of {} and fallback is off",
                             info.path
                         )));
@@ -915,7 +1067,7 @@ impl Client {
             let addr = ring
                 .owner(info.file_id, p)
                 .and_then(|m| layout.membership.addr_of(m))
-                .ok_or_else(|| Error::Unavailable("the ring has no members".into()))?;
+                .ok_or_else(|| Error::unavailable("the ring has no members"))?;
             by_owner.entry(addr).or_default().push(p);
         }
         let file = FileRef {
@@ -946,11 +1098,11 @@ impl Client {
                     out.present += n.saturating_sub(u64::from(pages));
                 }
                 Attempt::Answer(Ok((other, _))) => {
-                    return Err(Error::Unavailable(format!("{addr} answered {other:?}")))
+                    return Err(Error::unavailable(format!("{addr} answered {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
                 Attempt::Failed => {
-                    return Err(Error::Unavailable(format!(
+                    return Err(Error::unavailable(format!(
                         "member {addr} could not load pages of {}",
                         info.path
                     )))
@@ -965,7 +1117,7 @@ impl Client {
     async fn ask_every_shard<T>(
         &self,
         body: RequestBody,
-        parse: fn(ResponseBody, Vec<u8>) -> Option<T>,
+        parse: fn(ResponseBody, Bytes) -> Option<T>,
     ) -> Vec<(NodeInfo, u16, Option<T>)> {
         let layout = self.layout();
         let mut asks = Vec::new();
@@ -1046,7 +1198,7 @@ impl Client {
             .collect::<Vec<_>>();
         let mut by_id: HashMap<String, JobRecord> = HashMap::new();
         let mut answered = 0;
-        let mut last_err = String::from("no live node");
+        let mut last_err = None;
         for r in futures_util::future::join_all(asks).await {
             match r {
                 Ok(list) => {
@@ -1058,13 +1210,17 @@ impl Client {
                         }
                     }
                 }
-                Err(e) => last_err = e.to_string(),
+                Err(e) => last_err = Some(e),
             }
         }
         if answered == 0 {
-            return Err(Error::Unavailable(format!(
-                "no node answered for job records ({last_err})"
-            )));
+            let why = last_err
+                .as_ref()
+                .map_or("no live node".into(), Error::to_string);
+            return Err(Error::Unavailable {
+                message: format!("no node answered for job records ({why})"),
+                source: last_err.map(BoxError::from),
+            });
         }
         let mut v: Vec<JobRecord> = by_id.into_values().collect();
         v.sort_by(|a, b| {
@@ -1084,12 +1240,12 @@ impl Client {
             .pool
             .request(addr, &req, record)
             .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
+            .map_err(|e| Error::unavailable_from(e.to_string(), e))?;
         match resp.body {
             ResponseBody::Jobs => frame::decode_job_records(&payload)
-                .map_err(|e| Error::Unavailable(format!("{addr}: job records: {e}"))),
-            ResponseBody::Error { message, .. } => Err(Error::Unavailable(message)),
-            other => Err(Error::Unavailable(format!("{addr} answered {other:?}"))),
+                .map_err(|e| Error::unavailable_from(format!("{addr}: job records: {e}"), e)),
+            ResponseBody::Error { message, .. } => Err(Error::unavailable(message)),
+            other => Err(Error::unavailable(format!("{addr} answered {other:?}"))),
         }
     }
 
@@ -1180,10 +1336,9 @@ impl Client {
     /// The mount table for writes (whatever the fallback setting).
     pub fn writable(&self) -> Result<&MountTable, Error> {
         self.ufs.as_deref().ok_or_else(|| {
-            Error::Config(
+            Error::config(
                 "writes go through to the under storage: give the client a mount table with \
-                 credentials"
-                    .into(),
+                 credentials",
             )
         })
     }
@@ -1217,7 +1372,7 @@ fn node_infos(nodes: &[pagestore_protocol::frame::NodeEntry]) -> Result<Vec<Node
             Ok(NodeInfo {
                 id: n.id.as_u128(),
                 addr: n.addr.parse().map_err(|_| {
-                    Error::Config(format!("member address {:?} is not IP:PORT", n.addr))
+                    Error::config(format!("member address {:?} is not IP:PORT", n.addr))
                 })?,
                 shards: n.shards,
             })
@@ -1279,17 +1434,23 @@ async fn resolve_source(
         ClusterSource::Etcd(url) => {
             let settings = match &options.etcd {
                 Some(o) => o.clone(),
-                None => EtcdOptions::from_env().map_err(|e| Error::Config(e.to_string()))?,
+                None => {
+                    EtcdOptions::from_env().map_err(|e| Error::config_from(e.to_string(), e))?
+                }
             };
-            let etcd = Etcd::new(url, &settings).map_err(|e| Error::Config(e.to_string()))?;
+            let etcd =
+                Etcd::new(url, &settings).map_err(|e| Error::config_from(e.to_string(), e))?;
             let etcd = Arc::new(etcd);
             let state = etcd.state().await.map_err(|e| match e {
                 crate::etcd::EtcdError::Auth(_) | crate::etcd::EtcdError::Config(_) => {
-                    Error::Config(format!(
-                        "{e} (or give a member's IP:PORT instead: readers need no etcd access)"
-                    ))
+                    Error::config_from(
+                        format!(
+                            "{e} (or give a member's IP:PORT instead: readers need no etcd access)"
+                        ),
+                        e,
+                    )
                 }
-                e => Error::Unavailable(format!("{e} (the client needs etcd to start)")),
+                e => Error::unavailable_from(format!("{e} (the client needs etcd to start)"), e),
             })?;
             let probe = state.live.values().map(|r| r.info.addr).collect();
             let nodes = state.ring_nodes();
@@ -1309,7 +1470,7 @@ fn local_bind(probe: &[SocketAddr]) -> Result<SocketAddr, Error> {
         _ => "0.0.0.0:0",
     }
     .parse()
-    .map_err(|e| Error::Config(format!("{e}")))
+    .map_err(|e: std::net::AddrParseError| Error::config_from(e.to_string(), e))
 }
 
 /// The cluster's settings as the first member in `probe` that answers gives them: page size,
@@ -1319,6 +1480,7 @@ async fn ask_cluster(
     probe: &[SocketAddr],
 ) -> Result<(u32, u64, u8, Vec<frame::NodeEntry>, Vec<MountEntry>), Error> {
     let mut last_err = String::from("no member to ask");
+    let mut cause: Option<ClientError> = None;
     for addr in probe {
         let req = Request {
             request_id: 1,
@@ -1333,25 +1495,35 @@ async fn ask_cluster(
                     nodes,
                     mounts,
                 } => return Ok((page_size, epoch, replicas, nodes, mounts)),
-                other => last_err = format!("{addr} answered {other:?}"),
+                other => {
+                    last_err = format!("{addr} answered {other:?}");
+                    cause = None;
+                }
             },
-            Err(e) => last_err = e.to_string(),
+            Err(e) => {
+                last_err = e.to_string();
+                cause = Some(e);
+            }
         }
     }
-    Err(Error::Unavailable(format!(
-        "no cluster member answered ({last_err}); check --cluster, that pagestored runs, and the \
-         TLS settings"
-    )))
+    Err(Error::Unavailable {
+        message: format!(
+            "no cluster member answered ({last_err}); check --cluster, that pagestored runs, and \
+             the TLS settings"
+        ),
+        source: cause.map(BoxError::from),
+    })
 }
 
 fn read_member_file(path: &Path) -> Result<Vec<NodeInfo>, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::Config(format!(
+        let message = format!(
             "cannot read member file {}: {e} (--cluster takes a member file or IP:PORT)",
             path.display()
-        ))
+        );
+        Error::config_from(message, e)
     })?;
-    parse_member_file(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    parse_member_file(&text).map_err(|e| Error::config(format!("{}: {e}", path.display())))
 }
 
 /// A mount table for fallback from the cluster's (credential-free) mounts. Mounts that cannot
@@ -1366,3 +1538,6 @@ fn fallback_table(mounts: &[MountEntry]) -> Option<Arc<MountTable>> {
     // Paths under a mount that cannot be opened here are unavailable, not missing.
     Some(Arc::new(MountTable::new_partial(&pairs)))
 }
+
+#[cfg(test)]
+mod tests;

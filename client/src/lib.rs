@@ -7,17 +7,20 @@
 //!   owning shards over QUIC, replica and under-storage fallback with dead-member back-off.
 //! - [`handle`]: an open file implementing tokio's `AsyncRead` and `AsyncSeek`, version-pinned,
 //!   with read-ahead.
+//! - [`timing`]: each member's usual answer time, and the silence after which a request waiting
+//!   on it is given up.
 //! - [`tls`]: where a client finds its TLS material.
 
 pub mod client;
 pub mod handle;
 pub mod pool;
+pub mod timing;
 pub mod tls;
 
 pub use pagestore_mounts::{etcd, localfs, ufs};
 
 pub use client::{
-    Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
+    BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };
 pub use handle::FileHandle;
 pub use pagestore_protocol::frame::{JobRecord, JobState, ShardCounters};

@@ -10,33 +10,119 @@ use std::{
 
 /// Why a call failed. Every variant means the request may not have been served; none is a
 /// protocol answer (those come back in the reply).
-#[derive(Debug)]
+///
+/// Messages follow the convention of [`crate::Error`]: each is complete on its own (it quotes
+/// the underlying error's text), and `source()` returns that underlying error, typed
+/// ([`ConnectFailure`], [`TransferFailure`], [`ProtocolFailure`]).
+#[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// Could not set up a connection (address, TLS or handshake problem, or unreachable).
-    Connect(SocketAddr, String),
+    /// Could not set up a connection (address, TLS or handshake problem, or unreachable), or
+    /// the node refused this client.
+    #[error("connecting to {0}: {1}")]
+    Connect(SocketAddr, #[source] ConnectFailure),
     /// The connection or stream failed while the request was in flight.
-    Transfer(SocketAddr, String),
-    /// The reply was larger than allowed.
+    #[error("request to {0} failed: {1}")]
+    Transfer(SocketAddr, #[source] TransferFailure),
+    /// The reply was larger than allowed (the limit in bytes).
+    #[error("reply from {0} exceeds {1} bytes")]
     TooLarge(SocketAddr, usize),
     /// No reply within the call timeout.
+    #[error("no reply from {0} within {1:?}")]
     Timeout(SocketAddr, Duration),
     /// The reply was not a valid frame, or did not answer the request.
-    Protocol(SocketAddr, String),
+    #[error("bad reply from {0}: {1}")]
+    Protocol(SocketAddr, #[source] ProtocolFailure),
 }
 
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl ClientError {
+    /// The endpoint the call went to.
+    pub fn addr(&self) -> SocketAddr {
         match self {
-            ClientError::Connect(a, m) => write!(f, "connecting to {a}: {m}"),
-            ClientError::Transfer(a, m) => write!(f, "request to {a} failed: {m}"),
-            ClientError::TooLarge(a, n) => write!(f, "reply from {a} exceeds {n} bytes"),
-            ClientError::Timeout(a, d) => write!(f, "no reply from {a} within {d:?}"),
-            ClientError::Protocol(a, m) => write!(f, "bad reply from {a}: {m}"),
+            ClientError::Connect(a, _)
+            | ClientError::Transfer(a, _)
+            | ClientError::TooLarge(a, _)
+            | ClientError::Timeout(a, _)
+            | ClientError::Protocol(a, _) => *a,
         }
     }
 }
 
-impl std::error::Error for ClientError {}
+/// Why a connection could not be set up ([`ClientError::Connect`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectFailure {
+    /// quinn refused to start connecting (bad address, no client configuration, endpoint
+    /// closing).
+    #[error(transparent)]
+    Setup(#[from] quinn::ConnectError),
+    /// The handshake failed, or the connection was lost during it.
+    #[error(transparent)]
+    Handshake(quinn::ConnectionError),
+    /// The node closed the connection for a reason this client can act on (its TLS
+    /// certificate, a connection limit). The message explains the close and says what to do
+    /// ([`refusal_reason`]) instead of quoting quinn's report of it, which is the source: a
+    /// chain printer shows that report once, after the explanation.
+    #[error("{}", refusal_reason(.0).unwrap_or_else(|| .0.to_string()))]
+    Refused(#[source] quinn::ConnectionError),
+}
+
+impl From<quinn::ConnectionError> for ConnectFailure {
+    /// [`ConnectFailure::Refused`] when [`refusal_reason`] explains `e`, else
+    /// [`ConnectFailure::Handshake`].
+    fn from(e: quinn::ConnectionError) -> ConnectFailure {
+        if refusal_reason(&e).is_some() {
+            ConnectFailure::Refused(e)
+        } else {
+            ConnectFailure::Handshake(e)
+        }
+    }
+}
+
+/// How a request's stream failed ([`ClientError::Transfer`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TransferFailure {
+    /// Opening the stream failed: the connection is gone.
+    #[error(transparent)]
+    Open(#[from] quinn::ConnectionError),
+    /// Sending the request failed.
+    #[error(transparent)]
+    Write(#[from] quinn::WriteError),
+    /// The send side was closed already when the request was finished.
+    #[error(transparent)]
+    Finish(#[from] quinn::ClosedStream),
+    /// Reading the reply failed.
+    #[error(transparent)]
+    Read(#[from] quinn::ReadError),
+}
+
+/// What was wrong with a reply ([`ClientError::Protocol`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolFailure {
+    /// The request could not be encoded (too long a path, too large a field).
+    #[error("cannot encode request: {0}")]
+    Encode(#[source] pagestore_protocol::frame::FrameError),
+    /// The reply is not a valid response frame.
+    #[error("{0}")]
+    Decode(#[source] pagestore_protocol::frame::FrameError),
+    /// More bytes followed the reply frame on its stream.
+    #[error("bytes after the reply frame")]
+    TrailingBytes,
+    /// The reply names another request than the one sent on its stream.
+    #[error("response to request {answered} arrived on the stream of request {sent}")]
+    WrongRequest {
+        /// The request id the reply carries.
+        answered: u64,
+        /// The request id sent on the stream.
+        sent: u64,
+    },
+    /// The reply is of a kind that does not answer the request (both shown as `Debug`).
+    #[error("{response} does not answer {request}")]
+    NotAnAnswer {
+        /// The reply's body.
+        response: String,
+        /// The request's body.
+        request: String,
+    },
+}
 
 /// Why a node closed the connection, when the reason is one this client can act on: the node
 /// refused this client's TLS certificate (or the lack of one), or refused the connection.
@@ -105,7 +191,66 @@ pub struct Pool {
     /// one request after another, not interleaved (requests without payload are a few bytes
     /// and are not held back).
     writers: Mutex<HashMap<usize, Arc<tokio::sync::Mutex<()>>>>,
+    /// Buffers of large replies, kept for the next ones (see [`ReplyBuffers`]).
+    buffers: Arc<ReplyBuffers>,
     options: PoolOptions,
+}
+
+/// Replies at least this large are read into a kept buffer ([`ReplyBuffers`]).
+const KEEP_FROM: usize = 256 << 10;
+/// Bytes of free reply buffers kept at most.
+const KEEP_AT_MOST: usize = 64 << 20;
+
+/// Free buffers of large replies (pages), reused for the next ones: a fresh multi-megabyte
+/// allocation is mapped by the system allocator and faulted in page by page on every reply, then
+/// unmapped when it is dropped, which costs more CPU than copying the page into it. A reply's
+/// bytes go back here when the last `Bytes` viewing them is dropped. At most [`KEEP_AT_MOST`]
+/// bytes are kept; more are freed.
+#[derive(Debug, Default)]
+struct ReplyBuffers {
+    free: Mutex<(Vec<Vec<u8>>, usize)>,
+}
+
+impl ReplyBuffers {
+    /// An empty buffer with room for at least `len` bytes.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = free.0.iter().position(|b| b.capacity() >= len) {
+            let b = free.0.swap_remove(i);
+            free.1 -= b.capacity();
+            return b;
+        }
+        drop(free);
+        Vec::with_capacity(len)
+    }
+
+    /// Keeps `b` for a later reply, unless that would keep too much.
+    fn give(&self, mut b: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.1 + b.capacity() <= KEEP_AT_MOST {
+            b.clear();
+            free.1 += b.capacity();
+            free.0.push(b);
+        }
+    }
+}
+
+/// A reply read into a kept buffer; gives the buffer back when dropped.
+struct KeptReply {
+    bytes: Vec<u8>,
+    home: Arc<ReplyBuffers>,
+}
+
+impl AsRef<[u8]> for KeptReply {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for KeptReply {
+    fn drop(&mut self) {
+        self.home.give(std::mem::take(&mut self.bytes));
+    }
 }
 
 impl Pool {
@@ -130,6 +275,7 @@ impl Pool {
             endpoint,
             conns: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
+            buffers: Arc::default(),
             options,
         }))
     }
@@ -150,10 +296,10 @@ impl Pool {
         let connecting = self
             .endpoint
             .connect(addr, &self.options.server_name)
-            .map_err(|e| ClientError::Connect(addr, e.to_string()))?;
-        let conn = connecting.await.map_err(|e| {
-            ClientError::Connect(addr, refusal_reason(&e).unwrap_or_else(|| e.to_string()))
-        })?;
+            .map_err(|e| ClientError::Connect(addr, e.into()))?;
+        let conn = connecting
+            .await
+            .map_err(|e| ClientError::Connect(addr, e.into()))?;
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         match conns.get(&addr) {
             // Another task connected first: use that one.
@@ -174,7 +320,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         let timeout = self.options.timeout;
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
             Ok(r) => r,
@@ -200,7 +346,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         // A cached connection may belong to an earlier life of the member (it restarted): when
         // it turns out closed, try once more on a fresh connection.
         if let Some(conn) = self.cached(addr) {
@@ -220,15 +366,15 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         // A stream error on a closed connection says only "connection lost": name the reason
         // when the node refused this client.
-        let xfer =
-            |e: &dyn std::fmt::Display| match conn.close_reason().as_ref().and_then(refusal_reason)
-            {
-                Some(why) => ClientError::Connect(addr, why),
-                None => ClientError::Transfer(addr, e.to_string()),
-            };
+        let xfer = |e: TransferFailure| match conn.close_reason() {
+            Some(close) if refusal_reason(&close).is_some() => {
+                ClientError::Connect(addr, ConnectFailure::Refused(close))
+            }
+            _ => ClientError::Transfer(addr, e),
+        };
         let writer = if payload.is_empty() {
             None
         } else {
@@ -239,23 +385,27 @@ impl Pool {
             };
             Some(lock.lock_owned().await)
         };
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(&e))?;
-        send.write_all(request).await.map_err(|e| xfer(&e))?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(e.into()))?;
+        send.write_all(request).await.map_err(|e| xfer(e.into()))?;
         if !payload.is_empty() {
-            send.write_all(payload).await.map_err(|e| xfer(&e))?;
+            send.write_all(payload).await.map_err(|e| xfer(e.into()))?;
         }
-        send.finish().map_err(|e| xfer(&e))?;
+        send.finish().map_err(|e| xfer(e.into()))?;
         drop(writer);
         // Replies are frames: the preamble says how long the whole frame is, so the buffer is
         // allocated once at its final size (no regrowth, no extra copies).
         let mut buf = vec![0u8; pagestore_protocol::frame::PREAMBLE_LEN];
         let mut got = 0;
         while got < buf.len() {
-            match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
+            match recv
+                .read(&mut buf[got..])
+                .await
+                .map_err(|e| xfer(e.into()))?
+            {
                 Some(n) => got += n,
                 None => {
                     buf.truncate(got);
-                    return Ok(buf);
+                    return Ok(buf.into());
                 }
             }
         }
@@ -265,57 +415,76 @@ impl Pool {
         if total > self.options.max_reply {
             return Err(ClientError::TooLarge(addr, self.options.max_reply));
         }
-        buf.resize(total, 0);
+        // quinn's chunks are appended as they come: one copy per byte, and no zero-fill first.
+        // A large reply goes into a kept buffer (see `ReplyBuffers`).
+        let kept = total >= KEEP_FROM;
+        if kept {
+            let mut b = self.buffers.take(total);
+            b.extend_from_slice(&buf);
+            buf = b;
+        } else {
+            buf.reserve_exact(total - got);
+        }
         while got < total {
-            match recv.read(&mut buf[got..]).await.map_err(|e| xfer(&e))? {
-                Some(n) => got += n,
+            match recv
+                .read_chunk(total - got, true)
+                .await
+                .map_err(|e| xfer(e.into()))?
+            {
+                Some(chunk) => {
+                    buf.extend_from_slice(&chunk.bytes);
+                    got += chunk.bytes.len();
+                }
                 None => break,
             }
         }
-        buf.truncate(got);
         if got == total
             && recv
                 .read(&mut [0u8; 1])
                 .await
-                .map_err(|e| xfer(&e))?
+                .map_err(|e| xfer(e.into()))?
                 .is_some()
         {
-            return Err(ClientError::Protocol(
-                addr,
-                "bytes after the reply frame".into(),
-            ));
+            return Err(ClientError::Protocol(addr, ProtocolFailure::TrailingBytes));
         }
-        Ok(buf)
+        Ok(if kept {
+            bytes::Bytes::from_owner(KeptReply {
+                bytes: buf,
+                home: self.buffers.clone(),
+            })
+        } else {
+            buf.into()
+        })
     }
 
     /// Sends one request frame (and its payload) and decodes the response frame. Returns the
-    /// response and its payload bytes.
+    /// response and its payload bytes: a view into the buffer the reply was read into (no copy).
     pub async fn request(
         &self,
         addr: SocketAddr,
         request: &pagestore_protocol::frame::Request,
         payload: &[u8],
-    ) -> Result<(pagestore_protocol::frame::Response, Vec<u8>), ClientError> {
-        let proto = |m: String| ClientError::Protocol(addr, m);
+    ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
+        let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);
         let mut head = Vec::with_capacity(128);
         pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
-            .map_err(|e| proto(format!("cannot encode request: {e}")))?;
-        let mut raw = self.call(addr, &head, payload).await?;
+            .map_err(|e| proto(ProtocolFailure::Encode(e)))?;
+        let raw = self.call(addr, &head, payload).await?;
         let (response, range) = pagestore_protocol::frame::decode_response_frame(&raw)
-            .map_err(|e| proto(e.to_string()))?;
+            .map_err(|e| proto(ProtocolFailure::Decode(e)))?;
         if response.request_id != request.request_id && response.request_id != 0 {
-            return Err(proto(format!(
-                "response to request {} arrived on the stream of request {}",
-                response.request_id, request.request_id
-            )));
+            return Err(proto(ProtocolFailure::WrongRequest {
+                answered: response.request_id,
+                sent: request.request_id,
+            }));
         }
         if !response.body.answers(&request.body) {
-            return Err(proto(format!(
-                "{:?} does not answer {:?}",
-                response.body, request.body
-            )));
+            return Err(proto(ProtocolFailure::NotAnAnswer {
+                response: format!("{:?}", response.body),
+                request: format!("{:?}", request.body),
+            }));
         }
-        let body = raw.split_off(range.start);
+        let body = raw.slice(range);
         Ok((response, body))
     }
 
@@ -323,5 +492,49 @@ impl Pool {
     pub fn close(&self) {
         self.endpoint.close(0u32.into(), b"client closing");
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_reply_gives_its_buffer_back_for_the_next_one() {
+        let home = Arc::new(ReplyBuffers::default());
+        let mut first = home.take(1 << 20);
+        first.extend_from_slice(&[5u8; 1 << 20]);
+        let at = first.as_ptr();
+        let reply = bytes::Bytes::from_owner(KeptReply {
+            bytes: first,
+            home: home.clone(),
+        });
+        let view = reply.slice(10..20);
+        drop(reply);
+        // A slice still views the buffer: nothing is given back yet.
+        assert!(home.free.lock().unwrap().0.is_empty());
+        assert_eq!(&view[..], &[5u8; 10]);
+        drop(view);
+        assert_eq!(home.free.lock().unwrap().1, 1 << 20);
+        // The next reply of that size or smaller reuses it, emptied; a larger one does not.
+        let again = home.take(1 << 19);
+        assert_eq!((again.as_ptr(), again.len()), (at, 0));
+        assert_eq!(home.free.lock().unwrap().1, 0);
+        home.give(again);
+        assert!(home.take(2 << 20).capacity() >= 2 << 20);
+        assert_eq!(home.free.lock().unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn no_more_than_keep_at_most_bytes_are_kept() {
+        let home = ReplyBuffers::default();
+        for _ in 0..(KEEP_AT_MOST / (4 << 20)) + 3 {
+            home.give(Vec::with_capacity(4 << 20));
+        }
+        let kept = home.free.lock().unwrap().1;
+        assert!(
+            kept <= KEEP_AT_MOST && kept > KEEP_AT_MOST - (4 << 20),
+            "{kept}"
+        );
     }
 }

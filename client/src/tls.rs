@@ -12,35 +12,37 @@ use crate::client::Error;
 
 /// A quinn client configuration from the TLS directory `dir`.
 pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, Error> {
-    let cfg = |e: &dyn std::fmt::Display| Error::Config(format!("TLS: {e}"));
+    fn cfg<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
+        Error::config_from(format!("TLS: {e}"), e)
+    }
     let ca_path = dir.join("ca-cert.pem");
     if !ca_path.exists() {
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "no cluster CA certificate at {}: point --tls-dir (or PAGESTORE_TLS_DIR) at a \
              directory holding the cluster's ca-cert.pem (pagestored writes it to \
              <cache dir>/tls at first start)",
             ca_path.display()
         )));
     }
-    let ca = tls::load_cert_pem(&ca_path).map_err(|e| cfg(&e))?;
+    let ca = tls::load_cert_pem(&ca_path).map_err(cfg)?;
     let (cert, key, ca_key) = (
         dir.join("client-cert.pem"),
         dir.join("client-key.pem"),
         dir.join("ca-key.pem"),
     );
     let identity = if cert.exists() && key.exists() {
-        Some(tls::load_identity(&cert, &key).map_err(|e| cfg(&e))?)
+        Some(tls::load_identity(&cert, &key).map_err(cfg)?)
     } else if ca_key.exists() {
-        let ca = tls::ClusterCa::load(&ca_path, &ca_key).map_err(|e| cfg(&e))?;
+        let ca = tls::ClusterCa::load(&ca_path, &ca_key).map_err(cfg)?;
         Some(
             ca.issue("pagestore client", tls::Role::Admin)
-                .map_err(|e| cfg(&e))?,
+                .map_err(cfg)?,
         )
     } else {
         None
     };
-    let rustls = tls::client_config(&ca, identity.as_ref(), frame::ALPN).map_err(|e| cfg(&e))?;
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(rustls).map_err(|e| cfg(&e))?;
+    let rustls = tls::client_config(&ca, identity.as_ref(), frame::ALPN).map_err(cfg)?;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(rustls).map_err(cfg)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport::transport_config());
     Ok(config)

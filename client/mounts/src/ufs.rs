@@ -32,7 +32,9 @@ pub enum UfsError {
         /// The version the caller expected.
         expected: String,
     },
-    /// The store failed.
+    /// The store failed at the path (or mount URL) given; the store's error is the source.
+    /// The message shows that error's text through [`scrub`]; the source itself is unedited
+    /// (its text may quote an endpoint URL with credentials): print chains through [`scrub`].
     Store(String, object_store::Error),
 }
 
@@ -51,7 +53,14 @@ impl fmt::Display for UfsError {
     }
 }
 
-impl std::error::Error for UfsError {}
+impl std::error::Error for UfsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            UfsError::Store(_, e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// What the table knows about one object.
 #[derive(Clone, Debug, PartialEq, Eq)]

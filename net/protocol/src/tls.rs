@@ -10,30 +10,21 @@ use std::{path::Path, sync::Arc};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 /// Errors building TLS material or configurations.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// Generating or signing a certificate failed.
-    Generate(String),
+    #[error("generating a certificate: {0}")]
+    Generate(#[source] rcgen::Error),
     /// Reading or writing certificate files failed.
-    Io(std::path::PathBuf, std::io::Error),
+    #[error("{path}: {msg}", path = .0.display(), msg = .1)]
+    Io(std::path::PathBuf, #[source] std::io::Error),
     /// A PEM file held no usable certificate or key.
+    #[error("{path}: {msg}", path = .0.display(), msg = .1)]
     Pem(std::path::PathBuf, String),
     /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
     Config(String),
 }
-
-impl std::fmt::Display for TlsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TlsError::Generate(m) => write!(f, "generating a certificate: {m}"),
-            TlsError::Io(p, e) => write!(f, "{}: {e}", p.display()),
-            TlsError::Pem(p, m) => write!(f, "{}: {m}", p.display()),
-            TlsError::Config(m) => write!(f, "TLS configuration: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for TlsError {}
 
 /// The server name every node certificate carries and every client asks for. Nodes are
 /// identified by the cluster CA's signature, not by DNS names.
@@ -148,7 +139,7 @@ pub struct ClusterCa {
 }
 
 fn gen_err(e: rcgen::Error) -> TlsError {
-    TlsError::Generate(e.to_string())
+    TlsError::Generate(e)
 }
 
 impl ClusterCa {
@@ -446,6 +437,21 @@ impl NodeTls {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_file_names_itself_and_keeps_the_io_error_as_source() {
+        let missing = Path::new("/definitely/not/here/cert.pem");
+        let e = load_identity(missing, missing).err().unwrap();
+        assert!(matches!(e, TlsError::Io(..)), "{e:?}");
+        assert!(
+            e.to_string().starts_with("/definitely/not/here/cert.pem: "),
+            "{e}"
+        );
+        let io = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn node_tls_is_generated_once_and_kept() {

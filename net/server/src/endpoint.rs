@@ -50,13 +50,71 @@ pub enum Body {
 }
 
 impl Body {
-    fn as_slice(&self) -> &[u8] {
+    fn len(&self) -> usize {
         match self {
-            Body::Empty => &[],
-            Body::Bytes(b) => b,
-            Body::Page(p) => p,
+            Body::Empty => 0,
+            Body::Bytes(b) => b.len(),
+            Body::Page(p) => p.len(),
+            Body::Shared(b) => b.len(),
+        }
+    }
+
+    /// The body as `Bytes` for quinn-proto's `write_chunks`, without copying: an owned vector is
+    /// taken over, a cached page stays in the buffer its disk read filled (see [`ShardLocal`]).
+    pub fn into_bytes(self) -> bytes::Bytes {
+        match self {
+            Body::Empty => bytes::Bytes::new(),
+            Body::Bytes(b) => b.into(),
+            Body::Page(p) => bytes::Bytes::from_owner(ShardLocal::new(p)),
             Body::Shared(b) => b,
         }
+    }
+}
+
+/// A cached page handed to quinn-proto as `Bytes` (which wants a `Send` owner) while it stays on
+/// the shard's thread: the page lives in a glommio DMA buffer, reference-counted with `Rc` and
+/// owned by this executor, so it must be released here.
+///
+/// Only the endpoint's connections hold these `Bytes`: quinn-proto keeps stream data until the
+/// peer acknowledges it, then drops it, and copies it into packets (`poll_transmit`) without
+/// handing the `Bytes` on. The endpoint and its connections never leave the shard's thread (the
+/// endpoint holds `Rc`s, so it is not `Send` itself). The thread is checked anyway: a release on
+/// another thread aborts the process rather than touch the `Rc` from there.
+struct ShardLocal {
+    page: std::mem::ManuallyDrop<PageData>,
+    thread: std::thread::ThreadId,
+}
+
+impl ShardLocal {
+    fn new(page: PageData) -> ShardLocal {
+        ShardLocal {
+            page: std::mem::ManuallyDrop::new(page),
+            thread: std::thread::current().id(),
+        }
+    }
+}
+
+// SAFETY: a `ShardLocal` only moves into `Bytes` owned by the endpoint's quinn-proto connections,
+// which live and are dropped on the shard's thread (see the type's documentation). Reading the
+// bytes from another thread would be sound (the buffer is immutable and outlives the `Rc`), and
+// releasing them there is refused by `Drop`, which aborts instead of touching the `Rc`.
+unsafe impl Send for ShardLocal {}
+
+impl AsRef<[u8]> for ShardLocal {
+    fn as_ref(&self) -> &[u8] {
+        &self.page
+    }
+}
+
+impl Drop for ShardLocal {
+    fn drop(&mut self) {
+        if std::thread::current().id() != self.thread {
+            // Unreachable by construction; continuing would race the shard on the `Rc`'s count.
+            tracing::error!("a cached page's buffer was released off its shard's thread");
+            std::process::abort();
+        }
+        // SAFETY: dropped exactly once, here, on the thread that owns it.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.page) }
     }
 }
 
@@ -234,6 +292,13 @@ const PRESSURE_STALL: Duration = Duration::from_secs(1);
 /// Freed request and reply bytes after which the shard asks the allocator to return memory to the system.
 const TRIM_AFTER: usize = 16 << 20;
 
+/// Bytes for one received datagram or GRO batch: the kernel merges UDP segments up to 64 KiB.
+const RECV_SLOT: usize = 64 << 10;
+
+/// Receive calls (each up to `quinn_udp::BATCH_SIZE` datagrams or GRO batches) per driver turn
+/// before the connections are driven again.
+const RECV_CALLS_PER_TURN: usize = 4;
+
 /// Counters of one endpoint.
 #[derive(Default, Debug)]
 pub struct EndpointStats {
@@ -301,10 +366,11 @@ enum StreamState {
     },
     /// With the service; the task holds the request's charges.
     Serving,
-    /// Being written into quinn-proto as flow control allows. `last`: when bytes last went.
+    /// Being written into quinn-proto as flow control allows: the frame head, then the body,
+    /// handed over as `Bytes` (no copy); each is advanced as quinn-proto takes it. `last`: when
+    /// bytes last went.
     Writing {
-        reply: Reply,
-        written: usize,
+        chunks: [bytes::Bytes; 2],
         charge: ReplyCharge,
         last: Instant,
     },
@@ -597,7 +663,6 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         true,
         None,
     );
-    let gro = udp.gro_segments().max(1);
     let stats = Rc::new(EndpointStats::default());
     let wake = Rc::new(Event::default());
     let closing = Rc::new(Cell::new(false));
@@ -627,7 +692,7 @@ pub fn start(options: EndpointOptions, service: Rc<dyn Service>) -> io::Result<E
         rate: (Instant::now(), 0),
         next_scan: Instant::now() + Duration::from_secs(1),
         starving: false,
-        recv_buf: vec![0u8; 65_536 * gro],
+        recv_buf: vec![0u8; RECV_SLOT * quinn_udp::BATCH_SIZE],
         send_buf: Vec::with_capacity(65_536),
     };
     let (c, d, f) = (closing.clone(), done_ev.clone(), finished.clone());
@@ -739,13 +804,18 @@ impl Driver {
         }
     }
 
-    /// Reads every datagram waiting on the socket.
+    /// Reads the datagrams waiting on the socket, in batches (`recvmmsg`, each slot a GRO batch
+    /// of up to 64 KiB), at most [`RECV_CALLS_PER_TURN`] calls: the turn then drives every
+    /// connection before it reads more, so one busy peer cannot hold the shard in its receive
+    /// loop. Each batch is copied once into `Bytes` that quinn-proto's datagrams are split from.
     fn receive(&mut self, now: Instant) -> io::Result<bool> {
         let mut any = false;
-        loop {
-            let mut meta = [quinn_udp::RecvMeta::default()];
+        for _ in 0..RECV_CALLS_PER_TURN {
+            let mut meta = [quinn_udp::RecvMeta::default(); quinn_udp::BATCH_SIZE];
             let n = {
-                let mut bufs = [IoSliceMut::new(&mut self.recv_buf)];
+                let mut slots = self.recv_buf.chunks_mut(RECV_SLOT);
+                let mut bufs: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
+                    std::array::from_fn(|_| IoSliceMut::new(slots.next().unwrap_or_default()));
                 match self
                     .out
                     .state
@@ -765,20 +835,21 @@ impl Driver {
                 }
             };
             any = true;
-            for m in &meta[..n] {
+            for (i, m) in meta[..n].iter().enumerate() {
+                let slot = i * RECV_SLOT;
+                let len = m.len.min(RECV_SLOT);
                 let stride = m.stride.max(1);
-                let mut off = 0;
-                while off < m.len {
-                    let end = (off + stride).min(m.len);
-                    let data = BytesMut::from(&self.recv_buf[off..end]);
+                let mut batch = BytesMut::from(&self.recv_buf[slot..slot + len]);
+                while !batch.is_empty() {
+                    let data = batch.split_to(stride.min(batch.len()));
                     self.stats
                         .datagrams_in
                         .set(self.stats.datagrams_in.get() + 1);
                     self.handle_datagram(now, m.addr, m.dst_ip, m.ecn, data);
-                    off = end;
                 }
             }
         }
+        Ok(any)
     }
 
     fn handle_datagram(
@@ -937,8 +1008,7 @@ impl Driver {
             if let Some(c) = self.conns.get_mut(&ch) {
                 if let Some(s) = c.streams.get_mut(&id) {
                     *s = StreamState::Writing {
-                        reply,
-                        written: 0,
+                        chunks: [reply.head.into(), reply.body.into_bytes()],
                         charge,
                         last: now,
                     };
@@ -1039,7 +1109,7 @@ impl Driver {
                     // The request's bytes count against the budget until its reply is ready.
                     drop(charge);
                     let mut reply_charge = reply_charge;
-                    reply_charge.settle(reply.head.len() + reply.body.as_slice().len());
+                    reply_charge.settle(reply.head.len() + reply.body.len());
                     done.borrow_mut().push_back((ch, id, reply, reply_charge));
                     wake.notify_all();
                 })
@@ -1295,30 +1365,14 @@ fn read_stream(
 /// Writes as much of a reply as flow control allows; finishes the stream when all is written
 /// and keeps its charge until the peer has acknowledged it.
 fn write_stream(c: &mut Conn, id: StreamId, now: Instant) {
-    let Some(StreamState::Writing {
-        reply,
-        written,
-        last,
-        ..
-    }) = c.streams.get_mut(&id)
-    else {
+    let Some(StreamState::Writing { chunks, last, .. }) = c.streams.get_mut(&id) else {
         return;
     };
-    let head = reply.head.len();
-    let total = head + reply.body.as_slice().len();
     let mut send = c.conn.send_stream(id);
-    while *written < total {
-        let slice = if *written < head {
-            &reply.head[*written..]
-        } else {
-            &reply.body.as_slice()[*written - head..]
-        };
-        match send.write(slice) {
-            Ok(n) => {
-                *written += n;
-                *last = now;
-            }
-            Err(WriteError::Blocked) => return,
+    while let Some(first) = chunks.iter().position(|b| !b.is_empty()) {
+        match send.write_chunks(&mut chunks[first..]) {
+            Ok(w) if w.bytes > 0 => *last = now,
+            Ok(_) | Err(WriteError::Blocked) => return,
             Err(_) => {
                 c.streams.remove(&id);
                 return;

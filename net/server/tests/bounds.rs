@@ -92,7 +92,7 @@ async fn read_page(pool: &Pool, addr: SocketAddr) -> Result<Vec<u8>, String> {
         },
     };
     match pool.request(addr, &req, &[]).await {
-        Ok((r, body)) if matches!(r.body, ResponseBody::Data { .. }) => Ok(body),
+        Ok((r, body)) if matches!(r.body, ResponseBody::Data { .. }) => Ok(body.to_vec()),
         Ok((r, _)) => Err(format!("{:?}", r.body)),
         Err(e) => Err(e.to_string()),
     }

@@ -316,7 +316,7 @@ async fn ask(pool: &Pool, addr: SocketAddr, body: RequestBody) -> (ResponseBody,
         body,
     };
     let (resp, bytes) = pool.request(addr, &req, &[]).await.unwrap();
-    (resp.body, bytes)
+    (resp.body, bytes.to_vec())
 }
 
 fn file_ref(path: &str, version: &str, size: u64) -> FileRef {

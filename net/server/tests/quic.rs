@@ -95,7 +95,7 @@ async fn read(
     };
     pool.request(addr, &req, &[])
         .await
-        .map(|(r, body)| (r.body, body))
+        .map(|(r, body)| (r.body, body.to_vec()))
 }
 
 fn tokio() -> tokio::runtime::Runtime {

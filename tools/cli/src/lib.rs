@@ -68,11 +68,13 @@ pub fn init_logging() {
 }
 
 /// An error and its causes on one line, each cause once (typed errors often repeat their
-/// cause in their own message): what the binaries print before they exit.
+/// cause in their own message, see `pagestore_client::Error`): what the binaries print before
+/// they exit. Every text goes through `ufs::scrub`: a store's error, kept as a source, may
+/// quote an endpoint URL with credentials that the messages above it leave out.
 pub fn error_chain(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        let text = pagestore_client::ufs::scrub(&cause.to_string());
         if out.contains(&text) {
             continue;
         }
@@ -126,5 +128,26 @@ mod tests {
             "engine put: write /x/f1: disk on fire: disk on fire"
         );
         assert_eq!(error_chain(&e), "engine put: write /x/f1: disk on fire");
+    }
+    #[test]
+    fn error_chain_shows_a_store_error_once_and_without_credentials() {
+        use anyhow::Context as _;
+        use pagestore_client::{ufs::UfsError, Error};
+        let store = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(std::io::Error::other(
+                "error sending request for url (http://euser:epass@127.0.0.1:9/b/k)",
+            )),
+        };
+        let e = Err::<(), _>(Error::from(UfsError::Store("/s3/k".into(), store)))
+            .context("cat /s3/k")
+            .unwrap_err();
+        // The raw chain quotes the endpoint's user information; the printed one does not.
+        assert!(format!("{e:#}").contains("epass"), "{e:#}");
+        assert_eq!(
+            error_chain(&e),
+            "cat /s3/k: unavailable: /s3/k: Generic S3 error: error sending request for url \
+             (http://127.0.0.1:9/b/k)"
+        );
     }
 }

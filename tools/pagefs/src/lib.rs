@@ -278,7 +278,7 @@ fn errno(op: &str, path: &str, e: &Error) -> Errno {
             info!("{op} {path}: {e}");
             Errno::ESTALE
         }
-        Error::Unavailable(_) | Error::Config(_) => {
+        Error::Unavailable { .. } | Error::Config { .. } => {
             warn!("{op} {path}: {e}");
             Errno::EIO
         }
@@ -343,7 +343,7 @@ impl PageFs {
         async move {
             match task.await {
                 Ok(r) => r.map_err(Arc::new),
-                Err(e) => Err(Arc::new(Error::Unavailable(format!("page fetch: {e}")))),
+                Err(e) => Err(Arc::new(Error::unavailable(format!("page fetch: {e}")))),
             }
         }
         .boxed()

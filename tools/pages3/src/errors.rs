@@ -39,7 +39,7 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
             )
         }
         // The messages of these name members, store URLs and server paths: logged only.
-        e @ ClientError::Unavailable(_) => {
+        e @ ClientError::Unavailable { .. } => {
             let id = incident();
             tracing::warn!(error = %e, incident = %id, "request failed");
             S3Error::with_message(
@@ -50,7 +50,7 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
                 ),
             )
         }
-        e @ ClientError::Config(_) => internal(e.to_string()),
+        e @ ClientError::Config { .. } => internal(e.to_string()),
         e @ ClientError::Forbidden(_) => {
             let id = incident();
             tracing::warn!(error = %e, incident = %id, "the cluster refused a request of this gateway (its certificate lacks the role)");
@@ -118,7 +118,6 @@ pub(super) fn store_error(e: pagestore_client::ufs::UfsError) -> S3Error {
             object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. },
         ) => super::cond::precondition_failed("the object changed during the request"),
         UfsError::Store(_, ref inner) if out_of_space(inner) => no_space(&e),
-        e @ UfsError::Store(..) => client_error(ClientError::Unavailable(e.to_string())),
         e => client_error(e.into()),
     }
 }
@@ -163,7 +162,7 @@ pub(super) fn part_error(path: &str, e: impl std::error::Error + 'static) -> S3E
     if out_of_space(&e) {
         return no_space(&format!("{path}: {e}"));
     }
-    client_error(ClientError::Unavailable(format!("{path}: {e}")))
+    client_error(ClientError::unavailable(format!("{path}: {e}")))
 }
 
 /// A server-side failure: logged with its details (s3s's own log lines are off by default);

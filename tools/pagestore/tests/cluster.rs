@@ -77,7 +77,7 @@ async fn three_nodes_serve_200_files_byte_exact_cold_then_warm_with_mutual_tls()
     )
     .await;
     assert!(
-        matches!(refused, Err(Error::Unavailable(_))),
+        matches!(refused, Err(Error::Unavailable { .. })),
         "{:?}",
         refused.err()
     );
@@ -316,7 +316,7 @@ async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
     if let Ok(info) = info {
         let r = strict.read_at(&info, 0, info.size).await;
         assert!(
-            matches!(r, Err(Error::Unavailable(_))),
+            matches!(r, Err(Error::Unavailable { .. })),
             "{:?}",
             r.map(|b| b.len())
         );
@@ -334,6 +334,41 @@ async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
     let (h1, _) = c.hits_and_misses(&again).await;
     assert!(h1 > h0, "restarted node served from its cache");
     assert_eq!(again.stats().fallbacks, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_left_when_it_goes_silent_not_after_the_call_timeout() {
+    let content = bytes(12, 24 * MIB + 5);
+    let mut c = cluster_with_data(false, |root| {
+        std::fs::write(root.join("f"), &content).unwrap();
+    });
+    // A call timeout far longer than the test may take: only the silence rule can end the
+    // requests that wait on the killed node. (The rule scales with the answer times the client
+    // saw: on a loaded machine it waits longer, so the bound below is loose.)
+    let call_timeout = Duration::from_secs(60);
+    let client = c
+        .client(ClientOptions {
+            call_timeout,
+            ..ClientOptions::default()
+        })
+        .await;
+    assert!(read_all(&client, "/data/f").await == content);
+    // Every member has answered: the client knows their usual answer times.
+    c.inner.kill(1);
+    let t = std::time::Instant::now();
+    let all = client
+        .read("/data/f", 0..content.len() as u64)
+        .await
+        .unwrap();
+    let took = t.elapsed();
+    assert!(all[..] == content[..], "byte-exact after the kill");
+    let s = client.stats();
+    assert!(s.silent_gives_up >= 1, "{s:?}");
+    assert!(s.fallbacks > 0, "{s:?}");
+    assert!(
+        took < call_timeout / 2,
+        "the dead node was waited for as if it might answer: {took:?} ({s:?})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,7 +511,7 @@ async fn a_write_through_the_client_is_read_back_at_once_despite_the_ttl() {
         .await;
     assert!(matches!(
         reader.put("/data/x", vec![1u8].into()).await,
-        Err(Error::Config(_))
+        Err(Error::Config { .. })
     ));
 }
 
