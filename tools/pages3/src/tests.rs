@@ -78,6 +78,8 @@ fn level_sort_puts_directory_keys_where_their_children_sort() {
         name: name.into(),
         is_dir,
         size: 1,
+        version_tag: String::new(),
+        mtime_ns: 0,
     };
     let v = sorted_level(
         "p/",
