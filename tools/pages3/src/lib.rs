@@ -381,8 +381,7 @@ struct Gateway {
     client: Arc<Client>,
     region: String,
     writable: bool,
-    /// Reported as Last-Modified and bucket creation time: pagestore does not carry
-    /// modification times (the ETag tells versions apart).
+    /// Reported as bucket creation time (objects report their own modification times).
     started: SystemTime,
     uploads: Arc<Uploads>,
 }
@@ -391,7 +390,14 @@ impl Gateway {
     fn last_modified(&self) -> Timestamp {
         Timestamp::from(self.started)
     }
+}
 
+/// `Last-Modified` of an object: its modification time in the store.
+fn modified(mtime_ns: i64) -> Timestamp {
+    Timestamp::from(pagestore_client::ufs::system_time(mtime_ns))
+}
+
+impl Gateway {
     async fn bucket_exists(&self, bucket: &str) -> S3Result<bool> {
         if !valid_bucket(bucket) {
             return Ok(false);
@@ -504,7 +510,7 @@ impl S3 for Gateway {
             content_length: Some(info.size.try_into().unwrap_or(i64::MAX)),
             content_type: Some("application/octet-stream".into()),
             e_tag: Some(tag),
-            last_modified: Some(self.last_modified()),
+            last_modified: Some(modified(info.mtime_ns)),
             ..HeadObjectOutput::default()
         }))
     }

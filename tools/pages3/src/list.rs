@@ -21,7 +21,11 @@ use super::{
 /// One item of a listing, in key order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Item {
-    Object { key: String, size: u64 },
+    Object {
+        key: String,
+        size: u64,
+        mtime_ns: i64,
+    },
     Prefix(String),
 }
 
@@ -49,13 +53,14 @@ struct Page {
 }
 
 /// The entries of a directory, each with its sort key (`name`, or `name/` for a directory: the
-/// order of its keys among its siblings').
+/// order of its keys among its siblings'), whether it is a directory, and a file's size and
+/// modification time.
 pub(super) fn sorted_level(
     dir_key: &str,
     entries: Vec<DirEntry>,
     partial: &str,
-) -> Vec<(String, bool, u64)> {
-    let mut v: Vec<(String, bool, u64)> = entries
+) -> Vec<(String, bool, u64, i64)> {
+    let mut v: Vec<(String, bool, u64, i64)> = entries
         .into_iter()
         .filter(|e| !e.name.is_empty() && !e.name.contains('/') && e.name.starts_with(partial))
         .map(|e| {
@@ -65,7 +70,7 @@ pub(super) fn sorted_level(
             if e.is_dir {
                 k.push('/');
             }
-            (k, e.is_dir, e.size)
+            (k, e.is_dir, e.size, e.mtime_ns)
         })
         .collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -135,7 +140,7 @@ impl Gateway {
             return Ok(page);
         }
         if a.delimited {
-            for (key, is_dir, size) in level {
+            for (key, is_dir, size, mtime_ns) in level {
                 let wanted = if is_dir {
                     subtree_after(&key, a.after)
                 } else {
@@ -151,7 +156,11 @@ impl Gateway {
                 page.items.push(if is_dir {
                     Item::Prefix(key)
                 } else {
-                    Item::Object { key, size }
+                    Item::Object {
+                        key,
+                        size,
+                        mtime_ns,
+                    }
                 });
             }
             return Ok(page);
@@ -160,7 +169,7 @@ impl Gateway {
         // sort key `name/` does.
         let mut stack = vec![level.into_iter()];
         while let Some(level) = stack.last_mut() {
-            let Some((key, is_dir, size)) = level.next() else {
+            let Some((key, is_dir, size, mtime_ns)) = level.next() else {
                 stack.pop();
                 continue;
             };
@@ -178,17 +187,21 @@ impl Gateway {
                     page.truncated = true;
                     break;
                 }
-                page.items.push(Item::Object { key, size });
+                page.items.push(Item::Object {
+                    key,
+                    size,
+                    mtime_ns,
+                });
             }
         }
         Ok(page)
     }
 
-    fn object_entry(&self, key: String, size: u64, enc: bool) -> Object {
+    fn object_entry(&self, key: String, size: u64, mtime_ns: i64, enc: bool) -> Object {
         Object {
             key: Some(if enc { url_encode(&key) } else { key }),
             size: Some(size.try_into().unwrap_or(i64::MAX)),
-            last_modified: Some(self.last_modified()),
+            last_modified: Some(super::modified(mtime_ns)),
             storage_class: Some(ObjectStorageClass::from_static(
                 ObjectStorageClass::STANDARD,
             )),
@@ -201,7 +214,11 @@ impl Gateway {
         let mut prefixes = Vec::new();
         for item in page.items {
             match item {
-                Item::Object { key, size } => objects.push(self.object_entry(key, size, enc)),
+                Item::Object {
+                    key,
+                    size,
+                    mtime_ns,
+                } => objects.push(self.object_entry(key, size, mtime_ns, enc)),
                 Item::Prefix(p) => prefixes.push(CommonPrefix {
                     prefix: Some(if enc { url_encode(&p) } else { p }),
                 }),

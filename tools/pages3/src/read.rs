@@ -199,7 +199,7 @@ pub(super) async fn get_object(
             .then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
         content_type: Some("application/octet-stream".into()),
         e_tag: Some(tag),
-        last_modified: Some(gw.last_modified()),
+        last_modified: Some(super::modified(info.mtime_ns)),
         ..GetObjectOutput::default()
     }))
 }
