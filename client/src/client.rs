@@ -870,11 +870,13 @@ impl Client {
                 size,
                 version_tag,
                 file_id,
+                mtime_ns,
             } => Ok(ObjectInfo {
                 path: path.to_string(),
                 size,
                 version: version_tag,
                 file_id: file_id.as_u128(),
+                mtime_ns,
             }),
             PathKind::Dir => Err(Error::IsDir(path.to_string())),
         }

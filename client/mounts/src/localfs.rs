@@ -13,6 +13,9 @@
 //! - Writes go to a temporary file in the verified parent directory, which is then renamed
 //!   (`renameat`) over the target inside that same directory. Parent directories are created
 //!   one component at a time, each opened with `O_NOFOLLOW | O_DIRECTORY`.
+//! - Directories that hold no object at any depth (an empty one, or one holding only empty
+//!   directories, symlinks or special files) are not listed, and a listing of one is empty, as
+//!   in an object store: listings, `head` and `stat` of a logical directory agree.
 //! - Deletes `unlinkat` the name in the verified parent directory, and only if it names a
 //!   regular file.
 //! - Every rename into a directory and every delete holds an exclusive `flock` on that
@@ -250,6 +253,17 @@ fn is_dir(mode: u32) -> bool {
 
 /// The names in the directory `dir` (an open directory descriptor), without `.` and `..`.
 fn read_names(dir: OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for_each_name(dir, |name, _| {
+        out.push(name.to_vec());
+        true
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with each name in the directory `dir` (without `.` and `..`) and its `d_type`,
+/// until `f` answers `false`.
+fn for_each_name(dir: OwnedFd, mut f: impl FnMut(&[u8], u8) -> bool) -> io::Result<()> {
     use std::os::fd::IntoRawFd;
     let raw = dir.into_raw_fd();
     // SAFETY: `raw` is an open directory descriptor we own; fdopendir takes it over (closedir
@@ -261,7 +275,6 @@ fn read_names(dir: OwnedFd) -> io::Result<Vec<Vec<u8>>> {
         unsafe { libc::close(raw) };
         return Err(e);
     }
-    let mut out = Vec::new();
     let result = loop {
         // SAFETY: errno is thread-local; resetting it tells end-of-directory from an error.
         unsafe { *libc::__errno_location() = 0 };
@@ -275,15 +288,91 @@ fn read_names(dir: OwnedFd) -> io::Result<Vec<Vec<u8>>> {
             };
         }
         // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated; it stays
-        // valid until the next readdir on `d`, and the bytes are copied before that.
-        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
-        if name != b"." && name != b".." {
-            out.push(name.to_vec());
+        // valid until the next readdir on `d`, and `f` is done with the bytes before that.
+        let (name, kind) = unsafe {
+            (
+                CStr::from_ptr((*ent).d_name.as_ptr()).to_bytes(),
+                (*ent).d_type,
+            )
+        };
+        if name != b"." && name != b".." && !f(name, kind) {
+            break Ok(());
         }
     };
     // SAFETY: `d` came from fdopendir and is closed exactly once.
     unsafe { libc::closedir(d) };
-    result.map(|_| out)
+    result
+}
+
+/// The name as an object path component, if a listing shows it: UTF-8, not a temporary file
+/// of a write, and acceptable to object_store.
+fn listable(raw: &[u8]) -> Option<&str> {
+    let name = std::str::from_utf8(raw).ok()?;
+    (!name.starts_with(TMP_PREFIX) && PathPart::parse(name).is_ok()).then_some(name)
+}
+
+/// Whether the directory `rel` beneath `root` holds an object (a regular file a listing shows)
+/// at any depth. Object stores have no empty directories: one that holds no object is neither
+/// listed nor a directory to `stat`, so listings, `stat` and readers agree (a directory emptied
+/// on the store disappears instead of lingering as a name nothing can be read under). The walk
+/// stops at the first object and holds one descriptor at a time. A subdirectory that cannot be
+/// read counts as holding one (its own listing reports the error).
+fn holds_object(root: &OwnedFd, rel: &str) -> bool {
+    let mut todo = vec![rel.to_string()];
+    while let Some(dir) = todo.pop() {
+        let fd = match open_beneath(root, &dir, libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(fd) => fd,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return true,
+        };
+        let Ok(probe) = fd.try_clone() else {
+            return true;
+        };
+        let mut found = false;
+        let mut unknown = false;
+        let scanned = for_each_name(fd, |raw, kind| {
+            let Some(name) = listable(raw) else {
+                return true;
+            };
+            let mode = match kind {
+                libc::DT_REG => libc::S_IFREG,
+                libc::DT_DIR => libc::S_IFDIR,
+                libc::DT_UNKNOWN => match stat_at(&probe, name) {
+                    Ok(st) => st.st_mode & libc::S_IFMT,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return true,
+                    Err(_) => {
+                        unknown = true;
+                        return false;
+                    }
+                },
+                // Symlinks and special files are not objects.
+                _ => return true,
+            };
+            if is_reg(mode) {
+                found = true;
+                return false;
+            }
+            if is_dir(mode) {
+                todo.push(if dir.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{dir}/{name}")
+                });
+            }
+            true
+        });
+        if found || unknown || scanned.is_err() {
+            return true;
+        }
+    }
+    false
 }
 
 fn version_tag(st: &std::fs::Metadata) -> String {
@@ -755,17 +844,14 @@ impl LocalStore {
         let probe = fd.try_clone().map_err(|e| to_error(prefix, e))?;
         let names = read_names(fd).map_err(|e| to_error(prefix, e))?;
         let (mut dirs, mut files) = (Vec::new(), Vec::new());
-        for raw in names {
-            let Ok(name) = String::from_utf8(raw) else {
+        for raw in &names {
+            let Some(name) = listable(raw) else {
                 continue;
             };
-            if name.starts_with(TMP_PREFIX) {
-                continue;
-            }
-            let Ok(part) = PathPart::parse(&name) else {
+            let Ok(part) = PathPart::parse(name) else {
                 continue;
             };
-            let st = match stat_at(&probe, &name) {
+            let st = match stat_at(&probe, name) {
                 Ok(st) => st,
                 // Gone since the directory was read.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
@@ -773,7 +859,10 @@ impl LocalStore {
             };
             let child = prefix.clone().join(part);
             if is_dir(st.st_mode) {
-                dirs.push(child);
+                // Only directories that hold an object somewhere beneath them are listed.
+                if holds_object(root, child.as_ref()) {
+                    dirs.push(child);
+                }
             } else if is_reg(st.st_mode) {
                 files.push(meta_of_stat(child, &st));
             }

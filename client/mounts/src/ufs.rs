@@ -73,6 +73,37 @@ pub struct ObjectInfo {
     pub version: String,
     /// The file id of this path at this version (page keys are `(file_id, page)`).
     pub file_id: u128,
+    /// Modification time in the store, nanoseconds since the Unix epoch (negative before it;
+    /// 0 where unknown, e.g. an `ObjectInfo` rebuilt from a wire `FileRef`).
+    pub mtime_ns: i64,
+}
+
+impl ObjectInfo {
+    /// The modification time in the store.
+    pub fn modified(&self) -> std::time::SystemTime {
+        system_time(self.mtime_ns)
+    }
+}
+
+/// `ns` nanoseconds after the Unix epoch (before it when negative), as a `SystemTime`.
+pub fn system_time(ns: i64) -> std::time::SystemTime {
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let d = std::time::Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        epoch + d
+    } else {
+        epoch.checked_sub(d).unwrap_or(epoch)
+    }
+}
+
+/// A store's modification time in nanoseconds since the Unix epoch, clamped to what an `i64`
+/// holds (years 1677 to 2262).
+pub fn mtime_ns(t: &chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp_nanos_opt().unwrap_or(if t.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
 }
 
 /// One directory entry.
@@ -456,11 +487,23 @@ impl MountTable {
 
     /// Builds the table like [`MountTable::new`], but a `file://` mount whose directory (with
     /// symlinks resolved) is not beneath one of `roots` is a [`UfsError::Config`] error.
+    ///
+    /// A node's table must also fit the wire: clients receive it in every `ClusterInfo`
+    /// answer, so a table beyond [`pagestore_protocol::frame::MAX_MOUNTS`] mounts or
+    /// [`pagestore_protocol::frame::MAX_MOUNT_TABLE_BYTES`] bytes of prefixes and URLs is a
+    /// [`UfsError::Config`] error that names the limit.
     pub fn new_confined(
         mounts: &[(String, String)],
         roots: &FileRoots,
     ) -> Result<MountTable, UfsError> {
-        Self::build(mounts, Some(roots))
+        let t = Self::build(mounts, Some(roots))?;
+        pagestore_protocol::frame::check_mount_table(&t.public_mounts()).map_err(|e| {
+            UfsError::Config(format!(
+                "{}: clients could not receive this mount table",
+                e.peer_message()
+            ))
+        })?;
+        Ok(t)
     }
 
     /// A table for reading around the cluster (a client's fallback): the mounts that open here
@@ -622,6 +665,7 @@ impl MountTable {
             size: meta.size,
             file_id: file_id(path, &version),
             version,
+            mtime_ns: mtime_ns(&meta.last_modified),
         })
     }
 
@@ -802,28 +846,6 @@ impl MountTable {
         })
     }
 
-    /// The objects directly under the logical directory `dir`, as `(name, size, version tag)`
-    /// (the version tag as [`MountTable::stat`] gives it).
-    pub async fn list_versions(&self, dir: &str) -> Result<Vec<(String, u64, String)>, UfsError> {
-        let (m, p) = self.resolve(dir)?;
-        let prefix = (!p.as_ref().is_empty()).then_some(&p);
-        let r = m
-            .store
-            .list_with_delimiter(prefix)
-            .await
-            .map_err(|e| UfsError::Store(dir.to_string(), e))?;
-        Ok(r.objects
-            .iter()
-            .map(|o| {
-                (
-                    o.location.filename().unwrap_or_default().to_string(),
-                    o.size,
-                    version_of(o),
-                )
-            })
-            .collect())
-    }
-
     /// Deletes the object at `path`.
     pub async fn delete(&self, path: &str) -> Result<(), UfsError> {
         let (m, p) = self.resolve(path)?;
@@ -835,15 +857,39 @@ impl MountTable {
 
     /// The entries directly under a logical directory (mount points included at the root).
     pub async fn list(&self, dir: &str) -> Result<Vec<Entry>, UfsError> {
+        let mut out: Vec<Entry> = self
+            .scan(dir)
+            .await?
+            .into_iter()
+            .map(|e| match e.is_dir {
+                true => Entry::Dir(e.name),
+                false => Entry::File(e.name, e.size),
+            })
+            .collect();
+        out.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        out.dedup();
+        Ok(out)
+    }
+
+    /// The entries directly under a logical directory as the store lists them (mount points
+    /// included), unsorted: files with size, version tag and modification time.
+    async fn scan(&self, dir: &str) -> Result<Vec<DirEntry>, UfsError> {
         let dir = dir.trim_end_matches('/');
         let dir = if dir.is_empty() { "/" } else { dir };
         let mut out = Vec::new();
+        let subdir = |name: String| DirEntry {
+            name,
+            is_dir: true,
+            size: 0,
+            version_tag: String::new(),
+            mtime_ns: 0,
+        };
         // Mount points below this directory show as directories.
         for prefix in self.prefixes() {
             let parent = prefix.rsplit_once('/').map_or("", |(p, _)| p);
             let parent = if parent.is_empty() { "/" } else { parent };
             if !prefix.is_empty() && parent == dir {
-                out.push(Entry::Dir(
+                out.push(subdir(
                     prefix.rsplit('/').next().unwrap_or_default().to_string(),
                 ));
             }
@@ -861,20 +907,21 @@ impl MountTable {
                     .await
                     .map_err(|e| UfsError::Store(dir.to_string(), e))?;
                 for d in r.common_prefixes {
-                    out.push(Entry::Dir(d.filename().unwrap_or_default().to_string()));
+                    out.push(subdir(d.filename().unwrap_or_default().to_string()));
                 }
                 for o in r.objects {
-                    out.push(Entry::File(
-                        o.location.filename().unwrap_or_default().to_string(),
-                        o.size,
-                    ));
+                    out.push(DirEntry {
+                        name: o.location.filename().unwrap_or_default().to_string(),
+                        is_dir: false,
+                        size: o.size,
+                        version_tag: version_of(&o),
+                        mtime_ns: mtime_ns(&o.last_modified),
+                    });
                 }
             }
             Err(UfsError::NotFound(_)) if !out.is_empty() => {}
             Err(e) => return Err(e),
         }
-        out.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
-        out.dedup();
         Ok(out)
     }
 
@@ -895,6 +942,7 @@ impl MountTable {
                     size: info.size,
                     version_tag: info.version,
                     file_id: FileId::from_u128(info.file_id),
+                    mtime_ns: info.mtime_ns,
                 })
             }
             Err(UfsError::NotFound(_)) => {}
@@ -926,24 +974,14 @@ impl MountTable {
         }
     }
 
-    /// The entries of directory `dir` sorted by name, as the wire protocol carries them.
+    /// The entries of directory `dir` sorted by name, as the wire protocol carries them: files
+    /// with their size, version tag and modification time, so that a reader of a listing needs
+    /// no `stat` of what it listed.
     pub async fn list_entries(&self, dir: &str) -> Result<Vec<DirEntry>, UfsError> {
         let mut v: Vec<DirEntry> = self
-            .list(dir)
+            .scan(dir)
             .await?
             .into_iter()
-            .map(|e| match e {
-                Entry::File(name, size) => DirEntry {
-                    name,
-                    is_dir: false,
-                    size,
-                },
-                Entry::Dir(name) => DirEntry {
-                    name,
-                    is_dir: true,
-                    size: 0,
-                },
-            })
             .filter(|e| !e.name.is_empty())
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name).then(b.is_dir.cmp(&a.is_dir)));
@@ -1062,6 +1100,7 @@ impl Source for UfsSource {
             size: file.size,
             version: file.version_tag.clone(),
             file_id: file.file_id.as_u128(),
+            mtime_ns: 0,
         };
         Box::pin(async move { Ok(table.read(&info, range).await?) })
     }

@@ -1,7 +1,9 @@
 //! `file://` mounts never leave their root (real directories, real symlinks to a file and to a
 //! directory outside the root), file:// version tags that see an in-place rewrite which keeps
 //! size and mtime, the node's allow-list of local roots, credentials redaction, and mounts a
-//! client cannot open reported as unavailable rather than missing.
+//! client cannot open reported as unavailable rather than missing, directories without objects
+//! hidden everywhere, modification times and version tags in stats and listings alike, and the
+//! mount table limit of a node.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
@@ -10,8 +12,9 @@ use std::{os::unix::fs::symlink, path::Path};
 use bytes::Bytes;
 use object_store::MultipartUpload;
 use pagestore_mounts::ufs::{
-    parse_mount, redact, scrub, Entry, FileRoots, MountTable, ObjectInfo, UfsError,
+    parse_mount, redact, scrub, system_time, Entry, FileRoots, MountTable, ObjectInfo, UfsError,
 };
+use pagestore_protocol::frame::PathKind;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -91,6 +94,7 @@ fn forged(path: &str, size: u64) -> ObjectInfo {
         size,
         version: "anything".into(),
         file_id: 1,
+        mtime_ns: 0,
     }
 }
 
@@ -210,13 +214,12 @@ fn writes_and_deletes_never_follow_symlinks_out_of_the_root() {
             t.stat("/data/new/deep/x.bin").await,
             Err(UfsError::NotFound(_))
         ));
-        // No temporary files are left or listed.
+        // No temporary files are left or listed; `deep`, emptied by the delete, stays on
+        // disk but holds no object, so it is not listed.
+        assert!(l.root.join("new/deep").is_dir());
         assert_eq!(
             t.list("/data/new").await.unwrap(),
-            vec![
-                Entry::Dir("deep".into()),
-                Entry::File("multi.bin".into(), (5 << 20) + 3)
-            ]
+            vec![Entry::File("multi.bin".into(), (5 << 20) + 3)]
         );
     });
     assert_eq!(
@@ -387,4 +390,140 @@ fn a_mount_this_client_cannot_open_is_unavailable_not_missing() {
         let root = t.list("/").await.unwrap();
         assert!(root.contains(&Entry::Dir("s3".into())), "{root:?}");
     });
+}
+
+#[test]
+fn directories_without_objects_are_neither_listed_nor_directories() {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path();
+    for dir in [
+        "empty",
+        "nested/deeper/deepest",
+        "links",
+        "full/a/b",
+        "emptied/sub",
+    ] {
+        std::fs::create_dir_all(r.join(dir)).unwrap();
+    }
+    symlink("/etc/hostname", r.join("links/l")).unwrap();
+    std::fs::write(r.join("full/a/b/leaf.txt"), b"leaf").unwrap();
+    std::fs::write(r.join("emptied/sub/x.txt"), b"x").unwrap();
+    std::fs::write(r.join("top.txt"), b"top").unwrap();
+    let t =
+        MountTable::new(&[parse_mount(&format!("/d=file://{}", r.display())).unwrap()]).unwrap();
+    rt().block_on(async {
+        let names = |v: Vec<pagestore_protocol::frame::DirEntry>| -> Vec<String> {
+            v.into_iter().map(|e| e.name).collect()
+        };
+        assert_eq!(
+            names(t.list_entries("/d").await.unwrap()),
+            ["emptied", "full", "top.txt"]
+        );
+        assert_eq!(names(t.list_entries("/d/full").await.unwrap()), ["a"]);
+        for p in ["/d/empty", "/d/nested", "/d/nested/deeper", "/d/links"] {
+            match t.stat_path(p).await {
+                Err(UfsError::NotFound(_)) => {}
+                other => panic!("stat_path {p}: {other:?}"),
+            }
+            assert!(t.list_entries(p).await.unwrap().is_empty(), "{p}");
+        }
+        assert_eq!(t.stat_path("/d/full/a").await.unwrap(), PathKind::Dir);
+        assert_eq!(t.stat_path("/d/emptied").await.unwrap(), PathKind::Dir);
+        // The last object of a directory goes (directories stay behind on disk): the
+        // directory goes from listings and stat at once.
+        t.delete("/d/emptied/sub/x.txt").await.unwrap();
+        assert!(r.join("emptied/sub").is_dir());
+        assert_eq!(
+            names(t.list_entries("/d").await.unwrap()),
+            ["full", "top.txt"]
+        );
+        assert!(matches!(
+            t.stat_path("/d/emptied").await,
+            Err(UfsError::NotFound(_))
+        ));
+        // A new object anywhere beneath brings it back.
+        std::fs::write(r.join("nested/deeper/deepest/n.txt"), b"n").unwrap();
+        assert_eq!(
+            names(t.list_entries("/d").await.unwrap()),
+            ["full", "nested", "top.txt"]
+        );
+    });
+}
+
+#[test]
+fn stats_and_listings_carry_the_stores_modification_time_and_version() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("old.bin");
+    std::fs::write(&p, vec![7u8; 1234]).unwrap();
+    // 2001-09-09T01:46:40.123456789Z.
+    let ns = 1_000_000_000_123_456_789i64;
+    set_mtime(&p, system_time(ns));
+    let t = MountTable::new(&[parse_mount(&format!("/d=file://{}", d.path().display())).unwrap()])
+        .unwrap();
+    rt().block_on(async {
+        let info = t.stat("/d/old.bin").await.unwrap();
+        assert_eq!(info.mtime_ns, ns);
+        assert_eq!(info.modified(), system_time(ns));
+        match t.stat_path("/d/old.bin").await.unwrap() {
+            PathKind::File {
+                mtime_ns,
+                version_tag,
+                size,
+                ..
+            } => assert_eq!(
+                (mtime_ns, version_tag, size),
+                (ns, info.version.clone(), 1234)
+            ),
+            other => panic!("{other:?}"),
+        }
+        let listed = t.list_entries("/d").await.unwrap();
+        assert_eq!(listed.len(), 1);
+        let e = &listed[0];
+        assert_eq!(
+            (
+                e.name.as_str(),
+                e.is_dir,
+                e.size,
+                &e.version_tag,
+                e.mtime_ns
+            ),
+            ("old.bin", false, 1234, &info.version, ns),
+            "a listing says what a stat says"
+        );
+    });
+    // Times before the epoch survive too.
+    assert_eq!(
+        system_time(-1_500_000_000),
+        std::time::SystemTime::UNIX_EPOCH - std::time::Duration::from_millis(1500)
+    );
+}
+
+#[test]
+fn a_node_refuses_a_mount_table_clients_could_not_receive() {
+    let d = tempfile::tempdir().unwrap();
+    let roots = FileRoots::new(&[d.path()]).unwrap();
+    let url = format!("file://{}", d.path().display());
+    let table = |n: usize| -> Vec<(String, String)> {
+        (0..n).map(|i| (format!("/m{i}"), url.clone())).collect()
+    };
+    let t = MountTable::new_confined(&table(256), &roots).unwrap();
+    assert_eq!(t.public_mounts().len(), 256);
+    let e = MountTable::new_confined(&table(257), &roots)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("257 mounts, at most MAX_MOUNTS = 256"), "{e}");
+    // A client's own table has no such limit (it is never sent).
+    assert_eq!(
+        MountTable::new(&table(300)).unwrap().public_mounts().len(),
+        300
+    );
+    // Long URLs: the bytes limit.
+    let long = format!("{url}?{}", "x=1&".repeat(200));
+    let few: Vec<(String, String)> = (0..30).map(|i| (format!("/m{i}"), long.clone())).collect();
+    let e = MountTable::new_confined(&few, &roots)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("MAX_MOUNT_TABLE_BYTES = 16384"), "{e}");
 }

@@ -73,12 +73,18 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// [`ShardCounters`] instead of JSON. The headers are laid out as in
 /// version 1, but the same frame means something else, so the two versions
 /// must not talk.
-pub const PROTOCOL_VERSION: u16 = 2;
+///
+/// Version 3: `PathKind::File` and [`DirEntry`] carry the object's
+/// modification time (`mtime_ns`), and listing entries carry the version
+/// tag, so listings are enough to open a file; every response root grows
+/// from 56 to 64 bytes. The mount table of `ClusterInfo` may hold
+/// [`MAX_MOUNTS`] = 256 entries within [`MAX_MOUNT_TABLE_BYTES`].
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/2";
+pub const ALPN: &[u8] = b"pagestore/3";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -153,7 +159,13 @@ pub const MAX_NAME_LEN: usize = 1024;
 pub const MAX_NODES: usize = 1024;
 
 /// Most mounts one [`ResponseBody::ClusterInfo`] may carry.
-pub const MAX_MOUNTS: usize = 64;
+pub const MAX_MOUNTS: usize = 256;
+
+/// Most bytes the prefixes and URLs of one [`ResponseBody::ClusterInfo`]'s
+/// mounts may take together (with [`MAX_MOUNTS`] entries of 16 bytes, the
+/// mount table needs at most 20 KiB of the header, leaving the rest of
+/// [`MAX_HEADER`] to the members). [`check_mount_table`] checks both.
+pub const MAX_MOUNT_TABLE_BYTES: usize = 16 << 10;
 
 /// Longest node address or mount URL, in bytes.
 pub const MAX_URL_LEN: usize = 1024;
@@ -640,6 +652,9 @@ pub enum PathKind {
         version_tag: String,
         /// The file id of the path at this version.
         file_id: FileId,
+        /// The object's modification time in the store, nanoseconds since
+        /// the Unix epoch (negative before it).
+        mtime_ns: i64,
     },
     /// A directory (a common prefix, a mount point or one of its parents).
     Dir,
@@ -654,6 +669,12 @@ pub struct DirEntry {
     pub is_dir: bool,
     /// Size in bytes (0 for directories).
     pub size: u64,
+    /// Version tag of a file's content, as [`PathKind::File`] carries it
+    /// ("" for directories); at most [`MAX_VERSION_TAG_LEN`] bytes.
+    pub version_tag: String,
+    /// A file's modification time in the store, nanoseconds since the Unix
+    /// epoch (0 for directories).
+    pub mtime_ns: i64,
 }
 
 /// One node of a [`ResponseBody::ClusterInfo`].
@@ -1119,6 +1140,35 @@ fn bounded_file_ref(file: &FileRef) -> Result<(), FrameError> {
     )
 }
 
+/// Checks that `mounts` fits a [`ResponseBody::ClusterInfo`]: at most
+/// [`MAX_MOUNTS`] entries, each prefix at most [`MAX_PATH_LEN`] and each URL
+/// at most [`MAX_URL_LEN`] bytes, and all prefixes and URLs together at most
+/// [`MAX_MOUNT_TABLE_BYTES`] ([`FrameError::Limit`], naming the limit).
+/// Nodes check their mount table with this before they serve it, so that a
+/// table clients could not receive is refused at start, not answered with
+/// an encoding error later.
+pub fn check_mount_table(mounts: &[MountEntry]) -> Result<(), FrameError> {
+    if mounts.len() > MAX_MOUNTS {
+        return Err(FrameError::Limit(format!(
+            "the mount table has {} mounts, at most MAX_MOUNTS = {MAX_MOUNTS} allowed",
+            mounts.len()
+        )));
+    }
+    let mut bytes = 0usize;
+    for m in mounts {
+        bounded_str("MountEntry prefix", &m.prefix, MAX_PATH_LEN)?;
+        bounded_str("MountEntry url", &m.url, MAX_URL_LEN)?;
+        bytes += m.prefix.len() + m.url.len();
+    }
+    if bytes > MAX_MOUNT_TABLE_BYTES {
+        return Err(FrameError::Limit(format!(
+            "the mount table's prefixes and URLs take {bytes} bytes, at most \
+             MAX_MOUNT_TABLE_BYTES = {MAX_MOUNT_TABLE_BYTES} allowed"
+        )));
+    }
+    Ok(())
+}
+
 fn bounded_count(field: &str, n: usize, max: usize) -> Result<(), FrameError> {
     if n <= max {
         Ok(())
@@ -1188,6 +1238,7 @@ impl Response {
                 bounded_count("Listing", entries.len(), MAX_LIST_ENTRIES)?;
                 for e in entries {
                     bounded_str("Listing name", &e.name, MAX_NAME_LEN)?;
+                    bounded_str("Listing version_tag", &e.version_tag, MAX_VERSION_TAG_LEN)?;
                     if e.name.is_empty() || e.name.contains('/') || e.name.contains('\0') {
                         return Err(FrameError::Mismatch(format!(
                             "Listing name {:?} is empty or holds a slash or NUL",
@@ -1205,14 +1256,10 @@ impl Response {
             } => {
                 bounded_page("ClusterInfo page_size", *page_size)?;
                 bounded_count("ClusterInfo nodes", nodes.len(), MAX_NODES)?;
-                bounded_count("ClusterInfo mounts", mounts.len(), MAX_MOUNTS)?;
                 for n in nodes {
                     bounded_str("NodeEntry addr", &n.addr, MAX_URL_LEN)?;
                 }
-                for m in mounts {
-                    bounded_str("MountEntry prefix", &m.prefix, MAX_PATH_LEN)?;
-                    bounded_str("MountEntry url", &m.url, MAX_URL_LEN)?;
-                }
+                check_mount_table(mounts)?;
                 no_payload("ClusterInfo", payload_len)
             }
             ResponseBody::Jobs => {

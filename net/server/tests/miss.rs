@@ -39,6 +39,9 @@ use pagestore_testkit::data::bytes as content;
 const PAGE: u32 = 64 * 1024;
 const P: u64 = PAGE as u64;
 const NODE: u128 = 0xA11CE;
+/// The modification time the fake store reports for every file (2023-11-14T22:13:20Z): it
+/// must reach clients through the metadata cache unchanged.
+const MTIME_NS: i64 = 1_700_000_000_000_000_000;
 const OTHER: u128 = 0xB0B;
 
 // ---------------------------------------------------------------------------
@@ -132,6 +135,7 @@ impl FakeState {
                 size: data.len() as u64,
                 version_tag: version.clone(),
                 file_id: FileId::from_u128(ring::file_id(path, version)),
+                mtime_ns: MTIME_NS,
             });
         }
         let prefix = format!("{}/", path.trim_end_matches('/'));
@@ -784,6 +788,12 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
             name: format!("f{i:05}"),
             is_dir: i % 10 == 0,
             size: if i % 10 == 0 { 0 } else { i },
+            version_tag: if i % 10 == 0 {
+                String::new()
+            } else {
+                format!("{i:032x}")
+            },
+            mtime_ns: if i % 10 == 0 { 0 } else { MTIME_NS + i as i64 },
         })
         .collect();
     h.fake.set_dir("/big", entries.clone());
@@ -796,6 +806,7 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
             size,
             version_tag: v.to_string(),
             file_id: FileId::from_u128(ring::file_id("/m/a", v)),
+            mtime_ns: MTIME_NS,
         },
     };
     h.rt.block_on(async {

@@ -318,7 +318,7 @@ fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
             b"hello",
             &[0u8; 16],
             &[0xFFu8; 200],
-            b"PSTF\x02\x00\x01\x00\x10\x00\x00\x00\x00\x00\x00\x00garbagegarbage!!",
+            b"PSTF\x03\x00\x01\x00\x10\x00\x00\x00\x00\x00\x00\x00garbagegarbage!!",
         ] {
             let raw = pool.call(addr, garbage, &[]).await.unwrap();
             let (resp, _) = frame::decode_response_frame(&raw).unwrap();

@@ -4,7 +4,11 @@
 //!   for the life of the mount (numbers are never reused, so the generation is always 0).
 //! - Attributes: from `Client::stat_path` or from a directory listing; the kernel caches them,
 //!   and the entries, for the attribute TTL, and so does this table (a lookup right after a
-//!   readdir costs no request).
+//!   readdir costs no request). A file's mtime and ctime are the object's modification time in
+//!   the store; directories (which object stores do not have) show the mount's start time.
+//! - `statfs` (`df`) reports the cluster's cache: its capacity and the bytes cached, summed
+//!   over the shards that answer (asked at most every [`STATFS_TTL`]); inode counts are 0,
+//!   unknown.
 //! - Open pins the object's version (`ObjectInfo`); every read of that handle is a
 //!   `Client::read_at` of that version, so a handle never mixes versions. A read that comes back
 //!   shorter than the pinned size promises is an error (ESTALE), never a silent short read.
@@ -33,7 +37,7 @@ use fuser::{
 };
 use futures_util::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use pagestore_client::{
-    ufs::{MountTable, ObjectInfo},
+    ufs::{system_time, MountTable, ObjectInfo},
     Client, Error,
 };
 use pagestore_protocol::frame::PathKind;
@@ -62,21 +66,28 @@ impl Default for FsOptions {
     }
 }
 
-/// What a path is, as far as attributes go.
+/// What a path is, as far as attributes go: a directory, or a file's size and modification
+/// time (nanoseconds since the Unix epoch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Dir,
-    File(u64),
+    File(u64, i64),
 }
 
 impl From<&PathKind> for Kind {
     fn from(k: &PathKind) -> Kind {
         match k {
             PathKind::Dir => Kind::Dir,
-            PathKind::File { size, .. } => Kind::File(*size),
+            PathKind::File { size, mtime_ns, .. } => Kind::File(*size, *mtime_ns),
         }
     }
 }
+
+/// How long a `statfs` answer is reused before the shards are asked again.
+pub const STATFS_TTL: Duration = Duration::from_secs(2);
+
+/// Fragment size `statfs` counts blocks in.
+const STATFS_FRAGMENT: u32 = 4096;
 
 struct Node {
     path: Arc<str>,
@@ -168,6 +179,8 @@ struct Shared {
     time: SystemTime,
     blksize: u32,
     notifier: OnceLock<Notifier>,
+    /// The last `statfs` answer (capacity and bytes cached) and when it was asked.
+    usage: Mutex<Option<(Instant, (u64, u64))>>,
 }
 
 /// Whole pages an open file keeps fetched or being fetched for a sequential reader.
@@ -376,6 +389,7 @@ impl PageFs {
                 time: SystemTime::now(),
                 blksize,
                 notifier: OnceLock::new(),
+                usage: Mutex::new(None),
             }),
             rt,
         }
@@ -425,7 +439,7 @@ impl Shared {
     fn perm(&self, path: Option<&str>, kind: Kind) -> (u16, u32, u32) {
         let open = match kind {
             Kind::Dir => 0o555,
-            Kind::File(_) => 0o444,
+            Kind::File(..) => 0o444,
         };
         let Some(path) = path.filter(|p| self.local.is_local(p)) else {
             return (open, self.uid, self.gid);
@@ -442,18 +456,18 @@ impl Shared {
 
     fn attr(&self, ino: u64, path: Option<&str>, kind: Kind) -> FileAttr {
         let (perm, uid, gid) = self.perm(path, kind);
-        let (kind, size, nlink) = match kind {
-            Kind::Dir => (FileType::Directory, 0, 2),
-            Kind::File(size) => (FileType::RegularFile, size, 1),
+        let (kind, size, nlink, time) = match kind {
+            Kind::Dir => (FileType::Directory, 0, 2, self.time),
+            Kind::File(size, mtime_ns) => (FileType::RegularFile, size, 1, system_time(mtime_ns)),
         };
         FileAttr {
             ino: INodeNo(ino),
             size,
             blocks: size.div_ceil(512),
-            atime: self.time,
-            mtime: self.time,
-            ctime: self.time,
-            crtime: self.time,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            crtime: time,
             kind,
             perm,
             nlink,
@@ -503,7 +517,7 @@ impl Shared {
             let (kind, ft) = if e.is_dir {
                 (Kind::Dir, FileType::Directory)
             } else {
-                (Kind::File(e.size), FileType::RegularFile)
+                (Kind::File(e.size, e.mtime_ns), FileType::RegularFile)
             };
             items.push(DirItem {
                 ino: t.note(&join(path, &e.name), kind, now),
@@ -551,9 +565,11 @@ impl Filesystem for PageFs {
                 ),
                 // A negative entry: the kernel remembers the miss for the TTL. Only a definite
                 // "no such object" is cached; a store that cannot answer is EIO, asked again.
-                Err(Error::NotFound(_)) => {
-                    reply.entry(&sh.ttl(), &sh.attr(0, None, Kind::File(0)), Generation(0))
-                }
+                Err(Error::NotFound(_)) => reply.entry(
+                    &sh.ttl(),
+                    &sh.attr(0, None, Kind::File(0, 0)),
+                    Generation(0),
+                ),
                 Err(e) => reply.error(errno("lookup", &path, &e)),
             }
         });
@@ -566,7 +582,7 @@ impl Filesystem for PageFs {
         }
         // An open handle answers for the version it pinned.
         if let Some(file) = fh.and_then(|fh| lock(&sh.files).get(&fh.0).cloned()) {
-            let kind = Kind::File(file.info.size);
+            let kind = Kind::File(file.info.size, file.info.mtime_ns);
             return reply.attr(
                 &sh.ttl(),
                 &sh.attr(ino.0, Some(file.info.path.as_str()), kind),
@@ -605,12 +621,13 @@ impl Filesystem for PageFs {
             let (keep, resized) = {
                 let mut t = lock(&sh.inodes);
                 let before = t.node(ino.0).and_then(|n| n.seen).map(|(k, _)| k);
-                t.note(&path, Kind::File(info.size), Instant::now());
+                let now = Kind::File(info.size, info.mtime_ns);
+                t.note(&path, now, Instant::now());
                 let keep = t
                     .node(ino.0)
                     .map(|n| n.opened_id.replace(info.file_id) == Some(info.file_id))
                     .unwrap_or(false);
-                (keep, before != Some(Kind::File(info.size)))
+                (keep, before != Some(now))
             };
             lock(&sh.files).insert(
                 fh,
@@ -756,11 +773,35 @@ impl Filesystem for PageFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // Capacity is the object stores', which pagestore does not know: report none used and
-        // none free (a read-only file system), and the inodes seen so far.
-        let files = lock(&self.shared.inodes).nodes.len() as u64;
-        let bs = self.shared.blksize;
-        reply.statfs(0, 0, 0, files, 0, bs, 255, bs);
+        // The cluster's cache: its capacity and what it holds. The object stores' size is
+        // unknown, and so are the inode counts (0: `df -i` shows none, not a full table).
+        let sh = self.shared.clone();
+        let reply_with = move |sh: &Shared, (capacity, used): (u64, u64)| {
+            let f = u64::from(STATFS_FRAGMENT);
+            let blocks = capacity / f;
+            let free = blocks.saturating_sub(used.div_ceil(f));
+            reply.statfs(blocks, free, free, 0, 0, sh.blksize, 255, STATFS_FRAGMENT);
+        };
+        let cached = *lock(&sh.usage);
+        if let Some((_, usage)) = cached.filter(|(at, _)| at.elapsed() < STATFS_TTL) {
+            return reply_with(&sh, usage);
+        }
+        self.rt.spawn(async move {
+            let usage = sh
+                .client
+                .shard_stats()
+                .await
+                .into_iter()
+                .filter_map(|(_, _, s)| s)
+                .fold((0u64, 0u64), |(c, u), s| {
+                    (
+                        c.saturating_add(s.capacity_bytes),
+                        u.saturating_add(s.bytes),
+                    )
+                });
+            *lock(&sh.usage) = Some((Instant::now(), usage));
+            reply_with(&sh, usage);
+        });
     }
 
     // Everything that would change the namespace is refused (the mount is read-only too, so
@@ -867,7 +908,7 @@ mod tests {
         let mut t = Inodes::new();
         assert_eq!(t.intern("/"), 1);
         let a = t.intern("/data/a");
-        let b = t.note("/data/b", Kind::File(7), Instant::now());
+        let b = t.note("/data/b", Kind::File(7, 1), Instant::now());
         assert_eq!((a, b), (2, 3));
         assert_eq!(t.intern("/data/a"), a);
         assert_eq!(t.path(b).as_deref(), Some("/data/b"));
@@ -876,7 +917,7 @@ mod tests {
         let (kind, left) = t
             .fresh(b, Duration::from_secs(5))
             .unwrap_or((Kind::Dir, Duration::ZERO));
-        assert_eq!(kind, Kind::File(7));
+        assert_eq!(kind, Kind::File(7, 1));
         assert!(left > Duration::from_secs(4));
         assert_eq!(
             t.fresh(b, Duration::ZERO),

@@ -63,6 +63,12 @@ struct Cli {
     #[arg(long)]
     allow_other: bool,
 
+    /// Allow running programs from the mount (it is mounted noexec by default: the files are
+    /// data; with --exec, a file's execute bits are the ones shown, from its mode on a file://
+    /// mount, none on object stores)
+    #[arg(long)]
+    exec: bool,
+
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -234,7 +240,8 @@ fn check_allow_other(fs: &PageFs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The mount options: read-only, permissions checked by the kernel, `threads` FUSE threads.
+/// The mount options: read-only, permissions checked by the kernel, no devices or set-user-id
+/// programs, no execution unless `--exec`, `threads` FUSE threads.
 fn mount_config(cli: &Cli, threads: usize) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -245,7 +252,11 @@ fn mount_config(cli: &Cli, threads: usize) -> fuser::Config {
         MountOption::NoAtime,
         MountOption::NoDev,
         MountOption::NoSuid,
-        MountOption::NoExec,
+        if cli.exec {
+            MountOption::Exec
+        } else {
+            MountOption::NoExec
+        },
     ];
     config.acl = if cli.allow_other {
         SessionACL::All
@@ -401,14 +412,22 @@ mod tests {
             assert!(!o.fallback);
             assert_eq!(o.call_timeout, Duration::from_secs(2));
         }
-        let c = parse("/mnt --threads 4 --readahead 16M --allow-other").unwrap();
+        let c = parse("/mnt --threads 4 --readahead 16M --allow-other --exec").unwrap();
         assert_eq!(
-            (c.threads, c.readahead, c.allow_other),
-            (Some(4), Some(16 << 20), true)
+            (c.threads, c.readahead, c.allow_other, c.exec),
+            (Some(4), Some(16 << 20), true, true)
         );
+        assert!(mount_config(&c, 2)
+            .mount_options
+            .contains(&MountOption::Exec));
         let c = parse("/mnt").unwrap();
         assert_eq!(c.attr_ttl, Duration::from_secs(10));
-        assert_eq!((c.threads, c.readahead, c.allow_other), (None, None, false));
+        assert_eq!(
+            (c.threads, c.readahead, c.allow_other, c.exec),
+            (None, None, false, false)
+        );
+        let o = mount_config(&c, 2).mount_options;
+        assert!(o.contains(&MountOption::NoExec) && !o.contains(&MountOption::Exec));
         // No mount point parses; real_main refuses it with the usage line.
         assert_eq!(parse("").unwrap().mountpoint, None);
         for (line, needle) in [

@@ -1,8 +1,10 @@
 //! `pagefs` mounted for real (FUSE, as root) over three `pagestored` processes: every file read
 //! through the mount is byte-exact, eight processes reading random ranges at once get exact
 //! bytes, a 10,000-entry directory lists whole, errors map to the right errno, a stopped worker
-//! stalls only the reads that need it, a killed worker costs speed but not bytes, and SIGTERM
-//! unmounts.
+//! stalls only the reads that need it, a killed worker costs speed but not bytes, SIGTERM
+//! unmounts, files show the store's modification times (as the client and the S3 gateway do), a
+//! directory emptied on the store disappears (so `cp -r` copies what is there), and `df` shows
+//! the cluster's cache.
 //!
 //! Needs root and /dev/fuse (as in CI). Every mount is undone by a drop guard, so a failing
 //! test leaves no mount behind.
@@ -516,4 +518,254 @@ fn allow_other_lets_other_users_read_only_what_the_file_modes_allow() {
         std::fs::read(m.path("/data/secret.txt")).unwrap(),
         b"TOP-SECRET"
     );
+}
+
+/// 2020-01-02T03:04:05.123456789Z, a file's modification time in the store.
+const OLD_NS: i64 = 1_577_934_245_123_456_789;
+
+/// A whole HTTP/1.1 exchange with the gateway at `addr`: the response head (lower-case header
+/// names) and body.
+fn http(addr: &str, method: &str, target: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{method} {target}: {head}"
+    );
+    (head.to_ascii_lowercase(), body.to_string())
+}
+
+/// `pages3 --anonymous` over the cluster; the address it serves, and the process (killed on
+/// drop).
+struct Gateway(Child, String);
+
+impl Gateway {
+    fn start(c: &Cluster) -> Gateway {
+        let mut child = Command::new(common::binary("pages3"))
+            .args(["--anonymous", "--listen", "127.0.0.1:0", "--cluster"])
+            .arg(&c.members)
+            .arg("--tls-dir")
+            .arg(&c.ca_dir)
+            .arg("--staging-dir")
+            .arg(c.dir.path().join("pages3-staging"))
+            .env("PAGESTORE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines() {
+            let line = line.unwrap();
+            if let Some(url) = line.strip_prefix("ready ") {
+                let addr = url.trim().trim_start_matches("http://").to_string();
+                return Gateway(child, addr);
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("pages3 exited before it was ready");
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn files_show_the_stores_modification_time_through_the_client_pagefs_and_pages3() {
+    use std::os::unix::fs::MetadataExt;
+    let mut files = BTreeMap::new();
+    files.insert("/data/t/old.bin".to_string(), bytes(3, 3000));
+    files.insert("/data/t/new.bin".to_string(), bytes(4, 10));
+    let c = cluster_with(&files);
+    let old = c.dir.path().join("data/t/old.bin");
+    let st = Command::new("touch")
+        .args(["-m", "-d", "@1577934245.123456789"])
+        .arg(&old)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let want = std::time::UNIX_EPOCH + Duration::from_nanos(OLD_NS as u64);
+    assert_eq!(std::fs::metadata(&old).unwrap().modified().unwrap(), want);
+    let new_mtime = std::fs::metadata(c.dir.path().join("data/t/new.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    // The client: stat and listing agree with the store, to the nanosecond.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt.block_on(c.client(ClientOptions::default()));
+    let info = rt.block_on(client.stat("/data/t/old.bin")).unwrap();
+    assert_eq!(info.mtime_ns, OLD_NS);
+    assert_eq!(info.modified(), want);
+    let listed = rt.block_on(client.list("/data/t")).unwrap();
+    let entry = listed.iter().find(|e| e.name == "old.bin").unwrap();
+    assert_eq!(
+        (entry.size, &entry.version_tag, entry.mtime_ns),
+        (3000, &info.version, OLD_NS),
+        "the listing carries what stat says: size, version and time"
+    );
+
+    // pagefs: mtime and ctime are the object's, whether learned by lookup or by readdir.
+    let m = Mount::start(&c, &[]);
+    let md = std::fs::metadata(m.path("/data/t/old.bin")).unwrap();
+    assert_eq!(md.modified().unwrap(), want);
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_577_934_245, 123_456_789));
+    assert_eq!((md.ctime(), md.ctime_nsec()), (1_577_934_245, 123_456_789));
+    let names: Vec<_> = std::fs::read_dir(m.path("/data/t"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    let new = names.iter().find(|e| e.file_name() == "new.bin").unwrap();
+    assert_eq!(new.metadata().unwrap().modified().unwrap(), new_mtime);
+    let out = Command::new("stat")
+        .args(["-c", "%Y"])
+        .arg(m.path("/data/t/old.bin"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1577934245");
+
+    // pages3: Last-Modified of HEAD and GET, and LastModified in listings.
+    let gw = Gateway::start(&c);
+    for method in ["HEAD", "GET"] {
+        let (head, _) = http(&gw.1, method, "/data/t/old.bin");
+        assert!(
+            head.contains("last-modified: thu, 02 jan 2020 03:04:05 gmt"),
+            "{method}: {head}"
+        );
+    }
+    let (_, body) = http(&gw.1, "GET", "/data?list-type=2&prefix=t/");
+    assert!(
+        body.contains("<Key>t/old.bin</Key>") && body.contains("<LastModified>2020-01-02T03:04:05"),
+        "{body}"
+    );
+}
+
+#[test]
+fn an_emptied_directory_disappears_so_cp_r_copies_what_is_there_and_df_shows_the_cache() {
+    let mut files = BTreeMap::new();
+    for (p, n) in [
+        ("/data/tree/keep/a.txt", 100),
+        ("/data/tree/gone/b.txt", 200),
+        ("/data/tree/gone/deeper/c.txt", 300),
+        ("/data/tree/top.txt", 3 * MIB + 5),
+    ] {
+        files.insert(p.to_string(), bytes(n as u64, n));
+    }
+    let c = cluster_with(&files);
+    let data = c.dir.path().join("data");
+    // A directory with nothing in it, and one with only an empty directory in it.
+    std::fs::create_dir_all(data.join("tree/empty")).unwrap();
+    std::fs::create_dir_all(data.join("tree/hollow/inner")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt.block_on(c.client(ClientOptions::default()));
+    let listed = |p: &str| -> Vec<String> {
+        rt.block_on(client.list(p))
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    let m = Mount::start(&c, &["--attr-ttl", "0"]);
+    let names = |p: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(m.path(p))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed("/data/tree"), ["gone", "keep", "top.txt"]);
+    assert_eq!(names("/data/tree"), ["gone", "keep", "top.txt"]);
+    for p in ["/data/tree/empty", "/data/tree/hollow"] {
+        assert!(matches!(
+            rt.block_on(client.stat_path(p)),
+            Err(pagestore_client::Error::NotFound(_))
+        ));
+        assert_eq!(errno(std::fs::metadata(m.path(p))), libc::ENOENT, "{p}");
+    }
+
+    // Empty `gone` on the store: its files go, its directories stay on disk.
+    std::fs::remove_file(data.join("tree/gone/b.txt")).unwrap();
+    std::fs::remove_file(data.join("tree/gone/deeper/c.txt")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500)); // the nodes' metadata TTL
+    assert_eq!(listed("/data/tree"), ["keep", "top.txt"]);
+    assert_eq!(names("/data/tree"), ["keep", "top.txt"]);
+    assert_eq!(
+        errno(std::fs::metadata(m.path("/data/tree/gone"))),
+        libc::ENOENT
+    );
+    let dest = tempfile::tempdir().unwrap();
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(m.path("/data/tree"))
+        .arg(dest.path().join("copy"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cp -r: {out:?}");
+    let copy = dest.path().join("copy");
+    let mut copied: Vec<String> = Vec::new();
+    let mut todo = vec![copy.clone()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                copied.push(p.strip_prefix(&copy).unwrap().display().to_string());
+            }
+        }
+    }
+    copied.sort();
+    assert_eq!(copied, ["keep/a.txt", "top.txt"]);
+    assert!(std::fs::read(copy.join("top.txt")).unwrap() == files["/data/tree/top.txt"]);
+
+    // statfs: the cluster's cache capacity and use; inode counts unknown (0), not full.
+    let stats = rt.block_on(client.shard_stats());
+    let capacity: u64 = stats
+        .iter()
+        .filter_map(|(_, _, s)| s.map(|s| s.capacity_bytes))
+        .sum();
+    assert_eq!(stats.len(), 6, "three nodes of two shards answer");
+    assert!(capacity >= 3 * (200 << 20), "{capacity}");
+    std::thread::sleep(pagefs::STATFS_TTL);
+    let vfs = statvfs(&m.mp);
+    assert_eq!(vfs.f_frsize, 4096);
+    assert_eq!(vfs.f_blocks, capacity / 4096);
+    assert!(
+        vfs.f_bfree < vfs.f_blocks,
+        "the copy cached pages: {} of {} free",
+        vfs.f_bfree,
+        vfs.f_blocks
+    );
+    assert_eq!((vfs.f_files, vfs.f_ffree), (0, 0));
+    let out = Command::new("df").arg("-k").arg(&m.mp).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[1], (capacity / 4096 * 4).to_string(), "{text}");
+    let out = Command::new("df").arg("-i").arg(&m.mp).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!text.contains("100%"), "{text}");
+}
+
+fn statvfs(p: &Path) -> libc::statvfs {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `v` a writable statvfs for the call.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut v) }, 0);
+    v
 }

@@ -434,8 +434,7 @@ struct Gateway {
     client: Arc<Client>,
     region: String,
     writable: bool,
-    /// Reported as Last-Modified and bucket creation time: pagestore does not carry
-    /// modification times (the ETag tells versions apart).
+    /// Reported as bucket creation time (objects report their own modification times).
     started: SystemTime,
     uploads: Arc<Uploads>,
     /// ETags of objects this gateway wrote from multipart uploads.
@@ -449,24 +448,36 @@ impl Gateway {
     /// gateway completed from a multipart upload, while it keeps that version; else the store's
     /// version tag) and the store's.
     fn tags_of(&self, info: &ObjectInfo) -> Tags {
-        let store = etag(&info.version);
+        self.tags_at(&info.path, &info.version)
+    }
+
+    /// The ETags of version `version` of the object at `path` (see [`Gateway::tags_of`]).
+    fn tags_at(&self, path: &str, version: &str) -> Tags {
+        let store = etag(version);
         let reported = self
             .aliases
-            .get(&info.path, &info.version)
+            .get(path, version)
             .map_or_else(|| store.clone(), ETag::Strong);
         Tags { reported, store }
     }
 
     /// When the object `info` was last modified, as reported (Last-Modified) and as the
     /// If-Modified-Since and If-Unmodified-Since conditions compare it.
-    fn modified(&self, _info: &ObjectInfo) -> SystemTime {
-        self.started
+    fn modified(&self, info: &ObjectInfo) -> SystemTime {
+        info.modified()
     }
 
     fn last_modified(&self) -> Timestamp {
         Timestamp::from(self.started)
     }
+}
 
+/// `Last-Modified` of an object: its modification time in the store.
+fn modified(mtime_ns: i64) -> Timestamp {
+    Timestamp::from(pagestore_client::ufs::system_time(mtime_ns))
+}
+
+impl Gateway {
     async fn bucket_exists(&self, bucket: &str) -> S3Result<bool> {
         if !valid_bucket(bucket) {
             return Ok(false);

@@ -1,14 +1,11 @@
 //! ListObjects and ListObjectsV2: pages of keys in key order, walked from the directories of
 //! the logical namespace.
 
-use std::collections::HashMap;
-
-use futures_util::{stream, StreamExt, TryStreamExt};
-use pagestore_client::{ufs::ObjectInfo, Error as ClientError};
+use pagestore_client::Error as ClientError;
 use pagestore_protocol::frame::DirEntry;
 use s3s::{
     dto::{
-        CommonPrefix, ETag, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+        CommonPrefix, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
         ListObjectsV2Output, Object, ObjectStorageClass,
     },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
@@ -24,18 +21,35 @@ use super::{
 /// One item of a listing, in key order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Item {
-    Object {
-        key: String,
-        size: u64,
-        etag: Option<ETag>,
-    },
+    Object(ListedObject),
     Prefix(String),
 }
 
+/// An object of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ListedObject {
+    key: String,
+    size: u64,
+    mtime_ns: i64,
+    /// The store's version tag, as a stat gives it (the ETag comes from it).
+    version: String,
+}
+
 impl Item {
+    /// The object `key`, listed as the file entry `e`.
+    fn object(key: String, e: DirEntry) -> Item {
+        Item::Object(ListedObject {
+            key,
+            size: e.size,
+            mtime_ns: e.mtime_ns,
+            version: e.version_tag,
+        })
+    }
+
     fn key(&self) -> &str {
         match self {
-            Item::Object { key, .. } | Item::Prefix(key) => key,
+            Item::Object(o) => &o.key,
+            Item::Prefix(key) => key,
         }
     }
 }
@@ -56,13 +70,13 @@ struct Page {
 }
 
 /// The entries of a directory, each with its sort key (`name`, or `name/` for a directory: the
-/// order of its keys among its siblings').
+/// order of its keys among its siblings') and the entry itself.
 pub(super) fn sorted_level(
     dir_key: &str,
     entries: Vec<DirEntry>,
     partial: &str,
-) -> Vec<(String, bool, u64)> {
-    let mut v: Vec<(String, bool, u64)> = entries
+) -> Vec<(String, DirEntry)> {
+    let mut v: Vec<(String, DirEntry)> = entries
         .into_iter()
         .filter(|e| !e.name.is_empty() && !e.name.contains('/') && e.name.starts_with(partial))
         .map(|e| {
@@ -72,7 +86,7 @@ pub(super) fn sorted_level(
             if e.is_dir {
                 k.push('/');
             }
-            (k, e.is_dir, e.size)
+            (k, e)
         })
         .collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -142,8 +156,8 @@ impl Gateway {
             return Ok(page);
         }
         if a.delimited {
-            for (key, is_dir, size) in level {
-                let wanted = if is_dir {
+            for (key, e) in level {
+                let wanted = if e.is_dir {
                     subtree_after(&key, a.after)
                 } else {
                     a.after.is_none_or(|after| key.as_str() > after)
@@ -155,14 +169,10 @@ impl Gateway {
                     page.truncated = true;
                     break;
                 }
-                page.items.push(if is_dir {
+                page.items.push(if e.is_dir {
                     Item::Prefix(key)
                 } else {
-                    Item::Object {
-                        key,
-                        size,
-                        etag: None,
-                    }
+                    Item::object(key, e)
                 });
             }
             return Ok(page);
@@ -171,11 +181,11 @@ impl Gateway {
         // sort key `name/` does.
         let mut stack = vec![level.into_iter()];
         while let Some(level) = stack.last_mut() {
-            let Some((key, is_dir, size)) = level.next() else {
+            let Some((key, e)) = level.next() else {
                 stack.pop();
                 continue;
             };
-            if is_dir {
+            if e.is_dir {
                 if !subtree_after(&key, a.after) {
                     continue;
                 }
@@ -189,99 +199,26 @@ impl Gateway {
                     page.truncated = true;
                     break;
                 }
-                page.items.push(Item::Object {
-                    key,
-                    size,
-                    etag: None,
-                });
+                page.items.push(Item::object(key, e));
             }
         }
         Ok(page)
     }
 
-    /// Fills in the ETag of every object of the page (equal to HeadObject's): from a listing of
-    /// each directory in the store where the gateway has the mount table, else (or for an
-    /// object that listing missed) from a stat through the cluster. An object gone meanwhile
-    /// leaves the page.
-    async fn fill_etags(&self, bucket: &str, page: &mut Page) -> S3Result<()> {
-        let mut dirs: HashMap<String, HashMap<String, String>> = HashMap::new();
-        if let Some(table) = self.client.ufs_table() {
-            for item in &page.items {
-                let Item::Object { key, .. } = item else {
-                    continue;
-                };
-                let dir = match key.rfind('/') {
-                    Some(i) => format!("/{bucket}/{}", &key[..i]),
-                    None => format!("/{bucket}"),
-                };
-                if dirs.contains_key(&dir) {
-                    continue;
-                }
-                let versions = match table.list_versions(&dir).await {
-                    Ok(v) => v.into_iter().map(|(n, _, v)| (n, v)).collect(),
-                    Err(_) => HashMap::new(),
-                };
-                dirs.insert(dir, versions);
-            }
-        }
-        let wanted: Vec<(usize, String, u64, Option<String>)> = page
-            .items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, item)| match item {
-                Item::Object { key, size, .. } => {
-                    let path = format!("/{bucket}/{key}");
-                    let (dir, name) = path.rsplit_once('/').unwrap_or(("", &path));
-                    let known = dirs.get(dir).and_then(|d| d.get(name)).cloned();
-                    Some((i, path, *size, known))
-                }
-                Item::Prefix(_) => None,
-            })
-            .collect();
-        let found: Vec<(usize, Option<ETag>)> = stream::iter(wanted)
-            .map(|(i, path, size, known)| async move {
-                let version = match known {
-                    Some(v) => v,
-                    None => match self.client.stat(&path).await {
-                        Ok(info) => info.version,
-                        Err(
-                            ClientError::NotFound(_)
-                            | ClientError::IsDir(_)
-                            | ClientError::NotDir(_),
-                        ) => return Ok((i, None)),
-                        Err(e) => return Err(client_error(e)),
-                    },
-                };
-                let info = ObjectInfo {
-                    path,
-                    size,
-                    version,
-                    file_id: 0,
-                };
-                Ok::<_, S3Error>((i, Some(self.tags_of(&info).reported)))
-            })
-            .buffered(16)
-            .try_collect()
-            .await?;
-        let mut gone = Vec::new();
-        for (i, tag) in found {
-            match (tag, page.items.get_mut(i)) {
-                (Some(t), Some(Item::Object { etag, .. })) => *etag = Some(t),
-                _ => gone.push(i),
-            }
-        }
-        for i in gone.into_iter().rev() {
-            page.items.remove(i);
-        }
-        Ok(())
-    }
-
-    fn object_entry(&self, key: String, size: u64, etag: Option<ETag>, enc: bool) -> Object {
+    /// A listed object, with the ETag HeadObject gives it.
+    fn object_entry(&self, bucket: &str, item: ListedObject, enc: bool) -> Object {
+        let ListedObject {
+            key,
+            size,
+            mtime_ns,
+            version,
+        } = item;
+        let e_tag = self.tags_at(&format!("/{bucket}/{key}"), &version).reported;
         Object {
             key: Some(if enc { url_encode(&key) } else { key }),
-            e_tag: etag,
+            e_tag: Some(e_tag),
             size: Some(size.try_into().unwrap_or(i64::MAX)),
-            last_modified: Some(self.last_modified()),
+            last_modified: Some(super::modified(mtime_ns)),
             storage_class: Some(ObjectStorageClass::from_static(
                 ObjectStorageClass::STANDARD,
             )),
@@ -289,14 +226,12 @@ impl Gateway {
         }
     }
 
-    fn split_page(&self, page: Page, enc: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
+    fn split_page(&self, bucket: &str, page: Page, enc: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
         let mut objects = Vec::new();
         let mut prefixes = Vec::new();
         for item in page.items {
             match item {
-                Item::Object { key, size, etag } => {
-                    objects.push(self.object_entry(key, size, etag, enc))
-                }
+                Item::Object(o) => objects.push(self.object_entry(bucket, o, enc)),
                 Item::Prefix(p) => prefixes.push(CommonPrefix {
                     prefix: Some(if enc { url_encode(&p) } else { p }),
                 }),
@@ -349,7 +284,7 @@ pub(super) async fn list_objects_v2(
     let after = token
         .as_deref()
         .or(input.start_after.as_deref().filter(|s| !s.is_empty()));
-    let mut page = gw
+    let page = gw
         .list_page(&ListArgs {
             bucket: &input.bucket,
             prefix: &prefix,
@@ -364,10 +299,9 @@ pub(super) async fn list_objects_v2(
         .truncated
         .then(|| page.items.last().map(|i| encode_token(i.key())))
         .flatten();
-    gw.fill_etags(&input.bucket, &mut page).await?;
     let truncated = page.truncated;
     let count = page.items.len();
-    let (contents, prefixes) = gw.split_page(page, enc);
+    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc);
     let code = |s: String| if enc { url_encode(&s) } else { s };
     Ok(S3Response::new(ListObjectsV2Output {
         name: Some(input.bucket),
@@ -394,7 +328,7 @@ pub(super) async fn list_objects(
     let input = req.input;
     let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    let mut page = gw
+    let page = gw
         .list_page(&ListArgs {
             bucket: &input.bucket,
             prefix: &prefix,
@@ -409,9 +343,8 @@ pub(super) async fn list_objects(
         .truncated
         .then(|| page.items.last().map(|i| code(i.key().to_string())))
         .flatten();
-    gw.fill_etags(&input.bucket, &mut page).await?;
     let truncated = page.truncated;
-    let (contents, prefixes) = gw.split_page(page, enc);
+    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc);
     Ok(S3Response::new(ListObjectsOutput {
         name: Some(input.bucket),
         // Version 1 answers the Prefix as given, even with encoding-type=url (as S3 does).

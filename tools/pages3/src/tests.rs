@@ -78,13 +78,15 @@ fn level_sort_puts_directory_keys_where_their_children_sort() {
         name: name.into(),
         is_dir,
         size: 1,
+        version_tag: String::new(),
+        mtime_ns: 0,
     };
     let v = sorted_level(
         "p/",
         vec![e("a", true), e("a-b", false), e("a0", false), e("b", false)],
         "",
     );
-    let keys: Vec<_> = v.iter().map(|x| x.0.as_str()).collect();
+    let keys: Vec<_> = v.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys, ["p/a-b", "p/a/", "p/a0", "p/b"]);
     assert!(subtree_after("p/a/", Some("p/a-b")));
     assert!(subtree_after("p/a/", Some("p/a/x")));

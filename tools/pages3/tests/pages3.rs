@@ -1626,3 +1626,47 @@ async fn pages3_refuses_what_s3_refuses() {
     );
     assert_eq!(staged_files(&data), Vec::<PathBuf>::new());
 }
+
+/// `Last-Modified` (HeadObject, GetObject) and a listing's `LastModified` are the object's
+/// modification time in the store, not the gateway's start time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_modified_is_the_objects_time_in_the_store() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("t")).unwrap();
+    let old = data.join("t/old.bin");
+    std::fs::write(&old, b"old bytes").unwrap();
+    // 2020-01-02T03:04:05Z.
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_577_934_245);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    let c = Cluster::start(dir, s);
+    let gw = Gateway::start(&c, "gw", &["--access-key", KEY, "--secret-key", SECRET]);
+    let s3 = AmazonS3Builder::new()
+        .with_endpoint(&gw.endpoint)
+        .with_allow_http(true)
+        .with_access_key_id(KEY)
+        .with_secret_access_key(SECRET)
+        .with_region("us-east-1")
+        .with_bucket_name("data")
+        .with_virtual_hosted_style_request(false)
+        .build()
+        .unwrap();
+    let loc = StorePath::from("t/old.bin");
+    let head = s3.head(&loc).await.unwrap();
+    assert_eq!(head.last_modified.timestamp(), 1_577_934_245);
+    let got = s3.get(&loc).await.unwrap();
+    assert_eq!(got.meta.last_modified.timestamp(), 1_577_934_245);
+    let listed: Vec<_> = s3
+        .list(Some(&StorePath::from("t")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].last_modified.timestamp(), 1_577_934_245);
+}

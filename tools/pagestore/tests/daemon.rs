@@ -86,6 +86,58 @@ fn the_embedded_default_serves_its_data_directory() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("pagectl cat /data/NAME"));
 }
 
+/// `n` `--mount` flags, `/m0` to `/m{n-1}`, each an anonymous S3 bucket (opened without
+/// reaching it).
+fn many_mounts(n: usize) -> Vec<String> {
+    (0..n)
+        .flat_map(|i| {
+            [
+                "--mount".to_string(),
+                format!("/m{i}=s3://b?endpoint=http://127.0.0.1:1&anonymous=true"),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn a_mount_table_clients_can_receive_serves_and_a_larger_one_is_refused_at_start() {
+    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    // 256 mounts (MAX_MOUNTS): the node starts and clients receive the whole table.
+    let port = free_udp_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mounts = many_mounts(256);
+    let mut args: Vec<&str> = vec![
+        "--listen", &listen, "--shards", "1", "--no-pin", "--admin", "off",
+    ];
+    args.extend(mounts.iter().map(String::as_str));
+    let (d, _) = start(home.path(), &args);
+    let out = Command::new(PAGECTL)
+        .args(["--cluster", &listen, "ls", "/"])
+        .env("PAGESTORE_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for i in [0, 100, 255] {
+        assert!(text.contains(&format!("m{i}/")), "m{i} missing from {text}");
+    }
+    drop(d);
+    // 257: refused at start, naming the limit (before, the node started and every client
+    // then failed with "response encoding failed").
+    let out = Command::new(PAGESTORED)
+        .args([
+            "--listen", &listen, "--shards", "1", "--no-pin", "--admin", "off",
+        ])
+        .args(many_mounts(257))
+        .env("PAGESTORE_HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("257 mounts, at most MAX_MOUNTS = 256"), "{e}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
+}
+
 #[test]
 fn a_config_file_sets_everything_and_flags_win() {
     let home = tempfile::tempdir_in("/var/tmp").unwrap();

@@ -203,6 +203,7 @@ fn sample_responses() -> Vec<Response> {
                 size: 5 << 20,
                 version_tag: "9b2cf535f27731c974343645a3985328".into(),
                 file_id: FileId::from_u128(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
+                mtime_ns: 1_700_000_000_123_456_789,
             },
         },
         ResponseBody::PathInfo {
@@ -214,14 +215,28 @@ fn sample_responses() -> Vec<Response> {
                     name: "a".into(),
                     is_dir: true,
                     size: 0,
+                    version_tag: String::new(),
+                    mtime_ns: 0,
                 },
                 DirEntry {
                     name: "b.bin".into(),
                     is_dir: false,
                     size: 12345,
+                    version_tag: "9b2cf535f27731c974343645a3985328".into(),
+                    mtime_ns: -1_000_000_000,
                 },
             ],
             more: true,
+        },
+        ResponseBody::Listing {
+            entries: vec![DirEntry {
+                name: "c".into(),
+                is_dir: false,
+                size: 1,
+                version_tag: "v".into(),
+                mtime_ns: 1,
+            }],
+            more: false,
         },
         ResponseBody::ClusterInfo {
             page_size: 4 << 20,
@@ -375,14 +390,24 @@ fn both_front_paddings_occur_and_decode() {
         let preamble = Preamble::decode_prefix(&frame).unwrap();
         let root = std::mem::size_of::<ArchivedResponse>();
         let header = &frame[preamble.header_range()];
-        // With no out-of-line data the archive is exactly the root, so
-        // the padding is header_len - root.
-        if matches!(resp.body, ResponseBody::Pong { .. } | ResponseBody::Miss) {
-            let pad = header.len() - root;
-            assert!(pad == 0 || pad == 8, "pad {pad}");
-            assert!(header[..pad].iter().all(|b| *b == 0));
-            saw_pad[usize::from(pad == 8)] = true;
-        }
+        // With no out-of-line data the archive is exactly the root (a
+        // multiple of 16 bytes), so there is no padding; a listing of one
+        // entry with inline strings adds 40 bytes, padded by 8.
+        let archive = match &resp.body {
+            ResponseBody::Pong { .. } | ResponseBody::Miss => root,
+            ResponseBody::Listing { entries, .. }
+                if entries.len() == 1
+                    && entries[0].name.len() <= 8
+                    && entries[0].version_tag.len() <= 8 =>
+            {
+                root + 40
+            }
+            _ => continue,
+        };
+        let pad = header.len() - archive;
+        assert!(pad == 0 || pad == 8, "pad {pad}");
+        assert!(header[..pad].iter().all(|b| *b == 0));
+        saw_pad[usize::from(pad == 8)] = true;
     }
     for req in sample_requests() {
         let frame = request_frame(&req);
@@ -529,7 +554,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(2, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(3, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -542,9 +567,10 @@ fn preamble_rejections() {
         Preamble::decode(&bad_magic),
         Err(FrameError::Magic { got: *b"XSTF" })
     );
-    // The version before this one (JSON payloads in `Jobs` and `Counters`)
-    // and the next are refused.
-    for version in [1, 3] {
+    // The versions before this one (1: JSON payloads in `Jobs` and
+    // `Counters`; 2: no modification times, 56-byte response roots) and the
+    // next are refused.
+    for version in [1, 2, 4] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -880,6 +906,24 @@ fn response_limits_are_enforced_on_both_sides() {
         ),
         (ResponseBody::Written, 3),
         (ResponseBody::Pong { nonce: 3 }, 1),
+        (
+            ResponseBody::Listing {
+                entries: vec![DirEntry {
+                    name: "x".into(),
+                    is_dir: false,
+                    size: 1,
+                    version_tag: "v".repeat(MAX_VERSION_TAG_LEN + 1),
+                    mtime_ns: 0,
+                }],
+                more: false,
+            },
+            0,
+        ),
+        (cluster_with_mounts(MAX_MOUNTS + 1, 16, 0), 0),
+        (
+            cluster_with_mounts(16, MAX_MOUNT_TABLE_BYTES / 16 + 1, 0),
+            0,
+        ),
     ];
     for (body, payload_len) in cases {
         let resp = Response {
@@ -897,6 +941,67 @@ fn response_limits_are_enforced_on_both_sides() {
             "{resp:?}: {err}"
         );
     }
+}
+
+/// A `ClusterInfo` with `mounts` mounts whose prefix and URL take
+/// `bytes_each` bytes together, and `nodes` members with IPv4 addresses of
+/// the longest form.
+fn cluster_with_mounts(mounts: usize, bytes_each: usize, nodes: usize) -> ResponseBody {
+    ResponseBody::ClusterInfo {
+        page_size: 4 << 20,
+        epoch: 1,
+        replicas: 1,
+        nodes: (0..nodes)
+            .map(|i| NodeEntry {
+                id: FileId::from_u128(i as u128),
+                addr: "255.255.255.255:65535".into(),
+                shards: 8,
+            })
+            .collect(),
+        mounts: (0..mounts)
+            .map(|i| {
+                let prefix = format!("/{i:08}");
+                let url = format!("s3://{}", "b".repeat(bytes_each - prefix.len() - 5));
+                MountEntry { prefix, url }
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn mount_table_limits_leave_room_for_members() {
+    // A mount table at both limits, with 700 members, still fits one header.
+    let body = cluster_with_mounts(MAX_MOUNTS, MAX_MOUNT_TABLE_BYTES / MAX_MOUNTS, 700);
+    let ResponseBody::ClusterInfo { mounts, .. } = &body else {
+        unreachable!()
+    };
+    let mounts = mounts.clone();
+    let bytes: usize = mounts.iter().map(|m| m.prefix.len() + m.url.len()).sum();
+    assert_eq!((mounts.len(), bytes), (MAX_MOUNTS, MAX_MOUNT_TABLE_BYTES));
+    check_mount_table(&mounts).unwrap();
+    let resp = Response {
+        request_id: 1,
+        body,
+    };
+    assert_eq!(
+        decode_response_frame(&response_frame(&resp)).unwrap().0,
+        resp
+    );
+    // One more mount, or one more byte, is refused by name.
+    let mut more = mounts.clone();
+    more.push(MountEntry {
+        prefix: "/x".into(),
+        url: String::new(),
+    });
+    let e = check_mount_table(&more).unwrap_err();
+    assert!(e.to_string().contains("MAX_MOUNTS = 256"), "{e}");
+    let mut longer = mounts.clone();
+    longer[0].url.push('b');
+    let e = check_mount_table(&longer).unwrap_err();
+    assert!(
+        e.to_string().contains("MAX_MOUNT_TABLE_BYTES = 16384"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -984,7 +1089,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    50535446020001006000000000000000\
+    50535446030001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -996,7 +1101,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    50535446020001006000000000000000\
+    50535446030001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1009,7 +1114,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, replica: true } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    50535446020001006000000000000000\
+    50535446030001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1043,12 +1148,12 @@ fn golden_fetch() {
 }
 
 /// `Response { request_id: 1, body: Pong { nonce: 0x0123456789abcdef } }`,
-/// no payload. 16-byte preamble + 64-byte header, of which the first 8
-/// bytes are front padding.
+/// no payload. 16-byte preamble + 64-byte header: the root alone, no
+/// padding.
 const GOLDEN_PONG: &str = "\
-    50535446020002004000000000000000\
-    00000000000000000100000000000000\
-    0700000000000000efcdab8967452301\
+    50535446030002004000000000000000\
+    01000000000000000700000000000000\
+    efcdab89674523010000000000000000\
     00000000000000000000000000000000\
     00000000000000000000000000000000";
 
@@ -1056,7 +1161,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    50535446020001009000000000000000\
+    50535446030001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1068,13 +1173,13 @@ const GOLDEN_READ_PAGES: &str = "\
     00000000000000000000000000000000";
 
 /// `Response { request_id: 2, body: Error { code: BadRange, message:
-/// "offset past end" } }`, no payload: 8 bytes of front padding, the 15
-/// message bytes (out of line), 1 byte of alignment, the 56-byte root.
+/// "offset past end" } }`, no payload: the 15 message bytes (out of line),
+/// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    50535446020002005000000000000000\
-    00000000000000006f66667365742070\
-    61737420656e64000200000000000000\
-    0a0100008f000000e4ffffff00000000\
+    50535446030002005000000000000000\
+    6f6666736574207061737420656e6400\
+    02000000000000000a0100008f000000\
+    e4ffffff000000000000000000000000\
     00000000000000000000000000000000\
     00000000000000000000000000000000";
 
@@ -1110,6 +1215,69 @@ fn golden_vectors_with_out_of_line_data() {
     );
 }
 
+/// 2020-09-13T12:26:40Z in nanoseconds: the modification time of the
+/// metadata golden vectors.
+const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
+
+/// `Response { request_id: 5, body: PathInfo { kind: File { size: 1024,
+/// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
+/// the 64-byte root alone.
+const GOLDEN_PATH_INFO: &str = "\
+    50535446030002004000000000000000\
+    05000000000000000b00000000000000\
+    00000000000000000004000000000000\
+    7631ffffffffffff1817161514131211\
+    28272625242322210000a0d885573416";
+
+/// `Response { request_id: 6, body: Listing { entries: [DirEntry { name:
+/// "a.bin", is_dir: false, size: 3, version_tag: "v1", mtime_ns:
+/// GOLDEN_MTIME_NS }], more: false } }`: 8 bytes of front padding, the
+/// 40-byte entry, then the root, whose pointer (-52) leads from its field
+/// (header 60) back to the entry (header 8).
+const GOLDEN_LISTING: &str = "\
+    50535446030002007000000000000000\
+    0000000000000000612e62696effffff\
+    00000000000000000300000000000000\
+    7631ffffffffffff0000a0d885573416\
+    06000000000000000c000000ccffffff\
+    01000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+#[test]
+fn golden_metadata() {
+    let info = Response {
+        request_id: 5,
+        body: ResponseBody::PathInfo {
+            kind: PathKind::File {
+                size: 1024,
+                version_tag: "v1".into(),
+                file_id: FILE_A,
+                mtime_ns: GOLDEN_MTIME_NS,
+            },
+        },
+    };
+    let listing = Response {
+        request_id: 6,
+        body: ResponseBody::Listing {
+            entries: vec![DirEntry {
+                name: "a.bin".into(),
+                is_dir: false,
+                size: 3,
+                version_tag: "v1".into(),
+                mtime_ns: GOLDEN_MTIME_NS,
+            }],
+            more: false,
+        },
+    };
+    for (resp, golden) in [(&info, GOLDEN_PATH_INFO), (&listing, GOLDEN_LISTING)] {
+        let mut out = Vec::new();
+        encode_response(resp, 0, &mut out).unwrap();
+        assert_eq!(hex(&out), hex(&unhex(golden)), "{resp:?}");
+        assert_eq!(decode_response_frame(&unhex(golden)).unwrap().0, *resp);
+    }
+}
+
 /// Sizes and alignments stated in docs/PROTOCOL.md.
 #[test]
 fn documented_sizes() {
@@ -1142,14 +1310,42 @@ fn documented_sizes() {
             size_of::<ArchivedResponseBody>(),
             align_of::<ArchivedResponseBody>()
         ),
-        (48, 8)
+        (56, 8)
     );
     assert_eq!(
         (
             size_of::<ArchivedResponse>(),
             align_of::<ArchivedResponse>()
         ),
-        (56, 8)
+        (64, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedPathKind>(),
+            align_of::<ArchivedPathKind>()
+        ),
+        (48, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedDirEntry>(),
+            align_of::<ArchivedDirEntry>()
+        ),
+        (40, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedNodeEntry>(),
+            align_of::<ArchivedNodeEntry>()
+        ),
+        (32, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedMountEntry>(),
+            align_of::<ArchivedMountEntry>()
+        ),
+        (16, 4)
     );
     assert_eq!(
         (
@@ -1337,6 +1533,38 @@ fn documented_field_offsets() {
                 (40, 8, 6),
                 (48, 8, 7),
             ],
+        ),
+        (
+            ResponseBody::PathInfo {
+                kind: PathKind::File {
+                    size: 3,
+                    version_tag: "v".into(),
+                    file_id: FILE_A,
+                    mtime_ns: -2,
+                },
+            },
+            vec![
+                (8, 1, 11),
+                (16, 1, 0),
+                (24, 8, 3),
+                (32, 1, u64::from(b'v')),
+                (40, 8, FILE_A.hi),
+                (48, 8, FILE_A.lo),
+                (56, 8, (-2i64) as u64),
+            ],
+        ),
+        (
+            ResponseBody::PathInfo {
+                kind: PathKind::Dir,
+            },
+            vec![(8, 1, 11), (16, 1, 1)],
+        ),
+        (
+            ResponseBody::Listing {
+                entries: Vec::new(),
+                more: true,
+            },
+            vec![(8, 1, 12), (16, 4, 0), (20, 1, 1)],
         ),
         (
             ResponseBody::Error {
@@ -1575,22 +1803,39 @@ fn arb_response() -> impl Strategy<Value = Response> {
             }),
         (arb_error_code(), arb_string(200))
             .prop_map(|(code, message)| ResponseBody::Error { code, message }),
-        (any::<u64>(), arb_string(40), arb_file_id()).prop_map(|(size, version_tag, file_id)| {
-            ResponseBody::PathInfo {
-                kind: PathKind::File {
-                    size,
-                    version_tag,
-                    file_id,
-                },
+        (any::<u64>(), arb_string(40), arb_file_id(), any::<i64>()).prop_map(
+            |(size, version_tag, file_id, mtime_ns)| {
+                ResponseBody::PathInfo {
+                    kind: PathKind::File {
+                        size,
+                        version_tag,
+                        file_id,
+                        mtime_ns,
+                    },
+                }
             }
-        }),
+        ),
         Just(ResponseBody::PathInfo {
             kind: PathKind::Dir
         }),
         (
             proptest::collection::vec(
-                ("[a-z0-9._-]{1,20}", any::<bool>(), any::<u64>())
-                    .prop_map(|(name, is_dir, size)| DirEntry { name, is_dir, size }),
+                (
+                    "[a-z0-9._-]{1,20}",
+                    any::<bool>(),
+                    any::<u64>(),
+                    arb_string(40),
+                    any::<i64>()
+                )
+                    .prop_map(|(name, is_dir, size, version_tag, mtime_ns)| {
+                        DirEntry {
+                            name,
+                            is_dir,
+                            size,
+                            version_tag,
+                            mtime_ns,
+                        }
+                    }),
                 0..=20
             ),
             any::<bool>()

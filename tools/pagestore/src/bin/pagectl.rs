@@ -911,8 +911,12 @@ async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
             size,
             version_tag,
             file_id,
+            mtime_ns,
         } => println!(
-            "{path}: file\n  size     {size}\n  version  {version_tag}\n  file id  {:032x}\n  pages    {}",
+            "{path}: file\n  size     {size}\n  version  {version_tag}\n  modified {}.{:09} \
+             (Unix time)\n  file id  {:032x}\n  pages    {}",
+            mtime_ns.div_euclid(1_000_000_000),
+            mtime_ns.rem_euclid(1_000_000_000),
             file_id.as_u128(),
             size.div_ceil(u64::from(client.page_size()))
         ),
