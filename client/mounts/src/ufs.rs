@@ -466,6 +466,28 @@ fn not_implemented(path: &str, operation: &str) -> UfsError {
     )
 }
 
+/// The version tag of an object the store just wrote (as [`MountTable::stat`] will report it),
+/// from the store's answer to the write; `None` if the store did not say.
+pub fn written_version(r: &object_store::PutResult) -> Option<String> {
+    r.e_tag.as_ref().map(|e| e.trim_matches('"').to_string())
+}
+
+/// What a conditional write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Written; the new object's version tag, if the store gave it.
+    Written(Option<String>),
+    /// The condition failed: nothing was written.
+    ConditionFailed,
+}
+
+impl PutOutcome {
+    /// Whether the object was written.
+    pub fn written(&self) -> bool {
+        matches!(self, PutOutcome::Written(_))
+    }
+}
+
 fn version_of(meta: &object_store::ObjectMeta) -> String {
     match &meta.e_tag {
         Some(e) => e.trim_matches('"').to_string(),
@@ -729,15 +751,17 @@ impl MountTable {
     /// Writes `data` as the object at `path` in one request, with `attributes` (where the
     /// store keeps them), if `mode` allows it (`PutMode::Create`: nothing there;
     /// `PutMode::Update`: the object has that version), as one atomic step of the store.
-    /// `Ok(false)`: the condition failed and nothing was written. A store that cannot do the
-    /// conditional write answers `UfsError::Store` with `object_store::Error::NotImplemented`.
+    /// `Ok(Written(version))`: written, with the version tag the store gave the new object
+    /// (the one [`MountTable::stat`] reports; `None` if the store did not say);
+    /// `Ok(ConditionFailed)`: nothing was written. A store that cannot do the conditional write
+    /// answers `UfsError::Store` with `object_store::Error::NotImplemented`.
     pub async fn put_if(
         &self,
         path: &str,
         data: Bytes,
         mode: object_store::PutMode,
         attributes: object_store::Attributes,
-    ) -> Result<bool, UfsError> {
+    ) -> Result<PutOutcome, UfsError> {
         let (m, p) = self.resolve(path)?;
         // GCS compares generations, which the version tags here do not carry.
         if matches!(&mode, object_store::PutMode::Update(v) if v.version.is_none())
@@ -754,11 +778,11 @@ impl MountTable {
             ..Default::default()
         };
         match m.store.put_opts(&p, data.into(), opts).await {
-            Ok(_) => Ok(true),
+            Ok(r) => Ok(PutOutcome::Written(written_version(&r))),
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
-            ) => Ok(false),
+            ) => Ok(PutOutcome::ConditionFailed),
             Err(object_store::Error::NotFound { .. }) => Err(UfsError::NotFound(path.into())),
             Err(e) => Err(UfsError::Store(path.to_string(), e)),
         }

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, UfsError};
+use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, PutOutcome, UfsError};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -193,27 +193,34 @@ fn conditional_writes_deletes_copies_and_versioned_listings_on_file_mounts() {
     };
     rt().block_on(async {
         let p = "/data/cond/x";
-        // Create: only where nothing is.
-        assert!(t
+        // Create: only where nothing is. The version the write answers is stat's.
+        let made = t
             .put_if(p, "one".into(), PutMode::Create, Default::default())
             .await
-            .unwrap());
+            .unwrap();
+        assert_eq!(
+            made,
+            PutOutcome::Written(Some(t.stat(p).await.unwrap().version))
+        );
         assert!(!t
             .put_if(p, "two".into(), PutMode::Create, Default::default())
             .await
-            .unwrap());
+            .unwrap()
+            .written());
         let v1 = t.stat(p).await.unwrap().version;
         // Update: only from the version named.
         assert!(t
             .put_if(p, "two".into(), update(&v1), Default::default())
             .await
-            .unwrap());
+            .unwrap()
+            .written());
         let v2 = t.stat(p).await.unwrap().version;
         assert_ne!(v1, v2);
         assert!(!t
             .put_if(p, "three".into(), update(&v1), Default::default())
             .await
-            .unwrap());
+            .unwrap()
+            .written());
         assert!(!t
             .put_if(
                 "/data/cond/none",
@@ -222,7 +229,8 @@ fn conditional_writes_deletes_copies_and_versioned_listings_on_file_mounts() {
                 Default::default()
             )
             .await
-            .unwrap());
+            .unwrap()
+            .written());
         let info = t.stat(p).await.unwrap();
         assert_eq!(&t.read(&info, 0..10).await.unwrap()[..], b"two");
         // A multipart write completing under a condition.
@@ -315,6 +323,7 @@ fn concurrent_conditional_updates_from_one_version_let_exactly_one_win() {
                     t.put_if(p, format!("writer {i}").into(), mode, Default::default())
                         .await
                         .unwrap()
+                        .written()
                 })
             })
             .collect();
@@ -337,6 +346,7 @@ fn concurrent_conditional_updates_from_one_version_let_exactly_one_win() {
                     )
                     .await
                     .unwrap()
+                    .written()
                 })
             })
             .collect();
@@ -367,7 +377,8 @@ fn attributes_are_kept_with_objects_of_file_mounts_and_copied_with_them() {
                 attrs.clone()
             )
             .await
-            .unwrap());
+            .unwrap()
+            .written());
         let got = t.object_attributes("/data/attr/a").await.unwrap();
         if !xattrs_work(d.path()) {
             // Not kept, and not an error: the object itself was written.

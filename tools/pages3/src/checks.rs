@@ -348,7 +348,10 @@ const ALGORITHMS: [(&str, usize); 5] = [
 /// headers, or as aws-chunked trailers announced by `x-amz-trailer`): `InvalidDigest` for a
 /// digest that is not one, `BadDigest` for a mismatch.
 pub struct Digests {
-    md5: Option<(Md5, Vec<u8>)>,
+    /// The body's MD5 (always computed: S3's ETag of an object or part written in one piece).
+    md5: Md5,
+    /// `Content-MD5`, decoded.
+    md5_expected: Option<Vec<u8>>,
     sums: ChecksumHasher,
     /// Expected values by algorithm index (from headers), decoded.
     expected: [Option<Vec<u8>>; 5],
@@ -366,17 +369,15 @@ fn invalid_digest(what: &str) -> S3Error {
 impl Digests {
     /// The digests `headers` name.
     pub fn from_headers(headers: &HeaderMap) -> S3Result<Digests> {
-        let md5 = match headers.get("content-md5") {
+        let md5_expected = match headers.get("content-md5") {
             None => None,
-            Some(v) => {
-                let want = v
-                    .to_str()
+            Some(v) => Some(
+                v.to_str()
                     .ok()
                     .and_then(base64_decode)
                     .filter(|d| d.len() == 16)
-                    .ok_or_else(|| invalid_digest("Content-MD5"))?;
-                Some((Md5::new(), want))
-            }
+                    .ok_or_else(|| invalid_digest("Content-MD5"))?,
+            ),
         };
         let mut expected: [Option<Vec<u8>>; 5] = Default::default();
         let mut trailer = [false; 5];
@@ -418,7 +419,8 @@ impl Digests {
             sums.crc64nvme = Some(Default::default());
         }
         Ok(Digests {
-            md5,
+            md5: Md5::new(),
+            md5_expected,
             sums,
             expected,
             trailer,
@@ -427,22 +429,19 @@ impl Digests {
 
     /// Feeds body bytes.
     pub fn update(&mut self, data: &[u8]) {
-        if let Some((m, _)) = self.md5.as_mut() {
-            m.update(data);
-        }
+        self.md5.update(data);
         self.sums.update(data);
     }
 
     /// Compares the digests of everything fed with the expected ones (`trailers`: the
-    /// aws-chunked trailers, once the body has ended).
-    pub fn verify(self, trailers: Option<&HeaderMap>) -> S3Result<()> {
-        if let Some((m, want)) = self.md5 {
-            if m.finalize()[..] != want[..] {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::BadDigest,
-                    "The Content-MD5 you specified did not match what was received",
-                ));
-            }
+    /// aws-chunked trailers, once the body has ended), and returns the body's MD5 in hex.
+    pub fn verify(self, trailers: Option<&HeaderMap>) -> S3Result<String> {
+        let md5 = self.md5.finalize();
+        if self.md5_expected.is_some_and(|want| md5[..] != want[..]) {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BadDigest,
+                "The Content-MD5 you specified did not match what was received",
+            ));
         }
         let got = self.sums.finalize();
         let got = [
@@ -481,7 +480,7 @@ impl Digests {
                 return Err(bad_checksum(name));
             }
         }
-        Ok(())
+        Ok(hex(&md5))
     }
 }
 
@@ -637,6 +636,11 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Bytes in lower-case hex (an MD5 as an ETag shows it).
+pub(super) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[cfg(test)]

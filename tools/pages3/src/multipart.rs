@@ -15,6 +15,7 @@ use std::{
 
 use bytes::BytesMut;
 use object_store::{Attributes, PutMode};
+use pagestore_client::ufs::written_version;
 use s3s::{
     crypto::{Checksum as _, Md5},
     dto::{
@@ -27,7 +28,7 @@ use s3s::{
 use tokio::io::AsyncWriteExt;
 
 use super::{
-    checks::Digests,
+    checks::{hex, Digests},
     cond::WriteCondition,
     errors::{internal, invalid, io_failure, store_error, upload_error},
     write::{BodyReader, WRITE_CHUNK},
@@ -37,7 +38,7 @@ use super::{
 /// Completed uploads remembered for retries of their CompleteMultipartUpload.
 const MAX_DONE: usize = 1000;
 
-/// Store versions remembered with the `md5-N` ETag of the upload that wrote them.
+/// Store versions remembered with the S3 ETag of the write that made them.
 const MAX_ALIASES: usize = 100_000;
 
 /// S3's ETag of a multipart object: the MD5 of the parts' binary MD5s, `-` and the number of
@@ -55,13 +56,10 @@ pub(super) fn multipart_etag(part_tags: &[&str]) -> String {
     format!("{}-{}", hex(h.finalize().as_ref()), part_tags.len())
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// The ETags this gateway gave objects it wrote from multipart uploads (`md5-N`), by logical
-/// path with the store version they name: HEAD, GET and listings report that ETag while the
-/// object keeps that version, and while this gateway runs.
+/// The ETags this gateway gave objects it wrote (S3's: the MD5 of the bytes for a PutObject,
+/// `md5-N` for a multipart upload), by logical path with the store version they name: HEAD,
+/// GET and listings report that ETag while the object keeps that version, and while this
+/// gateway runs.
 #[derive(Default)]
 pub(super) struct Aliases(Mutex<HashMap<String, (String, String)>>);
 
@@ -142,11 +140,11 @@ pub(super) async fn complete_multipart_upload(
         };
     let sent = async {
         let (mode, old) = gw.write_mode(&path, &cond).await?;
-        send_parts(ufs, &path, &files, mode, attributes).await?;
-        Ok::<_, S3Error>(old)
+        let version = send_parts(ufs, &path, &files, mode, attributes).await?;
+        Ok::<_, S3Error>((old, version))
     }
     .await;
-    let old = match sent {
+    let (old, version) = match sent {
         Ok(old) => old,
         Err(e) => {
             gw.uploads.end_complete(&input.upload_id, None).await;
@@ -157,9 +155,10 @@ pub(super) async fn complete_multipart_upload(
         .end_complete(&input.upload_id, Some((&wanted, &tag)))
         .await;
     gw.client.invalidate(&path, old).await;
-    match ufs.stat(&path).await {
-        Ok(info) => gw.aliases.set(&path, &info.version, &tag),
-        Err(e) => return Err(store_error(e)),
+    // The version this upload wrote (not a stat's: another writer may have come since).
+    match version {
+        Some(v) => gw.aliases.set(&path, &v, &tag),
+        None => gw.aliases.forget(&path),
     }
     Ok(answer(tag))
 }
@@ -282,14 +281,14 @@ async fn send_parts(
     files: &[PathBuf],
     mode: PutMode,
     attributes: Attributes,
-) -> S3Result<()> {
+) -> S3Result<Option<String>> {
     use tokio::io::AsyncReadExt;
     let fail = internal;
     let mut upload = ufs
         .put_multipart_if(path, mode, attributes)
         .await
         .map_err(store_error)?;
-    let result: S3Result<()> = async {
+    let result: S3Result<Option<String>> = async {
         let mut pending = Vec::new();
         let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
         let mut sent_any = false;
@@ -324,8 +323,8 @@ async fn send_parts(
         for p in pending {
             p.await.map_err(|e| upload_error(path, e))?;
         }
-        upload.complete().await.map_err(|e| upload_error(path, e))?;
-        Ok(())
+        let done = upload.complete().await.map_err(|e| upload_error(path, e))?;
+        Ok(written_version(&done))
     }
     .await;
     if result.is_err() {
@@ -537,28 +536,27 @@ impl Uploads {
                 return Err(fail(e));
             }
         };
-        // S3's part ETag: the MD5 of the part.
-        let mut hash = Md5::new();
         let mut size = 0u64;
-        let written: S3Result<()> = async {
+        let written: S3Result<String> = async {
             while let Some(chunk) = body.next().await? {
-                hash.update(&chunk);
                 digests.update(&chunk);
                 size += chunk.len() as u64;
                 file.write_all(&chunk).await.map_err(fail)?;
             }
             file.flush().await.map_err(fail)?;
-            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
-            Ok(())
+            // S3's part ETag: the MD5 of the part.
+            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())
         }
         .await;
         drop(file);
-        if let Err(e) = written {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            body.drain().await;
-            return Err(e);
-        }
-        let etag = hex(hash.finalize().as_ref());
+        let etag = match written {
+            Ok(md5) => md5,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                body.drain().await;
+                return Err(e);
+            }
+        };
         let dest = dir.join(format!("part-{number:05}"));
         let mut open = self.lock();
         // Aborted or completed while the body was arriving: drop the part.

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use hyper::HeaderMap;
 use object_store::{Attributes, PutMode};
 use pagestore_client::{
-    ufs::{ObjectInfo, UfsError},
+    ufs::{written_version, ObjectInfo, PutOutcome, UfsError},
     Client, Error as ClientError,
 };
 use pagestore_protocol::frame::PathKind;
@@ -317,7 +317,8 @@ impl Gateway {
         let mut buf = BytesMut::new();
         let mut upload = None;
         let mut pending = Vec::new();
-        let result: Result<(), S3Error> = async {
+        // The MD5 of the body and the version the write gave the object.
+        let result: Result<(String, Option<String>), S3Error> = async {
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
                 buf.extend_from_slice(&chunk);
@@ -338,19 +339,20 @@ impl Gateway {
                     }
                 }
             }
-            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
-            match upload.as_mut() {
-                None => {
-                    let written = ufs
-                        .put_if(path, buf.split().freeze(), mode.clone(), attributes.clone())
-                        .await
-                        .map_err(store_error)?;
-                    if !written {
+            let md5 = digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
+            let version = match upload.as_mut() {
+                None => match ufs
+                    .put_if(path, buf.split().freeze(), mode.clone(), attributes.clone())
+                    .await
+                    .map_err(store_error)?
+                {
+                    PutOutcome::Written(v) => v,
+                    PutOutcome::ConditionFailed => {
                         return Err(precondition_failed(
                             "the object changed (or appeared) during the request",
-                        ));
+                        ))
                     }
-                }
+                },
                 Some(u) => {
                     if !buf.is_empty() {
                         pending.push(u.put_part(buf.split().freeze().into()));
@@ -358,21 +360,32 @@ impl Gateway {
                     for p in pending.drain(..) {
                         p.await.map_err(|e| upload_error(path, e))?;
                     }
-                    u.complete().await.map_err(|e| upload_error(path, e))?;
+                    let done = u.complete().await.map_err(|e| upload_error(path, e))?;
+                    written_version(&done)
                 }
-            }
-            Ok(())
+            };
+            Ok((md5, version))
         }
         .await;
-        if let Err(e) = result {
-            pending.clear();
-            if let Some(mut u) = upload {
-                let _ = u.abort().await;
+        let (md5, version) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                pending.clear();
+                if let Some(mut u) = upload {
+                    let _ = u.abort().await;
+                }
+                body.drain().await;
+                return Err(self.write_failed(path, e).await);
             }
-            body.drain().await;
-            return Err(self.write_failed(path, e).await);
-        }
+        };
         self.client.invalidate(path, old).await;
+        // S3's ETag of an object written in one piece is the MD5 of its bytes: this version
+        // is reported with it (see `Aliases`). The version is the write's own answer, not a
+        // stat's, which may already see another writer's object.
+        match version {
+            Some(v) => self.aliases.set(path, &v, &md5),
+            None => self.aliases.forget(path),
+        }
         ufs.stat(path).await.map_err(store_error)
     }
 }
