@@ -461,6 +461,20 @@ impl Gateway {
         Tags { reported, store }
     }
 
+    /// The object at `key` of `bucket` and its ETags, if the read conditions `conds` let it be
+    /// read (else 304 or 412, as S3 answers).
+    async fn stat_for_read(
+        &self,
+        bucket: &str,
+        key: &str,
+        conds: &ReadConditions<'_>,
+    ) -> S3Result<(ObjectInfo, Tags)> {
+        let info = self.stat_object(bucket, key).await?;
+        let tags = self.tags_of(&info);
+        check_read(conds, &tags, self.modified(&info))?;
+        Ok((info, tags))
+    }
+
     /// When the object `info` was last modified, as reported (Last-Modified) and as the
     /// If-Modified-Since and If-Unmodified-Since conditions compare it.
     fn modified(&self, info: &ObjectInfo) -> SystemTime {
@@ -607,19 +621,16 @@ impl S3 for Gateway {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = &req.input;
-        let info = self.stat_object(&input.bucket, &input.key).await?;
-        let tags = self.tags_of(&info);
+        let conds = ReadConditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        let (info, tags) = self
+            .stat_for_read(&input.bucket, &input.key, &conds)
+            .await?;
         let modified = self.modified(&info);
-        check_read(
-            &ReadConditions {
-                if_match: input.if_match.as_ref(),
-                if_none_match: input.if_none_match.as_ref(),
-                if_modified_since: input.if_modified_since.as_ref(),
-                if_unmodified_since: input.if_unmodified_since.as_ref(),
-            },
-            &tags,
-            modified,
-        )?;
         let a = self.served_attributes(&info).await;
         Ok(S3Response::new(HeadObjectOutput {
             accept_ranges: Some("bytes".into()),

@@ -18,11 +18,7 @@ use s3s::{
 };
 use tokio::sync::mpsc;
 
-use super::{
-    cond::{check_read, ReadConditions},
-    errors::client_error,
-    Gateway,
-};
+use super::{cond::ReadConditions, errors::client_error, Gateway};
 
 /// Pages a GetObject reads ahead of the connection.
 const READ_AHEAD_PAGES: usize = 4;
@@ -138,19 +134,14 @@ pub(super) async fn get_object(
             "objects served by pages3 have one part",
         ));
     }
-    let info = gw.stat_object(&input.bucket, &input.key).await?;
-    let tags = gw.tags_of(&info);
+    let conds = ReadConditions {
+        if_match: input.if_match.as_ref(),
+        if_none_match: input.if_none_match.as_ref(),
+        if_modified_since: input.if_modified_since.as_ref(),
+        if_unmodified_since: input.if_unmodified_since.as_ref(),
+    };
+    let (info, tags) = gw.stat_for_read(&input.bucket, &input.key, &conds).await?;
     let modified = gw.modified(&info);
-    check_read(
-        &ReadConditions {
-            if_match: input.if_match.as_ref(),
-            if_none_match: input.if_none_match.as_ref(),
-            if_modified_since: input.if_modified_since.as_ref(),
-            if_unmodified_since: input.if_unmodified_since.as_ref(),
-        },
-        &tags,
-        modified,
-    )?;
     let (start, end) = match &input.range {
         None => (0, info.size),
         // No range of an empty object is satisfiable, a suffix range neither (as S3 answers;
