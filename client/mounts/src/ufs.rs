@@ -79,6 +79,22 @@ pub struct ObjectInfo {
 }
 
 impl ObjectInfo {
+    /// What a listing entry `e` says of the file at `path` (`None` for a directory): the same
+    /// as a stat of it at the time of the listing, so that a reader of what it listed needs
+    /// no stat per file.
+    pub fn listed(path: String, e: &DirEntry) -> Option<ObjectInfo> {
+        if e.is_dir {
+            return None;
+        }
+        Some(ObjectInfo {
+            file_id: file_id(&path, &e.version_tag),
+            path,
+            size: e.size,
+            version: e.version_tag.clone(),
+            mtime_ns: e.mtime_ns,
+        })
+    }
+
     /// The modification time in the store.
     pub fn modified(&self) -> std::time::SystemTime {
         system_time(self.mtime_ns)

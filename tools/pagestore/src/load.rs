@@ -5,7 +5,7 @@
 //! `pagectl jobs` and `/v1/jobs`.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     io::IsTerminal,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -15,8 +15,8 @@ use std::{
 };
 
 use futures_util::{stream, StreamExt};
-use pagestore_client::{Client, Error, JobRecord, JobState};
-use pagestore_protocol::frame::{MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN};
+use pagestore_client::{ufs::ObjectInfo, Client, Error, JobRecord, JobState};
+use pagestore_protocol::frame::{DirEntry, MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN};
 
 /// How to run a job.
 #[derive(Clone, Debug)]
@@ -163,25 +163,77 @@ pub fn parse_manifest(text: &str) -> Result<Vec<String>, LoadError> {
     Ok(out)
 }
 
-/// Every file under `prefix` (a directory, or one file), walking directories concurrently.
-pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, LoadError> {
+/// A file a job loads, with what its directory's listing said of it (`None`: the job stats it
+/// before loading it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The logical path.
+    pub path: String,
+    /// Size, version and file id from a listing (the same as a stat at that time).
+    pub listed: Option<ObjectInfo>,
+}
+
+impl Target {
+    /// A file known by its path only.
+    pub fn path(path: String) -> Target {
+        Target { path, listed: None }
+    }
+}
+
+/// The path of entry `name` of directory `dir`.
+fn child(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// The directory holding `path` (`/` for a top-level name).
+fn parent(path: &str) -> &str {
+    match path.rsplit_once('/') {
+        Some(("", _)) | None => "/",
+        Some((dir, _)) => dir,
+    }
+}
+
+/// Every file under `prefix` (a directory, or one file), walking directories concurrently;
+/// each file with what its directory's listing said of it, so that the job stats nothing.
+pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadError> {
     let root = match prefix.trim_end_matches('/') {
         "" => "/".to_string(),
         p => p.to_string(),
     };
-    match client.list(&root).await {
-        Err(Error::NotDir(_)) => return Ok(vec![root]),
+    let top = match client.list(&root).await {
+        Err(Error::NotDir(_)) => return Ok(vec![Target::path(root)]),
         Err(e) => return Err(e.into()),
-        Ok(_) => {}
-    }
+        Ok(entries) => entries,
+    };
     let mut files = Vec::new();
-    let mut dirs = VecDeque::from([root]);
-    while !dirs.is_empty() {
+    let mut dirs = VecDeque::new();
+    let mut listed = vec![(root, Ok(top))];
+    loop {
+        for (dir, r) in listed {
+            let entries = r.map_err(|source| LoadError::Listing {
+                dir: dir.clone(),
+                source,
+            })?;
+            for e in entries {
+                let p = child(&dir, &e.name);
+                match ObjectInfo::listed(p.clone(), &e) {
+                    Some(info) => files.push(Target {
+                        path: p,
+                        listed: Some(info),
+                    }),
+                    None => dirs.push_back(p),
+                }
+            }
+        }
+        if dirs.is_empty() {
+            break;
+        }
         let batch: Vec<String> = dirs.drain(..).collect();
-        let listed: Vec<(
-            String,
-            Result<Vec<pagestore_protocol::frame::DirEntry>, Error>,
-        )> = stream::iter(batch)
+        listed = stream::iter(batch)
             .map(|d| async move {
                 let r = client.list(&d).await;
                 (d, r)
@@ -189,27 +241,54 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<String>, LoadErro
             .buffer_unordered(16)
             .collect()
             .await;
-        for (dir, r) in listed {
-            let entries = r.map_err(|source| LoadError::Listing {
-                dir: dir.clone(),
-                source,
-            })?;
-            for e in entries {
-                let p = if dir == "/" {
-                    format!("/{}", e.name)
-                } else {
-                    format!("{dir}/{}", e.name)
-                };
-                if e.is_dir {
-                    dirs.push_back(p);
-                } else {
-                    files.push(p);
-                }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}
+
+/// A manifest's files are looked up in one listing of their directory where the manifest names
+/// at least this many files of it (else each is stat'ed: listing a large directory for a few of
+/// its files would cost more than their stats).
+pub const LIST_FROM: usize = 16;
+
+/// The files of a manifest, each with what its directory's listing says of it where the
+/// manifest names at least [`LIST_FROM`] files of that directory, so that a job of many small
+/// files asks one listing per directory instead of a stat per file. A file the listing does
+/// not hold, or a directory that cannot be listed, is left to its stat (which then says what is
+/// wrong).
+pub async fn resolve_manifest(client: &Client, paths: Vec<String>) -> Vec<Target> {
+    let mut per_dir: HashMap<&str, usize> = HashMap::new();
+    for p in &paths {
+        *per_dir.entry(parent(p)).or_default() += 1;
+    }
+    let dirs: Vec<String> = per_dir
+        .into_iter()
+        .filter(|(_, n)| *n >= LIST_FROM)
+        .map(|(d, _)| d.to_string())
+        .collect();
+    let listings: Vec<(String, Result<Vec<DirEntry>, Error>)> = stream::iter(dirs)
+        .map(|d| async move {
+            let r = client.list(&d).await;
+            (d, r)
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut known: HashMap<String, ObjectInfo> = HashMap::new();
+    for (dir, r) in listings {
+        for e in r.into_iter().flatten() {
+            if let Some(info) = ObjectInfo::listed(child(&dir, &e.name), &e) {
+                known.insert(info.path.clone(), info);
             }
         }
     }
-    files.sort();
-    Ok(files)
+    paths
+        .into_iter()
+        .map(|path| Target {
+            listed: known.get(&path).cloned(),
+            path,
+        })
+        .collect()
 }
 
 struct Progress {
@@ -273,10 +352,10 @@ fn clipped(text: &str, max: usize) -> String {
 
 /// Loads every file of `paths` (see the module docs), printing progress to standard error: a
 /// line rewritten in place on a terminal, a plain line every few seconds otherwise.
-pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions) -> JobReport {
+pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions) -> JobReport {
     let start = Instant::now();
     let started = unix_now();
-    let total_files = paths.len() as u64;
+    let total_files = files.len() as u64;
     let progress = Arc::new(Progress {
         files_done: AtomicU64::new(0),
         bytes_done: AtomicU64::new(0),
@@ -307,13 +386,13 @@ pub async fn run_job(client: Arc<Client>, paths: Vec<String>, opts: &LoadOptions
         files: total_files,
         ..JobReport::default()
     }));
-    stream::iter(paths)
-        .for_each_concurrent(opts.parallel.max(1), |path| {
+    stream::iter(files)
+        .for_each_concurrent(opts.parallel.max(1), |file| {
             let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
             async move {
-                let r = load_one(&client, &path, opts.verify).await;
+                let r = load_one(&client, &file, opts.verify).await;
                 let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
-                count_file(r, &path, &progress, &mut rep, start);
+                count_file(r, &file.path, &progress, &mut rep, start);
                 progress.files_done.fetch_add(1, Ordering::Relaxed);
             }
         })
@@ -489,8 +568,12 @@ struct OneFile {
     repaired: bool,
 }
 
-async fn load_one(client: &Client, path: &str, verify: bool) -> Result<OneFile, String> {
-    let mut info = client.stat(path).await.map_err(|e| e.to_string())?;
+async fn load_one(client: &Client, file: &Target, verify: bool) -> Result<OneFile, String> {
+    let path = file.path.as_str();
+    let mut info = match &file.listed {
+        Some(info) => info.clone(),
+        None => client.stat(path).await.map_err(|e| e.to_string())?,
+    };
     let mut repaired = false;
     if verify {
         // The cluster's metadata must name the version the under storage holds now.
@@ -543,6 +626,18 @@ async fn load_one(client: &Client, path: &str, verify: bool) -> Result<OneFile, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_split_into_directory_and_entry() {
+        assert_eq!(parent("/data/a/x.bin"), "/data/a");
+        assert_eq!(parent("/top"), "/");
+        assert_eq!(child("/", "top"), "/top");
+        assert_eq!(child("/data/a", "x.bin"), "/data/a/x.bin");
+        for p in ["/data/a/x.bin", "/top"] {
+            let (dir, name) = p.rsplit_once('/').unwrap();
+            assert_eq!(child(parent(p), name), p, "{dir}");
+        }
+    }
 
     #[test]
     fn manifests_take_plain_and_json_lines() {

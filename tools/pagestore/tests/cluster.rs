@@ -515,6 +515,80 @@ async fn a_write_through_the_client_is_read_back_at_once_despite_the_ttl() {
     ));
 }
 
+/// Path metadata requests the nodes answered (from their cache or the store): stats and
+/// listing pages, summed over every node's `/metrics`.
+fn metadata_requests(c: &Cluster) -> u64 {
+    use pagestore_testkit::local_cluster::http_get;
+    let mut n = 0;
+    for node in &c.nodes {
+        let (_, metrics) = http_get(node.admin.as_deref().unwrap(), "/metrics").unwrap();
+        for line in metrics.lines().filter(|l| {
+            l.starts_with("pagestore_metadata_cache_hits_total")
+                || l.starts_with("pagestore_metadata_cache_misses_total")
+        }) {
+            n += line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_over_many_small_files_ask_one_listing_per_directory_not_a_stat_per_file() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("many/a")).unwrap();
+    std::fs::create_dir_all(data.join("many/b")).unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("many/a/{i:03}"), bytes(i, 1000 + i as usize)))
+        .collect();
+    files.extend((0..3).map(|i| (format!("many/b/{i}"), bytes(100 + i, 10))));
+    for (n, b) in &files {
+        std::fs::write(data.join(n), b).unwrap();
+    }
+    // A local manifest: the 40 files of many/a (one listing) and the 3 of many/b (fewer than
+    // LIST_FROM: a stat each).
+    let manifest = dir.path().join("manifest.txt");
+    let text: String = files.iter().map(|(n, _)| format!("/data/{n}\n")).collect();
+    std::fs::write(&manifest, text).unwrap();
+    const { assert!(pagestore_tools::load::LIST_FROM <= 40 && pagestore_tools::load::LIST_FROM > 3) };
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    let c = Cluster::start(dir, s);
+
+    let m0 = metadata_requests(&c);
+    let out = c.pagectl(&["load", "--manifest", manifest.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("loaded 43 pages"), "{text}");
+    assert!(text.contains("0 of 43 files failed"), "{text}");
+    let m1 = metadata_requests(&c);
+    assert!(
+        m1 - m0 <= 1 + 3,
+        "one listing and three stats for 43 files, not {}",
+        m1 - m0
+    );
+
+    // A prefix: the listings of many, many/a and many/b, and no stat.
+    let out = c.pagectl(&["load", "--prefix", "/data/many"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("43 pages were cached already"), "{text}");
+    let m2 = metadata_requests(&c);
+    assert!(m2 - m1 <= 3, "three listings for 43 files, not {}", m2 - m1);
+
+    // What was loaded from the listings is what readers read: every page a hit.
+    let client = c.client(ClientOptions::default()).await;
+    let (h0, m_0) = c.hits_and_misses(&client).await;
+    for (n, b) in &files {
+        let got = client
+            .read(&format!("/data/{n}"), 0..u64::MAX)
+            .await
+            .unwrap();
+        assert!(got[..] == b[..], "{n}");
+    }
+    let (h1, m_1) = c.hits_and_misses(&client).await;
+    assert_eq!((h1 - h0, m_1 - m_0), (43, 0), "every page was preloaded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preload_jobs_load_every_page_once_and_verify_repairs_stale_files() {
     let (dir, mut s) = common::settings();

@@ -448,7 +448,7 @@ async fn load(
                 String::from_utf8(b.to_vec())
                     .map_err(|_| anyhow::anyhow!("manifest {m}: not UTF-8"))?
             };
-            load::parse_manifest(&text)?
+            load::resolve_manifest(client, load::parse_manifest(&text)?).await
         }
         (None, Some(p)) => load::walk(client, &p).await?,
         _ => anyhow::bail!("load needs exactly one of --manifest FILE or --prefix PATH"),
@@ -706,11 +706,14 @@ async fn free(client: &Arc<Client>, path: &str) -> anyhow::Result<()> {
     let files = pagestore_tools::load::walk(client, path).await?;
     let mut pages = 0;
     for f in &files {
-        let info = client.stat(f).await.with_context(|| f.to_string())?;
+        let info = match &f.listed {
+            Some(info) => info.clone(),
+            None => client.stat(&f.path).await.with_context(|| f.path.clone())?,
+        };
         pages += client
-            .invalidate_checked(f, Some(info.file_id))
+            .invalidate_checked(&f.path, Some(info.file_id))
             .await
-            .with_context(|| f.to_string())?;
+            .with_context(|| f.path.clone())?;
     }
     println!(
         "freed {pages} cached pages of {} files under {path}",
