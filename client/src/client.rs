@@ -711,14 +711,19 @@ impl Client {
     /// Resolves when the request sent to `addr` at `sent` should be given up: `addr` has
     /// answered nothing for its silence limit, and does not answer a `Ping` within it either (a
     /// request that is merely slow, such as a page its shard loads from a distant store, is
-    /// waited for as long as the member answers pings). Never resolves for a member that has
-    /// not answered yet: the call timeout covers it. Returns why, for the log.
+    /// waited for as long as the member answers pings). A member that has not answered this
+    /// client yet is judged by the slowest usual answer time of those that have (the ping then
+    /// also has to reach it: a live member answers it after its handshake, a stopped one does
+    /// not); before any member answered, only the call timeout applies. Returns why, for the
+    /// log.
     async fn silence(&self, addr: SocketAddr, sent: Instant) -> String {
         let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
         loop {
             let latency = {
                 let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
-                t.get(&addr).copied()
+                t.get(&addr)
+                    .or_else(|| t.values().max_by_key(|l| l.usual()))
+                    .copied()
             };
             let Some(l) = latency else {
                 return std::future::pending().await;
