@@ -197,6 +197,21 @@ fn parent(path: &str) -> &str {
     }
 }
 
+/// The listings of `dirs`, 16 at a time, each with its directory (in no particular order).
+async fn list_all(
+    client: &Client,
+    dirs: Vec<String>,
+) -> Vec<(String, Result<Vec<DirEntry>, Error>)> {
+    stream::iter(dirs)
+        .map(|d| async move {
+            let r = client.list(&d).await;
+            (d, r)
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await
+}
+
 /// Every file under `prefix` (a directory, or one file), walking directories concurrently;
 /// each file with what its directory's listing said of it, so that the job stats nothing.
 pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadError> {
@@ -232,15 +247,7 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadErro
         if dirs.is_empty() {
             break;
         }
-        let batch: Vec<String> = dirs.drain(..).collect();
-        listed = stream::iter(batch)
-            .map(|d| async move {
-                let r = client.list(&d).await;
-                (d, r)
-            })
-            .buffer_unordered(16)
-            .collect()
-            .await;
+        listed = list_all(client, dirs.drain(..).collect()).await;
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(files)
@@ -266,14 +273,7 @@ pub async fn resolve_manifest(client: &Client, paths: Vec<String>) -> Vec<Target
         .filter(|(_, n)| *n >= LIST_FROM)
         .map(|(d, _)| d.to_string())
         .collect();
-    let listings: Vec<(String, Result<Vec<DirEntry>, Error>)> = stream::iter(dirs)
-        .map(|d| async move {
-            let r = client.list(&d).await;
-            (d, r)
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
+    let listings = list_all(client, dirs).await;
     let mut known: HashMap<String, ObjectInfo> = HashMap::new();
     for (dir, r) in listings {
         for e in r.into_iter().flatten() {
