@@ -17,7 +17,7 @@ use super::{
     checks::Digests,
     cond::{check_copy_source, ReadConditions, WriteCondition},
     errors::{invalid, store_error},
-    multipart::MAX_PART_NUMBER,
+    multipart::check_part_number,
     read::object_blob,
     write::BodyReader,
     Gateway,
@@ -184,12 +184,7 @@ pub(super) async fn upload_part_copy(
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
     let input = req.input;
     let dst = gw.write_path(&input.bucket, &input.key)?;
-    if !(1..=MAX_PART_NUMBER).contains(&input.part_number) {
-        return Err(invalid(format!(
-            "part number {} is not between 1 and {MAX_PART_NUMBER}",
-            input.part_number
-        )));
-    }
+    check_part_number(input.part_number)?;
     let info = gw
         .copy_source(
             &input.copy_source,

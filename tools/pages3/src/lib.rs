@@ -76,7 +76,7 @@ use checks::{ChunkedCheck, Digests, Policy};
 use cond::{check_read, ReadConditions, Tags};
 use errors::{client_error, internal, invalid, no_such_bucket};
 use keys::{decode_token, encode_token, etag, key_path, segment_is_safe, KeyPath};
-use multipart::{Aliases, Uploads, MAX_PART_NUMBER};
+use multipart::{check_part_number, Aliases, Uploads};
 use pagestore_cli::http_guard::{self, Limits, StallBody};
 use write::{sweep_staged, BodyReader};
 
@@ -756,12 +756,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let input = req.input;
         let path = self.write_path(&input.bucket, &input.key)?;
-        if !(1..=MAX_PART_NUMBER).contains(&input.part_number) {
-            return Err(invalid(format!(
-                "part number {} is not between 1 and {MAX_PART_NUMBER}",
-                input.part_number
-            )));
-        }
+        check_part_number(input.part_number)?;
         let tag = self
             .uploads
             .put_part(

@@ -94,6 +94,17 @@ const MIN_PART: u64 = 5 << 20;
 /// Part numbers go from 1 to this (as in S3).
 pub(super) const MAX_PART_NUMBER: i32 = 10_000;
 
+/// 400 for a part number outside `1..=MAX_PART_NUMBER`.
+pub(super) fn check_part_number(n: i32) -> S3Result<()> {
+    if (1..=MAX_PART_NUMBER).contains(&n) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "part number {n} is not between 1 and {MAX_PART_NUMBER}"
+        )))
+    }
+}
+
 /// Names of upload directories under the staging directory.
 const UPLOAD_DIR_PREFIX: &str = "upload-";
 

@@ -7,6 +7,7 @@ use s3s::S3ErrorCode;
 use super::{
     keys::{decode_token, encode_token, key_path, url_encode, KeyPath},
     list::{sorted_level, subtree_after},
+    multipart::check_part_number,
     read::chunks,
     valid_bucket,
 };
@@ -97,4 +98,16 @@ fn level_sort_puts_directory_keys_where_their_children_sort() {
 #[test]
 fn url_encoding_keeps_slashes() {
     assert_eq!(url_encode("a b/c+d%é"), "a%20b/c%2Bd%25%C3%A9");
+}
+
+#[test]
+fn part_numbers_go_from_1_to_10000() {
+    for n in [1, 5_000, 10_000] {
+        assert!(check_part_number(n).is_ok(), "{n}");
+    }
+    for n in [i32::MIN, -1, 0, 10_001] {
+        let e = check_part_number(n).unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidArgument, "{n}");
+        assert!(e.message().unwrap_or("").contains(&n.to_string()), "{n}");
+    }
 }
