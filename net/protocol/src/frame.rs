@@ -79,12 +79,18 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// tag, so listings are enough to open a file; every response root grows
 /// from 56 to 64 bytes. The mount table of `ClusterInfo` may hold
 /// [`MAX_MOUNTS`] = 256 entries within [`MAX_MOUNT_TABLE_BYTES`].
-pub const PROTOCOL_VERSION: u16 = 3;
+///
+/// Version 4: write-back. New requests `WriteDirty`, `Change`, `Replicate`,
+/// `PullRecords`, `FilePages` and `WriteBackState`, answers `Applied`,
+/// `Records` and `WriteBack`, error codes `Exists`, `NotEmpty` and
+/// `Unflushed`; `PathKind::File` carries the file's state and the under
+/// storage's version of it, `ClusterInfo` the write replicas.
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/3";
+pub const ALPN: &[u8] = b"pagestore/4";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -169,6 +175,13 @@ pub const MAX_MOUNT_TABLE_BYTES: usize = 16 << 10;
 
 /// Longest node address or mount URL, in bytes.
 pub const MAX_URL_LEN: usize = 1024;
+
+/// Most [`FileRecord`]s one `Replicate` request or `Records` answer carries.
+pub const MAX_RECORD_BATCH: usize = 1000;
+
+/// Largest payload of a `Replicate` request or a `Records` answer: 8 MiB
+/// (1000 records with the longest paths and tags fit).
+pub const MAX_RECORDS_PAYLOAD: u32 = 8 << 20;
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -639,6 +652,122 @@ pub enum RequestBody {
     /// the cache and from the under storage, requests), so that tools can
     /// compute rates.
     Counters,
+    /// Stores one page of a write-back version (a file written through the
+    /// cluster on a `back` or `transient` mount, not in the under storage
+    /// yet). The payload is the page, exactly `len` bytes. The shard keeps
+    /// it dirty (never evicted) and answers [`ResponseBody::Written`] only
+    /// once it is durable on its disk. Sent to each of the page's write
+    /// members (the owner and the next members on distinct nodes).
+    WriteDirty {
+        /// The page: `key.file_id` must be the file id of `version_tag`.
+        key: Key,
+        /// The write-back version the page belongs to (see
+        /// [`crate::writeback::is_wb_tag`]); at most [`MAX_VERSION_TAG_LEN`]
+        /// bytes.
+        version_tag: String,
+        /// Page length; must equal the preamble's payload length and be at
+        /// most [`MAX_PAGE_LEN`].
+        len: u32,
+        /// Ring epoch the client routed with.
+        epoch: u64,
+    },
+    /// A change of the namespace of a `back` or `transient` mount
+    /// ([`ResponseBody::Applied`]): the node records it durably, hands it
+    /// to every other node and answers once the cluster's write replicas
+    /// hold it.
+    Change {
+        /// What changes.
+        op: ChangeOp,
+    },
+    /// Node to node: the payload is an archived vector of [`FileRecord`]s
+    /// ([`encode_file_records`]) the receiver applies and keeps durably
+    /// before it answers [`ResponseBody::Applied`].
+    Replicate,
+    /// Node to node: the write-back records whose paths sort after `after`
+    /// ("" for the first page), as many as fit one answer
+    /// ([`ResponseBody::Records`] + payload).
+    PullRecords {
+        /// The last path already received; at most [`MAX_PATH_LEN`] bytes.
+        after: String,
+    },
+    /// Node to node: what the shard does with the cached pages of a
+    /// write-back version ([`ResponseBody::Removed`]: the pages affected).
+    FilePages {
+        /// The version's file id.
+        file_id: FileId,
+        /// Clean, drop or seal.
+        action: PageAction,
+    },
+    /// The write-back state of the files under `prefix`
+    /// ([`ResponseBody::WriteBack`]): what is waiting to reach the under
+    /// storage, as this node knows it.
+    WriteBackState {
+        /// Absolute logical path of a file or directory; at most
+        /// [`MAX_PATH_LEN`] bytes.
+        prefix: String,
+    },
+}
+
+/// A namespace change of [`RequestBody::Change`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ChangeOp {
+    /// Makes `path` name write-back version `version_tag` of `size` bytes
+    /// (its pages written with `WriteDirty` before): the file is visible
+    /// to every reader from then on. `last` is the writer's final commit
+    /// (its close): the version takes no more pages and may be flushed.
+    /// A commit of a version that a rename moved updates the file where it
+    /// is now; one of a version that was deleted changes nothing.
+    Commit {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+        /// The version; at most [`MAX_VERSION_TAG_LEN`] bytes.
+        version_tag: String,
+        /// Size in bytes.
+        size: u64,
+        /// Modification time, nanoseconds since the Unix epoch.
+        mtime_ns: i64,
+        /// The writer's last commit of this version.
+        last: bool,
+    },
+    /// Renames the file (not a directory) `from` to `to` within one mount.
+    /// With `replace` false an existing `to` is an `Exists` error.
+    Rename {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        from: String,
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        to: String,
+        /// Whether an existing `to` is replaced.
+        replace: bool,
+    },
+    /// Deletes the file `path` (`dir` false) or the empty directory
+    /// `path` (`dir` true; `NotEmpty` when it holds anything).
+    Delete {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+        /// A directory (rmdir) rather than a file (unlink).
+        dir: bool,
+    },
+    /// Makes the directory `path` (`Exists` when there is one already).
+    MakeDir {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+        /// Modification time, nanoseconds since the Unix epoch.
+        mtime_ns: i64,
+    },
+}
+
+/// What [`RequestBody::FilePages`] does with a version's pages.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PageAction {
+    /// The version is in the under storage now: its pages become ordinary
+    /// cached pages (evictable).
+    Clean,
+    /// The version is gone (replaced, deleted, abandoned): drop its pages,
+    /// dirty or not.
+    Drop,
+    /// The version takes no more pages: refuse later `WriteDirty` of it and
+    /// answer once the ones in progress are done.
+    Seal,
 }
 
 /// What a logical path names.
@@ -655,9 +784,36 @@ pub enum PathKind {
         /// The object's modification time in the store, nanoseconds since
         /// the Unix epoch (negative before it).
         mtime_ns: i64,
+        /// Where the bytes are: only in the under storage, or written
+        /// through the cluster and flushed or not yet.
+        state: FileState,
+        /// The version of the object in the under storage that holds these
+        /// bytes ("" while none does: a write-back file not flushed yet, or
+        /// a transient one). Equal to `version_tag` for [`FileState::Stored`].
+        store_tag: String,
     },
     /// A directory (a common prefix, a mount point or one of its parents).
     Dir,
+}
+
+/// Where a file's bytes are ([`PathKind::File`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FileState {
+    /// An object of the under storage (read through the cache).
+    #[default]
+    Stored,
+    /// Written through the cluster and still open by its writer: visible,
+    /// durable on the cluster, not in the under storage yet.
+    Writing,
+    /// Written through the cluster, closed, waiting to be flushed to the
+    /// under storage.
+    Dirty,
+    /// Written through the cluster and flushed: the under storage holds it
+    /// (at `store_tag`).
+    Clean,
+    /// Written to a `transient` mount: kept on the cluster only, never
+    /// flushed.
+    Transient,
 }
 
 /// One entry of a [`ResponseBody::Listing`].
@@ -737,6 +893,15 @@ pub enum ErrorCode {
     /// The object's content changed: it no longer has the version tag the
     /// request named. Stat the path again.
     Changed,
+    /// The path exists already (a `MakeDir`, or a `Rename` without
+    /// `replace`).
+    Exists,
+    /// The directory is not empty (a `Delete` with `dir`).
+    NotEmpty,
+    /// The page belongs to a write-back version that is not in the under
+    /// storage yet and this member does not hold it: ask the page's other
+    /// write members.
+    Unflushed,
 }
 
 /// A response frame's header: the echoed request id and the outcome.
@@ -845,6 +1010,10 @@ pub enum ResponseBody {
         nodes: Vec<NodeEntry>,
         /// The mount table, at most [`MAX_MOUNTS`].
         mounts: Vec<MountEntry>,
+        /// Members (on distinct nodes) that keep each page and record of a
+        /// write-back file before a write is acknowledged (1 or more; at
+        /// most the number of nodes).
+        write_replicas: u8,
     },
     /// Answer to `Jobs`: the payload is the job records the node keeps, most
     /// recently updated first ([`encode_job_records`]: an archived vector of
@@ -853,6 +1022,49 @@ pub enum ResponseBody {
     /// Answer to `Counters`: the payload is one archived [`ShardCounters`]
     /// ([`encode_counters`]), exactly [`COUNTERS_PAYLOAD_LEN`] bytes.
     Counters,
+    /// Answer to `Change` and `Replicate`: the change is kept durably (by
+    /// the cluster's write replicas, for `Change`).
+    Applied {
+        /// The change's position in the cluster's order of changes (a
+        /// hybrid logical clock: milliseconds << 16 | a counter); for
+        /// `Replicate`, the largest one applied.
+        hlc: u64,
+    },
+    /// Answer to `PullRecords`: the payload is an archived vector of
+    /// [`FileRecord`]s in path order ([`encode_file_records`]).
+    Records {
+        /// Whether more records follow (ask again with `after` = the last
+        /// path received).
+        more: bool,
+    },
+    /// Answer to `WriteBackState`.
+    WriteBack {
+        /// The state.
+        summary: WriteBackSummary,
+    },
+}
+
+/// The write-back state under a prefix ([`ResponseBody::WriteBack`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct WriteBackSummary {
+    /// Files written through the cluster and not in the under storage yet
+    /// (open, dirty or sealed; transient files not counted).
+    pub files_dirty: u64,
+    /// Their bytes.
+    pub bytes_dirty: u64,
+    /// Deletions and renames not applied to the under storage yet.
+    pub deletes_pending: u64,
+    /// Files this node is flushing now.
+    pub files_flushing: u64,
+    /// Age of the oldest dirty file's last change, milliseconds (0: none).
+    pub oldest_dirty_ms: u64,
+    /// Flush attempts of this node that failed, since it started.
+    pub flush_errors: u64,
+    /// Bytes this node flushed since it started.
+    pub bytes_flushed: u64,
+    /// The last flush error of this node under the prefix ("" if none); at
+    /// most [`MAX_MESSAGE_LEN`] bytes.
+    pub last_error: String,
 }
 
 // ---------------------------------------------------------------------------
@@ -998,6 +1210,122 @@ impl JobRecord {
     }
 }
 
+/// What a write-back record says of its path ([`FileRecord`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum RecordEntry {
+    /// A file written through the cluster.
+    File {
+        /// Its write-back version; at most [`MAX_VERSION_TAG_LEN`] bytes.
+        version_tag: String,
+        /// Size in bytes.
+        size: u64,
+        /// Modification time, nanoseconds since the Unix epoch.
+        mtime_ns: i64,
+        /// Where it is in its life.
+        state: RecordState,
+        /// The under storage's version of the flushed object ("" until
+        /// [`RecordState::Clean`]); at most [`MAX_VERSION_TAG_LEN`] bytes.
+        store_tag: String,
+        /// Written to a `transient` mount (never flushed).
+        transient: bool,
+    },
+    /// A directory made through the cluster.
+    Dir {
+        /// Modification time, nanoseconds since the Unix epoch.
+        mtime_ns: i64,
+    },
+    /// The path was deleted (or renamed away) through the cluster.
+    Deleted {
+        /// The write-back version it named, if any ("": none, or an object
+        /// of the under storage); at most [`MAX_VERSION_TAG_LEN`] bytes.
+        prev_tag: String,
+        /// The under storage may still hold an object at the path that the
+        /// flusher must delete.
+        pending: bool,
+    },
+}
+
+/// The life of a write-back file ([`RecordEntry::File`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    /// Committed by a writer that still has it open: it may write more
+    /// pages of the version and commit again.
+    Open,
+    /// The writer's last commit: no more pages; waits for the flush.
+    Final,
+    /// An open version whose writer went silent: sealed (no more pages
+    /// accepted) so that it can be flushed.
+    Sealed,
+    /// In the under storage at `store_tag`.
+    Clean,
+}
+
+/// One path's write-back record: what the cluster's nodes keep, each a
+/// full copy, of the files, directories and deletions made through the
+/// cluster on `back` and `transient` mounts. The payload element of
+/// `Replicate` and `Records`.
+///
+/// Of two records of one path, the one with the larger
+/// [`FileRecord::order`] wins (last writer wins in the cluster's order).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+    pub path: String,
+    /// Position in the cluster's order of changes (hybrid logical clock of
+    /// the node that made the change).
+    pub hlc: u64,
+    /// The node that made the change (breaks ties of `hlc`).
+    pub origin: FileId,
+    /// What the path is.
+    pub entry: RecordEntry,
+}
+
+impl FileRecord {
+    /// The record's rank among records of its path: `(hlc, origin, stage)`,
+    /// where the stage orders the steps that keep a change's identity
+    /// (`hlc`, `origin`): a seal (1) and a flush (2) after the commit (0), a
+    /// deletion applied to the under storage (1) after the deletion (0).
+    pub fn order(&self) -> (u64, u128, u8) {
+        let stage = match &self.entry {
+            RecordEntry::File { state, .. } => match state {
+                RecordState::Open | RecordState::Final => 0,
+                RecordState::Sealed => 1,
+                RecordState::Clean => 2,
+            },
+            RecordEntry::Dir { .. } => 0,
+            RecordEntry::Deleted { pending, .. } => u8::from(!*pending),
+        };
+        (self.hlc, self.origin.as_u128(), stage)
+    }
+
+    /// Checks the record's limits ([`FrameError::Limit`]): the path is
+    /// absolute and at most [`MAX_PATH_LEN`] bytes, tags at most
+    /// [`MAX_VERSION_TAG_LEN`].
+    pub fn validate(&self) -> Result<(), FrameError> {
+        bounded_str("FileRecord path", &self.path, MAX_PATH_LEN)?;
+        if !self.path.starts_with('/') {
+            return Err(FrameError::Limit(format!(
+                "FileRecord path {:?} is not absolute",
+                self.path
+            )));
+        }
+        match &self.entry {
+            RecordEntry::File {
+                version_tag,
+                store_tag,
+                ..
+            } => {
+                bounded_str("FileRecord version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                bounded_str("FileRecord store_tag", store_tag, MAX_VERSION_TAG_LEN)
+            }
+            RecordEntry::Dir { .. } => Ok(()),
+            RecordEntry::Deleted { prev_tag, .. } => {
+                bounded_str("FileRecord prev_tag", prev_tag, MAX_VERSION_TAG_LEN)
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Semantic validation
 // ---------------------------------------------------------------------------
@@ -1126,8 +1454,58 @@ impl Request {
                 }
                 Ok(())
             }
+            RequestBody::WriteDirty {
+                version_tag, len, ..
+            } => {
+                bounded_str("WriteDirty version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                bounded_page("WriteDirty len", *len)?;
+                if *len != payload_len {
+                    return Err(FrameError::Mismatch(format!(
+                        "WriteDirty len {len} differs from payload length {payload_len}"
+                    )));
+                }
+                Ok(())
+            }
+            RequestBody::Change { op } => {
+                match op {
+                    ChangeOp::Commit {
+                        path, version_tag, ..
+                    } => {
+                        bounded_str("Commit path", path, MAX_PATH_LEN)?;
+                        bounded_str("Commit version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                    }
+                    ChangeOp::Rename { from, to, .. } => {
+                        bounded_str("Rename from", from, MAX_PATH_LEN)?;
+                        bounded_str("Rename to", to, MAX_PATH_LEN)?;
+                    }
+                    ChangeOp::Delete { path, .. } => bounded_str("Delete path", path, MAX_PATH_LEN)?,
+                    ChangeOp::MakeDir { path, .. } => {
+                        bounded_str("MakeDir path", path, MAX_PATH_LEN)?
+                    }
+                }
+                no_payload("Change", payload_len)
+            }
+            RequestBody::Replicate => bounded_records_payload("Replicate", payload_len),
+            RequestBody::PullRecords { after } => {
+                bounded_str("PullRecords after", after, MAX_PATH_LEN)?;
+                no_payload("PullRecords", payload_len)
+            }
+            RequestBody::FilePages { .. } => no_payload("FilePages", payload_len),
+            RequestBody::WriteBackState { prefix } => {
+                bounded_str("WriteBackState prefix", prefix, MAX_PATH_LEN)?;
+                no_payload("WriteBackState", payload_len)
+            }
         }
     }
+}
+
+fn bounded_records_payload(what: &str, payload_len: u32) -> Result<(), FrameError> {
+    if payload_len > MAX_RECORDS_PAYLOAD {
+        return Err(FrameError::Limit(format!(
+            "{what} payload of {payload_len} bytes exceeds {MAX_RECORDS_PAYLOAD}"
+        )));
+    }
+    Ok(())
 }
 
 fn bounded_file_ref(file: &FileRef) -> Result<(), FrameError> {
@@ -1229,8 +1607,14 @@ impl Response {
             ResponseBody::Epoch { .. } => no_payload("Epoch", payload_len),
             ResponseBody::Stat { .. } => no_payload("Stat", payload_len),
             ResponseBody::PathInfo { kind } => {
-                if let PathKind::File { version_tag, .. } = kind {
+                if let PathKind::File {
+                    version_tag,
+                    store_tag,
+                    ..
+                } = kind
+                {
                     bounded_str("PathInfo version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                    bounded_str("PathInfo store_tag", store_tag, MAX_VERSION_TAG_LEN)?;
                 }
                 no_payload("PathInfo", payload_len)
             }
@@ -1278,6 +1662,12 @@ impl Response {
                 }
                 Ok(())
             }
+            ResponseBody::Applied { .. } => no_payload("Applied", payload_len),
+            ResponseBody::Records { .. } => bounded_records_payload("Records", payload_len),
+            ResponseBody::WriteBack { summary } => {
+                bounded_str("WriteBack last_error", &summary.last_error, MAX_MESSAGE_LEN)?;
+                no_payload("WriteBack", payload_len)
+            }
         }
     }
 }
@@ -1313,9 +1703,17 @@ impl ResponseBody {
             (RequestBody::Invalidate { .. }, ResponseBody::Removed { .. }) => true,
             (RequestBody::Jobs, ResponseBody::Jobs) => true,
             (RequestBody::Counters, ResponseBody::Counters) => true,
+            (RequestBody::WriteDirty { .. }, ResponseBody::Written) => true,
+            (RequestBody::Change { .. } | RequestBody::Replicate, ResponseBody::Applied { .. }) => {
+                true
+            }
+            (RequestBody::PullRecords { .. }, ResponseBody::Records { .. }) => true,
+            (RequestBody::FilePages { .. }, ResponseBody::Removed { .. }) => true,
+            (RequestBody::WriteBackState { .. }, ResponseBody::WriteBack { .. }) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::WritePage { .. }
+                | RequestBody::WriteDirty { .. }
                 | RequestBody::LoadPages { .. }
                 | RequestBody::RemoveFile { .. },
                 ResponseBody::NotOwner { .. },
@@ -1636,6 +2034,57 @@ pub fn decode_job_records(payload: &[u8]) -> Result<Vec<JobRecord>, FrameError> 
 fn check_job_records(records: &[JobRecord]) -> Result<(), FrameError> {
     bounded_count("Jobs records", records.len(), MAX_JOB_RECORDS)?;
     records.iter().try_for_each(JobRecord::validate)
+}
+
+/// The payload of a `Replicate` request or a `Records` answer: `records`
+/// (at most [`MAX_RECORD_BATCH`], each valid) archived as one vector, at
+/// most [`MAX_RECORDS_PAYLOAD`] bytes.
+pub fn encode_file_records(records: &[FileRecord]) -> Result<Vec<u8>, FrameError> {
+    check_file_records(records)?;
+    let bytes = encode_archive(&records.to_vec())?;
+    if bytes.len() > MAX_RECORDS_PAYLOAD as usize {
+        return Err(FrameError::Limit(format!(
+            "a records payload of {} bytes exceeds {MAX_RECORDS_PAYLOAD}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads the payload of a `Replicate` request or a `Records` answer (any
+/// alignment): an archived vector of valid [`FileRecord`]s.
+pub fn decode_file_records(payload: &[u8]) -> Result<Vec<FileRecord>, FrameError> {
+    if payload.len() > MAX_RECORDS_PAYLOAD as usize {
+        return Err(FrameError::Limit(format!(
+            "a records payload of {} bytes exceeds {MAX_RECORDS_PAYLOAD}",
+            payload.len()
+        )));
+    }
+    if payload.is_empty() {
+        return Ok(Vec::new());
+    }
+    let records: Vec<FileRecord> = decode_header(payload)?;
+    check_file_records(&records)?;
+    Ok(records)
+}
+
+fn check_file_records(records: &[FileRecord]) -> Result<(), FrameError> {
+    bounded_count("records", records.len(), MAX_RECORD_BATCH)?;
+    records.iter().try_for_each(FileRecord::validate)
+}
+
+/// One record archived on its own (the write-back journal's entry; see
+/// docs/FORMAT.md).
+pub fn encode_file_record(record: &FileRecord) -> Result<Vec<u8>, FrameError> {
+    record.validate()?;
+    encode_archive(record)
+}
+
+/// Reads one record archived by [`encode_file_record`] (any alignment).
+pub fn decode_file_record(bytes: &[u8]) -> Result<FileRecord, FrameError> {
+    let record: FileRecord = decode_header(bytes)?;
+    record.validate()?;
+    Ok(record)
 }
 
 const _: () = {

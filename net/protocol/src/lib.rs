@@ -8,6 +8,7 @@
 //!   settings both sides use.
 //! - [`source`]: the under-storage seam a node loads misses through.
 //! - [`jobs`]: preload job records; [`node_id`]: a node's persistent UUID.
+//! - [`writeback`]: write-back version tags, write policies, the clock that orders changes.
 //!
 //! The server (`pagestore-server`, glommio) and the client (`pagestore-client`, tokio) are thin
 //! runtimes around it.
@@ -20,3 +21,4 @@ pub mod ring;
 pub mod source;
 pub mod tls;
 pub mod transport;
+pub mod writeback;

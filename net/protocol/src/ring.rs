@@ -239,7 +239,20 @@ pub fn hash64(bytes: &[u8]) -> u64 {
 /// is `hash64("psf1" ‖ path ‖ 0x00 ‖ version)`, the low half the same with
 /// tag `"psf2"`. Because the version is part of it, a changed object gets new
 /// page keys and can never hit pages cached for its old content.
+///
+/// A write-back version ([`crate::writeback::is_wb_tag`]) is the file's
+/// identity on its own: its id is the same with `path` left out (`"psw1"` and
+/// `"psw2"` before the tag), so that a renamed file keeps its pages.
 pub fn file_id(path: &str, version: &str) -> u128 {
+    if crate::writeback::is_wb_tag(version) {
+        let mut bytes = Vec::with_capacity(version.len() + 4);
+        bytes.extend_from_slice(b"psw1");
+        bytes.extend_from_slice(version.as_bytes());
+        let hi = hash64(&bytes);
+        bytes[3] = b'2';
+        let lo = hash64(&bytes);
+        return ((hi as u128) << 64) | lo as u128;
+    }
     let mut bytes = Vec::with_capacity(path.len() + version.len() + 5);
     bytes.extend_from_slice(b"psf1");
     bytes.extend_from_slice(path.as_bytes());

@@ -42,7 +42,7 @@ fn file_ref() -> FileRef {
 /// Payload length that makes `req` valid.
 fn request_payload_len(req: &Request) -> u32 {
     match req.body {
-        RequestBody::WritePage { len, .. } => len,
+        RequestBody::WritePage { len, .. } | RequestBody::WriteDirty { len, .. } => len,
         _ => 0,
     }
 }
@@ -141,6 +141,59 @@ fn sample_requests() -> Vec<Request> {
         },
         RequestBody::Jobs,
         RequestBody::Counters,
+        RequestBody::WriteDirty {
+            key: key(2),
+            version_tag: crate::writeback::new_tag(7),
+            len: 33,
+            epoch: 4,
+        },
+        RequestBody::Change {
+            op: ChangeOp::Commit {
+                path: "/ckpt/step-100/model.pt".into(),
+                version_tag: crate::writeback::new_tag(7),
+                size: 5 << 30,
+                mtime_ns: 1_700_000_000_000_000_000,
+                last: true,
+            },
+        },
+        RequestBody::Change {
+            op: ChangeOp::Rename {
+                from: "/ckpt/.tmp.model.pt".into(),
+                to: "/ckpt/model.pt".into(),
+                replace: true,
+            },
+        },
+        RequestBody::Change {
+            op: ChangeOp::Delete {
+                path: "/ckpt/old".into(),
+                dir: true,
+            },
+        },
+        RequestBody::Change {
+            op: ChangeOp::MakeDir {
+                path: "/ckpt/step-200".into(),
+                mtime_ns: -5,
+            },
+        },
+        RequestBody::Replicate,
+        RequestBody::PullRecords {
+            after: "/ckpt/a".into(),
+        },
+        RequestBody::FilePages {
+            file_id: FileId::from_u128(5),
+            action: PageAction::Clean,
+        },
+        RequestBody::FilePages {
+            file_id: FileId::from_u128(5),
+            action: PageAction::Drop,
+        },
+        RequestBody::FilePages {
+            file_id: FileId::from_u128(5),
+            action: PageAction::Seal,
+        },
+        RequestBody::WriteBackState {
+            prefix: "/ckpt".into(),
+        },
     ];
     bodies
         .into_iter()
@@ -204,6 +257,18 @@ fn sample_responses() -> Vec<Response> {
                 version_tag: "9b2cf535f27731c974343645a3985328".into(),
                 file_id: FileId::from_u128(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
                 mtime_ns: 1_700_000_000_123_456_789,
+                state: FileState::Stored,
+                store_tag: "9b2cf535f27731c974343645a3985328".into(),
+            },
+        },
+        ResponseBody::PathInfo {
+            kind: PathKind::File {
+                size: 1,
+                version_tag: crate::writeback::new_tag(9),
+                file_id: FileId::from_u128(9),
+                mtime_ns: 0,
+                state: FileState::Dirty,
+                store_tag: String::new(),
             },
         },
         ResponseBody::PathInfo {
@@ -251,9 +316,24 @@ fn sample_responses() -> Vec<Response> {
                 prefix: "/data".into(),
                 url: "file:///srv/data".into(),
             }],
+            write_replicas: 2,
         },
         ResponseBody::Jobs,
         ResponseBody::Counters,
+        ResponseBody::Applied { hlc: 1 << 40 },
+        ResponseBody::Records { more: true },
+        ResponseBody::WriteBack {
+            summary: WriteBackSummary {
+                files_dirty: 3,
+                bytes_dirty: 4 << 30,
+                deletes_pending: 1,
+                files_flushing: 1,
+                oldest_dirty_ms: 2500,
+                flush_errors: 2,
+                bytes_flushed: 40 << 30,
+                last_error: "store unreachable".into(),
+            },
+        },
     ];
     let mut out: Vec<Response> = bodies
         .into_iter()
@@ -274,6 +354,9 @@ fn sample_responses() -> Vec<Response> {
         ErrorCode::Forbidden,
         ErrorCode::Internal,
         ErrorCode::Changed,
+        ErrorCode::Exists,
+        ErrorCode::NotEmpty,
+        ErrorCode::Unflushed,
     ] {
         out.push(Response {
             request_id: 1,
@@ -554,7 +637,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(3, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(4, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -568,9 +651,9 @@ fn preamble_rejections() {
         Err(FrameError::Magic { got: *b"XSTF" })
     );
     // The versions before this one (1: JSON payloads in `Jobs` and
-    // `Counters`; 2: no modification times, 56-byte response roots) and the
-    // next are refused.
-    for version in [1, 2, 4] {
+    // `Counters`; 2: no modification times, 56-byte response roots; 3: no
+    // write-back, 64-byte response roots) and the next are refused.
+    for version in [1, 2, 3, 5] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -704,7 +787,7 @@ fn garbage_headers_are_invalid() {
     let root = frame.len() - std::mem::size_of::<ArchivedResponse>();
     assert_eq!(frame[root + 8], 10, "Error is variant 10");
     assert_eq!(frame[root + 9], 4, "Io is code 4");
-    frame[root + 9] = 10;
+    frame[root + 9] = 13;
     assert!(matches!(
         decode_response_frame(&frame),
         Err(FrameError::Invalid(_))
@@ -965,6 +1048,7 @@ fn cluster_with_mounts(mounts: usize, bytes_each: usize, nodes: usize) -> Respon
                 MountEntry { prefix, url }
             })
             .collect(),
+        write_replicas: 2,
     }
 }
 
@@ -1089,7 +1173,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    50535446030001006000000000000000\
+    50535446040001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1101,7 +1185,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    50535446030001006000000000000000\
+    50535446040001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1114,7 +1198,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, replica: true } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    50535446030001006000000000000000\
+    50535446040001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1151,9 +1235,10 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    50535446030002004000000000000000\
+    50535446040002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
+    00000000000000000000000000000000\
     00000000000000000000000000000000\
     00000000000000000000000000000000";
 
@@ -1161,7 +1246,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    50535446030001009000000000000000\
+    50535446040001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1176,10 +1261,11 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    50535446030002005000000000000000\
+    50535446040002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
+    00000000000000000000000000000000\
     00000000000000000000000000000000\
     00000000000000000000000000000000";
 
@@ -1223,11 +1309,12 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    50535446030002004000000000000000\
+    50535446040002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
-    28272625242322210000a0d885573416";
+    28272625242322210000a0d885573416\
+    000000007631ffffffffffff00000000";
 
 /// `Response { request_id: 6, body: Listing { entries: [DirEntry { name:
 /// "a.bin", is_dir: false, size: 3, version_tag: "v1", mtime_ns:
@@ -1235,12 +1322,13 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    50535446030002007000000000000000\
+    50535446040002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
     06000000000000000c000000ccffffff\
     01000000000000000000000000000000\
+    00000000000000000000000000000000\
     00000000000000000000000000000000\
     00000000000000000000000000000000";
 
@@ -1254,6 +1342,8 @@ fn golden_metadata() {
                 version_tag: "v1".into(),
                 file_id: FILE_A,
                 mtime_ns: GOLDEN_MTIME_NS,
+                state: FileState::Stored,
+                store_tag: "v1".into(),
             },
         },
     };
@@ -1310,19 +1400,40 @@ fn documented_sizes() {
             size_of::<ArchivedResponseBody>(),
             align_of::<ArchivedResponseBody>()
         ),
-        (56, 8)
+        (72, 8)
     );
     assert_eq!(
         (
             size_of::<ArchivedResponse>(),
             align_of::<ArchivedResponse>()
         ),
-        (64, 8)
+        (80, 8)
     );
     assert_eq!(
         (
             size_of::<ArchivedPathKind>(),
             align_of::<ArchivedPathKind>()
+        ),
+        (64, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedFileRecord>(),
+            align_of::<ArchivedFileRecord>()
+        ),
+        (80, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedRecordEntry>(),
+            align_of::<ArchivedRecordEntry>()
+        ),
+        (48, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedChangeOp>(),
+            align_of::<ArchivedChangeOp>()
         ),
         (48, 8)
     );
@@ -1541,6 +1652,8 @@ fn documented_field_offsets() {
                     version_tag: "v".into(),
                     file_id: FILE_A,
                     mtime_ns: -2,
+                    state: FileState::Clean,
+                    store_tag: "s".into(),
                 },
             },
             vec![
@@ -1551,6 +1664,8 @@ fn documented_field_offsets() {
                 (40, 8, FILE_A.hi),
                 (48, 8, FILE_A.lo),
                 (56, 8, (-2i64) as u64),
+                (64, 1, 3),
+                (68, 1, u64::from(b's')),
             ],
         ),
         (
@@ -1742,6 +1857,27 @@ fn arb_request() -> impl Strategy<Value = Request> {
             .prop_map(|(path, file_id)| RequestBody::Invalidate { path, file_id }),
         Just(RequestBody::Jobs),
         Just(RequestBody::Counters),
+        (arb_key(), arb_string(40), 0u32..64, any::<u64>()).prop_map(
+            |(key, version_tag, len, epoch)| RequestBody::WriteDirty {
+                key,
+                version_tag,
+                len,
+                epoch,
+            }
+        ),
+        arb_change_op().prop_map(|op| RequestBody::Change { op }),
+        Just(RequestBody::Replicate),
+        arb_string(120).prop_map(|after| RequestBody::PullRecords { after }),
+        (
+            arb_file_id(),
+            prop_oneof![
+                Just(PageAction::Clean),
+                Just(PageAction::Drop),
+                Just(PageAction::Seal)
+            ]
+        )
+            .prop_map(|(file_id, action)| RequestBody::FilePages { file_id, action }),
+        arb_string(120).prop_map(|prefix| RequestBody::WriteBackState { prefix }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -1758,6 +1894,45 @@ fn arb_error_code() -> impl Strategy<Value = ErrorCode> {
         Just(ErrorCode::Forbidden),
         Just(ErrorCode::Internal),
         Just(ErrorCode::Changed),
+        Just(ErrorCode::Exists),
+        Just(ErrorCode::NotEmpty),
+        Just(ErrorCode::Unflushed),
+    ]
+}
+
+fn arb_file_state() -> impl Strategy<Value = FileState> {
+    prop_oneof![
+        Just(FileState::Stored),
+        Just(FileState::Writing),
+        Just(FileState::Dirty),
+        Just(FileState::Clean),
+        Just(FileState::Transient),
+    ]
+}
+
+fn arb_change_op() -> impl Strategy<Value = ChangeOp> {
+    prop_oneof![
+        (
+            arb_string(120),
+            arb_string(40),
+            any::<u64>(),
+            any::<i64>(),
+            any::<bool>()
+        )
+            .prop_map(|(path, version_tag, size, mtime_ns, last)| {
+                ChangeOp::Commit {
+                    path,
+                    version_tag,
+                    size,
+                    mtime_ns,
+                    last,
+                }
+            }),
+        (arb_string(120), arb_string(120), any::<bool>())
+            .prop_map(|(from, to, replace)| ChangeOp::Rename { from, to, replace }),
+        (arb_string(120), any::<bool>()).prop_map(|(path, dir)| ChangeOp::Delete { path, dir }),
+        (arb_string(120), any::<i64>())
+            .prop_map(|(path, mtime_ns)| ChangeOp::MakeDir { path, mtime_ns }),
     ]
 }
 
@@ -1803,18 +1978,28 @@ fn arb_response() -> impl Strategy<Value = Response> {
             }),
         (arb_error_code(), arb_string(200))
             .prop_map(|(code, message)| ResponseBody::Error { code, message }),
-        (any::<u64>(), arb_string(40), arb_file_id(), any::<i64>()).prop_map(
-            |(size, version_tag, file_id, mtime_ns)| {
-                ResponseBody::PathInfo {
-                    kind: PathKind::File {
-                        size,
-                        version_tag,
-                        file_id,
-                        mtime_ns,
-                    },
+        (
+            any::<u64>(),
+            arb_string(40),
+            arb_file_id(),
+            any::<i64>(),
+            arb_file_state(),
+            arb_string(40)
+        )
+            .prop_map(
+                |(size, version_tag, file_id, mtime_ns, state, store_tag)| {
+                    ResponseBody::PathInfo {
+                        kind: PathKind::File {
+                            size,
+                            version_tag,
+                            file_id,
+                            mtime_ns,
+                            state,
+                            store_tag,
+                        },
+                    }
                 }
-            }
-        ),
+            ),
         Just(ResponseBody::PathInfo {
             kind: PathKind::Dir
         }),
@@ -1863,10 +2048,29 @@ fn arb_response() -> impl Strategy<Value = Response> {
                     replicas,
                     nodes,
                     mounts,
+                    write_replicas: replicas ^ 1,
                 }
             }),
         Just(ResponseBody::Jobs),
         Just(ResponseBody::Counters),
+        any::<u64>().prop_map(|hlc| ResponseBody::Applied { hlc }),
+        any::<bool>().prop_map(|more| ResponseBody::Records { more }),
+        (
+            proptest::collection::vec(any::<u64>(), 7),
+            arb_string(200)
+        )
+            .prop_map(|(n, last_error)| ResponseBody::WriteBack {
+                summary: WriteBackSummary {
+                    files_dirty: n[0],
+                    bytes_dirty: n[1],
+                    deletes_pending: n[2],
+                    files_flushing: n[3],
+                    oldest_dirty_ms: n[4],
+                    flush_errors: n[5],
+                    bytes_flushed: n[6],
+                    last_error,
+                },
+            }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
 }
@@ -2467,6 +2671,259 @@ proptest! {
             }
             decode_any_payload(&bytes);
             decode_any_payload(&bytes[..cut.index(bytes.len())]);
+        }
+    }
+}
+
+
+// -- write-back records ---------------------------------------------------
+
+fn sample_file_records() -> Vec<FileRecord> {
+    let tag = crate::writeback::new_tag(0x77);
+    vec![
+        FileRecord {
+            path: "/ckpt/model.pt".into(),
+            hlc: 5 << 16,
+            origin: FileId::from_u128(1),
+            entry: RecordEntry::File {
+                version_tag: tag.clone(),
+                size: 3 << 30,
+                mtime_ns: 1_700_000_000_000_000_000,
+                state: RecordState::Final,
+                store_tag: String::new(),
+                transient: false,
+            },
+        },
+        FileRecord {
+            path: "/ckpt/dir".into(),
+            hlc: 6 << 16,
+            origin: FileId::from_u128(2),
+            entry: RecordEntry::Dir { mtime_ns: -1 },
+        },
+        FileRecord {
+            path: "/ckpt/gone".into(),
+            hlc: 7 << 16,
+            origin: FileId::from_u128(3),
+            entry: RecordEntry::Deleted {
+                prev_tag: tag,
+                pending: true,
+            },
+        },
+        FileRecord {
+            path: format!("/{}", "p".repeat(MAX_PATH_LEN - 1)),
+            hlc: u64::MAX,
+            origin: FileId::from_u128(u128::MAX),
+            entry: RecordEntry::File {
+                version_tag: "t".repeat(MAX_VERSION_TAG_LEN),
+                size: u64::MAX,
+                mtime_ns: i64::MIN,
+                state: RecordState::Clean,
+                store_tag: "s".repeat(MAX_VERSION_TAG_LEN),
+                transient: true,
+            },
+        },
+    ]
+}
+
+#[test]
+fn file_records_round_trip_at_any_alignment() {
+    let records = sample_file_records();
+    let bytes = encode_file_records(&records).unwrap();
+    for shift in 0..16 {
+        let mut buf = vec![0u8; shift];
+        buf.extend_from_slice(&bytes);
+        assert_eq!(decode_file_records(&buf[shift..]).unwrap(), records);
+    }
+    assert_eq!(decode_file_records(&[]).unwrap(), Vec::new());
+    for r in &records {
+        let one = encode_file_record(r).unwrap();
+        assert_eq!(&decode_file_record(&one).unwrap(), r);
+    }
+    // The largest batch with the longest paths and tags fits the payload limit.
+    let largest = vec![records[3].clone(); MAX_RECORD_BATCH];
+    let bytes = encode_file_records(&largest).unwrap();
+    assert!(bytes.len() <= MAX_RECORDS_PAYLOAD as usize, "{}", bytes.len());
+}
+
+#[test]
+fn file_record_limits_hold_on_both_sides() {
+    let good = sample_file_records();
+    let too_many = vec![good[1].clone(); MAX_RECORD_BATCH + 1];
+    assert!(matches!(
+        encode_file_records(&too_many),
+        Err(FrameError::Limit(_))
+    ));
+    let relative = FileRecord {
+        path: "ckpt/x".into(),
+        ..good[1].clone()
+    };
+    let long_tag = FileRecord {
+        entry: RecordEntry::Deleted {
+            prev_tag: "t".repeat(MAX_VERSION_TAG_LEN + 1),
+            pending: false,
+        },
+        ..good[1].clone()
+    };
+    for bad in [relative, long_tag] {
+        assert!(encode_file_records(std::slice::from_ref(&bad)).is_err());
+        assert!(encode_file_record(&bad).is_err());
+        // Encoded past the checks, the decoder refuses it too.
+        let raw = encode_archive(&vec![bad.clone()]).unwrap();
+        assert!(matches!(
+            decode_file_records(&raw),
+            Err(FrameError::Limit(_))
+        ));
+    }
+    let oversized = vec![0u8; MAX_RECORDS_PAYLOAD as usize + 1];
+    assert!(matches!(
+        decode_file_records(&oversized),
+        Err(FrameError::Limit(_))
+    ));
+}
+
+#[test]
+fn malformed_file_records_are_errors() {
+    let bytes = encode_file_records(&sample_file_records()).unwrap();
+    for cut in [1, 7, bytes.len() / 2, bytes.len() - 1] {
+        assert!(decode_file_records(&bytes[..cut]).is_err(), "cut {cut}");
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..2000 {
+        let mut b = bytes.clone();
+        for _ in 0..4 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x as usize) % b.len();
+            b[i] ^= 1 << (x >> 61);
+        }
+        // Never a panic; what decodes is valid.
+        if let Ok(records) = decode_file_records(&b) {
+            for r in &records {
+                r.validate().unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn record_order_ranks_commits_seals_and_flushes() {
+    let base = sample_file_records()[0].clone();
+    let with_state = |state| FileRecord {
+        entry: match &base.entry {
+            RecordEntry::File {
+                version_tag,
+                size,
+                mtime_ns,
+                store_tag,
+                transient,
+                ..
+            } => RecordEntry::File {
+                version_tag: version_tag.clone(),
+                size: *size,
+                mtime_ns: *mtime_ns,
+                state,
+                store_tag: store_tag.clone(),
+                transient: *transient,
+            },
+            _ => unreachable!(),
+        },
+        ..base.clone()
+    };
+    let open = with_state(RecordState::Open).order();
+    let last = with_state(RecordState::Final).order();
+    let sealed = with_state(RecordState::Sealed).order();
+    let clean = with_state(RecordState::Clean).order();
+    assert_eq!(open, last);
+    assert!(last < sealed && sealed < clean);
+    // A later change beats every step of an earlier one; the origin breaks ties.
+    let later = FileRecord {
+        hlc: base.hlc + 1,
+        ..with_state(RecordState::Open)
+    };
+    assert!(later.order() > clean);
+    let other_origin = FileRecord {
+        origin: FileId::from_u128(9),
+        ..base.clone()
+    };
+    assert!(other_origin.order() > base.order());
+    let deleted = |pending| FileRecord {
+        entry: RecordEntry::Deleted {
+            prev_tag: String::new(),
+            pending,
+        },
+        ..base.clone()
+    };
+    assert!(deleted(false).order() > deleted(true).order());
+}
+
+#[test]
+fn write_back_requests_keep_their_limits() {
+    let long_path = "p".repeat(MAX_PATH_LEN + 1);
+    let cases: Vec<(RequestBody, u32)> = vec![
+        (
+            RequestBody::WriteDirty {
+                key: key(0),
+                version_tag: "v".into(),
+                len: 10,
+                epoch: 0,
+            },
+            9,
+        ),
+        (
+            RequestBody::WriteDirty {
+                key: key(0),
+                version_tag: "v".repeat(MAX_VERSION_TAG_LEN + 1),
+                len: 0,
+                epoch: 0,
+            },
+            0,
+        ),
+        (
+            RequestBody::Change {
+                op: ChangeOp::Rename {
+                    from: "/a".into(),
+                    to: long_path.clone(),
+                    replace: false,
+                },
+            },
+            0,
+        ),
+        (
+            RequestBody::Change {
+                op: ChangeOp::Delete {
+                    path: "/a".into(),
+                    dir: false,
+                },
+            },
+            1,
+        ),
+        (RequestBody::Replicate, MAX_RECORDS_PAYLOAD + 1),
+        (RequestBody::PullRecords { after: long_path }, 0),
+        (
+            RequestBody::FilePages {
+                file_id: FILE_A,
+                action: PageAction::Seal,
+            },
+            4,
+        ),
+    ];
+    for (body, payload_len) in cases {
+        let req = Request {
+            request_id: 1,
+            body,
+        };
+        assert!(
+            encode_request(&req, payload_len, &mut Vec::new()).is_err(),
+            "{req:?}"
+        );
+        if payload_len <= MAX_PAYLOAD {
+            let frame = raw_request_frame(&req, payload_len);
+            let err = decode_request_frame(&frame).map(|_| ()).unwrap_err();
+            assert!(
+                matches!(err, FrameError::Limit(_) | FrameError::Mismatch(_)),
+                "{req:?}: {err}"
+            );
         }
     }
 }

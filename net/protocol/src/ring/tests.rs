@@ -477,3 +477,17 @@ fn measure() {
         }
     }
 }
+
+#[test]
+fn write_back_versions_keep_their_file_id_across_paths() {
+    let tag = crate::writeback::new_tag(42);
+    assert_eq!(file_id("/ckpt/.tmp-a", &tag), file_id("/ckpt/a", &tag));
+    assert_ne!(
+        file_id("/ckpt/a", &tag),
+        file_id("/ckpt/a", &crate::writeback::new_tag(43))
+    );
+    // A store's tag still names path and version together.
+    assert_ne!(file_id("/a", "v1"), file_id("/b", "v1"));
+    // And a write-back version never shares ids with a store version of the same text.
+    assert_ne!(file_id("/a", &tag), file_id("/a", &tag[1..]));
+}

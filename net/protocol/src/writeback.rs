@@ -1,0 +1,260 @@
+//! What both ends agree on about write-back: the version tags of files written through the
+//! cluster, their file ids, the write policy of a mount, the hybrid logical clock that orders
+//! namespace changes, and who holds a dirty page.
+//!
+//! A file written through the cluster to a `back` or `transient` mount gets a fresh *write-back
+//! version* (a random tag, [`new_tag`]). Its pages are cached under the file id of that tag
+//! alone ([`crate::ring::file_id`] leaves the path out for such tags), so a rename keeps them.
+//! docs/ARCHITECTURE.md ("Write-back") has the whole design.
+
+use std::fmt;
+
+/// What every write-back version tag starts with.
+pub const WB_TAG_PREFIX: &str = "wb1-";
+
+/// Members after the first `write_replicas` that a writer may use for a page when some of
+/// those are unreachable, and that readers ask before giving up on it.
+pub const WRITE_SLOP: usize = 2;
+
+/// A new write-back version tag from 128 random bits: `wb1-` and 32 lowercase hex digits.
+pub fn new_tag(random: u128) -> String {
+    format!("{WB_TAG_PREFIX}{random:032x}")
+}
+
+/// A fresh write-back version tag (from the operating system's random source).
+pub fn fresh_tag() -> String {
+    let mut b = [0u8; 16];
+    // A failing random source leaves zeroes; mix in the clock and the process so that tags
+    // still differ.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    new_tag(u128::from_le_bytes(b))
+}
+
+/// Whether `tag` is a write-back version tag ([`new_tag`]'s form exactly).
+pub fn is_wb_tag(tag: &str) -> bool {
+    tag.len() == WB_TAG_PREFIX.len() + 32
+        && tag.starts_with(WB_TAG_PREFIX)
+        && tag.as_bytes()[WB_TAG_PREFIX.len()..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
+/// How a mount takes writes (the `write` parameter of its URL).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WritePolicy {
+    /// Writes go to the under storage before they are acknowledged (the default).
+    #[default]
+    Through,
+    /// Writes are acknowledged once durable on the cluster's write replicas and flushed to the
+    /// under storage in the background.
+    Back,
+    /// Writes stay on the cluster (scratch space): durable on the write replicas, never
+    /// flushed.
+    Transient,
+}
+
+impl WritePolicy {
+    /// `through`, `back` or `transient`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WritePolicy::Through => "through",
+            WritePolicy::Back => "back",
+            WritePolicy::Transient => "transient",
+        }
+    }
+
+    /// Parses a policy name.
+    pub fn parse(s: &str) -> Option<WritePolicy> {
+        [
+            WritePolicy::Through,
+            WritePolicy::Back,
+            WritePolicy::Transient,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+    }
+
+    /// The policy a mount URL names with its `write` query parameter (`through` when it has
+    /// none). An unknown value is an error naming the choices.
+    pub fn of_url(url: &str) -> Result<WritePolicy, String> {
+        let Some((_, query)) = url.split_once('?') else {
+            return Ok(WritePolicy::Through);
+        };
+        let query = query.split('#').next().unwrap_or("");
+        let mut policy = WritePolicy::Through;
+        for pair in query.split('&') {
+            if let Some(v) = pair.strip_prefix("write=") {
+                policy = WritePolicy::parse(v).ok_or_else(|| {
+                    format!("write={v}: the write policy is one of through, back, transient")
+                })?;
+            }
+        }
+        Ok(policy)
+    }
+
+    /// Whether writes of this policy go through the cluster's write-back path.
+    pub fn is_cached(self) -> bool {
+        self != WritePolicy::Through
+    }
+}
+
+impl fmt::Display for WritePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// The write replicas a cluster of `nodes` nodes uses with setting `setting`: at least 1 and at
+/// most the number of nodes.
+pub fn effective_replicas(setting: u8, nodes: usize) -> usize {
+    usize::from(setting).clamp(1, nodes.max(1))
+}
+
+/// A hybrid logical clock: values are `milliseconds << 16 | counter`, strictly increasing on
+/// one node and never behind any value the node has seen from another, so that every change
+/// made after another (anywhere) sorts after it.
+#[derive(Debug, Default)]
+pub struct Hlc {
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Hlc {
+    /// A clock that has seen nothing yet.
+    pub fn new() -> Hlc {
+        Hlc::default()
+    }
+
+    /// The next value at wall clock `now_ms`.
+    pub fn tick(&self, now_ms: u64) -> u64 {
+        use std::sync::atomic::Ordering;
+        let wall = now_ms << 16;
+        let mut cur = self.last.load(Ordering::Relaxed);
+        loop {
+            let next = wall.max(cur + 1);
+            match self
+                .last
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Takes in a value seen from another node (later ticks sort after it).
+    pub fn observe(&self, hlc: u64) {
+        self.last
+            .fetch_max(hlc, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// The next value now.
+    pub fn now(&self) -> u64 {
+        self.tick(unix_ms())
+    }
+}
+
+/// The wall-clock milliseconds of an HLC value.
+pub fn hlc_ms(hlc: u64) -> u64 {
+    hlc >> 16
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The parent directory of an absolute logical path ("/" for a top-level name; `None` for "/").
+pub fn parent(path: &str) -> Option<&str> {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return None;
+    }
+    match trimmed.rfind('/') {
+        Some(0) => Some("/"),
+        Some(i) => Some(&trimmed[..i]),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_have_one_form() {
+        let t = new_tag(0xabc);
+        assert_eq!(t, "wb1-00000000000000000000000000000abc");
+        assert!(is_wb_tag(&t));
+        assert!(is_wb_tag(&fresh_tag()));
+        assert_ne!(fresh_tag(), fresh_tag());
+        for bad in [
+            "",
+            "wb1-",
+            "wb1-00000000000000000000000000000ABC",
+            "wb1-00000000000000000000000000000abcd",
+            "wb2-00000000000000000000000000000abc",
+            "\"d41d8cd98f00b204e9800998ecf8427e\"",
+            "1700000000000000000-12",
+        ] {
+            assert!(!is_wb_tag(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn policies_come_from_the_url() {
+        assert_eq!(
+            WritePolicy::of_url("file:///srv/x"),
+            Ok(WritePolicy::Through)
+        );
+        assert_eq!(
+            WritePolicy::of_url("file:///srv/x?write=back"),
+            Ok(WritePolicy::Back)
+        );
+        assert_eq!(
+            WritePolicy::of_url("s3://b/p?endpoint=http://h:9000&write=transient"),
+            Ok(WritePolicy::Transient)
+        );
+        assert_eq!(
+            WritePolicy::of_url("file:///srv/x?emulate_latency_ms=3"),
+            Ok(WritePolicy::Through)
+        );
+        let e = WritePolicy::of_url("file:///srv/x?write=later").unwrap_err();
+        assert!(e.contains("through, back, transient"), "{e}");
+    }
+
+    #[test]
+    fn replicas_stay_within_the_nodes() {
+        assert_eq!(effective_replicas(2, 1), 1);
+        assert_eq!(effective_replicas(2, 3), 2);
+        assert_eq!(effective_replicas(0, 3), 1);
+        assert_eq!(effective_replicas(5, 3), 3);
+        assert_eq!(effective_replicas(2, 0), 1);
+    }
+
+    #[test]
+    fn the_clock_never_goes_back() {
+        let c = Hlc::new();
+        let a = c.tick(1000);
+        let b = c.tick(1000);
+        let d = c.tick(999);
+        assert!(a < b && b < d);
+        assert_eq!(hlc_ms(a), 1000);
+        c.observe(5000 << 16);
+        assert!(c.tick(1001) > 5000 << 16);
+    }
+
+    #[test]
+    fn parents() {
+        assert_eq!(parent("/a/b/c"), Some("/a/b"));
+        assert_eq!(parent("/a"), Some("/"));
+        assert_eq!(parent("/a/"), Some("/"));
+        assert_eq!(parent("/"), None);
+    }
+}
