@@ -27,6 +27,7 @@ use pagestore_protocol::{
     },
     members::{parse_member_file, Membership, NodeInfo},
     ring::{path_hash, MemberId, RingConfig},
+    writeback::{is_wb_tag, WritePolicy, WRITE_SLOP},
 };
 
 use crate::{
@@ -97,6 +98,20 @@ pub enum Error {
     /// needs (the message names both).
     #[error("refused: {0}")]
     Forbidden(String),
+    /// The path exists already (a directory made twice, a rename without replace).
+    #[error("{0}: already exists")]
+    Exists(String),
+    /// The directory is not empty.
+    #[error("{0}: directory not empty")]
+    NotEmpty(String),
+    /// The cluster cannot take the data: its dirty limit or its cache is full, and waiting for
+    /// flushes did not make room in time.
+    #[error("no space: {0}")]
+    NoSpace(String),
+    /// The path's mount does not take this write here (a `through` mount without the store's
+    /// credentials on this client, or a mount this request cannot change).
+    #[error("read-only: {0}")]
+    ReadOnly(String),
 }
 
 impl Error {
@@ -145,6 +160,10 @@ impl From<Error> for std::io::Error {
             Error::Unavailable { .. } => K::Other,
             Error::Config { .. } => K::InvalidInput,
             Error::Forbidden(_) => K::PermissionDenied,
+            Error::Exists(_) => K::AlreadyExists,
+            Error::NotEmpty(_) => K::DirectoryNotEmpty,
+            Error::NoSpace(_) => K::StorageFull,
+            Error::ReadOnly(_) => K::ReadOnlyFilesystem,
         };
         std::io::Error::new(kind, e)
     }
@@ -309,14 +328,16 @@ struct Health {
 
 /// The cluster as the client sees it. Replaced whole when membership changes (etcd), so a
 /// request works with one consistent view.
-struct Layout {
-    membership: Arc<Membership>,
+pub(crate) struct Layout {
+    pub(crate) membership: Arc<Membership>,
     /// Ring members known to be down (static ring mode): their keys go to a replica or the
     /// under storage without waiting for a timeout.
-    down: HashSet<u128>,
-    page_size: u32,
-    replicas: u8,
-    mounts: Vec<MountEntry>,
+    pub(crate) down: HashSet<u128>,
+    pub(crate) page_size: u32,
+    pub(crate) replicas: u8,
+    /// Write replicas of write-back files (at least 1).
+    pub(crate) write_replicas: u8,
+    pub(crate) mounts: Vec<MountEntry>,
 }
 
 /// A client of one cluster. Cheap to share: wrap it in an `Arc` (file handles need one).
@@ -363,7 +384,7 @@ pub struct LoadOutcome {
 }
 
 /// Outcome of one request to one member.
-enum Attempt<T> {
+pub(crate) enum Attempt<T> {
     /// An answer (data or a definite error such as NotFound).
     Answer(Result<T, Error>),
     /// The member could not answer; try elsewhere.
@@ -392,7 +413,14 @@ impl Client {
             },
         )
         .map_err(|e| Error::config_from(format!("cannot open a UDP socket: {e}"), e))?;
-        let (page_size, member_epoch, replicas, nodes, mounts) = ask_cluster(&pool, &probe).await?;
+        let ClusterAnswer {
+            page_size,
+            epoch: member_epoch,
+            replicas,
+            write_replicas,
+            nodes,
+            mounts,
+        } = ask_cluster(&pool, &probe).await?;
         if page_size == 0 {
             return Err(Error::config("the cluster reports a page size of 0"));
         }
@@ -423,6 +451,7 @@ impl Client {
                 down,
                 page_size,
                 replicas,
+                write_replicas: write_replicas.max(1),
                 mounts,
             })),
             etcd: followed.as_ref().map(|(e, _)| e.clone()),
@@ -528,6 +557,7 @@ impl Client {
                         down: old.down.clone(),
                         page_size: old.page_size,
                         replicas: old.replicas,
+                        write_replicas: old.write_replicas,
                         mounts,
                     });
                 }
@@ -597,12 +627,13 @@ impl Client {
             down,
             page_size: old.page_size,
             replicas: old.replicas,
+            write_replicas: old.write_replicas,
             mounts: mounts.unwrap_or_else(|| old.mounts.clone()),
         });
         bump(&self.stats.ring_updates, 1);
     }
 
-    fn layout(&self) -> Arc<Layout> {
+    pub(crate) fn layout(&self) -> Arc<Layout> {
         self.layout
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -764,6 +795,16 @@ impl Client {
 
     /// Sends `body` to `addr` and classifies the outcome.
     async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
+        self.ask_with(addr, body, &[]).await
+    }
+
+    /// [`Client::ask`] with a payload.
+    pub(crate) async fn ask_with(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        payload: &[u8],
+    ) -> Attempt<(ResponseBody, Bytes)> {
         if !self.usable(addr) {
             return Attempt::Failed;
         }
@@ -773,7 +814,7 @@ impl Client {
         };
         let sent = Instant::now();
         let reply = tokio::select! {
-            r = self.pool.request(addr, &req, &[]) => r,
+            r = self.pool.request(addr, &req, payload) => r,
             why = self.silence(addr, sent) => {
                 bump(&self.stats.silent_gives_up, 1);
                 // Its connection may lead to a process that is gone: connect afresh next time.
@@ -806,6 +847,11 @@ impl Client {
                         ErrorCode::Forbidden => {
                             Attempt::Answer(Err(Error::Forbidden(message.clone())))
                         }
+                        ErrorCode::Exists => Attempt::Answer(Err(Error::Exists(message.clone()))),
+                        ErrorCode::NotEmpty => {
+                            Attempt::Answer(Err(Error::NotEmpty(message.clone())))
+                        }
+                        ErrorCode::Full => Attempt::Answer(Err(Error::NoSpace(message.clone()))),
                         // The shard is up but could not serve this (its disk, its store, load):
                         // try elsewhere without marking it dead.
                         _ => {
@@ -825,6 +871,59 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Sends one request to the shard at `addr` and returns its answer (an error answer as the
+    /// matching [`Error`]; [`Error::Unavailable`] when the member cannot be reached or could
+    /// not serve it). For tools and for nodes talking to their peers.
+    pub async fn call(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        payload: &[u8],
+    ) -> Result<(ResponseBody, Bytes), Error> {
+        match self.ask_with(addr, body, payload).await {
+            Attempt::Answer(r) => r,
+            Attempt::Failed => Err(Error::unavailable(format!(
+                "member {addr} did not answer (or could not serve the request)"
+            ))),
+        }
+    }
+
+    /// Whether requests may go to `addr` now (it is not backed off after failures).
+    pub fn reachable(&self, addr: SocketAddr) -> bool {
+        let h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        h.get(&addr).is_none_or(|s| Instant::now() >= s.dead_until)
+    }
+
+    /// Where to ask about `path`: its metadata owner; for a path of a `back` or `transient`
+    /// mount also the next members on other nodes (every node keeps the records of files
+    /// written through the cluster, so any of them answers alike).
+    fn metadata_members(&self, path: &str) -> Vec<SocketAddr> {
+        if !self.write_policy(path).is_cached() {
+            return self.metadata_owner(path).into_iter().collect();
+        }
+        let layout = self.layout();
+        let ring = layout.membership.ring();
+        ring.replicas_of_hash(path_hash(path), 3)
+            .into_iter()
+            .filter(|m| !layout.down.contains(&m.node))
+            .filter_map(|m| layout.membership.addr_of(m))
+            .collect()
+    }
+
+    /// How the mount of `path` takes writes, as the cluster's mount table says (`through` for
+    /// a path no mount holds).
+    pub fn write_policy(&self, path: &str) -> WritePolicy {
+        let layout = self.layout();
+        mount_entry(&layout.mounts, path)
+            .and_then(|m| WritePolicy::of_url(&m.url).ok())
+            .unwrap_or_default()
+    }
+
+    /// The write replicas of files written through the cluster (at least 1).
+    pub fn write_replicas(&self) -> u8 {
+        self.layout().write_replicas
     }
 
     fn metadata_owner(&self, path: &str) -> Option<SocketAddr> {
@@ -854,7 +953,7 @@ impl Client {
     /// What `path` names.
     pub async fn stat_path(&self, path: &str) -> Result<PathKind, Error> {
         check_path(path)?;
-        if let Some(addr) = self.metadata_owner(path) {
+        for addr in self.metadata_members(path) {
             let body = RequestBody::StatPath { path: path.into() };
             if let Attempt::Answer(r) = self.ask(addr, body).await {
                 return match r.map_err(|e| named(e, path))? {
@@ -862,6 +961,11 @@ impl Client {
                     (other, _) => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
                 };
             }
+        }
+        if self.write_policy(path).is_cached() {
+            return Err(Error::unavailable(format!(
+                "{path}: no member answered, and files written through the cluster are known                  to its members only"
+            )));
         }
         let ufs = self.ufs()?;
         bump(&self.stats.metadata_fallbacks, 1);
@@ -876,12 +980,16 @@ impl Client {
                 version_tag,
                 file_id,
                 mtime_ns,
+                state,
+                store_tag,
             } => Ok(ObjectInfo {
                 path: path.to_string(),
                 size,
                 version: version_tag,
                 file_id: file_id.as_u128(),
                 mtime_ns,
+                state,
+                store_tag,
             }),
             PathKind::Dir => Err(Error::IsDir(path.to_string())),
         }
@@ -894,7 +1002,7 @@ impl Client {
             "" => "/",
             p => p,
         };
-        if let Some(addr) = self.metadata_owner(path) {
+        for addr in self.metadata_members(path) {
             let mut out: Vec<DirEntry> = Vec::new();
             loop {
                 let body = RequestBody::List {
@@ -917,6 +1025,11 @@ impl Client {
                     Attempt::Failed => break,
                 }
             }
+        }
+        if self.write_policy(path).is_cached() {
+            return Err(Error::unavailable(format!(
+                "{path}: no member answered, and files written through the cluster are known                  to its members only"
+            )));
         }
         let ufs = self.ufs()?;
         bump(&self.stats.metadata_fallbacks, 1);
@@ -958,8 +1071,15 @@ impl Client {
             size: info.size,
         };
         let ring = layout.membership.ring();
-        let members: Vec<MemberId> =
-            ring.replicas(info.file_id, page, 1 + layout.replicas as usize);
+        // A file written through the cluster and not flushed yet lives on its write members
+        // only (and one flushed is read from them first).
+        let written = is_wb_tag(&info.version);
+        let tries = if written {
+            usize::from(layout.write_replicas) + WRITE_SLOP
+        } else {
+            1 + layout.replicas as usize
+        };
+        let members: Vec<MemberId> = ring.replicas(info.file_id, page, tries);
         for (i, m) in members.iter().enumerate() {
             if layout.down.contains(&m.node) {
                 bump(&self.stats.skipped_dead, 1);
@@ -999,6 +1119,12 @@ impl Client {
                     }
                 }
             }
+        }
+        if written && info.store_tag.is_empty() {
+            return Err(Error::unavailable(format!(
+                "no write member of page {page} of {} answered, and the file is not in the                  under storage yet",
+                info.path
+            )));
         }
         let ufs = self.ufs()?;
         let start = page_start + u64::from(offset);
@@ -1318,11 +1444,15 @@ impl Client {
         refused.map_or(Ok(pages), Err)
     }
 
-    /// Writes `data` as the object at `path` in the under storage (write-through), then
-    /// invalidates what the cluster caches of its old version. Needs a mount table with write
-    /// access on this client (`Client::connect` with `ufs`).
-    pub async fn put(&self, path: &str, data: Bytes) -> Result<ObjectInfo, Error> {
+    /// Writes `data` as the object at `path`. On a `through` mount it goes to the under
+    /// storage (this client needs a mount table with write access: `Client::connect` with
+    /// `ufs`), then the cluster drops what it caches of the old version; on a `back` or
+    /// `transient` mount it is written through the cluster ([`Client::write_file`]).
+    pub async fn put(self: &Arc<Self>, path: &str, data: Bytes) -> Result<ObjectInfo, Error> {
         check_path(path)?;
+        if self.write_policy(path).is_cached() {
+            return self.write_file(path, data).await;
+        }
         let ufs = self.writable()?;
         let old = ufs.stat(path).await.ok().map(|i| i.file_id);
         ufs.put(path, data).await?;
@@ -1330,9 +1460,14 @@ impl Client {
         Ok(ufs.stat(path).await?)
     }
 
-    /// Deletes the object at `path` in the under storage, then invalidates it in the cluster.
+    /// Deletes the object at `path`: in the under storage, then in the cluster's caches (a
+    /// `through` mount); through the cluster, which deletes it in the under storage later (a
+    /// `back` or `transient` mount).
     pub async fn delete(&self, path: &str) -> Result<(), Error> {
         check_path(path)?;
+        if self.write_policy(path).is_cached() {
+            return self.remove_file(path).await;
+        }
         let ufs = self.writable()?;
         let old = ufs.stat(path).await.ok().map(|i| i.file_id);
         ufs.delete(path).await?;
@@ -1356,6 +1491,17 @@ impl Client {
         let info = self.stat(path).await?;
         Ok(crate::FileHandle::new(self.clone(), info))
     }
+}
+
+/// The mount (longest prefix) that holds `path`.
+pub(crate) fn mount_entry<'a>(mounts: &'a [MountEntry], path: &str) -> Option<&'a MountEntry> {
+    mounts
+        .iter()
+        .filter(|m| {
+            let p = m.prefix.trim_end_matches('/');
+            p.is_empty() || path == p || path.starts_with(&format!("{p}/"))
+        })
+        .max_by_key(|m| m.prefix.len())
 }
 
 /// A NotFound answer names the path the caller asked for (the member's text says the same in
@@ -1480,12 +1626,19 @@ fn local_bind(probe: &[SocketAddr]) -> Result<SocketAddr, Error> {
     .map_err(|e: std::net::AddrParseError| Error::config_from(e.to_string(), e))
 }
 
+/// What a `Cluster` request answers.
+struct ClusterAnswer {
+    page_size: u32,
+    epoch: u64,
+    replicas: u8,
+    write_replicas: u8,
+    nodes: Vec<frame::NodeEntry>,
+    mounts: Vec<MountEntry>,
+}
+
 /// The cluster's settings as the first member in `probe` that answers gives them: page size,
 /// ring epoch, replicas, members and mount table.
-async fn ask_cluster(
-    pool: &Pool,
-    probe: &[SocketAddr],
-) -> Result<(u32, u64, u8, Vec<frame::NodeEntry>, Vec<MountEntry>), Error> {
+async fn ask_cluster(pool: &Pool, probe: &[SocketAddr]) -> Result<ClusterAnswer, Error> {
     let mut last_err = String::from("no member to ask");
     let mut cause: Option<ClientError> = None;
     for addr in probe {
@@ -1501,7 +1654,17 @@ async fn ask_cluster(
                     replicas,
                     nodes,
                     mounts,
-                } => return Ok((page_size, epoch, replicas, nodes, mounts)),
+                    write_replicas,
+                } => {
+                    return Ok(ClusterAnswer {
+                        page_size,
+                        epoch,
+                        replicas,
+                        write_replicas,
+                        nodes,
+                        mounts,
+                    })
+                }
                 other => {
                     last_err = format!("{addr} answered {other:?}");
                     cause = None;

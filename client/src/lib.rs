@@ -10,12 +10,15 @@
 //! - [`timing`]: each member's usual answer time, and the silence after which a request waiting
 //!   on it is given up.
 //! - [`tls`]: where a client finds its TLS material.
+//! - [`writer`]: writing through the cluster to `back` and `transient` mounts, and their
+//!   namespace changes (rename, delete, directories).
 
 pub mod client;
 pub mod handle;
 pub mod pool;
 pub mod timing;
 pub mod tls;
+pub mod writer;
 
 pub use pagestore_mounts::{etcd, localfs, ufs};
 
@@ -23,4 +26,5 @@ pub use client::{
     BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };
 pub use handle::FileHandle;
+pub use writer::{WriteOptions, Writer};
 pub use pagestore_protocol::frame::{JobRecord, JobState, ShardCounters};

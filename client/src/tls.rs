@@ -41,7 +41,19 @@ pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, Error> {
     } else {
         None
     };
-    let rustls = tls::client_config(&ca, identity.as_ref(), frame::ALPN).map_err(cfg)?;
+    config_for(&ca, identity.as_ref())
+}
+
+/// A quinn client configuration that trusts servers signed by `ca` and presents `identity`
+/// (a node's own certificate, when a node is the client of its peers).
+pub fn config_for(
+    ca: &quinn::rustls::pki_types::CertificateDer<'static>,
+    identity: Option<&tls::Identity>,
+) -> Result<quinn::ClientConfig, Error> {
+    fn cfg<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
+        Error::config_from(format!("TLS: {e}"), e)
+    }
+    let rustls = tls::client_config(ca, identity, frame::ALPN).map_err(cfg)?;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(rustls).map_err(cfg)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport::transport_config());

@@ -49,6 +49,10 @@ pub struct EngineConfig {
     /// [`crate::DiskHooks`]); `None` (the default, and what the daemon uses) adds nothing but a
     /// `None` check per operation. Tests install a fault-injecting one.
     pub disk_hooks: Option<Arc<dyn DiskHooks>>,
+    /// Bytes of dirty pages (written through the cluster, not in the under storage yet) the
+    /// engine may hold, split evenly over shards; `None`: half the capacity. A dirty page
+    /// beyond it is refused with [`crate::EngineError::DirtyFull`].
+    pub dirty_limit: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +70,7 @@ impl Default for EngineConfig {
             reformat: false,
             rules: Arc::default(),
             disk_hooks: None,
+            dirty_limit: None,
         }
     }
 }
@@ -116,6 +121,13 @@ impl EngineConfig {
         self.rules
             .limits(self.resolved_shards(), self.page_size)
             .map(|_| ())
+    }
+
+    /// Each shard's dirty limit in bytes: [`EngineConfig::dirty_limit`] (or half the
+    /// capacity) over the shards.
+    pub fn dirty_limit_per_shard(&self) -> u64 {
+        let total = self.dirty_limit.unwrap_or(self.capacity / 2);
+        total / self.resolved_shards().max(1) as u64
     }
 
     /// The shard count after resolving 0 to the available CPUs.

@@ -421,7 +421,14 @@ async fn open_shard(
     let nslots = geo.nslots * files.len() as u32;
     let limits = cfg.rules.limits(shards, cfg.page_size)?;
     let index = Index::with_rules(nslots, new_policy(cfg.policy, nslots), &limits);
-    let shard = Shard::new(id, files, index, started, cfg.rules.clone());
+    let shard = Shard::new(
+        id,
+        files,
+        index,
+        started,
+        cfg.rules.clone(),
+        cfg.dirty_limit_per_shard(),
+    );
     let st = shard.stats();
     tracing::info!(
         shard = id,

@@ -131,6 +131,17 @@ pub enum EngineError {
     /// The shard has shut down (or its thread died); the request was not executed.
     #[error("the shard has shut down")]
     ShardGone,
+    /// A dirty page would take the shard past its dirty limit: nothing was stored. The
+    /// write can be tried again once flushes have made room.
+    #[error(
+        "the shard holds {dirty} bytes of dirty pages and may hold at most {limit}: wait for          flushes to make room"
+    )]
+    DirtyFull {
+        /// Bytes of dirty pages the shard holds.
+        dirty: u64,
+        /// The shard's dirty limit.
+        limit: u64,
+    },
 }
 
 /// `" <path>"` for messages: the op comes first, then the file if there is one.

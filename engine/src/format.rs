@@ -28,6 +28,10 @@ pub const DATA_ALIGN: u64 = 1 << 20;
 /// Header flag: the page is pinned.
 pub const FLAG_PINNED: u8 = 1;
 
+/// Header flag: the page is dirty (written through the cluster, not in the under storage yet):
+/// never evicted.
+pub const FLAG_DIRTY: u8 = 2;
+
 /// Rounds `v` up to a multiple of `a` (a power of two).
 pub fn align_up(v: u64, a: u64) -> u64 {
     (v + a - 1) & !(a - 1)
@@ -285,7 +289,7 @@ pub struct SlotHeader {
     pub version: u64,
     /// Insert time, milliseconds since the Unix epoch.
     pub inserted_ms: u64,
-    /// Flags (`FLAG_PINNED`).
+    /// Flags (`FLAG_PINNED`, `FLAG_DIRTY`).
     pub flags: u8,
     /// The page's rule number (0: no rule; see [`crate::rules`]).
     pub rule: u8,

@@ -39,8 +39,17 @@
 //!
 //! Two kinds of pin: `pinned` (by request, [`Index::set_pinned`]; the shard
 //! stores it in the header) and `rule_pinned` (by the page's rule; derived
-//! again at every start). A page is *held* if either is set: held pages are
-//! never chosen by the eviction policy.
+//! again at every start). A page is *held* if either is set, or if it is
+//! *dirty*: held pages are never chosen by the eviction policy.
+//!
+//! # Dirty pages
+//!
+//! A dirty page ([`Index::commit_with`], [`Index::set_dirty`]; the shard
+//! stores the flag in the header) belongs to a file written through the
+//! cluster that the under storage does not hold yet: it is the only copy
+//! besides its replicas, so neither the policy nor a quota ever evicts it.
+//! Only a removal takes it out. Dirty pages are counted apart from pins (they
+//! do not count against the pin cap) and by file ([`Index::dirty_files`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -95,6 +104,9 @@ pub struct SlotInfo {
     /// Pinned by the page's rule: never evicted by the policy (a rule at its
     /// quota may replace it).
     pub rule_pinned: bool,
+    /// Dirty: not in the under storage yet; never evicted (see the module
+    /// docs). Meaningful for `Ready` slots.
+    pub dirty: bool,
     /// The page's rule number (0: none). Meaningful for `Filling`, `Ready`
     /// and `Doomed` slots.
     pub rule: u8,
@@ -115,14 +127,26 @@ impl SlotInfo {
         meta: PageMeta::ZERO,
         pinned: false,
         rule_pinned: false,
+        dirty: false,
         rule: NO_RULE,
         readers: 0,
         needs_clear: false,
     };
 
-    /// Pinned by request or by its rule: the policy never evicts it.
+    /// Pinned by request or by its rule, or dirty: the policy never evicts it.
     pub fn held(&self) -> bool {
+        self.pinned || self.rule_pinned || self.dirty
+    }
+
+    /// Pinned by request or by its rule (what the pin cap counts).
+    pub fn pinned_any(&self) -> bool {
         self.pinned || self.rule_pinned
+    }
+
+    /// In its rule's quota list: a Ready page of a quota rule that neither a
+    /// pin by request nor dirtiness keeps out of the quota's reach.
+    fn quota_listed(&self, quota: bool) -> bool {
+        quota && !self.pinned && !self.dirty
     }
 }
 
@@ -281,10 +305,15 @@ pub struct Index {
     rule_lists: SlotLists,
     /// Whether any rule has a TTL (else lookups skip the check).
     has_ttl: bool,
-    /// Held Ready pages (pinned by request or by rule).
+    /// Ready pages pinned by request or by rule.
     pinned_pages: u32,
     /// Rule pins stop when `pinned_pages` reaches this.
     pin_cap: u32,
+    /// Dirty Ready pages and their bytes.
+    dirty_pages: u32,
+    dirty_bytes: u64,
+    /// Dirty Ready pages per file id.
+    dirty_by_file: BTreeMap<u128, u32>,
 }
 
 impl Index {
@@ -329,6 +358,9 @@ impl Index {
             rules,
             pinned_pages: 0,
             pin_cap: (u64::from(nslots) * u64::from(PIN_CAP_PERCENT) / 100) as u32,
+            dirty_pages: 0,
+            dirty_bytes: 0,
+            dirty_by_file: BTreeMap::new(),
         }
     }
 
@@ -384,9 +416,24 @@ impl Index {
         self.has_ttl
     }
 
-    /// Held Ready pages (pinned by request or by rule).
+    /// Ready pages pinned by request or by rule.
     pub fn pinned_pages(&self) -> u32 {
         self.pinned_pages
+    }
+
+    /// Dirty Ready pages.
+    pub fn dirty_pages(&self) -> u32 {
+        self.dirty_pages
+    }
+
+    /// Bytes of the dirty Ready pages.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes
+    }
+
+    /// The files with dirty pages, each with its count of them, in file id order.
+    pub fn dirty_files(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        self.dirty_by_file.iter().map(|(&f, &n)| (f, n))
     }
 
     /// Rule pins are refused once this many pages are held.
@@ -557,6 +604,7 @@ impl Index {
         info.state = SlotState::Filling;
         info.pinned = false;
         info.rule_pinned = false;
+        info.dirty = false;
         info.rule = rule;
         info.needs_clear = true;
         Reservation {
@@ -586,6 +634,23 @@ impl Index {
         meta: PageMeta,
         pinned: bool,
     ) -> Option<SlotId> {
+        self.commit_with(slot, key, meta, pinned, false)
+    }
+
+    /// [`Index::commit`] of a page that is `dirty` or not (a dirty page is
+    /// never evicted; see the module docs).
+    ///
+    /// # Panics
+    ///
+    /// If `slot` is not Filling.
+    pub fn commit_with(
+        &mut self,
+        slot: SlotId,
+        key: PageKey,
+        meta: PageMeta,
+        pinned: bool,
+        dirty: bool,
+    ) -> Option<SlotId> {
         assert_eq!(
             self.slots[slot as usize].state,
             SlotState::Filling,
@@ -602,7 +667,7 @@ impl Index {
         let st = &mut self.rules[usize::from(rule)];
         st.filling = st.filling.saturating_sub(1);
         st.stats.inserts += 1;
-        self.publish(slot, key, meta, pinned, rule);
+        self.publish(slot, key, meta, pinned, dirty, rule);
         displaced
     }
 
@@ -703,24 +768,74 @@ impl Index {
         if pinned {
             // Pinned by request: out of reach of the quota too.
             self.rule_lists.unlink(slot);
-        } else if quota {
+        } else if quota && !info.dirty {
             self.rule_lists.push_front(r, slot, key.hash64());
         }
         if !info.rule_pinned {
             let st = &mut self.rules[r].stats;
             if pinned {
-                self.policy.remove(slot);
+                if !info.dirty {
+                    self.policy.remove(slot);
+                }
                 self.pinned_pages += 1;
                 st.pinned_pages += 1;
                 st.pinned_bytes += len;
             } else {
-                self.policy.insert(slot, key.hash64());
+                if !info.dirty {
+                    self.policy.insert(slot, key.hash64());
+                }
                 self.pinned_pages -= 1;
                 st.pinned_pages -= 1;
                 st.pinned_bytes -= len;
             }
         }
         Some(slot)
+    }
+
+    /// Marks a Ready `key` dirty (never evicted) or clean (an ordinary cached
+    /// page again). Returns the slot, or `None` if the key is absent.
+    pub fn set_dirty(&mut self, key: &PageKey, dirty: bool) -> Option<SlotId> {
+        let slot = *self.map.get(key)?;
+        let info = self.slots[slot as usize];
+        if info.dirty == dirty {
+            return Some(slot);
+        }
+        let r = usize::from(info.rule);
+        let quota = self.rules[r].limits.quota_pages.is_some();
+        self.count_dirty(key.file_id, u64::from(info.meta.len), dirty);
+        self.slots[slot as usize].dirty = dirty;
+        if dirty {
+            if !info.pinned_any() {
+                self.policy.remove(slot);
+            }
+            self.rule_lists.unlink(slot);
+        } else {
+            if !info.pinned_any() {
+                self.policy.insert(slot, key.hash64());
+            }
+            if quota && !info.pinned {
+                self.rule_lists.push_front(r, slot, key.hash64());
+            }
+        }
+        Some(slot)
+    }
+
+    /// Adds (`dirty`) or takes away one dirty page of `len` bytes of `file`.
+    fn count_dirty(&mut self, file: u128, len: u64, dirty: bool) {
+        if dirty {
+            self.dirty_pages += 1;
+            self.dirty_bytes += len;
+            *self.dirty_by_file.entry(file).or_insert(0) += 1;
+        } else {
+            self.dirty_pages -= 1;
+            self.dirty_bytes -= len;
+            if let Some(n) = self.dirty_by_file.get_mut(&file) {
+                *n -= 1;
+                if *n == 0 {
+                    self.dirty_by_file.remove(&file);
+                }
+            }
+        }
     }
 
     /// Start-up: marks the Free `slot` Ready with a page of rule `rule` found
@@ -743,20 +858,37 @@ impl Index {
         pinned: bool,
         rule: u8,
     ) -> Option<SlotId> {
+        self.restore_with(slot, key, meta, pinned, false, rule)
+    }
+
+    /// [`Index::restore`] of a page found `dirty` on disk or not.
+    ///
+    /// # Panics
+    ///
+    /// If `slot` is not Free.
+    pub fn restore_with(
+        &mut self,
+        slot: SlotId,
+        key: PageKey,
+        meta: PageMeta,
+        pinned: bool,
+        dirty: bool,
+        rule: u8,
+    ) -> Option<SlotId> {
         let was_free = self.take_free(slot);
         assert!(was_free, "restore of slot {slot} that is not Free");
         let rule = self.known(rule);
         let info = &mut self.slots[slot as usize];
         info.state = SlotState::Filling;
         let Some(&old) = self.map.get(&key) else {
-            self.publish(slot, key, meta, pinned, rule);
+            self.publish(slot, key, meta, pinned, dirty, rule);
             return None;
         };
         self.stats.displaced += 1;
         if meta.inserted_ms >= self.slots[old as usize].meta.inserted_ms {
             self.map.remove(&key);
             self.doom(old);
-            self.publish(slot, key, meta, pinned, rule);
+            self.publish(slot, key, meta, pinned, dirty, rule);
             Some(old)
         } else {
             let info = &mut self.slots[slot as usize];
@@ -765,6 +897,7 @@ impl Index {
             info.meta = meta;
             info.pinned = pinned;
             info.rule_pinned = false;
+            info.dirty = false;
             info.rule = rule;
             info.needs_clear = true;
             Some(slot)
@@ -812,7 +945,15 @@ impl Index {
 
     /// Makes a Filling `slot` Ready as `key` (which must not be mapped), with
     /// rule `rule` (a known rule number).
-    fn publish(&mut self, slot: SlotId, key: PageKey, meta: PageMeta, pinned: bool, rule: u8) {
+    fn publish(
+        &mut self,
+        slot: SlotId,
+        key: PageKey,
+        meta: PageMeta,
+        pinned: bool,
+        dirty: bool,
+        rule: u8,
+    ) {
         let r = usize::from(rule);
         let limits = self.rules[r].limits;
         // A page pinned by request costs the cap nothing more.
@@ -835,15 +976,20 @@ impl Index {
         info.meta = meta;
         info.pinned = pinned;
         info.rule_pinned = rule_pinned;
+        info.dirty = dirty;
         info.rule = rule;
         info.readers = 0;
         info.needs_clear = true;
+        let (held, listed) = (info.held(), info.quota_listed(limits.quota_pages.is_some()));
         self.bytes += len;
         self.map.insert(key, slot);
-        if !(pinned || rule_pinned) {
+        if dirty {
+            self.count_dirty(key.file_id, len, true);
+        }
+        if !held {
             self.policy.insert(slot, key.hash64());
         }
-        if limits.quota_pages.is_some() && !pinned {
+        if listed {
             self.rule_lists.push_front(r, slot, key.hash64());
         }
     }
@@ -856,12 +1002,17 @@ impl Index {
         let st = &mut self.rules[usize::from(info.rule)].stats;
         st.pages -= 1;
         st.bytes -= len;
-        if info.held() {
+        if info.pinned_any() {
             self.pinned_pages -= 1;
             st.pinned_pages -= 1;
             st.pinned_bytes -= len;
         }
         info.rule_pinned = false;
+        let (dirty, file) = (info.dirty, info.key.file_id);
+        info.dirty = false;
+        if dirty {
+            self.count_dirty(file, len, false);
+        }
         self.bytes -= len;
         self.policy.remove(slot);
         self.rule_lists.unlink(slot);
@@ -889,6 +1040,7 @@ impl Index {
         info.state = SlotState::Free;
         info.pinned = false;
         info.rule_pinned = false;
+        info.dirty = false;
         info.rule = NO_RULE;
         info.readers = 0;
         let stack = if info.needs_clear {
@@ -952,6 +1104,8 @@ impl Index {
         let mut tracked = 0;
         let mut bytes = 0;
         let mut held = 0;
+        let mut dirty = (0u32, 0u64);
+        let mut dirty_by_file: BTreeMap<u128, u32> = BTreeMap::new();
         let mut recount = vec![RuleStats::default(); self.rules.len()];
         let mut filling = vec![0u32; self.rules.len()];
         for (i, info) in self.slots.iter().enumerate() {
@@ -979,7 +1133,12 @@ impl Index {
                     let c = &mut recount[r];
                     c.pages += 1;
                     c.bytes += u64::from(info.meta.len);
-                    if info.held() {
+                    if info.dirty {
+                        dirty.0 += 1;
+                        dirty.1 += u64::from(info.meta.len);
+                        *dirty_by_file.entry(info.key.file_id).or_insert(0) += 1;
+                    }
+                    if info.pinned_any() {
                         held += 1;
                         c.pinned_pages += 1;
                         c.pinned_bytes += u64::from(info.meta.len);
@@ -987,7 +1146,7 @@ impl Index {
                     if info.rule_pinned {
                         assert!(self.rules[r].limits.pin, "slot {slot} rule-pinned by {r}");
                     }
-                    let listed = self.rules[r].limits.quota_pages.is_some() && !info.pinned;
+                    let listed = info.quota_listed(self.rules[r].limits.quota_pages.is_some());
                     assert_eq!(
                         in_rule_list,
                         listed.then_some(r),
@@ -1013,6 +1172,8 @@ impl Index {
         assert_eq!(self.policy.len(), tracked);
         assert_eq!(self.bytes, bytes);
         assert_eq!(self.pinned_pages, held);
+        assert_eq!((self.dirty_pages, self.dirty_bytes), dirty, "dirty accounting");
+        assert_eq!(self.dirty_by_file, dirty_by_file, "dirty pages by file");
         self.rule_lists.check();
         for (r, st) in self.rules.iter().enumerate() {
             let c = &recount[r];

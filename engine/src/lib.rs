@@ -53,5 +53,5 @@ pub use index::RuleStats;
 pub use key::PageKey;
 pub use policy::PolicyKind;
 pub use rules::{Rule, Rules};
-pub use shard::{PageData, PageInfo, PutOutcome, Shard};
+pub use shard::{DirtyFile, PageData, PageInfo, PutOutcome, Shard};
 pub use stats::ShardStats;

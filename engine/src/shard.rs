@@ -20,7 +20,7 @@ use crate::{
     cachefile::{now_ms, CacheFile, Recovered},
     error::{EngineError, Result},
     event::Event,
-    format::{Geometry, SlotHeader, FLAG_PINNED},
+    format::{Geometry, SlotHeader, FLAG_DIRTY, FLAG_PINNED},
     index::{Index, Lookup, PageMeta, Removal, ReserveError, RuleStats, SlotState},
     key::PageKey,
     policy::SlotId,
@@ -92,8 +92,35 @@ pub struct PageInfo {
     pub inserted_ms: u64,
     /// Whether the page is pinned (by request or by its rule).
     pub pinned: bool,
+    /// Whether the page is dirty (never evicted; see [`Shard::put_dirty`]).
+    pub dirty: bool,
     /// The page's rule number (0: none; see [`Shard::rules`]).
     pub rule: u8,
+}
+
+/// The dirty pages one shard holds of one file ([`Shard::dirty_files`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirtyFile {
+    /// The file id (of a write-back version).
+    pub file_id: u128,
+    /// Dirty pages of it.
+    pub pages: u32,
+    /// Their bytes.
+    pub bytes: u64,
+    /// When the newest of them was stored (ms since the Unix epoch).
+    pub newest_ms: u64,
+}
+
+/// Group commit of dirty pages: one `fdatasync` serves every write that completed before it
+/// started. Generations count syncs started; a write is durable once a sync of a generation
+/// started after it has succeeded.
+#[derive(Default)]
+struct SyncState {
+    started: Cell<u64>,
+    completed: Cell<u64>,
+    last_ok: Cell<u64>,
+    running: Cell<bool>,
+    done: Event,
 }
 
 /// Recovery figures of one shard.
@@ -118,6 +145,9 @@ pub struct Shard {
     counters: Counters,
     recovery: Cell<RecoveryInfo>,
     rules: Arc<Rules>,
+    /// The most bytes of dirty pages this shard takes.
+    dirty_limit: u64,
+    sync: SyncState,
 }
 
 /// Ends a read when dropped, even if the reading future is cancelled.
@@ -155,6 +185,7 @@ impl Shard {
         index: Index,
         started: std::time::Instant,
         rules: Arc<Rules>,
+        dirty_limit: u64,
     ) -> Shard {
         let geo = *files[0].0.geometry();
         let mut shard = Shard {
@@ -167,6 +198,8 @@ impl Shard {
             counters: Counters::default(),
             recovery: Cell::new(RecoveryInfo::default()),
             rules,
+            dirty_limit,
+            sync: SyncState::default(),
         };
         // Restore pages oldest first so the eviction order approximates the old one.
         let mut restored: Vec<(SlotId, SlotHeader)> = Vec::new();
@@ -195,7 +228,9 @@ impl Shard {
                     inserted_ms: h.inserted_ms,
                 };
                 let pinned = h.flags & FLAG_PINNED != 0;
-                if let Some(loser) = index.restore(*slot, h.key, meta, pinned, h.rule) {
+                let dirty = h.flags & FLAG_DIRTY != 0;
+                if let Some(loser) = index.restore_with(*slot, h.key, meta, pinned, dirty, h.rule)
+                {
                     losers.push(loser);
                 }
             }
@@ -256,7 +291,8 @@ impl Shard {
             len: s.meta.len,
             version: s.meta.version,
             inserted_ms: s.meta.inserted_ms,
-            pinned: s.held(),
+            pinned: s.pinned_any(),
+            dirty: s.dirty,
             rule: s.rule,
         }
     }
@@ -399,6 +435,104 @@ impl Shard {
             .await
     }
 
+    /// Stores a *dirty* page: one written through the cluster that the under storage does not
+    /// hold yet. It replaces any cached copy of the key (whatever its version: a writer may
+    /// rewrite a page), is never evicted (only [`Shard::mark_clean`] makes it an ordinary page,
+    /// only [`Shard::discard_file`] and [`Shard::remove`] drop it), belongs to no rule, and is
+    /// durable (`fdatasync`, shared with the other dirty puts in flight) when this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`EngineError::DirtyFull`] when the page would take the shard past its dirty limit
+    /// (nothing is stored), [`EngineError::CacheFull`] when no slot can be freed, and the errors
+    /// of [`Shard::put`].
+    pub async fn put_dirty(&self, key: &PageKey, data: &[u8], version: u64) -> Result<()> {
+        if data.len() > self.geo.page_size as usize {
+            return Err(EngineError::PageTooLarge {
+                len: data.len(),
+                page_size: self.geo.page_size,
+            });
+        }
+        loop {
+            let pending = self.filling.borrow().get(key).cloned();
+            match pending {
+                Some(ev) => ev.listen().await,
+                None => break,
+            }
+        }
+        {
+            let index = self.index.borrow();
+            let replaced = index
+                .lookup(key)
+                .map(|s| index.slot(s))
+                .filter(|s| s.dirty)
+                .map_or(0, |s| u64::from(s.meta.len));
+            let dirty = index.dirty_bytes();
+            if dirty - replaced + data.len() as u64 > self.dirty_limit {
+                let c = &self.counters;
+                c.dirty_refused.set(c.dirty_refused.get() + 1);
+                return Err(EngineError::DirtyFull {
+                    dirty,
+                    limit: self.dirty_limit,
+                });
+            }
+        }
+        self.filling
+            .borrow_mut()
+            .insert(*key, Rc::new(Event::default()));
+        let fill = FillGuard {
+            shard: self,
+            key: *key,
+        };
+        self.store(key, PageBytes::Slice(data), version, NO_RULE, true)
+            .await?;
+        drop(fill);
+        self.durable().await?;
+        let c = &self.counters;
+        c.dirty_puts.set(c.dirty_puts.get() + 1);
+        Ok(())
+    }
+
+    /// Waits until everything written before the call is on stable storage: a `fdatasync` of
+    /// every cache file that started after the call, shared by all callers waiting for one.
+    async fn durable(&self) -> Result<()> {
+        let s = &self.sync;
+        let need = s.started.get() + 1;
+        loop {
+            if s.last_ok.get() >= need {
+                return Ok(());
+            }
+            if !s.running.get() {
+                s.running.set(true);
+                let generation = s.started.get() + 1;
+                s.started.set(generation);
+                let r = self.sync().await;
+                s.completed.set(generation);
+                if r.is_ok() {
+                    s.last_ok.set(generation);
+                }
+                s.running.set(false);
+                s.done.notify_all();
+                self.counters.syncs.set(self.counters.syncs.get() + 1);
+                if generation >= need {
+                    return r;
+                }
+                continue;
+            }
+            let wait = s.done.listen();
+            if s.running.get() {
+                wait.await;
+            }
+            if s.completed.get() >= need && s.last_ok.get() < need {
+                return Err(EngineError::io(
+                    "syncing dirty pages to",
+                    Some(self.files[0].device().path().clone()),
+                    std::io::Error::other("the sync covering this write failed"),
+                ));
+            }
+        }
+    }
+
     /// Like [`Shard::put`], for a page of rule number `rule` ([`Rules::classify`] of its file's
     /// path): the page counts against the rule's quota (the rule's oldest page makes room when
     /// it is at its quota), expires after its TTL, and is pinned if the rule pins. An unknown
@@ -478,7 +612,7 @@ impl Shard {
             shard: self,
             key: *key,
         };
-        self.store(key, data, version, rule).await?;
+        self.store(key, data, version, rule, false).await?;
         Ok(PutOutcome::Stored)
     }
 
@@ -490,6 +624,7 @@ impl Shard {
         data: PageBytes<'_>,
         version: u64,
         rule: u8,
+        dirty: bool,
     ) -> Result<()> {
         let res = self.index.borrow_mut().reserve_for(rule);
         let r = res.map_err(|e| match e {
@@ -562,17 +697,22 @@ impl Shard {
         }
 
         // 3. The header makes the page exist. A pin by request carries over to the new copy.
-        let old_pinned = {
+        //    The new copy is stamped later than the old one, so that recovery, finding both
+        //    (a crash before the old header is cleared), keeps the new one.
+        let (old_pinned, old_ms) = {
             let index = self.index.borrow();
-            index.lookup(key).is_some_and(|s| index.slot(s).pinned)
+            index.lookup(key).map_or((false, 0), |s| {
+                let s = index.slot(s);
+                (s.pinned, s.meta.inserted_ms)
+            })
         };
         let header = SlotHeader {
             key: *key,
             len,
             data_crc,
             version,
-            inserted_ms: now_ms(),
-            flags: if old_pinned { FLAG_PINNED } else { 0 },
+            inserted_ms: now_ms().max(old_ms + 1),
+            flags: if old_pinned { FLAG_PINNED } else { 0 } | if dirty { FLAG_DIRTY } else { 0 },
             rule,
         };
         file.with_header(local, |h| header.encode(local, h));
@@ -586,7 +726,10 @@ impl Shard {
             inserted_ms: header.inserted_ms,
         };
         let previous = self.index.borrow().lookup(key);
-        let displaced = self.index.borrow_mut().commit(slot, *key, meta, old_pinned);
+        let displaced = self
+            .index
+            .borrow_mut()
+            .commit_with(slot, *key, meta, old_pinned, dirty);
         let c = &self.counters;
         c.inserts.set(c.inserts.get() + 1);
         c.insert_bytes.set(c.insert_bytes.get() + len as u64);
@@ -649,12 +792,29 @@ impl Shard {
         Ok(removed)
     }
 
-    /// Removes every cached page of a file. Returns how many were removed. All of them leave the
-    /// index at once (no later read sees any of them); the headers are then cleared on disk.
+    /// Removes every cached page of a file except dirty ones (the only copies of data the under
+    /// storage does not hold yet; see [`Shard::discard_file`]). Returns how many were removed.
+    /// All of them leave the index at once (no later read sees any of them); the headers are
+    /// then cleared on disk.
     pub async fn remove_file(&self, file_id: u128) -> Result<usize> {
+        self.remove_pages(file_id, false).await
+    }
+
+    /// Removes every page of a file, dirty ones too: for a write-back version that is gone
+    /// (replaced, deleted or abandoned). Returns how many were removed.
+    pub async fn discard_file(&self, file_id: u128) -> Result<usize> {
+        self.remove_pages(file_id, true).await
+    }
+
+    async fn remove_pages(&self, file_id: u128, dirty_too: bool) -> Result<usize> {
         let removals: Vec<Removal> = {
             let mut index = self.index.borrow_mut();
-            let keys: Vec<PageKey> = index.file_keys(file_id).collect();
+            let keys: Vec<PageKey> = index
+                .file_keys(file_id)
+                .filter(|k| {
+                    dirty_too || index.lookup(k).is_none_or(|s| !index.slot(s).dirty)
+                })
+                .collect();
             keys.iter().map(|k| index.remove(k)).collect()
         };
         let n = removals.len();
@@ -680,24 +840,81 @@ impl Shard {
         let Some(slot) = self.index.borrow_mut().set_pinned(key, pinned) else {
             return Ok(false);
         };
+        self.write_flag(slot, FLAG_PINNED, pinned, "writing pin flag to")
+            .await?;
+        Ok(true)
+    }
+
+    /// Sets or clears header flag `flag` of the page in `slot` and writes the header.
+    async fn write_flag(&self, slot: SlotId, flag: u8, on: bool, op: &'static str) -> Result<()> {
         let (file, local) = self.locate(slot);
         let g = self.geo;
         file.with_header(local, |h| {
             if let crate::format::HeaderState::Valid(mut hdr) =
                 SlotHeader::decode(local, g.page_size, h)
             {
-                hdr.flags = if pinned {
-                    hdr.flags | FLAG_PINNED
-                } else {
-                    hdr.flags & !FLAG_PINNED
-                };
+                hdr.flags = if on { hdr.flags | flag } else { hdr.flags & !flag };
                 hdr.encode(local, h);
             }
         });
-        file.persist_header(local).await.map_err(|e| {
-            EngineError::io("writing pin flag to", Some(file.device().path().clone()), e)
-        })?;
-        Ok(true)
+        file.persist_header(local)
+            .await
+            .map_err(|e| EngineError::io(op, Some(file.device().path().clone()), e))
+    }
+
+    /// Makes every dirty page of a file an ordinary cached page (evictable): the under storage
+    /// holds the file now. Returns how many pages changed. A page whose header cannot be
+    /// rewritten stays clean in memory and becomes dirty again only after a restart (where the
+    /// flusher finds it clean in the under storage again).
+    pub async fn mark_clean(&self, file_id: u128) -> Result<usize> {
+        let slots: Vec<SlotId> = {
+            let mut index = self.index.borrow_mut();
+            let keys: Vec<PageKey> = index
+                .file_keys(file_id)
+                .filter(|k| index.lookup(k).is_some_and(|s| index.slot(s).dirty))
+                .collect();
+            keys.iter()
+                .filter_map(|k| index.set_dirty(k, false))
+                .collect()
+        };
+        let mut first_err = None;
+        for &slot in &slots {
+            if let Err(e) = self
+                .write_flag(slot, FLAG_DIRTY, false, "writing dirty flag to")
+                .await
+            {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(slots.len()),
+        }
+    }
+
+    /// The files this shard holds dirty pages of, in file id order.
+    pub fn dirty_files(&self) -> Vec<DirtyFile> {
+        let index = self.index.borrow();
+        index
+            .dirty_files()
+            .map(|(file_id, pages)| {
+                let (mut bytes, mut newest_ms) = (0, 0);
+                for k in index.file_keys(file_id) {
+                    if let Some(s) = index.lookup(&k).map(|s| index.slot(s)) {
+                        if s.dirty {
+                            bytes += u64::from(s.meta.len);
+                            newest_ms = newest_ms.max(s.meta.inserted_ms);
+                        }
+                    }
+                }
+                DirtyFile {
+                    file_id,
+                    pages,
+                    bytes,
+                    newest_ms,
+                }
+            })
+            .collect()
     }
 
     /// A snapshot of this shard's counters and occupancy.
@@ -724,6 +941,12 @@ impl Shard {
             recovered_pages: rec.pages,
             recovery_dropped: rec.dropped,
             recovery_micros: rec.micros,
+            dirty_pages: u64::from(index.dirty_pages()),
+            dirty_bytes: index.dirty_bytes(),
+            dirty_limit: self.dirty_limit,
+            dirty_puts: c.dirty_puts.get(),
+            dirty_refused: c.dirty_refused.get(),
+            syncs: c.syncs.get(),
         }
     }
 

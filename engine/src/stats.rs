@@ -14,6 +14,9 @@ pub(crate) struct Counters {
     pub removals: Cell<u64>,
     pub checksum_failures: Cell<u64>,
     pub io_errors: Cell<u64>,
+    pub dirty_puts: Cell<u64>,
+    pub dirty_refused: Cell<u64>,
+    pub syncs: Cell<u64>,
 }
 
 /// A snapshot of one shard's state and counters (since start).
@@ -55,6 +58,19 @@ pub struct ShardStats {
     pub recovery_dropped: u64,
     /// Time spent opening and recovering the shard, in microseconds.
     pub recovery_micros: u64,
+    /// Dirty pages (written through the cluster, not in the under storage yet).
+    pub dirty_pages: u64,
+    /// Bytes of those pages.
+    pub dirty_bytes: u64,
+    /// The most dirty bytes the shard takes.
+    pub dirty_limit: u64,
+    /// Dirty pages stored (each durable before it was acknowledged).
+    pub dirty_puts: u64,
+    /// Dirty pages refused at the dirty limit.
+    pub dirty_refused: u64,
+    /// `fdatasync` calls made to make dirty pages durable (one serves every page written
+    /// before it started).
+    pub syncs: u64,
 }
 
 impl ShardStats {
@@ -78,6 +94,12 @@ impl ShardStats {
             t.io_errors += s.io_errors;
             t.metadata_writes += s.metadata_writes;
             t.recovered_pages += s.recovered_pages;
+            t.dirty_pages += s.dirty_pages;
+            t.dirty_bytes += s.dirty_bytes;
+            t.dirty_limit += s.dirty_limit;
+            t.dirty_puts += s.dirty_puts;
+            t.dirty_refused += s.dirty_refused;
+            t.syncs += s.syncs;
             t.recovery_dropped += s.recovery_dropped;
             t.recovery_micros = t.recovery_micros.max(s.recovery_micros);
         }

@@ -11,8 +11,9 @@ use std::{fmt, ops::Range, path::PathBuf, sync::Arc};
 use crate::localfs::LocalStore;
 use bytes::Bytes;
 use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use pagestore_protocol::writeback::WritePolicy;
 use pagestore_protocol::{
-    frame::{DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind},
+    frame::{DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, PathKind},
     source::{Source, SourceError, SourceFuture},
 };
 
@@ -76,6 +77,12 @@ pub struct ObjectInfo {
     /// Modification time in the store, nanoseconds since the Unix epoch (negative before it;
     /// 0 where unknown, e.g. an `ObjectInfo` rebuilt from a wire `FileRef`).
     pub mtime_ns: i64,
+    /// Where the bytes are: an object of the store, or a file written through the cluster
+    /// (flushed or not yet).
+    pub state: FileState,
+    /// The store's version of the object holding these bytes ("" while the store holds none:
+    /// a write-back file not flushed yet). Equal to `version` for objects of the store.
+    pub store_tag: String,
 }
 
 impl ObjectInfo {
@@ -86,18 +93,56 @@ impl ObjectInfo {
         if e.is_dir {
             return None;
         }
+        // A listing does not say where a file written through the cluster is: its store
+        // version is unknown ("" until a stat says).
+        let written = pagestore_protocol::writeback::is_wb_tag(&e.version_tag);
         Some(ObjectInfo {
             file_id: file_id(&path, &e.version_tag),
             path,
             size: e.size,
             version: e.version_tag.clone(),
             mtime_ns: e.mtime_ns,
+            state: if written {
+                FileState::Dirty
+            } else {
+                FileState::Stored
+            },
+            store_tag: if written {
+                String::new()
+            } else {
+                e.version_tag.clone()
+            },
         })
     }
 
     /// The modification time in the store.
     pub fn modified(&self) -> std::time::SystemTime {
         system_time(self.mtime_ns)
+    }
+
+    /// The store version a read of this object must find: the store's tag of a file written
+    /// through the cluster and flushed, else the version (for a file not flushed yet that is
+    /// its write-back version, which no store object has: reading it from the store fails as
+    /// changed, never with other bytes).
+    pub fn store_version(&self) -> &str {
+        if self.store_tag.is_empty() {
+            &self.version
+        } else {
+            &self.store_tag
+        }
+    }
+
+    /// An object of the store at `version` (what a stat of it answers).
+    pub fn stored(path: String, size: u64, version: String, mtime_ns: i64) -> ObjectInfo {
+        ObjectInfo {
+            file_id: file_id(&path, &version),
+            path,
+            size,
+            store_tag: version.clone(),
+            version,
+            mtime_ns,
+            state: FileState::Stored,
+        }
     }
 }
 
@@ -139,6 +184,8 @@ struct Mount {
     /// The store itself for `file://` mounts (file modes for `pagefs`).
     local: Option<Arc<LocalStore>>,
     emulate: Emulation,
+    /// How the mount takes writes (the URL's `write` parameter).
+    write: WritePolicy,
 }
 
 /// The mount table: logical prefix -> object store.
@@ -485,7 +532,19 @@ fn not_implemented(path: &str, operation: &str) -> UfsError {
 /// The version tag of an object the store just wrote (as [`MountTable::stat`] will report it),
 /// from the store's answer to the write; `None` if the store did not say.
 pub fn written_version(r: &object_store::PutResult) -> Option<String> {
-    r.e_tag.as_ref().map(|e| e.trim_matches('"').to_string())
+    r.e_tag.as_deref().map(store_tag)
+}
+
+/// A store's etag as a version tag: without quotes, and never in the form of a write-back
+/// version (such an etag gets a `store-` prefix), so that no object of a store shares file ids
+/// with a file written through the cluster.
+fn store_tag(etag: &str) -> String {
+    let t = etag.trim_matches('"');
+    if pagestore_protocol::writeback::is_wb_tag(t) {
+        format!("store-{t}")
+    } else {
+        t.to_string()
+    }
 }
 
 /// What a conditional write did.
@@ -506,7 +565,7 @@ impl PutOutcome {
 
 fn version_of(meta: &object_store::ObjectMeta) -> String {
     match &meta.e_tag {
-        Some(e) => e.trim_matches('"').to_string(),
+        Some(e) => store_tag(e),
         None => format!(
             "{}-{}",
             meta.last_modified.timestamp_nanos_opt().unwrap_or(0),
@@ -598,12 +657,15 @@ impl MountTable {
             } else {
                 (store_for(url)?, None)
             };
+            let write = WritePolicy::of_url(url)
+                .map_err(|e| UfsError::Config(format!("{prefix}/ = {}: {e}", redact(url))))?;
             out.push(Mount {
                 prefix,
                 url: url.clone(),
                 store,
                 local,
                 emulate: Emulation::parse(url)?,
+                write,
             });
         }
         out.sort_by_key(|m| std::cmp::Reverse(m.prefix.len()));
@@ -629,6 +691,16 @@ impl MountTable {
     /// Prefixes of the mounts this table could not open (see [`MountTable::new_partial`]).
     pub fn unavailable_prefixes(&self) -> impl Iterator<Item = &str> {
         self.unavailable.iter().map(|(p, _)| p.as_str())
+    }
+
+    /// How the mount of `path` takes writes (`through` for a path no mount holds).
+    pub fn write_policy(&self, path: &str) -> WritePolicy {
+        self.resolve(path).map_or(WritePolicy::Through, |(m, _)| m.write)
+    }
+
+    /// The logical prefix of the mount holding `path` ("" for the root mount).
+    pub fn mount_of(&self, path: &str) -> Option<&str> {
+        self.resolve(path).ok().map(|(m, _)| m.prefix.as_str())
     }
 
     /// Whether `path` falls under a `file://` mount of this table.
@@ -702,8 +774,10 @@ impl MountTable {
             path: path.to_string(),
             size: meta.size,
             file_id: file_id(path, &version),
+            store_tag: version.clone(),
             version,
             mtime_ns: mtime_ns(&meta.last_modified),
+            state: FileState::Stored,
         })
     }
 
@@ -720,9 +794,10 @@ impl MountTable {
             range: Some(GetRange::Bounded(range.start..end)),
             ..Default::default()
         };
+        let expected = info.store_version();
         let changed = || UfsError::Changed {
             path: info.path.clone(),
-            expected: info.version.clone(),
+            expected: expected.to_string(),
         };
         let got = m.store.get_opts(&p, opts).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => UfsError::NotFound(info.path.clone()),
@@ -732,7 +807,7 @@ impl MountTable {
         })?;
         // The version is checked against what was actually read (not every store honours
         // conditional reads the same way).
-        if version_of(&got.meta) != info.version || got.meta.size != info.size {
+        if version_of(&got.meta) != expected || got.meta.size != info.size {
             return Err(changed());
         }
         got.bytes().await.map_err(|e| match e {
@@ -980,9 +1055,11 @@ impl MountTable {
             Ok(info) => {
                 return Ok(PathKind::File {
                     size: info.size,
+                    store_tag: info.version.clone(),
                     version_tag: info.version,
                     file_id: FileId::from_u128(info.file_id),
                     mtime_ns: info.mtime_ns,
+                    state: pagestore_protocol::frame::FileState::Stored,
                 })
             }
             Err(UfsError::NotFound(_)) => {}
@@ -1141,6 +1218,8 @@ impl Source for UfsSource {
             version: file.version_tag.clone(),
             file_id: file.file_id.as_u128(),
             mtime_ns: 0,
+            state: FileState::Stored,
+            store_tag: String::new(),
         };
         Box::pin(async move { Ok(table.read(&info, range).await?) })
     }

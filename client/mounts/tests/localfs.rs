@@ -95,6 +95,8 @@ fn forged(path: &str, size: u64) -> ObjectInfo {
         version: "anything".into(),
         file_id: 1,
         mtime_ns: 0,
+        state: pagestore_protocol::frame::FileState::Stored,
+        store_tag: "anything".into(),
     }
 }
 

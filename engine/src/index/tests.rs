@@ -260,7 +260,8 @@ fn key(k: u64) -> PageKey {
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// reserve, then commit (outcome >= 2) or abort (dirty if outcome == 0).
+    /// reserve, then commit (outcome >= 2; a dirty page if outcome is 7) or
+    /// abort (header needs clearing if outcome == 0).
     Put {
         key: u64,
         outcome: u8,
@@ -277,6 +278,8 @@ enum Op {
     PinNth(usize),
     /// Start a read of the n-th present key (modulo), if any.
     StartReadNth(usize),
+    /// Mark the n-th present key (modulo) dirty or clean.
+    DirtyNth(usize, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -291,6 +294,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::PinNth),
         2 => any::<usize>().prop_map(Op::StartReadNth),
         1 => (0..NKEYS).prop_map(Op::Unpin),
+        2 => (any::<usize>(), any::<bool>()).prop_map(|(n, d)| Op::DirtyNth(n, d)),
     ]
 }
 
@@ -298,7 +302,14 @@ fn op() -> impl Strategy<Value = Op> {
 struct Entry {
     slot: SlotId,
     pinned: bool,
+    dirty: bool,
     meta: PageMeta,
+}
+
+impl Entry {
+    fn held(&self) -> bool {
+        self.pinned || self.dirty
+    }
 }
 
 /// The index under test plus a simple model of what it should hold.
@@ -308,7 +319,7 @@ struct Harness {
     present: BTreeMap<u64, Entry>,
     /// Reads in flight: (key, slot).
     readers: Vec<(u64, SlotId)>,
-    /// Unpinned present keys, most recently used first.
+    /// Present keys neither pinned nor dirty, most recently used first.
     recency: VecDeque<u64>,
     step: u64,
 }
@@ -363,6 +374,24 @@ impl Harness {
         let op = match *op {
             Op::PinNth(n) => Op::Pin(nth(n)),
             Op::StartReadNth(n) => Op::StartRead(nth(n)),
+            Op::DirtyNth(n, d) => {
+                let k = nth(n);
+                let got = self.idx.set_dirty(&key(k), d);
+                let Some(e) = self.present.get_mut(&k) else {
+                    assert_eq!(got, None);
+                    return;
+                };
+                assert_eq!(got, Some(e.slot));
+                if e.dirty != d {
+                    e.dirty = d;
+                    let held = e.held();
+                    self.recency.retain(|&x| x != k);
+                    if !held {
+                        self.recency.push_front(k);
+                    }
+                }
+                return;
+            }
             ref other => other.clone(),
         };
         match op {
@@ -373,7 +402,7 @@ impl Harness {
                     Some(e) => {
                         assert_eq!(got, Some((e.slot, e.meta)));
                         self.readers.push((k, e.slot));
-                        if !e.pinned {
+                        if !e.held() {
                             self.recency.retain(|&x| x != k);
                             self.recency.push_front(k);
                         }
@@ -446,7 +475,7 @@ impl Harness {
                     self.reclaim(slot, cleared);
                 }
             }
-            Op::PinNth(_) | Op::StartReadNth(_) => unreachable!(),
+            Op::PinNth(_) | Op::StartReadNth(_) | Op::DirtyNth(..) => unreachable!(),
             Op::Pin(k) | Op::Unpin(k) => {
                 let pin = matches!(op, Op::Pin(_));
                 let got = self.idx.set_pinned(&key(k), pin);
@@ -457,8 +486,9 @@ impl Harness {
                 assert_eq!(got, Some(e.slot));
                 if e.pinned != pin {
                     e.pinned = pin;
+                    let held = e.held();
                     self.recency.retain(|&x| x != k);
-                    if !pin {
+                    if !held {
                         self.recency.push_front(k);
                     }
                 }
@@ -473,7 +503,7 @@ impl Harness {
         let evictable = self
             .present
             .values()
-            .any(|e| !e.pinned && !self.busy(e.slot));
+            .any(|e| !e.held() && !self.busy(e.slot));
         let lru_victim = self
             .recency
             .iter()
@@ -505,6 +535,7 @@ impl Harness {
                 }
                 let e = self.forget(vk).expect("victim was present");
                 assert!(!e.pinned, "evicted a pinned page");
+                assert!(!e.dirty, "evicted a dirty page");
                 assert!(!self.busy(e.slot), "evicted a page being read");
                 assert_eq!(e.slot, r.slot);
             }
@@ -519,12 +550,13 @@ impl Harness {
             _ => {
                 let old = self.present.get(&k).copied();
                 let pinned = old.is_some_and(|e| e.pinned);
+                let dirty = outcome == 7;
                 let m = PageMeta {
                     len: (k as u32) * 100 + u32::from(outcome),
                     version: self.step,
                     inserted_ms: self.step,
                 };
-                let got = self.idx.commit(r.slot, key(k), m, pinned);
+                let got = self.idx.commit_with(r.slot, key(k), m, pinned, dirty);
                 let want = old.map(|e| e.slot).filter(|&s| !self.busy(s));
                 assert_eq!(got, want);
                 self.forget(k);
@@ -536,10 +568,11 @@ impl Harness {
                     Entry {
                         slot: r.slot,
                         pinned,
+                        dirty,
                         meta: m,
                     },
                 );
-                if !pinned {
+                if !pinned && !dirty {
                     self.recency.push_front(k);
                 }
             }
@@ -575,8 +608,15 @@ impl Harness {
         for e in self.present.values() {
             let info = self.idx.slot(e.slot);
             assert_eq!(info.pinned, e.pinned);
+            assert_eq!(info.dirty, e.dirty);
             assert_eq!(info.meta, e.meta);
         }
+        let dirty: Vec<&Entry> = self.present.values().filter(|e| e.dirty).collect();
+        assert_eq!(self.idx.dirty_pages() as usize, dirty.len());
+        assert_eq!(
+            self.idx.dirty_bytes(),
+            dirty.iter().map(|e| u64::from(e.meta.len)).sum::<u64>()
+        );
         assert_eq!(
             self.idx.free_count(),
             NSLOTS as usize - self.present.len() - doomed.len()

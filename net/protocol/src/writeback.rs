@@ -183,6 +183,32 @@ pub fn parent(path: &str) -> Option<&str> {
     }
 }
 
+/// A node's write-back side as its shards see it: the namespace of `back` and `transient`
+/// mounts (records of the files, directories and deletions made through the cluster), kept
+/// durably by every node. The daemon implements it on its tokio runtime; the futures it returns
+/// run there. Calls must be cheap from any thread.
+pub trait WriteBack: Send + Sync + 'static {
+    /// Whether pages of write-back version `file_id` may still be written: no record says the
+    /// version was closed by its writer, sealed, flushed or deleted.
+    fn takes_pages(&self, file_id: u128) -> bool;
+    /// A namespace change asked by a client: ordered, kept durably on this node, handed to the
+    /// other nodes; the answer is its position in the cluster's order, once the cluster's
+    /// write replicas hold it.
+    fn change(&self, op: crate::frame::ChangeOp) -> crate::source::SourceFuture<u64>;
+    /// Records another node made: applied and kept durably; the answer is the largest position.
+    fn replicate(
+        &self,
+        records: Vec<crate::frame::FileRecord>,
+    ) -> crate::source::SourceFuture<u64>;
+    /// The records whose paths sort after `after`, in path order, as many as one answer holds,
+    /// and whether more follow.
+    fn pull(&self, after: &str) -> (Vec<crate::frame::FileRecord>, bool);
+    /// What waits to reach the under storage under `prefix`, as this node knows it.
+    fn summary(&self, prefix: &str) -> crate::frame::WriteBackSummary;
+    /// The write replicas in force (at least 1).
+    fn write_replicas(&self) -> u8;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,4 +13,4 @@ pub mod node;
 pub mod service;
 
 // The protocol's modules, reachable as `crate::frame` etc. inside this crate.
-use pagestore_protocol::{frame, jobs, ring, source, tls, transport};
+use pagestore_protocol::{frame, jobs, ring, source, tls, transport, writeback};

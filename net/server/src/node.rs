@@ -19,7 +19,10 @@ use crate::{
     ring::{MemberId, Ring},
     service::{RingView, ShardService},
     source::Source,
+    writeback::WriteBack,
 };
+use pagestore_engine::DirtyFile;
+use pagestore_protocol::frame::PageAction;
 
 /// The under storage a node loads misses from, and the tokio runtime its requests run on.
 #[derive(Clone)]
@@ -55,6 +58,8 @@ pub struct NodeOptions {
     pub nodes: Vec<NodeEntry>,
     /// Replicas clients may try before the under storage.
     pub replicas: u8,
+    /// The node's write-back side (none: write-back requests are `Unavailable`).
+    pub writeback: Option<Arc<dyn WriteBack>>,
 }
 
 /// Why a node could not start.
@@ -214,6 +219,9 @@ impl Node {
             });
             let service = ShardService::new(shard, view.clone(), loader.clone());
             service.set_jobs(board.clone());
+            if let Some(wb) = &opts.writeback {
+                service.set_writeback(wb.clone());
+            }
             let service_ref = service.clone();
             let ep = endpoint::start(
                 EndpointOptions {
@@ -330,6 +338,67 @@ impl Node {
             );
         }
         Ok(v)
+    }
+
+    /// Does `action` to the pages of write-back version `file_id` on every shard of this node
+    /// (the same as a `FilePages` request to each). Returns the pages affected.
+    pub async fn file_pages(&self, file_id: u128, action: PageAction) -> Result<u64, EngineError> {
+        let Some(engine) = &self.engine else {
+            return Err(EngineError::ShardGone);
+        };
+        let mut n = 0;
+        for h in engine.shards() {
+            n += h
+                .run_with(move |_, state| async move {
+                    let service = state.borrow().as_ref().map(|net| net.service.clone());
+                    match service {
+                        Some(s) => s.page_action(file_id, action).await,
+                        None => Err(EngineError::ShardGone),
+                    }
+                })
+                .await??;
+        }
+        Ok(n as u64)
+    }
+
+    /// The dirty pages every shard holds, by file, over all shards.
+    pub async fn dirty_files(&self) -> Result<Vec<DirtyFile>, EngineError> {
+        let mut by_file: std::collections::BTreeMap<u128, DirtyFile> = Default::default();
+        for files in self.on_each_shard(|shard, _| shard.dirty_files()).await? {
+            for f in files {
+                let e = by_file.entry(f.file_id).or_insert(DirtyFile {
+                    file_id: f.file_id,
+                    pages: 0,
+                    bytes: 0,
+                    newest_ms: 0,
+                });
+                e.pages += f.pages;
+                e.bytes += f.bytes;
+                e.newest_ms = e.newest_ms.max(f.newest_ms);
+            }
+        }
+        Ok(by_file.into_values().collect())
+    }
+
+    /// Makes every shard forget what it cached of the metadata of `paths` (and of their parent
+    /// directories' listings): their records changed.
+    pub async fn forget_paths(&self, paths: Vec<String>) -> Result<(), EngineError> {
+        let Some(engine) = &self.engine else {
+            return Err(EngineError::ShardGone);
+        };
+        let paths = Arc::new(paths);
+        for h in engine.shards() {
+            let paths = paths.clone();
+            h.run_with(move |_, state| async move {
+                if let Some(loader) = state.borrow().as_ref().and_then(|n| n.loader.as_ref()) {
+                    for p in paths.iter() {
+                        loader.forget(p);
+                    }
+                }
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     /// Requests served by each shard's endpoint so far.

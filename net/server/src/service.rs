@@ -1,20 +1,28 @@
 //! The page service a shard runs behind its QUIC endpoint: decodes request frames, checks ring
 //! ownership, runs the request on the shard's engine (local API, same core) and encodes the reply.
 
-use std::{cell::RefCell, future::Future, pin::Pin, rc::Rc, sync::Arc};
+use std::{
+    cell::RefCell,
+    collections::{HashMap, HashSet},
+    future::Future,
+    pin::Pin,
+    rc::Rc,
+    sync::Arc,
+};
 
 use pagestore_engine::{EngineError, PageKey, Shard};
 
 use crate::{
     endpoint::{Body, Peer, Reply, Service},
     frame::{
-        self, ErrorCode, FileId, FileRef, FrameError, Key, NodeEntry, PageStatus, RequestBody,
-        Response, ResponseBody,
+        self, ErrorCode, FileId, FileRef, FrameError, Key, NodeEntry, PageAction, PageStatus,
+        RequestBody, Response, ResponseBody,
     },
     loader::Loader,
     ring::{self, MemberId, Ring},
     source::page_version,
     tls::Role,
+    writeback::{is_wb_tag, WriteBack, WRITE_SLOP},
 };
 
 /// One shard's view of the ring: which member it is, and the ring it believes in.
@@ -51,6 +59,22 @@ impl RingView {
             .contains(&self.me)
     }
 
+    /// Whether this shard is one of the members that keep `key` of a write-back version: the
+    /// first `write_replicas` members on distinct nodes, or the [`WRITE_SLOP`] after them that
+    /// writers use when some of those are unreachable. An empty ring keeps everything.
+    pub fn is_write_member(&self, key: &Key, write_replicas: u8) -> bool {
+        let ring = self.ring.borrow();
+        if ring.owner(key.file_id.as_u128(), key.page).is_none() {
+            return true;
+        }
+        ring.replicas(
+            key.file_id.as_u128(),
+            key.page,
+            usize::from(write_replicas.max(1)) + WRITE_SLOP,
+        )
+        .contains(&self.me)
+    }
+
     /// The ring epoch this shard believes in.
     pub fn epoch(&self) -> u64 {
         self.ring.borrow().epoch()
@@ -73,6 +97,12 @@ pub struct ShardService {
     not_owner: std::cell::Cell<u64>,
     /// Requests refused because the peer's role does not allow them.
     forbidden: std::cell::Cell<u64>,
+    /// The node's write-back side (none: write-back requests are `Unavailable`).
+    writeback: RefCell<Option<Arc<dyn WriteBack>>>,
+    /// Dirty puts in progress per write-back version (a seal waits for them).
+    dirty_inflight: RefCell<HashMap<u128, u32>>,
+    /// Versions sealed on this shard: their pages are refused from now on.
+    sealed: RefCell<HashSet<u128>>,
 }
 
 impl ShardService {
@@ -92,7 +122,24 @@ impl ShardService {
             replica_reads: std::cell::Cell::new(0),
             not_owner: std::cell::Cell::new(0),
             forbidden: std::cell::Cell::new(0),
+            writeback: RefCell::new(None),
+            dirty_inflight: RefCell::new(HashMap::new()),
+            sealed: RefCell::new(HashSet::new()),
         })
+    }
+
+    /// Takes write-back requests through `wb` (shared by the node's shards).
+    pub fn set_writeback(&self, wb: Arc<dyn WriteBack>) {
+        *self.writeback.borrow_mut() = Some(wb);
+    }
+
+    fn writeback(&self) -> Option<Arc<dyn WriteBack>> {
+        self.writeback.borrow().clone()
+    }
+
+    /// The write replicas in force (1 without write-back).
+    fn write_replicas(&self) -> u8 {
+        self.writeback().map_or(1, |w| w.write_replicas())
     }
 
     /// Requests refused because the peer's role did not allow them, since start.
@@ -177,7 +224,9 @@ fn engine_error(request_id: u64, e: &EngineError) -> Reply {
         EngineError::PageTooLarge { .. } | EngineError::BufferTooShort { .. } => {
             ErrorCode::TooLarge
         }
-        EngineError::CacheFull | EngineError::QuotaFull { .. } => ErrorCode::Full,
+        EngineError::CacheFull | EngineError::QuotaFull { .. } | EngineError::DirtyFull { .. } => {
+            ErrorCode::Full
+        }
         EngineError::ShardGone => ErrorCode::Unavailable,
         EngineError::Io { .. } => ErrorCode::Io,
     };
@@ -189,7 +238,15 @@ fn engine_error(request_id: u64, e: &EngineError) -> Reply {
 /// peer; changing what other clients will be served is not.
 fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
     match body {
-        RequestBody::WritePage { .. } | RequestBody::Invalidate { .. } => Role::Writer,
+        RequestBody::WritePage { .. }
+        | RequestBody::Invalidate { .. }
+        | RequestBody::WriteDirty { .. }
+        | RequestBody::Change { .. } => Role::Writer,
+        // What nodes tell each other: the namespace records and what to do with a version's
+        // pages.
+        RequestBody::Replicate | RequestBody::PullRecords { .. } | RequestBody::FilePages { .. } => {
+            Role::Node
+        }
         // Reading the job records is open; adding one is a change others see.
         RequestBody::Jobs if !payload.is_empty() => Role::Writer,
         RequestBody::RemoveFile { .. } => Role::Admin,
@@ -215,6 +272,12 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::Invalidate { .. } => "Invalidate",
         RequestBody::Jobs => "Jobs",
         RequestBody::Counters => "Counters",
+        RequestBody::WriteDirty { .. } => "WriteDirty",
+        RequestBody::Change { .. } => "Change",
+        RequestBody::Replicate => "Replicate",
+        RequestBody::PullRecords { .. } => "PullRecords",
+        RequestBody::FilePages { .. } => "FilePages",
+        RequestBody::WriteBackState { .. } => "WriteBackState",
     }
 }
 
@@ -241,6 +304,8 @@ impl Service for ShardService {
                     u64::from(len.min(page))
                 }
                 RequestBody::ReadPages { pages, .. } => pages.len() as u64 * u64::from(page),
+                // A page of records at most.
+                RequestBody::PullRecords { .. } => u64::from(frame::MAX_RECORDS_PAYLOAD),
                 // Job listings and counters are charged when ready; the rest carry no body.
                 _ => 0,
             },
@@ -349,11 +414,138 @@ impl ShardService {
                     replicas: self.view.replicas,
                     nodes: self.view.nodes.borrow().as_ref().clone(),
                     mounts: self.loader.as_ref().map_or_else(Vec::new, |l| l.mounts()),
+                    write_replicas: self.write_replicas(),
                 };
                 reply(id, body, Body::Empty)
             }
             RequestBody::Counters => self.counters(id),
             RequestBody::Jobs => self.jobs(id, payload),
+            RequestBody::WriteDirty {
+                key, version_tag, ..
+            } => self.write_dirty(id, key, &version_tag, payload).await,
+            RequestBody::Change { op } => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                match wb.change(op).await {
+                    Ok(hlc) => reply(id, ResponseBody::Applied { hlc }, Body::Empty),
+                    Err(e) => error(id, e.code, e.message),
+                }
+            }
+            RequestBody::Replicate => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                let records = match frame::decode_file_records(payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return error(
+                            id,
+                            ErrorCode::BadRequest,
+                            format!("records: {}", e.peer_message()),
+                        )
+                    }
+                };
+                match wb.replicate(records).await {
+                    Ok(hlc) => reply(id, ResponseBody::Applied { hlc }, Body::Empty),
+                    Err(e) => error(id, e.code, e.message),
+                }
+            }
+            RequestBody::PullRecords { after } => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                let (records, more) = wb.pull(&after);
+                match frame::encode_file_records(&records) {
+                    Ok(p) => reply(id, ResponseBody::Records { more }, Body::Bytes(p)),
+                    Err(e) => error(id, ErrorCode::Internal, format!("records: {e}")),
+                }
+            }
+            RequestBody::FilePages { file_id, action } => {
+                self.file_pages(id, file_id.as_u128(), action).await
+            }
+            RequestBody::WriteBackState { prefix } => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                let summary = wb.summary(&prefix);
+                reply(id, ResponseBody::WriteBack { summary }, Body::Empty)
+            }
+        }
+    }
+
+    /// A page of a write-back version, kept dirty and durable before the answer.
+    async fn write_dirty(&self, id: u64, key: Key, tag: &str, payload: &[u8]) -> Reply {
+        let Some(wb) = self.writeback() else {
+            return no_writeback(id);
+        };
+        let file = key.file_id.as_u128();
+        if !is_wb_tag(tag) || file != ring::file_id("", tag) {
+            return error(
+                id,
+                ErrorCode::BadRequest,
+                "WriteDirty needs a write-back version tag and its file id",
+            );
+        }
+        if !self.view.is_write_member(&key, wb.write_replicas()) {
+            return self.not_owner(id);
+        }
+        if self.sealed.borrow().contains(&file) || !wb.takes_pages(file) {
+            return error(
+                id,
+                ErrorCode::Changed,
+                "this write-back version takes no more pages: it was closed, sealed or                  deleted; open the file for writing again",
+            );
+        }
+        *self.dirty_inflight.borrow_mut().entry(file).or_insert(0) += 1;
+        let r = self
+            .shard
+            .put_dirty(&page_key(&key), payload, page_version(tag))
+            .await;
+        {
+            let mut inflight = self.dirty_inflight.borrow_mut();
+            if let Some(n) = inflight.get_mut(&file) {
+                *n -= 1;
+                if *n == 0 {
+                    inflight.remove(&file);
+                }
+            }
+        }
+        match r {
+            Ok(()) => reply(id, ResponseBody::Written, Body::Empty),
+            Err(e) => engine_error(id, &e),
+        }
+    }
+
+    /// What another node says to do with a write-back version's pages on this shard.
+    async fn file_pages(&self, id: u64, file: u128, action: PageAction) -> Reply {
+        match self.page_action(file, action).await {
+            Ok(n) => reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty),
+            Err(e) => engine_error(id, &e),
+        }
+    }
+
+    /// Does `action` to write-back version `file`'s pages on this shard: makes them ordinary
+    /// cached pages (clean), drops them, or seals the version (refuses its pages from now on,
+    /// after the puts in progress end). Returns the pages affected.
+    pub async fn page_action(&self, file: u128, action: PageAction) -> Result<usize, EngineError> {
+        match action {
+            PageAction::Clean => {
+                self.sealed.borrow_mut().remove(&file);
+                self.shard.mark_clean(file).await
+            }
+            PageAction::Drop => {
+                self.sealed.borrow_mut().remove(&file);
+                self.shard.discard_file(file).await
+            }
+            PageAction::Seal => {
+                self.sealed.borrow_mut().insert(file);
+                // The puts already accepted finish before the seal is answered.
+                while self.dirty_inflight.borrow().contains_key(&file) {
+                    glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                Ok(0)
+            }
         }
     }
 
@@ -447,7 +639,10 @@ impl ShardService {
             page,
         };
         if !self.view.owns(&key) {
-            if !(replica && self.view.is_replica(&key)) {
+            let written = is_wb_tag(&file.version_tag);
+            let member = self.view.is_replica(&key)
+                || (written && self.view.is_write_member(&key, self.write_replicas()));
+            if !(replica && member) {
                 return self.not_owner(id);
             }
             self.replica_reads.set(self.replica_reads.get() + 1);
@@ -659,6 +854,14 @@ fn new_latency_histogram() -> hdrhistogram::Histogram<u64> {
         // The bounds are constants that hdrhistogram accepts; fall back to auto-resizing.
         Err(_) => hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!()),
     }
+}
+
+fn no_writeback(id: u64) -> Reply {
+    error(
+        id,
+        ErrorCode::Unavailable,
+        "this node takes no write-back requests",
+    )
 }
 
 fn no_source(id: u64) -> Reply {

@@ -23,7 +23,7 @@ use pagestore_client::pool::Pool;
 use pagestore_engine::{PageKey, ShardHandle};
 use pagestore_protocol::{
     frame::{
-        self, DirEntry, ErrorCode, FileId, FileRef, MountEntry, NodeEntry, PathKind, Request,
+        self, DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, NodeEntry, PathKind, Request,
         RequestBody, ResponseBody,
     },
     ring::{self, MemberId, Ring, RingConfig},
@@ -136,6 +136,8 @@ impl FakeState {
                 version_tag: version.clone(),
                 file_id: FileId::from_u128(ring::file_id(path, version)),
                 mtime_ns: MTIME_NS,
+                state: FileState::Stored,
+                store_tag: version.clone(),
             });
         }
         let prefix = format!("{}/", path.trim_end_matches('/'));
@@ -269,6 +271,7 @@ impl Harness {
                 }),
                 nodes: setup.nodes,
                 replicas: setup.replicas,
+                writeback: None,
                 ..common::node_options(server, NODE, setup.ring)
             },
         )
@@ -807,6 +810,8 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
             version_tag: v.to_string(),
             file_id: FileId::from_u128(ring::file_id("/m/a", v)),
             mtime_ns: MTIME_NS,
+            state: FileState::Stored,
+            store_tag: v.to_string(),
         },
     };
     h.rt.block_on(async {
@@ -966,6 +971,7 @@ fn cluster_reports_page_size_nodes_replicas_and_mounts() {
                     replicas: 2,
                     nodes: nodes.clone(),
                     mounts: mounts.clone(),
+                    write_replicas: 1,
                 }
             );
         }

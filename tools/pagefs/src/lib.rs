@@ -299,6 +299,13 @@ fn errno(op: &str, path: &str, e: &Error) -> Errno {
             warn!("{op} {path}: {e}");
             Errno::EACCES
         }
+        Error::Exists(_) => Errno::EEXIST,
+        Error::NotEmpty(_) => Errno::ENOTEMPTY,
+        Error::NoSpace(_) => {
+            warn!("{op} {path}: {e}");
+            Errno::ENOSPC
+        }
+        Error::ReadOnly(_) => Errno::EROFS,
     }
 }
 

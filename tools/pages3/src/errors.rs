@@ -59,6 +59,25 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
                 format!("the cache cluster refused this gateway's request (incident {id} in the gateway's log)"),
             )
         }
+        ClientError::Exists(p) => S3Error::with_message(
+            S3ErrorCode::PreconditionFailed,
+            format!("{p}: already exists"),
+        ),
+        ClientError::NotEmpty(p) => S3Error::with_message(
+            S3ErrorCode::InvalidRequest,
+            format!("{p}: not empty"),
+        ),
+        e @ ClientError::NoSpace(_) => {
+            let id = incident();
+            tracing::warn!(error = %e, incident = %id, "the cluster cannot take the write now");
+            S3Error::with_message(
+                S3ErrorCode::SlowDown,
+                format!(
+                    "the cache cluster cannot take the data now (its write-back buffer is                      full); retry later (incident {id})"
+                ),
+            )
+        }
+        ClientError::ReadOnly(m) => S3Error::with_message(S3ErrorCode::AccessDenied, m),
     }
 }
 

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use pagestore_cli::{init_logging, ClusterArgs};
 use pagestore_client::{Client, Error};
 use pagestore_protocol::{
-    frame::PathKind,
+    frame::{FileState, PathKind},
     tls::{ClusterCa, Role},
 };
 use tokio::io::AsyncReadExt;
@@ -915,16 +915,42 @@ async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
             version_tag,
             file_id,
             mtime_ns,
-        } => println!(
-            "{path}: file\n  size     {size}\n  version  {version_tag}\n  modified {}.{:09} \
-             (Unix time)\n  file id  {:032x}\n  pages    {}",
-            mtime_ns.div_euclid(1_000_000_000),
-            mtime_ns.rem_euclid(1_000_000_000),
-            file_id.as_u128(),
-            size.div_ceil(u64::from(client.page_size()))
-        ),
+            state,
+            store_tag,
+        } => {
+            println!(
+                "{path}: file\n  size     {size}\n  version  {version_tag}\n  modified {}.{:09} \
+                 (Unix time)\n  file id  {:032x}\n  pages    {}\n  state    {}",
+                mtime_ns.div_euclid(1_000_000_000),
+                mtime_ns.rem_euclid(1_000_000_000),
+                file_id.as_u128(),
+                size.div_ceil(u64::from(client.page_size())),
+                describe_state(state)
+            );
+            if state != FileState::Stored && !store_tag.is_empty() {
+                println!("  store    {store_tag}");
+            }
+            if matches!(state, FileState::Writing | FileState::Dirty) {
+                if let Ok(s) = client.write_back_state(path).await {
+                    if !s.last_error.is_empty() {
+                        println!("  flush    failing: {}", s.last_error);
+                    }
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// What a file's state means, for people.
+fn describe_state(state: FileState) -> &'static str {
+    match state {
+        FileState::Stored => "in the under storage",
+        FileState::Writing => "written through the cluster, open by its writer, not flushed",
+        FileState::Dirty => "written through the cluster, waiting to be flushed",
+        FileState::Clean => "written through the cluster and flushed to the under storage",
+        FileState::Transient => "kept on the cluster only (transient mount, never flushed)",
+    }
 }
 
 #[cfg(test)]

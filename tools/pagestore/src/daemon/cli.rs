@@ -162,6 +162,20 @@ pub struct Flags {
     /// [[rule]] tables).
     #[arg(long = "rule", value_name = "PREFIX:KEY=VALUE,...", value_parser = crate::rules::parse_rule)]
     pub rules: Vec<Rule>,
+    /// Nodes that keep each page and record of a file written to a write=back or
+    /// write=transient mount before the write is acknowledged (default 2; at most the nodes).
+    #[arg(long, value_name = "N")]
+    pub write_replicas: Option<u8>,
+    /// Bytes of dirty pages (written, not flushed yet) this node holds; writers wait for
+    /// flushes beyond it (default half the cache size).
+    #[arg(long, value_name = "SIZE")]
+    pub dirty_limit: Option<Size>,
+    /// Files this node flushes to the under storage at once (default 4).
+    #[arg(long, value_name = "N")]
+    pub flush_parallel: Option<usize>,
+    /// Seal and flush a file whose writer has been silent this long (default 120).
+    #[arg(long, value_name = "SECS")]
+    pub write_lease: Option<f64>,
 }
 
 impl Flags {
@@ -206,6 +220,10 @@ impl Flags {
             admin: self.admin,
             pin: self.no_pin.then_some(false),
             rules: (!self.rules.is_empty()).then_some(self.rules),
+            write_replicas: self.write_replicas,
+            dirty_limit: self.dirty_limit,
+            flush_parallel: self.flush_parallel,
+            write_lease: self.write_lease,
             reformat: self.reformat,
         }
     }

@@ -33,6 +33,7 @@ use pagestore_server::{
 use tokio::{runtime::Runtime, task::JoinHandle};
 
 use crate::admin::{Admin, RingState};
+use crate::writeback::{overlay::WbSource, WriteBackNode, WriteBackSettings};
 
 pub mod cli;
 mod membership;
@@ -151,6 +152,12 @@ pub enum DaemonError {
     /// Stopping the engine failed (its index may not have been persisted).
     #[error("shutdown")]
     Shutdown(#[source] EngineError),
+    /// The write-back journal cannot be opened.
+    #[error(transparent)]
+    WriteBack(#[from] crate::writeback::WriteBackError),
+    /// The node cannot reach itself as a client (for its peers).
+    #[error("this node cannot connect to its own endpoint as a client of its peers")]
+    Peers(#[source] pagestore_client::Error),
 }
 
 /// This node's id: the one in the first cache directory, created on first use (`pagestored
@@ -206,7 +213,17 @@ fn engine_config(c: &Resolved) -> EngineConfig {
         reformat: c.reformat,
         policy: c.policy,
         rules: c.rules.clone(),
+        dirty_limit: Some(c.dirty_limit),
         ..EngineConfig::default()
+    }
+}
+
+fn writeback_settings(c: &Resolved) -> WriteBackSettings {
+    WriteBackSettings {
+        write_replicas: c.write_replicas,
+        lease: c.write_lease,
+        flush_parallel: c.flush_parallel,
+        ..WriteBackSettings::default()
     }
 }
 
@@ -243,7 +260,8 @@ fn node_options(
     id: u128,
     server: quinn_proto::ServerConfig,
     membership: &Membership,
-    source: Arc<UfsSource>,
+    source: Arc<dyn pagestore_protocol::source::Source>,
+    writeback: Arc<WriteBackNode>,
     rt: &Runtime,
 ) -> NodeOptions {
     let max_request = c.page_size as usize + (64 << 10);
@@ -267,6 +285,7 @@ fn node_options(
         }),
         nodes: membership::node_entries(membership),
         replicas: c.replicas,
+        writeback: Some(writeback),
     }
 }
 
@@ -316,8 +335,33 @@ impl Daemon {
             .require_client_cert
             .unwrap_or(!c.listen.ip().is_loopback());
         let server = quic_server(&me.tls, require_client_cert)?;
-        let options = node_options(&c, me.id, server, &ring, source.clone(), &rt);
+        let wb = WriteBackNode::open(
+            &c.cache_dirs[0].join("writeback"),
+            me.id,
+            writeback_settings(&c),
+            source.clone(),
+            ring.nodes().count(),
+        )?;
+        let overlay = Arc::new(WbSource::new(source.clone(), wb.clone()));
+        let options = node_options(&c, me.id, server, &ring, overlay, wb.clone(), &rt);
         let node = Arc::new(Node::start(engine, options)?);
+        // This node's client of its peers (and of itself): its own certificate, role `node`.
+        let peers = {
+            let tls = pagestore_client::tls::config_for(&me.tls.ca, Some(&me.tls.identity))
+                .map_err(DaemonError::Peers)?;
+            let seed = node.addrs()[0];
+            let options = pagestore_client::ClientOptions {
+                membership_refresh: Duration::from_secs(2),
+                ..pagestore_client::ClientOptions::default()
+            };
+            rt.block_on(pagestore_client::Client::connect(
+                &pagestore_client::ClusterSource::Addr(seed),
+                tls,
+                Some(source.table()),
+                options,
+            ))
+            .map_err(DaemonError::Peers)?
+        };
         let admin = Arc::new(Admin {
             node: Arc::downgrade(&node),
             ring: std::sync::RwLock::new(RingState {
@@ -331,10 +375,14 @@ impl Daemon {
             etcd: joined.etcd.as_ref().map(|(e, _)| e.clone()),
         });
         let admin_addr = serve_admin(&rt, &admin, c.admin)?;
+        let background = {
+            let _guard = rt.enter();
+            wb.run(&node, peers)
+        };
         let mut daemon = Daemon {
             node: Some(node),
             runtime: None,
-            background: Vec::new(),
+            background,
             etcd: None,
             id: me.id,
             listen: c.listen,
@@ -385,7 +433,7 @@ impl Daemon {
             local_mounts,
         };
         let r = membership::register(rt, e, state, rec, c.lease_ttl, follow)?;
-        self.background = r.tasks;
+        self.background.extend(r.tasks);
         self.etcd = Some((e.clone(), r.lease));
         Ok(())
     }

@@ -101,6 +101,17 @@ pub struct Settings {
     /// Cache rules per logical-path prefix: the file's `[[rule]]` tables, the flags' `--rule`.
     #[serde(rename = "rule", default, deserialize_with = "rules")]
     pub rules: Option<Vec<Rule>>,
+    /// Nodes that keep each page and record of a file written to a `back` or `transient`
+    /// mount before the write is acknowledged (default 2, at most the number of nodes).
+    pub write_replicas: Option<u8>,
+    /// Bytes of dirty pages (written through the cluster, not flushed yet) the node holds
+    /// (default half the cache size); writers wait for flushes beyond it.
+    pub dirty_limit: Option<Size>,
+    /// Files the node flushes to the under storage at once (default 4).
+    pub flush_parallel: Option<usize>,
+    /// Seconds after which a file whose writer went silent is sealed and flushed without it,
+    /// 5 to 86400 (default 120).
+    pub write_lease: Option<f64>,
     /// Rebuild cache files made with other settings (`--reformat`; not a config-file key).
     #[serde(skip)]
     pub reformat: bool,
@@ -316,6 +327,10 @@ impl Settings {
             admin: flags.admin.or(self.admin),
             pin: flags.pin.or(self.pin),
             rules: flags.rules.or(self.rules),
+            write_replicas: flags.write_replicas.or(self.write_replicas),
+            dirty_limit: flags.dirty_limit.or(self.dirty_limit),
+            flush_parallel: flags.flush_parallel.or(self.flush_parallel),
+            write_lease: flags.write_lease.or(self.write_lease),
             reformat: flags.reformat || self.reformat,
         }
     }
@@ -354,6 +369,23 @@ impl Settings {
             _ => vec![default_mount()?],
         };
         let file_roots = file_roots(self.allow_file_roots.as_deref(), &mounts)?;
+        let cache_size = self.cache_size.map_or(1 << 30, |s| s.0);
+        let dirty_limit = self.dirty_limit.map_or(cache_size / 2, |s| s.0);
+        if dirty_limit > cache_size {
+            return Err(invalid(format!(
+                "--dirty-limit {dirty_limit} is more than the cache ({cache_size} bytes): dirty                  pages live in the cache"
+            )));
+        }
+        let write_lease = match self.write_lease {
+            None => Duration::from_secs(120),
+            Some(v) if (5.0..=86400.0).contains(&v) => Duration::from_secs_f64(v),
+            Some(v) => return Err(invalid(format!("--write-lease {v}: use 5 to 86400 seconds"))),
+        };
+        let write_replicas = match self.write_replicas {
+            None => 2,
+            Some(0) => return Err(invalid("--write-replicas 0: at least 1")),
+            Some(n) => n,
+        };
         let listen = match self.listen {
             Some(a) => a,
             None => DEFAULT_LISTEN
@@ -362,7 +394,7 @@ impl Settings {
         };
         Ok(Resolved {
             cache_dirs: self.cache_dirs_or_default(),
-            cache_size: self.cache_size.map_or(1 << 30, |s| s.0),
+            cache_size,
             page_size,
             shards: self.shards.unwrap_or(0),
             mounts,
@@ -388,6 +420,10 @@ impl Settings {
             },
             policy: self.policy.unwrap_or(PolicyKind::Lru),
             rules,
+            write_replicas,
+            dirty_limit,
+            flush_parallel: self.flush_parallel.unwrap_or(4).max(1),
+            write_lease,
         })
     }
 
@@ -557,4 +593,12 @@ pub struct Resolved {
     pub policy: PolicyKind,
     /// Cache rules (validated).
     pub rules: Arc<Rules>,
+    /// Write replicas of files written through the cluster (at least 1).
+    pub write_replicas: u8,
+    /// Bytes of dirty pages the node holds.
+    pub dirty_limit: u64,
+    /// Files flushed at once.
+    pub flush_parallel: usize,
+    /// Silence after which an open file is sealed and flushed.
+    pub write_lease: Duration,
 }

@@ -1,0 +1,612 @@
+//! Writing through the cluster: files of `back` and `transient` mounts, and the namespace
+//! changes of those mounts (rename, delete, directories).
+//!
+//! A [`Writer`] gives the file it writes a fresh write-back version. Its pages go to each of
+//! the page's write members (the owner and the next members on distinct nodes, as many as the
+//! cluster's write replicas), each of which answers only once the page is durable on its disk;
+//! a commit then makes the path name the version, durably on the write replicas of the records
+//! and on every node that answers. A page is never sent twice at once, and a page that is
+//! changed after it was sent is read back, changed and sent again, so the members always hold
+//! the last bytes written.
+//!
+//! - [`Writer::flush`] (fsync): every page written so far is durable and the file, at its size
+//!   now, is visible to every reader.
+//! - [`Writer::close`]: the same, and the version takes no more changes: the cluster may flush
+//!   it to the under storage.
+//!
+//! A writer that stops without closing leaves what it committed (the cluster seals the version
+//! once its writer has been silent for the lease, then flushes it) and pages it never
+//! committed (dropped after a grace period).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::{Bytes, BytesMut};
+use pagestore_protocol::{
+    frame::{ChangeOp, FileId, FileState, Key, RequestBody, ResponseBody, WriteBackSummary},
+    ring::{self, path_hash},
+    writeback::{fresh_tag, unix_ms, WritePolicy, WRITE_SLOP},
+};
+use tokio::task::JoinHandle;
+
+use crate::{
+    client::{Attempt, Error},
+    ufs::ObjectInfo,
+    Client,
+};
+
+/// How long a writer waits for room when the cluster's dirty limit is reached (the cluster
+/// flushes meanwhile) before it gives up with [`Error::NoSpace`].
+pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(120);
+
+/// How often an open writer commits what it has, so that the cluster knows it is alive (a
+/// version silent for the cluster's lease is sealed and flushed without it).
+pub const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Settings of a [`Writer`].
+#[derive(Clone, Debug)]
+pub struct WriteOptions {
+    /// Make the file visible (empty) as soon as it is opened, as a POSIX create does; otherwise
+    /// it appears whole at the first flush or at close, as an S3 PUT does.
+    pub visible_at_open: bool,
+    /// Pages sent at once (default 8).
+    pub inflight: usize,
+    /// How long a page waits for room at the dirty limit (default [`DEFAULT_WRITE_WAIT`]).
+    pub write_wait: Duration,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            visible_at_open: false,
+            inflight: 8,
+            write_wait: DEFAULT_WRITE_WAIT,
+        }
+    }
+}
+
+type PageSend = JoinHandle<Result<u32, Error>>;
+
+/// A file being written through the cluster (see the module docs).
+pub struct Writer {
+    client: Arc<Client>,
+    path: String,
+    tag: String,
+    file_id: u128,
+    page_size: u64,
+    size: u64,
+    mtime_ns: i64,
+    options: WriteOptions,
+    /// Pages being filled here, not sent yet.
+    open: BTreeMap<u64, BytesMut>,
+    /// Pages the write members hold, with the length they hold.
+    sent: HashMap<u64, u32>,
+    /// Pages being sent.
+    sending: BTreeMap<u64, (u32, PageSend)>,
+    /// Whether a commit made the file visible.
+    committed: bool,
+    last_commit: Instant,
+    closed: bool,
+}
+
+impl Client {
+    /// Starts writing `path` anew (as `open(O_CREAT | O_TRUNC)` does): a fresh version, empty.
+    /// The path's mount must be a `back` or `transient` one ([`Error::ReadOnly`] otherwise:
+    /// `through` mounts are written with [`Client::put`]).
+    pub async fn create(
+        self: &Arc<Self>,
+        path: &str,
+        options: WriteOptions,
+    ) -> Result<Writer, Error> {
+        crate::ufs::check_path(path)?;
+        self.cached_mount(path)?;
+        let tag = fresh_tag();
+        let mut w = Writer {
+            client: self.clone(),
+            path: path.to_string(),
+            file_id: ring::file_id(path, &tag),
+            tag,
+            page_size: u64::from(self.page_size()),
+            size: 0,
+            mtime_ns: now_ns(),
+            options,
+            open: BTreeMap::new(),
+            sent: HashMap::new(),
+            sending: BTreeMap::new(),
+            committed: false,
+            last_commit: Instant::now(),
+            closed: false,
+        };
+        if w.options.visible_at_open {
+            w.commit(false).await?;
+        }
+        Ok(w)
+    }
+
+    /// Opens `path` for writing and keeps what it holds (as `open(O_WRONLY)` without
+    /// `O_TRUNC` does): a fresh version that starts as a copy of the current content. A path
+    /// that does not exist starts empty.
+    pub async fn open_write(
+        self: &Arc<Self>,
+        path: &str,
+        options: WriteOptions,
+    ) -> Result<Writer, Error> {
+        let current = match self.stat(path).await {
+            Ok(info) => Some(info),
+            Err(Error::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let mut w = self.create(path, options).await?;
+        if let Some(info) = current {
+            w.copy_from(&info).await?;
+        }
+        Ok(w)
+    }
+
+    /// Writes `data` as the whole file at `path` of a `back` or `transient` mount, visible at
+    /// once and complete (as an S3 PUT is). Returns what a stat now answers.
+    pub async fn write_file(self: &Arc<Self>, path: &str, data: Bytes) -> Result<ObjectInfo, Error> {
+        let mut w = self.create(path, WriteOptions::default()).await?;
+        w.write_at(0, &data).await?;
+        w.close().await
+    }
+
+    /// The mount of `path`, which must take writes through the cluster.
+    fn cached_mount(&self, path: &str) -> Result<WritePolicy, Error> {
+        let policy = self.write_policy(path);
+        if policy.is_cached() {
+            Ok(policy)
+        } else {
+            Err(Error::ReadOnly(format!(
+                "{path}: its mount writes through to the under storage (write=through); write \
+                 it with the store's credentials, or mount it with write=back"
+            )))
+        }
+    }
+
+    /// Sends a namespace change to the members that keep the records of `path` (its metadata
+    /// owner first), and returns the change's position in the cluster's order.
+    pub(crate) async fn change(&self, path: &str, op: ChangeOp) -> Result<u64, Error> {
+        let layout = self.layout();
+        let ring = layout.membership.ring();
+        let members: Vec<_> = ring
+            .replicas_of_hash(path_hash(path), 3)
+            .into_iter()
+            .filter(|m| !layout.down.contains(&m.node))
+            .filter_map(|m| layout.membership.addr_of(m))
+            .collect();
+        for addr in members {
+            match self
+                .ask_with(addr, RequestBody::Change { op: op.clone() }, &[])
+                .await
+            {
+                Attempt::Answer(Ok((ResponseBody::Applied { hlc }, _))) => return Ok(hlc),
+                Attempt::Answer(Ok((other, _))) => {
+                    return Err(Error::unavailable(format!("unexpected answer {other:?}")))
+                }
+                Attempt::Answer(Err(e)) => return Err(e),
+                Attempt::Failed => {}
+            }
+        }
+        Err(Error::unavailable(format!(
+            "{path}: no member took the change"
+        )))
+    }
+
+    /// Renames the file `from` to `to` within one `back` or `transient` mount, atomically for
+    /// readers (the write-to-temp-then-rename of checkpoint savers). With `replace` false an
+    /// existing `to` is [`Error::Exists`].
+    pub async fn rename(&self, from: &str, to: &str, replace: bool) -> Result<(), Error> {
+        crate::ufs::check_path(from)?;
+        crate::ufs::check_path(to)?;
+        self.cached_mount(from)?;
+        let same = {
+            let layout = self.layout();
+            let a = crate::client::mount_entry(&layout.mounts, from).map(|m| m.prefix.clone());
+            let b = crate::client::mount_entry(&layout.mounts, to).map(|m| m.prefix.clone());
+            a == b
+        };
+        if !same {
+            return Err(Error::BadPath(format!(
+                "{from} -> {to}: a rename stays within one mount"
+            )));
+        }
+        let op = ChangeOp::Rename {
+            from: from.into(),
+            to: to.into(),
+            replace,
+        };
+        self.change(from, op).await.map(|_| ())
+    }
+
+    /// Deletes the file `path` of a `back` or `transient` mount (the under storage's copy too,
+    /// once the cluster's flusher gets to it).
+    pub async fn remove_file(&self, path: &str) -> Result<(), Error> {
+        crate::ufs::check_path(path)?;
+        self.cached_mount(path)?;
+        let op = ChangeOp::Delete {
+            path: path.into(),
+            dir: false,
+        };
+        self.change(path, op).await.map(|_| ())
+    }
+
+    /// Makes the directory `path` in a `back` or `transient` mount.
+    pub async fn make_dir(&self, path: &str) -> Result<(), Error> {
+        crate::ufs::check_path(path)?;
+        self.cached_mount(path)?;
+        let op = ChangeOp::MakeDir {
+            path: path.into(),
+            mtime_ns: now_ns(),
+        };
+        self.change(path, op).await.map(|_| ())
+    }
+
+    /// Removes the empty directory `path` of a `back` or `transient` mount.
+    pub async fn remove_dir(&self, path: &str) -> Result<(), Error> {
+        crate::ufs::check_path(path)?;
+        self.cached_mount(path)?;
+        let op = ChangeOp::Delete {
+            path: path.into(),
+            dir: true,
+        };
+        self.change(path, op).await.map(|_| ())
+    }
+
+    /// What waits to reach the under storage under `prefix` (a file or a directory), as the
+    /// members that keep its records say: the first that answers.
+    pub async fn write_back_state(&self, prefix: &str) -> Result<WriteBackSummary, Error> {
+        crate::ufs::check_path(prefix)?;
+        let layout = self.layout();
+        let ring = layout.membership.ring();
+        let members: Vec<_> = ring
+            .replicas_of_hash(path_hash(prefix), 3)
+            .into_iter()
+            .filter(|m| !layout.down.contains(&m.node))
+            .filter_map(|m| layout.membership.addr_of(m))
+            .collect();
+        for addr in members {
+            let body = RequestBody::WriteBackState {
+                prefix: prefix.into(),
+            };
+            match self.ask_with(addr, body, &[]).await {
+                Attempt::Answer(Ok((ResponseBody::WriteBack { summary }, _))) => return Ok(summary),
+                Attempt::Answer(Ok((other, _))) => {
+                    return Err(Error::unavailable(format!("unexpected answer {other:?}")))
+                }
+                Attempt::Answer(Err(e)) => return Err(e),
+                Attempt::Failed => {}
+            }
+        }
+        Err(Error::unavailable(format!("{prefix}: no member answered")))
+    }
+
+    /// Sends page `page` of write-back version `tag` (`bytes`) to its write members: as many
+    /// distinct ones as the cluster's write replicas, trying the next members when one cannot
+    /// be reached, and waiting (up to `wait`) while the members' dirty limit is reached.
+    pub(crate) async fn send_page(
+        &self,
+        tag: &str,
+        file_id: u128,
+        page: u64,
+        bytes: &[u8],
+        wait: Duration,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.send_page_once(tag, file_id, page, bytes).await {
+                Err(Error::NoSpace(m)) if started.elapsed() < wait => {
+                    tracing::debug!(page, why = %m, "write members are full; waiting for flushes");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send_page_once(
+        &self,
+        tag: &str,
+        file_id: u128,
+        page: u64,
+        bytes: &[u8],
+    ) -> Result<(), Error> {
+        let layout = self.layout();
+        let ring = layout.membership.ring();
+        let want = usize::from(layout.write_replicas.max(1));
+        let candidates = ring.replicas(file_id, page, want + WRITE_SLOP);
+        let need = want.min(candidates.len()).max(1);
+        let key = Key {
+            file_id: FileId::from_u128(file_id),
+            page,
+        };
+        let mut stored = 0;
+        let mut last_err = None;
+        for m in candidates {
+            if stored == need {
+                break;
+            }
+            if layout.down.contains(&m.node) {
+                continue;
+            }
+            let Some(addr) = layout.membership.addr_of(m) else {
+                continue;
+            };
+            let body = RequestBody::WriteDirty {
+                key,
+                version_tag: tag.to_string(),
+                len: bytes.len() as u32,
+                epoch: ring.epoch(),
+            };
+            match self.ask_with(addr, body, bytes).await {
+                Attempt::Answer(Ok((ResponseBody::Written, _))) => stored += 1,
+                Attempt::Answer(Ok((other, _))) => {
+                    last_err = Some(Error::unavailable(format!("unexpected answer {other:?}")))
+                }
+                // Full, a closed version, a refusal: the same on every member.
+                Attempt::Answer(Err(e)) => return Err(e),
+                Attempt::Failed => {
+                    last_err = Some(Error::unavailable(format!(
+                        "write member {addr} did not take page {page}"
+                    )))
+                }
+            }
+        }
+        if stored >= need {
+            return Ok(());
+        }
+        Err(last_err.unwrap_or_else(|| {
+            Error::unavailable(format!(
+                "only {stored} of the {need} write members took page {page}"
+            ))
+        }))
+    }
+}
+
+fn now_ns() -> i64 {
+    (unix_ms() as i64).saturating_mul(1_000_000)
+}
+
+impl Writer {
+    /// The path written.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The file's size now.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The write-back version this writer writes.
+    pub fn version(&self) -> &str {
+        &self.tag
+    }
+
+    /// What a reader of the version written so far is given.
+    fn info(&self, size: u64) -> ObjectInfo {
+        ObjectInfo {
+            path: self.path.clone(),
+            size,
+            version: self.tag.clone(),
+            file_id: self.file_id,
+            mtime_ns: self.mtime_ns,
+            state: FileState::Writing,
+            store_tag: String::new(),
+        }
+    }
+
+    /// Starts the version as a copy of `base` (the file's content when opened for writing).
+    async fn copy_from(&mut self, base: &ObjectInfo) -> Result<(), Error> {
+        let ps = self.page_size;
+        for page in 0..base.size.div_ceil(ps) {
+            let bytes = self
+                .client
+                .read_page(base, page, 0, ps as u32)
+                .await?;
+            self.write_at(page * ps, &bytes).await?;
+        }
+        self.size = base.size;
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (beyond the end: the gap reads as zeros).
+    pub async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.check_open()?;
+        let ps = self.page_size;
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let page = at / ps;
+            let in_page = (at % ps) as usize;
+            let n = (ps as usize - in_page).min(data.len() - done);
+            let mut buf = self.take_page(page).await?;
+            if buf.len() < in_page + n {
+                buf.resize(in_page + n, 0);
+            }
+            buf[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            let full = buf.len() as u64 == ps;
+            self.open.insert(page, buf);
+            done += n;
+            self.size = self.size.max(at + n as u64);
+            if full {
+                self.send(page).await?;
+            }
+        }
+        // Too many pages filled here: send the oldest.
+        while self.open.len() > self.options.inflight.max(1) {
+            let Some((&page, _)) = self.open.iter().next() else {
+                break;
+            };
+            self.send(page).await?;
+        }
+        self.mtime_ns = now_ns();
+        if self.committed && self.last_commit.elapsed() >= KEEPALIVE {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// The bytes of `page` to change: from here, else read back from its members, else zeros.
+    async fn take_page(&mut self, page: u64) -> Result<BytesMut, Error> {
+        if let Some(b) = self.open.remove(&page) {
+            return Ok(b);
+        }
+        self.wait_sent(page).await?;
+        let Some(&len) = self.sent.get(&page) else {
+            return Ok(BytesMut::with_capacity(self.page_size as usize));
+        };
+        let info = self.info((page + 1) * self.page_size);
+        let bytes = self.client.read_page(&info, page, 0, len).await?;
+        if bytes.len() != len as usize {
+            return Err(Error::unavailable(format!(
+                "{}: page {page} read back with {} bytes, {len} were written",
+                self.path,
+                bytes.len()
+            )));
+        }
+        let mut b = BytesMut::with_capacity(self.page_size as usize);
+        b.extend_from_slice(&bytes);
+        Ok(b)
+    }
+
+    /// Waits for a send of `page` in progress, if any.
+    async fn wait_sent(&mut self, page: u64) -> Result<(), Error> {
+        if let Some((len, task)) = self.sending.remove(&page) {
+            join(task).await?;
+            self.sent.insert(page, len);
+        }
+        Ok(())
+    }
+
+    /// Starts sending the open page `page` (at most `inflight` sends at once).
+    async fn send(&mut self, page: u64) -> Result<(), Error> {
+        let Some(buf) = self.open.remove(&page) else {
+            return Ok(());
+        };
+        self.wait_sent(page).await?;
+        while self.sending.len() >= self.options.inflight.max(1) {
+            let Some((&oldest, _)) = self.sending.iter().next() else {
+                break;
+            };
+            self.wait_sent(oldest).await?;
+        }
+        let bytes = buf.freeze();
+        let len = bytes.len() as u32;
+        let (client, tag, id, wait) = (
+            self.client.clone(),
+            self.tag.clone(),
+            self.file_id,
+            self.options.write_wait,
+        );
+        let task = tokio::spawn(async move {
+            client.send_page(&tag, id, page, &bytes, wait).await?;
+            Ok(len)
+        });
+        self.sending.insert(page, (len, task));
+        Ok(())
+    }
+
+    /// Cuts or extends the file to `size` bytes (an extension reads as zeros).
+    pub async fn set_len(&mut self, size: u64) -> Result<(), Error> {
+        self.check_open()?;
+        let ps = self.page_size;
+        if size < self.size {
+            let keep = size.div_ceil(ps);
+            let beyond: Vec<u64> = self.open.range(keep..).map(|(&p, _)| p).collect();
+            for p in beyond {
+                self.open.remove(&p);
+            }
+            for p in self.sending.keys().copied().filter(|&p| p >= keep).collect::<Vec<_>>() {
+                self.wait_sent(p).await?;
+            }
+            self.sent.retain(|&p, _| p < keep);
+            if size % ps != 0 {
+                let last = size / ps;
+                let mut buf = self.take_page(last).await?;
+                buf.truncate((size % ps) as usize);
+                self.open.insert(last, buf);
+            }
+        }
+        self.size = size;
+        self.mtime_ns = now_ns();
+        Ok(())
+    }
+
+    /// Makes every page written so far durable on its write members, fills holes with zeros,
+    /// and commits the file at its size now (visible to every reader; `fsync`).
+    pub async fn flush(&mut self) -> Result<(), Error> {
+        self.check_open()?;
+        self.settle().await?;
+        self.commit(false).await
+    }
+
+    /// [`Writer::flush`], and the version is final: the cluster may flush it to the under
+    /// storage. Returns what a stat of the path now answers.
+    pub async fn close(mut self) -> Result<ObjectInfo, Error> {
+        self.check_open()?;
+        self.settle().await?;
+        self.commit(true).await?;
+        self.closed = true;
+        let mut info = self.info(self.size);
+        info.state = FileState::Dirty;
+        Ok(info)
+    }
+
+    /// Sends every page the file needs at its size: the open ones, zeros for holes, and again
+    /// any page held with another length than the size now gives it; then waits for them all.
+    async fn settle(&mut self) -> Result<(), Error> {
+        let ps = self.page_size;
+        let pages = self.size.div_ceil(ps);
+        for page in 0..pages {
+            let want = (self.size - page * ps).min(ps) as usize;
+            let held = self
+                .sending
+                .get(&page)
+                .map(|(l, _)| *l)
+                .or_else(|| self.sent.get(&page).copied());
+            if !self.open.contains_key(&page) && held == Some(want as u32) {
+                continue;
+            }
+            let mut buf = self.take_page(page).await?;
+            buf.resize(want, 0);
+            self.open.insert(page, buf);
+            self.send(page).await?;
+        }
+        for p in self.sending.keys().copied().collect::<Vec<_>>() {
+            self.wait_sent(p).await?;
+        }
+        Ok(())
+    }
+
+    async fn commit(&mut self, last: bool) -> Result<(), Error> {
+        let op = ChangeOp::Commit {
+            path: self.path.clone(),
+            version_tag: self.tag.clone(),
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            last,
+        };
+        self.client.change(&self.path, op).await?;
+        self.committed = true;
+        self.last_commit = Instant::now();
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        if self.closed {
+            return Err(Error::Changed(format!("{}: closed", self.path)));
+        }
+        Ok(())
+    }
+}
+
+async fn join(task: PageSend) -> Result<u32, Error> {
+    task.await
+        .map_err(|e| Error::unavailable_from("a page send stopped", e))?
+}

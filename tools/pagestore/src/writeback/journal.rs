@@ -1,0 +1,298 @@
+//! The write-back journal: every record a node takes in, appended to one file and made durable
+//! (`fdatasync`) before the node acknowledges it, read back at start. docs/FORMAT.md
+//! ("The write-back journal") has the layout.
+//!
+//! ```text
+//! file:  "PSWJ" | u32 version (1) | entry* 
+//! entry: u32 len | u32 crc32(bytes) | bytes (one FileRecord archived, frame::encode_file_record)
+//! ```
+//!
+//! A torn last entry (a crash during an append) fails its length or checksum: reading stops
+//! there and the file is cut back to the last whole entry, which loses nothing acknowledged
+//! (an append is acknowledged only after its sync). When the file has grown well past what the
+//! records need, [`Journal::compact`] writes the live records to a new file and renames it over
+//! the old one (sync, rename, sync of the directory), so a crash leaves one or the other whole.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{self, Read, Seek, SeekFrom, Write},
+    path::{Path, PathBuf},
+};
+
+use pagestore_protocol::frame::{self, FileRecord};
+
+const MAGIC: &[u8; 4] = b"PSWJ";
+const VERSION: u32 = 1;
+const HEAD: u64 = 8;
+/// Largest entry a reader accepts (a record with the longest path and tags is about 5 KB).
+const MAX_ENTRY: u32 = 64 << 10;
+
+/// The journal file of one node.
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
+fn bad(path: &Path, why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+impl Journal {
+    /// Opens (or creates) the journal `records.log` in `dir` and reads every whole entry.
+    /// A torn tail is cut off (and logged); a file that is not a journal is an error.
+    pub fn open(dir: &Path) -> io::Result<(Journal, Vec<FileRecord>)> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join("records.log");
+        // A compaction that crashed before its rename leaves its new file behind: the old
+        // one is whole, the new one is not needed.
+        let _ = std::fs::remove_file(dir.join("records.log.new"));
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        let mut data = Vec::new();
+        file.read_to_end(&mut data)?;
+        if data.is_empty() {
+            let mut j = Journal {
+                path,
+                file,
+                len: 0,
+            };
+            j.write_head()?;
+            return Ok((j, Vec::new()));
+        }
+        if data.len() < HEAD as usize || &data[..4] != MAGIC {
+            return Err(bad(&path, "not a pagestore write-back journal"));
+        }
+        let version = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
+        if version != VERSION {
+            return Err(bad(
+                &path,
+                format!("journal version {version}; this release reads version {VERSION}"),
+            ));
+        }
+        let (records, whole) = read_entries(&data[HEAD as usize..]);
+        let len = HEAD + whole as u64;
+        if len < data.len() as u64 {
+            tracing::warn!(
+                path = %path.display(),
+                kept = records.len(),
+                cut = data.len() as u64 - len,
+                "write-back journal: a torn last entry was cut off"
+            );
+            file.set_len(len)?;
+            file.sync_data()?;
+        }
+        file.seek(SeekFrom::Start(len))?;
+        Ok((Journal { path, file, len }, records))
+    }
+
+    fn write_head(&mut self) -> io::Result<()> {
+        let mut head = [0u8; HEAD as usize];
+        head[..4].copy_from_slice(MAGIC);
+        head[4..].copy_from_slice(&VERSION.to_le_bytes());
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.write_all(&head)?;
+        self.file.sync_data()?;
+        self.len = HEAD;
+        Ok(())
+    }
+
+    /// Appends `records` and makes them durable. On an error nothing is acknowledged, and the
+    /// file is cut back to where it was.
+    pub fn append(&mut self, records: &[FileRecord]) -> io::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for r in records {
+            encode_entry(r, &mut buf).map_err(|e| bad(&self.path, e))?;
+        }
+        let r = self.file.write_all(&buf).and_then(|_| self.file.sync_data());
+        match r {
+            Ok(()) => {
+                self.len += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                let _ = self.file.seek(SeekFrom::Start(self.len));
+                Err(e)
+            }
+        }
+    }
+
+    /// Bytes the journal file holds.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the journal holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len <= HEAD
+    }
+
+    /// Rewrites the journal with `records` only (the live table).
+    pub fn compact<'a>(&mut self, records: impl Iterator<Item = &'a FileRecord>) -> io::Result<()> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let tmp = dir.join("records.log.new");
+        let mut buf = Vec::with_capacity(64 << 10);
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&VERSION.to_le_bytes());
+        for r in records {
+            encode_entry(r, &mut buf).map_err(|e| bad(&self.path, e))?;
+        }
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&buf)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        File::open(dir)?.sync_all()?;
+        let mut file = OpenOptions::new().read(true).write(true).open(&self.path)?;
+        file.seek(SeekFrom::End(0))?;
+        self.file = file;
+        self.len = buf.len() as u64;
+        Ok(())
+    }
+}
+
+fn encode_entry(r: &FileRecord, out: &mut Vec<u8>) -> Result<(), frame::FrameError> {
+    let bytes = frame::encode_file_record(r)?;
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
+/// The whole entries at the start of `data`, and how many bytes they take.
+fn read_entries(data: &[u8]) -> (Vec<FileRecord>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while let Some(head) = data.get(at..at + 8) {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        if len == 0 || len > MAX_ENTRY {
+            break;
+        }
+        let Some(body) = data.get(at + 8..at + 8 + len as usize) else {
+            break;
+        };
+        if crc32fast::hash(body) != crc {
+            break;
+        }
+        match frame::decode_file_record(body) {
+            Ok(r) => out.push(r),
+            Err(_) => break,
+        }
+        at += 8 + len as usize;
+    }
+    (out, at)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use pagestore_protocol::frame::{FileId, RecordEntry, RecordState};
+
+    fn rec(i: u64) -> FileRecord {
+        FileRecord {
+            path: format!("/ckpt/f{i}"),
+            hlc: i << 16,
+            origin: FileId::from_u128(7),
+            entry: RecordEntry::File {
+                version_tag: pagestore_protocol::writeback::new_tag(u128::from(i)),
+                size: i * 1000,
+                mtime_ns: 5,
+                state: RecordState::Final,
+                store_tag: String::new(),
+                transient: false,
+            },
+        }
+    }
+
+    #[test]
+    fn appended_records_come_back_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, got) = Journal::open(dir.path()).unwrap();
+        assert!(got.is_empty() && j.is_empty());
+        j.append(&[rec(1), rec(2)]).unwrap();
+        j.append(&[rec(3)]).unwrap();
+        drop(j);
+        let (j, got) = Journal::open(dir.path()).unwrap();
+        assert_eq!(got, vec![rec(1), rec(2), rec(3)]);
+        assert!(!j.is_empty());
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_nothing_before_it_is_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(dir.path()).unwrap();
+        j.append(&[rec(1), rec(2)]).unwrap();
+        let whole = j.len();
+        j.append(&[rec(3)]).unwrap();
+        drop(j);
+        let path = dir.path().join("records.log");
+        // Every cut inside the last entry, and a flipped byte in it, keep exactly the first two.
+        let full = std::fs::read(&path).unwrap();
+        for cut in [whole + 1, whole + 7, whole + 8, full.len() as u64 - 1] {
+            std::fs::write(&path, &full[..cut as usize]).unwrap();
+            let (j, got) = Journal::open(dir.path()).unwrap();
+            assert_eq!(got, vec![rec(1), rec(2)], "cut at {cut}");
+            assert_eq!(j.len(), whole);
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        }
+        let mut flipped = full.clone();
+        flipped[whole as usize + 12] ^= 0x40;
+        std::fs::write(&path, &flipped).unwrap();
+        let (mut j, got) = Journal::open(dir.path()).unwrap();
+        assert_eq!(got, vec![rec(1), rec(2)]);
+        // Appends go on after the cut.
+        j.append(&[rec(4)]).unwrap();
+        drop(j);
+        assert_eq!(
+            Journal::open(dir.path()).unwrap().1,
+            vec![rec(1), rec(2), rec(4)]
+        );
+    }
+
+    #[test]
+    fn compaction_keeps_only_what_it_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(dir.path()).unwrap();
+        for i in 0..50 {
+            j.append(&[rec(i)]).unwrap();
+        }
+        let before = j.len();
+        let keep = [rec(7), rec(9)];
+        j.compact(keep.iter()).unwrap();
+        assert!(j.len() < before);
+        j.append(&[rec(60)]).unwrap();
+        drop(j);
+        assert_eq!(
+            Journal::open(dir.path()).unwrap().1,
+            vec![rec(7), rec(9), rec(60)]
+        );
+        // A compaction's leftover new file is ignored and removed.
+        std::fs::write(dir.path().join("records.log.new"), b"half").unwrap();
+        assert_eq!(Journal::open(dir.path()).unwrap().1.len(), 3);
+        assert!(!dir.path().join("records.log.new").exists());
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_journal_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.log");
+        std::fs::write(&path, b"something else entirely").unwrap();
+        let e = Journal::open(dir.path()).err().unwrap();
+        assert!(e.to_string().contains("not a pagestore write-back journal"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"something else entirely");
+    }
+}

@@ -1,0 +1,1113 @@
+//! A node's write-back side (docs/ARCHITECTURE.md, "Write-back"): the records of the files,
+//! directories and deletions made through the cluster on `back` and `transient` mounts, kept
+//! durably by every node and handed from node to node; the flusher that writes closed files to
+//! the under storage and marks them clean; the reconciler that keeps this node's dirty pages in
+//! step with the records.
+//!
+//! - [`records`]: the table itself, a state machine without I/O.
+//! - [`journal`]: the table on disk.
+//! - [`overlay`]: the under storage as the shards see it, with the records laid over it.
+//!
+//! Everything here runs on the node's tokio runtime. The shards reach it through the
+//! [`WriteBack`] seam; it reaches the shards of this node through [`Node`], and the other nodes
+//! through a client of the cluster with this node's own certificate (role `node`).
+
+pub mod journal;
+pub mod overlay;
+pub mod records;
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, OnceLock, RwLock, Weak,
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use futures_util::{stream::FuturesUnordered, StreamExt};
+use pagestore_client::{ufs::ObjectInfo, Client};
+use pagestore_mounts::ufs::{PutOutcome, UfsError, UfsSource};
+use pagestore_protocol::{
+    frame::{
+        encode_file_records, ChangeOp, ErrorCode, FileId, FileRecord, FileState, PageAction,
+        PathKind, RecordEntry, RecordState, RequestBody, ResponseBody, WriteBackSummary,
+        MAX_RECORD_BATCH,
+    },
+    ring::path_hash,
+    source::{SourceError, SourceFuture},
+    writeback::{effective_replicas, fresh_tag, unix_ms, Hlc, WriteBack},
+};
+use pagestore_server::node::Node;
+
+use journal::Journal;
+use records::{version_id, Applied, Plan, Records, Refused};
+
+/// Settings of a node's write-back side.
+#[derive(Clone, Debug)]
+pub struct WriteBackSettings {
+    /// Nodes that keep each dirty page and record before a write is acknowledged (the
+    /// cluster's, clamped to its size).
+    pub write_replicas: u8,
+    /// A version whose writer has been silent this long is sealed and flushed without it.
+    pub lease: Duration,
+    /// Files one node flushes at once.
+    pub flush_parallel: usize,
+    /// Bytes of one part of a multipart flush (and of a flush read).
+    pub flush_part: usize,
+    /// Dirty pages no record holds (a writer that never committed) are dropped this long after
+    /// they were written.
+    pub orphan_grace: Duration,
+    /// How long deletions already applied to the under storage are remembered.
+    pub keep_deleted: Duration,
+    /// How often the node pulls every record from a peer, and checks its dirty pages against
+    /// the records.
+    pub sync_interval: Duration,
+}
+
+impl Default for WriteBackSettings {
+    fn default() -> Self {
+        WriteBackSettings {
+            write_replicas: 2,
+            lease: Duration::from_secs(120),
+            flush_parallel: 4,
+            flush_part: 16 << 20,
+            orphan_grace: Duration::from_secs(600),
+            keep_deleted: Duration::from_secs(24 * 3600),
+            sync_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the write-back side could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteBackError {
+    /// The journal cannot be opened or read.
+    #[error("write-back journal in {}", dir.display())]
+    Journal {
+        /// Its directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Counters of the flusher (since the node started).
+#[derive(Default, Debug)]
+pub struct FlushStats {
+    /// Files written to the under storage.
+    pub files: AtomicU64,
+    /// Their bytes.
+    pub bytes: AtomicU64,
+    /// Deletions applied to the under storage.
+    pub deletes: AtomicU64,
+    /// Flush attempts that failed (each is retried with back-off).
+    pub errors: AtomicU64,
+    /// Versions sealed because their writer went silent.
+    pub seals: AtomicU64,
+    /// Files being flushed now.
+    pub flushing: AtomicU64,
+    /// Dirty pages dropped because no record holds them.
+    pub orphans_dropped: AtomicU64,
+}
+
+/// A snapshot for `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct WriteBackMetrics {
+    /// Records kept.
+    pub records: u64,
+    /// What waits for the under storage, over all mounts.
+    pub summary: WriteBackSummary,
+    /// Files flushed, bytes flushed, deletions applied, errors, seals, orphans dropped.
+    pub flushed_files: u64,
+    /// Bytes flushed.
+    pub flushed_bytes: u64,
+    /// Deletions applied to the store.
+    pub deletes: u64,
+    /// Failed flush attempts.
+    pub errors: u64,
+    /// Versions sealed.
+    pub seals: u64,
+    /// Orphan dirty pages dropped.
+    pub orphans_dropped: u64,
+    /// Journal bytes.
+    pub journal_bytes: u64,
+}
+
+/// A node's write-back side (see the module docs).
+pub struct WriteBackNode {
+    this: Weak<WriteBackNode>,
+    me: u128,
+    hlc: Hlc,
+    settings: WriteBackSettings,
+    table: RwLock<Records>,
+    journal: Arc<Mutex<Journal>>,
+    ufs: Arc<UfsSource>,
+    node: OnceLock<Weak<Node>>,
+    peers: OnceLock<Arc<Client>>,
+    /// Nodes in the ring when no peer client is connected yet.
+    initial_nodes: usize,
+    /// One change at a time is planned and applied here.
+    change_lock: tokio::sync::Mutex<()>,
+    flushing: Mutex<HashSet<String>>,
+    backoff: Mutex<HashMap<String, (Instant, Duration)>>,
+    last_error: Mutex<String>,
+    stats: FlushStats,
+    wake: tokio::sync::Notify,
+}
+
+fn refused(r: Refused) -> SourceError {
+    SourceError::new(r.code, r.message)
+}
+
+fn store_error(e: impl std::fmt::Display) -> SourceError {
+    SourceError::new(ErrorCode::Io, e.to_string())
+}
+
+impl WriteBackNode {
+    /// Opens the journal in `dir` (creating it) and restores the records it holds.
+    pub fn open(
+        dir: &Path,
+        me: u128,
+        settings: WriteBackSettings,
+        ufs: Arc<UfsSource>,
+        initial_nodes: usize,
+    ) -> Result<Arc<WriteBackNode>, WriteBackError> {
+        let (journal, kept) = Journal::open(dir).map_err(|source| WriteBackError::Journal {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let hlc = Hlc::new();
+        let mut table = Records::new();
+        for r in kept {
+            hlc.observe(r.hlc);
+            table.apply(r);
+        }
+        if !table.is_empty() {
+            tracing::info!(records = table.len(), "write-back records restored from the journal");
+        }
+        Ok(Arc::new_cyclic(|this| WriteBackNode {
+            this: this.clone(),
+            me,
+            hlc,
+            settings,
+            table: RwLock::new(table),
+            journal: Arc::new(Mutex::new(journal)),
+            ufs,
+            node: OnceLock::new(),
+            peers: OnceLock::new(),
+            initial_nodes: initial_nodes.max(1),
+            change_lock: tokio::sync::Mutex::new(()),
+            flushing: Mutex::new(HashSet::new()),
+            backoff: Mutex::new(HashMap::new()),
+            last_error: Mutex::new(String::new()),
+            stats: FlushStats::default(),
+            wake: tokio::sync::Notify::new(),
+        }))
+    }
+
+    /// The records, for reading.
+    pub fn table(&self) -> std::sync::RwLockReadGuard<'_, Records> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn table_mut(&self) -> std::sync::RwLockWriteGuard<'_, Records> {
+        self.table.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The under storage this node writes to.
+    pub fn ufs(&self) -> &Arc<UfsSource> {
+        &self.ufs
+    }
+
+    /// Starts the background work once the node serves: connects to the peers (this node's own
+    /// endpoint is the seed), pulls their records, then flushes, reconciles and keeps in step.
+    /// `client` is this node's client of the cluster (its own certificate).
+    pub fn run(self: &Arc<Self>, node: &Arc<Node>, client: Arc<Client>) -> Vec<tokio::task::JoinHandle<()>> {
+        let _ = self.node.set(Arc::downgrade(node));
+        let _ = self.peers.set(client);
+        let mut tasks = Vec::new();
+        let me = self.clone();
+        tasks.push(tokio::spawn(async move {
+            me.pull_all(true).await;
+            me.flush_loop().await;
+        }));
+        let me = self.clone();
+        tasks.push(tokio::spawn(async move { me.sync_loop().await }));
+        tasks
+    }
+
+    fn node(&self) -> Option<Arc<Node>> {
+        self.node.get().and_then(Weak::upgrade)
+    }
+
+    fn peers(&self) -> Option<&Arc<Client>> {
+        self.peers.get()
+    }
+
+    /// The other nodes: (id, shard 0's address).
+    fn other_nodes(&self) -> Vec<(u128, std::net::SocketAddr)> {
+        let Some(c) = self.peers() else {
+            return Vec::new();
+        };
+        c.membership()
+            .nodes()
+            .filter(|n| n.id != self.me)
+            .map(|n| (n.id, n.shard_addr(0)))
+            .collect()
+    }
+
+    fn nodes(&self) -> usize {
+        self.peers()
+            .map_or(self.initial_nodes, |c| c.membership().nodes().count().max(1))
+    }
+
+    fn replicas(&self) -> usize {
+        effective_replicas(self.settings.write_replicas, self.nodes())
+    }
+
+    /// Keeps `records` durably, applies them, does what they mean for this node's pages and
+    /// caches. `drops`: drop the pages of versions the records leave to no file (only for a
+    /// change's records taken together, never for a page of a pull). Returns what applying did.
+    async fn keep(&self, records: Vec<FileRecord>, drops: bool) -> Result<Applied, SourceError> {
+        let fresh: Vec<FileRecord> = {
+            let t = self.table();
+            records
+                .into_iter()
+                .filter(|r| t.get(&r.path).is_none_or(|old| old.order() < r.order()))
+                .collect()
+        };
+        if fresh.is_empty() {
+            return Ok(Applied::default());
+        }
+        for r in &fresh {
+            self.hlc.observe(r.hlc);
+        }
+        let to_journal = fresh.clone();
+        let journal = self.journal.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut j = journal.lock().unwrap_or_else(|p| p.into_inner());
+            j.append(&to_journal)
+        })
+        .await
+        .map_err(store_error)?
+        .map_err(|e| SourceError::new(ErrorCode::Io, format!("write-back journal: {e}")))?;
+        let applied = self.table_mut().apply_batch(fresh);
+        self.act_on(&applied, drops).await;
+        self.wake.notify_one();
+        Ok(applied)
+    }
+
+    /// What applied records mean for this node's shards: flushed versions become ordinary
+    /// pages, sealed ones take no more pages, versions no file holds any more are dropped
+    /// (`drops`), and the metadata the shards cached of the paths is forgotten.
+    async fn act_on(&self, applied: &Applied, drops: bool) {
+        let Some(node) = self.node() else {
+            return;
+        };
+        for &id in &applied.sealed {
+            if let Err(e) = node.file_pages(id, PageAction::Seal).await {
+                tracing::warn!(error = %e, "sealing a version on this node");
+            }
+        }
+        for &id in &applied.cleaned {
+            if let Err(e) = node.file_pages(id, PageAction::Clean).await {
+                tracing::warn!(error = %e, "marking a flushed version's pages clean");
+            }
+        }
+        if drops {
+            for &id in &applied.gone {
+                match node.file_pages(id, PageAction::Drop).await {
+                    Ok(n) if n > 0 => tracing::debug!(pages = n, "dropped a replaced version"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "dropping a replaced version"),
+                }
+            }
+        }
+        let mut paths: Vec<String> = Vec::new();
+        for p in &applied.taken {
+            paths.push(p.clone());
+            let mut cur = p.as_str();
+            while let Some(parent) = pagestore_protocol::writeback::parent(cur) {
+                paths.push(parent.to_string());
+                cur = parent;
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        if let Err(e) = node.forget_paths(paths).await {
+            tracing::warn!(error = %e, "forgetting cached metadata");
+        }
+    }
+
+    /// Hands `records` (already kept here) to every other node; succeeds once `need` of them
+    /// hold them (and every other one has answered or failed).
+    async fn hand_on(&self, records: &[FileRecord], need: usize) -> Result<(), SourceError> {
+        let others = self.other_nodes();
+        if others.is_empty() {
+            return if need == 0 {
+                Ok(())
+            } else {
+                Err(SourceError::new(
+                    ErrorCode::Unavailable,
+                    format!("the change needs {need} more node(s) and this node knows no peer"),
+                ))
+            };
+        }
+        let Some(client) = self.peers() else {
+            return Err(SourceError::new(
+                ErrorCode::Unavailable,
+                "this node is not connected to its peers yet",
+            ));
+        };
+        let payload = encode_file_records(records).map_err(store_error)?;
+        let mut asks: FuturesUnordered<_> = others
+            .iter()
+            .map(|&(id, addr)| {
+                let payload = &payload;
+                async move {
+                    let r = client.call(addr, RequestBody::Replicate, payload).await;
+                    (id, addr, r)
+                }
+            })
+            .collect();
+        let mut held = 0;
+        let mut failures = Vec::new();
+        while let Some((_, addr, r)) = asks.next().await {
+            match r {
+                Ok((ResponseBody::Applied { .. }, _)) => held += 1,
+                Ok((other, _)) => failures.push(format!("{addr}: {other:?}")),
+                Err(e) => failures.push(format!("{addr}: {e}")),
+            }
+        }
+        if held >= need {
+            if !failures.is_empty() {
+                tracing::warn!(failures = ?failures, "some nodes did not take a change; they catch up by pulling");
+            }
+            return Ok(());
+        }
+        Err(SourceError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "only {held} other node(s) hold the change, {need} needed: {}",
+                failures.join("; ")
+            ),
+        ))
+    }
+
+    /// Stamps `records` as this node's change now, keeps them and hands them on; the change
+    /// holds once the write replicas do. Returns its position.
+    async fn commit_change(&self, mut records: Vec<FileRecord>) -> Result<u64, SourceError> {
+        let hlc = self.hlc.now();
+        for r in &mut records {
+            r.hlc = hlc;
+            r.origin = FileId::from_u128(self.me);
+        }
+        self.keep(records.clone(), true).await?;
+        self.hand_on(&records, self.replicas() - 1).await?;
+        Ok(hlc)
+    }
+
+    /// Keeps a step of an existing change (a seal, a flush, a deletion applied) and hands it to
+    /// every node that answers. Returns whether this node took it (a later change of the path
+    /// may have superseded it).
+    async fn step(&self, record: FileRecord) -> Result<bool, SourceError> {
+        let applied = self.keep(vec![record.clone()], true).await?;
+        if applied.taken.is_empty() {
+            return Ok(false);
+        }
+        // Nodes that miss it catch up by pulling; the step is already durable here.
+        let _ = self.hand_on(std::slice::from_ref(&record), 0).await;
+        Ok(true)
+    }
+
+    /// A client's change (see [`Records::plan`]), with what only the under storage knows
+    /// checked here.
+    async fn plan_and_commit(&self, op: ChangeOp) -> Result<u64, SourceError> {
+        let path = match &op {
+            ChangeOp::Commit { path, .. }
+            | ChangeOp::Delete { path, .. }
+            | ChangeOp::MakeDir { path, .. } => path.clone(),
+            ChangeOp::Rename { from, .. } => from.clone(),
+        };
+        let table = self.ufs.table();
+        let policy = table.write_policy(&path);
+        if !policy.is_cached() {
+            return Err(SourceError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "{path}: its mount writes through to the under storage (write=through); \
+                     mount it with write=back or write=transient to write through the cluster"
+                ),
+            ));
+        }
+        if let ChangeOp::Rename { to, .. } = &op {
+            if table.mount_of(to) != table.mount_of(&path) {
+                return Err(SourceError::new(
+                    ErrorCode::BadRequest,
+                    format!("{path} -> {to}: a rename stays within one mount"),
+                ));
+            }
+        }
+        let transient = policy == pagestore_protocol::writeback::WritePolicy::Transient;
+        let _one = self.change_lock.lock().await;
+        let plan = self.table().plan(&op, transient).map_err(refused)?;
+        let records = match plan {
+            Plan::Nothing => {
+                return Ok(self.table().get(&path).map_or(0, |r| r.hlc));
+            }
+            Plan::Records(records) => {
+                self.check_store(&op).await?;
+                records
+            }
+            Plan::CopyInStore { from, to } => self.store_rename(&op, &from, &to).await?,
+        };
+        self.commit_change(records).await
+    }
+
+    /// The checks of a planned change that only the under storage can answer, for paths the
+    /// records know nothing of.
+    async fn check_store(&self, op: &ChangeOp) -> Result<(), SourceError> {
+        let unknown = |p: &str| matches!(self.table().known(p), records::Known::Unknown);
+        let stat = |p: String| {
+            let ufs = self.ufs.clone();
+            async move {
+                match ufs.table().stat_path(&p).await {
+                    Ok(k) => Ok(Some(k)),
+                    Err(UfsError::NotFound(_)) => Ok(None),
+                    Err(e) => Err(store_error(e)),
+                }
+            }
+        };
+        match op {
+            ChangeOp::Commit { path, .. } if unknown(path) => {
+                if let Some(PathKind::Dir) = stat(path.clone()).await? {
+                    return Err(SourceError::new(
+                        ErrorCode::BadRequest,
+                        format!("{path}: is a directory"),
+                    ));
+                }
+            }
+            ChangeOp::MakeDir { path, .. } if unknown(path) => {
+                if stat(path.clone()).await?.is_some() {
+                    return Err(SourceError::new(
+                        ErrorCode::Exists,
+                        format!("{path}: already exists"),
+                    ));
+                }
+            }
+            ChangeOp::Delete { path, dir } if unknown(path) => match (stat(path.clone()).await?, dir) {
+                (None, _) => {
+                    return Err(SourceError::new(
+                        ErrorCode::NotFound,
+                        format!("{path}: no such file or directory"),
+                    ))
+                }
+                (Some(PathKind::Dir), false) => {
+                    return Err(SourceError::new(
+                        ErrorCode::BadRequest,
+                        format!("{path}: is a directory"),
+                    ))
+                }
+                (Some(PathKind::File { .. }), true) => {
+                    return Err(SourceError::new(
+                        ErrorCode::BadRequest,
+                        format!("{path}: not a directory"),
+                    ))
+                }
+                // A directory of the store holds an object (it would not exist otherwise).
+                (Some(PathKind::Dir), true) => {
+                    return Err(SourceError::new(
+                        ErrorCode::NotEmpty,
+                        format!("{path}: directory not empty"),
+                    ))
+                }
+                (Some(PathKind::File { .. }), false) => {}
+            },
+            ChangeOp::Delete { path, dir: true } => {
+                // A directory made through the cluster: the store may hold objects beneath it
+                // that no record deletes.
+                match self.ufs.table().list_entries(path).await {
+                    Ok(v) => {
+                        let t = self.table();
+                        let live = v.iter().any(|e| {
+                            let p = format!("{}/{}", path.trim_end_matches('/'), e.name);
+                            !matches!(
+                                t.get(&p).map(|r| &r.entry),
+                                Some(RecordEntry::Deleted { .. })
+                            )
+                        });
+                        if live {
+                            return Err(SourceError::new(
+                                ErrorCode::NotEmpty,
+                                format!("{path}: directory not empty"),
+                            ));
+                        }
+                    }
+                    Err(UfsError::NotFound(_)) => {}
+                    Err(e) => return Err(store_error(e)),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A rename whose source the store holds: copied in the store first, then recorded.
+    async fn store_rename(
+        &self,
+        op: &ChangeOp,
+        from: &str,
+        to: &str,
+    ) -> Result<Vec<FileRecord>, SourceError> {
+        let ChangeOp::Rename { replace, .. } = op else {
+            return Err(SourceError::new(ErrorCode::Internal, "not a rename"));
+        };
+        let table = self.ufs.table();
+        match table.stat_path(from).await {
+            Ok(PathKind::File { .. }) => {}
+            Ok(PathKind::Dir) => {
+                return Err(SourceError::new(
+                    ErrorCode::BadRequest,
+                    format!("{from}: renaming directories is not supported"),
+                ))
+            }
+            Err(UfsError::NotFound(_)) => {
+                return Err(SourceError::new(
+                    ErrorCode::NotFound,
+                    format!("{from}: no such file"),
+                ))
+            }
+            Err(e) => return Err(store_error(e)),
+        }
+        if !*replace && matches!(self.table().known(to), records::Known::Unknown) {
+            match table.stat_path(to).await {
+                Ok(_) => {
+                    return Err(SourceError::new(
+                        ErrorCode::Exists,
+                        format!("{to}: already exists"),
+                    ))
+                }
+                Err(UfsError::NotFound(_)) => {}
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+        table.copy(from, to).await.map_err(store_error)?;
+        let copied = table.stat(to).await.map_err(store_error)?;
+        Ok(self.table().plan_store_rename(
+            from,
+            to,
+            &copied.version,
+            (copied.size, copied.mtime_ns),
+            &fresh_tag(),
+        ))
+    }
+
+    // -- flushing -------------------------------------------------------------------------
+
+    /// Whether this node flushes `path`: the first node of the path's successors on the ring
+    /// that this node believes alive.
+    fn is_flusher(&self, path: &str) -> bool {
+        let Some(c) = self.peers() else {
+            return self.initial_nodes <= 1;
+        };
+        let m = c.membership();
+        let down = c.down_members();
+        let ring = m.ring();
+        for member in ring.replicas_of_hash(path_hash(path), usize::MAX) {
+            if down.contains(&member.node) {
+                continue;
+            }
+            if member.node == self.me {
+                return true;
+            }
+            let alive = m
+                .nodes()
+                .find(|n| n.id == member.node)
+                .is_some_and(|n| c.reachable(n.shard_addr(0)));
+            if alive {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn flush_loop(self: Arc<Self>) {
+        loop {
+            let _ = tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
+            self.flush_round();
+        }
+    }
+
+    /// Starts flushes of the records this node flushes, up to the parallelism.
+    fn flush_round(self: &Arc<Self>) {
+        let now = unix_ms();
+        let lease = self.settings.lease.as_millis() as u64;
+        let work: Vec<FileRecord> = self
+            .table()
+            .flushable(now, lease)
+            .into_iter()
+            .cloned()
+            .collect();
+        for rec in work {
+            if !self.is_flusher(&rec.path) {
+                continue;
+            }
+            {
+                let b = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+                if b.get(&rec.path).is_some_and(|(until, _)| Instant::now() < *until) {
+                    continue;
+                }
+            }
+            {
+                let mut f = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
+                if f.len() >= self.settings.flush_parallel.max(1) {
+                    return;
+                }
+                if !f.insert(rec.path.clone()) {
+                    continue;
+                }
+            }
+            let me = self.clone();
+            tokio::spawn(async move {
+                me.stats.flushing.fetch_add(1, Ordering::Relaxed);
+                let path = rec.path.clone();
+                let r = me.flush_one(rec).await;
+                me.stats.flushing.fetch_sub(1, Ordering::Relaxed);
+                me.flushing
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&path);
+                let mut b = me.backoff.lock().unwrap_or_else(|p| p.into_inner());
+                match r {
+                    Ok(()) => {
+                        b.remove(&path);
+                        me.wake.notify_one();
+                    }
+                    Err(e) => {
+                        me.stats.errors.fetch_add(1, Ordering::Relaxed);
+                        let next = b
+                            .get(&path)
+                            .map_or(Duration::from_secs(1), |(_, d)| (*d * 2).min(Duration::from_secs(60)));
+                        tracing::warn!(%path, error = %e, retry_in = ?next, "flush failed; the data stays on the cluster");
+                        *me.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                            format!("{path}: {e}");
+                        b.insert(path, (Instant::now() + next, next));
+                    }
+                }
+            });
+        }
+    }
+
+    /// One step of a record's way to the under storage.
+    async fn flush_one(&self, rec: FileRecord) -> Result<(), SourceError> {
+        match &rec.entry {
+            RecordEntry::File {
+                state: RecordState::Open,
+                ..
+            } => {
+                let mut sealed = rec.clone();
+                if let RecordEntry::File { state, .. } = &mut sealed.entry {
+                    *state = RecordState::Sealed;
+                }
+                tracing::info!(path = %rec.path, "sealing a version whose writer went silent");
+                if self.step(sealed.clone()).await? {
+                    // Every node that answers fences the version's puts in progress.
+                    self.hand_on(std::slice::from_ref(&sealed), 0).await.ok();
+                    self.stats.seals.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            RecordEntry::File {
+                version_tag, size, ..
+            } => {
+                let store_tag = self.upload(&rec.path, version_tag, *size).await?;
+                let mut clean = rec.clone();
+                if let RecordEntry::File {
+                    state,
+                    store_tag: st,
+                    ..
+                } = &mut clean.entry
+                {
+                    *state = RecordState::Clean;
+                    *st = store_tag;
+                }
+                if self.step(clean).await? {
+                    self.stats.files.fetch_add(1, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(*size, Ordering::Relaxed);
+                    // The other nodes mark their pages clean as they take the record; tell
+                    // them again for those that missed it.
+                    self.broadcast_pages(version_id(version_tag), PageAction::Clean)
+                        .await;
+                }
+                Ok(())
+            }
+            RecordEntry::Deleted {
+                prev_tag,
+                pending: true,
+            } => {
+                match self.ufs.table().delete(&rec.path).await {
+                    Ok(()) | Err(UfsError::NotFound(_)) => {}
+                    Err(e) => return Err(store_error(e)),
+                }
+                let done = FileRecord {
+                    entry: RecordEntry::Deleted {
+                        prev_tag: prev_tag.clone(),
+                        pending: false,
+                    },
+                    ..rec.clone()
+                };
+                if self.step(done).await? {
+                    self.stats.deletes.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Tells every shard of every node to do `action` to a version's pages (best effort).
+    async fn broadcast_pages(&self, id: u128, action: PageAction) {
+        let Some(c) = self.peers() else {
+            return;
+        };
+        let m = c.membership();
+        let asks: Vec<_> = m
+            .nodes()
+            .filter(|n| n.id != self.me)
+            .flat_map(|n| (0..n.shards).map(move |s| n.shard_addr(s)))
+            .map(|addr| {
+                c.call(
+                    addr,
+                    RequestBody::FilePages {
+                        file_id: FileId::from_u128(id),
+                        action,
+                    },
+                    &[],
+                )
+            })
+            .collect();
+        futures_util::future::join_all(asks).await;
+    }
+
+    /// Writes the file `path` at write-back version `tag` (`size` bytes) to the under storage,
+    /// reading it from the cluster. Returns the store's version of the object written.
+    async fn upload(&self, path: &str, tag: &str, size: u64) -> Result<String, SourceError> {
+        let Some(client) = self.peers() else {
+            return Err(SourceError::new(
+                ErrorCode::Unavailable,
+                "not connected to the cluster yet",
+            ));
+        };
+        let info = ObjectInfo {
+            path: path.to_string(),
+            size,
+            version: tag.to_string(),
+            file_id: version_id(tag),
+            mtime_ns: 0,
+            state: FileState::Dirty,
+            store_tag: String::new(),
+        };
+        let table = self.ufs.table();
+        let part = self.settings.flush_part.max(5 << 20) as u64;
+        let read = |at: u64| {
+            let info = &info;
+            async move {
+                let want = part.min(size - at);
+                let b = client
+                    .read_at(info, at, want)
+                    .await
+                    .map_err(|e| SourceError::new(ErrorCode::Unavailable, format!("reading {path} from the cluster: {e}")))?;
+                if b.len() as u64 != want {
+                    return Err(SourceError::new(
+                        ErrorCode::Internal,
+                        format!("{path}: read {} bytes at {at} from the cluster, {want} expected", b.len()),
+                    ));
+                }
+                Ok::<Bytes, SourceError>(b)
+            }
+        };
+        let written = if size <= part {
+            let data = if size == 0 { Bytes::new() } else { read(0).await? };
+            match table
+                .put_if(path, data, object_store::PutMode::Overwrite, Default::default())
+                .await
+                .map_err(store_error)?
+            {
+                PutOutcome::Written(v) => v,
+                PutOutcome::ConditionFailed => None,
+            }
+        } else {
+            let mut upload = table.put_multipart(path).await.map_err(store_error)?;
+            let mut parts = FuturesUnordered::new();
+            let mut at = 0;
+            let result: Result<(), SourceError> = async {
+                while at < size {
+                    let b = read(at).await?;
+                    at += b.len() as u64;
+                    parts.push(upload.put_part(b.into()));
+                    while parts.len() >= 4 {
+                        if let Some(r) = parts.next().await {
+                            r.map_err(store_error)?;
+                        }
+                    }
+                }
+                while let Some(r) = parts.next().await {
+                    r.map_err(store_error)?;
+                }
+                Ok(())
+            }
+            .await;
+            drop(parts);
+            if let Err(e) = result {
+                let _ = upload.abort().await;
+                return Err(e);
+            }
+            let r = upload.complete().await.map_err(store_error)?;
+            pagestore_mounts::ufs::written_version(&r)
+        };
+        match written {
+            Some(v) => Ok(v),
+            None => Ok(table.stat(path).await.map_err(store_error)?.version),
+        }
+    }
+
+    // -- keeping in step ------------------------------------------------------------------
+
+    /// Pulls every record from the other nodes (`all`) or from one of them, and takes what
+    /// ranks higher than ours.
+    async fn pull_all(&self, all: bool) {
+        let Some(client) = self.peers().cloned() else {
+            return;
+        };
+        let mut others = self.other_nodes();
+        if !all {
+            let k = (unix_ms() as usize) % others.len().max(1);
+            others.rotate_left(k);
+            others.truncate(1);
+        }
+        for (_, addr) in others {
+            let mut after = String::new();
+            loop {
+                let body = RequestBody::PullRecords {
+                    after: after.clone(),
+                };
+                let (more, records) = match client.call(addr, body, &[]).await {
+                    Ok((ResponseBody::Records { more }, payload)) => {
+                        match pagestore_protocol::frame::decode_file_records(&payload) {
+                            Ok(r) => (more, r),
+                            Err(e) => {
+                                tracing::warn!(%addr, error = %e, "a peer's records are malformed");
+                                break;
+                            }
+                        }
+                    }
+                    Ok(_) | Err(_) => break,
+                };
+                let Some(last) = records.last().map(|r| r.path.clone()) else {
+                    break;
+                };
+                if let Err(e) = self.keep(records, false).await {
+                    tracing::warn!(%addr, error = %e, "keeping a peer's records");
+                    break;
+                }
+                if !more {
+                    break;
+                }
+                after = last;
+            }
+        }
+    }
+
+    async fn sync_loop(self: Arc<Self>) {
+        let mut last_pull = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            self.ping_peers().await;
+            if last_pull.elapsed() >= self.settings.sync_interval {
+                last_pull = Instant::now();
+                self.pull_all(false).await;
+                self.reconcile().await;
+            }
+        }
+    }
+
+    /// Keeps this node's view of which peers are alive fresh (the flusher of a path is the first
+    /// live node of its successors).
+    async fn ping_peers(&self) {
+        let Some(client) = self.peers() else {
+            return;
+        };
+        let asks: Vec<_> = self
+            .other_nodes()
+            .into_iter()
+            .map(|(_, addr)| client.call(addr, RequestBody::Ping { nonce: 1 }, &[]))
+            .collect();
+        futures_util::future::join_all(asks).await;
+    }
+
+    /// Checks this node's dirty pages against the records: flushed versions become clean,
+    /// versions no record holds (after the grace period) are dropped; forgets old deletions
+    /// and compacts the journal.
+    async fn reconcile(&self) {
+        let Some(node) = self.node() else {
+            return;
+        };
+        let now = unix_ms();
+        let grace = self.settings.orphan_grace.as_millis() as u64;
+        if let Ok(files) = node.dirty_files().await {
+            for f in files {
+                let action = {
+                    let t = self.table();
+                    match t.by_file(f.file_id).map(|r| &r.entry) {
+                        Some(RecordEntry::File {
+                            state: RecordState::Clean,
+                            ..
+                        }) => Some(PageAction::Clean),
+                        Some(_) => None,
+                        None if !t.takes_pages(f.file_id)
+                            || now.saturating_sub(f.newest_ms) >= grace =>
+                        {
+                            Some(PageAction::Drop)
+                        }
+                        None => None,
+                    }
+                };
+                if let Some(a) = action {
+                    match node.file_pages(f.file_id, a).await {
+                        Ok(n) if a == PageAction::Drop => {
+                            self.stats.orphans_dropped.fetch_add(n, Ordering::Relaxed);
+                            tracing::info!(pages = n, "dropped dirty pages no record holds");
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "reconciling dirty pages"),
+                    }
+                }
+            }
+        }
+        let forgotten = self
+            .table_mut()
+            .forget_old(now, self.settings.keep_deleted.as_millis() as u64);
+        let (len, need) = {
+            let j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+            (j.len(), self.table().approx_bytes() as u64)
+        };
+        if forgotten > 0 || len > 2 * need + (1 << 20) {
+            let snapshot: Vec<FileRecord> = self.table().iter().cloned().collect();
+            let journal = self.journal.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                let mut j = journal.lock().unwrap_or_else(|p| p.into_inner());
+                j.compact(snapshot.iter())
+            })
+            .await;
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "compacting the write-back journal"),
+                Err(e) => tracing::warn!(error = %e, "compacting the write-back journal"),
+            }
+        }
+    }
+
+    /// A snapshot for `/metrics`.
+    pub fn metrics(&self) -> WriteBackMetrics {
+        let s = &self.stats;
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let t = self.table();
+        WriteBackMetrics {
+            records: t.len() as u64,
+            summary: self.summary_of(&t, "/"),
+            flushed_files: g(&s.files),
+            flushed_bytes: g(&s.bytes),
+            deletes: g(&s.deletes),
+            errors: g(&s.errors),
+            seals: g(&s.seals),
+            orphans_dropped: g(&s.orphans_dropped),
+            journal_bytes: self
+                .journal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len(),
+        }
+    }
+
+    fn summary_of(&self, t: &Records, prefix: &str) -> WriteBackSummary {
+        let mut s = t.summary(prefix, unix_ms());
+        s.files_flushing = self.stats.flushing.load(Ordering::Relaxed);
+        s.flush_errors = self.stats.errors.load(Ordering::Relaxed);
+        s.bytes_flushed = self.stats.bytes.load(Ordering::Relaxed);
+        let last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        let under = prefix == "/"
+            || last.starts_with(&format!("{}/", prefix.trim_end_matches('/')))
+            || last.starts_with(&format!("{prefix}:"));
+        if under && s.files_dirty + s.deletes_pending > 0 {
+            s.last_error = truncate(&last, pagestore_protocol::frame::MAX_MESSAGE_LEN);
+        }
+        s
+    }
+
+    /// The state of a path's file record as a reader sees it.
+    pub fn file_state(state: RecordState, transient: bool) -> FileState {
+        match (state, transient) {
+            (_, true) => FileState::Transient,
+            (RecordState::Open, _) => FileState::Writing,
+            (RecordState::Final | RecordState::Sealed, _) => FileState::Dirty,
+            (RecordState::Clean, _) => FileState::Clean,
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+impl WriteBack for WriteBackNode {
+    fn takes_pages(&self, file_id: u128) -> bool {
+        self.table().takes_pages(file_id)
+    }
+
+    fn change(&self, op: ChangeOp) -> SourceFuture<u64> {
+        let Some(me) = self.self_arc() else {
+            return Box::pin(async {
+                Err(SourceError::new(ErrorCode::Unavailable, "the node is stopping"))
+            });
+        };
+        Box::pin(async move { me.plan_and_commit(op).await })
+    }
+
+    fn replicate(&self, records: Vec<FileRecord>) -> SourceFuture<u64> {
+        let Some(me) = self.self_arc() else {
+            return Box::pin(async {
+                Err(SourceError::new(ErrorCode::Unavailable, "the node is stopping"))
+            });
+        };
+        Box::pin(async move {
+            let top = records.iter().map(|r| r.hlc).max().unwrap_or(0);
+            me.keep(records, true).await?;
+            Ok(top)
+        })
+    }
+
+    fn pull(&self, after: &str) -> (Vec<FileRecord>, bool) {
+        self.table().after(after, MAX_RECORD_BATCH)
+    }
+
+    fn summary(&self, prefix: &str) -> WriteBackSummary {
+        self.summary_of(&self.table(), prefix)
+    }
+
+    fn write_replicas(&self) -> u8 {
+        u8::try_from(self.replicas()).unwrap_or(u8::MAX)
+    }
+}
+
+impl WriteBackNode {
+    fn self_arc(&self) -> Option<Arc<WriteBackNode>> {
+        self.this.upgrade()
+    }
+}

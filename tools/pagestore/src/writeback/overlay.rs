@@ -1,0 +1,234 @@
+//! The under storage as a node's shards see it once write-back is on: the mount table, with
+//! the records of files, directories and deletions made through the cluster laid over it.
+//!
+//! - `stat` of a path a record names answers the record (a file written through the cluster
+//!   at its write-back version, a directory, or not found for a deletion); a flushed file is
+//!   answered from its record only while the store still holds the object the flush wrote
+//!   (someone who rewrote it in the store behind the cluster's back is seen as for any object).
+//! - `list` merges the store's listing with the records beneath the directory.
+//! - `read` of a page of a write-back version that a shard does not hold is served from the
+//!   store only once the version is flushed (at the store's version of it); before, it is an
+//!   `Unflushed` error: the client asks the page's other write members.
+
+use std::{ops::Range, sync::Arc};
+
+use bytes::Bytes;
+use pagestore_mounts::ufs::UfsSource;
+use pagestore_protocol::{
+    frame::{
+        DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, RecordEntry, RecordState,
+    },
+    ring,
+    source::{Source, SourceError, SourceFuture},
+    writeback::is_wb_tag,
+};
+
+use super::{
+    records::{version_id, Known},
+    WriteBackNode,
+};
+
+/// The mount table with the write-back records over it.
+pub struct WbSource {
+    ufs: Arc<UfsSource>,
+    wb: Arc<WriteBackNode>,
+}
+
+impl WbSource {
+    /// `ufs` seen through `wb`'s records.
+    pub fn new(ufs: Arc<UfsSource>, wb: Arc<WriteBackNode>) -> WbSource {
+        WbSource { ufs, wb }
+    }
+}
+
+/// What a file record answers to a stat.
+fn file_kind(path: &str, entry: &RecordEntry) -> Option<PathKind> {
+    let RecordEntry::File {
+        version_tag,
+        size,
+        mtime_ns,
+        state,
+        store_tag,
+        transient,
+    } = entry
+    else {
+        return None;
+    };
+    Some(PathKind::File {
+        size: *size,
+        version_tag: version_tag.clone(),
+        file_id: FileId::from_u128(ring::file_id(path, version_tag)),
+        mtime_ns: *mtime_ns,
+        state: WriteBackNode::file_state(*state, *transient),
+        store_tag: store_tag.clone(),
+    })
+}
+
+fn not_found(path: &str) -> SourceError {
+    SourceError::new(ErrorCode::NotFound, format!("{path}: no such file or directory"))
+}
+
+impl Source for WbSource {
+    fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes> {
+        if !is_wb_tag(&file.version_tag) {
+            return self.ufs.read(file, range);
+        }
+        let found = self
+            .wb
+            .table()
+            .by_file(version_id(&file.version_tag))
+            .cloned();
+        match found {
+            Some(rec) => match &rec.entry {
+                RecordEntry::File {
+                    state: RecordState::Clean,
+                    store_tag,
+                    size,
+                    ..
+                } if !store_tag.is_empty() => {
+                    let stored = FileRef {
+                        file_id: FileId::from_u128(ring::file_id(&rec.path, store_tag)),
+                        mount: file.mount.clone(),
+                        path: rec.path.clone(),
+                        version_tag: store_tag.clone(),
+                        size: *size,
+                    };
+                    self.ufs.read(&stored, range)
+                }
+                _ => unflushed(&file.path),
+            },
+            None => unflushed(&file.path),
+        }
+    }
+
+    fn stat(&self, path: &str) -> SourceFuture<PathKind> {
+        let known = match self.wb.table().known(path) {
+            Known::Record(r) => Some(r.clone()),
+            Known::Implied => return Box::pin(async { Ok(PathKind::Dir) }),
+            Known::Unknown => None,
+        };
+        let Some(rec) = known else {
+            return self.ufs.stat(path);
+        };
+        let path = path.to_string();
+        let store = self.ufs.stat(&path);
+        Box::pin(async move {
+            match &rec.entry {
+                RecordEntry::Dir { .. } => Ok(PathKind::Dir),
+                RecordEntry::Deleted { .. } => Err(not_found(&path)),
+                RecordEntry::File {
+                    state: RecordState::Clean,
+                    store_tag,
+                    ..
+                } => {
+                    // The flushed object, as long as the store still holds it.
+                    match store.await {
+                        Ok(PathKind::File {
+                            version_tag: now, ..
+                        }) if &now == store_tag => {
+                            file_kind(&path, &rec.entry).ok_or_else(|| not_found(&path))
+                        }
+                        other => other,
+                    }
+                }
+                entry => file_kind(&path, entry).ok_or_else(|| not_found(&path)),
+            }
+        })
+    }
+
+    fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>> {
+        let dir = if path.trim_end_matches('/').is_empty() {
+            "/".to_string()
+        } else {
+            path.trim_end_matches('/').to_string()
+        };
+        let (records, implied, is_dir) = {
+            let t = self.wb.table();
+            let (r, i) = t.children(&dir);
+            let records: Vec<(String, RecordEntry)> = r
+                .into_iter()
+                .map(|(n, rec)| (n.to_string(), rec.entry.clone()))
+                .collect();
+            let implied: Vec<String> = i.into_iter().map(str::to_string).collect();
+            let is_dir = !matches!(t.known(&dir), Known::Unknown)
+                && !matches!(
+                    t.known(&dir),
+                    Known::Record(r) if !matches!(r.entry, RecordEntry::Dir { .. })
+                );
+            (records, implied, is_dir)
+        };
+        let store = self.ufs.list(&dir);
+        if records.is_empty() && implied.is_empty() && !is_dir {
+            return store;
+        }
+        Box::pin(async move {
+            let mut entries = match store.await {
+                Ok(v) => v,
+                Err(e) if e.code == ErrorCode::NotFound => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            let mut by_name: std::collections::BTreeMap<String, DirEntry> = entries
+                .drain(..)
+                .map(|e| (e.name.clone(), e))
+                .collect();
+            for (name, entry) in records {
+                match &entry {
+                    RecordEntry::File {
+                        version_tag,
+                        size,
+                        mtime_ns,
+                        ..
+                    } => {
+                        by_name.insert(
+                            name.clone(),
+                            DirEntry {
+                                name,
+                                is_dir: false,
+                                size: *size,
+                                version_tag: version_tag.clone(),
+                                mtime_ns: *mtime_ns,
+                            },
+                        );
+                    }
+                    RecordEntry::Dir { .. } => {
+                        by_name.insert(name.clone(), dir_entry(name));
+                    }
+                    RecordEntry::Deleted { .. } => {
+                        // Gone, unless it is still a directory (of the store, or by records
+                        // beneath it).
+                        let keep_dir = by_name.get(&name).is_some_and(|e| e.is_dir);
+                        if !keep_dir {
+                            by_name.remove(&name);
+                        }
+                    }
+                }
+            }
+            for name in implied {
+                by_name.entry(name.clone()).or_insert_with(|| dir_entry(name));
+            }
+            Ok(by_name.into_values().collect())
+        })
+    }
+
+    fn mounts(&self) -> Vec<MountEntry> {
+        self.ufs.mounts()
+    }
+}
+
+fn dir_entry(name: String) -> DirEntry {
+    DirEntry {
+        name,
+        is_dir: true,
+        size: 0,
+        version_tag: String::new(),
+        mtime_ns: 0,
+    }
+}
+
+fn unflushed(path: &str) -> SourceFuture<Bytes> {
+    let message = format!(
+        "{path}: this member does not hold the page, and the file is not in the under storage \
+         yet; ask its other write members"
+    );
+    Box::pin(async move { Err(SourceError::new(ErrorCode::Unflushed, message)) })
+}

@@ -1,0 +1,743 @@
+//! The namespace of `back` and `transient` mounts as one node keeps it: a record per path made
+//! through the cluster (a file, a directory, a deletion), with no I/O and no clock (callers pass
+//! the times), so that every rule here is tested without a disk or a network.
+//!
+//! Every node keeps all records (the journal makes them durable, replication and pulls make them
+//! agree). Of two records of one path the one with the larger [`FileRecord::order`] wins
+//! ([`Records::apply`]): last writer wins in the cluster's order, and the steps that keep a
+//! change's identity (a seal, a flush, a deletion applied to the store) rank after it, so that
+//! nodes that see the same records in any order end with the same table.
+//!
+//! A client's change is planned here ([`Records::plan`]): checked against the records, then
+//! turned into the records that express it, which the caller stamps, applies and hands on.
+
+use std::collections::{BTreeMap, HashMap};
+
+use pagestore_protocol::{
+    frame::{ChangeOp, ErrorCode, FileId, FileRecord, RecordEntry, RecordState, WriteBackSummary},
+    ring,
+    writeback::{hlc_ms, is_wb_tag, parent},
+};
+
+/// Why a change cannot be made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// The wire's category (`NotFound`, `Exists`, `NotEmpty`, `BadRequest`, `Changed`).
+    pub code: ErrorCode,
+    /// For people.
+    pub message: String,
+}
+
+fn refused(code: ErrorCode, message: impl Into<String>) -> Refused {
+    Refused {
+        code,
+        message: message.into(),
+    }
+}
+
+/// What a path is, as far as the records know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Known<'a> {
+    /// A record says what it is (a file, a directory or a deletion).
+    Record(&'a FileRecord),
+    /// A directory because records lie beneath it.
+    Implied,
+    /// The records say nothing: ask the under storage.
+    Unknown,
+}
+
+/// What a planned change needs from the under storage before its records apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Apply these records (stamped by the caller).
+    Records(Vec<FileRecord>),
+    /// `from` is a flushed file (or an object of the store): copy it to `to` in the store, then
+    /// plan again with the copy's store tag ([`Records::plan_store_rename`]).
+    CopyInStore {
+        /// Source path.
+        from: String,
+        /// Destination path.
+        to: String,
+    },
+    /// The change is already in force (a repeated commit): nothing to do.
+    Nothing,
+}
+
+/// A record with its hlc and origin left for the caller to stamp.
+fn unstamped(path: &str, entry: RecordEntry) -> FileRecord {
+    FileRecord {
+        path: path.to_string(),
+        hlc: 0,
+        origin: FileId::default(),
+        entry,
+    }
+}
+
+/// What [`Records::apply_batch`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Paths whose record changed.
+    pub taken: Vec<String>,
+    /// Versions (file ids) that some record held before and none holds now: their pages are
+    /// no longer anyone's.
+    pub gone: Vec<u128>,
+    /// Versions whose file is in the under storage now.
+    pub cleaned: Vec<u128>,
+    /// Versions sealed: they take no more pages.
+    pub sealed: Vec<u128>,
+}
+
+/// The records one node keeps.
+#[derive(Default, Debug)]
+pub struct Records {
+    by_path: BTreeMap<String, FileRecord>,
+    /// File id of each live file record's version -> its path.
+    by_file: HashMap<u128, String>,
+    /// File id of each deleted record's version -> its path (a version deleted while open takes
+    /// no more pages).
+    deleted: HashMap<u128, String>,
+    /// Directory -> live records (files and directories) beneath it at any depth.
+    implied: BTreeMap<String, u32>,
+    /// Bytes the records take in their encoded form, roughly (for compaction).
+    approx_bytes: usize,
+}
+
+fn is_live(r: &FileRecord) -> bool {
+    !matches!(r.entry, RecordEntry::Deleted { .. })
+}
+
+fn approx_len(r: &FileRecord) -> usize {
+    64 + r.path.len()
+        + match &r.entry {
+            RecordEntry::File {
+                version_tag,
+                store_tag,
+                ..
+            } => version_tag.len() + store_tag.len(),
+            RecordEntry::Dir { .. } => 0,
+            RecordEntry::Deleted { prev_tag, .. } => prev_tag.len(),
+        }
+}
+
+/// The ancestors of an absolute path, nearest first, "/" last.
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    let mut cur = Some(path);
+    std::iter::from_fn(move || {
+        let p = parent(cur?)?;
+        cur = Some(p);
+        Some(p)
+    })
+}
+
+/// The file id of a write-back version.
+pub fn version_id(tag: &str) -> u128 {
+    ring::file_id("", tag)
+}
+
+impl Records {
+    /// An empty table.
+    pub fn new() -> Records {
+        Records::default()
+    }
+
+    /// Number of records (deletions included).
+    pub fn len(&self) -> usize {
+        self.by_path.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_path.is_empty()
+    }
+
+    /// Roughly the bytes the records take encoded.
+    pub fn approx_bytes(&self) -> usize {
+        self.approx_bytes
+    }
+
+    /// Every record, in path order.
+    pub fn iter(&self) -> impl Iterator<Item = &FileRecord> {
+        self.by_path.values()
+    }
+
+    /// Takes in the records of one change (or any set of records) and says what it did to
+    /// write-back versions: see [`Applied`]. Call it with a change's records together, so that
+    /// a rename (a new path holding the version, the old path deleted) never looks like the
+    /// version going away.
+    pub fn apply_batch(&mut self, batch: Vec<FileRecord>) -> Applied {
+        let mut touched = Vec::new();
+        let mut out = Applied::default();
+        for rec in batch {
+            let before = self.by_path.get(&rec.path).and_then(|r| match &r.entry {
+                RecordEntry::File { version_tag, .. } => Some(version_id(version_tag)),
+                _ => None,
+            });
+            let path = rec.path.clone();
+            if !self.apply(rec) {
+                continue;
+            }
+            out.taken.push(path.clone());
+            touched.extend(before);
+            if let Some(r) = self.by_path.get(&path) {
+                if let RecordEntry::File {
+                    version_tag, state, ..
+                } = &r.entry
+                {
+                    let id = version_id(version_tag);
+                    touched.push(id);
+                    match state {
+                        RecordState::Clean => out.cleaned.push(id),
+                        RecordState::Sealed => out.sealed.push(id),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        out.gone = touched
+            .into_iter()
+            .filter(|id| self.by_file(*id).is_none())
+            .collect();
+        out
+    }
+
+    /// Takes in `rec` if it ranks above the record its path has (or the path has none).
+    /// Returns whether it did.
+    pub fn apply(&mut self, rec: FileRecord) -> bool {
+        if let Some(old) = self.by_path.get(&rec.path) {
+            if old.order() >= rec.order() {
+                return false;
+            }
+        }
+        if let Some(old) = self.by_path.remove(&rec.path) {
+            self.unindex(&old);
+        }
+        self.index(&rec);
+        self.by_path.insert(rec.path.clone(), rec);
+        true
+    }
+
+    fn index(&mut self, r: &FileRecord) {
+        self.approx_bytes += approx_len(r);
+        match &r.entry {
+            RecordEntry::File { version_tag, .. } => {
+                self.by_file.insert(version_id(version_tag), r.path.clone());
+            }
+            RecordEntry::Deleted { prev_tag, .. } if !prev_tag.is_empty() => {
+                self.deleted.insert(version_id(prev_tag), r.path.clone());
+            }
+            _ => {}
+        }
+        if is_live(r) {
+            for a in ancestors(&r.path) {
+                *self.implied.entry(a.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+
+    fn unindex(&mut self, r: &FileRecord) {
+        self.approx_bytes = self.approx_bytes.saturating_sub(approx_len(r));
+        match &r.entry {
+            RecordEntry::File { version_tag, .. } => {
+                let id = version_id(version_tag);
+                if self.by_file.get(&id) == Some(&r.path) {
+                    self.by_file.remove(&id);
+                }
+            }
+            RecordEntry::Deleted { prev_tag, .. } if !prev_tag.is_empty() => {
+                let id = version_id(prev_tag);
+                if self.deleted.get(&id) == Some(&r.path) {
+                    self.deleted.remove(&id);
+                }
+            }
+            _ => {}
+        }
+        if is_live(r) {
+            for a in ancestors(&r.path) {
+                if let Some(n) = self.implied.get_mut(a) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.implied.remove(a);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The record of `path`, if any.
+    pub fn get(&self, path: &str) -> Option<&FileRecord> {
+        self.by_path.get(path)
+    }
+
+    /// What the records say `path` is.
+    pub fn known(&self, path: &str) -> Known<'_> {
+        match self.by_path.get(path) {
+            Some(r) if is_live(r) => Known::Record(r),
+            // A deleted path that is still a directory (records beneath it) is one.
+            Some(_) if self.implied.contains_key(path) => Known::Implied,
+            Some(r) => Known::Record(r),
+            None if self.implied.contains_key(path) => Known::Implied,
+            None => Known::Unknown,
+        }
+    }
+
+    /// The live file record holding write-back version `file_id`, if any.
+    pub fn by_file(&self, file_id: u128) -> Option<&FileRecord> {
+        self.by_file.get(&file_id).and_then(|p| self.by_path.get(p))
+    }
+
+    /// Whether pages of version `file_id` may still be written: its record is open, or it has
+    /// none yet (a writer before its first commit) and was not deleted.
+    pub fn takes_pages(&self, file_id: u128) -> bool {
+        match self.by_file(file_id).map(|r| &r.entry) {
+            Some(RecordEntry::File { state, .. }) => *state == RecordState::Open,
+            Some(_) => false,
+            None => !self.deleted.contains_key(&file_id),
+        }
+    }
+
+    /// The records of `dir`'s direct children, and the names of directories beneath it that
+    /// only records imply, in name order (a name may appear in both).
+    pub fn children<'a>(&'a self, dir: &str) -> (Vec<(&'a str, &'a FileRecord)>, Vec<&'a str>) {
+        let prefix = if dir == "/" {
+            "/".to_string()
+        } else {
+            format!("{}/", dir.trim_end_matches('/'))
+        };
+        let direct = |p: &'a str| -> Option<&'a str> {
+            let rest = p.strip_prefix(prefix.as_str())?;
+            (!rest.is_empty() && !rest.contains('/')).then_some(rest)
+        };
+        let records = self
+            .by_path
+            .range(prefix.clone()..)
+            .take_while(|(p, _)| p.starts_with(prefix.as_str()))
+            .filter_map(|(p, r)| direct(p).map(|name| (name, r)))
+            .collect();
+        let implied = self
+            .implied
+            .range(prefix.clone()..)
+            .take_while(|(p, _)| p.starts_with(prefix.as_str()))
+            .filter_map(|(p, _)| direct(p))
+            .collect();
+        (records, implied)
+    }
+
+    /// Whether any live record lies beneath `dir`.
+    pub fn has_children(&self, dir: &str) -> bool {
+        self.implied.contains_key(dir.trim_end_matches('/'))
+            || (dir == "/" && self.implied.contains_key("/"))
+    }
+
+    /// Plans client change `op` against the records (see the module docs). `transient`: the
+    /// path's mount keeps files on the cluster only. The caller checks what only the under
+    /// storage knows (an object or directory there).
+    pub fn plan(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {
+        match op {
+            ChangeOp::Commit {
+                path,
+                version_tag,
+                size,
+                mtime_ns,
+                last,
+            } => self.plan_commit(path, version_tag, *size, *mtime_ns, *last, transient),
+            ChangeOp::Rename { from, to, replace } => self.plan_rename(from, to, *replace),
+            ChangeOp::Delete { path, dir } => self.plan_delete(path, *dir),
+            ChangeOp::MakeDir { path, mtime_ns } => match self.known(path) {
+                Known::Record(r) if is_live(r) => Err(refused(
+                    ErrorCode::Exists,
+                    format!("{path}: already exists"),
+                )),
+                Known::Implied => Err(refused(
+                    ErrorCode::Exists,
+                    format!("{path}: already exists"),
+                )),
+                _ => Ok(Plan::Records(vec![unstamped(
+                    path,
+                    RecordEntry::Dir {
+                        mtime_ns: *mtime_ns,
+                    },
+                )])),
+            },
+        }
+    }
+
+    fn plan_commit(
+        &self,
+        path: &str,
+        tag: &str,
+        size: u64,
+        mtime_ns: i64,
+        last: bool,
+        transient: bool,
+    ) -> Result<Plan, Refused> {
+        if !is_wb_tag(tag) {
+            return Err(refused(
+                ErrorCode::BadRequest,
+                format!("{tag:?} is not a write-back version tag"),
+            ));
+        }
+        let id = version_id(tag);
+        let state = if last {
+            RecordState::Final
+        } else {
+            RecordState::Open
+        };
+        let entry = |state| RecordEntry::File {
+            version_tag: tag.to_string(),
+            size,
+            mtime_ns,
+            state,
+            store_tag: String::new(),
+            transient,
+        };
+        match self.by_file(id) {
+            // The version's file (wherever a rename put it) is updated.
+            Some(r) => {
+                let RecordEntry::File {
+                    state: now,
+                    size: now_size,
+                    ..
+                } = &r.entry
+                else {
+                    unreachable!("by_file indexes file records");
+                };
+                match now {
+                    RecordState::Open => Ok(Plan::Records(vec![unstamped(&r.path, entry(state))])),
+                    // A repeated last commit (a retry) is already in force.
+                    _ if last && *now_size == size => Ok(Plan::Nothing),
+                    _ => Err(refused(
+                        ErrorCode::Changed,
+                        format!(
+                            "{}: this version was closed (or sealed after its writer went \
+                             silent) and takes no more changes; open the file again",
+                            r.path
+                        ),
+                    )),
+                }
+            }
+            // Deleted while its writer had it open: it stays deleted.
+            None if self.deleted.contains_key(&id) => Ok(Plan::Nothing),
+            None => {
+                if let Known::Record(r) = self.known(path) {
+                    if matches!(r.entry, RecordEntry::Dir { .. }) {
+                        return Err(refused(
+                            ErrorCode::BadRequest,
+                            format!("{path}: is a directory"),
+                        ));
+                    }
+                }
+                if self.known(path) == Known::Implied {
+                    return Err(refused(
+                        ErrorCode::BadRequest,
+                        format!("{path}: is a directory"),
+                    ));
+                }
+                Ok(Plan::Records(vec![unstamped(path, entry(state))]))
+            }
+        }
+    }
+
+    fn plan_rename(&self, from: &str, to: &str, replace: bool) -> Result<Plan, Refused> {
+        if from == to {
+            return Ok(Plan::Nothing);
+        }
+        if to.starts_with(&format!("{}/", from.trim_end_matches('/'))) {
+            return Err(refused(
+                ErrorCode::BadRequest,
+                format!("cannot move {from} into itself"),
+            ));
+        }
+        match self.known(to) {
+            Known::Record(r) if is_live(r) => match r.entry {
+                RecordEntry::Dir { .. } => {
+                    return Err(refused(
+                        ErrorCode::BadRequest,
+                        format!("{to}: is a directory"),
+                    ))
+                }
+                _ if !replace => {
+                    return Err(refused(ErrorCode::Exists, format!("{to}: already exists")))
+                }
+                _ => {}
+            },
+            Known::Implied => {
+                return Err(refused(
+                    ErrorCode::BadRequest,
+                    format!("{to}: is a directory"),
+                ))
+            }
+            _ => {}
+        }
+        match self.known(from) {
+            Known::Record(r) => match &r.entry {
+                RecordEntry::File {
+                    version_tag,
+                    size,
+                    mtime_ns,
+                    state,
+                    transient,
+                    ..
+                } => {
+                    if *state == RecordState::Clean {
+                        return Ok(Plan::CopyInStore {
+                            from: from.into(),
+                            to: to.into(),
+                        });
+                    }
+                    let moved = RecordEntry::File {
+                        version_tag: version_tag.clone(),
+                        size: *size,
+                        mtime_ns: *mtime_ns,
+                        // A sealed version is closed for good.
+                        state: match state {
+                            RecordState::Sealed => RecordState::Final,
+                            s => *s,
+                        },
+                        store_tag: String::new(),
+                        transient: *transient,
+                    };
+                    Ok(Plan::Records(vec![
+                        unstamped(to, moved),
+                        unstamped(
+                            from,
+                            RecordEntry::Deleted {
+                                prev_tag: version_tag.clone(),
+                                pending: !*transient,
+                            },
+                        ),
+                    ]))
+                }
+                RecordEntry::Dir { .. } => Err(refused(
+                    ErrorCode::BadRequest,
+                    format!("{from}: renaming directories is not supported"),
+                )),
+                RecordEntry::Deleted { .. } => Err(refused(
+                    ErrorCode::NotFound,
+                    format!("{from}: no such file"),
+                )),
+            },
+            Known::Implied => Err(refused(
+                ErrorCode::BadRequest,
+                format!("{from}: renaming directories is not supported"),
+            )),
+            // Maybe an object of the store: the caller finds out.
+            Known::Unknown => Ok(Plan::CopyInStore {
+                from: from.into(),
+                to: to.into(),
+            }),
+        }
+    }
+
+    /// The records of a rename whose source the store held (a flushed file, or an object
+    /// never written through the cluster), after the store copied it to `to`: `to` becomes a
+    /// clean file at the copy's store version `store_tag` (`size` bytes), keeping the version
+    /// of a flushed file (so its cached pages) or taking `fresh_tag` for an object of the store;
+    /// `from` is deleted, in the store too once the flusher gets to it.
+    pub fn plan_store_rename(
+        &self,
+        from: &str,
+        to: &str,
+        store_tag: &str,
+        (size, mtime_ns): (u64, i64),
+        fresh_tag: &str,
+    ) -> Vec<FileRecord> {
+        let (version_tag, transient) = match self.known(from) {
+            Known::Record(FileRecord {
+                entry:
+                    RecordEntry::File {
+                        version_tag,
+                        transient,
+                        ..
+                    },
+                ..
+            }) => (version_tag.clone(), *transient),
+            _ => (fresh_tag.to_string(), false),
+        };
+        vec![
+            unstamped(
+                to,
+                RecordEntry::File {
+                    version_tag: version_tag.clone(),
+                    size,
+                    mtime_ns,
+                    state: RecordState::Clean,
+                    store_tag: store_tag.to_string(),
+                    transient,
+                },
+            ),
+            unstamped(
+                from,
+                RecordEntry::Deleted {
+                    prev_tag: version_tag,
+                    pending: true,
+                },
+            ),
+        ]
+    }
+
+    fn plan_delete(&self, path: &str, dir: bool) -> Result<Plan, Refused> {
+        match self.known(path) {
+            Known::Record(r) => match (&r.entry, dir) {
+                (RecordEntry::File { .. }, true) => Err(refused(
+                    ErrorCode::BadRequest,
+                    format!("{path}: not a directory"),
+                )),
+                (RecordEntry::Dir { .. }, false) => Err(refused(
+                    ErrorCode::BadRequest,
+                    format!("{path}: is a directory"),
+                )),
+                (RecordEntry::Deleted { .. }, _) => Err(refused(
+                    ErrorCode::NotFound,
+                    format!("{path}: no such file or directory"),
+                )),
+                (RecordEntry::File {
+                    version_tag,
+                    transient,
+                    ..
+                }, false) => Ok(Plan::Records(vec![unstamped(
+                    path,
+                    RecordEntry::Deleted {
+                        prev_tag: version_tag.clone(),
+                        pending: !*transient,
+                    },
+                )])),
+                (RecordEntry::Dir { .. }, true) => {
+                    if self.has_children(path) {
+                        return Err(refused(
+                            ErrorCode::NotEmpty,
+                            format!("{path}: directory not empty"),
+                        ));
+                    }
+                    Ok(Plan::Records(vec![unstamped(
+                        path,
+                        RecordEntry::Deleted {
+                            prev_tag: String::new(),
+                            pending: false,
+                        },
+                    )]))
+                }
+            },
+            Known::Implied if dir => Err(refused(
+                ErrorCode::NotEmpty,
+                format!("{path}: directory not empty"),
+            )),
+            Known::Implied => Err(refused(
+                ErrorCode::BadRequest,
+                format!("{path}: is a directory"),
+            )),
+            // An object (or directory) of the store, or nothing: the caller checks the store;
+            // a file's deletion is recorded and applied to the store by the flusher.
+            Known::Unknown => Ok(Plan::Records(vec![unstamped(
+                path,
+                RecordEntry::Deleted {
+                    prev_tag: String::new(),
+                    pending: !dir,
+                },
+            )])),
+        }
+    }
+
+    /// The records after `after` in path order, at most `max`, and whether more follow.
+    pub fn after(&self, after: &str, max: usize) -> (Vec<FileRecord>, bool) {
+        use std::ops::Bound;
+        let mut it = self
+            .by_path
+            .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(_, r)| r.clone());
+        let out: Vec<FileRecord> = it.by_ref().take(max).collect();
+        let more = it.next().is_some();
+        (out, more)
+    }
+
+    /// The work of a flusher: the records that the under storage lacks, in the order of their
+    /// last change. A file whose writer holds it open is included once its last change is at
+    /// least `lease_ms` old at `now_ms` (its writer went silent: seal it first).
+    pub fn flushable(&self, now_ms: u64, lease_ms: u64) -> Vec<&FileRecord> {
+        let mut v: Vec<&FileRecord> = self
+            .by_path
+            .values()
+            .filter(|r| match &r.entry {
+                RecordEntry::File {
+                    state, transient, ..
+                } => {
+                    !transient
+                        && match state {
+                            RecordState::Final | RecordState::Sealed => true,
+                            RecordState::Open => now_ms.saturating_sub(hlc_ms(r.hlc)) >= lease_ms,
+                            RecordState::Clean => false,
+                        }
+                }
+                RecordEntry::Deleted { pending, .. } => *pending,
+                RecordEntry::Dir { .. } => false,
+            })
+            .collect();
+        v.sort_by_key(|r| r.hlc);
+        v
+    }
+
+    /// What waits to reach the under storage under `prefix` (a file or a directory), at
+    /// `now_ms`. The counters of flushes are the caller's.
+    pub fn summary(&self, prefix: &str, now_ms: u64) -> WriteBackSummary {
+        let dir = format!("{}/", prefix.trim_end_matches('/'));
+        let mut s = WriteBackSummary::default();
+        let under = |p: &str| p == prefix || p.starts_with(&dir) || prefix == "/";
+        let mut oldest: Option<u64> = None;
+        for r in self.by_path.values().filter(|r| under(&r.path)) {
+            match &r.entry {
+                RecordEntry::File {
+                    state,
+                    transient: false,
+                    size,
+                    ..
+                } if *state != RecordState::Clean => {
+                    s.files_dirty += 1;
+                    s.bytes_dirty += size;
+                    oldest = Some(oldest.map_or(hlc_ms(r.hlc), |o| o.min(hlc_ms(r.hlc))));
+                }
+                RecordEntry::Deleted { pending: true, .. } => {
+                    s.deletes_pending += 1;
+                    oldest = Some(oldest.map_or(hlc_ms(r.hlc), |o| o.min(hlc_ms(r.hlc))));
+                }
+                _ => {}
+            }
+        }
+        s.oldest_dirty_ms = oldest.map_or(0, |o| now_ms.saturating_sub(o).max(1));
+        s
+    }
+
+    /// Forgets what no longer needs remembering at `now_ms`: deletions the store has applied,
+    /// older than `keep_ms` (every node forgets them by the same rule). Returns how many.
+    pub fn forget_old(&mut self, now_ms: u64, keep_ms: u64) -> usize {
+        let old: Vec<String> = self
+            .by_path
+            .values()
+            .filter(|r| {
+                matches!(r.entry, RecordEntry::Deleted { pending: false, .. })
+                    && now_ms.saturating_sub(hlc_ms(r.hlc)) >= keep_ms
+            })
+            .map(|r| r.path.clone())
+            .collect();
+        for p in &old {
+            if let Some(r) = self.by_path.remove(p) {
+                self.unindex(&r);
+            }
+        }
+        old.len()
+    }
+
+    /// Takes in a peer's records (`theirs`): those that rank higher than ours. Returns them.
+    pub fn merge(&mut self, theirs: Vec<FileRecord>) -> Vec<FileRecord> {
+        let mut taken = Vec::new();
+        for r in theirs {
+            if self.apply(r.clone()) {
+                taken.push(r);
+            }
+        }
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests;
