@@ -98,11 +98,12 @@ pub enum Error {
     /// needs (the message names both).
     #[error("refused: {0}")]
     Forbidden(String),
-    /// The path exists already (a directory made twice, a rename without replace).
-    #[error("{0}: already exists")]
+    /// The path exists already (a directory made twice, a rename without replace); the text
+    /// names it.
+    #[error("{0}")]
     Exists(String),
-    /// The directory is not empty.
-    #[error("{0}: directory not empty")]
+    /// The directory is not empty; the text names it.
+    #[error("{0}")]
     NotEmpty(String),
     /// The cluster cannot take the data: its dirty limit or its cache is full, and waiting for
     /// flushes did not make room in time.

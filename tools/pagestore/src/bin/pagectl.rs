@@ -122,6 +122,66 @@ enum Command {
         path: String,
     },
 
+    /// Write a local file (or - for standard input) to PATH
+    ///
+    /// Writes a local file (or - for standard input) to PATH. On a write=back or
+    /// write=transient mount it goes through the cluster (acknowledged once durable on the
+    /// write replicas, flushed later); on a write=through mount to the under storage, with the
+    /// store's credentials on this machine.
+    Put {
+        /// The local file, or - for standard input
+        #[arg(value_name = "LOCAL")]
+        local: PathBuf,
+        /// Where in the namespace
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// Delete a file (write=back and write=transient mounts, or through with credentials)
+    Rm {
+        /// The file
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// Rename a file within a write=back or write=transient mount
+    Mv {
+        /// The file
+        #[arg(value_name = "FROM")]
+        from: String,
+        /// Its new path (replaced if it exists)
+        #[arg(value_name = "TO")]
+        to: String,
+    },
+
+    /// Make a directory in a write=back or write=transient mount
+    Mkdir {
+        /// The directory
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// Remove an empty directory of a write=back or write=transient mount
+    Rmdir {
+        /// The directory
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// Wait until everything written under PATH is in the under storage
+    ///
+    /// Waits until every file written through the cluster under PATH (a file or a directory)
+    /// is flushed to the under storage, and every deletion applied there, printing progress;
+    /// exits 0 then. Exits 1 with the last flush error if nothing flushes for --timeout.
+    Sync {
+        /// A file or directory
+        #[arg(value_name = "PATH", default_value = "/")]
+        path: String,
+        /// Give up after this many seconds without progress (default 600)
+        #[arg(long = "give-up", value_name = "SECS", default_value_t = 600.0)]
+        give_up: f64,
+    },
+
     /// (etcd) Live members and ring slots, and the ring mode
     Members,
 
@@ -131,7 +191,7 @@ enum Command {
         action: NodeCommand,
     },
 
-    /// (etcd) The mount table: mount ls, mount set /PREFIX URL, mount rm /PREFIX
+    /// The mount table: mount ls (any cluster), mount set /PREFIX URL, mount rm /PREFIX (etcd)
     Mount {
         #[command(subcommand)]
         action: Option<MountCommand>,
@@ -252,10 +312,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
+    let listing_mounts = matches!(
+        command,
+        Command::Mount {
+            action: None | Some(MountCommand::Ls)
+        }
+    );
     if matches!(
         command,
         Command::Members | Command::Node { .. } | Command::Mount { .. }
-    ) {
+    ) && !(listing_mounts && !pagestore_client::etcd::is_etcd_url(&cluster.cluster()))
+    {
         let opts = cluster.etcd_options()?.unwrap_or_default();
         return runtime.block_on(etcd_command(&cluster.cluster(), &opts, &command));
     }
@@ -293,11 +360,21 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 load(&client, manifest, prefix, &load_opts).await
             }
             Command::Jobs => jobs(&client).await,
-            Command::Members
-            | Command::Node { .. }
-            | Command::Mount { .. }
-            | Command::CaInit { .. }
-            | Command::Cert { .. } => Ok(()),
+            Command::Put { local, path } => put(&client, &local, &path).await,
+            Command::Rm { path } => Ok(client.delete(&path).await?),
+            Command::Mv { from, to } => Ok(client.rename(&from, &to, true).await?),
+            Command::Mkdir { path } => Ok(client.make_dir(&path).await?),
+            Command::Rmdir { path } => Ok(client.remove_dir(&path).await?),
+            Command::Sync { path, give_up } => {
+                sync(&client, &path, Duration::from_secs_f64(give_up.max(0.0))).await
+            }
+            Command::Mount { .. } => {
+                mount_ls(&client);
+                Ok(())
+            }
+            Command::Members | Command::Node { .. } | Command::CaInit { .. } | Command::Cert { .. } => {
+                Ok(())
+            }
         }
     })
 }
@@ -765,7 +842,11 @@ async fn etcd_command(
                 } else {
                     "  (credentials stored in etcd: set it again without them)"
                 };
-                println!("{prefix} <- {}{warn}", pagestore_client::ufs::redact(url));
+                println!(
+                    "{prefix} <- {}  write={}{warn}",
+                    pagestore_client::ufs::redact(url),
+                    policy_of(url)
+                );
             }
             Ok(())
         }
@@ -940,6 +1021,74 @@ async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A mount URL's write policy, for people (an unknown value shown as it is refused).
+fn policy_of(url: &str) -> String {
+    match pagestore_protocol::writeback::WritePolicy::of_url(url) {
+        Ok(p) => p.to_string(),
+        Err(e) => format!("? ({e})"),
+    }
+}
+
+/// `pagectl mount ls` without etcd: the table the cluster serves.
+fn mount_ls(client: &Client) {
+    for m in client.mounts() {
+        let prefix = if m.prefix.is_empty() { "/" } else { &m.prefix };
+        println!("{prefix} <- {}  write={}", m.url, policy_of(&m.url));
+    }
+}
+
+/// `pagectl put LOCAL PATH`.
+async fn put(client: &Arc<Client>, local: &std::path::Path, path: &str) -> anyhow::Result<()> {
+    let data = if local == std::path::Path::new("-") {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+        v
+    } else {
+        std::fs::read(local).with_context(|| local.display().to_string())?
+    };
+    let info = client.put(path, data.into()).await?;
+    println!(
+        "{path}: {} bytes, version {} ({})",
+        info.size,
+        info.version,
+        describe_state(info.state)
+    );
+    Ok(())
+}
+
+/// `pagectl sync PATH`: waits until nothing under PATH waits for the under storage.
+async fn sync(client: &Client, path: &str, give_up: Duration) -> anyhow::Result<()> {
+    let mut last_change = std::time::Instant::now();
+    let mut last: Option<(u64, u64)> = None;
+    loop {
+        let s = client.write_back_state(path).await?;
+        let now = (s.files_dirty, s.deletes_pending);
+        if now == (0, 0) {
+            println!("{path}: everything written is in the under storage");
+            return Ok(());
+        }
+        if last != Some(now) {
+            println!(
+                "{path}: {} file(s), {} bytes waiting; {} deletion(s) pending; oldest change                  {:.1} s ago",
+                s.files_dirty,
+                s.bytes_dirty,
+                s.deletes_pending,
+                s.oldest_dirty_ms as f64 / 1e3
+            );
+            last = Some(now);
+            last_change = std::time::Instant::now();
+        } else if last_change.elapsed() >= give_up {
+            let why = if s.last_error.is_empty() {
+                "no flush progress".to_string()
+            } else {
+                s.last_error
+            };
+            anyhow::bail!("{path}: still {} file(s) not flushed after {give_up:?}: {why}", s.files_dirty);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// What a file's state means, for people.

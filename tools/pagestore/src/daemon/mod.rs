@@ -341,6 +341,7 @@ impl Daemon {
             writeback_settings(&c),
             source.clone(),
             ring.nodes().count(),
+            rt.handle().clone(),
         )?;
         let overlay = Arc::new(WbSource::new(source.clone(), wb.clone()));
         let options = node_options(&c, me.id, server, &ring, overlay, wb.clone(), &rt);

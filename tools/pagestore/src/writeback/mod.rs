@@ -156,6 +156,8 @@ pub struct WriteBackNode {
     last_error: Mutex<String>,
     stats: FlushStats,
     wake: tokio::sync::Notify,
+    /// Where this node's futures run (the shards call in from their own threads).
+    runtime: tokio::runtime::Handle,
 }
 
 fn refused(r: Refused) -> SourceError {
@@ -174,6 +176,7 @@ impl WriteBackNode {
         settings: WriteBackSettings,
         ufs: Arc<UfsSource>,
         initial_nodes: usize,
+        runtime: tokio::runtime::Handle,
     ) -> Result<Arc<WriteBackNode>, WriteBackError> {
         let (journal, kept) = Journal::open(dir).map_err(|source| WriteBackError::Journal {
             dir: dir.to_path_buf(),
@@ -205,6 +208,7 @@ impl WriteBackNode {
             last_error: Mutex::new(String::new()),
             stats: FlushStats::default(),
             wake: tokio::sync::Notify::new(),
+            runtime,
         }))
     }
 
@@ -1072,21 +1076,11 @@ impl WriteBack for WriteBackNode {
     }
 
     fn change(&self, op: ChangeOp) -> SourceFuture<u64> {
-        let Some(me) = self.self_arc() else {
-            return Box::pin(async {
-                Err(SourceError::new(ErrorCode::Unavailable, "the node is stopping"))
-            });
-        };
-        Box::pin(async move { me.plan_and_commit(op).await })
+        self.on_runtime(move |me| async move { me.plan_and_commit(op).await })
     }
 
     fn replicate(&self, records: Vec<FileRecord>) -> SourceFuture<u64> {
-        let Some(me) = self.self_arc() else {
-            return Box::pin(async {
-                Err(SourceError::new(ErrorCode::Unavailable, "the node is stopping"))
-            });
-        };
-        Box::pin(async move {
+        self.on_runtime(move |me| async move {
             let top = records.iter().map(|r| r.hlc).max().unwrap_or(0);
             me.keep(records, true).await?;
             Ok(top)
@@ -1107,7 +1101,23 @@ impl WriteBack for WriteBackNode {
 }
 
 impl WriteBackNode {
-    fn self_arc(&self) -> Option<Arc<WriteBackNode>> {
-        self.this.upgrade()
+    /// Runs `work` on this node's tokio runtime (whatever thread calls: a shard's executor is
+    /// not a tokio runtime) and gives its answer.
+    fn on_runtime<F, Fut>(&self, work: F) -> SourceFuture<u64>
+    where
+        F: FnOnce(Arc<WriteBackNode>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<u64, SourceError>> + Send + 'static,
+    {
+        let Some(me) = self.this.upgrade() else {
+            return Box::pin(async {
+                Err(SourceError::new(ErrorCode::Unavailable, "the node is stopping"))
+            });
+        };
+        let task = self.runtime.spawn(work(me));
+        Box::pin(async move {
+            task.await.map_err(|e| {
+                SourceError::new(ErrorCode::Internal, format!("write-back task failed: {e}"))
+            })?
+        })
     }
 }

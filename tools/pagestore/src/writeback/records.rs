@@ -91,11 +91,12 @@ pub struct Applied {
 #[derive(Default, Debug)]
 pub struct Records {
     by_path: BTreeMap<String, FileRecord>,
-    /// File id of each live file record's version -> its path.
-    by_file: HashMap<u128, String>,
-    /// File id of each deleted record's version -> its path (a version deleted while open takes
-    /// no more pages).
-    deleted: HashMap<u128, String>,
+    /// File id of each live file record's version -> its paths (one, except while a node
+    /// takes the records of a rename in another order than they were made).
+    by_file: HashMap<u128, Vec<String>>,
+    /// File id of each deleted record's version -> its paths (a version deleted while open
+    /// takes no more pages).
+    deleted: HashMap<u128, Vec<String>>,
     /// Directory -> live records (files and directories) beneath it at any depth.
     implied: BTreeMap<String, u32>,
     /// Bytes the records take in their encoded form, roughly (for compaction).
@@ -117,6 +118,22 @@ fn approx_len(r: &FileRecord) -> usize {
             RecordEntry::Dir { .. } => 0,
             RecordEntry::Deleted { prev_tag, .. } => prev_tag.len(),
         }
+}
+
+fn multi_insert(m: &mut HashMap<u128, Vec<String>>, id: u128, path: &str) {
+    let v = m.entry(id).or_default();
+    if !v.iter().any(|p| p == path) {
+        v.push(path.to_string());
+    }
+}
+
+fn multi_remove(m: &mut HashMap<u128, Vec<String>>, id: u128, path: &str) {
+    if let Some(v) = m.get_mut(&id) {
+        v.retain(|p| p != path);
+        if v.is_empty() {
+            m.remove(&id);
+        }
+    }
 }
 
 /// The ancestors of an absolute path, nearest first, "/" last.
@@ -222,10 +239,10 @@ impl Records {
         self.approx_bytes += approx_len(r);
         match &r.entry {
             RecordEntry::File { version_tag, .. } => {
-                self.by_file.insert(version_id(version_tag), r.path.clone());
+                multi_insert(&mut self.by_file, version_id(version_tag), &r.path);
             }
             RecordEntry::Deleted { prev_tag, .. } if !prev_tag.is_empty() => {
-                self.deleted.insert(version_id(prev_tag), r.path.clone());
+                multi_insert(&mut self.deleted, version_id(prev_tag), &r.path);
             }
             _ => {}
         }
@@ -240,16 +257,10 @@ impl Records {
         self.approx_bytes = self.approx_bytes.saturating_sub(approx_len(r));
         match &r.entry {
             RecordEntry::File { version_tag, .. } => {
-                let id = version_id(version_tag);
-                if self.by_file.get(&id) == Some(&r.path) {
-                    self.by_file.remove(&id);
-                }
+                multi_remove(&mut self.by_file, version_id(version_tag), &r.path);
             }
             RecordEntry::Deleted { prev_tag, .. } if !prev_tag.is_empty() => {
-                let id = version_id(prev_tag);
-                if self.deleted.get(&id) == Some(&r.path) {
-                    self.deleted.remove(&id);
-                }
+                multi_remove(&mut self.deleted, version_id(prev_tag), &r.path);
             }
             _ => {}
         }
@@ -282,9 +293,14 @@ impl Records {
         }
     }
 
-    /// The live file record holding write-back version `file_id`, if any.
+    /// The live file record holding write-back version `file_id`, if any (of two, the later:
+    /// a rename's new path).
     pub fn by_file(&self, file_id: u128) -> Option<&FileRecord> {
-        self.by_file.get(&file_id).and_then(|p| self.by_path.get(p))
+        self.by_file
+            .get(&file_id)?
+            .iter()
+            .filter_map(|p| self.by_path.get(p))
+            .max_by_key(|r| r.order())
     }
 
     /// Whether pages of version `file_id` may still be written: its record is open, or it has

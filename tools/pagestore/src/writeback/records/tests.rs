@@ -1,1 +1,477 @@
-//! Tests of the record table.
+//! Tests of the record table: the plans of every change, and a property test that nodes which
+//! take the same records in any order, any number of times, end with the same table.
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use pagestore_protocol::writeback::new_tag;
+use proptest::prelude::*;
+
+fn tag(n: u128) -> String {
+    new_tag(n)
+}
+
+/// Stamps planned records as node `origin`'s change at `hlc`.
+fn stamp(mut v: Vec<FileRecord>, hlc: u64, origin: u128) -> Vec<FileRecord> {
+    for r in &mut v {
+        r.hlc = hlc;
+        r.origin = FileId::from_u128(origin);
+    }
+    v
+}
+
+/// Plans `op` and applies its records (stamped at `hlc`), as a sequencer does.
+fn change(t: &mut Records, op: ChangeOp, hlc: u64) -> Result<Applied, Refused> {
+    match t.plan(&op, false)? {
+        Plan::Records(v) => Ok(t.apply_batch(stamp(v, hlc, 1))),
+        Plan::Nothing => Ok(Applied::default()),
+        Plan::CopyInStore { .. } => panic!("{op:?} needs the store"),
+    }
+}
+
+fn commit(path: &str, t: u128, size: u64, last: bool) -> ChangeOp {
+    ChangeOp::Commit {
+        path: path.into(),
+        version_tag: tag(t),
+        size,
+        mtime_ns: 7,
+        last,
+    }
+}
+
+fn state_of(t: &Records, path: &str) -> Option<(String, RecordState, u64)> {
+    match &t.get(path)?.entry {
+        RecordEntry::File {
+            version_tag,
+            state,
+            size,
+            ..
+        } => Some((version_tag.clone(), *state, *size)),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_commit_makes_the_file_and_its_directories_and_the_last_one_closes_it() {
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/a/b/f", 1, 0, false), 1 << 16).unwrap();
+    assert_eq!(
+        state_of(&t, "/ck/a/b/f"),
+        Some((tag(1), RecordState::Open, 0))
+    );
+    assert_eq!(t.known("/ck/a/b"), Known::Implied);
+    assert_eq!(t.known("/ck/a"), Known::Implied);
+    assert_eq!(t.known("/ck/x"), Known::Unknown);
+    assert!(t.takes_pages(version_id(&tag(1))));
+    // A later commit of the same version grows it; the last one closes it.
+    change(&mut t, commit("/ck/a/b/f", 1, 10, false), 2 << 16).unwrap();
+    change(&mut t, commit("/ck/a/b/f", 1, 20, true), 3 << 16).unwrap();
+    assert_eq!(
+        state_of(&t, "/ck/a/b/f"),
+        Some((tag(1), RecordState::Final, 20))
+    );
+    assert!(!t.takes_pages(version_id(&tag(1))));
+    // A repeated last commit (a retry) changes nothing; another commit is refused.
+    assert_eq!(t.plan(&commit("/ck/a/b/f", 1, 20, true), false), Ok(Plan::Nothing));
+    let e = t.plan(&commit("/ck/a/b/f", 1, 30, false), false).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Changed);
+    // The directories list what is beneath them.
+    let (recs, implied) = t.children("/ck");
+    assert!(recs.is_empty());
+    assert_eq!(implied, vec!["a"]);
+    let (recs, _) = t.children("/ck/a/b");
+    assert_eq!(recs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec!["f"]);
+    // A version that is not a write-back version is refused.
+    let bad = ChangeOp::Commit {
+        path: "/ck/g".into(),
+        version_tag: "etag".into(),
+        size: 1,
+        mtime_ns: 0,
+        last: true,
+    };
+    assert_eq!(t.plan(&bad, false).unwrap_err().code, ErrorCode::BadRequest);
+}
+
+#[test]
+fn a_rename_moves_the_version_and_keeps_its_pages() {
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/.tmp", 1, 100, true), 1 << 16).unwrap();
+    change(&mut t, commit("/ck/model", 2, 50, true), 2 << 16).unwrap();
+    // Without replace an existing target is refused.
+    let no = ChangeOp::Rename {
+        from: "/ck/.tmp".into(),
+        to: "/ck/model".into(),
+        replace: false,
+    };
+    assert_eq!(t.plan(&no, false).unwrap_err().code, ErrorCode::Exists);
+    let yes = ChangeOp::Rename {
+        from: "/ck/.tmp".into(),
+        to: "/ck/model".into(),
+        replace: true,
+    };
+    let applied = change(&mut t, yes, 3 << 16).unwrap();
+    assert_eq!(
+        state_of(&t, "/ck/model"),
+        Some((tag(1), RecordState::Final, 100))
+    );
+    assert!(matches!(
+        t.get("/ck/.tmp").unwrap().entry,
+        RecordEntry::Deleted { pending: true, .. }
+    ));
+    // The renamed version is still held (its pages stay); the replaced one is gone.
+    assert_eq!(applied.gone, vec![version_id(&tag(2))]);
+    assert_eq!(t.by_file(version_id(&tag(1))).unwrap().path, "/ck/model");
+    // A rename into itself, of a directory, or of nothing known is not a records-only rename.
+    change(&mut t, ChangeOp::MakeDir { path: "/ck/d".into(), mtime_ns: 0 }, 4 << 16).unwrap();
+    let into_itself = ChangeOp::Rename {
+        from: "/ck/d".into(),
+        to: "/ck/d/x".into(),
+        replace: false,
+    };
+    assert_eq!(t.plan(&into_itself, false).unwrap_err().code, ErrorCode::BadRequest);
+    let dir = ChangeOp::Rename {
+        from: "/ck/d".into(),
+        to: "/ck/e".into(),
+        replace: false,
+    };
+    assert_eq!(t.plan(&dir, false).unwrap_err().code, ErrorCode::BadRequest);
+    let unknown = ChangeOp::Rename {
+        from: "/ck/store-object".into(),
+        to: "/ck/y".into(),
+        replace: false,
+    };
+    assert!(matches!(t.plan(&unknown, false), Ok(Plan::CopyInStore { .. })));
+}
+
+#[test]
+fn a_flushed_file_is_renamed_by_a_copy_in_the_store() {
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/a", 1, 10, true), 1 << 16).unwrap();
+    let mut clean = t.get("/ck/a").unwrap().clone();
+    if let RecordEntry::File {
+        state, store_tag, ..
+    } = &mut clean.entry
+    {
+        *state = RecordState::Clean;
+        *store_tag = "s1".into();
+    }
+    let applied = t.apply_batch(vec![clean]);
+    assert_eq!(applied.cleaned, vec![version_id(&tag(1))]);
+    let op = ChangeOp::Rename {
+        from: "/ck/a".into(),
+        to: "/ck/b".into(),
+        replace: false,
+    };
+    assert_eq!(
+        t.plan(&op, false),
+        Ok(Plan::CopyInStore {
+            from: "/ck/a".into(),
+            to: "/ck/b".into()
+        })
+    );
+    let recs = t.plan_store_rename("/ck/a", "/ck/b", "s2", (10, 8), &tag(9));
+    t.apply_batch(stamp(recs, 2 << 16, 1));
+    let b = t.get("/ck/b").unwrap();
+    assert!(matches!(
+        &b.entry,
+        RecordEntry::File { version_tag, state: RecordState::Clean, store_tag, .. }
+            if *version_tag == tag(1) && store_tag == "s2"
+    ));
+    // An object of the store renamed: a clean file of the fresh version at the copy.
+    let recs = t.plan_store_rename("/ck/obj", "/ck/obj2", "s3", (5, 9), &tag(9));
+    t.apply_batch(stamp(recs, 3 << 16, 1));
+    assert_eq!(
+        state_of(&t, "/ck/obj2"),
+        Some((tag(9), RecordState::Clean, 5))
+    );
+    assert!(matches!(
+        t.get("/ck/obj").unwrap().entry,
+        RecordEntry::Deleted { pending: true, .. }
+    ));
+}
+
+#[test]
+fn deletes_and_directories() {
+    let mut t = Records::new();
+    change(&mut t, ChangeOp::MakeDir { path: "/ck/d".into(), mtime_ns: 1 }, 1 << 16).unwrap();
+    let again = ChangeOp::MakeDir {
+        path: "/ck/d".into(),
+        mtime_ns: 2,
+    };
+    assert_eq!(t.plan(&again, false).unwrap_err().code, ErrorCode::Exists);
+    change(&mut t, commit("/ck/d/f", 1, 3, true), 2 << 16).unwrap();
+    let rmdir = ChangeOp::Delete {
+        path: "/ck/d".into(),
+        dir: true,
+    };
+    assert_eq!(t.plan(&rmdir, false).unwrap_err().code, ErrorCode::NotEmpty);
+    let unlink_dir = ChangeOp::Delete {
+        path: "/ck/d".into(),
+        dir: false,
+    };
+    assert_eq!(t.plan(&unlink_dir, false).unwrap_err().code, ErrorCode::BadRequest);
+    let rmdir_file = ChangeOp::Delete {
+        path: "/ck/d/f".into(),
+        dir: true,
+    };
+    assert_eq!(t.plan(&rmdir_file, false).unwrap_err().code, ErrorCode::BadRequest);
+    let applied = change(
+        &mut t,
+        ChangeOp::Delete {
+            path: "/ck/d/f".into(),
+            dir: false,
+        },
+        3 << 16,
+    )
+    .unwrap();
+    assert_eq!(applied.gone, vec![version_id(&tag(1))]);
+    // Deleted while open: later commits of the version change nothing, and it takes no pages.
+    assert_eq!(t.plan(&commit("/ck/d/f", 1, 9, true), false), Ok(Plan::Nothing));
+    assert!(!t.takes_pages(version_id(&tag(1))));
+    // The directory is empty now: it goes; a second time it is not found.
+    change(&mut t, rmdir.clone(), 4 << 16).unwrap();
+    assert!(matches!(t.known("/ck/d"), Known::Record(r) if matches!(r.entry, RecordEntry::Deleted { .. })));
+    assert_eq!(t.plan(&rmdir, false).unwrap_err().code, ErrorCode::NotFound);
+    // A commit over a directory is refused.
+    change(&mut t, ChangeOp::MakeDir { path: "/ck/e".into(), mtime_ns: 1 }, 5 << 16).unwrap();
+    assert_eq!(
+        t.plan(&commit("/ck/e", 2, 1, true), false).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
+    // Deleting what the records do not know is recorded (the store is the caller's to check).
+    assert!(matches!(
+        t.plan(&ChangeOp::Delete { path: "/ck/stored".into(), dir: false }, false),
+        Ok(Plan::Records(v)) if matches!(v[0].entry, RecordEntry::Deleted { pending: true, .. })
+    ));
+}
+
+#[test]
+fn flushable_records_come_oldest_first_and_silent_writers_after_the_lease() {
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/open", 1, 1, false), 10_000 << 16).unwrap();
+    change(&mut t, commit("/ck/closed", 2, 1, true), 11_000 << 16).unwrap();
+    change(&mut t, commit("/ck/early", 3, 1, true), 9_000 << 16).unwrap();
+    let paths = |now: u64| {
+        t.flushable(now, 5_000)
+            .iter()
+            .map(|r| r.path.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(paths(12_000), vec!["/ck/early", "/ck/closed"]);
+    // The open file's writer has been silent for the lease.
+    assert_eq!(paths(15_000), vec!["/ck/early", "/ck/open", "/ck/closed"]);
+    // Transient files are never flushed.
+    let mut u = Records::new();
+    if let Plan::Records(v) = u.plan(&commit("/tmp/x", 4, 1, true), true).unwrap() {
+        u.apply_batch(stamp(v, 1 << 16, 1));
+    }
+    assert!(u.flushable(u64::MAX >> 20, 0).is_empty());
+    let s = t.summary("/ck", 12_000);
+    assert_eq!((s.files_dirty, s.bytes_dirty), (3, 3));
+    assert_eq!(s.oldest_dirty_ms, 3_000);
+    assert_eq!(t.summary("/other", 12_000).files_dirty, 0);
+}
+
+#[test]
+fn pulls_page_through_the_records_in_path_order() {
+    let mut t = Records::new();
+    for i in 0..25u128 {
+        change(&mut t, commit(&format!("/ck/f{i:02}"), i, 1, true), (i as u64 + 1) << 16).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (page, more) = t.after(&after, 10);
+        seen.extend(page.iter().map(|r| r.path.clone()));
+        match page.last() {
+            Some(r) if more => after = r.path.clone(),
+            _ => break,
+        }
+    }
+    let want: Vec<String> = (0..25).map(|i| format!("/ck/f{i:02}")).collect();
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/f", 1, 1, true), 1_000 << 16).unwrap();
+    change(
+        &mut t,
+        ChangeOp::Delete {
+            path: "/ck/f".into(),
+            dir: false,
+        },
+        2_000 << 16,
+    )
+    .unwrap();
+    // Pending in the store: kept however old.
+    assert_eq!(t.forget_old(1_000_000, 10), 0);
+    let mut done = t.get("/ck/f").unwrap().clone();
+    done.entry = RecordEntry::Deleted {
+        prev_tag: tag(1),
+        pending: false,
+    };
+    t.apply(done);
+    assert_eq!(t.forget_old(2_005, 10), 0);
+    assert_eq!(t.forget_old(2_010, 10), 1);
+    assert!(t.is_empty());
+    assert_eq!(t.known("/ck"), Known::Unknown);
+}
+
+// -- convergence --------------------------------------------------------------------------
+
+const PATHS: [&str; 5] = ["/m/a", "/m/b", "/m/d/c", "/m/d", "/m/e"];
+
+#[derive(Clone, Debug)]
+enum Step {
+    Commit(usize, u128, bool),
+    Rename(usize, usize),
+    Delete(usize, bool),
+    MakeDir(usize),
+    Clean(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0..PATHS.len(), 0u128..4, any::<bool>()).prop_map(|(p, t, l)| Step::Commit(p, t, l)),
+        (0..PATHS.len(), 0..PATHS.len()).prop_map(|(a, b)| Step::Rename(a, b)),
+        (0..PATHS.len(), any::<bool>()).prop_map(|(p, d)| Step::Delete(p, d)),
+        (0..PATHS.len()).prop_map(Step::MakeDir),
+        (0..PATHS.len()).prop_map(Step::Clean),
+    ]
+}
+
+/// Runs `steps` as changes on a sequencer table, returning every batch it made.
+fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
+    let mut t = Records::new();
+    let mut batches = Vec::new();
+    for (i, s) in steps.iter().enumerate() {
+        let hlc = (i as u64 + 1) << 16;
+        let op = match s {
+            Step::Commit(p, v, last) => commit(PATHS[*p], *v, *v as u64, *last),
+            Step::Rename(a, b) => ChangeOp::Rename {
+                from: PATHS[*a].into(),
+                to: PATHS[*b].into(),
+                replace: true,
+            },
+            Step::Delete(p, dir) => ChangeOp::Delete {
+                path: PATHS[*p].into(),
+                dir: *dir,
+            },
+            Step::MakeDir(p) => ChangeOp::MakeDir {
+                path: PATHS[*p].into(),
+                mtime_ns: 0,
+            },
+            Step::Clean(p) => {
+                let Some(r) = t.get(PATHS[*p]).cloned() else {
+                    continue;
+                };
+                let RecordEntry::File {
+                    version_tag,
+                    size,
+                    mtime_ns,
+                    transient,
+                    state: RecordState::Final | RecordState::Sealed,
+                    ..
+                } = r.entry
+                else {
+                    continue;
+                };
+                // A flush keeps the change's identity.
+                let clean = FileRecord {
+                    entry: RecordEntry::File {
+                        version_tag,
+                        size,
+                        mtime_ns,
+                        state: RecordState::Clean,
+                        store_tag: format!("s{i}"),
+                        transient,
+                    },
+                    ..r
+                };
+                t.apply_batch(vec![clean.clone()]);
+                batches.push(vec![clean]);
+                continue;
+            }
+        };
+        if let Ok(Plan::Records(v)) = t.plan(&op, false) {
+            let v = stamp(v, hlc, (i % 3) as u128);
+            t.apply_batch(v.clone());
+            batches.push(v);
+        }
+        check_indexes(&t);
+    }
+    (t, batches)
+}
+
+/// The derived indexes equal a recount of the records.
+fn check_indexes(t: &Records) {
+    let mut implied: BTreeMap<String, u32> = BTreeMap::new();
+    let mut by_file: HashMap<u128, Vec<String>> = HashMap::new();
+    for r in t.iter() {
+        if let RecordEntry::File { version_tag, .. } = &r.entry {
+            by_file
+                .entry(version_id(version_tag))
+                .or_default()
+                .push(r.path.clone());
+        }
+        if is_live(r) {
+            for a in ancestors(&r.path) {
+                *implied.entry(a.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    assert_eq!(t.implied, implied, "implied directories");
+    assert_eq!(t.by_file.len(), by_file.len(), "version index");
+    for (id, paths) in &mut by_file {
+        let mut got = t.by_file.get(id).cloned().unwrap_or_default();
+        got.sort();
+        paths.sort();
+        assert_eq!(&got, paths, "version index");
+    }
+}
+
+fn table_of(t: &Records) -> Vec<FileRecord> {
+    t.iter().cloned().collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// A node that takes the same records in another order, or twice, or in pieces, ends
+    /// with the sequencer's table.
+    #[test]
+    fn replicas_converge_whatever_the_order(
+        steps in proptest::collection::vec(step(), 1..40),
+        seed in any::<u64>(),
+    ) {
+        let (t, batches) = history(&steps);
+        let mut records: Vec<FileRecord> = batches.iter().flatten().cloned().collect();
+        // Shuffle deterministically.
+        let mut x = seed | 1;
+        for i in (1..records.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            records.swap(i, (x as usize) % (i + 1));
+        }
+        let mut u = Records::new();
+        for r in records.iter().chain(records.iter().take(records.len() / 2)) {
+            u.apply(r.clone());
+        }
+        prop_assert_eq!(table_of(&u), table_of(&t));
+        check_indexes(&u);
+        // Pulling in pages gives the same table again.
+        let mut w = Records::new();
+        let mut after = String::new();
+        loop {
+            let (page, more) = t.after(&after, 2);
+            w.merge(page.clone());
+            match page.last() {
+                Some(r) if more => after = r.path.clone(),
+                _ => break,
+            }
+        }
+        prop_assert_eq!(table_of(&w), table_of(&t));
+    }
+}
