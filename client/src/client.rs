@@ -388,8 +388,8 @@ pub struct LoadOutcome {
 pub(crate) enum Attempt<T> {
     /// An answer (data or a definite error such as NotFound).
     Answer(Result<T, Error>),
-    /// The member could not answer; try elsewhere.
-    Failed,
+    /// The member could not answer; try elsewhere. Why, for messages.
+    Failed(String),
 }
 
 impl Client {
@@ -807,7 +807,7 @@ impl Client {
         payload: &[u8],
     ) -> Attempt<(ResponseBody, Bytes)> {
         if !self.usable(addr) {
-            return Attempt::Failed;
+            return Attempt::Failed(format!("{addr} is backed off after failures"));
         }
         let req = Request {
             request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -821,13 +821,13 @@ impl Client {
                 // Its connection may lead to a process that is gone: connect afresh next time.
                 self.pool.forget(addr);
                 self.failed(addr, &why);
-                return Attempt::Failed;
+                return Attempt::Failed(format!("{addr}: {why}"));
             }
         };
         match reply {
             Err(e) => {
                 self.failed(addr, &e.to_string());
-                Attempt::Failed
+                Attempt::Failed(format!("{addr}: {e}"))
             }
             Ok((resp, payload)) => {
                 // Any answer means the member is alive.
@@ -857,7 +857,7 @@ impl Client {
                         // try elsewhere without marking it dead.
                         _ => {
                             tracing::debug!(%addr, ?code, message, "member could not serve");
-                            Attempt::Failed
+                            Attempt::Failed(format!("{addr}: {message}"))
                         }
                     },
                     // Our ring disagrees with the member's: serve elsewhere this time.
@@ -866,7 +866,7 @@ impl Client {
                         if let Some(wake) = &self.refresh {
                             wake.notify_one();
                         }
-                        Attempt::Failed
+                        Attempt::Failed(format!("{addr} does not own the request's key"))
                     }
                     _ => Attempt::Answer(Ok((resp.body, payload))),
                 }
@@ -885,9 +885,7 @@ impl Client {
     ) -> Result<(ResponseBody, Bytes), Error> {
         match self.ask_with(addr, body, payload).await {
             Attempt::Answer(r) => r,
-            Attempt::Failed => Err(Error::unavailable(format!(
-                "member {addr} did not answer (or could not serve the request)"
-            ))),
+            Attempt::Failed(why) => Err(Error::unavailable(why)),
         }
     }
 
@@ -1023,7 +1021,7 @@ impl Client {
                             return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                         }
                     },
-                    Attempt::Failed => break,
+                    Attempt::Failed(_) => break,
                 }
             }
         }
@@ -1111,7 +1109,7 @@ impl Client {
                     );
                     return Ok(payload);
                 }
-                Attempt::Failed => {
+                Attempt::Failed(_) => {
                     if !self.options.fallback {
                         return Err(Error::unavailable(format!(
                             "member {addr} could not serve page {page} of {} and fallback is off",
@@ -1235,7 +1233,7 @@ impl Client {
                     return Err(Error::unavailable(format!("{addr} answered {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed => {
+                Attempt::Failed(_) => {
                     return Err(Error::unavailable(format!(
                         "member {addr} could not load pages of {}",
                         info.path

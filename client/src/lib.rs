@@ -26,5 +26,5 @@ pub use client::{
     BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };
 pub use handle::FileHandle;
-pub use writer::{WriteOptions, Writer};
 pub use pagestore_protocol::frame::{JobRecord, JobState, ShardCounters};
+pub use writer::{WriteOptions, Writer};

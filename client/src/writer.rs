@@ -148,7 +148,11 @@ impl Client {
 
     /// Writes `data` as the whole file at `path` of a `back` or `transient` mount, visible at
     /// once and complete (as an S3 PUT is). Returns what a stat now answers.
-    pub async fn write_file(self: &Arc<Self>, path: &str, data: Bytes) -> Result<ObjectInfo, Error> {
+    pub async fn write_file(
+        self: &Arc<Self>,
+        path: &str,
+        data: Bytes,
+    ) -> Result<ObjectInfo, Error> {
         let mut w = self.create(path, WriteOptions::default()).await?;
         w.write_at(0, &data).await?;
         w.close().await
@@ -178,6 +182,7 @@ impl Client {
             .filter(|m| !layout.down.contains(&m.node))
             .filter_map(|m| layout.membership.addr_of(m))
             .collect();
+        let mut why = Vec::new();
         for addr in members {
             match self
                 .ask_with(addr, RequestBody::Change { op: op.clone() }, &[])
@@ -188,11 +193,12 @@ impl Client {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed => {}
+                Attempt::Failed(w) => why.push(w),
             }
         }
         Err(Error::unavailable(format!(
-            "{path}: no member took the change"
+            "{path}: no member took the change ({})",
+            why.join("; ")
         )))
     }
 
@@ -273,12 +279,14 @@ impl Client {
                 prefix: prefix.into(),
             };
             match self.ask_with(addr, body, &[]).await {
-                Attempt::Answer(Ok((ResponseBody::WriteBack { summary }, _))) => return Ok(summary),
+                Attempt::Answer(Ok((ResponseBody::WriteBack { summary }, _))) => {
+                    return Ok(summary)
+                }
                 Attempt::Answer(Ok((other, _))) => {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed => {}
+                Attempt::Failed(_) => {}
             }
         }
         Err(Error::unavailable(format!("{prefix}: no member answered")))
@@ -350,9 +358,9 @@ impl Client {
                 }
                 // Full, a closed version, a refusal: the same on every member.
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed => {
+                Attempt::Failed(why) => {
                     last_err = Some(Error::unavailable(format!(
-                        "write member {addr} did not take page {page}"
+                        "write member {addr} did not take page {page}: {why}"
                     )))
                 }
             }
@@ -405,10 +413,7 @@ impl Writer {
     async fn copy_from(&mut self, base: &ObjectInfo) -> Result<(), Error> {
         let ps = self.page_size;
         for page in 0..base.size.div_ceil(ps) {
-            let bytes = self
-                .client
-                .read_page(base, page, 0, ps as u32)
-                .await?;
+            let bytes = self.client.read_page(base, page, 0, ps as u32).await?;
             self.write_at(page * ps, &bytes).await?;
         }
         self.size = base.size;
@@ -522,7 +527,13 @@ impl Writer {
             for p in beyond {
                 self.open.remove(&p);
             }
-            for p in self.sending.keys().copied().filter(|&p| p >= keep).collect::<Vec<_>>() {
+            for p in self
+                .sending
+                .keys()
+                .copied()
+                .filter(|&p| p >= keep)
+                .collect::<Vec<_>>()
+            {
                 self.wait_sent(p).await?;
             }
             self.sent.retain(|&p, _| p < keep);

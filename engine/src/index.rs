@@ -1172,7 +1172,11 @@ impl Index {
         assert_eq!(self.policy.len(), tracked);
         assert_eq!(self.bytes, bytes);
         assert_eq!(self.pinned_pages, held);
-        assert_eq!((self.dirty_pages, self.dirty_bytes), dirty, "dirty accounting");
+        assert_eq!(
+            (self.dirty_pages, self.dirty_bytes),
+            dirty,
+            "dirty accounting"
+        );
         assert_eq!(self.dirty_by_file, dirty_by_file, "dirty pages by file");
         self.rule_lists.check();
         for (r, st) in self.rules.iter().enumerate() {

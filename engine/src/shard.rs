@@ -229,8 +229,7 @@ impl Shard {
                 };
                 let pinned = h.flags & FLAG_PINNED != 0;
                 let dirty = h.flags & FLAG_DIRTY != 0;
-                if let Some(loser) = index.restore_with(*slot, h.key, meta, pinned, dirty, h.rule)
-                {
+                if let Some(loser) = index.restore_with(*slot, h.key, meta, pinned, dirty, h.rule) {
                     losers.push(loser);
                 }
             }
@@ -811,9 +810,7 @@ impl Shard {
             let mut index = self.index.borrow_mut();
             let keys: Vec<PageKey> = index
                 .file_keys(file_id)
-                .filter(|k| {
-                    dirty_too || index.lookup(k).is_none_or(|s| !index.slot(s).dirty)
-                })
+                .filter(|k| dirty_too || index.lookup(k).is_none_or(|s| !index.slot(s).dirty))
                 .collect();
             keys.iter().map(|k| index.remove(k)).collect()
         };
@@ -853,7 +850,11 @@ impl Shard {
             if let crate::format::HeaderState::Valid(mut hdr) =
                 SlotHeader::decode(local, g.page_size, h)
             {
-                hdr.flags = if on { hdr.flags | flag } else { hdr.flags & !flag };
+                hdr.flags = if on {
+                    hdr.flags | flag
+                } else {
+                    hdr.flags & !flag
+                };
                 hdr.encode(local, h);
             }
         });

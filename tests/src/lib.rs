@@ -54,6 +54,17 @@ impl S3Server {
     /// Serves `root` (which must exist) as S3; buckets are its subdirectories. Requests must be
     /// signed (SigV4) with `access_key` and `secret_key`; the region is not checked.
     pub fn start(root: &Path, access_key: &str, secret_key: &str) -> io::Result<S3Server> {
+        S3Server::start_at(root, access_key, secret_key, 0)
+    }
+
+    /// [`S3Server::start`] on port `port` of `127.0.0.1` (0: any free one): a server stopped
+    /// and started again on its old port, for tests of a store that goes away and comes back.
+    pub fn start_at(
+        root: &Path,
+        access_key: &str,
+        secret_key: &str,
+        port: u16,
+    ) -> io::Result<S3Server> {
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| {
             io::Error::other(format!(
                 "s3 test server: cannot serve {}: {e:?}",
@@ -67,7 +78,7 @@ impl S3Server {
         };
         // Bind here, before the thread exists, so that a failure reaches the caller and the
         // port accepts connections (into its backlog) as soon as `start` returns.
-        let listener = StdTcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let listener = StdTcpListener::bind((Ipv4Addr::LOCALHOST, port))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -695,7 +695,8 @@ impl MountTable {
 
     /// How the mount of `path` takes writes (`through` for a path no mount holds).
     pub fn write_policy(&self, path: &str) -> WritePolicy {
-        self.resolve(path).map_or(WritePolicy::Through, |(m, _)| m.write)
+        self.resolve(path)
+            .map_or(WritePolicy::Through, |(m, _)| m.write)
     }
 
     /// The logical prefix of the mount holding `path` ("" for the root mount).

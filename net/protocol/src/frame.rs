@@ -1478,7 +1478,9 @@ impl Request {
                         bounded_str("Rename from", from, MAX_PATH_LEN)?;
                         bounded_str("Rename to", to, MAX_PATH_LEN)?;
                     }
-                    ChangeOp::Delete { path, .. } => bounded_str("Delete path", path, MAX_PATH_LEN)?,
+                    ChangeOp::Delete { path, .. } => {
+                        bounded_str("Delete path", path, MAX_PATH_LEN)?
+                    }
                     ChangeOp::MakeDir { path, .. } => {
                         bounded_str("MakeDir path", path, MAX_PATH_LEN)?
                     }

@@ -196,10 +196,8 @@ pub trait WriteBack: Send + Sync + 'static {
     /// write replicas hold it.
     fn change(&self, op: crate::frame::ChangeOp) -> crate::source::SourceFuture<u64>;
     /// Records another node made: applied and kept durably; the answer is the largest position.
-    fn replicate(
-        &self,
-        records: Vec<crate::frame::FileRecord>,
-    ) -> crate::source::SourceFuture<u64>;
+    fn replicate(&self, records: Vec<crate::frame::FileRecord>)
+        -> crate::source::SourceFuture<u64>;
     /// The records whose paths sort after `after`, in path order, as many as one answer holds,
     /// and whether more follow.
     fn pull(&self, after: &str) -> (Vec<crate::frame::FileRecord>, bool);

@@ -244,9 +244,9 @@ fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
         | RequestBody::Change { .. } => Role::Writer,
         // What nodes tell each other: the namespace records and what to do with a version's
         // pages.
-        RequestBody::Replicate | RequestBody::PullRecords { .. } | RequestBody::FilePages { .. } => {
-            Role::Node
-        }
+        RequestBody::Replicate
+        | RequestBody::PullRecords { .. }
+        | RequestBody::FilePages { .. } => Role::Node,
         // Reading the job records is open; adding one is a change others see.
         RequestBody::Jobs if !payload.is_empty() => Role::Writer,
         RequestBody::RemoveFile { .. } => Role::Admin,

@@ -23,8 +23,8 @@ use pagestore_client::pool::Pool;
 use pagestore_engine::{PageKey, ShardHandle};
 use pagestore_protocol::{
     frame::{
-        self, DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, NodeEntry, PathKind, Request,
-        RequestBody, ResponseBody,
+        self, DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, NodeEntry, PathKind,
+        Request, RequestBody, ResponseBody,
     },
     ring::{self, MemberId, Ring, RingConfig},
     source::{page_version, Source, SourceError, SourceFuture},

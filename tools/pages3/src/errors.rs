@@ -63,10 +63,9 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
             S3ErrorCode::PreconditionFailed,
             format!("{p}: already exists"),
         ),
-        ClientError::NotEmpty(p) => S3Error::with_message(
-            S3ErrorCode::InvalidRequest,
-            format!("{p}: not empty"),
-        ),
+        ClientError::NotEmpty(p) => {
+            S3Error::with_message(S3ErrorCode::InvalidRequest, format!("{p}: not empty"))
+        }
         e @ ClientError::NoSpace(_) => {
             let id = incident();
             tracing::warn!(error = %e, incident = %id, "the cluster cannot take the write now");

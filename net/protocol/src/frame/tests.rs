@@ -1986,20 +1986,18 @@ fn arb_response() -> impl Strategy<Value = Response> {
             arb_file_state(),
             arb_string(40)
         )
-            .prop_map(
-                |(size, version_tag, file_id, mtime_ns, state, store_tag)| {
-                    ResponseBody::PathInfo {
-                        kind: PathKind::File {
-                            size,
-                            version_tag,
-                            file_id,
-                            mtime_ns,
-                            state,
-                            store_tag,
-                        },
-                    }
+            .prop_map(|(size, version_tag, file_id, mtime_ns, state, store_tag)| {
+                ResponseBody::PathInfo {
+                    kind: PathKind::File {
+                        size,
+                        version_tag,
+                        file_id,
+                        mtime_ns,
+                        state,
+                        store_tag,
+                    },
                 }
-            ),
+            }),
         Just(ResponseBody::PathInfo {
             kind: PathKind::Dir
         }),
@@ -2055,11 +2053,8 @@ fn arb_response() -> impl Strategy<Value = Response> {
         Just(ResponseBody::Counters),
         any::<u64>().prop_map(|hlc| ResponseBody::Applied { hlc }),
         any::<bool>().prop_map(|more| ResponseBody::Records { more }),
-        (
-            proptest::collection::vec(any::<u64>(), 7),
-            arb_string(200)
-        )
-            .prop_map(|(n, last_error)| ResponseBody::WriteBack {
+        (proptest::collection::vec(any::<u64>(), 7), arb_string(200)).prop_map(
+            |(n, last_error)| ResponseBody::WriteBack {
                 summary: WriteBackSummary {
                     files_dirty: n[0],
                     bytes_dirty: n[1],
@@ -2070,7 +2065,8 @@ fn arb_response() -> impl Strategy<Value = Response> {
                     bytes_flushed: n[6],
                     last_error,
                 },
-            }),
+            }
+        ),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
 }
@@ -2675,7 +2671,6 @@ proptest! {
     }
 }
 
-
 // -- write-back records ---------------------------------------------------
 
 fn sample_file_records() -> Vec<FileRecord> {
@@ -2742,7 +2737,11 @@ fn file_records_round_trip_at_any_alignment() {
     // The largest batch with the longest paths and tags fits the payload limit.
     let largest = vec![records[3].clone(); MAX_RECORD_BATCH];
     let bytes = encode_file_records(&largest).unwrap();
-    assert!(bytes.len() <= MAX_RECORDS_PAYLOAD as usize, "{}", bytes.len());
+    assert!(
+        bytes.len() <= MAX_RECORDS_PAYLOAD as usize,
+        "{}",
+        bytes.len()
+    );
 }
 
 #[test]

@@ -372,9 +372,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 mount_ls(&client);
                 Ok(())
             }
-            Command::Members | Command::Node { .. } | Command::CaInit { .. } | Command::Cert { .. } => {
-                Ok(())
-            }
+            Command::Members
+            | Command::Node { .. }
+            | Command::CaInit { .. }
+            | Command::Cert { .. } => Ok(()),
         }
     })
 }
@@ -1085,7 +1086,10 @@ async fn sync(client: &Client, path: &str, give_up: Duration) -> anyhow::Result<
             } else {
                 s.last_error
             };
-            anyhow::bail!("{path}: still {} file(s) not flushed after {give_up:?}: {why}", s.files_dirty);
+            anyhow::bail!(
+                "{path}: still {} file(s) not flushed after {give_up:?}: {why}",
+                s.files_dirty
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

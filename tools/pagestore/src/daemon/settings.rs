@@ -379,7 +379,11 @@ impl Settings {
         let write_lease = match self.write_lease {
             None => Duration::from_secs(120),
             Some(v) if (5.0..=86400.0).contains(&v) => Duration::from_secs_f64(v),
-            Some(v) => return Err(invalid(format!("--write-lease {v}: use 5 to 86400 seconds"))),
+            Some(v) => {
+                return Err(invalid(format!(
+                    "--write-lease {v}: use 5 to 86400 seconds"
+                )))
+            }
         };
         let write_replicas = match self.write_replicas {
             None => 2,

@@ -3,7 +3,7 @@
 //! ("The write-back journal") has the layout.
 //!
 //! ```text
-//! file:  "PSWJ" | u32 version (1) | entry* 
+//! file:  "PSWJ" | u32 version (1) | entry*
 //! entry: u32 len | u32 crc32(bytes) | bytes (one FileRecord archived, frame::encode_file_record)
 //! ```
 //!
@@ -59,11 +59,7 @@ impl Journal {
         let mut data = Vec::new();
         file.read_to_end(&mut data)?;
         if data.is_empty() {
-            let mut j = Journal {
-                path,
-                file,
-                len: 0,
-            };
+            let mut j = Journal { path, file, len: 0 };
             j.write_head()?;
             return Ok((j, Vec::new()));
         }
@@ -114,7 +110,10 @@ impl Journal {
         for r in records {
             encode_entry(r, &mut buf).map_err(|e| bad(&self.path, e))?;
         }
-        let r = self.file.write_all(&buf).and_then(|_| self.file.sync_data());
+        let r = self
+            .file
+            .write_all(&buf)
+            .and_then(|_| self.file.sync_data());
         match r {
             Ok(()) => {
                 self.len += buf.len() as u64;
@@ -292,7 +291,10 @@ mod tests {
         let path = dir.path().join("records.log");
         std::fs::write(&path, b"something else entirely").unwrap();
         let e = Journal::open(dir.path()).err().unwrap();
-        assert!(e.to_string().contains("not a pagestore write-back journal"), "{e}");
+        assert!(
+            e.to_string().contains("not a pagestore write-back journal"),
+            "{e}"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), b"something else entirely");
     }
 }

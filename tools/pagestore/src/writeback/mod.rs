@@ -45,6 +45,9 @@ use pagestore_server::node::Node;
 use journal::Journal;
 use records::{version_id, Applied, Plan, Records, Refused};
 
+/// The longest pause between two flush attempts of one file (they start at 1 s and double).
+pub const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(10);
+
 /// Settings of a node's write-back side.
 #[derive(Clone, Debug)]
 pub struct WriteBackSettings {
@@ -189,7 +192,10 @@ impl WriteBackNode {
             table.apply(r);
         }
         if !table.is_empty() {
-            tracing::info!(records = table.len(), "write-back records restored from the journal");
+            tracing::info!(
+                records = table.len(),
+                "write-back records restored from the journal"
+            );
         }
         Ok(Arc::new_cyclic(|this| WriteBackNode {
             this: this.clone(),
@@ -229,7 +235,11 @@ impl WriteBackNode {
     /// Starts the background work once the node serves: connects to the peers (this node's own
     /// endpoint is the seed), pulls their records, then flushes, reconciles and keeps in step.
     /// `client` is this node's client of the cluster (its own certificate).
-    pub fn run(self: &Arc<Self>, node: &Arc<Node>, client: Arc<Client>) -> Vec<tokio::task::JoinHandle<()>> {
+    pub fn run(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        client: Arc<Client>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         let _ = self.node.set(Arc::downgrade(node));
         let _ = self.peers.set(client);
         let mut tasks = Vec::new();
@@ -264,8 +274,9 @@ impl WriteBackNode {
     }
 
     fn nodes(&self) -> usize {
-        self.peers()
-            .map_or(self.initial_nodes, |c| c.membership().nodes().count().max(1))
+        self.peers().map_or(self.initial_nodes, |c| {
+            c.membership().nodes().count().max(1)
+        })
     }
 
     fn replicas(&self) -> usize {
@@ -486,8 +497,9 @@ impl WriteBackNode {
             }
         };
         match op {
+            // Writes go on while the store is down: these checks are made when it answers.
             ChangeOp::Commit { path, .. } if unknown(path) => {
-                if let Some(PathKind::Dir) = stat(path.clone()).await? {
+                if let Ok(Some(PathKind::Dir)) = stat(path.clone()).await {
                     return Err(SourceError::new(
                         ErrorCode::BadRequest,
                         format!("{path}: is a directory"),
@@ -495,41 +507,43 @@ impl WriteBackNode {
                 }
             }
             ChangeOp::MakeDir { path, .. } if unknown(path) => {
-                if stat(path.clone()).await?.is_some() {
+                if let Ok(Some(_)) = stat(path.clone()).await {
                     return Err(SourceError::new(
                         ErrorCode::Exists,
                         format!("{path}: already exists"),
                     ));
                 }
             }
-            ChangeOp::Delete { path, dir } if unknown(path) => match (stat(path.clone()).await?, dir) {
-                (None, _) => {
-                    return Err(SourceError::new(
-                        ErrorCode::NotFound,
-                        format!("{path}: no such file or directory"),
-                    ))
+            ChangeOp::Delete { path, dir } if unknown(path) => {
+                match (stat(path.clone()).await?, dir) {
+                    (None, _) => {
+                        return Err(SourceError::new(
+                            ErrorCode::NotFound,
+                            format!("{path}: no such file or directory"),
+                        ))
+                    }
+                    (Some(PathKind::Dir), false) => {
+                        return Err(SourceError::new(
+                            ErrorCode::BadRequest,
+                            format!("{path}: is a directory"),
+                        ))
+                    }
+                    (Some(PathKind::File { .. }), true) => {
+                        return Err(SourceError::new(
+                            ErrorCode::BadRequest,
+                            format!("{path}: not a directory"),
+                        ))
+                    }
+                    // A directory of the store holds an object (it would not exist otherwise).
+                    (Some(PathKind::Dir), true) => {
+                        return Err(SourceError::new(
+                            ErrorCode::NotEmpty,
+                            format!("{path}: directory not empty"),
+                        ))
+                    }
+                    (Some(PathKind::File { .. }), false) => {}
                 }
-                (Some(PathKind::Dir), false) => {
-                    return Err(SourceError::new(
-                        ErrorCode::BadRequest,
-                        format!("{path}: is a directory"),
-                    ))
-                }
-                (Some(PathKind::File { .. }), true) => {
-                    return Err(SourceError::new(
-                        ErrorCode::BadRequest,
-                        format!("{path}: not a directory"),
-                    ))
-                }
-                // A directory of the store holds an object (it would not exist otherwise).
-                (Some(PathKind::Dir), true) => {
-                    return Err(SourceError::new(
-                        ErrorCode::NotEmpty,
-                        format!("{path}: directory not empty"),
-                    ))
-                }
-                (Some(PathKind::File { .. }), false) => {}
-            },
+            }
             ChangeOp::Delete { path, dir: true } => {
                 // A directory made through the cluster: the store may hold objects beneath it
                 // that no record deletes.
@@ -661,7 +675,9 @@ impl WriteBackNode {
             }
             {
                 let b = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
-                if b.get(&rec.path).is_some_and(|(until, _)| Instant::now() < *until) {
+                if b.get(&rec.path)
+                    .is_some_and(|(until, _)| Instant::now() < *until)
+                {
                     continue;
                 }
             }
@@ -692,9 +708,9 @@ impl WriteBackNode {
                     }
                     Err(e) => {
                         me.stats.errors.fetch_add(1, Ordering::Relaxed);
-                        let next = b
-                            .get(&path)
-                            .map_or(Duration::from_secs(1), |(_, d)| (*d * 2).min(Duration::from_secs(60)));
+                        let next = b.get(&path).map_or(Duration::from_secs(1), |(_, d)| {
+                            (*d * 2).min(MAX_FLUSH_BACKOFF)
+                        });
                         tracing::warn!(%path, error = %e, retry_in = ?next, "flush failed; the data stays on the cluster");
                         *me.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
                             format!("{path}: {e}");
@@ -820,23 +836,37 @@ impl WriteBackNode {
             let info = &info;
             async move {
                 let want = part.min(size - at);
-                let b = client
-                    .read_at(info, at, want)
-                    .await
-                    .map_err(|e| SourceError::new(ErrorCode::Unavailable, format!("reading {path} from the cluster: {e}")))?;
+                let b = client.read_at(info, at, want).await.map_err(|e| {
+                    SourceError::new(
+                        ErrorCode::Unavailable,
+                        format!("reading {path} from the cluster: {e}"),
+                    )
+                })?;
                 if b.len() as u64 != want {
                     return Err(SourceError::new(
                         ErrorCode::Internal,
-                        format!("{path}: read {} bytes at {at} from the cluster, {want} expected", b.len()),
+                        format!(
+                            "{path}: read {} bytes at {at} from the cluster, {want} expected",
+                            b.len()
+                        ),
                     ));
                 }
                 Ok::<Bytes, SourceError>(b)
             }
         };
         let written = if size <= part {
-            let data = if size == 0 { Bytes::new() } else { read(0).await? };
+            let data = if size == 0 {
+                Bytes::new()
+            } else {
+                read(0).await?
+            };
             match table
-                .put_if(path, data, object_store::PutMode::Overwrite, Default::default())
+                .put_if(
+                    path,
+                    data,
+                    object_store::PutMode::Overwrite,
+                    Default::default(),
+                )
                 .await
                 .map_err(store_error)?
             {
@@ -1028,11 +1058,7 @@ impl WriteBackNode {
             errors: g(&s.errors),
             seals: g(&s.seals),
             orphans_dropped: g(&s.orphans_dropped),
-            journal_bytes: self
-                .journal
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .len(),
+            journal_bytes: self.journal.lock().unwrap_or_else(|p| p.into_inner()).len(),
         }
     }
 
@@ -1110,7 +1136,10 @@ impl WriteBackNode {
     {
         let Some(me) = self.this.upgrade() else {
             return Box::pin(async {
-                Err(SourceError::new(ErrorCode::Unavailable, "the node is stopping"))
+                Err(SourceError::new(
+                    ErrorCode::Unavailable,
+                    "the node is stopping",
+                ))
             });
         };
         let task = self.runtime.spawn(work(me));

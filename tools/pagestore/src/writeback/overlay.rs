@@ -15,9 +15,7 @@ use std::{ops::Range, sync::Arc};
 use bytes::Bytes;
 use pagestore_mounts::ufs::UfsSource;
 use pagestore_protocol::{
-    frame::{
-        DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, RecordEntry, RecordState,
-    },
+    frame::{DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, RecordEntry, RecordState},
     ring,
     source::{Source, SourceError, SourceFuture},
     writeback::is_wb_tag,
@@ -65,7 +63,10 @@ fn file_kind(path: &str, entry: &RecordEntry) -> Option<PathKind> {
 }
 
 fn not_found(path: &str) -> SourceError {
-    SourceError::new(ErrorCode::NotFound, format!("{path}: no such file or directory"))
+    SourceError::new(
+        ErrorCode::NotFound,
+        format!("{path}: no such file or directory"),
+    )
 }
 
 impl Source for WbSource {
@@ -121,11 +122,15 @@ impl Source for WbSource {
                     store_tag,
                     ..
                 } => {
-                    // The flushed object, as long as the store still holds it.
+                    // The flushed object, as long as the store still holds it (and while
+                    // the store cannot be asked).
                     match store.await {
                         Ok(PathKind::File {
                             version_tag: now, ..
                         }) if &now == store_tag => {
+                            file_kind(&path, &rec.entry).ok_or_else(|| not_found(&path))
+                        }
+                        Err(e) if e.code != ErrorCode::NotFound => {
                             file_kind(&path, &rec.entry).ok_or_else(|| not_found(&path))
                         }
                         other => other,
@@ -167,10 +172,8 @@ impl Source for WbSource {
                 Err(e) if e.code == ErrorCode::NotFound => Vec::new(),
                 Err(e) => return Err(e),
             };
-            let mut by_name: std::collections::BTreeMap<String, DirEntry> = entries
-                .drain(..)
-                .map(|e| (e.name.clone(), e))
-                .collect();
+            let mut by_name: std::collections::BTreeMap<String, DirEntry> =
+                entries.drain(..).map(|e| (e.name.clone(), e)).collect();
             for (name, entry) in records {
                 match &entry {
                     RecordEntry::File {
@@ -204,7 +207,9 @@ impl Source for WbSource {
                 }
             }
             for name in implied {
-                by_name.entry(name.clone()).or_insert_with(|| dir_entry(name));
+                by_name
+                    .entry(name.clone())
+                    .or_insert_with(|| dir_entry(name));
             }
             Ok(by_name.into_values().collect())
         })

@@ -608,11 +608,14 @@ impl Records {
                     ErrorCode::NotFound,
                     format!("{path}: no such file or directory"),
                 )),
-                (RecordEntry::File {
-                    version_tag,
-                    transient,
-                    ..
-                }, false) => Ok(Plan::Records(vec![unstamped(
+                (
+                    RecordEntry::File {
+                        version_tag,
+                        transient,
+                        ..
+                    },
+                    false,
+                ) => Ok(Plan::Records(vec![unstamped(
                     path,
                     RecordEntry::Deleted {
                         prev_tag: version_tag.clone(),

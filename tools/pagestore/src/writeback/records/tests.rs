@@ -71,8 +71,13 @@ fn a_commit_makes_the_file_and_its_directories_and_the_last_one_closes_it() {
     );
     assert!(!t.takes_pages(version_id(&tag(1))));
     // A repeated last commit (a retry) changes nothing; another commit is refused.
-    assert_eq!(t.plan(&commit("/ck/a/b/f", 1, 20, true), false), Ok(Plan::Nothing));
-    let e = t.plan(&commit("/ck/a/b/f", 1, 30, false), false).unwrap_err();
+    assert_eq!(
+        t.plan(&commit("/ck/a/b/f", 1, 20, true), false),
+        Ok(Plan::Nothing)
+    );
+    let e = t
+        .plan(&commit("/ck/a/b/f", 1, 30, false), false)
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::Changed);
     // The directories list what is beneath them.
     let (recs, implied) = t.children("/ck");
@@ -121,13 +126,24 @@ fn a_rename_moves_the_version_and_keeps_its_pages() {
     assert_eq!(applied.gone, vec![version_id(&tag(2))]);
     assert_eq!(t.by_file(version_id(&tag(1))).unwrap().path, "/ck/model");
     // A rename into itself, of a directory, or of nothing known is not a records-only rename.
-    change(&mut t, ChangeOp::MakeDir { path: "/ck/d".into(), mtime_ns: 0 }, 4 << 16).unwrap();
+    change(
+        &mut t,
+        ChangeOp::MakeDir {
+            path: "/ck/d".into(),
+            mtime_ns: 0,
+        },
+        4 << 16,
+    )
+    .unwrap();
     let into_itself = ChangeOp::Rename {
         from: "/ck/d".into(),
         to: "/ck/d/x".into(),
         replace: false,
     };
-    assert_eq!(t.plan(&into_itself, false).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(
+        t.plan(&into_itself, false).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
     let dir = ChangeOp::Rename {
         from: "/ck/d".into(),
         to: "/ck/e".into(),
@@ -139,7 +155,10 @@ fn a_rename_moves_the_version_and_keeps_its_pages() {
         to: "/ck/y".into(),
         replace: false,
     };
-    assert!(matches!(t.plan(&unknown, false), Ok(Plan::CopyInStore { .. })));
+    assert!(matches!(
+        t.plan(&unknown, false),
+        Ok(Plan::CopyInStore { .. })
+    ));
 }
 
 #[test]
@@ -192,7 +211,15 @@ fn a_flushed_file_is_renamed_by_a_copy_in_the_store() {
 #[test]
 fn deletes_and_directories() {
     let mut t = Records::new();
-    change(&mut t, ChangeOp::MakeDir { path: "/ck/d".into(), mtime_ns: 1 }, 1 << 16).unwrap();
+    change(
+        &mut t,
+        ChangeOp::MakeDir {
+            path: "/ck/d".into(),
+            mtime_ns: 1,
+        },
+        1 << 16,
+    )
+    .unwrap();
     let again = ChangeOp::MakeDir {
         path: "/ck/d".into(),
         mtime_ns: 2,
@@ -208,12 +235,18 @@ fn deletes_and_directories() {
         path: "/ck/d".into(),
         dir: false,
     };
-    assert_eq!(t.plan(&unlink_dir, false).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(
+        t.plan(&unlink_dir, false).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
     let rmdir_file = ChangeOp::Delete {
         path: "/ck/d/f".into(),
         dir: true,
     };
-    assert_eq!(t.plan(&rmdir_file, false).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(
+        t.plan(&rmdir_file, false).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
     let applied = change(
         &mut t,
         ChangeOp::Delete {
@@ -225,16 +258,31 @@ fn deletes_and_directories() {
     .unwrap();
     assert_eq!(applied.gone, vec![version_id(&tag(1))]);
     // Deleted while open: later commits of the version change nothing, and it takes no pages.
-    assert_eq!(t.plan(&commit("/ck/d/f", 1, 9, true), false), Ok(Plan::Nothing));
+    assert_eq!(
+        t.plan(&commit("/ck/d/f", 1, 9, true), false),
+        Ok(Plan::Nothing)
+    );
     assert!(!t.takes_pages(version_id(&tag(1))));
     // The directory is empty now: it goes; a second time it is not found.
     change(&mut t, rmdir.clone(), 4 << 16).unwrap();
-    assert!(matches!(t.known("/ck/d"), Known::Record(r) if matches!(r.entry, RecordEntry::Deleted { .. })));
+    assert!(
+        matches!(t.known("/ck/d"), Known::Record(r) if matches!(r.entry, RecordEntry::Deleted { .. }))
+    );
     assert_eq!(t.plan(&rmdir, false).unwrap_err().code, ErrorCode::NotFound);
     // A commit over a directory is refused.
-    change(&mut t, ChangeOp::MakeDir { path: "/ck/e".into(), mtime_ns: 1 }, 5 << 16).unwrap();
+    change(
+        &mut t,
+        ChangeOp::MakeDir {
+            path: "/ck/e".into(),
+            mtime_ns: 1,
+        },
+        5 << 16,
+    )
+    .unwrap();
     assert_eq!(
-        t.plan(&commit("/ck/e", 2, 1, true), false).unwrap_err().code,
+        t.plan(&commit("/ck/e", 2, 1, true), false)
+            .unwrap_err()
+            .code,
         ErrorCode::BadRequest
     );
     // Deleting what the records do not know is recorded (the store is the caller's to check).
@@ -275,7 +323,12 @@ fn flushable_records_come_oldest_first_and_silent_writers_after_the_lease() {
 fn pulls_page_through_the_records_in_path_order() {
     let mut t = Records::new();
     for i in 0..25u128 {
-        change(&mut t, commit(&format!("/ck/f{i:02}"), i, 1, true), (i as u64 + 1) << 16).unwrap();
+        change(
+            &mut t,
+            commit(&format!("/ck/f{i:02}"), i, 1, true),
+            (i as u64 + 1) << 16,
+        )
+        .unwrap();
     }
     let mut seen = Vec::new();
     let mut after = String::new();

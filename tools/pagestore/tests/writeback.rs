@@ -1,0 +1,485 @@
+//! Write-back through real `pagestored` processes: files written to a `write=back` mount are
+//! acknowledged once durable on the write replicas, read byte-exact by every client before and
+//! after they are flushed, flushed to the store with the exact bytes and the same version, and
+//! nothing acknowledged is lost when a node is SIGKILLed, restarted, or the store goes away.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use common::{bytes, Cluster};
+use pagestore_client::{Client, ClientOptions, Error, WriteOptions};
+use pagestore_protocol::{
+    frame::{FileState, PathKind},
+    node_id::format_uuid,
+    ring::path_hash,
+};
+use pagestore_testkit::S3Server;
+
+const MIB: usize = 1 << 20;
+
+/// A cluster with `/ck` a write-back mount over `store` (URL parameters `params` added) and
+/// `/data` an ordinary one.
+fn cluster(nodes: usize, extra: &[&str], params: &str) -> (Cluster, std::path::PathBuf) {
+    let (dir, mut s) = common::settings();
+    let store = dir.path().join("store");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    s.nodes = nodes;
+    s.mounts = vec![
+        format!("/ck=file://{}?write=back{params}", store.display()),
+        format!("/data=file://{}", data.display()),
+    ];
+    s.extra = extra.iter().map(|x| x.to_string()).collect();
+    (Cluster::start(dir, s), store)
+}
+
+async fn read_all(c: &Arc<Client>, path: &str) -> Vec<u8> {
+    let info = c.stat(path).await.unwrap();
+    c.read_at(&info, 0, info.size).await.unwrap().to_vec()
+}
+
+/// Waits (up to `limit`) until nothing under `prefix` waits for the store.
+async fn synced(c: &Client, prefix: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let s = c.write_back_state(prefix).await.unwrap();
+        if s.files_dirty == 0 && s.deletes_pending == 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{prefix} not flushed after {limit:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn state_of(k: &PathKind) -> FileState {
+    match k {
+        PathKind::File { state, .. } => *state,
+        PathKind::Dir => panic!("a directory"),
+    }
+}
+
+/// The index of the node that is `path`'s metadata owner (and so its flusher while alive).
+fn owner_of(c: &Cluster, client: &Client, path: &str) -> usize {
+    let owner = client
+        .membership()
+        .ring()
+        .owner_of_hash(path_hash(path))
+        .unwrap()
+        .node;
+    c.nodes
+        .iter()
+        .position(|n| n.id == format_uuid(owner))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_their_flush() {
+    let (c, store) = cluster(3, &["--write-replicas", "2"], "");
+    let writer = c.client(ClientOptions::default()).await;
+    let reader = c.client(ClientOptions::default()).await;
+    assert_eq!(writer.write_replicas(), 2);
+    let ps = MIB;
+
+    // Whole files of every awkward size, each complete and visible at close.
+    let sizes = [0, 1, ps - 1, ps, ps + 1, 3 * ps + 5];
+    for (i, &n) in sizes.iter().enumerate() {
+        let want = bytes(i as u64 + 1, n);
+        let mut w = writer
+            .create(&format!("/ck/sizes/f{i}"), WriteOptions::default())
+            .await
+            .unwrap();
+        // Odd-sized pieces, so pages are filled by several writes.
+        for (k, piece) in want.chunks(777_777).enumerate() {
+            w.write_at((k * 777_777) as u64, piece).await.unwrap();
+        }
+        let info = w.close().await.unwrap();
+        assert_eq!(info.size, n as u64);
+        assert_eq!(
+            read_all(&reader, &format!("/ck/sizes/f{i}")).await,
+            want,
+            "f{i}"
+        );
+    }
+    let listed: Vec<String> = reader
+        .list("/ck/sizes")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(
+        listed,
+        (0..sizes.len())
+            .map(|i| format!("f{i}"))
+            .collect::<Vec<_>>()
+    );
+
+    // An open file: visible at its size after each flush (fsync), not in the store while its
+    // writer holds it open; random writes, a hole, a truncation.
+    let path = "/ck/run/model.pt";
+    let mut model = bytes(99, 2 * ps + 10);
+    let mut w = writer
+        .create(
+            path,
+            WriteOptions {
+                visible_at_open: true,
+                ..WriteOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(reader.stat(path).await.unwrap().size, 0);
+    w.write_at(0, &model).await.unwrap();
+    w.flush().await.unwrap();
+    assert_eq!(read_all(&reader, path).await, model);
+    assert_eq!(
+        state_of(&reader.stat_path(path).await.unwrap()),
+        FileState::Writing
+    );
+    let patch = bytes(7, 300_000);
+    let at = ps - 100_000;
+    model[at..at + patch.len()].copy_from_slice(&patch);
+    w.write_at(at as u64, &patch).await.unwrap();
+    // Past the end: the gap reads as zeros.
+    let tail = bytes(8, 1000);
+    let end = model.len() + ps / 2;
+    model.resize(end, 0);
+    model.extend_from_slice(&tail);
+    w.write_at(end as u64, &tail).await.unwrap();
+    w.flush().await.unwrap();
+    assert_eq!(read_all(&reader, path).await, model);
+    w.set_len((2 * ps + 3) as u64).await.unwrap();
+    model.truncate(2 * ps + 3);
+    let version = w.version().to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !store.join("run/model.pt").exists(),
+        "a file its writer holds open is not flushed"
+    );
+    w.close().await.unwrap();
+    assert_eq!(read_all(&reader, path).await, model);
+
+    // Flushed: the store holds the exact bytes; readers see the same version as before.
+    synced(&reader, "/ck", Duration::from_secs(30)).await;
+    assert_eq!(std::fs::read(store.join("run/model.pt")).unwrap(), model);
+    for (i, &n) in sizes.iter().enumerate() {
+        assert_eq!(
+            std::fs::read(store.join(format!("sizes/f{i}"))).unwrap(),
+            bytes(i as u64 + 1, n)
+        );
+    }
+    let after = reader.stat_path(path).await.unwrap();
+    assert_eq!(state_of(&after), FileState::Clean);
+    assert!(matches!(&after, PathKind::File { version_tag, .. } if *version_tag == version));
+    assert_eq!(read_all(&reader, path).await, model);
+    // A fresh client reads it too (pages from the cache or, once evicted, from the store).
+    let fresh = c.client(ClientOptions::default()).await;
+    assert_eq!(read_all(&fresh, path).await, model);
+
+    // The checkpoint saver's pattern: write to a temporary name, rename over the final one.
+    let ckpt = bytes(5, 3 * ps);
+    let mut w = writer
+        .create("/ck/run/.tmp-ckpt", WriteOptions::default())
+        .await
+        .unwrap();
+    w.write_at(0, &ckpt).await.unwrap();
+    w.close().await.unwrap();
+    writer
+        .rename("/ck/run/.tmp-ckpt", "/ck/run/model.pt", true)
+        .await
+        .unwrap();
+    assert_eq!(read_all(&reader, path).await, ckpt);
+    assert!(matches!(
+        reader.stat("/ck/run/.tmp-ckpt").await,
+        Err(Error::NotFound(_))
+    ));
+    let e = writer
+        .rename("/ck/run/model.pt", "/ck/sizes/f1", false)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Exists(_)), "{e}");
+    // A flushed file renamed: copied in the store, same bytes, the old name gone everywhere.
+    synced(&reader, "/ck", Duration::from_secs(30)).await;
+    writer
+        .rename("/ck/sizes/f5", "/ck/sizes/moved", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        read_all(&reader, "/ck/sizes/moved").await,
+        bytes(6, 3 * ps + 5)
+    );
+    synced(&reader, "/ck", Duration::from_secs(30)).await;
+    assert!(!store.join("sizes/f5").exists());
+    assert_eq!(
+        std::fs::read(store.join("sizes/moved")).unwrap(),
+        bytes(6, 3 * ps + 5)
+    );
+    assert_eq!(std::fs::read(store.join("run/model.pt")).unwrap(), ckpt);
+    assert!(!store.join("run/.tmp-ckpt").exists());
+
+    // Deletion and directories.
+    writer.remove_file("/ck/sizes/f0").await.unwrap();
+    assert!(matches!(
+        reader.stat("/ck/sizes/f0").await,
+        Err(Error::NotFound(_))
+    ));
+    writer.make_dir("/ck/empty").await.unwrap();
+    assert!(matches!(
+        writer.make_dir("/ck/empty").await,
+        Err(Error::Exists(_))
+    ));
+    assert!(reader
+        .list("/ck")
+        .await
+        .unwrap()
+        .iter()
+        .any(|e| e.name == "empty" && e.is_dir));
+    assert!(matches!(
+        writer.remove_dir("/ck/sizes").await,
+        Err(Error::NotEmpty(_))
+    ));
+    writer.remove_dir("/ck/empty").await.unwrap();
+    assert!(matches!(
+        reader.stat_path("/ck/empty").await,
+        Err(Error::NotFound(_))
+    ));
+    synced(&reader, "/ck", Duration::from_secs(30)).await;
+    assert!(!store.join("sizes/f0").exists());
+
+    // A through mount takes no write-back writes; a reader certificate takes none at all.
+    assert!(matches!(
+        writer.create("/data/x", WriteOptions::default()).await,
+        Err(Error::ReadOnly(_))
+    ));
+    let no_cert = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        c.ca_dir.join("ca-cert.pem"),
+        no_cert.path().join("ca-cert.pem"),
+    )
+    .unwrap();
+    let anonymous = Client::connect(
+        &c.source(),
+        pagestore_client::tls::client_config(no_cert.path()).unwrap(),
+        None,
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let refused = anonymous.write_file("/ck/evil", vec![1u8; 10].into()).await;
+    assert!(matches!(refused, Err(Error::Forbidden(_))), "{refused:?}");
+    assert!(matches!(
+        anonymous
+            .rename("/ck/run/model.pt", "/ck/stolen", true)
+            .await,
+        Err(Error::Forbidden(_))
+    ));
+    assert_eq!(read_all(&reader, path).await, ckpt);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_loses_nothing_acknowledged_and_another_node_flushes_it() {
+    // A slow store (20 ms per request, 25 MB/s per request): flushes take seconds.
+    let (mut c, store) = cluster(
+        3,
+        &["--write-replicas", "2"],
+        "&emulate_latency_ms=20&emulate_mbps=25",
+    );
+    let writer = c.client(ClientOptions::default()).await;
+    let files: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| {
+            (
+                format!("/ck/job/part-{i}"),
+                bytes(40 + i, 24 * MIB + i as usize),
+            )
+        })
+        .collect();
+    for (p, b) in &files {
+        writer.write_file(p, b.clone().into()).await.unwrap();
+    }
+    // Every write is acknowledged; kill the node that flushes the first file, mid-flush.
+    let victim = owner_of(&c, &writer, &files[0].0);
+    c.inner.kill(victim);
+    let killed_at = Instant::now();
+
+    // Readers keep getting every acknowledged byte (pages from the surviving replicas).
+    let reader = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(2),
+            ..ClientOptions::default()
+        })
+        .await;
+    for (p, b) in &files {
+        assert_eq!(&read_all(&reader, p).await, b, "{p} after the kill");
+    }
+    // The survivors flush it all, the killed node's share too.
+    synced(&reader, "/ck", Duration::from_secs(120)).await;
+    for (p, b) in &files {
+        let rel = p.trim_start_matches("/ck/");
+        assert_eq!(
+            &std::fs::read(store.join(rel)).unwrap(),
+            b,
+            "{p} in the store"
+        );
+    }
+    eprintln!(
+        "everything flushed {:.1} s after the kill",
+        killed_at.elapsed().as_secs_f64()
+    );
+
+    // The killed node comes back, catches up with the records, and serves what it holds.
+    c.start_node(victim);
+    let again = c.client(ClientOptions::default()).await;
+    for (p, b) in &files {
+        assert_eq!(&read_all(&again, p).await, b, "{p} after the restart");
+    }
+    let addr = c.nodes[victim].base;
+    let one = Client::connect(
+        &pagestore_client::ClusterSource::Addr(addr),
+        pagestore_client::tls::client_config(&c.ca_dir).unwrap(),
+        None,
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let start = Instant::now();
+    loop {
+        let kind = one.stat_path(&files[0].0).await.unwrap();
+        if state_of(&kind) == FileState::Clean {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{kind:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_killed_before_its_flush_keeps_what_it_acknowledged() {
+    let (mut c, store) = cluster(1, &[], "&emulate_latency_ms=20&emulate_mbps=10");
+    let writer = c.client(ClientOptions::default()).await;
+    assert_eq!(writer.write_replicas(), 1);
+    let files: Vec<(String, Vec<u8>)> = (0..3)
+        .map(|i| {
+            (
+                format!("/ck/r1/f{i}"),
+                bytes(60 + i, 12 * MIB + 7 * i as usize),
+            )
+        })
+        .collect();
+    for (p, b) in &files {
+        writer.write_file(p, b.clone().into()).await.unwrap();
+    }
+    // At 10 MB/s the first flush is still running: nothing of it is in the store yet.
+    c.inner.kill(0);
+    assert!(!store.join("r1/f2").exists());
+    c.start_node(0);
+    let reader = c.client(ClientOptions::default()).await;
+    for (p, b) in &files {
+        assert_eq!(&read_all(&reader, p).await, b, "{p} after the restart");
+    }
+    synced(&reader, "/ck", Duration::from_secs(60)).await;
+    for (p, b) in &files {
+        let rel = p.trim_start_matches("/ck/");
+        assert_eq!(
+            &std::fs::read(store.join(rel)).unwrap(),
+            b,
+            "{p} in the store"
+        );
+    }
+}
+
+const KEY: &str = "wbkey";
+const SECRET: &str = "wbsecret";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_down_for_30_s_keeps_the_dirty_data_writers_wait_then_everything_flushes() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("bucket")).unwrap();
+    let s3 = S3Server::start(root.path(), KEY, SECRET).unwrap();
+    let port = s3.addr().port();
+    let (dir, mut s) = common::settings();
+    s.nodes = 1;
+    s.mounts = vec![format!(
+        "/ck=s3://bucket/ckpt?endpoint={}&access_key_id={KEY}&secret_access_key={SECRET}&write=back",
+        s3.endpoint()
+    )];
+    // A small write-back buffer: 48 MiB of dirty pages.
+    s.extra = vec!["--dirty-limit".into(), "48M".into()];
+    let c = Cluster::start(dir, s);
+    let writer = c.client(ClientOptions::default()).await;
+
+    drop(s3);
+    let down = Instant::now();
+    // Writes are acknowledged at cluster speed while the store is down.
+    let files: Vec<(String, Vec<u8>)> = (0..3)
+        .map(|i| (format!("/ck/out/f{i}"), bytes(80 + i, 10 * MIB)))
+        .collect();
+    for (p, b) in &files {
+        writer.write_file(p, b.clone().into()).await.unwrap();
+    }
+    // The flusher fails and says why; the data stays.
+    let start = Instant::now();
+    let state = loop {
+        let s = writer.write_back_state("/ck").await.unwrap();
+        if s.flush_errors > 0 && !s.last_error.is_empty() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(state.files_dirty, 3);
+    for (p, b) in &files {
+        assert_eq!(
+            &read_all(&writer, p).await,
+            b,
+            "{p} while the store is down"
+        );
+    }
+    // Beyond the dirty limit a writer waits, and is told there is no space when waiting does
+    // not make room; what was acknowledged before stays.
+    let small_wait = WriteOptions {
+        write_wait: Duration::from_secs(3),
+        ..WriteOptions::default()
+    };
+    let mut w = writer.create("/ck/out/big", small_wait).await.unwrap();
+    let big = bytes(90, 40 * MIB);
+    let mut refused = None;
+    for (k, piece) in big.chunks(MIB).enumerate() {
+        if let Err(e) = w.write_at((k * MIB) as u64, piece).await {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = match refused {
+        Some(e) => e,
+        None => w.close().await.map(|_| ()).unwrap_err(),
+    };
+    assert!(matches!(refused, Error::NoSpace(_)), "{refused}");
+    for (p, b) in &files {
+        assert_eq!(&read_all(&writer, p).await, b);
+    }
+
+    // The store comes back after 30 s on its old address: everything flushes.
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(down.elapsed())).await;
+    let _s3 = S3Server::start_at(root.path(), KEY, SECRET, port).unwrap();
+    synced(&writer, "/ck", Duration::from_secs(60)).await;
+    for (p, b) in &files {
+        let rel = p.trim_start_matches("/ck/");
+        let on_disk = std::fs::read(root.path().join("bucket/ckpt").join(rel)).unwrap();
+        assert_eq!(&on_disk, b, "{p} in the store");
+    }
+    // With room again, a write of the same size goes through.
+    writer
+        .write_file("/ck/out/after", bytes(91, 20 * MIB).into())
+        .await
+        .unwrap();
+    synced(&writer, "/ck", Duration::from_secs(60)).await;
+}
