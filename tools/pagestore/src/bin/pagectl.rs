@@ -321,7 +321,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     if matches!(
         command,
         Command::Members | Command::Node { .. } | Command::Mount { .. }
-    ) && !(listing_mounts && !pagestore_client::etcd::is_etcd_url(&cluster.cluster()))
+    ) && (!listing_mounts || pagestore_client::etcd::is_etcd_url(&cluster.cluster()))
     {
         let opts = cluster.etcd_options()?.unwrap_or_default();
         return runtime.block_on(etcd_command(&cluster.cluster(), &opts, &command));
