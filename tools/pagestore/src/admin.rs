@@ -20,6 +20,8 @@ pub struct Admin {
     pub ring: std::sync::RwLock<RingState>,
     /// The etcd connection, when membership lives in etcd.
     pub etcd: Option<Arc<pagestore_mounts::etcd::Etcd>>,
+    /// The node's write-back side.
+    pub writeback: Option<Arc<crate::writeback::WriteBackNode>>,
 }
 
 /// The membership a node serves under.
@@ -155,6 +157,7 @@ async fn snapshot(admin: &Admin, node: &Node, shards: Vec<ShardMetrics>) -> metr
             })
             .collect(),
         rules: rule_totals(node).await.unwrap_or_default(),
+        writeback: admin.writeback.as_ref().map(|w| w.metrics()),
     }
 }
 

@@ -39,6 +39,8 @@ pub struct Snapshot {
     pub jobs: Vec<(JobRecord, &'static str)>,
     /// Each cache rule with its accounting summed over the shards.
     pub rules: Vec<(Rule, RuleStats)>,
+    /// The write-back side's numbers.
+    pub writeback: Option<crate::writeback::WriteBackMetrics>,
 }
 
 /// Counter or gauge.
@@ -196,6 +198,36 @@ const PER_SHARD: &[ShardFamily] = &[
         |s| s.forbidden,
     ),
     (
+        "pagestore_shard_dirty_bytes",
+        Kind::Gauge,
+        "Bytes of dirty pages (written through the cluster, not flushed yet; never evicted).",
+        |s| s.engine.dirty_bytes,
+    ),
+    (
+        "pagestore_shard_dirty_limit_bytes",
+        Kind::Gauge,
+        "The most bytes of dirty pages the shard takes (--dirty-limit over the shards).",
+        |s| s.engine.dirty_limit,
+    ),
+    (
+        "pagestore_dirty_puts_total",
+        Kind::Counter,
+        "Dirty pages stored, each durable before it was acknowledged.",
+        |s| s.engine.dirty_puts,
+    ),
+    (
+        "pagestore_dirty_refused_total",
+        Kind::Counter,
+        "Dirty pages refused at the dirty limit (the writer waits and tries again).",
+        |s| s.engine.dirty_refused,
+    ),
+    (
+        "pagestore_dirty_syncs_total",
+        Kind::Counter,
+        "fdatasync calls that made dirty pages durable (one serves every page written before it).",
+        |s| s.engine.syncs,
+    ),
+    (
         "pagestore_connections_total",
         Kind::Counter,
         "QUIC connections accepted.",
@@ -233,6 +265,94 @@ const PER_SHARD: &[ShardFamily] = &[
         |s| s.endpoint.rejected,
     ),
 ];
+
+/// One node-wide write-back family: name, kind, help, value (label `node`).
+type WriteBackFamily = (
+    &'static str,
+    Kind,
+    &'static str,
+    fn(&crate::writeback::WriteBackMetrics) -> u64,
+);
+
+const WRITE_BACK: &[WriteBackFamily] = &[
+    (
+        "pagestore_writeback_dirty_files",
+        Kind::Gauge,
+        "Files written through the cluster and not in the under storage yet (open or closed).",
+        |w| w.summary.files_dirty,
+    ),
+    (
+        "pagestore_writeback_dirty_bytes",
+        Kind::Gauge,
+        "Bytes of those files.",
+        |w| w.summary.bytes_dirty,
+    ),
+    (
+        "pagestore_writeback_deletes_pending",
+        Kind::Gauge,
+        "Deletions and renames not applied to the under storage yet.",
+        |w| w.summary.deletes_pending,
+    ),
+    (
+        "pagestore_writeback_flushing",
+        Kind::Gauge,
+        "Files this node is flushing now.",
+        |w| w.summary.files_flushing,
+    ),
+    (
+        "pagestore_writeback_records",
+        Kind::Gauge,
+        "Write-back records this node keeps (files, directories, deletions).",
+        |w| w.records,
+    ),
+    (
+        "pagestore_writeback_journal_bytes",
+        Kind::Gauge,
+        "Bytes of the write-back journal.",
+        |w| w.journal_bytes,
+    ),
+    (
+        "pagestore_writeback_flushed_files_total",
+        Kind::Counter,
+        "Files this node flushed to the under storage.",
+        |w| w.flushed_files,
+    ),
+    (
+        "pagestore_writeback_flushed_bytes_total",
+        Kind::Counter,
+        "Bytes this node flushed to the under storage.",
+        |w| w.flushed_bytes,
+    ),
+    (
+        "pagestore_writeback_deletes_applied_total",
+        Kind::Counter,
+        "Deletions this node applied to the under storage.",
+        |w| w.deletes,
+    ),
+    (
+        "pagestore_writeback_flush_errors_total",
+        Kind::Counter,
+        "Flush attempts that failed (each is retried, 1 s doubling to 10 s).",
+        |w| w.errors,
+    ),
+    (
+        "pagestore_writeback_seals_total",
+        Kind::Counter,
+        "Open files sealed and flushed because their writer went silent for --write-lease.",
+        |w| w.seals,
+    ),
+    (
+        "pagestore_writeback_orphans_dropped_total",
+        Kind::Counter,
+        "Dirty pages dropped because no record holds them (a writer that never committed).",
+        |w| w.orphans_dropped,
+    ),
+];
+
+const FLUSH_LAG: (&str, &str) = (
+    "pagestore_writeback_flush_lag_seconds",
+    "Age of the oldest change not in the under storage yet (0: none).",
+);
 
 /// The request service-time histogram (labels `node`, `shard`).
 const LATENCY: (&str, &str) = (
@@ -394,6 +514,8 @@ pub fn names() -> Vec<&'static str> {
     ]);
     v.extend(PER_JOB.iter().map(|f| f.0));
     v.extend(PER_RULE.iter().map(|f| f.0));
+    v.extend(WRITE_BACK.iter().map(|f| f.0));
+    v.push(FLUSH_LAG.0);
     v
 }
 
@@ -563,12 +685,30 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    fn encode_writeback(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let Some(w) = &self.writeback else {
+            return Ok(());
+        };
+        for (name, kind, help, value) in WRITE_BACK {
+            family(e, name, *kind, help, [(self.node_labels(), value(w))])?;
+        }
+        node_gauge(
+            e,
+            FLUSH_LAG,
+            &self.node,
+            w.summary.oldest_dirty_ms as f64 / 1e3,
+        )
+    }
+}
+
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         self.encode_shards(&mut e)?;
         self.encode_membership(&mut e)?;
         self.encode_jobs(&mut e)?;
-        self.encode_rules(&mut e)
+        self.encode_rules(&mut e)?;
+        self.encode_writeback(&mut e)
     }
 }
 

@@ -43,6 +43,7 @@ fn admin_state() -> Arc<Admin> {
             mode: "file",
         }),
         etcd: None,
+        writeback: None,
     })
 }
 

@@ -1578,6 +1578,97 @@ fn documented_field_offsets() {
                 (32, 8, 9),
             ],
         ),
+        (
+            RequestBody::WriteDirty {
+                key: key(5),
+                version_tag: "t".into(),
+                len: 7,
+                epoch: 8,
+            },
+            vec![
+                (8, 1, 15),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (32, 8, 5),
+                (40, 1, u64::from(b't')),
+                (48, 4, 7),
+                (56, 8, 8),
+            ],
+        ),
+        (
+            RequestBody::Change {
+                op: ChangeOp::Commit {
+                    path: "p".into(),
+                    version_tag: "t".into(),
+                    size: 9,
+                    mtime_ns: -3,
+                    last: true,
+                },
+            },
+            vec![
+                (8, 1, 16),
+                (16, 1, 0),
+                (20, 1, u64::from(b'p')),
+                (28, 1, u64::from(b't')),
+                (40, 8, 9),
+                (48, 8, (-3i64) as u64),
+                (56, 1, 1),
+            ],
+        ),
+        (
+            RequestBody::Change {
+                op: ChangeOp::Rename {
+                    from: "a".into(),
+                    to: "b".into(),
+                    replace: true,
+                },
+            },
+            vec![
+                (16, 1, 1),
+                (20, 1, u64::from(b'a')),
+                (28, 1, u64::from(b'b')),
+                (36, 1, 1),
+            ],
+        ),
+        (
+            RequestBody::Change {
+                op: ChangeOp::Delete {
+                    path: "d".into(),
+                    dir: true,
+                },
+            },
+            vec![(16, 1, 2), (20, 1, u64::from(b'd')), (28, 1, 1)],
+        ),
+        (
+            RequestBody::Change {
+                op: ChangeOp::MakeDir {
+                    path: "m".into(),
+                    mtime_ns: 4,
+                },
+            },
+            vec![(16, 1, 3), (20, 1, u64::from(b'm')), (32, 8, 4)],
+        ),
+        (RequestBody::Replicate, vec![(8, 1, 17)]),
+        (
+            RequestBody::PullRecords { after: "z".into() },
+            vec![(8, 1, 18), (12, 1, u64::from(b'z'))],
+        ),
+        (
+            RequestBody::FilePages {
+                file_id: FILE_A,
+                action: PageAction::Seal,
+            },
+            vec![
+                (8, 1, 19),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (32, 1, 2),
+            ],
+        ),
+        (
+            RequestBody::WriteBackState { prefix: "q".into() },
+            vec![(8, 1, 20), (12, 1, u64::from(b'q'))],
+        ),
     ];
     for (body, fields) in requests {
         let req = Request {
@@ -1680,6 +1771,58 @@ fn documented_field_offsets() {
                 more: true,
             },
             vec![(8, 1, 12), (16, 4, 0), (20, 1, 1)],
+        ),
+        (
+            ResponseBody::ClusterInfo {
+                page_size: 4,
+                epoch: 5,
+                replicas: 6,
+                nodes: Vec::new(),
+                mounts: Vec::new(),
+                write_replicas: 2,
+            },
+            vec![
+                (8, 1, 13),
+                (12, 4, 4),
+                (16, 8, 5),
+                (24, 1, 6),
+                (32, 4, 0),
+                (40, 4, 0),
+                (44, 1, 2),
+            ],
+        ),
+        (
+            ResponseBody::Applied { hlc: 77 },
+            vec![(8, 1, 16), (16, 8, 77)],
+        ),
+        (
+            ResponseBody::Records { more: true },
+            vec![(8, 1, 17), (9, 1, 1)],
+        ),
+        (
+            ResponseBody::WriteBack {
+                summary: WriteBackSummary {
+                    files_dirty: 1,
+                    bytes_dirty: 2,
+                    deletes_pending: 3,
+                    files_flushing: 4,
+                    oldest_dirty_ms: 5,
+                    flush_errors: 6,
+                    bytes_flushed: 7,
+                    last_error: "e".into(),
+                },
+            },
+            vec![
+                (8, 1, 18),
+                (16, 8, 1),
+                (24, 8, 2),
+                (32, 8, 3),
+                (40, 8, 4),
+                (48, 8, 5),
+                (56, 8, 6),
+                (64, 8, 7),
+                (72, 1, u64::from(b'e')),
+            ],
         ),
         (
             ResponseBody::Error {
@@ -2923,6 +3066,61 @@ fn write_back_requests_keep_their_limits() {
                 matches!(err, FrameError::Limit(_) | FrameError::Mismatch(_)),
                 "{req:?}: {err}"
             );
+        }
+    }
+}
+
+/// The layout of a `FileRecord` stated in docs/PROTOCOL.md: its root is the last 80 bytes of
+/// its archive.
+#[test]
+fn documented_file_record_layout() {
+    let rec = |entry| FileRecord {
+        path: "/p".into(),
+        hlc: 0x0102_0304,
+        origin: FILE_A,
+        entry,
+    };
+    let cases: Vec<(FileRecord, Vec<(usize, usize, u64)>)> = vec![
+        (
+            rec(RecordEntry::File {
+                version_tag: "v".into(),
+                size: 9,
+                mtime_ns: -1,
+                state: RecordState::Sealed,
+                store_tag: "s".into(),
+                transient: true,
+            }),
+            vec![
+                (0, 2, u64::from(u16::from_le_bytes(*b"/p"))),
+                (8, 8, 0x0102_0304),
+                (16, 8, FILE_A.hi),
+                (24, 8, FILE_A.lo),
+                (32, 1, 0),
+                (36, 1, u64::from(b'v')),
+                (48, 8, 9),
+                (56, 8, u64::MAX),
+                (64, 1, 2),
+                (68, 1, u64::from(b's')),
+                (76, 1, 1),
+            ],
+        ),
+        (
+            rec(RecordEntry::Dir { mtime_ns: 5 }),
+            vec![(32, 1, 1), (40, 8, 5)],
+        ),
+        (
+            rec(RecordEntry::Deleted {
+                prev_tag: "t".into(),
+                pending: true,
+            }),
+            vec![(32, 1, 2), (36, 1, u64::from(b't')), (44, 1, 1)],
+        ),
+    ];
+    for (r, fields) in cases {
+        let bytes = encode_file_record(&r).unwrap();
+        let root = &bytes[bytes.len() - 80..];
+        for (at, width, value) in fields {
+            assert_eq!(le(root, at, width), value, "{r:?} at {at}");
         }
     }
 }

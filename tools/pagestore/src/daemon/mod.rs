@@ -374,6 +374,7 @@ impl Daemon {
                     .map_or("file", |(_, s)| s.mode().as_str()),
             }),
             etcd: joined.etcd.as_ref().map(|(e, _)| e.clone()),
+            writeback: Some(wb.clone()),
         });
         let admin_addr = serve_admin(&rt, &admin, c.admin)?;
         let background = {

@@ -51,6 +51,17 @@ fn full() -> Snapshot {
                 RuleStats::default(),
             ),
         ],
+        writeback: Some(crate::writeback::WriteBackMetrics {
+            records: 4,
+            summary: pagestore_protocol::frame::WriteBackSummary {
+                files_dirty: 2,
+                bytes_dirty: 5 << 20,
+                oldest_dirty_ms: 1500,
+                ..Default::default()
+            },
+            flushed_bytes: 9,
+            ..Default::default()
+        }),
     }
 }
 
@@ -64,6 +75,15 @@ fn every_family_renders_as_valid_openmetrics() {
     assert_eq!(get("pagestore_hit_ratio", "node=\"n1\""), 0.75);
     assert_eq!(get("pagestore_byte_hit_ratio", "node=\"n1\""), 0.75);
     assert_eq!(get("pagestore_etcd_reachable", "node=\"n1\""), 1.0);
+    assert_eq!(get("pagestore_writeback_dirty_files", "node=\"n1\""), 2.0);
+    assert_eq!(
+        get("pagestore_writeback_flush_lag_seconds", "node=\"n1\""),
+        1.5
+    );
+    assert_eq!(
+        get("pagestore_writeback_flushed_bytes_total", "node=\"n1\""),
+        9.0
+    );
     assert_eq!(get("pagestore_ring_nodes_down", "node=\"n1\""), 1.0);
     assert_eq!(
         get("pagestore_load_jobs", "node=\"n1\",state=\"running\""),
