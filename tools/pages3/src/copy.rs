@@ -67,7 +67,7 @@ pub(super) async fn copy_object(
 ) -> S3Result<S3Response<CopyObjectOutput>> {
     let input = req.input;
     let dst = gw.write_path(&input.bucket, &input.key)?;
-    let ufs = gw.writable()?;
+    gw.may_write(&dst)?;
     gw.require_bucket(&input.bucket).await?;
     let info = gw
         .copy_source(
@@ -114,6 +114,23 @@ pub(super) async fn copy_object(
     } else {
         None
     };
+    if gw.cached(&dst) {
+        // Written through the cluster, as a PutObject would be.
+        let body = object_blob(gw.client.clone(), info.clone(), 0, info.size);
+        let attributes = replaced.unwrap_or_default();
+        let new = gw
+            .write_object(
+                &dst,
+                Some(body),
+                &HeaderMap::new(),
+                None,
+                &WriteCondition::None,
+                attributes,
+            )
+            .await?;
+        return Ok(result(&new));
+    }
+    let ufs = gw.writable()?;
     let old = ufs.stat(&dst).await.ok().map(|i| i.file_id);
     let copied = match replaced {
         Some(_) => Err(UfsError::Store(

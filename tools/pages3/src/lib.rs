@@ -730,7 +730,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let input = req.input;
         let path = self.write_path(&input.bucket, &input.key)?;
-        self.writable()?;
+        self.may_write(&path)?;
         self.require_bucket(&input.bucket).await?;
         let attributes = attrs::Asked {
             content_type: input.content_type.as_deref(),

@@ -118,8 +118,14 @@ pub(super) async fn complete_multipart_upload(
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
     let input = req.input;
     let path = gw.write_path(&input.bucket, &input.key)?;
-    let ufs = gw.writable()?;
+    gw.may_write(&path)?;
     let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+    if gw.cached(&path) && cond != WriteCondition::None {
+        return Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            "a conditional CompleteMultipartUpload on a write-back bucket: the cluster cannot              yet compare and write atomically",
+        ));
+    }
     let wanted: Vec<(i32, Option<String>)> = input
         .multipart_upload
         .and_then(|m| m.parts)
@@ -150,6 +156,11 @@ pub(super) async fn complete_multipart_upload(
             Begun::Started(files, tag, attributes) => (files, tag, attributes),
         };
     let sent = async {
+        if gw.cached(&path) {
+            let version = send_parts_through_cluster(gw, &path, &files).await?;
+            return Ok::<_, S3Error>((None, Some(version)));
+        }
+        let ufs = gw.writable()?;
         let (mode, old) = gw.write_mode(&path, &cond).await?;
         let version = send_parts(ufs, &path, &files, mode, attributes).await?;
         Ok::<_, S3Error>((old, version))
@@ -282,6 +293,43 @@ pub(super) async fn list_multipart_uploads(
         encoding_type: input.encoding_type,
         ..ListMultipartUploadsOutput::default()
     }))
+}
+
+/// Writes staged part files, in order, as one file through the cluster (a `write=back` or
+/// `write=transient` mount). Returns the file's version.
+async fn send_parts_through_cluster(
+    gw: &Gateway,
+    path: &str,
+    files: &[PathBuf],
+) -> S3Result<String> {
+    use tokio::io::AsyncReadExt;
+    let mut w = gw
+        .client
+        .create(path, pagestore_client::WriteOptions::default())
+        .await
+        .map_err(super::errors::client_error)?;
+    let mut at = 0u64;
+    let mut buf = vec![0u8; 4 << 20];
+    for f in files {
+        let mut file = tokio::fs::File::open(f)
+            .await
+            .map_err(|e| internal(format!("staged part {}: {e}", f.display())))?;
+        loop {
+            let n = file
+                .read(&mut buf)
+                .await
+                .map_err(|e| internal(format!("staged part {}: {e}", f.display())))?;
+            if n == 0 {
+                break;
+            }
+            w.write_at(at, &buf[..n])
+                .await
+                .map_err(super::errors::client_error)?;
+            at += n as u64;
+        }
+    }
+    let info = w.close().await.map_err(super::errors::client_error)?;
+    Ok(info.version)
 }
 
 /// Streams staged part files, in order, to a multipart upload of the under storage, re-cut

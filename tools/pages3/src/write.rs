@@ -47,7 +47,8 @@ pub(super) async fn put_object(
     let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
     if key_path(&input.bucket, &input.key)? == KeyPath::Marker {
         checks::check_written_key_len(&input.key)?;
-        gw.writable()?;
+        let dir = format!("/{}/{}", input.bucket, input.key.trim_end_matches('/'));
+        gw.may_write(&dir)?;
         gw.require_bucket(&input.bucket).await?;
         let mut body = BodyReader::new(input.body, &req.headers);
         let mut refused = None;
@@ -82,7 +83,7 @@ pub(super) async fn put_object(
         }));
     }
     let path = gw.write_path(&input.bucket, &input.key)?;
-    gw.writable()?;
+    gw.may_write(&path)?;
     gw.require_bucket(&input.bucket).await?;
     let attributes = Asked {
         content_type: input.content_type.as_deref(),
@@ -119,7 +120,9 @@ pub(super) async fn delete_object(
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let input = &req.input;
     let path = key_path(&input.bucket, &input.key)?;
-    gw.writable()?;
+    if let KeyPath::Object(p) = &path {
+        gw.may_write(p)?;
+    }
     gw.require_bucket(&input.bucket).await?;
     gw.delete_key(path, input.if_match.as_ref()).await?;
     Ok(S3Response::new(DeleteObjectOutput::default()))
@@ -130,6 +133,21 @@ pub(super) async fn delete_object(
 pub(super) const WRITE_CHUNK: usize = 16 << 20;
 
 impl Gateway {
+    /// Whether this gateway may write `path`: through the cluster when its mount is a
+    /// `write=back` or `write=transient` one (the cluster checks this gateway's certificate),
+    /// else with the store's credentials (`--mount`).
+    pub(super) fn may_write(&self, path: &str) -> S3Result<()> {
+        if self.client.write_policy(path).is_cached() {
+            return Ok(());
+        }
+        self.writable().map(|_| ())
+    }
+
+    /// Whether `path`'s mount takes writes through the cluster.
+    pub(super) fn cached(&self, path: &str) -> bool {
+        self.client.write_policy(path).is_cached()
+    }
+
     pub(super) fn writable(&self) -> S3Result<&pagestore_client::ufs::MountTable> {
         let table = if self.writable {
             self.client.writable().ok()
@@ -165,7 +183,18 @@ impl Gateway {
         path: KeyPath,
         cond: Option<&ETagCondition>,
     ) -> S3Result<()> {
-        let ufs = self.writable()?;
+        if let (KeyPath::Object(p), Some(_)) = (&path, cond) {
+            if self.cached(p) {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NotImplemented,
+                    "a conditional delete (If-Match) on a write-back bucket: the cluster cannot                      yet compare and delete atomically",
+                ));
+            }
+        }
+        let writable = match &path {
+            KeyPath::Object(p) if self.cached(p) => None,
+            _ => Some(self.writable()?),
+        };
         let path = match (path, cond) {
             (KeyPath::Marker, None) => return Ok(()),
             (KeyPath::Marker, Some(_)) => {
@@ -176,7 +205,7 @@ impl Gateway {
             }
             (KeyPath::Object(p), _) => p,
         };
-        let Some(cond) = cond else {
+        let (Some(cond), Some(ufs)) = (cond, writable) else {
             return match self.client.delete(&path).await {
                 // Deleting what is not there succeeds, as in S3.
                 Ok(())
@@ -286,6 +315,11 @@ impl Gateway {
         cond: &WriteCondition,
         attributes: Attributes,
     ) -> S3Result<ObjectInfo> {
+        if self.cached(path) {
+            return self
+                .write_object_cached(path, body, headers, trailers, cond, attributes)
+                .await;
+        }
         let ufs = self.writable()?;
         let mut body = BodyReader::new(body, headers);
         let checked = async {
@@ -391,6 +425,63 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// [`Gateway::write_object`] for a `write=back` or `write=transient` mount: the body is
+    /// written through the cluster (acknowledged once durable on its write replicas, flushed
+    /// to the store later) and appears whole, with the body's MD5 as its ETag, only when it
+    /// was complete and matched its digests. Conditional writes are refused (501): the cluster
+    /// cannot yet compare and write atomically. The object's attributes (Content-Type, user
+    /// metadata) are not kept for such files (docs/OPERATIONS.md).
+    async fn write_object_cached(
+        &self,
+        path: &str,
+        body: Option<StreamingBlob>,
+        headers: &HeaderMap,
+        trailers: Option<&TrailingHeaders>,
+        cond: &WriteCondition,
+        attributes: Attributes,
+    ) -> S3Result<ObjectInfo> {
+        let mut body = BodyReader::new(body, headers);
+        if *cond != WriteCondition::None {
+            body.drain().await;
+            return Err(S3Error::with_message(
+                S3ErrorCode::NotImplemented,
+                "a conditional write (If-Match, If-None-Match) on a write-back bucket: the                  cluster cannot yet compare and write atomically",
+            ));
+        }
+        if !attributes.is_empty() {
+            tracing::debug!(%path, "attributes of a write-back object are not kept");
+        }
+        let result: S3Result<(ObjectInfo, String)> = async {
+            let mut digests = Digests::from_headers(headers)?;
+            let mut w = self
+                .client
+                .create(path, pagestore_client::WriteOptions::default())
+                .await
+                .map_err(client_error)?;
+            let mut at = 0u64;
+            while let Some(chunk) = body.next().await? {
+                digests.update(&chunk);
+                w.write_at(at, &chunk).await.map_err(client_error)?;
+                at += chunk.len() as u64;
+            }
+            let md5 = digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
+            let info = w.close().await.map_err(client_error)?;
+            Ok((info, md5))
+        }
+        .await;
+        match result {
+            Ok((info, md5)) => {
+                self.aliases.set(path, &info.version, &md5);
+                Ok(info)
+            }
+            Err(e) => {
+                // What was sent and never committed is dropped by the cluster later.
+                body.drain().await;
+                Err(e)
+            }
+        }
+    }
+
     /// A failed write: a store failure may be an object/prefix conflict (409).
     pub(super) async fn write_failed(&self, path: &str, e: S3Error) -> S3Error {
         if matches!(
@@ -507,7 +598,6 @@ pub(super) async fn delete_objects(
     req: S3Request<DeleteObjectsInput>,
 ) -> S3Result<S3Response<DeleteObjectsOutput>> {
     let input = req.input;
-    gw.writable()?;
     if input.delete.objects.len() > checks::MAX_DELETE_KEYS {
         return Err(S3Error::with_message(
             S3ErrorCode::MalformedXML,

@@ -733,9 +733,8 @@ impl WriteBackNode {
                     *state = RecordState::Sealed;
                 }
                 tracing::info!(path = %rec.path, "sealing a version whose writer went silent");
-                if self.step(sealed.clone()).await? {
-                    // Every node that answers fences the version's puts in progress.
-                    self.hand_on(std::slice::from_ref(&sealed), 0).await.ok();
+                // Every node that takes the seal fences the version's puts in progress first.
+                if self.step(sealed).await? {
                     self.stats.seals.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(())
