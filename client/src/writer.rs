@@ -14,9 +14,11 @@
 //! - [`Writer::close`]: the same, and the version takes no more changes: the cluster may flush
 //!   it to the under storage.
 //!
-//! A writer that stops without closing leaves what it committed (the cluster seals the version
-//! once its writer has been silent for the lease, then flushes it) and pages it never
-//! committed (dropped after a grace period).
+//! While a committed file is open, its writer repeats its last commit every [`KEEPALIVE`], so
+//! that an idle writer is not taken for gone. A writer that stops without closing leaves what
+//! it committed (the cluster seals the version once its writer has been silent for the lease,
+//! then flushes it) and pages it never committed (dropped once no page of them has been written
+//! on a node for its grace period).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -86,10 +88,21 @@ pub struct Writer {
     sent: HashMap<u64, u32>,
     /// Pages being sent.
     sending: BTreeMap<u64, (u32, PageSend)>,
-    /// Whether a commit made the file visible.
-    committed: bool,
-    last_commit: Instant,
+    /// The last commit that left the version open (none before the first, and after close),
+    /// which the keep-alive repeats; held while a commit is sent so that commits keep order.
+    last_open_commit: Arc<tokio::sync::Mutex<Option<ChangeOp>>>,
+    /// Repeats the last open commit every [`KEEPALIVE`], so that the cluster does not take
+    /// the writer of an idle open file for gone.
+    keepalive: Option<JoinHandle<()>>,
     closed: bool,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Some(k) = self.keepalive.take() {
+            k.abort();
+        }
+    }
 }
 
 impl Client {
@@ -116,8 +129,8 @@ impl Client {
             open: BTreeMap::new(),
             sent: HashMap::new(),
             sending: BTreeMap::new(),
-            committed: false,
-            last_commit: Instant::now(),
+            last_open_commit: Arc::new(tokio::sync::Mutex::new(None)),
+            keepalive: None,
             closed: false,
         };
         if w.options.visible_at_open {
@@ -451,9 +464,6 @@ impl Writer {
             self.send(page).await?;
         }
         self.mtime_ns = now_ns();
-        if self.committed && self.last_commit.elapsed() >= KEEPALIVE {
-            self.flush().await?;
-        }
         Ok(())
     }
 
@@ -603,9 +613,37 @@ impl Writer {
             mtime_ns: self.mtime_ns,
             last,
         };
-        self.client.change(&self.path, op).await?;
-        self.committed = true;
-        self.last_commit = Instant::now();
+        let mut open = self.last_open_commit.lock().await;
+        self.client.change(&self.path, op.clone()).await?;
+        if last {
+            *open = None;
+            drop(open);
+            if let Some(k) = self.keepalive.take() {
+                k.abort();
+            }
+            return Ok(());
+        }
+        *open = Some(op);
+        drop(open);
+        if self.keepalive.is_none() {
+            let (client, path, last_open) = (
+                self.client.clone(),
+                self.path.clone(),
+                self.last_open_commit.clone(),
+            );
+            self.keepalive = Some(tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(KEEPALIVE).await;
+                    let open = last_open.lock().await;
+                    let Some(op) = open.clone() else {
+                        return;
+                    };
+                    if let Err(e) = client.change(&path, op).await {
+                        tracing::warn!(%path, error = %e, "keeping an open file's version alive");
+                    }
+                }
+            }));
+        }
         Ok(())
     }
 

@@ -483,3 +483,68 @@ async fn a_store_down_for_30_s_keeps_the_dirty_data_writers_wait_then_everything
         .unwrap();
     synced(&writer, "/ck", Duration::from_secs(60)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_cut_by_a_crash_leaves_the_file_at_exactly_one_of_its_names() {
+    let (mut c, _store) = cluster(1, &[], "&emulate_latency_ms=20&emulate_mbps=1");
+    let writer = c.client(ClientOptions::default()).await;
+    let n = 60usize;
+    for i in 0..n {
+        writer
+            .write_file(
+                &format!("/ck/r/tmp-{i}"),
+                bytes(i as u64, 50_000 + i).into(),
+            )
+            .await
+            .unwrap();
+    }
+    // Rename them one after another; SIGKILL the node partway.
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let task = {
+        let (writer, acked) = (writer.clone(), acked.clone());
+        tokio::spawn(async move {
+            for i in 0..n {
+                let r = writer
+                    .rename(
+                        &format!("/ck/r/tmp-{i}"),
+                        &format!("/ck/r/final-{i}"),
+                        false,
+                    )
+                    .await;
+                if r.is_err() {
+                    break;
+                }
+                acked.lock().unwrap().push(i);
+            }
+        })
+    };
+    let start = Instant::now();
+    while acked.lock().unwrap().len() < n / 3 {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    c.inner.kill(0);
+    let _ = task.await;
+    let acked: Vec<usize> = acked.lock().unwrap().clone();
+    assert!(acked.len() < n, "the kill came after every rename");
+    c.start_node(0);
+    let reader = c.client(ClientOptions::default()).await;
+    for i in 0..n {
+        let old = reader.stat(&format!("/ck/r/tmp-{i}")).await;
+        let new = reader.stat(&format!("/ck/r/final-{i}")).await;
+        let (at, other) = match (old, new) {
+            (Ok(_), Err(Error::NotFound(_))) => ("tmp", "final"),
+            (Err(Error::NotFound(_)), Ok(_)) => ("final", "tmp"),
+            (a, b) => panic!("file {i}: old name {a:?}, new name {b:?}: not exactly one"),
+        };
+        if acked.contains(&i) {
+            assert_eq!(at, "final", "file {i}: its rename was acknowledged");
+        }
+        let _ = other;
+        assert_eq!(
+            read_all(&reader, &format!("/ck/r/{at}-{i}")).await,
+            bytes(i as u64, 50_000 + i),
+            "file {i}"
+        );
+    }
+}

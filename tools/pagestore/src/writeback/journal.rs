@@ -4,12 +4,14 @@
 //!
 //! ```text
 //! file:  "PSWJ" | u32 version (1) | entry*
-//! entry: u32 len | u32 crc32(bytes) | bytes (one FileRecord archived, frame::encode_file_record)
+//! entry: u32 len | u32 crc32(bytes) | bytes (the records of one append, archived together:
+//!        frame::encode_file_records)
 //! ```
 //!
-//! A torn last entry (a crash during an append) fails its length or checksum: reading stops
-//! there and the file is cut back to the last whole entry, which loses nothing acknowledged
-//! (an append is acknowledged only after its sync). When the file has grown well past what the
+//! One append is one entry, so the records of one change (a rename's two) come back together
+//! or not at all. A torn last entry (a crash during an append) fails its length or checksum:
+//! reading stops there and the file is cut back to the last whole entry, which loses nothing
+//! acknowledged (an append is acknowledged only after its sync). When the file has grown well past what the
 //! records need, [`Journal::compact`] writes the live records to a new file and renames it over
 //! the old one (sync, rename, sync of the directory), so a crash leaves one or the other whole.
 
@@ -24,8 +26,8 @@ use pagestore_protocol::frame::{self, FileRecord};
 const MAGIC: &[u8; 4] = b"PSWJ";
 const VERSION: u32 = 1;
 const HEAD: u64 = 8;
-/// Largest entry a reader accepts (a record with the longest path and tags is about 5 KB).
-const MAX_ENTRY: u32 = 64 << 10;
+/// Largest entry a reader accepts: one batch of records at most.
+const MAX_ENTRY: u32 = frame::MAX_RECORDS_PAYLOAD;
 
 /// The journal file of one node.
 pub struct Journal {
@@ -107,8 +109,8 @@ impl Journal {
             return Ok(());
         }
         let mut buf = Vec::new();
-        for r in records {
-            encode_entry(r, &mut buf).map_err(|e| bad(&self.path, e))?;
+        for batch in records.chunks(frame::MAX_RECORD_BATCH) {
+            encode_entry(batch, &mut buf).map_err(|e| bad(&self.path, e))?;
         }
         let r = self
             .file
@@ -144,8 +146,9 @@ impl Journal {
         let mut buf = Vec::with_capacity(64 << 10);
         buf.extend_from_slice(MAGIC);
         buf.extend_from_slice(&VERSION.to_le_bytes());
-        for r in records {
-            encode_entry(r, &mut buf).map_err(|e| bad(&self.path, e))?;
+        let all: Vec<FileRecord> = records.cloned().collect();
+        for batch in all.chunks(frame::MAX_RECORD_BATCH) {
+            encode_entry(batch, &mut buf).map_err(|e| bad(&self.path, e))?;
         }
         {
             let mut f = File::create(&tmp)?;
@@ -162,8 +165,8 @@ impl Journal {
     }
 }
 
-fn encode_entry(r: &FileRecord, out: &mut Vec<u8>) -> Result<(), frame::FrameError> {
-    let bytes = frame::encode_file_record(r)?;
+fn encode_entry(batch: &[FileRecord], out: &mut Vec<u8>) -> Result<(), frame::FrameError> {
+    let bytes = frame::encode_file_records(batch)?;
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
     out.extend_from_slice(&bytes);
@@ -186,8 +189,8 @@ fn read_entries(data: &[u8]) -> (Vec<FileRecord>, usize) {
         if crc32fast::hash(body) != crc {
             break;
         }
-        match frame::decode_file_record(body) {
-            Ok(r) => out.push(r),
+        match frame::decode_file_records(body) {
+            Ok(batch) => out.extend(batch),
             Err(_) => break,
         }
         at += 8 + len as usize;
@@ -260,6 +263,27 @@ mod tests {
             Journal::open(dir.path()).unwrap().1,
             vec![rec(1), rec(2), rec(4)]
         );
+    }
+
+    #[test]
+    fn the_records_of_one_append_come_back_together_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(dir.path()).unwrap();
+        j.append(&[rec(1)]).unwrap();
+        let before = j.len();
+        j.append(&[rec(2), rec(3)]).unwrap();
+        drop(j);
+        let path = dir.path().join("records.log");
+        let full = std::fs::read(&path).unwrap();
+        // Cut anywhere inside the second append: neither of its records comes back.
+        for cut in (before + 1)..(full.len() as u64) {
+            std::fs::write(&path, &full[..cut as usize]).unwrap();
+            assert_eq!(
+                Journal::open(dir.path()).unwrap().1,
+                vec![rec(1)],
+                "cut at {cut}"
+            );
+        }
     }
 
     #[test]
