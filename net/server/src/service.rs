@@ -215,6 +215,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::Invalidate { .. } => "Invalidate",
         RequestBody::Jobs => "Jobs",
         RequestBody::Counters => "Counters",
+        RequestBody::Hot => "Hot",
     }
 }
 
@@ -353,6 +354,11 @@ impl ShardService {
                 reply(id, body, Body::Empty)
             }
             RequestBody::Counters => self.counters(id),
+            RequestBody::Hot => error(
+                id,
+                ErrorCode::Unavailable,
+                "this node does not track hot files yet",
+            ),
             RequestBody::Jobs => self.jobs(id, payload),
         }
     }
@@ -551,6 +557,7 @@ impl ShardService {
             not_owner: self.not_owner.get(),
             forbidden: self.forbidden.get(),
             epoch: self.view.epoch(),
+            ..frame::ShardCounters::default()
         };
         match frame::encode_counters(&counters) {
             Ok(payload) => reply(id, ResponseBody::Counters, Body::Bytes(payload)),
