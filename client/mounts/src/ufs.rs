@@ -598,6 +598,10 @@ impl MountTable {
             } else {
                 (store_for(url)?, None)
             };
+            // The egress price is for the nodes' accounting (docs/OPERATIONS.md, "Egress"):
+            // checked here, so that a node never starts with one it cannot read.
+            pagestore_protocol::source::egress_price(url)
+                .map_err(|e| UfsError::Config(format!("{prefix}/ = {}: {e}", redact(url))))?;
             out.push(Mount {
                 prefix,
                 url: url.clone(),

@@ -180,6 +180,7 @@ fn start_node(
             source: None,
             nodes: Vec::new(),
             replicas: 0,
+            memory_cache: 0,
         },
     )?;
     let engine_ref = node.engine().context("engine gone")?;

@@ -68,6 +68,7 @@ pub fn node_options(
         source: None,
         nodes: Vec::new(),
         replicas: 0,
+        memory_cache: 0,
     }
 }
 

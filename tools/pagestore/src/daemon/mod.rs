@@ -267,6 +267,7 @@ fn node_options(
         }),
         nodes: membership::node_entries(membership),
         replicas: c.replicas,
+        memory_cache: c.memory_cache,
     }
 }
 
