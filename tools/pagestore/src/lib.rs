@@ -6,3 +6,4 @@ pub mod daemon;
 pub mod load;
 pub mod metrics;
 pub mod rules;
+pub mod top;
