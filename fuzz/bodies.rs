@@ -3,13 +3,14 @@
 //! (`tools/pagestore/tests/fuzz_smoke.rs`). Each must not panic, whatever the input.
 
 use pagestore_protocol::frame::{
-    decode_counters, decode_job_record, decode_job_records, decode_request, decode_request_frame,
-    decode_response, decode_response_frame, encode_counters, encode_job_record, encode_job_records,
-    encode_request, encode_response, Preamble, RequestBody, ResponseBody, PREAMBLE_LEN,
+    decode_counters, decode_hot_report, decode_job_record, decode_job_records, decode_request,
+    decode_request_frame, decode_response, decode_response_frame, encode_counters,
+    encode_hot_report, encode_job_record, encode_job_records, encode_request, encode_response,
+    Preamble, RequestBody, ResponseBody, PREAMBLE_LEN,
 };
 
 /// Frame decoders of `pagestore_protocol::frame`: anything that decodes must re-encode, and
-/// so must the record a `Counters` or `Jobs` payload carries.
+/// so must the record a `Counters`, `Jobs` or `Hot` payload carries.
 pub fn decode_frame(data: &[u8]) {
     if let Ok((request, payload)) = decode_request_frame(data) {
         let payload_len = u32::try_from(payload.len()).expect("payload fits u32");
@@ -26,6 +27,7 @@ pub fn decode_frame(data: &[u8]) {
         match response.body {
             ResponseBody::Counters => counters(&data[payload]),
             ResponseBody::Jobs => job_records(&data[payload]),
+            ResponseBody::Hot => hot_report(&data[payload]),
             _ => {}
         }
     }
@@ -39,12 +41,21 @@ pub fn decode_frame(data: &[u8]) {
     }
 }
 
-/// The payload decoders of `Counters` and `Jobs` on their own: anything that decodes
+/// The payload decoders of `Counters`, `Jobs` and `Hot` on their own: anything that decodes
 /// re-encodes, and what that encodes to decodes and encodes to the same bytes.
 pub fn decode_payload(data: &[u8]) {
     counters(data);
     job_record(data);
     job_records(data);
+    hot_report(data);
+}
+
+fn hot_report(payload: &[u8]) {
+    if let Ok(r) = decode_hot_report(payload) {
+        let bytes = encode_hot_report(&r).expect("decoded hot report re-encodes");
+        let again = decode_hot_report(&bytes).expect("re-encoded hot report decodes");
+        assert_eq!(encode_hot_report(&again).ok(), Some(bytes));
+    }
 }
 
 fn counters(payload: &[u8]) {

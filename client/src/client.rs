@@ -22,8 +22,8 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
     frame::{
-        self, DirEntry, ErrorCode, FileId, FileRef, JobRecord, MountEntry, PathKind, Request,
-        RequestBody, ResponseBody, ShardCounters,
+        self, DirEntry, ErrorCode, FileId, FileRef, HotReport, JobRecord, MountEntry, PathKind,
+        Request, RequestBody, ResponseBody, ShardCounters,
     },
     members::{parse_member_file, Membership, NodeInfo},
     ring::{path_hash, MemberId, RingConfig},
@@ -232,6 +232,13 @@ pub struct ClientOptions {
     ///
     /// [`timing::SILENCE_FACTOR`]: crate::timing::SILENCE_FACTOR
     pub min_silence: Duration,
+    /// Time allowed for a request that may wait on the under storage (`Fetch`, `StatPath`,
+    /// `List`; default 60 s, at least `call_timeout`) once some member has answered this client
+    /// (before that, `call_timeout`). The member may be loading from a slow store, or queueing
+    /// behind other loads: as long as it answers pings (see `min_silence`) the request is
+    /// waited for, because giving it up (and backing the member off) would make a replica and
+    /// then this client read the same pages from the store again.
+    pub store_timeout: Duration,
     /// Page requests in flight per read call (default 8).
     pub parallel: usize,
     /// Pages a file handle fetches ahead of a sequential reader (default 4).
@@ -255,6 +262,7 @@ impl Default for ClientOptions {
             fallback: true,
             call_timeout: Duration::from_secs(3),
             min_silence: Duration::from_millis(100),
+            store_timeout: Duration::from_secs(60),
             parallel: 8,
             readahead: 4,
             min_backoff: Duration::from_secs(1),
@@ -289,6 +297,9 @@ pub struct ClientStats {
     pub silent_gives_up: AtomicU64,
     /// Membership changes applied (from etcd, or from a member's list).
     pub ring_updates: AtomicU64,
+    /// Page requests whose owner answered that its under storage failed (`Io`): no replica is
+    /// asked then (it would read the same store again), only the fallback.
+    pub store_errors: AtomicU64,
 }
 
 /// A snapshot of [`ClientStats`].
@@ -312,6 +323,8 @@ pub struct StatsSnapshot {
     pub skipped_dead: u64,
     /// See [`ClientStats::silent_gives_up`].
     pub silent_gives_up: u64,
+    /// See [`ClientStats::store_errors`].
+    pub store_errors: u64,
     /// See [`ClientStats::ring_updates`].
     pub ring_updates: u64,
 }
@@ -390,6 +403,9 @@ pub(crate) enum Attempt<T> {
     Answer(Result<T, Error>),
     /// The member could not answer; try elsewhere. Why, for messages.
     Failed(String),
+    /// The member is up and tried the under storage, which failed (`Io`): another member
+    /// would only read the same store again.
+    StoreFailed(String),
 }
 
 impl Client {
@@ -688,6 +704,7 @@ impl Client {
             skipped_dead: g(&s.skipped_dead),
             ring_updates: g(&s.ring_updates),
             silent_gives_up: g(&s.silent_gives_up),
+            store_errors: g(&s.store_errors),
         }
     }
 
@@ -814,8 +831,24 @@ impl Client {
             body,
         };
         let sent = Instant::now();
+        // What waits on the store may take long (a slow store, a queue of loads): its liveness
+        // is the silence rule's, which needs some member's answer times to judge by (before any, only the call
+        // timeout tells a dead member).
+        let judged = !self
+            .timing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        let timeout = match &req.body {
+            RequestBody::Fetch { .. } | RequestBody::StatPath { .. } | RequestBody::List { .. }
+                if judged =>
+            {
+                self.options.store_timeout.max(self.options.call_timeout)
+            }
+            _ => self.options.call_timeout,
+        };
         let reply = tokio::select! {
-            r = self.pool.request(addr, &req, payload) => r,
+            r = self.pool.request_within(addr, &req, payload, timeout) => r,
             why = self.silence(addr, sent) => {
                 bump(&self.stats.silent_gives_up, 1);
                 // Its connection may lead to a process that is gone: connect afresh next time.
@@ -853,6 +886,10 @@ impl Client {
                             Attempt::Answer(Err(Error::NotEmpty(message.clone())))
                         }
                         ErrorCode::Full => Attempt::Answer(Err(Error::NoSpace(message.clone()))),
+                        ErrorCode::Io => {
+                            tracing::debug!(%addr, message, "member's under storage failed");
+                            Attempt::StoreFailed(format!("{addr}: {message}"))
+                        }
                         // The shard is up but could not serve this (its disk, its store, load):
                         // try elsewhere without marking it dead.
                         _ => {
@@ -885,7 +922,7 @@ impl Client {
     ) -> Result<(ResponseBody, Bytes), Error> {
         match self.ask_with(addr, body, payload).await {
             Attempt::Answer(r) => r,
-            Attempt::Failed(why) => Err(Error::unavailable(why)),
+            Attempt::Failed(why) | Attempt::StoreFailed(why) => Err(Error::unavailable(why)),
         }
     }
 
@@ -1021,7 +1058,7 @@ impl Client {
                             return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                         }
                     },
-                    Attempt::Failed(_) => break,
+                    Attempt::Failed(_) | Attempt::StoreFailed(_) => break,
                 }
             }
         }
@@ -1117,11 +1154,27 @@ impl Client {
                         )));
                     }
                 }
+                // A replica would load the page from the same store again: at most one more
+                // store read, this client's own (if fallback is on). Not so for a file written
+                // through the cluster: its other write members hold the page itself.
+                Attempt::StoreFailed(_) if written => bump(&self.stats.store_errors, 1),
+                Attempt::StoreFailed(_) => {
+                    bump(&self.stats.store_errors, 1);
+                    if !self.options.fallback {
+                        return Err(Error::unavailable(format!(
+                            "member {addr} could not load page {page} of {} from the under \
+                             storage and fallback is off",
+                            info.path
+                        )));
+                    }
+                    break;
+                }
             }
         }
         if written && info.store_tag.is_empty() {
             return Err(Error::unavailable(format!(
-                "no write member of page {page} of {} answered, and the file is not in the                  under storage yet",
+                "no write member of page {page} of {} answered, and the file is not in the \
+                 under storage yet",
                 info.path
             )));
         }
@@ -1233,7 +1286,7 @@ impl Client {
                     return Err(Error::unavailable(format!("{addr} answered {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(_) => {
+                Attempt::Failed(_) | Attempt::StoreFailed(_) => {
                     return Err(Error::unavailable(format!(
                         "member {addr} could not load pages of {}",
                         info.path
@@ -1387,6 +1440,18 @@ impl Client {
         self.ask_every_shard(RequestBody::Counters, |body, payload| match body {
             ResponseBody::Counters => frame::decode_counters(&payload)
                 .inspect_err(|e| tracing::warn!(error = %e, "malformed Counters answer"))
+                .ok(),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Every shard's hottest files and pages and bytes per mount (`Hot`), by node and shard;
+    /// `None` where the shard did not answer, or answered with a malformed report (logged).
+    pub async fn hot_reports(&self) -> Vec<(NodeInfo, u16, Option<HotReport>)> {
+        self.ask_every_shard(RequestBody::Hot, |body, payload| match body {
+            ResponseBody::Hot => frame::decode_hot_report(&payload)
+                .inspect_err(|e| tracing::warn!(error = %e, "malformed Hot answer"))
                 .ok(),
             _ => None,
         })

@@ -26,5 +26,7 @@ pub use client::{
     BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };
 pub use handle::FileHandle;
-pub use pagestore_protocol::frame::{JobRecord, JobState, ShardCounters};
+pub use pagestore_protocol::frame::{
+    HotFile, HotPage, HotReport, JobRecord, JobState, MountBytes, ShardCounters,
+};
 pub use writer::{WriteOptions, Writer};

@@ -321,7 +321,18 @@ impl Pool {
         request: &[u8],
         payload: &[u8],
     ) -> Result<bytes::Bytes, ClientError> {
-        let timeout = self.options.timeout;
+        self.call_within(addr, request, payload, self.options.timeout)
+            .await
+    }
+
+    /// [`Pool::call`] with its own time allowance instead of [`PoolOptions::timeout`].
+    pub async fn call_within(
+        &self,
+        addr: SocketAddr,
+        request: &[u8],
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, ClientError> {
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
             Ok(r) => r,
             Err(_) => {
@@ -465,11 +476,23 @@ impl Pool {
         request: &pagestore_protocol::frame::Request,
         payload: &[u8],
     ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
+        self.request_within(addr, request, payload, self.options.timeout)
+            .await
+    }
+
+    /// [`Pool::request`] with its own time allowance instead of [`PoolOptions::timeout`].
+    pub async fn request_within(
+        &self,
+        addr: SocketAddr,
+        request: &pagestore_protocol::frame::Request,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
         let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);
         let mut head = Vec::with_capacity(128);
         pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
             .map_err(|e| proto(ProtocolFailure::Encode(e)))?;
-        let raw = self.call(addr, &head, payload).await?;
+        let raw = self.call_within(addr, &head, payload, timeout).await?;
         let (response, range) = pagestore_protocol::frame::decode_response_frame(&raw)
             .map_err(|e| proto(ProtocolFailure::Decode(e)))?;
         if response.request_id != request.request_id && response.request_id != 0 {

@@ -206,7 +206,7 @@ impl Client {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(w) => why.push(w),
+                Attempt::Failed(w) | Attempt::StoreFailed(w) => why.push(w),
             }
         }
         Err(Error::unavailable(format!(
@@ -299,7 +299,7 @@ impl Client {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(_) => {}
+                Attempt::Failed(_) | Attempt::StoreFailed(_) => {}
             }
         }
         Err(Error::unavailable(format!("{prefix}: no member answered")))
@@ -371,7 +371,7 @@ impl Client {
                 }
                 // Full, a closed version, a refusal: the same on every member.
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(why) => {
+                Attempt::Failed(why) | Attempt::StoreFailed(why) => {
                     last_err = Some(Error::unavailable(format!(
                         "write member {addr} did not take page {page}: {why}"
                     )))

@@ -657,6 +657,10 @@ impl MountTable {
             } else {
                 (store_for(url)?, None)
             };
+            // The egress price is for the nodes' accounting (docs/OPERATIONS.md, "Egress"):
+            // checked here, so that a node never starts with one it cannot read.
+            pagestore_protocol::source::egress_price(url)
+                .map_err(|e| UfsError::Config(format!("{prefix}/ = {}: {e}", redact(url))))?;
             let write = WritePolicy::of_url(url)
                 .map_err(|e| UfsError::Config(format!("{prefix}/ = {}: {e}", redact(url))))?;
             out.push(Mount {

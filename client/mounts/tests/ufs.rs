@@ -170,6 +170,18 @@ fn configuration_errors_are_clear() {
     MountTable::new(&[ok]).unwrap();
     let anon = parse_mount("/pub=s3://bucket?endpoint=http://127.0.0.1:9&anonymous=true").unwrap();
     MountTable::new(&[anon]).unwrap();
+    // An egress price must be a plain number of at least 0; a valid one is shown with the mount.
+    for price in ["-1", "abc", "1e9", ""] {
+        let e = bad(&format!("/d=file:///tmp?egress_usd_per_tb={price}"));
+        assert!(e.contains("egress_usd_per_tb") && e.contains("/d/"), "{e}");
+    }
+    let priced = MountTable::new(&[parse_mount(
+        "/pub=s3://bucket?endpoint=http://127.0.0.1:9&anonymous=true&egress_usd_per_tb=90.5",
+    )
+    .unwrap()])
+    .unwrap();
+    let shown = &priced.public_mounts()[0].url;
+    assert!(shown.contains("egress_usd_per_tb=90.5"), "{shown}");
     let dup = vec![
         parse_mount("/d=file:///tmp").unwrap(),
         parse_mount("/d/=file:///tmp").unwrap(),

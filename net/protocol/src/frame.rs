@@ -33,8 +33,10 @@
 //!   `Counters` answers a [`ShardCounters`] ([`encode_counters`],
 //!   [`decode_counters`]), and `Jobs` carries a [`JobRecord`]
 //!   ([`encode_job_record`], [`decode_job_record`]) or, in the answer, a
-//!   vector of them ([`encode_job_records`], [`decode_job_records`]). Those
-//!   decoders validate like the header's (bytecheck, then the limits).
+//!   vector of them ([`encode_job_records`], [`decode_job_records`]), and
+//!   `Hot` answers a [`HotReport`] ([`encode_hot_report`],
+//!   [`decode_hot_report`]). Those decoders validate like the header's
+//!   (bytecheck, then the limits).
 //!
 //! Decoding validates the header with bytecheck ([`rkyv::access`]), copies it
 //! into a 16-byte aligned buffer first when the caller's slice is not
@@ -156,7 +158,19 @@ pub const MAX_JOB_RECORDS_PAYLOAD: u32 = MAX_JOB_RECORDS as u32 * MAX_JOB_RECORD
 
 /// Length of a [`ResponseBody::Counters`] payload: one archived
 /// [`ShardCounters`].
-pub const COUNTERS_PAYLOAD_LEN: u32 = 128;
+pub const COUNTERS_PAYLOAD_LEN: u32 = 200;
+
+/// Most files one [`HotReport`] names.
+pub const MAX_HOT_FILES: usize = 32;
+
+/// Most pages one [`HotReport`] names.
+pub const MAX_HOT_PAGES: usize = 32;
+
+/// Largest payload of a [`ResponseBody::Hot`] answer: one archived
+/// [`HotReport`] at every limit (its files' paths of [`MAX_PATH_LEN`] bytes,
+/// and [`MAX_MOUNTS`] mounts with [`MAX_MOUNT_TABLE_BYTES`] of prefixes)
+/// fits.
+pub const MAX_HOT_PAYLOAD: u32 = 256 << 10;
 
 /// Longest name of a directory entry, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
@@ -706,6 +720,9 @@ pub enum RequestBody {
         /// [`MAX_PATH_LEN`] bytes.
         prefix: String,
     },
+    /// The shard's hottest files and pages and its bytes per mount
+    /// ([`ResponseBody::Hot`], payload: a [`HotReport`]).
+    Hot,
 }
 
 /// A namespace change of [`RequestBody::Change`].
@@ -1042,6 +1059,9 @@ pub enum ResponseBody {
         /// The state.
         summary: WriteBackSummary,
     },
+    /// Answer to `Hot`: the payload is one archived [`HotReport`]
+    /// ([`encode_hot_report`]), at most [`MAX_HOT_PAYLOAD`] bytes.
+    Hot,
 }
 
 /// The write-back state under a prefix ([`ResponseBody::WriteBack`]).
@@ -1107,6 +1127,122 @@ pub struct ShardCounters {
     pub forbidden: u64,
     /// The shard's ring epoch.
     pub epoch: u64,
+    /// Misses that joined a load of the same page already in flight (the
+    /// single flight: served without a store read of their own).
+    pub coalesced: u64,
+    /// Page loads of a page this shard had read from the under storage
+    /// recently already (a second store read of the same page).
+    pub ufs_repeat_reads: u64,
+    /// Page bytes sent to clients (`Fetch`, `ReadRange`, `ReadPages`), from
+    /// wherever they came.
+    pub served_bytes: u64,
+    /// `Fetch` requests answered from the memory tier (no disk read).
+    pub memory_hits: u64,
+    /// Bytes sent from the memory tier.
+    pub memory_hit_bytes: u64,
+    /// Bytes the memory tier holds now.
+    pub memory_bytes: u64,
+    /// The memory tier's capacity on this shard (0: off).
+    pub memory_capacity: u64,
+    /// Pages admitted into the memory tier.
+    pub memory_admissions: u64,
+    /// Pages evicted from the memory tier.
+    pub memory_evictions: u64,
+}
+
+/// One of a shard's hottest files, by bytes served (space-saving counts:
+/// `bytes` over-counts the file by at most `bytes_error`).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct HotFile {
+    /// The file (path and version).
+    pub file_id: FileId,
+    /// Its logical path; at most [`MAX_PATH_LEN`] bytes.
+    pub path: String,
+    /// Bytes served, estimated (at most `bytes_error` too many).
+    pub bytes: u64,
+    /// How much of `bytes` may belong to files it displaced in the table
+    /// (the count it started from).
+    pub bytes_error: u64,
+    /// Reads counted since the file entered the table (exact).
+    pub reads: u64,
+}
+
+/// One of a shard's hottest pages, by reads (space-saving counts, like
+/// [`HotFile`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HotPage {
+    /// The page.
+    pub key: Key,
+    /// Reads, estimated (at most `reads_error` too many).
+    pub reads: u64,
+    /// The count the page started from in the table.
+    pub reads_error: u64,
+}
+
+/// One mount's bytes on a shard: what it served from the cache and what it
+/// read from the under storage, and the price of the store's egress.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct MountBytes {
+    /// The mount's logical prefix; at most [`MAX_PATH_LEN`] bytes.
+    pub prefix: String,
+    /// The egress price of its store in US dollars per TB (10^12 bytes),
+    /// from the mount URL's `egress_usd_per_tb` (0: not priced). Finite, not
+    /// negative.
+    pub usd_per_tb: f64,
+    /// Bytes served to `Fetch` requests without a store read of their own:
+    /// from the memory tier, from disk, or from a load another request
+    /// started (kept off the store).
+    pub cache_bytes: u64,
+    /// Bytes read from the under storage for this mount (misses and
+    /// preloads).
+    pub store_bytes: u64,
+}
+
+/// The payload of a [`ResponseBody::Hot`] answer: a shard's hottest files
+/// and pages since it started, and its bytes per mount.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct HotReport {
+    /// Shard index within its node.
+    pub shard: u16,
+    /// Hottest files first, at most [`MAX_HOT_FILES`].
+    pub files: Vec<HotFile>,
+    /// Hottest pages first, at most [`MAX_HOT_PAGES`].
+    pub pages: Vec<HotPage>,
+    /// One entry per mount of the shard's table, at most [`MAX_MOUNTS`],
+    /// their prefixes together at most [`MAX_MOUNT_TABLE_BYTES`] (as in
+    /// `ClusterInfo`).
+    pub mounts: Vec<MountBytes>,
+}
+
+impl HotReport {
+    /// Checks the report's limits ([`FrameError::Limit`]) and that prices
+    /// are finite and not negative ([`FrameError::Mismatch`]).
+    pub fn validate(&self) -> Result<(), FrameError> {
+        bounded_count("HotReport files", self.files.len(), MAX_HOT_FILES)?;
+        bounded_count("HotReport pages", self.pages.len(), MAX_HOT_PAGES)?;
+        bounded_count("HotReport mounts", self.mounts.len(), MAX_MOUNTS)?;
+        for f in &self.files {
+            bounded_str("HotFile path", &f.path, MAX_PATH_LEN)?;
+        }
+        let mut prefixes = 0usize;
+        for m in &self.mounts {
+            bounded_str("MountBytes prefix", &m.prefix, MAX_PATH_LEN)?;
+            prefixes += m.prefix.len();
+            if !(m.usd_per_tb.is_finite() && m.usd_per_tb >= 0.0) {
+                return Err(FrameError::Mismatch(format!(
+                    "MountBytes usd_per_tb {} is not a finite price of at least 0",
+                    m.usd_per_tb
+                )));
+            }
+        }
+        if prefixes > MAX_MOUNT_TABLE_BYTES {
+            return Err(FrameError::Limit(format!(
+                "HotReport mount prefixes take {prefixes} bytes, at most \
+                 MAX_MOUNT_TABLE_BYTES = {MAX_MOUNT_TABLE_BYTES} allowed"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The state of a preload job as its CLI reports it.
@@ -1446,6 +1582,7 @@ impl Request {
                 no_payload("Invalidate", payload_len)
             }
             RequestBody::Counters => no_payload("Counters", payload_len),
+            RequestBody::Hot => no_payload("Hot", payload_len),
             RequestBody::Jobs => {
                 if payload_len > MAX_JOB_RECORD {
                     return Err(FrameError::Limit(format!(
@@ -1656,6 +1793,14 @@ impl Response {
                 }
                 Ok(())
             }
+            ResponseBody::Hot => {
+                if payload_len > MAX_HOT_PAYLOAD {
+                    return Err(FrameError::Limit(format!(
+                        "Hot payload of {payload_len} bytes exceeds {MAX_HOT_PAYLOAD}"
+                    )));
+                }
+                Ok(())
+            }
             ResponseBody::Counters => {
                 if payload_len != COUNTERS_PAYLOAD_LEN {
                     return Err(FrameError::Mismatch(format!(
@@ -1712,6 +1857,7 @@ impl ResponseBody {
             (RequestBody::PullRecords { .. }, ResponseBody::Records { .. }) => true,
             (RequestBody::FilePages { .. }, ResponseBody::Removed { .. }) => true,
             (RequestBody::WriteBackState { .. }, ResponseBody::WriteBack { .. }) => true,
+            (RequestBody::Hot, ResponseBody::Hot) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::WritePage { .. }
@@ -1935,7 +2081,7 @@ pub fn decode_response_frame(buf: &[u8]) -> Result<(Response, Range<usize>), Fra
 }
 
 // ---------------------------------------------------------------------------
-// Payloads of `Counters` and `Jobs`
+// Payloads of `Counters`, `Jobs` and `Hot`
 // ---------------------------------------------------------------------------
 
 type PayloadSerializer<'a> = HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>;
@@ -2031,6 +2177,34 @@ pub fn decode_job_records(payload: &[u8]) -> Result<Vec<JobRecord>, FrameError> 
     let records: Vec<JobRecord> = decode_header(payload)?;
     check_job_records(&records)?;
     Ok(records)
+}
+
+/// The payload of a [`ResponseBody::Hot`] answer: `report` archived, after
+/// [`HotReport::validate`]; at most [`MAX_HOT_PAYLOAD`] bytes.
+pub fn encode_hot_report(report: &HotReport) -> Result<Vec<u8>, FrameError> {
+    report.validate()?;
+    let bytes = encode_archive(report)?;
+    if bytes.len() > MAX_HOT_PAYLOAD as usize {
+        return Err(FrameError::Limit(format!(
+            "a Hot payload of {} bytes exceeds {MAX_HOT_PAYLOAD}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads the payload of a [`ResponseBody::Hot`] answer (any alignment): an
+/// archived [`HotReport`] that meets [`HotReport::validate`].
+pub fn decode_hot_report(payload: &[u8]) -> Result<HotReport, FrameError> {
+    if payload.len() > MAX_HOT_PAYLOAD as usize {
+        return Err(FrameError::Limit(format!(
+            "a Hot payload of {} bytes exceeds {MAX_HOT_PAYLOAD}",
+            payload.len()
+        )));
+    }
+    let report: HotReport = decode_header(payload)?;
+    report.validate()?;
+    Ok(report)
 }
 
 fn check_job_records(records: &[JobRecord]) -> Result<(), FrameError> {

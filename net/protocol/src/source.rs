@@ -57,3 +57,65 @@ pub trait Source: Send + Sync + 'static {
 pub fn page_version(version_tag: &str) -> u64 {
     crate::ring::hash64(version_tag.as_bytes())
 }
+
+/// The query parameter of a mount URL that prices its store's egress, in US dollars per TB
+/// (10^12 bytes) read.
+pub const EGRESS_PRICE_PARAM: &str = "egress_usd_per_tb";
+
+/// The egress price a mount URL names (`...?egress_usd_per_tb=90`): `Ok(None)` when it names
+/// none, an error when the value is not a plain decimal number of at least 0 (or the parameter
+/// is given twice). The mount table checks this when it is built; nodes read the price with it.
+pub fn egress_price(url: &str) -> Result<Option<f64>, String> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(None);
+    };
+    let query = query.split('#').next().unwrap_or_default();
+    let mut price = None;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != EGRESS_PRICE_PARAM {
+            continue;
+        }
+        if price.is_some() {
+            return Err(format!("{EGRESS_PRICE_PARAM} is given twice"));
+        }
+        let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+        let p = v
+            .parse::<f64>()
+            .ok()
+            .filter(|p| plain && p.is_finite() && *p >= 0.0)
+            .ok_or_else(|| {
+                format!("{EGRESS_PRICE_PARAM}={v} is not a price (a decimal number of at least 0)")
+            })?;
+        price = Some(p);
+    }
+    Ok(price)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_prices_are_plain_numbers_in_the_query() {
+        assert_eq!(egress_price("s3://b/p"), Ok(None));
+        assert_eq!(egress_price("s3://b/p?region=x"), Ok(None));
+        assert_eq!(
+            egress_price("s3://b/p?egress_usd_per_tb=90"),
+            Ok(Some(90.0))
+        );
+        assert_eq!(
+            egress_price("file:///d?emulate_mbps=25&egress_usd_per_tb=0.5#frag"),
+            Ok(Some(0.5))
+        );
+        assert_eq!(egress_price("s3://b?egress_usd_per_tb=0"), Ok(Some(0.0)));
+        for bad in ["-1", "", "1e3", "nan", "inf", "1,5", "1%2E5", "12abc"] {
+            let url = format!("s3://b/p?egress_usd_per_tb={bad}");
+            let e = egress_price(&url).unwrap_err();
+            assert!(e.contains("egress_usd_per_tb"), "{bad}: {e}");
+        }
+        assert!(egress_price("s3://b?egress_usd_per_tb=1&egress_usd_per_tb=2").is_err());
+        // Another parameter whose name only ends the same is not the price.
+        assert_eq!(egress_price("s3://b?x_egress_usd_per_tb=5"), Ok(None));
+    }
+}

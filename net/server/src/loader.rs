@@ -13,11 +13,13 @@
 //! - a TTL cache of path metadata (`NotFound` answers included) and of directory listings, so
 //!   the member that owns a path answers most `StatPath`/`List` requests without the store.
 //! - cache rules: a loaded page is stored under the rule its logical path falls in
-//!   ([`pagestore_engine::Rules::classify`]: quota, TTL, pin), decided once per load.
+//!   ([`pagestore_engine::Rules::classify`]: quota, TTL, pin), decided once per load;
+//! - a count of store reads of pages it had read recently already (`ufs_repeat_reads`, over its
+//!   last [`RECENT_LOADS`] loads): how the operator sees that a page was fetched more than once.
 
 use std::{
     cell::{Cell, RefCell},
-    collections::HashMap,
+    collections::{HashMap, HashSet, VecDeque},
     rc::Rc,
     sync::Arc,
     time::{Duration, Instant},
@@ -70,6 +72,44 @@ pub struct LoaderStats {
     pub metadata_hits: Cell<u64>,
     /// Metadata requests sent to the under storage.
     pub metadata_misses: Cell<u64>,
+    /// Page loads of a page this shard had loaded before, among its last [`RECENT_LOADS`].
+    pub ufs_repeat_reads: Cell<u64>,
+}
+
+/// Page loads a shard remembers (by key hash) to count repeated store reads of one page.
+pub const RECENT_LOADS: usize = 65_536;
+
+/// The key hashes of a shard's last [`RECENT_LOADS`] page loads.
+#[derive(Default)]
+struct RecentLoads {
+    order: VecDeque<u64>,
+    set: HashSet<u64>,
+}
+
+impl RecentLoads {
+    /// Remembers `h`; whether it was remembered already.
+    fn seen(&mut self, h: u64) -> bool {
+        if !self.set.insert(h) {
+            return true;
+        }
+        if self.order.len() == RECENT_LOADS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.order.push_back(h);
+        false
+    }
+}
+
+/// A loaded page, and whether this call read it from the store (`false`: it joined a load in
+/// flight and got the bytes another caller's store read brought).
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The page's bytes.
+    pub bytes: Bytes,
+    /// This call made the store read.
+    pub read_store: bool,
 }
 
 type PageResult = Result<Bytes, SourceError>;
@@ -96,6 +136,7 @@ pub struct Loader {
     flights: RefCell<HashMap<PageKey, Flight>>,
     paths: RefCell<HashMap<String, Timed<Result<PathKind, SourceError>>>>,
     lists: RefCell<HashMap<String, Timed<Rc<Vec<DirEntry>>>>>,
+    recent: RefCell<RecentLoads>,
     stats: LoaderStats,
 }
 
@@ -121,6 +162,7 @@ impl Loader {
             flights: RefCell::new(HashMap::new()),
             paths: RefCell::new(HashMap::new()),
             lists: RefCell::new(HashMap::new()),
+            recent: RefCell::new(RecentLoads::default()),
             stats: LoaderStats::default(),
         })
     }
@@ -161,13 +203,21 @@ impl Loader {
     /// The whole of page `page` of `file` (`page_size` bytes, fewer for the last page), from the
     /// under storage, then kept in the cache. Concurrent calls for one page share one load.
     pub async fn load_page(self: &Rc<Self>, file: &FileRef, page: u64) -> PageResult {
+        self.load(file, page).await.map(|l| l.bytes)
+    }
+
+    /// Like [`Loader::load_page`], and says whether this call made the store read.
+    pub async fn load(self: &Rc<Self>, file: &FileRef, page: u64) -> Result<Loaded, SourceError> {
         let key = PageKey::new(file.file_id.as_u128(), page);
         let (rx, leader) = {
             let mut flights = self.flights.borrow_mut();
             match flights.get_mut(&key) {
                 Some(Flight::Storing(bytes, _)) => {
                     self.stats.coalesced.set(self.stats.coalesced.get() + 1);
-                    return Ok(bytes.clone());
+                    return Ok(Loaded {
+                        bytes: bytes.clone(),
+                        read_store: false,
+                    });
                 }
                 Some(Flight::Loading(waiters)) => {
                     self.stats.coalesced.set(self.stats.coalesced.get() + 1);
@@ -189,11 +239,15 @@ impl Loader {
             let file = file.clone();
             glommio::spawn_local(async move { me.run_load(key, file, page).await }).detach();
         }
-        rx.await.unwrap_or_else(|_| {
+        let bytes = rx.await.unwrap_or_else(|_| {
             Err(SourceError::new(
                 ErrorCode::Unavailable,
                 "the page load was abandoned (shard stopping)",
             ))
+        })?;
+        Ok(Loaded {
+            bytes,
+            read_store: leader,
         })
     }
 
@@ -211,6 +265,11 @@ impl Loader {
             ))
         } else {
             self.stats.ufs_reads.set(self.stats.ufs_reads.get() + 1);
+            if self.recent.borrow_mut().seen(key.hash64()) {
+                self.stats
+                    .ufs_repeat_reads
+                    .set(self.stats.ufs_repeat_reads.get() + 1);
+            }
             let r = self.on_tokio(self.source.read(&file, start..end)).await;
             match r {
                 Ok(b) if b.len() as u64 != end - start => Err(SourceError::new(
@@ -278,8 +337,12 @@ impl Loader {
 
     /// Like [`Loader::load_page`], but returns only once the loaded page has been written to
     /// the cache (or failed to be): what a preload must wait for before it says it is done.
-    pub async fn load_and_keep(self: &Rc<Self>, file: &FileRef, page: u64) -> PageResult {
-        let bytes = self.load_page(file, page).await?;
+    pub async fn load_and_keep(
+        self: &Rc<Self>,
+        file: &FileRef,
+        page: u64,
+    ) -> Result<Loaded, SourceError> {
+        let loaded = self.load(file, page).await?;
         let key = PageKey::new(file.file_id.as_u128(), page);
         let rx = match self.flights.borrow_mut().get_mut(&key) {
             Some(Flight::Storing(_, waiters)) => {
@@ -292,7 +355,7 @@ impl Loader {
         if let Some(rx) = rx {
             let _ = rx.await;
         }
-        Ok(bytes)
+        Ok(loaded)
     }
 
     fn trim_metadata(&self) {

@@ -60,6 +60,8 @@ pub struct NodeOptions {
     pub replicas: u8,
     /// The node's write-back side (none: write-back requests are `Unavailable`).
     pub writeback: Option<Arc<dyn WriteBack>>,
+    /// Bytes of the memory tier over all shards (each shard keeps its share; 0: none).
+    pub memory_cache: u64,
 }
 
 /// Why a node could not start.
@@ -121,6 +123,14 @@ pub struct ShardMetrics {
     pub forbidden: u64,
     /// The shard's QUIC endpoint.
     pub endpoint: EndpointCounters,
+    /// The memory tier's counters (zero without one).
+    pub memory: crate::memory::MemoryStats,
+    /// Bytes sent from the memory tier.
+    pub memory_hit_bytes: u64,
+    /// Page bytes sent to clients, from anywhere.
+    pub served_bytes: u64,
+    /// Bytes per mount: served from the cache, read from the store, and the egress price.
+    pub mounts: Vec<crate::frame::MountBytes>,
 }
 
 /// Counters of one shard's QUIC endpoint ([`Node::endpoint_counters`]).
@@ -157,6 +167,8 @@ pub struct LoaderCounters {
     pub metadata_misses: u64,
     /// Loaded pages served but not kept (cache or rule quota full, or a disk error).
     pub store_failures: u64,
+    /// Page loads of a page loaded recently already (see [`crate::loader::RECENT_LOADS`]).
+    pub ufs_repeat_reads: u64,
 }
 
 /// What each shard keeps beside its cache: its network state, from the engine's init hook
@@ -185,6 +197,15 @@ impl Node {
     /// Starts the engine and one endpoint per shard.
     pub fn start(engine: EngineConfig, options: NodeOptions) -> Result<Node, NodeError> {
         let shards = engine.resolved_shards();
+        let per_shard = options.memory_cache / shards.max(1) as u64;
+        if options.memory_cache > 0 && per_shard < u64::from(engine.page_size) {
+            tracing::warn!(
+                memory_cache = options.memory_cache,
+                shards,
+                page_size = engine.page_size,
+                "the memory tier gives each shard less than one page: it will hold nothing"
+            );
+        }
         type Report = (usize, Result<SocketAddr, (SocketAddr, std::io::Error)>);
         let (tx, rx) = mpsc::channel::<Report>();
         let tx = Arc::new(Mutex::new(tx));
@@ -217,7 +238,8 @@ impl Node {
                     s.options.clone(),
                 )
             });
-            let service = ShardService::new(shard, view.clone(), loader.clone());
+            let memory = opts.memory_cache / shards.max(1) as u64;
+            let service = ShardService::new(shard, view.clone(), loader.clone(), memory);
             service.set_jobs(board.clone());
             if let Some(wb) = &opts.writeback {
                 service.set_writeback(wb.clone());
@@ -446,8 +468,26 @@ impl Node {
                 m.epoch = net.view.epoch();
                 (m.replica_reads, m.not_owner) = net.service.routing_counters();
                 m.forbidden = net.service.forbidden();
+                (m.memory, m.memory_hit_bytes) = net.service.memory_stats();
+                m.served_bytes = net.service.served_bytes();
+                m.mounts = net.service.hot_report().mounts;
             }
             m
+        })
+        .await
+    }
+
+    /// Each shard's hottest files and pages and bytes per mount (what `Hot` answers), by
+    /// shard index.
+    pub async fn hot_reports(&self) -> Result<Vec<crate::frame::HotReport>, EngineError> {
+        self.on_each_shard(|shard, net| {
+            net.map_or_else(
+                || crate::frame::HotReport {
+                    shard: shard.id() as u16,
+                    ..Default::default()
+                },
+                |n| n.service.hot_report(),
+            )
         })
         .await
     }
@@ -490,6 +530,7 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 metadata_hits: s.metadata_hits.get(),
                 metadata_misses: s.metadata_misses.get(),
                 store_failures: s.store_failures.get(),
+                ufs_repeat_reads: s.ufs_repeat_reads.get(),
             }
         })
 }

@@ -2,7 +2,7 @@
 //! ownership, runs the request on the shard's engine (local API, same core) and encodes the reply.
 
 use std::{
-    cell::RefCell,
+    cell::{Cell, RefCell},
     collections::{HashMap, HashSet},
     future::Future,
     pin::Pin,
@@ -18,7 +18,9 @@ use crate::{
         self, ErrorCode, FileId, FileRef, FrameError, Key, NodeEntry, PageAction, PageStatus,
         RequestBody, Response, ResponseBody,
     },
+    hot::HotTracker,
     loader::Loader,
+    memory::{MemKey, MemoryStats, MemoryTier},
     ring::{self, MemberId, Ring},
     source::page_version,
     tls::Role,
@@ -103,17 +105,33 @@ pub struct ShardService {
     dirty_inflight: RefCell<HashMap<u128, u32>>,
     /// Versions sealed on this shard: their pages are refused from now on.
     sealed: RefCell<HashSet<u128>>,
+    /// The memory tier (none: `--memory-cache` 0).
+    memory: Option<RefCell<MemoryTier>>,
+    /// Bytes sent from the memory tier.
+    memory_hit_bytes: Cell<u64>,
+    /// Page bytes sent to clients, from anywhere.
+    served_bytes: Cell<u64>,
+    /// Hottest files and pages, bytes per mount.
+    hot: RefCell<HotTracker>,
 }
 
 impl ShardService {
     /// A service for `shard` with ring view `view`, loading misses through `loader` (none: the
-    /// node has no under storage, and `Fetch` misses, `StatPath` and `List` are `Unavailable`).
+    /// node has no under storage, and `Fetch` misses, `StatPath` and `List` are `Unavailable`),
+    /// keeping the hottest pages in a memory tier of `memory_bytes` (0: none).
     pub fn new(
         shard: Rc<Shard>,
         view: Rc<RingView>,
         loader: Option<Rc<Loader>>,
+        memory_bytes: u64,
     ) -> Rc<ShardService> {
+        let memory = (memory_bytes > 0)
+            .then(|| RefCell::new(MemoryTier::new(memory_bytes, shard.page_size())));
         Rc::new(ShardService {
+            memory,
+            memory_hit_bytes: Cell::new(0),
+            served_bytes: Cell::new(0),
+            hot: RefCell::new(HotTracker::new()),
             shard,
             view,
             loader,
@@ -155,6 +173,48 @@ impl ShardService {
     /// Keeps and shows job records on `board` (shared by the node's shards).
     pub fn set_jobs(&self, board: std::sync::Arc<crate::jobs::JobBoard>) {
         *self.jobs.borrow_mut() = Some(board);
+    }
+
+    /// The memory tier's counters (all zero without one) and the bytes it sent.
+    pub fn memory_stats(&self) -> (MemoryStats, u64) {
+        let s = self
+            .memory
+            .as_ref()
+            .map_or_else(MemoryStats::default, |m| m.borrow().stats());
+        (s, self.memory_hit_bytes.get())
+    }
+
+    /// Page bytes sent to clients since start.
+    pub fn served_bytes(&self) -> u64 {
+        self.served_bytes.get()
+    }
+
+    /// The shard's hot files and pages and bytes per mount, as `Hot` answers them.
+    pub fn hot_report(&self) -> frame::HotReport {
+        self.refresh_mounts();
+        self.hot.borrow().report(self.shard.id() as u16)
+    }
+
+    /// Follows the mount table (at most once a second).
+    fn refresh_mounts(&self) {
+        let now = std::time::Instant::now();
+        if !self.hot.borrow().mounts_due(now) {
+            return;
+        }
+        let mounts = self.loader.as_ref().map_or_else(Vec::new, |l| l.mounts());
+        self.hot.borrow_mut().set_mounts(&mounts, now);
+    }
+
+    fn served(&self, bytes: usize) {
+        self.served_bytes
+            .set(self.served_bytes.get() + bytes as u64);
+    }
+
+    /// Drops every memory entry of `file_id`.
+    fn forget_memory(&self, file_id: u128) {
+        if let Some(m) = &self.memory {
+            m.borrow_mut().remove_file(file_id);
+        }
     }
 
     /// The request service-time histogram (microseconds).
@@ -278,6 +338,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::PullRecords { .. } => "PullRecords",
         RequestBody::FilePages { .. } => "FilePages",
         RequestBody::WriteBackState { .. } => "WriteBackState",
+        RequestBody::Hot => "Hot",
     }
 }
 
@@ -366,12 +427,17 @@ impl ShardService {
                 if !self.view.owns(&key) {
                     return self.not_owner(id);
                 }
+                // Whatever the memory tier held for this page is not what the cache will hold.
+                if let Some(m) = &self.memory {
+                    m.borrow_mut().remove_page(key.file_id.as_u128(), key.page);
+                }
                 match self.shard.put(&page_key(&key), payload, version).await {
                     Ok(_) => reply(id, ResponseBody::Written, Body::Empty),
                     Err(e) => engine_error(id, &e),
                 }
             }
             RequestBody::RemoveFile { file_id, .. } => {
+                self.forget_memory(file_id.as_u128());
                 match self.shard.remove_file(file_id.as_u128()).await {
                     Ok(n) => reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty),
                     Err(e) => engine_error(id, &e),
@@ -419,6 +485,10 @@ impl ShardService {
                 reply(id, body, Body::Empty)
             }
             RequestBody::Counters => self.counters(id),
+            RequestBody::Hot => match frame::encode_hot_report(&self.hot_report()) {
+                Ok(payload) => reply(id, ResponseBody::Hot, Body::Bytes(payload)),
+                Err(e) => error(id, ErrorCode::Internal, format!("hot report: {e}")),
+            },
             RequestBody::Jobs => self.jobs(id, payload),
             RequestBody::WriteDirty {
                 key, version_tag, ..
@@ -580,14 +650,17 @@ impl ShardService {
             return self.not_owner(id);
         }
         match self.shard.read(&page_key(&key), offset, len).await {
-            Ok(Some((data, info))) => reply(
-                id,
-                ResponseBody::Data {
-                    page_len: info.len,
-                    version: info.version,
-                },
-                Body::Page(data),
-            ),
+            Ok(Some((data, info))) => {
+                self.served(data.len());
+                reply(
+                    id,
+                    ResponseBody::Data {
+                        page_len: info.len,
+                        version: info.version,
+                    },
+                    Body::Page(data),
+                )
+            }
             Ok(None) => reply(id, ResponseBody::Miss, Body::Empty),
             Err(e) => engine_error(id, &e),
         }
@@ -620,11 +693,12 @@ impl ShardService {
                 Err(e) => return engine_error(id, &e),
             }
         }
+        self.served(body.len());
         reply(id, ResponseBody::Pages { entries }, Body::Bytes(body))
     }
 
-    /// A page of a file at a version: from the cache if it holds that version, else loaded
-    /// from the under storage (and stored).
+    /// A page of a file at a version: from the memory tier or the disk cache if it holds that
+    /// version, else loaded from the under storage (and stored).
     async fn fetch(
         &self,
         id: u64,
@@ -654,10 +728,32 @@ impl ShardService {
                 "file_id does not match the path and version tag",
             );
         }
+        self.refresh_mounts();
+        let version = page_version(&file.version_tag);
+        let mkey = MemKey {
+            file_id: file.file_id.as_u128(),
+            page,
+            version,
+        };
+        // Memory first: no disk read, and the same bytes for every reader.
+        let held = self.memory.as_ref().and_then(|m| m.borrow_mut().get(&mkey));
+        if let Some(bytes) = held {
+            let sent = bytes
+                .len()
+                .saturating_sub(offset as usize)
+                .min(len as usize);
+            self.memory_hit_bytes
+                .set(self.memory_hit_bytes.get() + sent as u64);
+            return self.send_slice(id, &file, page, offset, len, bytes, true);
+        }
         match self.shard.read(&page_key(&key), offset, len).await {
             // A page is served only for the version it was stored for (a page under this
             // key with another version was not loaded from this object: reload it).
-            Ok(Some((data, info))) if info.version == page_version(&file.version_tag) => {
+            Ok(Some((data, info))) if info.version == version => {
+                if let Some(bytes) = self.copy_in(&key, mkey, &data, info.len, offset).await {
+                    return self.send_slice(id, &file, page, offset, len, bytes, true);
+                }
+                self.count_read(&file, page, data.len(), true);
                 return reply(
                     id,
                     ResponseBody::Data {
@@ -665,7 +761,7 @@ impl ShardService {
                         version: info.version,
                     },
                     Body::Page(data),
-                )
+                );
             }
             Ok(Some(_)) => {
                 tracing::warn!(path = %file.path, page, "cached page has another version; reloading it");
@@ -682,31 +778,104 @@ impl ShardService {
                 "this node has no under storage configured",
             );
         };
-        match loader.load_page(&file, page).await {
-            Ok(bytes) => {
-                let start = offset as usize;
-                if start > bytes.len() {
-                    return error(
-                        id,
-                        ErrorCode::BadRange,
-                        format!(
-                            "offset {offset} is past the end of the page ({} bytes)",
-                            bytes.len()
-                        ),
-                    );
+        match loader.load(&file, page).await {
+            Ok(loaded) => {
+                if loaded.read_store {
+                    self.hot
+                        .borrow_mut()
+                        .read_from_store(&file.path, loaded.bytes.len() as u64);
                 }
-                let end = start.saturating_add(len as usize).min(bytes.len());
-                reply(
+                if let Some(m) = &self.memory {
+                    m.borrow_mut().offer_loaded(mkey, loaded.bytes.clone());
+                }
+                self.send_slice(
                     id,
-                    ResponseBody::Data {
-                        page_len: bytes.len() as u32,
-                        version: page_version(&file.version_tag),
-                    },
-                    Body::Shared(bytes.slice(start..end)),
+                    &file,
+                    page,
+                    offset,
+                    len,
+                    loaded.bytes,
+                    !loaded.read_store,
                 )
             }
             Err(e) => error(id, e.code, e.message),
         }
+    }
+
+    /// On a disk hit of a page the memory tier wants (its second read while the tier remembers
+    /// it), copies the whole page into the tier and returns its bytes there; the disk buffer
+    /// `data` holds the range asked for, so a partial range means one more read of the page.
+    async fn copy_in(
+        &self,
+        key: &Key,
+        mkey: MemKey,
+        data: &pagestore_engine::PageData,
+        page_len: u32,
+        offset: u32,
+    ) -> Option<bytes::Bytes> {
+        let memory = self.memory.as_ref()?;
+        if !memory.borrow_mut().wants_from_disk(&mkey) {
+            return None;
+        }
+        let bytes = if offset == 0 && data.len() == page_len as usize {
+            bytes::Bytes::copy_from_slice(data)
+        } else {
+            match self.shard.read(&page_key(key), 0, u32::MAX).await {
+                Ok(Some((whole, info))) if info.version == mkey.version => {
+                    bytes::Bytes::copy_from_slice(&whole)
+                }
+                _ => return None,
+            }
+        };
+        memory.borrow_mut().admit_copy(mkey, bytes.clone());
+        Some(bytes)
+    }
+
+    /// Counts one read of `bytes` bytes of `file`'s page `page` (hot files and pages, bytes
+    /// served, and, `from_cache`, bytes kept off its mount's store).
+    fn count_read(&self, file: &FileRef, page: u64, bytes: usize, from_cache: bool) {
+        self.served(bytes);
+        let mut hot = self.hot.borrow_mut();
+        hot.record_read(file.file_id.as_u128(), &file.path, page, bytes as u64);
+        if from_cache {
+            hot.served_from_cache(&file.path, bytes as u64);
+        }
+    }
+
+    /// Answers a `Fetch` with `offset..offset + len` of the whole page `bytes` (held in
+    /// memory, or just loaded), without copying them.
+    #[allow(clippy::too_many_arguments)]
+    fn send_slice(
+        &self,
+        id: u64,
+        file: &FileRef,
+        page: u64,
+        offset: u32,
+        len: u32,
+        bytes: bytes::Bytes,
+        from_cache: bool,
+    ) -> Reply {
+        let start = offset as usize;
+        if start > bytes.len() {
+            return error(
+                id,
+                ErrorCode::BadRange,
+                format!(
+                    "offset {offset} is past the end of the page ({} bytes)",
+                    bytes.len()
+                ),
+            );
+        }
+        let end = start.saturating_add(len as usize).min(bytes.len());
+        self.count_read(file, page, end - start, from_cache);
+        reply(
+            id,
+            ResponseBody::Data {
+                page_len: bytes.len() as u32,
+                version: page_version(&file.version_tag),
+            },
+            Body::Shared(bytes.slice(start..end)),
+        )
     }
 
     /// Forgets a path's metadata and drops a file's cached pages.
@@ -717,6 +886,7 @@ impl ShardService {
         if file_id.as_u128() == 0 {
             return reply(id, ResponseBody::Removed { pages: 0 }, Body::Empty);
         }
+        self.forget_memory(file_id.as_u128());
         match self.shard.remove_file(file_id.as_u128()).await {
             Ok(n) => reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty),
             Err(e) => engine_error(id, &e),
@@ -725,10 +895,18 @@ impl ShardService {
 
     fn counters(&self, id: u64) -> Reply {
         let s = self.shard.stats();
-        let (ufs_bytes, ufs_reads, ufs_errors) = self.loader.as_ref().map_or((0, 0, 0), |l| {
-            let st = l.stats();
-            (st.ufs_bytes.get(), st.ufs_reads.get(), st.ufs_errors.get())
-        });
+        let (ufs_bytes, ufs_reads, ufs_errors, coalesced, ufs_repeat_reads) =
+            self.loader.as_ref().map_or((0, 0, 0, 0, 0), |l| {
+                let st = l.stats();
+                (
+                    st.ufs_bytes.get(),
+                    st.ufs_reads.get(),
+                    st.ufs_errors.get(),
+                    st.coalesced.get(),
+                    st.ufs_repeat_reads.get(),
+                )
+            });
+        let (memory, memory_hit_bytes) = self.memory_stats();
         let counters = frame::ShardCounters {
             shard: s.shard as u16,
             pages: s.pages,
@@ -746,6 +924,15 @@ impl ShardService {
             not_owner: self.not_owner.get(),
             forbidden: self.forbidden.get(),
             epoch: self.view.epoch(),
+            coalesced,
+            ufs_repeat_reads,
+            served_bytes: self.served_bytes.get(),
+            memory_hits: memory.hits,
+            memory_hit_bytes,
+            memory_bytes: memory.bytes,
+            memory_capacity: memory.capacity,
+            memory_admissions: memory.admissions,
+            memory_evictions: memory.evictions,
         };
         match frame::encode_counters(&counters) {
             Ok(payload) => reply(id, ResponseBody::Counters, Body::Bytes(payload)),
@@ -789,6 +976,7 @@ impl ShardService {
         let Some(loader) = &self.loader else {
             return no_source(id);
         };
+        self.refresh_mounts();
         let mut tasks = Vec::new();
         for page in pages {
             let key = Key {
@@ -820,9 +1008,14 @@ impl ShardService {
         let (mut loaded, mut bytes, mut failed) = (0u32, 0u64, None);
         for t in tasks {
             match t.await {
-                Ok(b) => {
+                Ok(l) => {
                     loaded += 1;
-                    bytes += b.len() as u64;
+                    bytes += l.bytes.len() as u64;
+                    if l.read_store {
+                        self.hot
+                            .borrow_mut()
+                            .read_from_store(&file.path, l.bytes.len() as u64);
+                    }
                 }
                 Err(e) => {
                     failed.get_or_insert(e);

@@ -223,6 +223,8 @@ struct Setup {
     replicas: u8,
     nodes: Vec<NodeEntry>,
     mounts: Vec<MountEntry>,
+    /// Memory tier bytes over all shards.
+    memory_cache: u64,
 }
 
 impl Default for Setup {
@@ -234,6 +236,7 @@ impl Default for Setup {
             replicas: 0,
             nodes: Vec::new(),
             mounts: Vec::new(),
+            memory_cache: 0,
         }
     }
 }
@@ -272,6 +275,7 @@ impl Harness {
                 nodes: setup.nodes,
                 replicas: setup.replicas,
                 writeback: None,
+                memory_cache: setup.memory_cache,
                 ..common::node_options(server, NODE, setup.ring)
             },
         )
@@ -310,6 +314,7 @@ impl Harness {
                 metadata_hits: a.metadata_hits + c.metadata_hits,
                 metadata_misses: a.metadata_misses + c.metadata_misses,
                 store_failures: a.store_failures + c.store_failures,
+                ufs_repeat_reads: a.ufs_repeat_reads + c.ufs_repeat_reads,
             })
     }
 }
@@ -526,6 +531,159 @@ fn concurrent_misses_on_one_page_make_one_store_read() {
         let c = h.counters().await;
         assert_eq!(c.ufs_reads, 1);
         assert!(c.coalesced >= 15, "only {} misses coalesced", c.coalesced);
+        pool.close();
+    });
+}
+
+#[test]
+fn the_memory_tier_serves_hot_pages_without_the_disk_and_forgets_removed_files() {
+    // One shard with room for two pages in memory.
+    let h = Harness::start(Setup {
+        shards: 1,
+        memory_cache: 2 * P,
+        mounts: vec![MountEntry {
+            prefix: "/m".into(),
+            url: "file:///srv/m?egress_usd_per_tb=20".into(),
+        }],
+        ..Setup::default()
+    });
+    let path = "/m/w.bin";
+    let data = content(9, 4 * P as usize);
+    h.fake.put_file(path, "v1", data.clone());
+    let f = file_ref(path, "v1", data.len() as u64);
+    let version = page_version("v1");
+    let addr = h.addr(0);
+    let page = |p: u64| data[(p * P) as usize..((p + 1) * P) as usize].to_vec();
+    h.rt.block_on(async {
+        let pool = h.pool();
+        let memory = || async { h.node.metrics().await.unwrap()[0].clone() };
+        let get = |p: u64, offset: u32, len: u32| {
+            let pool = pool.clone();
+            let f = f.clone();
+            async move { ask(&pool, addr, fetch(&f, p, offset, len)).await }
+        };
+        // Cold: loaded from the store, kept on disk and (no copy) in memory.
+        let (body, bytes) = get(0, 0, PAGE).await;
+        assert_eq!(
+            body,
+            ResponseBody::Data {
+                page_len: PAGE,
+                version
+            }
+        );
+        assert!(bytes == page(0));
+        wait_cached(h.shard(0), key(&f, 0)).await;
+        let m = memory().await;
+        assert_eq!(
+            (m.memory.admissions, m.memory.bytes, m.memory.capacity),
+            (1, P, 2 * P)
+        );
+        // Warm: from memory, exact bytes of any range, no disk read, no store read.
+        let disk_hits = m.engine.hits;
+        for (offset, len) in [(0, PAGE), (100, 5000), (PAGE - 10, 1000)] {
+            let (body, bytes) = get(0, offset, len).await;
+            assert_eq!(
+                body,
+                ResponseBody::Data {
+                    page_len: PAGE,
+                    version
+                }
+            );
+            let end = (offset + len).min(PAGE) as usize;
+            assert!(bytes == page(0)[offset as usize..end], "{offset}+{len}");
+        }
+        let m = memory().await;
+        assert_eq!(m.memory.hits, 3);
+        assert_eq!(m.memory_hit_bytes, P + 5000 + 10);
+        assert_eq!(m.engine.hits, disk_hits, "memory hits never read the disk");
+        assert_eq!(h.fake.reads(), 1);
+        // Past the page's end from memory: the same BadRange as from disk.
+        let (body, _) = get(0, PAGE + 1, 10).await;
+        assert_error(&body, ErrorCode::BadRange);
+
+        // Pages 1..4, loaded once each, pass through the small FIFO; page 0, read three times,
+        // moves to the main FIFO and stays (S3-FIFO: a one-pass scan does not flush it).
+        for p in 1..4 {
+            let (_, bytes) = get(p, 0, PAGE).await;
+            assert!(bytes == page(p));
+            wait_cached(h.shard(0), key(&f, p)).await;
+        }
+        let m = memory().await;
+        assert_eq!(
+            (m.memory.bytes, m.memory.evictions),
+            (2 * P, 2),
+            "{:?}",
+            m.memory
+        );
+        assert_eq!(h.fake.reads(), 4);
+        let (_, bytes) = get(0, 0, PAGE).await;
+        assert!(bytes == page(0));
+        assert_eq!(
+            memory().await.memory.hits,
+            m.memory.hits + 1,
+            "page 0 stayed"
+        );
+        // Page 1 left memory for the ghost; read from disk now, it is copied back in (the whole
+        // page, though 20 bytes were asked for), then served from memory.
+        let before = memory().await;
+        let (_, bytes) = get(1, 10, 20).await;
+        assert!(bytes == page(1)[10..30]);
+        let after = memory().await;
+        assert_eq!(after.engine.hits, before.engine.hits + 2, "two disk reads");
+        assert_eq!(after.memory.admissions, before.memory.admissions + 1);
+        let (_, bytes) = get(1, 0, PAGE).await;
+        assert!(bytes == page(1));
+        assert_eq!(memory().await.memory.hits, after.memory.hits + 1);
+        assert_eq!(h.fake.reads(), 4, "no store read for any of this");
+
+        // Removing the file drops its memory entries too: the next read goes to the store.
+        let held = memory().await.memory.pages;
+        assert!(held >= 1);
+        let admin_id =
+            h.ca.issue("admin", pagestore_protocol::tls::Role::Admin)
+                .unwrap();
+        let admin = common::pool(&h.ca, Some(&admin_id), "127.0.0.1:0");
+        let (body, _) = ask(
+            &admin,
+            addr,
+            RequestBody::RemoveFile {
+                file_id: f.file_id,
+                epoch: 0,
+            },
+        )
+        .await;
+        admin.close();
+        assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
+        assert_eq!(memory().await.memory.bytes, 0);
+        for p in 0..4 {
+            let (_, bytes) = get(p, 0, PAGE).await;
+            assert!(bytes == page(p));
+        }
+        assert_eq!(h.fake.reads(), 8, "every page came from the store again");
+
+        // Egress: bytes served without a store read of their own vs. read from the store.
+        let m = memory().await;
+        assert_eq!(m.mounts.len(), 1);
+        let mb = &m.mounts[0];
+        assert_eq!((mb.prefix.as_str(), mb.usd_per_tb), ("/m", 20.0));
+        assert_eq!(mb.store_bytes, 8 * P);
+        // Everything but the 20 bytes copied in from disk came from memory.
+        assert_eq!(mb.cache_bytes, m.memory_hit_bytes + 20);
+        assert_eq!(mb.cache_bytes + mb.store_bytes, m.served_bytes);
+
+        // The same through the wire: the hottest file and page, and the mount's bytes.
+        let (body, payload) = ask(&pool, addr, RequestBody::Hot).await;
+        assert_eq!(body, ResponseBody::Hot);
+        let r = frame::decode_hot_report(&payload).unwrap();
+        assert_eq!(r.files.len(), 1);
+        let hot = &r.files[0];
+        assert_eq!(
+            (hot.path.as_str(), hot.file_id, hot.reads),
+            (path, f.file_id, 14)
+        );
+        assert_eq!((hot.bytes, hot.bytes_error), (m.served_bytes, 0));
+        assert_eq!((r.pages[0].key.page, r.pages[0].reads), (0, 6));
+        assert_eq!(r.mounts, m.mounts);
         pool.close();
     });
 }

@@ -1,5 +1,6 @@
 //! A cached page goes to quinn-proto without a copy: the `Bytes` a reply hands over point into
-//! the DMA buffer the disk read filled, and release it on the shard's thread.
+//! the DMA buffer the disk read filled, and release it on the shard's thread; a memory-tier hit
+//! hands over a slice of the tier's entry.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -33,4 +34,38 @@ fn a_cached_page_is_handed_to_quic_from_its_disk_buffer() {
     let p = v.as_ptr();
     assert_eq!(Body::Bytes(v).into_bytes().as_ptr(), p);
     engine.shutdown().unwrap();
+}
+
+/// A memory-tier hit goes out from the tier's own buffer: the reply's bytes are a slice of the
+/// entry's `Bytes`, the same memory for every reader, never a copy.
+#[test]
+fn a_memory_tier_page_is_handed_to_quic_from_its_entry() {
+    use pagestore_server::memory::{MemKey, MemoryTier};
+    let mut tier = MemoryTier::new(1 << 20, 64 << 10);
+    let key = MemKey {
+        file_id: 7,
+        page: 0,
+        version: 3,
+    };
+    let page = bytes::Bytes::from(
+        (0..64u32 << 10)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let entry = page.as_ptr();
+    tier.offer_loaded(key, page);
+    for reader in 0..3 {
+        let held = tier.get(&key).unwrap();
+        let body = Body::Shared(held.slice(4096..4096 + 8192)).into_bytes();
+        assert_eq!(
+            body.as_ptr(),
+            entry.wrapping_add(4096),
+            "reader {reader}: the reply is the entry's memory"
+        );
+        assert!(body
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == ((i + 4096) % 251) as u8));
+    }
+    assert_eq!(tier.stats().hits, 3);
 }

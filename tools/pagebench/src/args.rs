@@ -71,6 +71,16 @@ pub enum Command {
     /// the client against object_store and the local engine; a node SIGKILLed during a scan.
     Cluster(Plain),
 
+    /// Issue 18: one file read whole by many readers over 3 pagestored processes
+    ///
+    /// Issue 18: one file of --size (default 2G) read whole by each of --readers readers
+    /// (default 8,32) over 3 pagestored processes behind an emulated distant store
+    /// (--ufs-latency-ms, default 20; --ufs-mbps, default 25), cold and warm, without and with
+    /// the memory tier, against every reader reading the store directly; store bytes read,
+    /// completion time ratios, per-node bytes served max/mean, and memory-tier against disk
+    /// hits for one shard with CPU per GB.
+    Fanout(Plain),
+
     /// Write the dataset (flat files, episode files) to --dir DIR or --ufs URL
     Gen(Gen),
 
@@ -407,6 +417,7 @@ impl Common {
             o.qd_given = true;
         }
         set(&mut o.seconds, e.seconds);
+        o.size_given = e.size.is_some();
         set(&mut o.size, e.size);
         if let Some(w) = e.workloads {
             o.workloads = w.split(',').map(str::to_string).collect();
@@ -463,6 +474,7 @@ impl Command {
             Command::Raw(a) => ("raw", a.common),
             Command::Scale(a) => ("scale", a.common),
             Command::Cluster(a) => ("cluster", a.common),
+            Command::Fanout(a) => ("fanout", a.common),
             Command::Compare(a) => {
                 a.manifest.apply(&mut o);
                 ("compare", a.common)
@@ -638,7 +650,7 @@ mod tests {
 
     /// Every command, and the options only some commands take (with the commands that take
     /// them), as the hand-written parser had them.
-    const COMMANDS: [&str; 14] = [
+    const COMMANDS: [&str; 15] = [
         "local",
         "compare",
         "restart",
@@ -647,6 +659,7 @@ mod tests {
         "net",
         "scale",
         "cluster",
+        "fanout",
         "gen",
         "ufs",
         "fuse",

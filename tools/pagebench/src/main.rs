@@ -7,6 +7,7 @@ mod args;
 mod bench;
 mod cluster;
 mod dataset;
+mod fanout;
 mod fio;
 mod frontends;
 mod fusecmp;
@@ -40,6 +41,8 @@ pub struct Opts {
     pub seconds: f64,
     /// Dataset size in bytes (the target modes: of the flat files).
     pub size: u64,
+    /// Whether `--size` was given.
+    pub size_given: bool,
     /// Workloads to run.
     pub workloads: Vec<String>,
     /// Whether `--workloads` was given.
@@ -135,6 +138,7 @@ impl Default for Opts {
             qd_given: false,
             seconds: 10.0,
             size: 4 << 30,
+            size_given: false,
             workloads: vec!["write".into(), "read".into(), "read4k".into()],
             workloads_given: false,
             pages: 250_000,
@@ -286,6 +290,7 @@ fn main() {
         "scale" if opts.scale_client => modes::scale_client(&opts),
         "scale" => local::scale(&opts),
         "cluster" => cluster::run_cluster(&opts),
+        "fanout" => fanout::run_fanout(&opts),
         "gen" => dataset::run_gen(&opts),
         "ufs" => modes::run_mode(&opts, modes::Mode::Ufs),
         "fuse" => modes::run_mode(&opts, modes::Mode::Fuse),

@@ -181,6 +181,7 @@ fn start_node(
             nodes: Vec::new(),
             replicas: 0,
             writeback: None,
+            memory_cache: 0,
         },
     )?;
     let engine_ref = node.engine().context("engine gone")?;

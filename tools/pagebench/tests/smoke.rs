@@ -595,3 +595,63 @@ fn cluster_and_the_engine_targets_print_json() {
     .unwrap();
     assert_eq!(v["pages_restored"].as_u64(), Some(500), "{v}");
 }
+
+#[test]
+fn fanout_reads_one_file_once_from_the_store_for_every_reader() {
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = pagebench_with_tools(&[
+        "fanout",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "12M",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--readers",
+        "3,9",
+        "--seconds",
+        "0.2",
+        "--ufs-latency-ms",
+        "2",
+        "--ufs-mbps",
+        "100",
+        "--verify",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let size = 12u64 << 20;
+    assert_eq!(v["direct"].as_array().unwrap().len(), 2, "{v}");
+    let passes = v["passes"].as_array().unwrap();
+    // Readers 3 and 9, cold and warm, without and with the memory tier.
+    assert_eq!(passes.len(), 8, "{v}");
+    for p in passes {
+        let readers = p["readers"].as_u64().unwrap();
+        assert_eq!(p["bytes"].as_u64(), Some(readers * size), "{p}");
+        let cold = p["name"].as_str().unwrap().starts_with("cold");
+        let store = p["store_bytes"].as_u64().unwrap();
+        assert_eq!(store, if cold { size } else { 0 }, "{p}");
+        let served: u64 = p["node_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .sum();
+        assert_eq!(served, readers * size, "{p}");
+        assert_eq!(p["client_fallbacks"].as_u64(), Some(0), "{p}");
+        if p["memory_tier"] == true && !cold {
+            assert!(p["memory_hits"].as_u64().unwrap() > 0, "{p}");
+        }
+    }
+    let shard = v["same_shard"].as_array().unwrap();
+    assert_eq!(shard.len(), 2, "{v}");
+    assert!(shard[0]["disk_hits"].as_u64().unwrap() > 0, "{v}");
+    assert!(shard[1]["memory_hits"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["memory_over_disk_same_shard"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert_eq!(v["completion_ratios"].as_array().unwrap().len(), 8, "{v}");
+}

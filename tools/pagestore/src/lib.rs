@@ -6,4 +6,5 @@ pub mod daemon;
 pub mod load;
 pub mod metrics;
 pub mod rules;
+pub mod top;
 pub mod writeback;

@@ -106,6 +106,55 @@ const PER_SHARD: &[ShardFamily] = &[
         |s| s.loader.coalesced,
     ),
     (
+        "pagestore_ufs_repeat_reads_total",
+        Kind::Counter,
+        "Page loads of a page the shard had loaded recently already (a second store read of one \
+         page; among its last 65,536 loads).",
+        |s| s.loader.ufs_repeat_reads,
+    ),
+    (
+        "pagestore_served_bytes_total",
+        Kind::Counter,
+        "Page bytes sent to clients, from memory, disk or the under storage.",
+        |s| s.served_bytes,
+    ),
+    (
+        "pagestore_memory_hits_total",
+        Kind::Counter,
+        "Reads served from the memory tier (no disk read).",
+        |s| s.memory.hits,
+    ),
+    (
+        "pagestore_memory_hit_bytes_total",
+        Kind::Counter,
+        "Bytes sent from the memory tier.",
+        |s| s.memory_hit_bytes,
+    ),
+    (
+        "pagestore_memory_bytes",
+        Kind::Gauge,
+        "Bytes the memory tier holds.",
+        |s| s.memory.bytes,
+    ),
+    (
+        "pagestore_memory_capacity_bytes",
+        Kind::Gauge,
+        "The memory tier's capacity on the shard (--memory-cache / shards; 0: off).",
+        |s| s.memory.capacity,
+    ),
+    (
+        "pagestore_memory_admissions_total",
+        Kind::Counter,
+        "Pages admitted into the memory tier.",
+        |s| s.memory.admissions,
+    ),
+    (
+        "pagestore_memory_evictions_total",
+        Kind::Counter,
+        "Pages evicted from the memory tier.",
+        |s| s.memory.evictions,
+    ),
+    (
         "pagestore_metadata_cache_hits_total",
         Kind::Counter,
         "Path metadata and listings answered from the TTL cache.",
@@ -370,6 +419,26 @@ const BYTE_HIT_RATIO: (&str, &str) = (
     "Bytes from the cache / (bytes from the cache + bytes from the under storage).",
 );
 
+/// Per-mount families (labels `node`, `mount`), summed over the shards.
+const MOUNT_CACHE_BYTES: (&str, &str) = (
+    "pagestore_mount_cache_bytes_total",
+    "Bytes of the mount served without a store read of their own (memory, disk, or a load \
+     another request started): egress kept off the store.",
+);
+const MOUNT_STORE_BYTES: (&str, &str) = (
+    "pagestore_mount_store_bytes_total",
+    "Bytes of the mount read from the under storage (misses and preloads).",
+);
+const MOUNT_PRICE: (&str, &str) = (
+    "pagestore_mount_egress_usd_per_tb",
+    "The egress price of the mount's store, US dollars per TB (the mount URL's \
+     egress_usd_per_tb; 0: not priced).",
+);
+const MOUNT_SAVED: (&str, &str) = (
+    "pagestore_mount_egress_saved_usd",
+    "Egress kept off the store since the node started, priced: cache bytes / 1e12 x the price.",
+);
+
 /// Membership gauges (label `node`).
 const RING_NODES: (&str, &str) = (
     "pagestore_ring_nodes",
@@ -507,6 +576,12 @@ pub fn names() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = PER_SHARD.iter().map(|f| f.0).collect();
     v.extend([LATENCY.0, HIT_RATIO.0, BYTE_HIT_RATIO.0]);
     v.extend([
+        MOUNT_CACHE_BYTES.0,
+        MOUNT_STORE_BYTES.0,
+        MOUNT_PRICE.0,
+        MOUNT_SAVED.0,
+    ]);
+    v.extend([
         RING_NODES.0,
         RING_NODES_DOWN.0,
         ETCD_REACHABLE.0,
@@ -618,10 +693,58 @@ impl Snapshot {
         // Node-wide ratios: the first of the three numbers operators judge a cache by.
         let sum = |f: fn(&ShardMetrics) -> u64| self.shards.iter().map(f).sum::<u64>() as f64;
         let ratio = |a: f64, b: f64| if a + b > 0.0 { a / (a + b) } else { 0.0 };
-        let (hits, misses) = (sum(|s| s.engine.hits), sum(|s| s.engine.misses));
-        let (hit_bytes, ufs_bytes) = (sum(|s| s.engine.hit_bytes), sum(|s| s.loader.ufs_bytes));
+        // Memory-tier hits are hits too (they never reach the engine).
+        let hits = sum(|s| s.engine.hits + s.memory.hits);
+        let misses = sum(|s| s.engine.misses);
+        let hit_bytes = sum(|s| s.engine.hit_bytes + s.memory_hit_bytes);
+        let ufs_bytes = sum(|s| s.loader.ufs_bytes);
         node_gauge(e, HIT_RATIO, &self.node, ratio(hits, misses))?;
         node_gauge(e, BYTE_HIT_RATIO, &self.node, ratio(hit_bytes, ufs_bytes))
+    }
+
+    /// Each mount's bytes and price, summed over the shards (first seen order).
+    fn mounts(&self) -> Vec<pagestore_protocol::frame::MountBytes> {
+        let mut out: Vec<pagestore_protocol::frame::MountBytes> = Vec::new();
+        for m in self.shards.iter().flat_map(|s| &s.mounts) {
+            match out.iter_mut().find(|o| o.prefix == m.prefix) {
+                Some(o) => {
+                    o.cache_bytes = o.cache_bytes.saturating_add(m.cache_bytes);
+                    o.store_bytes = o.store_bytes.saturating_add(m.store_bytes);
+                }
+                None => out.push(m.clone()),
+            }
+        }
+        out
+    }
+
+    fn encode_mounts(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let mounts = self.mounts();
+        if mounts.is_empty() {
+            return Ok(());
+        }
+        type M = pagestore_protocol::frame::MountBytes;
+        let labels = |m: &M| {
+            let mut l = self.node_labels();
+            l.push(("mount", label(&m.prefix)));
+            l
+        };
+        for ((name, help), value) in [
+            (MOUNT_CACHE_BYTES, (|m| m.cache_bytes) as fn(&M) -> u64),
+            (MOUNT_STORE_BYTES, |m| m.store_bytes),
+        ] {
+            let samples = mounts.iter().map(|m| (labels(m), value(m)));
+            family(e, name, Kind::Counter, help, samples)?;
+        }
+        for ((name, help), value) in [
+            (MOUNT_PRICE, (|m| m.usd_per_tb) as fn(&M) -> f64),
+            (MOUNT_SAVED, |m| m.cache_bytes as f64 / 1e12 * m.usd_per_tb),
+        ] {
+            let mut f = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for m in &mounts {
+                f.encode_family(&labels(m))?.encode_gauge(&value(m))?;
+            }
+        }
+        Ok(())
     }
 
     fn encode_membership(&self, e: &mut DescriptorEncoder) -> fmt::Result {
@@ -705,6 +828,7 @@ impl Snapshot {
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         self.encode_shards(&mut e)?;
+        self.encode_mounts(&mut e)?;
         self.encode_membership(&mut e)?;
         self.encode_jobs(&mut e)?;
         self.encode_rules(&mut e)?;

@@ -10,8 +10,9 @@ mod bodies;
 use std::time::{Duration, Instant};
 
 use pagestore_protocol::frame::{
-    encode_counters, encode_job_record, encode_job_records, encode_request, encode_response,
-    JobRecord, JobState, Request, RequestBody, Response, ResponseBody, ShardCounters,
+    encode_counters, encode_hot_report, encode_job_record, encode_job_records, encode_request,
+    encode_response, FileId, HotFile, HotPage, HotReport, JobRecord, JobState, Key, MountBytes,
+    Request, RequestBody, Response, ResponseBody, ShardCounters,
 };
 
 /// xorshift64*: deterministic, so that a failure repeats.
@@ -179,9 +180,11 @@ fn decode_frame_survives_mutated_frames() {
     .unwrap();
     out.extend_from_slice(&record);
     seeds.push(out);
+    let hot = hot_seed();
     for (body, payload) in [
         (ResponseBody::Counters, &counters),
         (ResponseBody::Jobs, &records),
+        (ResponseBody::Hot, &hot),
     ] {
         let mut out = Vec::new();
         encode_response(
@@ -228,6 +231,35 @@ fn payload_seeds() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     (counters, record, records)
 }
 
+/// The payload of a `Hot` answer: a file, a page and a priced mount.
+fn hot_seed() -> Vec<u8> {
+    encode_hot_report(&HotReport {
+        shard: 1,
+        files: vec![HotFile {
+            file_id: FileId::from_u128(5),
+            path: "/data/weights.bin".into(),
+            bytes: 1 << 30,
+            bytes_error: 4 << 20,
+            reads: 256,
+        }],
+        pages: vec![HotPage {
+            key: Key {
+                file_id: FileId::from_u128(5),
+                page: 3,
+            },
+            reads: 64,
+            reads_error: 2,
+        }],
+        mounts: vec![MountBytes {
+            prefix: "/data".into(),
+            usd_per_tb: 90.0,
+            cache_bytes: 1 << 30,
+            store_bytes: 4 << 20,
+        }],
+    })
+    .unwrap()
+}
+
 #[test]
 fn decode_payload_survives_mutated_payloads() {
     let (counters, record, records) = payload_seeds();
@@ -238,6 +270,8 @@ fn decode_payload_survives_mutated_payloads() {
         record,
         records,
         encode_job_records(&[]).unwrap(),
+        hot_seed(),
+        encode_hot_report(&HotReport::default()).unwrap(),
     ];
     assert!(smoke("decode_payload", bodies::decode_payload, &seeds, BUDGET) > 100);
 }

@@ -194,6 +194,7 @@ fn sample_requests() -> Vec<Request> {
         RequestBody::WriteBackState {
             prefix: "/ckpt".into(),
         },
+        RequestBody::Hot,
     ];
     bodies
         .into_iter()
@@ -334,6 +335,7 @@ fn sample_responses() -> Vec<Response> {
                 last_error: "store unreachable".into(),
             },
         },
+        ResponseBody::Hot,
     ];
     let mut out: Vec<Response> = bodies
         .into_iter()
@@ -2021,6 +2023,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
         )
             .prop_map(|(file_id, action)| RequestBody::FilePages { file_id, action }),
         arb_string(120).prop_map(|prefix| RequestBody::WriteBackState { prefix }),
+        Just(RequestBody::Hot),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -2210,6 +2213,7 @@ fn arb_response() -> impl Strategy<Value = Response> {
                 },
             }
         ),
+        Just(ResponseBody::Hot),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
 }
@@ -2327,6 +2331,15 @@ fn counters() -> ShardCounters {
         not_owner: 13,
         forbidden: 14,
         epoch: 15,
+        coalesced: 16,
+        ufs_repeat_reads: 17,
+        served_bytes: 18,
+        memory_hits: 19,
+        memory_hit_bytes: 20,
+        memory_bytes: 21,
+        memory_capacity: 22,
+        memory_admissions: 23,
+        memory_evictions: 24,
     }
 }
 
@@ -2353,9 +2366,9 @@ fn largest_job_record() -> JobRecord {
     }
 }
 
-/// `ShardCounters { shard: 3, pages: 1, bytes: 2, ..., epoch: 15 }` (each
-/// counter after `shard` one more than the one before): the 128-byte
-/// payload of a `Counters` answer.
+/// `ShardCounters { shard: 3, pages: 1, bytes: 2, ..., memory_evictions: 24
+/// }` (each counter after `shard` one more than the one before): the
+/// 200-byte payload of a `Counters` answer.
 const GOLDEN_COUNTERS: &str = "\
     03000000000000000100000000000000\
     02000000000000000300000000000000\
@@ -2364,7 +2377,12 @@ const GOLDEN_COUNTERS: &str = "\
     08000000000000000900000000000000\
     0a000000000000000b00000000000000\
     0c000000000000000d00000000000000\
-    0e000000000000000f00000000000000";
+    0e000000000000000f00000000000000\
+    10000000000000001100000000000000\
+    12000000000000001300000000000000\
+    14000000000000001500000000000000\
+    16000000000000001700000000000000\
+    1800000000000000";
 
 /// `JobRecord { id: "job-1", source: "prefix /data", client: "h:42",
 /// state: Done, verify: true, submitted: 1.5, updated: 2.0, elapsed_secs:
@@ -2464,7 +2482,29 @@ fn documented_payload_layouts() {
             size_of::<ArchivedShardCounters>(),
             align_of::<ArchivedShardCounters>()
         ),
-        (128, 8)
+        (200, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedHotReport>(),
+            align_of::<ArchivedHotReport>()
+        ),
+        (28, 4)
+    );
+    assert_eq!(
+        (size_of::<ArchivedHotFile>(), align_of::<ArchivedHotFile>()),
+        (48, 8)
+    );
+    assert_eq!(
+        (size_of::<ArchivedHotPage>(), align_of::<ArchivedHotPage>()),
+        (40, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedMountBytes>(),
+            align_of::<ArchivedMountBytes>()
+        ),
+        (32, 8)
     );
     assert_eq!(
         (
@@ -2531,6 +2571,11 @@ fn payload_records_round_trip_at_any_alignment() {
         let mut buf = vec![0xEEu8; shift];
         buf.extend_from_slice(&encode_counters(&counters()).unwrap());
         assert_eq!(decode_counters(&buf[shift..]).unwrap(), counters());
+        for r in [golden_hot_report(), largest_hot_report()] {
+            let mut buf = vec![0xEEu8; shift];
+            buf.extend_from_slice(&encode_hot_report(&r).unwrap());
+            assert_eq!(decode_hot_report(&buf[shift..]).unwrap(), r);
+        }
         for r in &records {
             let mut buf = vec![0xEEu8; shift];
             buf.extend_from_slice(&encode_job_record(r).unwrap());
@@ -2654,7 +2699,7 @@ fn payload_limits_hold_on_both_sides() {
 #[test]
 fn malformed_payloads_are_errors() {
     // Wrong lengths.
-    for len in [0, 1, 127, 129, 256] {
+    for len in [0, 1, 127, 128, 199, 201, 256] {
         let err = decode_counters(&vec![0u8; len]).unwrap_err();
         assert!(matches!(err, FrameError::Mismatch(_)), "{len}: {err}");
     }
@@ -2749,6 +2794,9 @@ fn decode_any_payload(buf: &[u8]) {
     if let Ok(r) = decode_job_records(buf) {
         encode_job_records(&r).unwrap();
     }
+    if let Ok(r) = decode_hot_report(buf) {
+        encode_hot_report(&r).unwrap();
+    }
 }
 
 proptest! {
@@ -2767,7 +2815,7 @@ proptest! {
     }
 
     #[test]
-    fn prop_counters_round_trip(shard in any::<u16>(), n in proptest::array::uniform15(any::<u64>())) {
+    fn prop_counters_round_trip(shard in any::<u16>(), n in proptest::array::uniform24(any::<u64>())) {
         let c = ShardCounters {
             shard,
             pages: n[0],
@@ -2785,8 +2833,39 @@ proptest! {
             not_owner: n[12],
             forbidden: n[13],
             epoch: n[14],
+            coalesced: n[15],
+            ufs_repeat_reads: n[16],
+            served_bytes: n[17],
+            memory_hits: n[18],
+            memory_hit_bytes: n[19],
+            memory_bytes: n[20],
+            memory_capacity: n[21],
+            memory_admissions: n[22],
+            memory_evictions: n[23],
         };
         prop_assert_eq!(decode_counters(&encode_counters(&c).unwrap()).unwrap(), c);
+    }
+
+    #[test]
+    fn prop_hot_reports_round_trip(report in arb_hot_report()) {
+        let bytes = encode_hot_report(&report).unwrap();
+        prop_assert!(bytes.len() <= MAX_HOT_PAYLOAD as usize);
+        prop_assert_eq!(decode_hot_report(&bytes).unwrap(), report);
+    }
+
+    #[test]
+    fn prop_mutated_hot_reports_never_panic(
+        report in arb_hot_report(),
+        flips in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<proptest::sample::Index>(),
+    ) {
+        let mut bytes = encode_hot_report(&report).unwrap();
+        for (at, value) in &flips {
+            let i = at.index(bytes.len());
+            bytes[i] = *value;
+        }
+        decode_any_payload(&bytes);
+        decode_any_payload(&bytes[..cut.index(bytes.len())]);
     }
 
     #[test]
@@ -2920,6 +2999,181 @@ fn file_record_limits_hold_on_both_sides() {
     assert!(matches!(
         decode_file_records(&oversized),
         Err(FrameError::Limit(_))
+    ));
+}
+
+// -- payload record: Hot ---------------------------------------------------
+
+/// `HotReport { shard: 2, files: [HotFile { file_id: 5, path: "/m/w", bytes:
+/// 6, bytes_error: 7, reads: 8 }], pages: [HotPage { key: (5, 9), reads: 10,
+/// reads_error: 11 }], mounts: [MountBytes { prefix: "/m", usd_per_tb: 1.5,
+/// cache_bytes: 12, store_bytes: 13 }] }`.
+fn golden_hot_report() -> HotReport {
+    HotReport {
+        shard: 2,
+        files: vec![HotFile {
+            file_id: FileId::from_u128(5),
+            path: "/m/w".into(),
+            bytes: 6,
+            bytes_error: 7,
+            reads: 8,
+        }],
+        pages: vec![HotPage {
+            key: Key {
+                file_id: FileId::from_u128(5),
+                page: 9,
+            },
+            reads: 10,
+            reads_error: 11,
+        }],
+        mounts: vec![MountBytes {
+            prefix: "/m".into(),
+            usd_per_tb: 1.5,
+            cache_bytes: 12,
+            store_bytes: 13,
+        }],
+    }
+}
+
+/// A report at every limit: the most files (each with the longest path), pages
+/// and mounts (their prefixes taking the whole mount table allowance).
+fn largest_hot_report() -> HotReport {
+    HotReport {
+        shard: u16::MAX,
+        files: (0..MAX_HOT_FILES as u128)
+            .map(|i| HotFile {
+                file_id: FileId::from_u128(i),
+                path: "p".repeat(MAX_PATH_LEN),
+                bytes: u64::MAX,
+                bytes_error: u64::MAX,
+                reads: u64::MAX,
+            })
+            .collect(),
+        pages: (0..MAX_HOT_PAGES as u64)
+            .map(|i| HotPage {
+                key: key(i),
+                reads: u64::MAX,
+                reads_error: u64::MAX,
+            })
+            .collect(),
+        mounts: (0..MAX_MOUNTS)
+            .map(|i| MountBytes {
+                prefix: format!(
+                    "/{i:03}{}",
+                    "m".repeat(MAX_MOUNT_TABLE_BYTES / MAX_MOUNTS - 4)
+                ),
+                usd_per_tb: f64::MAX,
+                cache_bytes: u64::MAX,
+                store_bytes: u64::MAX,
+            })
+            .collect(),
+    }
+}
+
+/// The archive of [`golden_hot_report`]: the file (48 bytes: file id hi, lo,
+/// the inline path, bytes, bytes_error, reads), the page (40 bytes: key,
+/// reads, reads_error), the mount (32 bytes: the inline prefix, the price as
+/// an f64, cache_bytes, store_bytes), then the 28-byte root at 120: shard, 2
+/// bytes of padding, and the three vectors (relative pointer -124, -84, -52
+/// to offsets 0, 48, 88; one element each).
+const GOLDEN_HOT_REPORT: &str = "\
+    00000000000000000500000000000000\
+    2f6d2f77ffffffff0600000000000000\
+    07000000000000000800000000000000\
+    00000000000000000500000000000000\
+    09000000000000000a00000000000000\
+    0b000000000000002f6dffffffffffff\
+    000000000000f83f0c00000000000000\
+    0d000000000000000200000084ffffff\
+    01000000acffffff01000000ccffffff\
+    01000000";
+
+#[test]
+fn golden_hot_payload() {
+    let bytes = encode_hot_report(&golden_hot_report()).unwrap();
+    assert_eq!(hex(&bytes), hex(&unhex(GOLDEN_HOT_REPORT)));
+    assert_eq!(
+        decode_hot_report(&unhex(GOLDEN_HOT_REPORT)).unwrap(),
+        golden_hot_report()
+    );
+    // An empty report: the root alone, its vectors pointing at themselves.
+    let empty = encode_hot_report(&HotReport::default()).unwrap();
+    assert_eq!(empty.len(), 28);
+    assert!(decode_hot_report(&empty).unwrap().files.is_empty());
+}
+
+#[test]
+fn hot_report_limits_hold_on_both_sides() {
+    // The largest report fits the payload limit, and a Hot answer carries it.
+    let largest = largest_hot_report();
+    let bytes = encode_hot_report(&largest).unwrap();
+    assert!(bytes.len() <= MAX_HOT_PAYLOAD as usize, "{}", bytes.len());
+    // "about 160 KB" in docs/PROTOCOL.md.
+    assert!((150_000..170_000).contains(&bytes.len()), "{}", bytes.len());
+    assert_eq!(decode_hot_report(&bytes).unwrap(), largest);
+    let resp = Response {
+        request_id: 1,
+        body: ResponseBody::Hot,
+    };
+    assert!(encode_response(&resp, bytes.len() as u32, &mut Vec::new()).is_ok());
+    let err = decode_response_frame(&raw_response_frame(&resp, MAX_HOT_PAYLOAD + 1))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, FrameError::Limit(_)), "{err}");
+    // A Hot request carries nothing.
+    let req = Request {
+        request_id: 1,
+        body: RequestBody::Hot,
+    };
+    assert!(encode_request(&req, 1, &mut Vec::new()).is_err());
+
+    // One past each limit: refused by the encoder, and by the decoder when a
+    // peer archives it anyway.
+    let mut over = Vec::new();
+    let mut r = golden_hot_report();
+    r.files = vec![r.files[0].clone(); MAX_HOT_FILES + 1];
+    over.push(r);
+    let mut r = golden_hot_report();
+    r.pages = vec![r.pages[0]; MAX_HOT_PAGES + 1];
+    over.push(r);
+    let mut r = golden_hot_report();
+    r.mounts = vec![r.mounts[0].clone(); MAX_MOUNTS + 1];
+    over.push(r);
+    let mut r = golden_hot_report();
+    r.files[0].path = "p".repeat(MAX_PATH_LEN + 1);
+    over.push(r);
+    let mut r = golden_hot_report();
+    r.mounts[0].prefix = "m".repeat(MAX_PATH_LEN + 1);
+    over.push(r);
+    let mut r = largest_hot_report();
+    r.mounts[0].prefix.push('m');
+    over.push(r);
+    for r in &over {
+        let err = encode_hot_report(r).unwrap_err();
+        assert!(matches!(err, FrameError::Limit(_)), "{err}");
+        let raw = encode_archive(r).unwrap();
+        let err = decode_hot_report(&raw).unwrap_err();
+        assert!(matches!(err, FrameError::Limit(_)), "{err}");
+    }
+    // Prices must be finite and not negative.
+    for price in [f64::NAN, f64::INFINITY, -1.0] {
+        let mut r = golden_hot_report();
+        r.mounts[0].usd_per_tb = price;
+        assert!(matches!(
+            encode_hot_report(&r).unwrap_err(),
+            FrameError::Mismatch(_)
+        ));
+        let raw = encode_archive(&r).unwrap();
+        assert!(matches!(
+            decode_hot_report(&raw).unwrap_err(),
+            FrameError::Mismatch(_)
+        ));
+    }
+    // Too large to be a report, however valid: refused before validation.
+    let huge = vec![0u8; MAX_HOT_PAYLOAD as usize + 1];
+    assert!(matches!(
+        decode_hot_report(&huge).unwrap_err(),
+        FrameError::Limit(_)
     ));
 }
 
@@ -3123,4 +3377,74 @@ fn documented_file_record_layout() {
             assert_eq!(le(root, at, width), value, "{r:?} at {at}");
         }
     }
+}
+
+#[test]
+fn malformed_hot_reports_are_errors() {
+    let bytes = encode_hot_report(&golden_hot_report()).unwrap();
+    for end in 0..bytes.len() {
+        assert!(decode_hot_report(&bytes[..end]).is_err(), "cut at {end}");
+    }
+    // A vector that claims more elements than the payload holds.
+    let root = bytes.len() - std::mem::size_of::<ArchivedHotReport>();
+    for at in [8, 16, 24] {
+        let mut bad = bytes.clone();
+        bad[root + at..root + at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(decode_hot_report(&bad).is_err(), "at {at}");
+    }
+    // A path pointing out of the payload.
+    let mut bad = bytes.clone();
+    bad[16..20].copy_from_slice(&0x8000_0000u32.to_le_bytes());
+    assert!(decode_hot_report(&bad).is_err());
+    for bad in [&[][..], &[0u8; 7][..], b"{\"shard\":1}"] {
+        assert!(decode_hot_report(bad).is_err(), "{bad:?}");
+    }
+}
+
+fn arb_hot_report() -> impl Strategy<Value = HotReport> {
+    (
+        any::<u16>(),
+        proptest::collection::vec(
+            (
+                arb_file_id(),
+                arb_string(120),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+            )
+                .prop_map(|(file_id, path, bytes, bytes_error, reads)| HotFile {
+                    file_id,
+                    path,
+                    bytes,
+                    bytes_error,
+                    reads,
+                }),
+            0..=MAX_HOT_FILES,
+        ),
+        proptest::collection::vec(
+            (arb_key(), any::<u64>(), any::<u64>()).prop_map(|(key, reads, reads_error)| HotPage {
+                key,
+                reads,
+                reads_error,
+            }),
+            0..=MAX_HOT_PAGES,
+        ),
+        proptest::collection::vec(
+            (arb_string(40), 0f64..1e6, any::<u64>(), any::<u64>()).prop_map(
+                |(prefix, usd_per_tb, cache_bytes, store_bytes)| MountBytes {
+                    prefix,
+                    usd_per_tb,
+                    cache_bytes,
+                    store_bytes,
+                },
+            ),
+            0..=8,
+        ),
+    )
+        .prop_map(|(shard, files, pages, mounts)| HotReport {
+            shard,
+            files,
+            pages,
+            mounts,
+        })
 }

@@ -69,6 +69,7 @@ pub fn node_options(
         nodes: Vec::new(),
         replicas: 0,
         writeback: None,
+        memory_cache: 0,
     }
 }
 

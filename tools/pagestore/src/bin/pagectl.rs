@@ -74,6 +74,31 @@ enum Command {
         interval: Duration,
     },
 
+    /// A live view of the hottest files and pages, each node's and shard's bandwidth
+    ///
+    /// Refreshes every --interval: each node's and shard's bytes served per second (from memory,
+    /// disk and the under storage), hit ratio, share of the cluster's bytes (HOT when one node
+    /// serves at least 1.5 times its fair share: where the bandwidth runs out first), memory
+    /// tier use; the hottest files and pages; the egress each mount kept off its store.
+    /// --json prints one JSON object per view instead.
+    Top {
+        /// Seconds between views (0.1 to 3600)
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value = "1",
+            allow_negative_numbers = true,
+            value_parser = parse_interval
+        )]
+        interval: Duration,
+        /// Stop after N views (default: until interrupted; with --json: 1)
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// One JSON object per view (for scripts)
+        #[arg(long)]
+        json: bool,
+    },
+
     /// Each node's and shard's share of the ring
     Ring,
 
@@ -343,6 +368,15 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 path: None,
                 interval,
             } => cluster_stat(&client, interval).await,
+            Command::Top {
+                interval,
+                count,
+                json,
+            } => {
+                let interval = interval.max(Duration::from_millis(100));
+                let count = count.or(json.then_some(1));
+                pagestore_tools::top::run(&client, interval, count, json).await
+            }
             Command::Ring => ring(&client),
             Command::Free { path } => free(&client, &path).await,
             Command::Head { lines, path } => head(&client, &path, lines).await,
@@ -623,7 +657,7 @@ async fn node_rates(
         for (n, _, c) in v {
             if let Some(c) = c {
                 let e = m.entry(n.id).or_default();
-                e.0 += c.hit_bytes;
+                e.0 += c.hit_bytes + c.memory_hit_bytes;
                 e.1 += c.ufs_bytes;
             }
         }
@@ -649,7 +683,9 @@ async fn node_rates(
 }
 
 async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow::Result<()> {
+    let before = pagestore_tools::top::Sample::take(client).await;
     let rates = node_rates(client, interval).await;
+    let after = pagestore_tools::top::Sample::take(client).await;
     let stats = client.shard_stats().await;
     let gb = |b: u64| b as f64 / 1e9;
     println!(
@@ -669,12 +705,14 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
     let mut down = 0;
     let membership = client.membership();
     for n in membership.nodes() {
-        let (c, answered) = sum_shards(
+        let (mut c, answered) = sum_shards(
             stats
                 .iter()
                 .filter(|(m, _, _)| m.id == n.id)
                 .filter_map(|(_, _, s)| s.as_ref()),
         );
+        // Reads the memory tier answered are hits the engine never saw.
+        c.hits += after.memory_hits(n.id);
         if answered == 0 {
             down += 1;
             println!(
@@ -721,6 +759,11 @@ async fn cluster_stat(client: &Client, interval: std::time::Duration) -> anyhow:
         cache_rate / 1e6,
         ufs_rate / 1e6,
         (cache_rate + ufs_rate) / 1e6 / membership.nodes().count().max(1) as f64
+    );
+    let mounts = pagestore_tools::top::egress(&before, &after);
+    print!(
+        "{}",
+        pagestore_tools::top::egress_lines(&mounts, after.secs_since(&before))
     );
     print_last_job(client).await;
     if down > 0 {
@@ -1222,6 +1265,22 @@ mod tests {
             }
         );
         assert_eq!(cmd("ring"), Command::Ring);
+        assert_eq!(
+            cmd("top"),
+            Command::Top {
+                interval: Duration::from_secs(1),
+                count: None,
+                json: false
+            }
+        );
+        assert_eq!(
+            cmd("top --interval 0.5 --count 3 --json"),
+            Command::Top {
+                interval: Duration::from_millis(500),
+                count: Some(3),
+                json: true
+            }
+        );
         assert_eq!(cmd("jobs"), Command::Jobs);
         assert_eq!(cmd("members"), Command::Members);
         assert_eq!(

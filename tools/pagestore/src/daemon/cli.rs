@@ -59,6 +59,10 @@ pub struct Flags {
     /// Cache capacity over all directories (default 1G).
     #[arg(long, value_name = "SIZE")]
     pub cache_size: Option<Size>,
+    /// RAM for the hottest pages, over all shards, in front of the disk cache: served without
+    /// a disk read, admitted S3-FIFO style so scans pass it by (default 0: off).
+    #[arg(long, value_name = "SIZE")]
+    pub memory_cache: Option<Size>,
     /// Page size, 64K..64M (default 4M).
     #[arg(long, value_name = "SIZE")]
     pub page_size: Option<Size>,
@@ -185,6 +189,7 @@ impl Flags {
         Settings {
             cache_dirs: list(self.cache_dir),
             cache_size: self.cache_size,
+            memory_cache: self.memory_cache,
             page_size: self.page_size,
             shards: self.shards,
             policy: self.policy,

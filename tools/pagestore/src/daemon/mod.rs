@@ -286,6 +286,7 @@ fn node_options(
         nodes: membership::node_entries(membership),
         replicas: c.replicas,
         writeback: Some(writeback),
+        memory_cache: c.memory_cache,
     }
 }
 

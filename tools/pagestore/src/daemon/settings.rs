@@ -33,6 +33,8 @@ pub struct Settings {
     pub cache_dirs: Option<Vec<PathBuf>>,
     /// Capacity over all directories (default 1G).
     pub cache_size: Option<Size>,
+    /// RAM for the hottest pages over all shards, in front of the disk cache (default 0: off).
+    pub memory_cache: Option<Size>,
     /// Page size, 64K to 64M (default 4M).
     pub page_size: Option<Size>,
     /// Engine shards (default, and 0: one per CPU).
@@ -298,6 +300,7 @@ impl Settings {
         Settings {
             cache_dirs: flags.cache_dirs.or(self.cache_dirs),
             cache_size: flags.cache_size.or(self.cache_size),
+            memory_cache: flags.memory_cache.or(self.memory_cache),
             page_size: flags.page_size.or(self.page_size),
             shards: flags.shards.or(self.shards),
             policy: flags.policy.or(self.policy),
@@ -399,6 +402,7 @@ impl Settings {
         Ok(Resolved {
             cache_dirs: self.cache_dirs_or_default(),
             cache_size,
+            memory_cache: self.memory_cache.map_or(0, |s| s.0),
             page_size,
             shards: self.shards.unwrap_or(0),
             mounts,
@@ -583,6 +587,8 @@ pub struct Resolved {
     pub metadata_ttl: Duration,
     /// Replicas clients may try.
     pub replicas: u8,
+    /// Bytes of the memory tier over all shards (0: off).
+    pub memory_cache: u64,
     /// Under-storage requests in flight per shard.
     pub ufs_inflight: usize,
     /// Threads running under-storage requests.

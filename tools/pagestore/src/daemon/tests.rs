@@ -29,6 +29,7 @@ fn every_key_of_the_documented_example_parses() {
         r#"
 cache_dirs = ["/nvme0/pagestore", "/nvme1/pagestore"]
 cache_size = "3T"
+memory_cache = "32G"
 page_size = 4194304
 shards = 0
 policy = "s3fifo"
@@ -72,6 +73,7 @@ pin = true
     )
     .unwrap();
     assert_eq!(s.cache_size, Some(Size(3 << 40)));
+    assert_eq!(s.memory_cache, Some(Size(32 << 30)));
     assert_eq!(s.page_size, Some(Size(4 << 20)));
     assert_eq!(s.policy, Some(PolicyKind::S3Fifo));
     assert_eq!(s.ring_mode, Some(RingMode::Static));
@@ -311,4 +313,27 @@ fn defaults_are_the_embedded_single_node_ones() {
         Settings::default().cache_dirs_or_default(),
         [pagestore_cli::home().join("cache")]
     );
+}
+
+#[test]
+fn the_memory_tier_is_off_by_default_and_sized_by_flag_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let base = |s: Settings| Settings {
+        mounts: Some(vec![(
+            "/data".to_string(),
+            format!("file://{}", data.display()),
+        )]),
+        ..s
+    };
+    assert_eq!(base(Settings::default()).resolve().unwrap().memory_cache, 0);
+    let f = flags(&["--memory-cache", "2G"]);
+    assert_eq!(f.memory_cache, Some(Size(2 << 30)));
+    assert_eq!(base(f).resolve().unwrap().memory_cache, 2 << 30);
+    let file = Settings::from_toml("memory_cache = \"512M\"").unwrap();
+    assert_eq!(file.memory_cache, Some(Size(512 << 20)));
+    let both = file.overridden_by(flags(&["--memory-cache=1G"]));
+    assert_eq!(both.memory_cache, Some(Size(1 << 30)));
+    assert!(cli(&["--memory-cache", "lots"]).is_err());
 }

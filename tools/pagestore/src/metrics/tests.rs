@@ -20,6 +20,17 @@ fn full() -> Snapshot {
     shard.latency_buckets[LATENCY_BOUNDS_US.len()] = 1; // > 5 s
     shard.latency_sum_us = 6_001_000;
     shard.requests = 8;
+    shard.memory.hits = 4;
+    shard.memory.bytes = 1 << 20;
+    shard.memory.capacity = 2 << 20;
+    shard.memory_hit_bytes = 400;
+    shard.served_bytes = 700;
+    shard.mounts = vec![pagestore_protocol::frame::MountBytes {
+        prefix: "/data".into(),
+        usd_per_tb: 90.0,
+        cache_bytes: 5_000_000_000_000,
+        store_bytes: 1_000_000_000_000,
+    }];
     let rule = |prefix: &str, quota, ttl| Rule {
         prefix: prefix.into(),
         quota,
@@ -72,8 +83,19 @@ fn every_family_renders_as_valid_openmetrics() {
     let get = |name: &str, labels: &str| m[&(name.to_string(), labels.to_string())];
     assert_eq!(get("pagestore_hits_total", "node=\"n1\",shard=\"1\""), 30.0);
     assert_eq!(get("pagestore_ring_epoch", "node=\"n1\",shard=\"0\""), 3.0);
-    assert_eq!(get("pagestore_hit_ratio", "node=\"n1\""), 0.75);
-    assert_eq!(get("pagestore_byte_hit_ratio", "node=\"n1\""), 0.75);
+    // Memory-tier hits count as hits: (30 + 4) / (30 + 4 + 10), (300 + 400) / (700 + 100).
+    assert_eq!(get("pagestore_hit_ratio", "node=\"n1\""), 34.0 / 44.0);
+    assert_eq!(get("pagestore_byte_hit_ratio", "node=\"n1\""), 0.875);
+    assert_eq!(
+        get("pagestore_memory_hits_total", "node=\"n1\",shard=\"0\""),
+        4.0
+    );
+    // Mounts are summed over the shards and priced: 10 TB kept off the store at $90 per TB.
+    let mount = "node=\"n1\",mount=\"/data\"";
+    assert_eq!(get("pagestore_mount_cache_bytes_total", mount), 1e13);
+    assert_eq!(get("pagestore_mount_store_bytes_total", mount), 2e12);
+    assert_eq!(get("pagestore_mount_egress_usd_per_tb", mount), 90.0);
+    assert_eq!(get("pagestore_mount_egress_saved_usd", mount), 900.0);
     assert_eq!(get("pagestore_etcd_reachable", "node=\"n1\""), 1.0);
     assert_eq!(get("pagestore_writeback_dirty_files", "node=\"n1\""), 2.0);
     assert_eq!(

@@ -1,0 +1,656 @@
+//! The `fanout` target (issue 18, "fetch once, serve many"): one file of `--size` (default 2 GB,
+//! "model weights") read whole by each of `--readers` readers (default 8 and 32), spread over
+//! several client instances on the client side of 3 real `pagestored` processes, behind an
+//! emulated distant store (default 20 ms and 25 MB/s per request). Measured in the same run:
+//!
+//! - **direct**: every reader reads the whole file from the emulated store itself (the
+//!   reference: what each replica or data loader does without the cache);
+//! - **cold** and **warm** fan-out through the cluster, without and with the memory tier
+//!   (`--memory-cache`): all readers' completion time, aggregate throughput, store bytes read
+//!   (must be the file's size, once, when cold), per-node bytes served max/mean;
+//! - **same shard**: warm whole-page reads of only the pages one shard owns, from its disk cache
+//!   (memory tier off) and from its memory tier: throughput and the node's CPU per GB.
+//!
+//! Every reader checks its bytes (reader 0 every page, the others every `--verify`th) against
+//! crc32s of the file.
+
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use futures_util::{stream, StreamExt};
+use pagestore_client::{
+    ufs::{MountTable, ObjectInfo},
+    Client, ClientOptions, ShardCounters,
+};
+use pagestore_protocol::members::NodeInfo;
+use pagestore_testkit::{
+    data::{Xorshift, GOLDEN},
+    local_cluster::{LocalCluster, Settings},
+};
+
+use crate::{bench::proc_cpu, Opts};
+
+/// Readers per client instance (one client per "machine").
+const READERS_PER_CLIENT: usize = 8;
+
+/// One measured fan-out pass.
+#[derive(Clone, Debug)]
+struct Pass {
+    name: String,
+    readers: usize,
+    memory_tier: bool,
+    /// Until the last reader had the whole file.
+    seconds: f64,
+    /// The first and the median reader's completion, seconds.
+    first_done: f64,
+    median_done: f64,
+    bytes: u64,
+    gbps: f64,
+    /// Bytes the nodes read from the store during the pass, and page loads.
+    store_bytes: u64,
+    store_reads: u64,
+    /// Bytes each node served during the pass.
+    node_bytes: Vec<u64>,
+    node_max_over_mean: f64,
+    /// Memory-tier hits during the pass.
+    memory_hits: u64,
+    client_fallbacks: u64,
+    server_cpu_seconds: f64,
+    client_cpu_seconds: f64,
+}
+
+impl Pass {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name, "readers": self.readers, "memory_tier": self.memory_tier,
+            "seconds": self.seconds, "first_done": self.first_done,
+            "median_done": self.median_done, "bytes": self.bytes, "gbps": self.gbps,
+            "store_bytes": self.store_bytes, "store_reads": self.store_reads,
+            "node_bytes": self.node_bytes, "node_max_over_mean": self.node_max_over_mean,
+            "memory_hits": self.memory_hits, "client_fallbacks": self.client_fallbacks,
+            "server_cpu_seconds": self.server_cpu_seconds,
+            "client_cpu_seconds": self.client_cpu_seconds,
+        })
+    }
+}
+
+/// Writes the file (kept between runs of the same size and seed).
+fn dataset(path: &Path, size: u64, seed: u64) -> Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == size) {
+        return Ok(());
+    }
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).with_context(|| d.display().to_string())?;
+    }
+    let mut x = Xorshift::new(seed.wrapping_mul(GOLDEN) ^ 0xFA0);
+    let mut out = std::fs::File::create(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = size as usize;
+    while left > 0 {
+        let n = left.min(buf.len());
+        x.fill(&mut buf[..n]);
+        std::io::Write::write_all(&mut out, &buf[..n])?;
+        left -= n;
+    }
+    Ok(())
+}
+
+/// crc32 of every page of the file.
+fn reference(path: &Path, page: u64) -> Result<Vec<u32>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; page as usize];
+    let mut out = Vec::new();
+    loop {
+        let mut n = 0;
+        while n < buf.len() {
+            let r = f.read(&mut buf[n..])?;
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        if n == 0 {
+            break;
+        }
+        out.push(crc32fast::hash(&buf[..n]));
+        if n < buf.len() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn mean(v: &[u64]) -> f64 {
+    v.iter().sum::<u64>() as f64 / v.len().max(1) as f64
+}
+
+fn max_over_mean(v: &[u64]) -> f64 {
+    let m = mean(v);
+    if m > 0.0 {
+        *v.iter().max().unwrap_or(&0) as f64 / m
+    } else {
+        1.0
+    }
+}
+
+/// Runs the whole comparison.
+pub fn run_fanout(o: &Opts) -> Result<()> {
+    let binary = crate::frontends::tool_binary("pagestored")?;
+    let root = o.dir.join("fanout");
+    let size = if o.size_given { o.size } else { 2 << 30 };
+    let page = u64::from(o.page_size);
+    let file = root.join("ufs").join("weights.bin");
+    dataset(&file, size, o.seed)?;
+    let crcs = Arc::new(reference(&file, page)?);
+    let readers: Vec<usize> = if o.readers_given {
+        o.readers.clone()
+    } else {
+        vec![8, 32]
+    };
+    let latency = o.ufs_latency_ms.unwrap_or(20.0);
+    let mbps = o.ufs_mbps.unwrap_or(25.0);
+    let url = format!(
+        "file://{}?emulate_latency_ms={latency}&emulate_mbps={mbps}",
+        file.parent().context("no parent")?.display()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut report = serde_json::Map::new();
+    report.insert("mode".into(), "fanout".into());
+    report.insert(
+        "setup".into(),
+        serde_json::json!({"nodes": 3, "shards": o.shards, "bytes": size, "page_size": page,
+            "readers": readers, "pages_in_flight_per_reader": o.reader_qd().max(4),
+            "store_latency_ms": latency, "store_mbps_per_request": mbps}),
+    );
+    say(
+        o,
+        format!(
+            "fanout: one file of {:.2} GB, page {} KiB, 3 nodes x {} shard(s), readers {:?} \
+             ({} per client instance, {} pages in flight each); store: {latency} ms and {mbps} \
+             MB/s per request",
+            size as f64 / 1e9,
+            page >> 10,
+            o.shards,
+            readers,
+            READERS_PER_CLIENT,
+            o.reader_qd().max(4)
+        ),
+    );
+
+    // The reference: each reader straight from the emulated store.
+    let table = Arc::new(MountTable::new(&[("/w".to_string(), url.clone())])?);
+    let mut direct = Vec::new();
+    for &n in &readers {
+        let d = rt.block_on(direct_pass(o, &table, n, page, &crcs))?;
+        say(
+            o,
+            format!(
+                "direct from the store, {n} readers: all done in {:.2} s ({:.2} GB/s in all)",
+                d.seconds, d.gbps
+            ),
+        );
+        direct.push(d);
+    }
+
+    let mut passes = Vec::new();
+    let mut shard_tests = Vec::new();
+    for memory in [false, true] {
+        let nodes_dir = root.join(if memory { "nodes-mem" } else { "nodes" });
+        let _ = std::fs::remove_dir_all(&nodes_dir);
+        let mut s = Settings::new(&binary, &nodes_dir);
+        s.shards = o.shards as u16;
+        s.page_size = o.page_size.to_string();
+        s.cache_size = (size * 2 / 3 + (256 << 20)).to_string();
+        s.mounts = vec![format!("/w={url}")];
+        s.metadata_ttl = "600".into();
+        if memory {
+            // Each node's share of the file with room to spare.
+            s.extra = vec!["--memory-cache".into(), (size / 2 + (64 << 20)).to_string()];
+        }
+        let cluster = LocalCluster::start(s).map_err(anyhow::Error::msg)?;
+        let r = rt.block_on(cluster_passes(o, &cluster, memory, &readers, page, &crcs));
+        drop(cluster);
+        let _ = std::fs::remove_dir_all(&nodes_dir);
+        let (p, shard) = r?;
+        passes.extend(p);
+        shard_tests.push(shard);
+    }
+    report_all(o, size, &direct, &passes, &shard_tests, report)
+}
+
+/// Every reader reads the whole file from the store itself, `qd` pages in flight each.
+async fn direct_pass(
+    o: &Opts,
+    table: &Arc<MountTable>,
+    readers: usize,
+    page: u64,
+    crcs: &Arc<Vec<u32>>,
+) -> Result<Pass> {
+    let info = table.stat("/w/weights.bin").await?;
+    let qd = o.reader_qd().max(4);
+    let c0 = crate::local::cpu_seconds();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for r in 0..readers {
+        let (table, info, crcs) = (table.clone(), info.clone(), crcs.clone());
+        let every = if r == 0 { 1 } else { o.verify_every };
+        tasks.push(tokio::spawn(async move {
+            read_whole(&info, page, qd, every, &crcs, move |info, p| {
+                let table = table.clone();
+                async move {
+                    let start = p * page;
+                    Ok(table
+                        .read(&info, start..(start + page).min(info.size))
+                        .await?)
+                }
+            })
+            .await
+            .map(|()| t0.elapsed().as_secs_f64())
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await??);
+    }
+    Ok(pass(
+        "direct from the store".into(),
+        readers,
+        false,
+        &done,
+        readers as u64 * info.size,
+        crate::local::cpu_seconds() - c0,
+    ))
+}
+
+/// A pass from the completion times of its readers.
+fn pass(
+    name: String,
+    readers: usize,
+    memory_tier: bool,
+    done: &[f64],
+    bytes: u64,
+    client_cpu: f64,
+) -> Pass {
+    let mut d = done.to_vec();
+    d.sort_by(f64::total_cmp);
+    let seconds = d.last().copied().unwrap_or(0.0).max(1e-9);
+    Pass {
+        name,
+        readers,
+        memory_tier,
+        seconds,
+        first_done: d.first().copied().unwrap_or(0.0),
+        median_done: d.get(d.len() / 2).copied().unwrap_or(0.0),
+        bytes,
+        gbps: bytes as f64 / seconds / 1e9,
+        store_bytes: 0,
+        store_reads: 0,
+        node_bytes: Vec::new(),
+        node_max_over_mean: 1.0,
+        memory_hits: 0,
+        client_fallbacks: 0,
+        server_cpu_seconds: 0.0,
+        client_cpu_seconds: client_cpu,
+    }
+}
+
+/// Reads every page of `info` in order with `qd` in flight; checks every `every`th page's crc32
+/// (0: none).
+async fn read_whole<F, Fut>(
+    info: &ObjectInfo,
+    page: u64,
+    qd: usize,
+    every: u64,
+    crcs: &[u32],
+    read: F,
+) -> Result<()>
+where
+    F: Fn(ObjectInfo, u64) -> Fut,
+    Fut: std::future::Future<Output = Result<bytes::Bytes>>,
+{
+    let pages = info.size.div_ceil(page);
+    let mut results = stream::iter(0..pages)
+        .map(|p| {
+            let fut = read(info.clone(), p);
+            async move { (p, fut.await) }
+        })
+        .buffered(qd.max(1));
+    while let Some((p, r)) = results.next().await {
+        let b = r?;
+        let want = (info.size - p * page).min(page);
+        if b.len() as u64 != want {
+            bail!("page {p}: {} bytes, {want} expected", b.len());
+        }
+        if every > 0 && p % every == 0 && crcs.get(p as usize) != Some(&crc32fast::hash(&b)) {
+            bail!("page {p}: the bytes differ from the file's");
+        }
+    }
+    Ok(())
+}
+
+/// Every shard's counters, by node address.
+async fn counters(client: &Client) -> Vec<(NodeInfo, ShardCounters)> {
+    client
+        .shard_counters()
+        .await
+        .into_iter()
+        .filter_map(|(n, _, c)| c.map(|c| (n, c)))
+        .collect()
+}
+
+/// `after - before` of a counter, per node (in the membership's order).
+fn per_node(
+    nodes: &[NodeInfo],
+    before: &[(NodeInfo, ShardCounters)],
+    after: &[(NodeInfo, ShardCounters)],
+    f: fn(&ShardCounters) -> u64,
+) -> Vec<u64> {
+    let sum = |v: &[(NodeInfo, ShardCounters)], id: u128| {
+        v.iter()
+            .filter(|(n, _)| n.id == id)
+            .map(|(_, c)| f(c))
+            .sum::<u64>()
+    };
+    nodes
+        .iter()
+        .map(|n| sum(after, n.id).saturating_sub(sum(before, n.id)))
+        .collect()
+}
+
+fn node_cpu(cluster: &LocalCluster) -> Vec<(std::net::SocketAddr, f64)> {
+    cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.child.as_ref().map(|c| (n.base, proc_cpu(c.id()))))
+        .collect()
+}
+
+/// The cold and warm fan-out passes for each reader count, then the same-shard test.
+async fn cluster_passes(
+    o: &Opts,
+    cluster: &LocalCluster,
+    memory: bool,
+    readers: &[usize],
+    page: u64,
+    crcs: &Arc<Vec<u32>>,
+) -> Result<(Vec<Pass>, serde_json::Value)> {
+    let most = readers.iter().copied().max().unwrap_or(1);
+    let mut clients = Vec::new();
+    for _ in 0..most.div_ceil(READERS_PER_CLIENT) {
+        clients.push(
+            cluster
+                .client(ClientOptions::default())
+                .await
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    let info = clients[0].stat("/w/weights.bin").await?;
+    let nodes: Vec<NodeInfo> = clients[0].membership().nodes().copied().collect();
+    let mut out = Vec::new();
+    for &n in readers {
+        // Cold: nothing of the file cached anywhere (disk or memory).
+        clients[0].invalidate(&info.path, Some(info.file_id)).await;
+        for warm in [false, true] {
+            let name = format!(
+                "{} fan-out{}",
+                if warm { "warm" } else { "cold" },
+                if memory { ", memory tier" } else { "" }
+            );
+            let p = fan_out(
+                o, cluster, &clients, &nodes, &info, n, page, crcs, memory, name,
+            )
+            .await?;
+            if !warm && p.store_bytes != info.size {
+                bail!(
+                    "{}: the store was read for {} bytes, not the file's {} once",
+                    p.name,
+                    p.store_bytes,
+                    info.size
+                );
+            }
+            say(
+                o,
+                format!(
+                    "{}, {n} readers: all done in {:.2} s ({:.2} GB/s); store read {} bytes in \
+                     {} loads; node bytes max/mean {:.2}; memory hits {}",
+                    p.name,
+                    p.seconds,
+                    p.gbps,
+                    p.store_bytes,
+                    p.store_reads,
+                    p.node_max_over_mean,
+                    p.memory_hits
+                ),
+            );
+            out.push(p);
+        }
+    }
+    let shard = same_shard(o, cluster, &clients[0], &nodes, &info, page, memory).await?;
+    Ok((out, shard))
+}
+
+/// All `n` readers (over the clients, [`READERS_PER_CLIENT`] each) read the whole file at once.
+#[allow(clippy::too_many_arguments)]
+async fn fan_out(
+    o: &Opts,
+    cluster: &LocalCluster,
+    clients: &[Arc<Client>],
+    nodes: &[NodeInfo],
+    info: &ObjectInfo,
+    n: usize,
+    page: u64,
+    crcs: &Arc<Vec<u32>>,
+    memory: bool,
+    name: String,
+) -> Result<Pass> {
+    let qd = o.reader_qd().max(4);
+    let before = counters(&clients[0]).await;
+    let fallbacks0: u64 = clients.iter().map(|c| c.stats().fallbacks).sum();
+    let (c0, s0) = (crate::local::cpu_seconds(), node_cpu(cluster));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for r in 0..n {
+        let client = clients[r / READERS_PER_CLIENT].clone();
+        let (info, crcs) = (info.clone(), crcs.clone());
+        let every = if r == 0 { 1 } else { o.verify_every };
+        tasks.push(tokio::spawn(async move {
+            read_whole(&info, page, qd, every, &crcs, move |info, p| {
+                let client = client.clone();
+                async move { Ok(client.read_page(&info, p, 0, page as u32).await?) }
+            })
+            .await
+            .map(|()| t0.elapsed().as_secs_f64())
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await??);
+    }
+    let client_cpu = crate::local::cpu_seconds() - c0;
+    let s1 = node_cpu(cluster);
+    let server_cpu: f64 =
+        s1.iter().map(|(_, c)| c).sum::<f64>() - s0.iter().map(|(_, c)| c).sum::<f64>();
+    let after = counters(&clients[0]).await;
+    let mut p = pass(name, n, memory, &done, n as u64 * info.size, client_cpu);
+    p.store_bytes = per_node(nodes, &before, &after, |c| c.ufs_bytes)
+        .iter()
+        .sum();
+    p.store_reads = per_node(nodes, &before, &after, |c| c.ufs_reads)
+        .iter()
+        .sum();
+    p.node_bytes = per_node(nodes, &before, &after, |c| c.served_bytes);
+    p.node_max_over_mean = max_over_mean(&p.node_bytes);
+    p.memory_hits = per_node(nodes, &before, &after, |c| c.memory_hits)
+        .iter()
+        .sum();
+    p.client_fallbacks = clients.iter().map(|c| c.stats().fallbacks).sum::<u64>() - fallbacks0;
+    p.server_cpu_seconds = server_cpu;
+    Ok(p)
+}
+
+/// Warm whole-page reads of only the pages one shard owns (the owner of page 0), 8 readers,
+/// `--seconds` long: from its disk cache (`memory` off) or its memory tier. Throughput, and the
+/// CPU per GB of that shard's node.
+async fn same_shard(
+    o: &Opts,
+    cluster: &LocalCluster,
+    client: &Arc<Client>,
+    nodes: &[NodeInfo],
+    info: &ObjectInfo,
+    page: u64,
+    memory: bool,
+) -> Result<serde_json::Value> {
+    let membership = client.membership();
+    let ring = membership.ring();
+    let owner = ring.owner(info.file_id, 0).context("empty ring")?;
+    let pages: Vec<u64> = (0..info.size.div_ceil(page))
+        .filter(|p| ring.owner(info.file_id, *p) == Some(owner))
+        .collect();
+    let node = nodes
+        .iter()
+        .find(|n| n.id == owner.node)
+        .context("owner not in the membership")?;
+    let pid = cluster
+        .nodes
+        .iter()
+        .find(|n| n.base == node.addr)
+        .and_then(|n| n.child.as_ref())
+        .map(|c| c.id())
+        .context("owner's process")?;
+    let pages = Arc::new(pages);
+    let deadline = Duration::from_secs_f64(o.seconds.max(0.2));
+    let before = counters(client).await;
+    let cpu0 = proc_cpu(pid);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for r in 0..8u64 {
+        let (client, info, pages) = (client.clone(), info.clone(), pages.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut bytes = 0u64;
+            let mut i = r as usize;
+            while t0.elapsed() < deadline {
+                let p = pages[i % pages.len()];
+                bytes += client.read_page(&info, p, 0, page as u32).await?.len() as u64;
+                i += 8;
+            }
+            Ok::<_, anyhow::Error>(bytes)
+        }));
+    }
+    let mut bytes = 0;
+    for t in tasks {
+        bytes += t.await??;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = proc_cpu(pid) - cpu0;
+    let after = counters(client).await;
+    let mem_hits: u64 = per_node(nodes, &before, &after, |c| c.memory_hits)
+        .iter()
+        .sum();
+    let disk_hits: u64 = per_node(nodes, &before, &after, |c| c.hits).iter().sum();
+    let gb = bytes as f64 / 1e9;
+    let v = serde_json::json!({
+        "memory_tier": memory, "shard": owner.shard, "pages": pages.len(), "bytes": bytes,
+        "seconds": secs, "gbps": gb / secs, "node_cpu_seconds_per_gb": cpu / gb.max(1e-9),
+        "memory_hits": mem_hits, "disk_hits": disk_hits,
+    });
+    say(
+        o,
+        format!(
+            "same shard ({} pages of shard {}), warm from {}: {:.2} GB/s, node CPU {:.2} s/GB \
+             ({mem_hits} memory hits, {disk_hits} disk hits)",
+            pages.len(),
+            owner.shard,
+            if memory { "memory" } else { "disk" },
+            gb / secs,
+            cpu / gb.max(1e-9)
+        ),
+    );
+    Ok(v)
+}
+
+fn report_all(
+    o: &Opts,
+    size: u64,
+    direct: &[Pass],
+    passes: &[Pass],
+    shard: &[serde_json::Value],
+    mut report: serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let mut ratios = Vec::new();
+    for d in direct {
+        for p in passes.iter().filter(|p| p.readers == d.readers) {
+            ratios.push(serde_json::json!({
+                "readers": d.readers, "pass": p.name,
+                "direct_over_cluster_completion": d.seconds / p.seconds,
+            }));
+        }
+    }
+    let mem_over_disk = match (
+        shard.first().and_then(|s| s["gbps"].as_f64()),
+        shard.get(1).and_then(|s| s["gbps"].as_f64()),
+    ) {
+        (Some(disk), Some(mem)) if disk > 0.0 => mem / disk,
+        _ => f64::NAN,
+    };
+    if o.json {
+        let json = |v: &[Pass]| v.iter().map(Pass::to_json).collect::<Vec<_>>();
+        report.insert("direct".into(), json(direct).into());
+        report.insert("passes".into(), json(passes).into());
+        report.insert("completion_ratios".into(), ratios.into());
+        report.insert("same_shard".into(), shard.to_vec().into());
+        report.insert("memory_over_disk_same_shard".into(), mem_over_disk.into());
+        println!("{}", serde_json::Value::Object(report));
+        return Ok(());
+    }
+    println!(
+        "\n{:<28} {:>7} {:>9} {:>8} {:>12} {:>12} {:>9} {:>10} {:>10}",
+        "pass",
+        "readers",
+        "all done",
+        "GB/s",
+        "direct/this",
+        "store bytes",
+        "node max",
+        "server s",
+        "client s"
+    );
+    for p in direct.iter().chain(passes) {
+        let d = direct.iter().find(|d| d.readers == p.readers);
+        println!(
+            "{:<28} {:>7} {:>8.2}s {:>8.2} {:>11.2}x {:>12} {:>8.2}x {:>10.1} {:>10.1}",
+            p.name,
+            p.readers,
+            p.seconds,
+            p.gbps,
+            d.map_or(f64::NAN, |d| d.seconds / p.seconds),
+            if p.node_bytes.is_empty() {
+                "-".to_string()
+            } else {
+                p.store_bytes.to_string()
+            },
+            p.node_max_over_mean,
+            p.server_cpu_seconds,
+            p.client_cpu_seconds
+        );
+    }
+    println!(
+        "cold fan-outs read the store for exactly the file's {size} bytes; memory over disk hits \
+         for the same shard: {mem_over_disk:.2}x"
+    );
+    Ok(())
+}
+
+/// Prints a line of the human report (nothing with `--json`).
+fn say(o: &Opts, line: String) {
+    if !o.json {
+        println!("{line}");
+    }
+}

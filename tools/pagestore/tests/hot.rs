@@ -1,0 +1,179 @@
+//! Hot data through three real `pagestored` processes: many readers on several client
+//! processes' worth of clients read one cold file at once, and the store is read exactly once
+//! per page (counted by the nodes); then warm, from the memory tier; `pagectl top` and
+//! `pagectl stat` show the hot file and the egress kept off the store.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::bytes;
+use pagestore_client::{Client, ClientOptions, ShardCounters};
+use tokio::io::AsyncReadExt;
+
+const MIB: usize = 1 << 20;
+/// Pages of the file (1 MiB pages).
+const PAGES: usize = 36;
+/// Client instances (each its own connections, as separate machines would have), and readers
+/// on each.
+const CLIENTS: usize = 4;
+const READERS_PER_CLIENT: usize = 4;
+
+async fn read_all(client: &Arc<Client>, path: &str) -> Vec<u8> {
+    let mut f = client.open(path).await.unwrap();
+    let mut out = Vec::new();
+    f.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+/// Every shard's counters summed.
+async fn totals(client: &Client) -> ShardCounters {
+    let mut t = ShardCounters::default();
+    for (_, _, c) in client.shard_counters().await {
+        let c = c.expect("every shard answers");
+        t.ufs_reads += c.ufs_reads;
+        t.ufs_bytes += c.ufs_bytes;
+        t.ufs_repeat_reads += c.ufs_repeat_reads;
+        t.coalesced += c.coalesced;
+        t.served_bytes += c.served_bytes;
+        t.memory_hits += c.memory_hits;
+        t.memory_hit_bytes += c.memory_hit_bytes;
+        t.memory_bytes += c.memory_bytes;
+        t.hits += c.hits;
+    }
+    t
+}
+
+/// All readers of all clients read `path` whole at once; each must get `want`.
+async fn fan_out(clients: &[Arc<Client>], path: &str, want: &[u8]) {
+    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS * READERS_PER_CLIENT));
+    let mut tasks = Vec::new();
+    for c in clients {
+        for _ in 0..READERS_PER_CLIENT {
+            let (c, start, path) = (c.clone(), start.clone(), path.to_string());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                read_all(&c, &path).await
+            }));
+        }
+    }
+    for t in tasks {
+        assert!(t.await.unwrap() == want, "a reader got other bytes");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_readers_of_a_cold_file_cause_one_store_read_per_page() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let file = bytes(42, PAGES * MIB);
+    std::fs::write(data.join("weights.bin"), &file).unwrap();
+    // A store that is slow per request (so that the readers' requests overlap on every page),
+    // one store request at a time per shard (so that requests queue for longer than the
+    // clients' call timeout below), priced; a replica to fall back to; a memory tier of 16 MiB
+    // per node.
+    s.mounts = vec![format!(
+        "/data=file://{}?emulate_latency_ms=20&emulate_mbps=5&egress_usd_per_tb=90",
+        data.display()
+    )];
+    s.extra = vec![
+        "--replicas".into(),
+        "1".into(),
+        "--ufs-inflight".into(),
+        "1".into(),
+        "--memory-cache".into(),
+        "16M".into(),
+    ];
+    let c = common::Cluster::start(dir, s);
+    // A page (or a stat) waits behind its shard's other loads, 230 ms each (about 6 pages per
+    // shard): more than the call timeout. Giving such a request up (and backing the member off) would send its pages
+    // to a replica, which would read them from the store again (and then the client itself):
+    // requests that wait on the store wait as long as their shard answers pings
+    // (ClientOptions::store_timeout).
+    let options = ClientOptions {
+        call_timeout: std::time::Duration::from_secs(1),
+        ..ClientOptions::default()
+    };
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(c.client(options.clone()).await);
+    }
+    let before = totals(&clients[0]).await;
+    assert_eq!(before.ufs_reads, 0);
+
+    fan_out(&clients, "/data/weights.bin", &file).await;
+    let cold = totals(&clients[0]).await;
+    let readers = (CLIENTS * READERS_PER_CLIENT) as u64;
+    let size = file.len() as u64;
+    let client_stats: Vec<_> = clients.iter().map(|c| c.stats()).collect();
+    assert_eq!(
+        cold.ufs_reads, PAGES as u64,
+        "{readers} readers: one store read per page ({cold:?}, clients: {client_stats:?})"
+    );
+    assert_eq!(cold.ufs_bytes, size, "the file's size, once");
+    assert_eq!(cold.ufs_repeat_reads, 0);
+    assert!(cold.coalesced > 0, "no reader joined a load in flight");
+    assert_eq!(cold.served_bytes, readers * size);
+    for cl in &clients {
+        let st = cl.stats();
+        assert_eq!(
+            (st.fallbacks, st.replica_reads, st.store_errors),
+            (0, 0, 0),
+            "{st:?}"
+        );
+    }
+
+    // Warm: no store read at all, most pages from memory.
+    fan_out(&clients, "/data/weights.bin", &file).await;
+    let warm = totals(&clients[0]).await;
+    assert_eq!(
+        warm.ufs_reads, PAGES as u64,
+        "a warm read reached the store"
+    );
+    assert_eq!(warm.served_bytes, 2 * readers * size);
+    assert!(warm.memory_hits > 0, "{warm:?}");
+    assert!(warm.memory_bytes > 0 && warm.memory_bytes <= 3 * 16 * MIB as u64);
+    assert_eq!(warm.ufs_repeat_reads, 0);
+
+    // What the operator sees: the hot file, and the egress kept off the store (all bytes
+    // served but the file's one read: 2 x 16 x 36 MiB - 36 MiB).
+    let out = c.pagectl(&["top", "--json", "--interval", "0.2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(v["files"][0]["path"], "/data/weights.bin", "{v}");
+    assert_eq!(v["files"][0]["bytes"], 2 * readers * size, "{v}");
+    let mount = &v["mounts"][0];
+    assert_eq!(mount["prefix"], "/data");
+    assert_eq!(mount["usd_per_tb"], 90.0);
+    let kept_off = (2 * readers - 1) * size;
+    assert_eq!(mount["kept_off_bytes"], kept_off, "{v}");
+    assert_eq!(mount["store_bytes"], size, "{v}");
+
+    let out = c.pagectl(&["stat", "--interval", "0.2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = format!(
+        "mount /data: kept off the store: {}, about {} since start",
+        pagestore_tools::top::bytes(kept_off as f64),
+        pagestore_tools::top::dollars(kept_off as f64 / 1e12 * 90.0)
+    );
+    assert!(text.contains(&line), "no {line:?} in:\n{text}");
+
+    let out = c.pagectl(&["top", "--count", "1", "--interval", "0.2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("hot files") && text.contains("/data/weights.bin"),
+        "{text}"
+    );
+    assert!(text.contains("memory tier"), "{text}");
+    drop(clients);
+    drop(c);
+}
