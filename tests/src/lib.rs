@@ -1,7 +1,8 @@
 //! Test support for pagestore (dev-only, never published): real servers started in-process, a
 //! cluster of real `pagestored` processes with an etcd helper ([`local_cluster`]), a faulty disk
-//! for the engine ([`faulty`]), the deterministic data generator ([`data`]) and the cluster
-//! fixture the binaries' integration tests share ([`fixture`]).
+//! for the engine ([`faulty`]), the deterministic data generator ([`data`]), the cluster
+//! fixture the binaries' integration tests share ([`fixture`]) and the Python environment the
+//! Python-driven tests share ([`python`]).
 //!
 //! [`S3Server`] serves a local directory over the S3 protocol (the `s3s` server framework with
 //! its `s3s-fs` file-system backend), with SigV4 authentication, on a loopback port of its own.
@@ -18,6 +19,7 @@ pub mod faulty;
 pub mod fixture;
 pub mod local_cluster;
 pub mod openmetrics;
+pub mod python;
 
 use std::{
     fmt::Write as _,

@@ -148,7 +148,16 @@ impl ClusterArgs {
     /// `ufs` is the under storage it may read and write itself (otherwise the cluster's own
     /// mounts).
     pub async fn connect(&self, ufs: Option<Arc<MountTable>>) -> Result<Arc<Client>, Error> {
-        let options = self.client_options()?;
+        self.connect_with(self.client_options()?, ufs).await
+    }
+
+    /// [`ClusterArgs::connect`] with `options` ([`ClusterArgs::client_options`] as the caller
+    /// changed them, e.g. the read-ahead of the Python package's `readahead` argument).
+    pub async fn connect_with(
+        &self,
+        options: ClientOptions,
+        ufs: Option<Arc<MountTable>>,
+    ) -> Result<Arc<Client>, Error> {
         let tls = tls::client_config(&self.tls_dir())?;
         let source = pagestore_client::ClusterSource::parse(&self.cluster());
         Ok(Client::connect(&source, tls, ufs, options).await?)

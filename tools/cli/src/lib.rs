@@ -1,12 +1,14 @@
-//! What pagestore's binaries share (`pagestored`, `pagectl`, `pagefs`, `pages3`, `pagebench`):
-//! the cluster options and client start-up ([`ClusterArgs`]), bounded HTTP serving for the
-//! endpoints outside clients reach ([`http_guard`]), sizes, defaults, logging and error
-//! printing. It links the client library, never the engine or the server.
+//! What pagestore's binaries share (`pagestored`, `pagectl`, `pagefs`, `pages3`, `pagebench`)
+//! and the Python package (`client/python`): the cluster options and client start-up
+//! ([`ClusterArgs`]), preload jobs ([`load`]), bounded HTTP serving for the endpoints outside
+//! clients reach ([`http_guard`]), sizes, defaults, logging and error printing. It links the
+//! client library, never the engine or the server.
 
 use std::path::PathBuf;
 
 mod cluster;
 pub mod http_guard;
+pub mod load;
 
 pub use cluster::{parse_or_exit, wrap_help, ClusterArgs, Error};
 

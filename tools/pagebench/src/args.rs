@@ -106,6 +106,16 @@ pub enum Command {
     /// library and the local engine over the same warm dataset; ratios FUSE/client and
     /// FUSE/engine; checksums compared.
     Fusecmp(Fusecmp),
+
+    /// Issue 19: Python readers: native fsspec, s3fs over pages3 and pagefs, against the Rust
+    /// client
+    ///
+    /// Issue 19: seq (whole files in --block reads, default 4 MiB) and rand128k, each by
+    /// --readers (default 8) Python worker processes through the native fsspec file system
+    /// (pagestore://), s3fs over pages3 and a pagefs mount, and by the Rust client library with
+    /// as many readers, over the same warm local cluster (--nodes, default 1); ratios native /
+    /// client and native / s3fs; sample ranges checked through every Python target.
+    Pycmp(Pycmp),
 }
 
 /// A command that takes only the common options.
@@ -357,6 +367,16 @@ pub struct Fusecmp {
     pub no_engine: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct Pycmp {
+    #[command(flatten)]
+    pub common: Common,
+    /// The Python interpreter, with the pagestore package and s3fs (default $PAGEBENCH_PYTHON,
+    /// else target/pyenv/bin/python)
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+}
+
 /// A comma-separated list of values (`--readers 1,8`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
@@ -527,6 +547,12 @@ impl Command {
                 o.no_engine = a.no_engine;
                 ("fusecmp", a.common)
             }
+            Command::Pycmp(a) => {
+                o.python = a.python;
+                o.block = 4 << 20;
+                o.readers = vec![8];
+                ("pycmp", a.common)
+            }
         };
         let (name, common) = name;
         common.apply(&mut o);
@@ -610,7 +636,10 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
     if o.manifest_files == 0 || o.manifest_file_size == 0 {
         bail!("--manifest-files and --manifest-file-size must be at least 1");
     }
-    let target = matches!(cmd, "gen" | "ufs" | "fuse" | "s3" | "client" | "fusecmp");
+    let target = matches!(
+        cmd,
+        "gen" | "ufs" | "fuse" | "s3" | "client" | "fusecmp" | "pycmp"
+    );
     if target || (cmd == "scale" && o.scale_client) {
         if o.workloads_given && cmd != "gen" {
             o.new_workloads()?;
@@ -650,7 +679,7 @@ mod tests {
 
     /// Every command, and the options only some commands take (with the commands that take
     /// them), as the hand-written parser had them.
-    const COMMANDS: [&str; 15] = [
+    const COMMANDS: [&str; 16] = [
         "local",
         "compare",
         "restart",
@@ -666,12 +695,14 @@ mod tests {
         "s3",
         "client",
         "fusecmp",
+        "pycmp",
     ];
     const SCOPED: &[(&str, &[&str])] = &[
         ("--path", &["fuse"]),
         ("--direct", &["fuse", "fusecmp"]),
         ("--keep-page-cache", &["fuse"]),
         ("--no-engine", &["fusecmp"]),
+        ("--python", &["pycmp"]),
         ("--ufs", &["ufs", "gen"]),
         ("--endpoint", &["s3"]),
         ("--bucket", &["s3"]),

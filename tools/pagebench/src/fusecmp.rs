@@ -35,7 +35,7 @@ pub const SEQ_TARGET: f64 = 0.8;
 
 /// The ranges read through every path for the checksum comparison: per file (at most 64
 /// files), the first 64 KiB, 1 MiB from the middle, and the last 100,000 bytes (unaligned).
-fn sample_ranges(cat: &Catalog) -> Vec<(usize, u64, u64)> {
+pub fn sample_ranges(cat: &Catalog) -> Vec<(usize, u64, u64)> {
     let mut v = Vec::new();
     for (i, e) in cat.files[..cat.flat].iter().enumerate().take(64) {
         let s = e.size;
@@ -79,7 +79,7 @@ fn crc_async(
     })
 }
 
-fn crc_expected(cat: &Catalog, ranges: &[(usize, u64, u64)]) -> Vec<u32> {
+pub fn crc_expected(cat: &Catalog, ranges: &[(usize, u64, u64)]) -> Vec<u32> {
     ranges
         .iter()
         .map(|&(f, off, len)| {

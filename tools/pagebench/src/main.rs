@@ -15,6 +15,7 @@ mod local;
 mod modes;
 mod net;
 mod preload;
+mod pycmp;
 mod zipf;
 
 use std::path::PathBuf;
@@ -124,6 +125,8 @@ pub struct Opts {
     pub verify_every: u64,
     /// More processes whose CPU time counts as the front end's.
     pub cpu_pids: Vec<u32>,
+    /// `pycmp`: the Python interpreter (with the pagestore package and s3fs).
+    pub python: Option<PathBuf>,
 }
 
 impl Default for Opts {
@@ -179,6 +182,7 @@ impl Default for Opts {
             manifest_file_size: 64 << 10,
             verify_every: 64,
             cpu_pids: Vec::new(),
+            python: None,
         }
     }
 }
@@ -297,6 +301,7 @@ fn main() {
         "s3" => modes::run_mode(&opts, modes::Mode::S3),
         "client" => modes::run_mode(&opts, modes::Mode::Client),
         "fusecmp" => fusecmp::run_fusecmp(&opts),
+        "pycmp" => pycmp::run_pycmp(&opts),
         _ => Err(anyhow!("unknown command {cmd}")),
     };
     if let Err(e) = r {

@@ -36,7 +36,7 @@ use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{mpsc, Mutex, OnceLock},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -168,73 +168,10 @@ impl Drop for Gateway {
     }
 }
 
-/// The virtual environment's python with boto3 and s3fs, created on first use.
+/// The shared virtual environment's python (boto3, s3fs, the AWS CLI, s3cmd, pyarrow; see
+/// `pagestore_testkit::python`), created on first use.
 fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    static SETUP: Mutex<()> = Mutex::new(());
-    let _g = SETUP.lock().unwrap_or_else(|p| p.into_inner());
-    PY.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
-            .canonicalize()
-            .unwrap();
-        let venv = root.join("target").join("pyenv");
-        let py = venv.join("bin").join("python");
-        let ready = || {
-            Command::new(&py)
-                .args(["-c", "import boto3, s3fs, fsspec, pyarrow.fs, awscli, S3"])
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if ready() {
-            return py;
-        }
-        let out = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run python3 ({e}): install python3 and python3-venv (apt-get install python3-venv)"));
-        assert!(
-            out.status.success(),
-            "cannot create a Python virtual environment at {}: {}\ninstall the venv module: \
-             apt-get install python3-venv",
-            venv.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // Exact versions that work together: left alone, pip backtracks through s3fs and
-        // aiobotocore releases (to ancient ones, or to pins the package index may not serve).
-        let out = Command::new(venv.join("bin").join("pip"))
-            .args([
-                "install",
-                "-q",
-                "boto3==1.43.117",
-                "botocore==1.43.117",
-                "aiobotocore==3.10.0",
-                "s3fs==2026.9.0",
-                "fsspec==2026.9.0",
-                // Real clients of the issue-16 tests (the AWS CLI that goes with this
-                // botocore, s3cmd, pyarrow's own S3 file system).
-                "awscli==1.46.3",
-                "s3cmd==2.4.0",
-                "pyarrow==26.0.1",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pip install boto3 s3fs awscli s3cmd pyarrow into {} failed:\n{}{}",
-            venv.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            ready(),
-            "boto3/s3fs/pyarrow/awscli/s3cmd still not importable after pip install"
-        );
-        py
-    })
-    .clone()
+    pagestore_testkit::python::python()
 }
 
 /// Runs a Python script (written to a temporary file); panics with its output if it fails.

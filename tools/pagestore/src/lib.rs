@@ -1,9 +1,10 @@
 //! The `pagestored` daemon ([`daemon`]), its admin endpoint and metrics, and what `pagectl`
-//! needs beside the client library (preload jobs, cache rules).
+//! needs beside the client library (cache rules; preload jobs are `pagestore_cli::load`,
+//! re-exported here as [`load`]).
 
 pub mod admin;
 pub mod daemon;
-pub mod load;
+pub use pagestore_cli::load;
 pub mod metrics;
 pub mod rules;
 pub mod top;

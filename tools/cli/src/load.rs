@@ -1,4 +1,4 @@
-//! Preload jobs (`pagectl load`): resolve a manifest or a prefix to files, then ask each page's
+//! Preload jobs (`pagectl load`, `pagestore.preload` in Python): resolve a manifest or a prefix to files, then ask each page's
 //! owning shard to load it from the under storage. The CLI is the job's only coordinator:
 //! nothing sits on the data path. It reports the job's progress to every node every two seconds
 //! and at the end (a [`JobRecord`], see [`job_record`]); nodes only keep the records, for
@@ -31,6 +31,9 @@ pub struct LoadOptions {
     pub source: String,
     /// Seconds since the Unix epoch when the job was submitted.
     pub submitted: f64,
+    /// Show the progress on standard error (a bar on a terminal, a line every few seconds
+    /// otherwise); off for callers that report it themselves.
+    pub progress: bool,
 }
 
 impl Default for LoadOptions {
@@ -41,6 +44,7 @@ impl Default for LoadOptions {
             id: new_job_id(),
             source: String::new(),
             submitted: unix_now(),
+            progress: true,
         }
     }
 }
@@ -109,8 +113,6 @@ pub struct JobReport {
     pub failures: Vec<(String, String)>,
 }
 
-/// Paths named by a manifest: one logical path per line, or JSON lines with a `path` field.
-/// Blank lines and lines starting with `#` are skipped.
 /// Why a preload job could not list its files.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -135,6 +137,8 @@ pub enum LoadError {
     },
 }
 
+/// Paths named by a manifest: one logical path per line, or JSON lines with a `path` field.
+/// Blank lines and lines starting with `#` are skipped.
 pub fn parse_manifest(text: &str) -> Result<Vec<String>, LoadError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -350,8 +354,9 @@ fn clipped(text: &str, max: usize) -> String {
     text[..end].to_string()
 }
 
-/// Loads every file of `paths` (see the module docs), printing progress to standard error: a
-/// line rewritten in place on a terminal, a plain line every few seconds otherwise.
+/// Loads every file of `files` (see the module docs), printing progress to standard error
+/// (with [`LoadOptions::progress`]): a line rewritten in place on a terminal, a plain line every
+/// few seconds otherwise.
 pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions) -> JobReport {
     let start = Instant::now();
     let started = unix_now();
@@ -380,7 +385,7 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
              docs/SECURITY.md); loading anyway"
         );
     }
-    let out = ProgressOut::new(total_files);
+    let out = ProgressOut::new(total_files, opts.progress);
     let ticker = spawn_ticker(&progress, &client, opts, &out, total_files, start, started);
     let report = Arc::new(Mutex::new(JobReport {
         files: total_files,
@@ -504,13 +509,14 @@ fn final_report(report: &Mutex<JobReport>, progress: &Progress, start: Instant) 
 /// line every few seconds (logs and pipes keep every line).
 #[derive(Clone)]
 struct ProgressOut {
+    shown: bool,
     bar: Option<indicatif::ProgressBar>,
 }
 
 impl ProgressOut {
-    fn new(total: u64) -> ProgressOut {
-        if !std::io::stderr().is_terminal() {
-            return ProgressOut { bar: None };
+    fn new(total: u64, shown: bool) -> ProgressOut {
+        if !shown || !std::io::stderr().is_terminal() {
+            return ProgressOut { shown, bar: None };
         }
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(total),
@@ -522,10 +528,16 @@ impl ProgressOut {
         {
             bar.set_style(style);
         }
-        ProgressOut { bar: Some(bar) }
+        ProgressOut {
+            shown,
+            bar: Some(bar),
+        }
     }
 
     fn show(&self, p: &Progress, total: u64, start: Instant, last: bool) {
+        if !self.shown {
+            return;
+        }
         let done = p.files_done.load(Ordering::Relaxed);
         let bytes = p.bytes_done.load(Ordering::Relaxed);
         let rate = bytes as f64 / start.elapsed().as_secs_f64().max(1e-3);

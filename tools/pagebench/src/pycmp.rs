@@ -1,0 +1,389 @@
+//! `pagebench pycmp` (issue 19): Python readers in one run, against one warm local cluster:
+//! (a) the native fsspec file system of the `pagestore` package (`pagestore://`, the client
+//! library in the reading process), (b) s3fs over a `pages3` gateway, (c) plain files of a
+//! `pagefs` mount, each by `--readers` (default 8) spawned worker processes, and (d) the Rust
+//! client library itself (one process, as many readers) as the reference. Ratios: native /
+//! client and native / s3fs; targets: native >= 0.9x the client and >= 2x s3fs, for `seq`
+//! (whole files in `--block` reads, default 4 MiB) and `rand128k`.
+//!
+//! The Python side is `tools/pagebench/pycmp.py` (built in; run with `--python`, default the
+//! shared test environment `target/pyenv/bin/python`, which needs the package installed:
+//! `maturin develop --release` in `client/python`). Every run checks the length of each read;
+//! afterwards the sample ranges of `fusecmp` are read through each Python target and compared
+//! with the generator's crc32.
+
+use std::{
+    io::Write as _,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::Arc,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+use crate::{
+    bench::{self, AsyncTarget, Catalog, Probe, RunResult, Spec, Target, Workload},
+    frontends::{FuseMount, Gateway, PREFIX},
+    fusecmp::{crc_expected, sample_ranges},
+    modes::{load_warning, loadavg, local_stack},
+    Opts,
+};
+
+/// The Python side.
+const SCRIPT: &str = include_str!("../pycmp.py");
+
+/// Targets: native fsspec / Rust client, native fsspec / s3fs.
+pub const CLIENT_TARGET: f64 = 0.9;
+/// See [`CLIENT_TARGET`].
+pub const S3FS_TARGET: f64 = 2.0;
+
+/// One Python run as the script reports it.
+#[derive(Debug, Clone, Default)]
+struct PyRun {
+    target: String,
+    workload: String,
+    bytes: u64,
+    ops: u64,
+    secs: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+impl PyRun {
+    fn bw(&self) -> f64 {
+        self.bytes as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// The interpreter: `--python`, else `$PAGEBENCH_PYTHON`, else `target/pyenv/bin/python`
+/// beside this executable's target directory.
+fn python(o: &Opts) -> Result<PathBuf> {
+    if let Some(p) = &o.python {
+        return Ok(p.clone());
+    }
+    if let Some(p) = std::env::var_os("PAGEBENCH_PYTHON") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    let guess = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|t| t.join("pyenv").join("bin").join("python"))
+        .ok_or_else(|| anyhow!("cannot place {}", exe.display()))?;
+    if guess.exists() {
+        Ok(guess)
+    } else {
+        bail!(
+            "no Python found at {}: give --python (an interpreter with the pagestore package and \
+             s3fs installed)",
+            guess.display()
+        )
+    }
+}
+
+/// Runs the comparison.
+pub fn run_pycmp(o: &Opts) -> Result<()> {
+    let py = python(o)?;
+    let probe = Command::new(&py)
+        .args(["-c", "import pagestore, s3fs, fsspec"])
+        .output()
+        .with_context(|| py.display().to_string())?;
+    if !probe.status.success() {
+        bail!(
+            "{} cannot import pagestore and s3fs ({}): install the package (maturin develop \
+             --release in client/python) and s3fs",
+            py.display(),
+            String::from_utf8_lossy(&probe.stderr).trim()
+        );
+    }
+    let readers = o.readers.first().copied().unwrap_or(8).max(1);
+    let workloads = [Workload::Seq, Workload::Rand(128 << 10)];
+    let warning = load_warning();
+    let load0 = loadavg();
+    let rt = bench::runtime(2)?;
+    let mut ds = o.dataset();
+    ds.episodes.count = 0;
+    ds.small_files = 0;
+    let mut notes = Vec::new();
+    let so = Opts {
+        nodes: Some(o.nodes.unwrap_or(1)),
+        cold: false,
+        ..o.clone()
+    };
+    let (stack, cat) = local_stack(&so, "pycmp", &ds, &rt, &mut notes)?;
+    let (key, secret) = ("pagebench", "pagebench-secret");
+    let staging = o.dir.join("pycmp").join("staging");
+    std::fs::create_dir_all(&staging).with_context(|| staging.display().to_string())?;
+    let gw = Gateway::start(&stack.cluster, key, secret, &staging)?;
+    let mount = FuseMount::start(&stack.cluster, &o.dir.join("pycmp").join("mnt"), None)?;
+    notes.push(format!(
+        "pages3 at {}; pagefs at {}; Python {}",
+        gw.endpoint,
+        mount.mp.display(),
+        py.display()
+    ));
+    // The Rust reference.
+    let infos = rt.block_on(bench::stat_all(&cat, PREFIX, |p| {
+        let c = stack.client.clone();
+        async move { Ok(c.stat(&p).await?) }
+    }))?;
+    let client_t = Target::Async(Arc::new(AsyncTarget::Client {
+        client: stack.client.clone(),
+        infos,
+    }));
+    let probe = Probe {
+        counters: Some(stack.client.clone()),
+        nodes: stack.pids(),
+        frontend: Vec::new(),
+    };
+    let mut rust: Vec<RunResult> = Vec::new();
+    for &w in &workloads {
+        let spec = Spec {
+            qd: 1,
+            ..Spec::from_opts(o, w, readers, u64::from(o.page_size))
+        };
+        rust.push(bench::run("client", &client_t, &cat, &spec, &probe, &rt)?);
+    }
+    // The Python targets.
+    let ranges = sample_ranges(&cat);
+    let want = crc_expected(&cat, &ranges);
+    let files: Vec<_> = cat.files[..cat.flat]
+        .iter()
+        .map(|e| {
+            serde_json::json!({"path": format!("{PREFIX}/{}", e.rel), "rel": e.rel, "size": e.size})
+        })
+        .collect();
+    let checks: Vec<_> = ranges
+        .iter()
+        .zip(&want)
+        .map(|(&(f, off, len), crc)| serde_json::json!([f, off, len, crc]))
+        .collect();
+    let config = serde_json::json!({
+        "targets": ["native", "s3fs", "pagefs"],
+        "workloads": workloads.iter().map(|w| serde_json::json!({
+            "name": w.name(),
+            "block": if *w == Workload::Seq { o.block } else { 128 << 10 },
+        })).collect::<Vec<_>>(),
+        "readers": readers,
+        "seconds": o.seconds,
+        "seed": o.seed,
+        "page": o.page_size,
+        "files": files,
+        "checks": checks,
+        "native": {"cluster": stack.cluster.members, "tls_dir": stack.cluster.ca_dir},
+        "s3fs": {"endpoint": gw.endpoint, "key": key, "secret": secret,
+                 "bucket": PREFIX.trim_start_matches('/')},
+        "pagefs": {"root": mount.mp.join(PREFIX.trim_start_matches('/'))},
+    });
+    let script = o.dir.join("pycmp").join("pycmp.py");
+    std::fs::write(&script, SCRIPT).with_context(|| script.display().to_string())?;
+    let mut child = Command::new(&py)
+        .arg(&script)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| py.display().to_string())?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow!("no stdin"))?
+        .write_all(config.to_string().as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed ({})",
+            py.display(),
+            script.display(),
+            out.status
+        );
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "pycmp.py printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    let mut py_runs = Vec::new();
+    for r in report["runs"].as_array().into_iter().flatten() {
+        if let Some(errors) = r["errors"].as_array().filter(|e| !e.is_empty()) {
+            bail!("{} {}: {:?}", r["target"], r["workload"], errors);
+        }
+        py_runs.push(PyRun {
+            target: r["target"].as_str().unwrap_or_default().to_string(),
+            workload: r["workload"].as_str().unwrap_or_default().to_string(),
+            bytes: r["bytes"].as_u64().unwrap_or(0),
+            ops: r["ops"].as_u64().unwrap_or(0),
+            secs: r["secs"].as_f64().unwrap_or(0.0),
+            p50_us: r["p50_us"].as_f64().unwrap_or(0.0),
+            p99_us: r["p99_us"].as_f64().unwrap_or(0.0),
+        });
+    }
+    for (target, bad) in report["checks"].as_object().into_iter().flatten() {
+        if bad.as_array().is_some_and(|b| !b.is_empty()) {
+            bail!("checksum mismatch through {target}: {bad}");
+        }
+    }
+    drop(mount);
+    drop(gw);
+    drop(stack);
+    let load1 = loadavg();
+    print_report(
+        o,
+        &cat,
+        readers,
+        &workloads,
+        &rust,
+        &py_runs,
+        &notes,
+        warning,
+        load0,
+        load1,
+        ranges.len(),
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_report(
+    o: &Opts,
+    cat: &Catalog,
+    readers: usize,
+    workloads: &[Workload],
+    rust: &[RunResult],
+    py: &[PyRun],
+    notes: &[String],
+    warning: Option<String>,
+    load0: [f64; 3],
+    load1: [f64; 3],
+    checked: usize,
+) {
+    let find = |t: &str, w: &str| py.iter().find(|r| r.target == t && r.workload == w);
+    let mut cells = Vec::new();
+    for (w, r) in workloads.iter().zip(rust) {
+        let name = w.name();
+        let (n, s, f) = (
+            find("native", &name),
+            find("s3fs", &name),
+            find("pagefs", &name),
+        );
+        cells.push((name, r, n, s, f));
+    }
+    if o.json {
+        let j: Vec<_> = cells
+            .iter()
+            .map(|(name, r, n, s, f)| {
+                let bw = |x: &Option<&PyRun>| x.map(PyRun::bw);
+                serde_json::json!({
+                    "workload": name, "readers": readers,
+                    "client_bytes_per_sec": r.bw(),
+                    "native_bytes_per_sec": bw(n), "s3fs_bytes_per_sec": bw(s),
+                    "pagefs_bytes_per_sec": bw(f),
+                    "native_over_client": n.map(|n| n.bw() / r.bw().max(1e-9)),
+                    "native_over_s3fs": n.zip(*s).map(|(n, s)| n.bw() / s.bw().max(1e-9)),
+                    "native_over_pagefs": n.zip(*f).map(|(n, f)| n.bw() / f.bw().max(1e-9)),
+                    "p99_us": {"client": r.us(0.99), "native": n.map(|n| n.p99_us),
+                               "s3fs": s.map(|s| s.p99_us), "pagefs": f.map(|f| f.p99_us)},
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "mode": "pycmp", "setup": notes, "dataset": cat.ds.to_json(),
+                "load_average": {"before": load0, "after": load1}, "warning": warning,
+                "targets": {"native_over_client_min": CLIENT_TARGET,
+                            "native_over_s3fs_min": S3FS_TARGET},
+                "cells": j,
+                "checksums": {"ranges": checked, "paths": ["native", "s3fs", "pagefs"],
+                              "equal_to_generator": true},
+                "rust_runs": rust.iter().map(RunResult::to_json).collect::<Vec<_>>(),
+            })
+        );
+        return;
+    }
+    if let Some(w) = &warning {
+        println!("{w}");
+    }
+    println!(
+        "pycmp: {readers} Python worker processes per target (native fsspec, s3fs over pages3, \
+         pagefs files) and the Rust client library with {readers} readers; {} files, {:.2} GB, \
+         {} KiB pages, seq in {} KiB reads",
+        cat.flat,
+        cat.flat_bytes() as f64 / 1e9,
+        o.page_size >> 10,
+        o.block >> 10
+    );
+    for n in notes {
+        println!("{n}");
+    }
+    println!("load average {:.2} before, {:.2} after", load0[0], load1[0]);
+    println!(
+        "\n{:<9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
+        "workload",
+        "client",
+        "native",
+        "s3fs",
+        "pagefs",
+        "native/clnt",
+        "native/s3fs",
+        "native/pgfs",
+        "p99 clnt",
+        "native",
+        "s3fs",
+        "pagefs"
+    );
+    let mb = |x: Option<&PyRun>| x.map_or("-".into(), |x| format!("{:.1}", x.bw() / 1e6));
+    let us = |x: Option<&PyRun>| x.map_or("-".into(), |x| format!("{:.0}", x.p99_us));
+    let ratio = |a: Option<&PyRun>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}x", a.bw() / b.max(1e-9)),
+        _ => "-".into(),
+    };
+    let mut met = true;
+    for (name, r, n, s, f) in &cells {
+        println!(
+            "{:<9} {:>10.1} {:>10} {:>10} {:>10} {:>12} {:>11} {:>11} {:>9.0} {:>9} {:>9} {:>9}",
+            name,
+            r.bw() / 1e6,
+            mb(*n),
+            mb(*s),
+            mb(*f),
+            ratio(*n, Some(r.bw())),
+            ratio(*n, s.map(PyRun::bw)),
+            ratio(*n, f.map(PyRun::bw)),
+            r.us(0.99),
+            us(*n),
+            us(*s),
+            us(*f),
+        );
+        if let Some(n) = n {
+            met &= n.bw() >= CLIENT_TARGET * r.bw();
+            met &= s.is_none_or(|s| n.bw() >= S3FS_TARGET * s.bw());
+        }
+    }
+    println!(
+        "\n(MB/s; p99 of one read in us) targets: native >= {CLIENT_TARGET}x the client and >= \
+         {S3FS_TARGET}x s3fs: {}",
+        if met { "met" } else { "NOT met" }
+    );
+    for (_, _, n, s, f) in &cells {
+        for x in [n, s, f].into_iter().flatten() {
+            println!(
+                "  {} {}: {} reads, {:.1} MB in {:.2} s, p50 {:.0} us",
+                x.target,
+                x.workload,
+                x.ops,
+                x.bytes as f64 / 1e6,
+                x.secs,
+                x.p50_us
+            );
+        }
+    }
+    println!(
+        "checksums: {checked} sample ranges read through native fsspec, s3fs and pagefs: equal \
+         to the generator's bytes; every read's length checked"
+    );
+    println!("\nRust client runs:");
+    bench::print_table(rust);
+}
