@@ -48,6 +48,10 @@ pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(120);
 /// version silent for the cluster's lease is sealed and flushed without it).
 pub const KEEPALIVE: Duration = Duration::from_secs(30);
 
+/// How long a page or a commit is retried while too few of its members can be reached (a
+/// member the client gave up on for a moment, a busy machine) before the write fails.
+pub const UNREACHABLE_WAIT: Duration = Duration::from_secs(30);
+
 /// Settings of a [`Writer`].
 #[derive(Clone, Debug)]
 pub struct WriteOptions {
@@ -187,6 +191,27 @@ impl Client {
     /// Sends a namespace change to the members that keep the records of `path` (its metadata
     /// owner first), and returns the change's position in the cluster's order.
     pub(crate) async fn change(&self, path: &str, op: ChangeOp) -> Result<u64, Error> {
+        // A commit is the same change when sent again (a repeated one is already in force):
+        // retried while no member can be reached. Other changes are sent once (a rename that
+        // a member applied without its answer arriving would fail when sent again).
+        if !matches!(op, ChangeOp::Commit { .. }) {
+            return self.change_once(path, op).await;
+        }
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.change_once(path, op.clone()).await {
+                Err(Error::Unavailable { message, .. }) if started.elapsed() < UNREACHABLE_WAIT => {
+                    tracing::debug!(path, why = %message, "no member took a commit; again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn change_once(&self, path: &str, op: ChangeOp) -> Result<u64, Error> {
         let layout = self.layout();
         let ring = layout.membership.ring();
         let members: Vec<_> = ring
@@ -307,7 +332,8 @@ impl Client {
 
     /// Sends page `page` of write-back version `tag` (`bytes`) to its write members: as many
     /// distinct ones as the cluster's write replicas, trying the next members when one cannot
-    /// be reached, and waiting (up to `wait`) while the members' dirty limit is reached.
+    /// be reached, waiting (up to `wait`) while the members' dirty limit is reached, and
+    /// sending again (for up to [`UNREACHABLE_WAIT`]) while too few members can be reached.
     pub(crate) async fn send_page(
         &self,
         tag: &str,
@@ -322,6 +348,14 @@ impl Client {
             match self.send_page_once(tag, file_id, page, bytes).await {
                 Err(Error::NoSpace(m)) if started.elapsed() < wait => {
                     tracing::debug!(page, why = %m, "write members are full; waiting for flushes");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                // Too few members answered (one given up on for a moment: on a busy machine
+                // the silence rule gives up on live members too); the page is the same when
+                // sent again.
+                Err(Error::Unavailable { message, .. }) if started.elapsed() < UNREACHABLE_WAIT => {
+                    tracing::debug!(page, why = %message, "too few members took a page; again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(2));
                 }

@@ -394,17 +394,18 @@ impl Loader {
         r
     }
 
-    /// Forgets what is cached about `path`: its metadata, its listing, and its directory's
-    /// listing (after a write or a delete). Returns how many entries were dropped.
+    /// Forgets what is cached about `path`: its metadata, its listing, and the metadata and
+    /// listing of every directory above it (after a write or a delete: a file written under
+    /// new directories makes them exist, and appear in their parents' listings, so a "not
+    /// found" cached for one of them must go too). Returns how many entries were dropped.
     pub fn forget(&self, path: &str) -> usize {
-        let parent = match path.trim_end_matches('/').rsplit_once('/') {
-            Some(("", _)) | None => "/",
-            Some((p, _)) => p,
-        };
-        let mut n = usize::from(self.paths.borrow_mut().remove(path).is_some());
+        let mut paths = self.paths.borrow_mut();
         let mut lists = self.lists.borrow_mut();
-        n += usize::from(lists.remove(path).is_some());
-        n += usize::from(lists.remove(parent).is_some());
+        let mut n = 0;
+        for p in std::iter::once(path).chain(ancestors(path)) {
+            n += usize::from(paths.remove(p).is_some());
+            n += usize::from(lists.remove(p).is_some());
+        }
         n
     }
 
@@ -463,6 +464,22 @@ pub fn listing_page(all: &[DirEntry], start_after: &str) -> (Vec<DirEntry>, bool
     (out, false)
 }
 
+/// The directories above `path`, nearest first, up to `/`.
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    let mut cur = path.trim_end_matches('/');
+    std::iter::from_fn(move || {
+        if cur.is_empty() {
+            return None;
+        }
+        let parent = match cur.rsplit_once('/') {
+            Some(("", _)) | None => "/",
+            Some((p, _)) => p,
+        };
+        cur = if parent == "/" { "" } else { parent };
+        Some(parent)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,6 +496,20 @@ mod tests {
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
+    }
+
+    #[test]
+    fn ancestors_go_up_to_the_root() {
+        fn all(p: &str) -> Vec<&str> {
+            ancestors(p).collect()
+        }
+        assert_eq!(
+            all("/data/in/deep/f"),
+            ["/data/in/deep", "/data/in", "/data", "/"]
+        );
+        assert_eq!(all("/data/"), ["/"]);
+        assert_eq!(all("/data"), ["/"]);
+        assert!(all("/").is_empty());
     }
 
     #[test]

@@ -1,28 +1,43 @@
-//! The file system behind `pagefs`: pagestore's logical namespace, read-only, through FUSE.
+//! The file system behind `pagefs`: pagestore's logical namespace through FUSE, read-only
+//! except where a mount takes writes from this machine.
 //!
-//! - Inodes: one number per logical path, handed out on first sight (lookup or readdir) and kept
-//!   for the life of the mount (numbers are never reused, so the generation is always 0).
+//! - Inodes: one number per logical path, handed out on first sight (lookup, readdir or
+//!   create) and kept for the life of the mount (numbers are never reused, so the generation
+//!   is always 0). A rename moves the number to the new path; an unlink forgets the path.
 //! - Attributes: from `Client::stat_path` or from a directory listing; the kernel caches them,
 //!   and the entries, for the attribute TTL, and so does this table (a lookup right after a
 //!   readdir costs no request). A file's mtime and ctime are the object's modification time in
-//!   the store; directories (which object stores do not have) show the mount's start time.
+//!   the store; directories (which object stores do not have) show the mount's start time. A
+//!   file open for writing here answers with its writer's size and time, never cached by the
+//!   kernel (TTL 0).
 //! - `statfs` (`df`) reports the cluster's cache: its capacity and the bytes cached, summed
 //!   over the shards that answer (asked at most every [`STATFS_TTL`]); inode counts are 0,
 //!   unknown.
 //! - Open pins the object's version (`ObjectInfo`); every read of that handle is a
 //!   `Client::read_at` of that version, so a handle never mixes versions. A read that comes back
 //!   shorter than the pinned size promises is an error (ESTALE), never a silent short read.
+//! - Writes (the `write` module): a path of a `write=back` or `write=transient` mount is written
+//!   through the cluster (`Client::create`, `Writer`); one of a `write=through` mount whose
+//!   store this machine can write is staged in a local file and sent to the store at fsync and
+//!   close; any other path is read-only (EROFS). fsync and close(2) make what was written
+//!   durable and visible to every reader (errors are answered there); the last release closes
+//!   the file for good. Renames stay within a mount (EXDEV otherwise, and for directories, so
+//!   that `mv` copies); unlink, mkdir and rmdir go to the cluster (or the store).
 //! - Directories are listed once at opendir; readdir serves that snapshot by offset, so a long
 //!   directory read over many readdir calls is consistent.
 //! - Concurrency: the FUSE threads only look things up in memory; every request that needs the
 //!   network runs as a task on the tokio runtime and replies from there. No lock is held across
-//!   network I/O, so one slow read never holds up another request.
+//!   network I/O, so one slow read never holds up another request (a file's writes wait for
+//!   one another, and for its fsync).
+
+mod write;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     ffi::OsStr,
+    path::PathBuf,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, OnceLock,
     },
     time::{Duration, Instant, SystemTime},
@@ -40,8 +55,9 @@ use pagestore_client::{
     ufs::{system_time, MountTable, ObjectInfo},
     Client, Error,
 };
-use pagestore_protocol::frame::PathKind;
+use pagestore_protocol::frame::{FileState, PathKind};
 use tracing::{debug, info, warn};
+use write::{Start, WriteFile, Writes};
 
 /// Settings of one mount.
 #[derive(Clone, Debug)]
@@ -54,6 +70,11 @@ pub struct FsOptions {
     pub readahead: u32,
     /// Asynchronous (read-ahead) requests the kernel may have in flight to us.
     pub max_background: u16,
+    /// Refuse every write (EROFS), whatever the mounts take.
+    pub read_only: bool,
+    /// Where files written to `write=through` mounts are staged until fsync or close sends
+    /// them to the store.
+    pub staging_dir: PathBuf,
 }
 
 impl Default for FsOptions {
@@ -62,6 +83,8 @@ impl Default for FsOptions {
             attr_ttl: Duration::from_secs(10),
             readahead: 8 << 20,
             max_background: 64,
+            read_only: false,
+            staging_dir: std::env::temp_dir().join("pagefs-staging"),
         }
     }
 }
@@ -93,8 +116,8 @@ struct Node {
     path: Arc<str>,
     /// The last kind and size learned (stat or listing), and when.
     seen: Option<(Kind, Instant)>,
-    /// The file id the last open of this inode pinned.
-    opened_id: Option<u128>,
+    /// The version (file id, size, mtime) the last open of this inode pinned.
+    opened: Option<(u128, u64, i64)>,
 }
 
 /// Path <-> inode number; inode `n` is `nodes[n - 1]`, the root is 1.
@@ -111,7 +134,7 @@ impl Inodes {
             nodes: vec![Node {
                 path: root,
                 seen: None,
-                opened_id: None,
+                opened: None,
             }],
         }
     }
@@ -134,7 +157,7 @@ impl Inodes {
         self.nodes.push(Node {
             path: path.clone(),
             seen: None,
-            opened_id: None,
+            opened: None,
         });
         let ino = self.nodes.len() as u64;
         self.by_path.insert(path, ino);
@@ -165,10 +188,34 @@ struct DirItem {
     name: String,
 }
 
+/// An open file handle.
+#[derive(Clone)]
+enum Open {
+    /// Open for reading: the version it pinned.
+    Read(Arc<OpenFile>),
+    /// Open on a file this mount is writing (for writing, or for reading while it is
+    /// written here).
+    Write {
+        file: Arc<WriteFile>,
+        /// Open for writing (counted in the file's handles).
+        writes: bool,
+        /// `O_APPEND`: every write goes to the end.
+        append: bool,
+    },
+}
+
 struct Shared {
     client: Arc<Client>,
     inodes: Mutex<Inodes>,
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    files: Mutex<HashMap<u64, Open>>,
+    /// Files being written through this mount, by inode.
+    writers: Mutex<HashMap<u64, Arc<WriteFile>>>,
+    /// Directories made here in `write=through` mounts: object stores have none, so they
+    /// exist (here) until a file is written beneath them or they are removed.
+    made_dirs: Mutex<HashSet<String>>,
+    /// Closes of released files in progress, and a wake-up when one ends.
+    closing: AtomicUsize,
+    closed: tokio::sync::Notify,
     dirs: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
     next_fh: AtomicU64,
     options: FsOptions,
@@ -387,6 +434,10 @@ impl PageFs {
                 client,
                 inodes: Mutex::new(Inodes::new()),
                 files: Mutex::new(HashMap::new()),
+                writers: Mutex::new(HashMap::new()),
+                made_dirs: Mutex::new(HashSet::new()),
+                closing: AtomicUsize::new(0),
+                closed: tokio::sync::Notify::new(),
                 dirs: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 options,
@@ -422,6 +473,62 @@ impl PageFs {
             .map(|p| format!("{p}/"))
             .collect()
     }
+
+    /// Whether some mount takes writes from this file system (otherwise it is mounted
+    /// read-only, as before writes existed).
+    pub fn takes_writes(&self) -> bool {
+        let sh = &self.shared;
+        sh.client.mounts().iter().any(|m| {
+            let p = m.prefix.trim_end_matches('/');
+            sh.writes(if p.is_empty() { "/" } else { p }) != Writes::No
+        })
+    }
+
+    /// What finishes the closes of released files when the session has ended (see
+    /// [`Drain::finish`]).
+    pub fn drain(&self) -> Drain {
+        Drain(self.shared.clone())
+    }
+}
+
+/// Finishes what the file system still owes the cluster once its session has ended.
+pub struct Drain(Arc<Shared>);
+
+impl Drain {
+    /// Waits (at most `limit`) for the closes of released files in progress, then closes the
+    /// files whose descriptors the kernel never released (the session ended with them open):
+    /// what they wrote is committed for good. Returns how many files were left open.
+    pub async fn finish(&self, limit: Duration) -> usize {
+        let sh = &self.0;
+        let deadline = tokio::time::Instant::now() + limit;
+        while sh.closing.load(Ordering::Acquire) > 0 {
+            let woken = sh.closed.notified();
+            if sh.closing.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                warn!(
+                    "{} file(s) still closing after {limit:?}; exiting without them",
+                    sh.closing.load(Ordering::Acquire)
+                );
+                return 0;
+            }
+        }
+        let left: Vec<Arc<WriteFile>> = lock(&sh.writers)
+            .values()
+            .filter(|w| w.handles() > 0)
+            .cloned()
+            .collect();
+        for w in &left {
+            w.handles.store(0, Ordering::Release);
+            let path = w.path();
+            match tokio::time::timeout_at(deadline, w.close(&sh.client)).await {
+                Ok(_) => info!("{path}: closed at exit (its descriptors were never released)"),
+                Err(_) => warn!("{path}: not closed within {limit:?}"),
+            }
+        }
+        left.len()
+    }
 }
 
 /// Where the session's notifier goes once the session exists (see [`PageFs::notifier_slot`]).
@@ -439,20 +546,49 @@ impl Shared {
         self.options.attr_ttl
     }
 
-    /// Mode bits, owner and group of `path`. Under a `file://` mount: the local file's (write
-    /// and special bits removed: the mount is read-only), or no access at all (mode 0, root's)
-    /// when the file cannot be examined here. Elsewhere (object stores have no per-user
-    /// modes): readable by everyone who may use the mount, owned by the mounting user.
+    /// How `path` takes writes from this mount.
+    fn writes(&self, path: &str) -> Writes {
+        if self.options.read_only || self.mount_of(path).is_none() {
+            return Writes::No;
+        }
+        if self.client.write_policy(path).is_cached() {
+            return Writes::Cluster;
+        }
+        match self.client.ufs_table() {
+            Some(t) if t.mount_of(path).is_some() => Writes::Store,
+            _ => Writes::No,
+        }
+    }
+
+    /// The prefix of the mount that holds `path` (the longest that matches).
+    fn mount_of(&self, path: &str) -> Option<String> {
+        self.client
+            .mounts()
+            .into_iter()
+            .map(|m| m.prefix.trim_end_matches('/').to_string())
+            .filter(|p| p.is_empty() || path == p || path.starts_with(&format!("{p}/")))
+            .max_by_key(|p| p.len())
+    }
+
+    /// Mode bits, owner and group of `path`. Under a `file://` mount: the local file's
+    /// (special bits removed, write bits too unless the path takes writes here), or no access
+    /// at all (mode 0, root's) when the file cannot be examined here; a file written through
+    /// the cluster that the store does not hold yet shows the defaults. Elsewhere (object
+    /// stores have no per-user modes): readable (and writable, where the path takes writes)
+    /// by everyone who may use the mount, owned by the mounting user.
     fn perm(&self, path: Option<&str>, kind: Kind) -> (u16, u32, u32) {
+        let writes = path.map_or(Writes::No, |p| self.writes(p));
+        let keep: u16 = if writes == Writes::No { 0o555 } else { 0o777 };
         let open = match kind {
-            Kind::Dir => 0o555,
-            Kind::File(..) => 0o444,
+            Kind::Dir => 0o755 & keep,
+            Kind::File(..) => 0o644 & keep,
         };
         let Some(path) = path.filter(|p| self.local.is_local(p)) else {
             return (open, self.uid, self.gid);
         };
         match self.local.local_attributes(path) {
-            Ok(Some((mode, uid, gid))) => ((mode & 0o555) as u16, uid, gid),
+            Ok(Some((mode, uid, gid))) => ((mode & u32::from(keep)) as u16, uid, gid),
+            Ok(None) if writes == Writes::Cluster => (open, self.uid, self.gid),
             Ok(None) => (0, 0, 0),
             Err(e) => {
                 debug!("mode of {path}: {e}");
@@ -486,6 +622,64 @@ impl Shared {
         }
     }
 
+    /// The attributes of a file being written here: its writer's size and time.
+    fn writer_attr(&self, w: &WriteFile) -> FileAttr {
+        let (size, mtime_ns) = *lock(&w.attrs);
+        self.attr(w.ino, Some(&w.path()), Kind::File(size, mtime_ns))
+    }
+
+    /// The file this mount is writing at inode `ino`, if any.
+    fn live_writer(&self, ino: u64) -> Option<Arc<WriteFile>> {
+        lock(&self.writers).get(&ino).cloned()
+    }
+
+    /// The writer of inode `ino` (made if none), with one more descriptor counted.
+    fn writer_for(&self, ino: u64, path: &str, how: Writes) -> Arc<WriteFile> {
+        let mut ws = lock(&self.writers);
+        let w = ws
+            .entry(ino)
+            .or_insert_with(|| Arc::new(WriteFile::new(ino, Arc::from(path), how)))
+            .clone();
+        w.handles.fetch_add(1, Ordering::AcqRel);
+        w
+    }
+
+    /// One descriptor of `w` fewer; whether it was the last.
+    fn let_go(&self, w: &WriteFile) -> bool {
+        let _ws = lock(&self.writers);
+        w.handles.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Drops `w` from the table of writers once nothing holds it open.
+    fn forget_writer(&self, w: &Arc<WriteFile>) {
+        let mut ws = lock(&self.writers);
+        if w.handles() == 0 && ws.get(&w.ino).is_some_and(|x| Arc::ptr_eq(x, w)) {
+            ws.remove(&w.ino);
+        }
+    }
+
+    /// Closes `w` for good now that its last descriptor is released, and records what it
+    /// left.
+    async fn close_writer(&self, w: Arc<WriteFile>) {
+        let info = w.close(&self.client).await;
+        if let Some(info) = info {
+            self.note_written(&w, &info);
+        }
+        self.forget_writer(&w);
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(w.ino), -1, 0);
+        }
+    }
+
+    /// Records what a stat of `w`'s path answers after a commit or upload.
+    fn note_written(&self, w: &WriteFile, info: &ObjectInfo) {
+        let path = w.path();
+        let mut t = lock(&self.inodes);
+        if t.by_path.get(&*path) == Some(&w.ino) {
+            t.note(&path, Kind::File(info.size, info.mtime_ns), Instant::now());
+        }
+    }
+
     fn fresh(&self, ino: u64) -> Option<(Kind, Duration)> {
         lock(&self.inodes).fresh(ino, self.ttl())
     }
@@ -494,18 +688,157 @@ impl Shared {
         lock(&self.inodes).note(path, kind, Instant::now())
     }
 
+    /// `path` is gone (unlinked, removed): a later lookup finds what is there then.
+    fn forget_path(&self, path: &str) {
+        let mut t = lock(&self.inodes);
+        if let Some(ino) = t.by_path.remove(path) {
+            if let Some(n) = t.node(ino) {
+                n.seen = None;
+            }
+        }
+    }
+
+    /// `from` is now `to`: its inode (and its writer here) moves with it.
+    fn renamed(&self, from: &str, to: &str) {
+        let moved = {
+            let mut t = lock(&self.inodes);
+            let to_arc: Arc<str> = Arc::from(to);
+            match t.by_path.remove(from) {
+                Some(ino) => {
+                    t.by_path.insert(to_arc.clone(), ino);
+                    if let Some(n) = t.node(ino) {
+                        n.path = to_arc.clone();
+                    }
+                    Some((ino, to_arc))
+                }
+                None => {
+                    t.by_path.remove(to);
+                    None
+                }
+            }
+        };
+        if let Some((ino, to)) = moved {
+            if let Some(w) = self.live_writer(ino) {
+                *lock(&w.path) = to;
+            }
+        }
+    }
+
     fn next_fh(&self) -> u64 {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A handle on a file this mount writes, and the open flags to answer with:
+    /// `FOPEN_DIRECT_IO` for `O_APPEND` (its writes go to the writer's end, which the
+    /// kernel's page cache cannot know).
+    fn write_handle(&self, file: Arc<WriteFile>, writes: bool, append: bool) -> (u64, FopenFlags) {
+        let fh = self.next_fh();
+        lock(&self.files).insert(
+            fh,
+            Open::Write {
+                file,
+                writes,
+                append,
+            },
+        );
+        let flags = if append {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        };
+        (fh, flags)
+    }
+
+    /// Renames the file `from` to `to` (one mount; see `Filesystem::rename`). `writer`: this
+    /// mount's writer of `from`, if it is being written here.
+    async fn rename(
+        &self,
+        from: &str,
+        to: &str,
+        replace: bool,
+        how: Writes,
+        writer: Option<Arc<WriteFile>>,
+    ) -> Result<(), Errno> {
+        // Directories are not renamed: `mv` copies them (EXDEV).
+        match self.is_dir(from).await {
+            Ok(true) => return Err(Errno::EXDEV),
+            Ok(false) => {}
+            // Staged here and not in the store yet.
+            Err(Error::NotFound(_)) if writer.is_some() => {}
+            Err(e) => return Err(errno("rename", from, &e)),
+        }
+        let exists = match self.is_dir(to).await {
+            Ok(true) => return Err(Errno::EISDIR),
+            Ok(false) => true,
+            Err(Error::NotFound(_)) => false,
+            Err(e) => return Err(errno("rename", to, &e)),
+        };
+        if exists && !replace {
+            return Err(Errno::EEXIST);
+        }
+        match how {
+            Writes::Cluster => self
+                .client
+                .rename(from, to, replace)
+                .await
+                .map_err(|e| errno("rename", from, &e)),
+            Writes::Store => self.store_rename(from, to, writer).await,
+            Writes::No => Err(Errno::EROFS),
+        }
+    }
+
+    /// A rename in a `write=through` mount: object stores have none, so the object is copied
+    /// in the store, then deleted (readers may see both names for a moment, never a partial
+    /// file). A file staged here is sent to the store first.
+    async fn store_rename(
+        &self,
+        from: &str,
+        to: &str,
+        writer: Option<Arc<WriteFile>>,
+    ) -> Result<(), Errno> {
+        if let Some(w) = &writer {
+            if let Some(info) = w.sync(&self.client).await? {
+                self.note_written(w, &info);
+            }
+        }
+        let t = self.client.writable().map_err(|_| Errno::EROFS)?;
+        let old = t.stat(to).await.ok().map(|i| i.file_id);
+        t.copy(from, to)
+            .await
+            .map_err(|e| errno("rename", from, &Error::from(e)))?;
+        self.client.invalidate(to, old).await;
+        self.client
+            .delete(from)
+            .await
+            .map_err(|e| errno("rename", from, &e))
+    }
+
     async fn stat(&self, path: &str) -> Result<(u64, Kind), Error> {
-        let kind = Kind::from(&self.client.stat_path(path).await?);
+        let kind = match self.client.stat_path(path).await {
+            Ok(k) => Kind::from(&k),
+            Err(Error::NotFound(_)) if lock(&self.made_dirs).contains(path) => Kind::Dir,
+            Err(e) => return Err(e),
+        };
         Ok((self.note(path, kind), kind))
     }
 
-    /// Lists `path` and returns its snapshot: `.`, `..`, then the entries in name order.
+    /// Lists `path` and returns its snapshot: `.`, `..`, then the entries in name order, then
+    /// what this mount writes there that the store does not show yet.
     async fn list(&self, ino: u64, path: &str) -> Result<Vec<DirItem>, Error> {
-        let entries = self.client.list(path).await?;
+        let entries = match self.client.list(path).await {
+            Ok(e) => e,
+            Err(Error::NotFound(_)) if lock(&self.made_dirs).contains(path) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let mut here: Vec<(String, Option<u64>, FileType)> = lock(&self.writers)
+            .values()
+            .map(|w| (w.path().to_string(), Some(w.ino), FileType::RegularFile))
+            .collect();
+        here.extend(
+            lock(&self.made_dirs)
+                .iter()
+                .map(|d| (d.clone(), None, FileType::Directory)),
+        );
         let now = Instant::now();
         let mut t = lock(&self.inodes);
         let parent = t.intern(parent_of(path));
@@ -520,20 +853,76 @@ impl Shared {
                 name: name.into(),
             });
         }
+        let mut names = HashSet::new();
         for e in entries {
             let (kind, ft) = if e.is_dir {
                 (Kind::Dir, FileType::Directory)
             } else {
                 (Kind::File(e.size, e.mtime_ns), FileType::RegularFile)
             };
+            names.insert(e.name.clone());
             items.push(DirItem {
                 ino: t.note(&join(path, &e.name), kind, now),
                 kind: ft,
                 name: e.name,
             });
         }
+        for (p, ino, kind) in here {
+            // A writer of a path unlinked or renamed over since is not there.
+            let gone = ino.is_some_and(|i| t.by_path.get(p.as_str()) != Some(&i));
+            if parent_of(&p) != path || p == path || gone {
+                continue;
+            }
+            let name = p.rsplit('/').next().unwrap_or_default().to_string();
+            if names.insert(name.clone()) {
+                items.push(DirItem {
+                    ino: t.intern(&p),
+                    kind,
+                    name,
+                });
+            }
+        }
         Ok(items)
     }
+
+    /// Whether `path` is a directory (as this mount knows it, else as the cluster says).
+    async fn is_dir(&self, path: &str) -> Result<bool, Error> {
+        if lock(&self.made_dirs).contains(path) {
+            return Ok(true);
+        }
+        match self.client.stat_path(path).await {
+            Ok(k) => Ok(matches!(k, PathKind::Dir)),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl PageFs {
+    fn handle(&self, fh: FileHandle) -> Option<Open> {
+        lock(&self.shared.files).get(&fh.0).cloned()
+    }
+
+    /// Answers an fsync or a close(2) of a file being written: durable and visible, or the
+    /// file's error.
+    fn sync_reply(&self, file: Arc<WriteFile>, reply: ReplyEmpty) {
+        let sh = self.shared.clone();
+        self.rt.spawn(async move {
+            match file.sync(&sh.client).await {
+                Ok(info) => {
+                    if let Some(info) = info {
+                        sh.note_written(&file, &info);
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
+
+/// Splits a name into a path under `dir`, or refuses a name that is not UTF-8.
+fn child(dir: Option<Arc<str>>, name: &OsStr) -> Option<String> {
+    Some(join(&dir?, name.to_str()?))
 }
 
 impl Filesystem for PageFs {
@@ -544,18 +933,29 @@ impl Filesystem for PageFs {
         }
         let _ = config.set_max_background(o.max_background.max(1));
         let _ = config.set_congestion_threshold((o.max_background / 4 * 3).max(1));
-        // Lookups and readdirs of one directory may run in parallel.
-        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Lookups and readdirs of one directory may run in parallel; an open with O_TRUNC
+        // comes as one request (a fresh empty version, not a copy of the old one, then a
+        // truncation).
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ATOMIC_O_TRUNC);
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let (Some(dir), Some(name)) = (self.path(parent), name.to_str()) else {
+        let Some(path) = child(self.path(parent), name) else {
             return reply.error(Errno::ENOENT);
         };
-        let path = join(&dir, name);
         let sh = self.shared.clone();
         let known = lock(&sh.inodes).by_path.get(path.as_str()).copied();
+        // A file being written here: its writer's size, never cached by the kernel.
+        if let Some(w) = known.and_then(|i| sh.live_writer(i)) {
+            return reply.entry_with_ttls(
+                &Duration::ZERO,
+                &sh.ttl(),
+                &sh.writer_attr(&w),
+                Generation(0),
+            );
+        }
         if let Some((ino, (kind, left))) = known.and_then(|i| Some((i, sh.fresh(i)?))) {
             return reply.entry(
                 &left,
@@ -572,11 +972,15 @@ impl Filesystem for PageFs {
                 ),
                 // A negative entry: the kernel remembers the miss for the TTL. Only a definite
                 // "no such object" is cached; a store that cannot answer is EIO, asked again.
-                Err(Error::NotFound(_)) => reply.entry(
-                    &sh.ttl(),
-                    &sh.attr(0, None, Kind::File(0, 0)),
-                    Generation(0),
-                ),
+                // Not under a mount written through the cluster, whose names any client may
+                // make at any time (a reader that opens after a writer's close finds it).
+                Err(Error::NotFound(_)) => {
+                    let ttl = match sh.writes(&path) {
+                        Writes::Cluster => Duration::ZERO,
+                        _ => sh.ttl(),
+                    };
+                    reply.entry(&ttl, &sh.attr(0, None, Kind::File(0, 0)), Generation(0))
+                }
                 Err(e) => reply.error(errno("lookup", &path, &e)),
             }
         });
@@ -587,13 +991,22 @@ impl Filesystem for PageFs {
         if ino == INodeNo::ROOT {
             return reply.attr(&sh.ttl(), &sh.attr(1, Some("/"), Kind::Dir));
         }
-        // An open handle answers for the version it pinned.
-        if let Some(file) = fh.and_then(|fh| lock(&sh.files).get(&fh.0).cloned()) {
-            let kind = Kind::File(file.info.size, file.info.mtime_ns);
-            return reply.attr(
-                &sh.ttl(),
-                &sh.attr(ino.0, Some(file.info.path.as_str()), kind),
-            );
+        match fh.and_then(|fh| self.handle(fh)) {
+            // An open handle answers for the version it pinned.
+            Some(Open::Read(file)) => {
+                let kind = Kind::File(file.info.size, file.info.mtime_ns);
+                return reply.attr(
+                    &sh.ttl(),
+                    &sh.attr(ino.0, Some(file.info.path.as_str()), kind),
+                );
+            }
+            Some(Open::Write { file, .. }) => {
+                return reply.attr(&Duration::ZERO, &sh.writer_attr(&file));
+            }
+            None => {}
+        }
+        if let Some(w) = sh.live_writer(ino.0) {
+            return reply.attr(&Duration::ZERO, &sh.writer_attr(&w));
         }
         let Some(path) = self.path(ino) else {
             return reply.error(Errno::ENOENT);
@@ -610,13 +1023,43 @@ impl Filesystem for PageFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            return reply.error(Errno::EROFS);
-        }
         let Some(path) = self.path(ino) else {
             return reply.error(Errno::ENOENT);
         };
         let sh = self.shared.clone();
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            let how = sh.writes(&path);
+            if how == Writes::No {
+                return reply.error(Errno::EROFS);
+            }
+            let start = if flags.0 & libc::O_TRUNC != 0 {
+                Start::Truncate
+            } else {
+                Start::Keep
+            };
+            let append = flags.0 & libc::O_APPEND != 0;
+            let w = sh.writer_for(ino.0, &path, how);
+            self.rt.spawn(async move {
+                if let Err(e) = w.start(&sh.client, &sh.options.staging_dir, start).await {
+                    if sh.let_go(&w) {
+                        sh.close_writer(w).await;
+                    }
+                    return reply.error(e);
+                }
+                let (fh, flags) = sh.write_handle(w, true, append);
+                reply.opened(FileHandle(fh), flags);
+                // The kernel may hold this file's size from before (another writer's).
+                if let Some(n) = sh.notifier.get() {
+                    let _ = n.inval_inode(ino, -1, 0);
+                }
+            });
+            return;
+        }
+        // Read while this mount writes it: what the writer has.
+        if let Some(w) = sh.live_writer(ino.0) {
+            let (fh, flags) = sh.write_handle(w, false, false);
+            return reply.opened(FileHandle(fh), flags);
+        }
         self.rt.spawn(async move {
             let info = match sh.client.stat(&path).await {
                 Ok(i) => i,
@@ -624,25 +1067,28 @@ impl Filesystem for PageFs {
             };
             let fh = sh.next_fh();
             // The kernel keeps its cached pages of the file only if this is the version they
-            // came from, and must forget its cached size if this version has another one.
+            // came from (a file still being written changes under one version), and must
+            // forget its cached size if this version has another one.
             let (keep, resized) = {
                 let mut t = lock(&sh.inodes);
                 let before = t.node(ino.0).and_then(|n| n.seen).map(|(k, _)| k);
                 let now = Kind::File(info.size, info.mtime_ns);
                 t.note(&path, now, Instant::now());
+                let version = (info.file_id, info.size, info.mtime_ns);
                 let keep = t
                     .node(ino.0)
-                    .map(|n| n.opened_id.replace(info.file_id) == Some(info.file_id))
-                    .unwrap_or(false);
+                    .map(|n| n.opened.replace(version) == Some(version))
+                    .unwrap_or(false)
+                    && info.state != FileState::Writing;
                 (keep, before != Some(now))
             };
             lock(&sh.files).insert(
                 fh,
-                Arc::new(OpenFile {
+                Open::Read(Arc::new(OpenFile {
                     info,
                     page_size: u64::from(sh.client.page_size()),
                     window: Mutex::new(Window::default()),
-                }),
+                })),
             );
             let flags = if keep {
                 FopenFlags::FOPEN_KEEP_CACHE
@@ -672,8 +1118,19 @@ impl Filesystem for PageFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(file) = lock(&self.shared.files).get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        let file = match self.handle(fh) {
+            Some(Open::Read(file)) => file,
+            Some(Open::Write { file, .. }) => {
+                let sh = self.shared.clone();
+                self.rt.spawn(async move {
+                    match file.read(&sh.client, offset, u64::from(size)).await {
+                        Ok(b) => reply.data(&b),
+                        Err(e) => reply.error(e),
+                    }
+                });
+                return;
+            }
+            None => return reply.error(Errno::EBADF),
         };
         let sh = self.shared.clone();
         let want = file.info.size.saturating_sub(offset).min(u64::from(size));
@@ -704,15 +1161,68 @@ impl Filesystem for PageFs {
         });
     }
 
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(Open::Write {
+            file,
+            writes: true,
+            append,
+        }) = self.handle(fh)
+        else {
+            return reply.error(Errno::EBADF);
+        };
+        let Ok(n) = u32::try_from(data.len()) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let data = data.to_vec();
+        self.rt.spawn(async move {
+            match file.write(offset, &data, append).await {
+                Ok(_) => reply.written(n),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
     fn flush(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // close(2) of a descriptor open for writing: what it wrote becomes durable and
+        // visible, and an error reaches close's caller.
+        match self.handle(fh) {
+            Some(Open::Write {
+                file, writes: true, ..
+            }) => self.sync_reply(file, reply),
+            _ => reply.ok(),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.handle(fh) {
+            Some(Open::Write { file, .. }) => self.sync_reply(file, reply),
+            _ => reply.ok(),
+        }
     }
 
     fn release(
@@ -725,8 +1235,28 @@ impl Filesystem for PageFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        lock(&self.shared.files).remove(&fh.0);
-        reply.ok();
+        let open = lock(&self.shared.files).remove(&fh.0);
+        let Some(Open::Write {
+            file, writes: true, ..
+        }) = open
+        else {
+            return reply.ok();
+        };
+        let sh = self.shared.clone();
+        if !sh.let_go(&file) {
+            return reply.ok();
+        }
+        // The last descriptor: the version is closed for good (the kernel does not pass a
+        // release's error on; close(2) got flush's).
+        // Counted before the task starts, so that a drain at exit waits for it.
+        sh.closing.fetch_add(1, Ordering::AcqRel);
+        self.rt.spawn(async move {
+            sh.close_writer(file).await;
+            if sh.closing.fetch_sub(1, Ordering::AcqRel) == 1 {
+                sh.closed.notify_waiters();
+            }
+            reply.ok();
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -811,89 +1341,293 @@ impl Filesystem for PageFs {
         });
     }
 
-    // Everything that would change the namespace is refused (the mount is read-only too, so
-    // the kernel normally answers these itself).
-
+    /// Only the size is kept (truncate, ftruncate); modes, owners and times are accepted and
+    /// not kept (stores have none to set); everything is EROFS where the path takes no writes.
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn mkdir(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        reply.error(Errno::EROFS);
+        let sh = self.shared.clone();
+        let writer = match fh.and_then(|fh| self.handle(fh)) {
+            Some(Open::Write {
+                file, writes: true, ..
+            }) => Some(file),
+            _ => sh.live_writer(ino.0),
+        };
+        if let Some(w) = writer {
+            let Some(size) = size else {
+                return reply.attr(&Duration::ZERO, &sh.writer_attr(&w));
+            };
+            self.rt.spawn(async move {
+                match w.truncate(size).await {
+                    Ok(()) => reply.attr(&Duration::ZERO, &sh.writer_attr(&w)),
+                    Err(e) => reply.error(e),
+                }
+            });
+            return;
+        }
+        let Some(path) = self.path(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let how = sh.writes(&path);
+        if how == Writes::No {
+            return reply.error(Errno::EROFS);
+        }
+        self.rt.spawn(async move {
+            if let Some(size) = size {
+                if let Err(e) =
+                    write::truncate_path(&sh.client, &sh.options.staging_dir, &path, how, size)
+                        .await
+                {
+                    return reply.error(e);
+                }
+            }
+            match sh.stat(&path).await {
+                Ok((_, kind)) => reply.attr(&sh.ttl(), &sh.attr(ino.0, Some(&*path), kind)),
+                Err(e) => reply.error(errno("setattr", &path, &e)),
+            }
+        });
     }
 
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        let Some(path) = child(self.path(parent), name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let sh = self.shared.clone();
+        let how = sh.writes(&path);
+        if how == Writes::No {
+            return reply.error(Errno::EROFS);
+        }
+        let (trunc, excl) = (flags & libc::O_TRUNC != 0, flags & libc::O_EXCL != 0);
+        let append = flags & libc::O_APPEND != 0;
+        self.rt.spawn(async move {
+            // The kernel creates where its lookup found nothing; another client may have
+            // made the file since (O_EXCL is not atomic across clients).
+            let start = if trunc && !excl {
+                Start::Truncate
+            } else {
+                match sh.client.stat_path(&path).await {
+                    Ok(PathKind::Dir) => return reply.error(Errno::EISDIR),
+                    Ok(PathKind::File { .. }) if excl => return reply.error(Errno::EEXIST),
+                    Ok(PathKind::File { .. }) if trunc => Start::Truncate,
+                    Ok(PathKind::File { .. }) => Start::Keep,
+                    Err(Error::NotFound(_)) => Start::Create,
+                    Err(e) => return reply.error(errno("create", &path, &e)),
+                }
+            };
+            let ino = lock(&sh.inodes).intern(&path);
+            let w = sh.writer_for(ino, &path, how);
+            if let Err(e) = w.start(&sh.client, &sh.options.staging_dir, start).await {
+                if sh.let_go(&w) {
+                    sh.close_writer(w).await;
+                }
+                return reply.error(e);
+            }
+            let attr = sh.writer_attr(&w);
+            let (fh, flags) = sh.write_handle(w, true, append);
+            reply.created(&Duration::ZERO, &attr, Generation(0), FileHandle(fh), flags);
+        });
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(path) = child(self.path(parent), name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let sh = self.shared.clone();
+        let how = sh.writes(&path);
+        if how == Writes::No {
+            return reply.error(Errno::EROFS);
+        }
+        self.rt.spawn(async move {
+            let made = match how {
+                Writes::Cluster => sh.client.make_dir(&path).await,
+                // Object stores have no directories: this one exists here until a file is
+                // written beneath it (then the store shows it) or it is removed.
+                _ => match sh.is_dir(&path).await {
+                    Ok(_) => Err(Error::Exists(path.clone())),
+                    Err(Error::NotFound(_)) => {
+                        lock(&sh.made_dirs).insert(path.clone());
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            match made {
+                Ok(()) => {
+                    let ino = sh.note(&path, Kind::Dir);
+                    reply.entry(
+                        &sh.ttl(),
+                        &sh.attr(ino, Some(&path), Kind::Dir),
+                        Generation(0),
+                    )
+                }
+                Err(e) => reply.error(errno("mkdir", &path, &e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(path) = child(self.path(parent), name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let sh = self.shared.clone();
+        let how = sh.writes(&path);
+        if how == Writes::No {
+            return reply.error(Errno::EROFS);
+        }
+        let ino = lock(&sh.inodes).by_path.get(path.as_str()).copied();
+        let writer = ino.and_then(|i| sh.live_writer(i));
+        self.rt.spawn(async move {
+            if let Some(w) = &writer {
+                w.unlinked().await;
+            }
+            let r = match sh.is_dir(&path).await {
+                Ok(true) => Err(Errno::EISDIR),
+                // Only here so far (staged, never sent): nothing to delete in the store.
+                Err(Error::NotFound(_)) if writer.is_some() => Ok(()),
+                Err(e) => Err(errno("unlink", &path, &e)),
+                Ok(false) => {
+                    let r = match how {
+                        Writes::Cluster => sh.client.remove_file(&path).await,
+                        _ => sh.client.delete(&path).await,
+                    };
+                    r.map_err(|e| errno("unlink", &path, &e))
+                }
+            };
+            match r {
+                Ok(()) => {
+                    sh.forget_path(&path);
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(path) = child(self.path(parent), name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let sh = self.shared.clone();
+        let how = sh.writes(&path);
+        if how == Writes::No || sh.mount_of(&path).as_deref() == Some(path.as_str()) {
+            // A mount point is not removed by a file system call.
+            return reply.error(if how == Writes::No {
+                Errno::EROFS
+            } else {
+                Errno::EBUSY
+            });
+        }
+        self.rt.spawn(async move {
+            let made_here = lock(&sh.made_dirs).contains(&path);
+            let r = match sh.client.stat_path(&path).await {
+                Ok(PathKind::File { .. }) => Err(Errno::ENOTDIR),
+                Ok(PathKind::Dir) => match how {
+                    Writes::Cluster => sh
+                        .client
+                        .remove_dir(&path)
+                        .await
+                        .map_err(|e| errno("rmdir", &path, &e)),
+                    // A directory of an object store holds an object (or it would not be).
+                    _ => Err(Errno::ENOTEMPTY),
+                },
+                Err(Error::NotFound(_)) if made_here => {
+                    let busy = lock(&sh.writers)
+                        .values()
+                        .any(|w| w.path().starts_with(&format!("{path}/")))
+                        || lock(&sh.made_dirs)
+                            .iter()
+                            .any(|d| d.starts_with(&format!("{path}/")));
+                    if busy {
+                        Err(Errno::ENOTEMPTY)
+                    } else {
+                        Ok(())
+                    }
+                }
+                Err(e) => Err(errno("rmdir", &path, &e)),
+            };
+            match r {
+                Ok(()) => {
+                    lock(&sh.made_dirs).remove(&path);
+                    sh.forget_path(&path);
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (Some(from), Some(to)) = (
+            child(self.path(parent), name),
+            child(self.path(newparent), newname),
+        ) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if flags.intersects(RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let sh = self.shared.clone();
+        // Renames stay within a mount: `mv` copies across (EXDEV).
+        if sh.mount_of(&from) != sh.mount_of(&to) {
+            return reply.error(Errno::EXDEV);
+        }
+        let how = sh.writes(&from);
+        if how == Writes::No {
+            return reply.error(Errno::EROFS);
+        }
+        let ino = lock(&sh.inodes).by_path.get(from.as_str()).copied();
+        let writer = ino.and_then(|i| sh.live_writer(i));
+        self.rt.spawn(async move {
+            match sh.rename(&from, &to, replace, how, writer).await {
+                Ok(()) => {
+                    sh.renamed(&from, &to);
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
     }
 }
 

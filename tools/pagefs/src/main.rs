@@ -1,5 +1,6 @@
-//! `pagefs`: mounts pagestore's logical namespace read-only through FUSE (see the
-//! `pagefs` library for the file system itself, `docs/OPERATIONS.md` for its use).
+//! `pagefs`: mounts pagestore's logical namespace through FUSE, read-only except where a mount
+//! takes writes (see the `pagefs` library for the file system itself, `docs/OPERATIONS.md` for
+//! its use).
 
 use std::{
     ffi::CString,
@@ -20,12 +21,16 @@ use tracing::{info, warn};
 /// The short form of the usage, for a missing mount point.
 const USAGE: &str = "usage: pagefs MOUNTPOINT [OPTIONS] (pagefs --help lists the options)";
 
-/// Mounts the cluster's namespace read-only through FUSE.
+/// Mounts the cluster's namespace through FUSE.
 ///
-/// Mounts the cluster's namespace (the same paths as `pagectl ls /`) read-only at MOUNTPOINT, an
-/// empty directory, and serves it until SIGINT or SIGTERM, which unmount it. Prints `ready
-/// MOUNTPOINT` on standard output once mounted. Needs root (or CAP_SYS_ADMIN) and /dev/fuse.
-/// With --no-fallback, reads of a member that is down fail (EIO).
+/// Mounts the cluster's namespace (the same paths as `pagectl ls /`) at MOUNTPOINT, an empty
+/// directory, and serves it until SIGINT or SIGTERM, which unmount it. Paths of write=back and
+/// write=transient mounts are written through the cluster; paths of write=through mounts whose
+/// store this machine can write (a file:// directory here, S3 credentials in AWS_*) are staged
+/// locally and sent to the store at fsync and close; everything else is read-only (EROFS), and
+/// so is everything with --read-only. Prints `ready MOUNTPOINT` on standard output once
+/// mounted. Needs root (or CAP_SYS_ADMIN) and /dev/fuse. With --no-fallback, reads of a member
+/// that is down fail (EIO), and write=through mounts are read-only.
 #[derive(Parser, Debug)]
 // An option given twice takes its last value, as before clap.
 #[command(
@@ -68,6 +73,16 @@ struct Cli {
     /// mount, none on object stores)
     #[arg(long)]
     exec: bool,
+
+    /// Refuse every write (EROFS) and mount read-only, whatever the mounts take
+    #[arg(long)]
+    read_only: bool,
+
+    /// Where files written to write=through mounts wait until fsync or close sends them to the
+    /// store: a local disk with room for the largest file written at once (default
+    /// $PAGESTORE_HOME/pagefs-staging)
+    #[arg(long, value_name = "DIR")]
+    staging_dir: Option<PathBuf>,
 
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -162,9 +177,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         FsOptions {
             attr_ttl: cli.attr_ttl,
             readahead: u32::try_from(readahead.max(4096)).unwrap_or(u32::MAX),
+            read_only: cli.read_only,
+            staging_dir: cli
+                .staging_dir
+                .clone()
+                .unwrap_or_else(|| pagestore_cli::home().join("pagefs-staging")),
             ..FsOptions::default()
         },
     );
+    let writable = fs.takes_writes();
+    let drain = fs.drain();
     if cli.allow_other {
         check_allow_other(&fs)?;
     }
@@ -175,7 +197,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         let int = signal(SignalKind::interrupt()).context("SIGINT")?;
         (term, int)
     };
-    let config = mount_config(&cli, threads);
+    let config = mount_config(&cli, threads, writable);
     let slot = fs.notifier_slot();
     let mut session = fuser::Session::new(fs, &mp, &config).map_err(|e| mount_error(&e, &mp))?;
     slot.set(session.notifier());
@@ -187,11 +209,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     }
     let mut run = runtime.spawn_blocking(move || session.run());
     info!(
-        "mounted {} (cluster {}, page size {page}, attribute TTL {:?}, {} threads)",
+        "mounted {} (cluster {}, page size {page}, attribute TTL {:?}, {} threads, {})",
         mp.display(),
         cli.cluster.cluster(),
         cli.attr_ttl,
-        threads
+        threads,
+        if writable {
+            "writes where the mounts take them"
+        } else {
+            "read-only"
+        }
     );
     // Not println!: a closed standard output must not panic with the file system mounted.
     say(&format!("ready {}", mp.display()));
@@ -220,6 +247,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Err(ended) => session_ended(ended, &mut unmounter, &mp),
     };
+    // Files released just before the end are still being closed (committed for good).
+    let left = runtime.block_on(drain.finish(Duration::from_secs(120)));
+    if left > 0 {
+        warn!("{left} file(s) were still open for writing at exit; closed them");
+    }
     say(&format!("unmounted {} {:?}", mp.display(), client.stats()));
     result
 }
@@ -240,12 +272,17 @@ fn check_allow_other(fs: &PageFs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The mount options: read-only, permissions checked by the kernel, no devices or set-user-id
-/// programs, no execution unless `--exec`, `threads` FUSE threads.
-fn mount_config(cli: &Cli, threads: usize) -> fuser::Config {
+/// The mount options: read-only unless some mount takes writes (`writable`), permissions
+/// checked by the kernel, no devices or set-user-id programs, no execution unless `--exec`,
+/// `threads` FUSE threads.
+fn mount_config(cli: &Cli, threads: usize, writable: bool) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        MountOption::RO,
+        if writable {
+            MountOption::RW
+        } else {
+            MountOption::RO
+        },
         MountOption::FSName("pagestore".into()),
         MountOption::Subtype("pagestore".into()),
         MountOption::DefaultPermissions,
@@ -417,7 +454,7 @@ mod tests {
             (c.threads, c.readahead, c.allow_other, c.exec),
             (Some(4), Some(16 << 20), true, true)
         );
-        assert!(mount_config(&c, 2)
+        assert!(mount_config(&c, 2, false)
             .mount_options
             .contains(&MountOption::Exec));
         let c = parse("/mnt").unwrap();
@@ -426,8 +463,15 @@ mod tests {
             (c.threads, c.readahead, c.allow_other, c.exec),
             (None, None, false, false)
         );
-        let o = mount_config(&c, 2).mount_options;
+        let o = mount_config(&c, 2, false).mount_options;
         assert!(o.contains(&MountOption::NoExec) && !o.contains(&MountOption::Exec));
+        assert!(o.contains(&MountOption::RO) && !o.contains(&MountOption::RW));
+        let o = mount_config(&c, 2, true).mount_options;
+        assert!(o.contains(&MountOption::RW) && o.contains(&MountOption::NoExec));
+        assert!(!c.read_only && c.staging_dir.is_none());
+        let c = parse("/mnt --read-only --staging-dir /st").unwrap();
+        assert!(c.read_only);
+        assert_eq!(c.staging_dir, Some(PathBuf::from("/st")));
         // No mount point parses; real_main refuses it with the usage line.
         assert_eq!(parse("").unwrap().mountpoint, None);
         for (line, needle) in [

@@ -16,9 +16,8 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
     os::unix::fs::{FileExt, PermissionsExt},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -28,6 +27,9 @@ use pagestore_testkit::sha256_hex;
 
 const PAGEFS: &str = env!("CARGO_BIN_EXE_pagefs");
 const MIB: usize = 1 << 20;
+
+mod mount;
+use mount::{kill, mounted, Mount};
 
 /// A cluster over a data directory holding `files` (logical paths under `/data`).
 fn cluster_with(files: &BTreeMap<String, Vec<u8>>) -> Cluster {
@@ -41,126 +43,6 @@ fn cluster_with(files: &BTreeMap<String, Vec<u8>>) -> Cluster {
     }
     s.mounts = vec![format!("/data=file://{}", data.display())];
     Cluster::start(dir, s)
-}
-
-fn mounted(mp: &Path) -> bool {
-    let want = mp.display().to_string();
-    std::fs::read_to_string("/proc/mounts")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
-}
-
-/// A running `pagefs`. Dropping it stops the process and makes sure nothing stays mounted.
-struct Mount {
-    child: Option<Child>,
-    lines: mpsc::Receiver<String>,
-    mp: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Mount {
-    fn start(c: &Cluster, extra: &[&str]) -> Mount {
-        let dir = tempfile::tempdir().unwrap();
-        let mp = std::fs::canonicalize(dir.path()).unwrap();
-        let mut child = Command::new(PAGEFS)
-            .arg(&mp)
-            .arg("--cluster")
-            .arg(&c.members)
-            .arg("--tls-dir")
-            .arg(&c.ca_dir)
-            .args(extra)
-            .env(
-                "PAGESTORE_LOG",
-                std::env::var("PAGESTORE_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut m = Mount {
-            child: Some(child),
-            lines,
-            mp,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match m.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(l) if l.starts_with("ready") => break,
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
-                Err(_) => {
-                    let status = m.child.as_mut().unwrap().try_wait();
-                    panic!("pagefs did not become ready ({status:?}); it needs root and /dev/fuse");
-                }
-            }
-        }
-        assert!(mounted(&m.mp), "ready means mounted");
-        m
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.mp.join(p.trim_start_matches('/'))
-    }
-
-    /// SIGTERM; the exit status and what it printed after "ready".
-    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
-        let mut child = self.child.take().unwrap();
-        assert_eq!(kill(child.id(), libc::SIGTERM), 0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("pagefs did not exit within 20 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let out = self.lines.try_iter().collect();
-        (status, out)
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            kill(child.id(), libc::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if mounted(&self.mp) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
-        }
-        if mounted(&self.mp) {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.mp)
-                .status();
-        }
-    }
-}
-
-/// kill(2) on a child of this process.
-fn kill(pid: u32, sig: libc::c_int) -> i32 {
-    // SAFETY: kill(2) takes two integers; no memory is involved.
-    unsafe { libc::kill(pid as libc::pid_t, sig) }
 }
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
@@ -211,7 +93,15 @@ fn a_mount_is_byte_exact_lists_10000_entries_and_maps_errors_like_posix() {
         files.insert(format!("/data/many/{name}"), format!("{i}\n").into_bytes());
     }
     let c = cluster_with(&files);
-    let m = Mount::start(&c, &[]);
+    // Read-only, as before writes existed (the file:// mount's directory is on this machine,
+    // so without --read-only its paths would take writes).
+    let m = Mount::start(&c, &["--read-only"]);
+    let opts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let line = opts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(m.mp.to_str().unwrap()))
+        .unwrap();
+    assert!(line.contains(" ro,"), "{line}");
 
     // Eight processes read random ranges of a cold file at once: page boundaries, the tail,
     // past the end.
@@ -513,12 +403,31 @@ fn allow_other_lets_other_users_read_only_what_the_file_modes_allow() {
         );
         assert!(out.stdout.is_empty());
     }
-    // The modes and owners shown are the files' own (without write bits: the mount is
-    // read-only).
+    // The modes and owners shown are the files' own (with their write bits: this machine
+    // can write the file:// mount's directory, so its paths take writes).
     let md = std::fs::metadata(m.path("/data/secret.txt")).unwrap();
     assert_eq!(md.permissions().mode() & 0o7777, 0);
     let md = std::fs::metadata(m.path("/data/open.txt")).unwrap();
-    assert_eq!(md.permissions().mode() & 0o7777, 0o444);
+    assert_eq!(md.permissions().mode() & 0o7777, 0o644);
+    // So another user may not write root's file, nor create one in root's directory.
+    for p in ["/data/open.txt", "/data/new.txt"] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(["sh", "-c", "echo x >> \"$0\""])
+            .arg(m.path(p))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "nobody wrote {p}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{out:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(data.join("open.txt")).unwrap(),
+        b"for everyone"
+    );
+    assert!(!data.join("new.txt").exists());
     // Root, who may read the files locally, still can.
     assert_eq!(
         std::fs::read(m.path("/data/secret.txt")).unwrap(),
