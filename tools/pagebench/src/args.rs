@@ -96,6 +96,18 @@ pub enum Command {
     /// library and the local engine over the same warm dataset; ratios FUSE/client and
     /// FUSE/engine; checksums compared.
     Fusecmp(Fusecmp),
+
+    /// Issue 17: a checkpoint written through the write-back path against writing it straight
+    /// to an emulated distant store
+    ///
+    /// Issue 17: a checkpoint of --size bytes from --writers writers (one file each, 4 MiB
+    /// writes, then close) written straight to an emulated distant store (--ufs-latency-ms,
+    /// default 20, --ufs-mbps, default 25 per request) and to a local directory with
+    /// object_store, and with fio (O_DIRECT); then through the client library and a pagefs
+    /// mount to write=back mounts of --nodes real pagestored with each --write-replicas: the
+    /// time the writers are blocked, throughput, CPU per GB, and the flush to the store, with
+    /// ratios.
+    Checkpoint(Checkpoint),
 }
 
 /// A command that takes only the common options.
@@ -347,6 +359,19 @@ pub struct Fusecmp {
     pub no_engine: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct Checkpoint {
+    #[command(flatten)]
+    pub common: Common,
+    /// Writers, one file of --size / N each (default 4)
+    #[arg(long, value_name = "N")]
+    pub writers: Option<usize>,
+    /// The cluster's write replicas; each value is a separate cluster (default 1,2; at most
+    /// --nodes)
+    #[arg(long, value_name = "R[,R..]", value_parser = list::<u8>)]
+    pub write_replicas: Option<List<u8>>,
+}
+
 /// A comma-separated list of values (`--readers 1,8`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
@@ -515,6 +540,13 @@ impl Command {
                 o.no_engine = a.no_engine;
                 ("fusecmp", a.common)
             }
+            Command::Checkpoint(a) => {
+                set(&mut o.writers, a.writers);
+                if let Some(List(r)) = a.write_replicas {
+                    o.write_replicas = Some(r);
+                }
+                ("checkpoint", a.common)
+            }
         };
         let (name, common) = name;
         common.apply(&mut o);
@@ -598,6 +630,21 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
     if o.manifest_files == 0 || o.manifest_file_size == 0 {
         bail!("--manifest-files and --manifest-file-size must be at least 1");
     }
+    if o.writers == 0 {
+        bail!("--writers must be at least 1");
+    }
+    if let Some(r) = &o.write_replicas {
+        if r.is_empty() || r.contains(&0) {
+            bail!("--write-replicas: every value must be at least 1");
+        }
+    }
+    if cmd == "checkpoint" {
+        if o.workloads_given {
+            bail!("checkpoint runs one workload (--workloads does not apply)");
+        }
+        o.replicas_for(o.nodes.unwrap_or(3))?;
+        return Ok(());
+    }
     let target = matches!(cmd, "gen" | "ufs" | "fuse" | "s3" | "client" | "fusecmp");
     if target || (cmd == "scale" && o.scale_client) {
         if o.workloads_given && cmd != "gen" {
@@ -638,7 +685,7 @@ mod tests {
 
     /// Every command, and the options only some commands take (with the commands that take
     /// them), as the hand-written parser had them.
-    const COMMANDS: [&str; 14] = [
+    const COMMANDS: [&str; 15] = [
         "local",
         "compare",
         "restart",
@@ -653,6 +700,7 @@ mod tests {
         "s3",
         "client",
         "fusecmp",
+        "checkpoint",
     ];
     const SCOPED: &[(&str, &[&str])] = &[
         ("--path", &["fuse"]),
@@ -671,6 +719,8 @@ mod tests {
         ("--nginx", &["net"]),
         ("--pages", &["restart", "restart-open"]),
         ("--cold", &["fuse", "s3", "client"]),
+        ("--writers", &["checkpoint"]),
+        ("--write-replicas", &["checkpoint"]),
     ];
     /// The options every command takes (with a value that parses, or none for a switch).
     const COMMON: &[(&str, Option<&str>)] = &[
