@@ -219,8 +219,9 @@ fn store_for(url: &str) -> Result<Arc<dyn ObjectStore>, UfsError> {
 }
 
 /// Benchmark knobs of a mount URL (`emulate_latency_ms`, `emulate_mbps`): make a nearby store
-/// behave like a distant one. Every request waits the latency; reads also wait their size at the
-/// given bandwidth (per request).
+/// behave like a distant one. Every request waits the latency; reads and writes also wait their
+/// size at the given bandwidth (per request: a single put, each part of a multipart write; the
+/// start and the completion of a multipart write are requests of their own).
 #[derive(Clone, Copy, Debug, Default)]
 struct Emulation {
     latency: std::time::Duration,
@@ -261,6 +262,49 @@ impl Emulation {
         if !d.is_zero() {
             tokio::time::sleep(d).await;
         }
+    }
+
+    /// `upload` with every part, the completion and an abort delayed as requests are.
+    fn upload(
+        self,
+        upload: Box<dyn object_store::MultipartUpload>,
+    ) -> Box<dyn object_store::MultipartUpload> {
+        if self.latency.is_zero() && self.bytes_per_sec.is_none() {
+            return upload;
+        }
+        Box::new(EmulatedUpload {
+            inner: upload,
+            emulate: self,
+        })
+    }
+}
+
+/// A multipart write to an emulated distant store ([`Emulation`]).
+#[derive(Debug)]
+struct EmulatedUpload {
+    inner: Box<dyn object_store::MultipartUpload>,
+    emulate: Emulation,
+}
+
+#[async_trait::async_trait]
+impl object_store::MultipartUpload for EmulatedUpload {
+    fn put_part(&mut self, data: object_store::PutPayload) -> object_store::UploadPart {
+        let (emulate, len) = (self.emulate, data.content_length() as u64);
+        let part = self.inner.put_part(data);
+        Box::pin(async move {
+            emulate.wait(len).await;
+            part.await
+        })
+    }
+
+    async fn complete(&mut self) -> object_store::Result<object_store::PutResult> {
+        self.emulate.wait(0).await;
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.emulate.wait(0).await;
+        self.inner.abort().await
     }
 }
 
@@ -824,6 +868,7 @@ impl MountTable {
     /// Writes `data` as the object at `path` (replacing it), in one request.
     pub async fn put(&self, path: &str, data: Bytes) -> Result<(), UfsError> {
         let (m, p) = self.resolve(path)?;
+        m.emulate.wait(data.len() as u64).await;
         m.store
             .put(&p, data.into())
             .await
@@ -838,9 +883,11 @@ impl MountTable {
         path: &str,
     ) -> Result<Box<dyn object_store::MultipartUpload>, UfsError> {
         let (m, p) = self.resolve(path)?;
+        m.emulate.wait(0).await;
         m.store
             .put_multipart(&p)
             .await
+            .map(|u| m.emulate.upload(u))
             .map_err(|e| UfsError::Store(path.to_string(), e))
     }
 
@@ -873,6 +920,7 @@ impl MountTable {
             attributes,
             ..Default::default()
         };
+        m.emulate.wait(data.len() as u64).await;
         match m.store.put_opts(&p, data.into(), opts).await {
             Ok(r) => Ok(PutOutcome::Written(written_version(&r))),
             Err(
@@ -906,9 +954,11 @@ impl MountTable {
             }
             opts.extensions.insert(crate::localfs::CommitMode(mode));
         }
+        m.emulate.wait(0).await;
         m.store
             .put_multipart_opts(&p, opts)
             .await
+            .map(|u| m.emulate.upload(u))
             .map_err(|e| UfsError::Store(path.to_string(), e))
     }
 
@@ -944,6 +994,7 @@ impl MountTable {
         let Some(local) = &m.local else {
             return Err(not_implemented(path, "a conditional delete"));
         };
+        m.emulate.wait(0).await;
         match local.delete_if(&p, version).await {
             Ok(()) => Ok(true),
             Err(object_store::Error::Precondition { .. }) => Ok(false),
@@ -960,6 +1011,7 @@ impl MountTable {
         if mf.prefix != mt.prefix {
             return Err(not_implemented(to, "a copy between two mounts"));
         }
+        mf.emulate.wait(0).await;
         mf.store.copy(&pf, &pt).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => UfsError::NotFound(from.to_string()),
             e => UfsError::Store(to.to_string(), e),
@@ -969,6 +1021,7 @@ impl MountTable {
     /// Deletes the object at `path`.
     pub async fn delete(&self, path: &str) -> Result<(), UfsError> {
         let (m, p) = self.resolve(path)?;
+        m.emulate.wait(0).await;
         m.store.delete(&p).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => UfsError::NotFound(path.to_string()),
             e => UfsError::Store(path.to_string(), e),

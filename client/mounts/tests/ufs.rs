@@ -433,3 +433,61 @@ fn xattrs_work(dir: &std::path::Path) -> bool {
     // SAFETY: both strings are NUL-terminated and the value a live 1-byte buffer for the call.
     unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"x".as_ptr().cast(), 1, 0) == 0 }
 }
+
+/// An emulated distant store delays writes as it delays reads: every request its latency, and
+/// a put or a multipart part its size at the bandwidth (per request), so that a write straight
+/// to it and a flush to it take the time a distant store would take.
+#[test]
+fn emulated_stores_delay_writes_by_latency_and_size() {
+    use std::time::{Duration, Instant};
+    let d = tempfile::tempdir().unwrap();
+    // 40 ms per request, 10 MB/s per request: 1 MB takes 100 ms on top.
+    let url = format!(
+        "file://{}?emulate_latency_ms=40&emulate_mbps=10",
+        d.path().display()
+    );
+    let t = MountTable::new(&[("/far".to_string(), url)]).unwrap();
+    let mb = |n: usize| bytes::Bytes::from(vec![7u8; n * 1_000_000]);
+    let at_least = |start: Instant, ms: u64, what: &str| {
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(ms), "{what} took {took:?}");
+    };
+    rt().block_on(async {
+        let start = Instant::now();
+        t.put("/far/a", mb(1)).await.unwrap();
+        at_least(start, 140, "a put of 1 MB");
+
+        let start = Instant::now();
+        t.put_if(
+            "/far/b",
+            mb(2),
+            object_store::PutMode::Overwrite,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        at_least(start, 240, "a conditional put of 2 MB");
+
+        let start = Instant::now();
+        let mut up = t.put_multipart("/far/c").await.unwrap();
+        at_least(start, 40, "starting a multipart write");
+        let start = Instant::now();
+        let (p1, p2) = (up.put_part(mb(1).into()), up.put_part(mb(1).into()));
+        let (r1, r2) = futures_util::future::join(p1, p2).await;
+        r1.unwrap();
+        r2.unwrap();
+        at_least(start, 140, "two parts of 1 MB at once");
+        let start = Instant::now();
+        up.complete().await.unwrap();
+        at_least(start, 40, "completing a multipart write");
+        assert_eq!(
+            std::fs::read(d.path().join("c")).unwrap(),
+            vec![7u8; 2_000_000]
+        );
+
+        let start = Instant::now();
+        t.delete("/far/a").await.unwrap();
+        at_least(start, 40, "a delete");
+        assert!(!d.path().join("a").exists());
+    });
+}

@@ -116,6 +116,17 @@ pub enum Command {
     /// as many readers, over the same warm local cluster (--nodes, default 1); ratios native /
     /// client and native / s3fs; sample ranges checked through every Python target.
     Pycmp(Pycmp),
+    /// Issue 17: a checkpoint written through the write-back path against writing it straight
+    /// to an emulated distant store
+    ///
+    /// Issue 17: a checkpoint of --size bytes from --writers writers (one file each, 4 MiB
+    /// writes, then close) written straight to an emulated distant store (--ufs-latency-ms,
+    /// default 20, --ufs-mbps, default 25 per request) and to a local directory with
+    /// object_store, and with fio (O_DIRECT); then through the client library and a pagefs
+    /// mount to write=back mounts of --nodes real pagestored with each --write-replicas: the
+    /// time the writers are blocked, throughput, CPU per GB, and the flush to the store, with
+    /// ratios.
+    Checkpoint(Checkpoint),
 }
 
 /// A command that takes only the common options.
@@ -377,6 +388,19 @@ pub struct Pycmp {
     pub python: Option<PathBuf>,
 }
 
+#[derive(Args, Debug)]
+pub struct Checkpoint {
+    #[command(flatten)]
+    pub common: Common,
+    /// Writers, one file of --size / N each (default 4)
+    #[arg(long, value_name = "N")]
+    pub writers: Option<usize>,
+    /// The cluster's write replicas; each value is a separate cluster (default 1,2; at most
+    /// --nodes)
+    #[arg(long, value_name = "R[,R..]", value_parser = list::<u8>)]
+    pub write_replicas: Option<List<u8>>,
+}
+
 /// A comma-separated list of values (`--readers 1,8`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
@@ -553,6 +577,13 @@ impl Command {
                 o.readers = vec![8];
                 ("pycmp", a.common)
             }
+            Command::Checkpoint(a) => {
+                set(&mut o.writers, a.writers);
+                if let Some(List(r)) = a.write_replicas {
+                    o.write_replicas = Some(r);
+                }
+                ("checkpoint", a.common)
+            }
         };
         let (name, common) = name;
         common.apply(&mut o);
@@ -636,6 +667,21 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
     if o.manifest_files == 0 || o.manifest_file_size == 0 {
         bail!("--manifest-files and --manifest-file-size must be at least 1");
     }
+    if o.writers == 0 {
+        bail!("--writers must be at least 1");
+    }
+    if let Some(r) = &o.write_replicas {
+        if r.is_empty() || r.contains(&0) {
+            bail!("--write-replicas: every value must be at least 1");
+        }
+    }
+    if cmd == "checkpoint" {
+        if o.workloads_given {
+            bail!("checkpoint runs one workload (--workloads does not apply)");
+        }
+        o.replicas_for(o.nodes.unwrap_or(3))?;
+        return Ok(());
+    }
     let target = matches!(
         cmd,
         "gen" | "ufs" | "fuse" | "s3" | "client" | "fusecmp" | "pycmp"
@@ -679,7 +725,7 @@ mod tests {
 
     /// Every command, and the options only some commands take (with the commands that take
     /// them), as the hand-written parser had them.
-    const COMMANDS: [&str; 16] = [
+    const COMMANDS: [&str; 17] = [
         "local",
         "compare",
         "restart",
@@ -696,6 +742,7 @@ mod tests {
         "client",
         "fusecmp",
         "pycmp",
+        "checkpoint",
     ];
     const SCOPED: &[(&str, &[&str])] = &[
         ("--path", &["fuse"]),
@@ -715,6 +762,8 @@ mod tests {
         ("--nginx", &["net"]),
         ("--pages", &["restart", "restart-open"]),
         ("--cold", &["fuse", "s3", "client"]),
+        ("--writers", &["checkpoint"]),
+        ("--write-replicas", &["checkpoint"]),
     ];
     /// The options every command takes (with a value that parses, or none for a switch).
     const COMMON: &[(&str, Option<&str>)] = &[

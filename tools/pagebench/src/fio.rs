@@ -28,7 +28,10 @@ impl FioResult {
     }
 }
 
-fn run_fio(o: &Opts, workload: &str) -> Result<FioResult> {
+/// Runs fio for `workload` (`write`: sequential writes of `o.size` bytes in `o.page_size`
+/// blocks to fresh files under `DIR/fio`, `o.shards` jobs `o.qd` deep; otherwise random
+/// reads of the engine's cache files).
+pub(crate) fn run_fio(o: &Opts, workload: &str) -> Result<FioResult> {
     let per_job = (o.size / o.shards as u64).max(o.page_size as u64);
     let (rw, bs) = match workload {
         "write" => ("write", o.page_size as u64),

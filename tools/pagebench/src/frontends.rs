@@ -138,7 +138,7 @@ impl Stack {
 }
 
 /// Fails with advice when the file system under `dir` has less than `need` bytes free.
-fn check_space(dir: &Path, need: u64) -> Result<()> {
+pub(crate) fn check_space(dir: &Path, need: u64) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| anyhow!("{}: a path with a NUL byte", dir.display()))?;

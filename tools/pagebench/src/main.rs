@@ -5,6 +5,7 @@
 
 mod args;
 mod bench;
+mod checkpoint;
 mod cluster;
 mod dataset;
 mod fanout;
@@ -127,6 +128,10 @@ pub struct Opts {
     pub cpu_pids: Vec<u32>,
     /// `pycmp`: the Python interpreter (with the pagestore package and s3fs).
     pub python: Option<PathBuf>,
+    /// `checkpoint`: writers (one file each).
+    pub writers: usize,
+    /// `checkpoint`: the clusters' write replicas (default 1 and 2, as far as the nodes go).
+    pub write_replicas: Option<Vec<u8>>,
 }
 
 impl Default for Opts {
@@ -183,6 +188,8 @@ impl Default for Opts {
             verify_every: 64,
             cpu_pids: Vec::new(),
             python: None,
+            writers: 4,
+            write_replicas: None,
         }
     }
 }
@@ -208,6 +215,24 @@ impl Opts {
             },
             small_files: 0,
             small_size: self.manifest_file_size,
+        }
+    }
+
+    /// `checkpoint`: the write replicas to run with on `nodes` nodes.
+    pub fn replicas_for(&self, nodes: usize) -> Result<Vec<u8>> {
+        match &self.write_replicas {
+            None => Ok([1u8, 2]
+                .into_iter()
+                .filter(|&r| usize::from(r) <= nodes)
+                .collect()),
+            Some(r) => {
+                if let Some(big) = r.iter().find(|&&r| usize::from(r) > nodes) {
+                    return Err(anyhow!(
+                        "--write-replicas {big} needs at least {big} nodes (--nodes {nodes})"
+                    ));
+                }
+                Ok(r.clone())
+            }
         }
     }
 
@@ -302,6 +327,7 @@ fn main() {
         "client" => modes::run_mode(&opts, modes::Mode::Client),
         "fusecmp" => fusecmp::run_fusecmp(&opts),
         "pycmp" => pycmp::run_pycmp(&opts),
+        "checkpoint" => checkpoint::run_checkpoint(&opts),
         _ => Err(anyhow!("unknown command {cmd}")),
     };
     if let Err(e) = r {

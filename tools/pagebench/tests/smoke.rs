@@ -655,3 +655,99 @@ fn fanout_reads_one_file_once_from_the_store_for_every_reader() {
     );
     assert_eq!(v["completion_ratios"].as_array().unwrap().len(), 8, "{v}");
 }
+
+#[test]
+fn checkpoint_writes_back_and_flushes_against_the_store_and_fio() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the checkpoint smoke test");
+        return;
+    }
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    // Two writers of 20 MiB: a multipart write of two parts each, straight and in the flush;
+    // R = 1 and R = 2 on two nodes; a fast emulated store.
+    let out = pagebench_with_tools(&[
+        "checkpoint",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "40M",
+        "--writers",
+        "2",
+        "--nodes",
+        "2",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--ufs-latency-ms",
+        "1",
+        "--ufs-mbps",
+        "400",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["setup"]["bytes"].as_u64(), Some(40 << 20), "{v}");
+    let refs = &v["references"];
+    let straight = refs["store_straight"].as_array().unwrap();
+    assert_eq!(straight.len(), 2, "{v}");
+    for r in straight.iter().chain([&refs["store_unthrottled"]]) {
+        assert!(r["bytes_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["blocked_secs"].as_array().unwrap().len(), 2, "{r}");
+    }
+    assert!(refs["fio_write"]["bytes_per_sec"].as_f64().unwrap() > 0.0);
+    let legs = v["legs"].as_array().unwrap();
+    let names: Vec<&str> = legs.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    for want in [
+        "client, R=1",
+        "client, R=1, un-throttled store",
+        "client, R=2",
+        "client, R=2, un-throttled store",
+    ] {
+        assert!(names.contains(&want), "{want} missing: {names:?}");
+    }
+    for l in legs {
+        assert_eq!(l["blocked_secs"].as_array().unwrap().len(), 2, "{l}");
+        assert!(l["blocked_secs_max"].as_f64().unwrap() > 0.0, "{l}");
+        for k in ["parts_in_flight", "one_part_in_flight"] {
+            assert!(
+                l["blocked_shorter_than_store"][k].as_f64().unwrap() > 0.0,
+                "{l}"
+            );
+        }
+        assert!(l["over_fio"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(
+            l["cpu_seconds_per_gb"]["nodes"].as_f64().unwrap() > 0.0,
+            "{l}"
+        );
+        let f = &l["flush"];
+        assert_eq!(f["bytes"].as_u64(), Some(40 << 20), "{l}");
+        assert!(f["secs"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(f["over_store"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    // pagefs: a leg of its own where the build takes writes, a note where it does not.
+    let notes = v["notes"].as_array().unwrap();
+    for r in [1, 2] {
+        let leg = names.contains(&format!("pagefs, R={r}").as_str());
+        let noted = notes.iter().any(|n| {
+            let n = n.as_str().unwrap();
+            n.starts_with("pagefs: ") && n.contains(&format!("(R={r}"))
+        });
+        assert!(leg != noted, "R={r}: {names:?} {notes:?}");
+        if fuse_available() && !leg {
+            assert!(
+                notes.iter().any(|n| n
+                    .as_str()
+                    .unwrap()
+                    .starts_with("pagefs: writes not supported by this build")),
+                "{notes:?}"
+            );
+        }
+    }
+    assert_eq!(v["byte_exact"], true);
+    // Nothing is left behind: no data, no mount.
+    assert!(!d.path().join("checkpoint").exists());
+    assert!(!std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(d.path().to_str().unwrap()));
+}
