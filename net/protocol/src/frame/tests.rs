@@ -3334,7 +3334,9 @@ fn documented_file_record_layout() {
         origin: FILE_A,
         entry,
     };
-    let cases: Vec<(FileRecord, Vec<(usize, usize, u64)>)> = vec![
+    // (offset in the root, width, value)
+    type Fields = Vec<(usize, usize, u64)>;
+    let cases: Vec<(FileRecord, Fields)> = vec![
         (
             rec(RecordEntry::File {
                 version_tag: "v".into(),
