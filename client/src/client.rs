@@ -243,8 +243,9 @@ pub struct ClientOptions {
     pub parallel: usize,
     /// Pages a file handle fetches ahead of a sequential reader (default 4).
     pub readahead: usize,
-    /// First back-off after a member fails; doubles per failure up to `max_backoff`
-    /// (defaults 1 s and 30 s). While backed off, requests skip the member without waiting.
+    /// First back-off after a member fails (default 1 s); doubles per failure up to
+    /// `max_backoff` (default 30 s); failures of requests already in flight while it is backed
+    /// off count as the same one. While backed off, requests skip the member without waiting.
     pub min_backoff: Duration,
     /// Longest back-off.
     pub max_backoff: Duration,
@@ -741,8 +742,17 @@ impl Client {
             backoff: Duration::ZERO,
             probing: false,
         });
+        let now = Instant::now();
+        // Requests that were in flight when the member failed fail too: one episode, one
+        // back-off. It doubles only when the member fails again after its back-off ran out
+        // (the probe failed), so that a moment of overload does not bar a live member for
+        // the longest back-off.
+        if now < e.dead_until && !e.probing {
+            tracing::debug!(%addr, why, "member failed again while backed off");
+            return;
+        }
         e.backoff = (e.backoff * 2).clamp(min, max);
-        e.dead_until = Instant::now() + e.backoff;
+        e.dead_until = now + e.backoff;
         e.probing = false;
         tracing::warn!(%addr, backoff = ?e.backoff, why, "member failed; backing off");
     }
