@@ -134,6 +134,10 @@ fn pytest(cluster: &Cluster, tls_dir: &Path, data: &Path, page: usize, select: &
         .env("PAGESTORE_TEST_DATA", data)
         .env("PAGESTORE_TEST_PAGE_SIZE", page.to_string())
         .env("PAGESTORE_TEST_PAGECTL", fixture::binary("pagectl"))
+        .env(
+            "PAGESTORE_TEST_STORE",
+            std::env::var_os("PAGESTORE_TEST_STORE").unwrap_or_default(),
+        )
         .env_remove("PAGESTORE_HOME")
         .output()
         .unwrap();
@@ -161,11 +165,29 @@ fn fsspec_preload_stats_and_workers() {
     let (dir, mut s) = fixture::settings();
     let data = dir.path().join("data");
     fill(&data, PAGE);
-    s.mounts = vec![format!("/data=file://{}", data.display())];
+    // Writes: `/ck` is write=back (through the cluster, flushed to `store`); `/data` is
+    // write=through to a directory this machine can write (staged, sent at close); `/s3` is a
+    // store whose credentials only the nodes have (read-only from here).
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let s3root = dir.path().join("s3");
+    std::fs::create_dir_all(s3root.join("bucket")).unwrap();
+    std::fs::write(s3root.join("bucket/obj"), b"in s3").unwrap();
+    let s3 = pagestore_testkit::S3Server::start(&s3root, "AKIDPY", "py-secret").unwrap();
+    s.mounts = vec![
+        format!("/data=file://{}", data.display()),
+        format!("/ck=file://{}?write=back", store.display()),
+        format!(
+            "/s3=s3://bucket?endpoint={}&region=us-east-1&access_key_id=AKIDPY&secret_access_key=py-secret",
+            s3.endpoint()
+        ),
+    ];
     let cluster = Cluster::start(dir, s);
     build.join().unwrap();
     let tls = cluster.ca_dir.clone();
+    std::env::set_var("PAGESTORE_TEST_STORE", &store);
     pytest(&cluster, &tls, &data, PAGE, "not certificate");
+    drop(s3);
 }
 
 /// A cluster that requires client certificates, and a client with only the CA certificate:
