@@ -42,6 +42,7 @@ mod errors;
 mod job;
 mod reader;
 mod stats;
+mod writer;
 
 pub use errors::to_py;
 
@@ -406,6 +407,83 @@ impl Cluster {
         Ok(out)
     }
 
+    /// How `path` takes writes from this client: `"cluster"` (a `write=back` or
+    /// `write=transient` mount: written through the cluster), `"store"` (a `write=through`
+    /// mount whose store this machine can write: `put`), `"none"` (read-only here: EROFS).
+    fn write_mode(&self, py: Python<'_>, path: &str) -> PyResult<&'static str> {
+        Ok(writer::write_mode(&*self.client(py)?, path))
+    }
+
+    /// The prefix of the mount that holds `path` (the longest that matches), or None.
+    fn mount_prefix(&self, py: Python<'_>, path: &str) -> PyResult<Option<String>> {
+        Ok(writer::mount_prefix(&*self.client(py)?, path))
+    }
+
+    /// The write policy of the mount of `path` (`"through"`, `"back"` or `"transient"`).
+    fn write_policy(&self, py: Python<'_>, path: &str) -> PyResult<&'static str> {
+        Ok(self.client(py)?.write_policy(path).as_str())
+    }
+
+    /// Starts writing `path` anew through the cluster (empty, visible at once; a `write=back`
+    /// or `write=transient` mount, else `OSError` EROFS).
+    fn create(&self, py: Python<'_>, path: &str) -> PyResult<writer::FileWriter> {
+        let client = self.client(py)?;
+        writer::create(py, client, path)
+    }
+
+    /// Sends the local file `local` as the object `path` (`Client::put`: to the store on a
+    /// `write=through` mount, through the cluster otherwise); its size.
+    fn put_file(&self, py: Python<'_>, path: &str, local: std::path::PathBuf) -> PyResult<u64> {
+        let client = self.client(py)?;
+        writer::put_file(py, client, path, local)
+    }
+
+    /// Deletes the file `path` (`Client::delete`).
+    fn delete(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        let client = self.client(py)?;
+        let p = process()?;
+        p.block_on(py, async { client.delete(path).await })
+            .map_err(to_py)
+    }
+
+    /// Renames the file `from` to `to` within one `write=back` or `write=transient` mount,
+    /// atomically for readers; an existing `to` is replaced only with `replace`.
+    #[pyo3(signature = (from, to, replace=true))]
+    fn rename(&self, py: Python<'_>, from: &str, to: &str, replace: bool) -> PyResult<()> {
+        let client = self.client(py)?;
+        let p = process()?;
+        p.block_on(py, async { client.rename(from, to, replace).await })
+            .map_err(to_py)
+    }
+
+    /// Makes the directory `path` (a `write=back` or `write=transient` mount).
+    fn make_dir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        let client = self.client(py)?;
+        let p = process()?;
+        p.block_on(py, async { client.make_dir(path).await })
+            .map_err(to_py)
+    }
+
+    /// Removes the empty directory `path` (a `write=back` or `write=transient` mount).
+    fn remove_dir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        let client = self.client(py)?;
+        let p = process()?;
+        p.block_on(py, async { client.remove_dir(path).await })
+            .map_err(to_py)
+    }
+
+    /// Waits until nothing under `prefix` waits for the store (see `pagestore.sync`).
+    #[pyo3(signature = (prefix, timeout=None))]
+    fn sync<'py>(
+        &self,
+        py: Python<'py>,
+        prefix: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.client(py)?;
+        writer::sync(py, client, prefix, timeout)
+    }
+
     /// Starts a preload job (see `pagestore.preload`): `paths` (a manifest's paths) or `prefix`.
     #[pyo3(signature = (paths=None, prefix=None, source=String::new(), parallel=16, verify=false))]
     fn preload(
@@ -519,6 +597,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Cluster>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<job::PreloadJob>()?;
+    m.add_class::<writer::FileWriter>()?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -4,7 +4,8 @@
 //! `tests/py/` against it. The Python tests are the assertions: byte-exact reads of the
 //! edge-case file set through fsspec (open/read/seek, cat_file, cat_ranges), listings, Parquet
 //! through pandas and pyarrow, forked and spawned workers, preload and stats, errors as
-//! exceptions.
+//! exceptions; writes (tests/py/test_writes.py) to a write=back mount read back before and
+//! after `pagestore.sync`, to a write=through one, and refused on a read-only one.
 #![allow(clippy::unwrap_used)]
 
 use std::{
@@ -106,9 +107,10 @@ fn fill(data: &Path, page: usize) {
     write("tree/top.txt", b"top");
 }
 
-/// Runs pytest on `tests/py/` (the `-k` expression `select`) against `cluster`; panics with
+/// Runs pytest on `tests/py/` (the `-k` expression `select`) against `cluster` (`store`: where
+/// its write=back mount `/ck` flushes to); panics with
 /// pytest's output when a test fails.
-fn pytest(cluster: &Cluster, tls_dir: &Path, data: &Path, page: usize, select: &str) {
+fn pytest(cluster: &Cluster, tls_dir: &Path, data: &Path, store: &Path, page: usize, select: &str) {
     let py = python_with_module();
     // PAGESTORE_TEST_PYTEST narrows it further while working on one test (a -k expression).
     let select = match std::env::var("PAGESTORE_TEST_PYTEST") {
@@ -134,6 +136,7 @@ fn pytest(cluster: &Cluster, tls_dir: &Path, data: &Path, page: usize, select: &
         .env("PAGESTORE_TEST_DATA", data)
         .env("PAGESTORE_TEST_PAGE_SIZE", page.to_string())
         .env("PAGESTORE_TEST_PAGECTL", fixture::binary("pagectl"))
+        .env("PAGESTORE_TEST_STORE", store)
         .env_remove("PAGESTORE_HOME")
         .output()
         .unwrap();
@@ -161,11 +164,28 @@ fn fsspec_preload_stats_and_workers() {
     let (dir, mut s) = fixture::settings();
     let data = dir.path().join("data");
     fill(&data, PAGE);
-    s.mounts = vec![format!("/data=file://{}", data.display())];
+    // Writes: `/ck` is write=back (through the cluster, flushed to `store`); `/data` is
+    // write=through to a directory this machine can write (staged, sent at close); `/s3` is a
+    // store whose credentials only the nodes have (read-only from here).
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let s3root = dir.path().join("s3");
+    std::fs::create_dir_all(s3root.join("bucket")).unwrap();
+    std::fs::write(s3root.join("bucket/obj"), b"in s3").unwrap();
+    let s3 = pagestore_testkit::S3Server::start(&s3root, "AKIDPY", "py-secret").unwrap();
+    s.mounts = vec![
+        format!("/data=file://{}", data.display()),
+        format!("/ck=file://{}?write=back", store.display()),
+        format!(
+            "/s3=s3://bucket?endpoint={}&region=us-east-1&access_key_id=AKIDPY&secret_access_key=py-secret",
+            s3.endpoint()
+        ),
+    ];
     let cluster = Cluster::start(dir, s);
     build.join().unwrap();
     let tls = cluster.ca_dir.clone();
-    pytest(&cluster, &tls, &data, PAGE, "not certificate");
+    pytest(&cluster, &tls, &data, &store, PAGE, "not certificate");
+    drop(s3);
 }
 
 /// A cluster that requires client certificates, and a client with only the CA certificate:
@@ -188,5 +208,12 @@ fn a_client_without_a_certificate_gets_permission_error() {
         certless.join("ca-cert.pem"),
     )
     .unwrap();
-    pytest(&cluster, &certless, &data, PAGE, "certificate");
+    pytest(
+        &cluster,
+        &certless,
+        &data,
+        Path::new(""),
+        PAGE,
+        "certificate",
+    );
 }

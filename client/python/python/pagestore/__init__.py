@@ -2,7 +2,9 @@
 
 - ``fsspec.filesystem("pagestore")`` / ``fsspec.open("pagestore://data/x.bin")`` /
   ``pandas.read_parquet("pagestore://data/t.parquet")``: the cluster's namespace as an fsspec
-  file system (:class:`pagestore.fs.PagestoreFileSystem`), read-only.
+  file system (:class:`pagestore.fs.PagestoreFileSystem`); writes as the path's mount allows
+  (``write=back``/``transient``: through the cluster; ``write=through``: to the store at close).
+- :func:`sync`: wait until what was written under a path is in the store.
 - :func:`preload`: load a manifest's files or a prefix into the cache, and wait for it.
 - :func:`stats`: the hit ratio, this process's read bandwidth and time to first batch.
 
@@ -27,6 +29,7 @@ __all__ = [
     "connect",
     "preload",
     "stats",
+    "sync",
 ]
 
 __version__ = _native.__version__
@@ -126,3 +129,17 @@ def stats(cluster=None):
     process counts its own reads: a data loader's workers each have theirs.
     """
     return _cluster(cluster).stats()
+
+
+def sync(path="/", timeout=None, cluster=None):
+    """Waits until nothing written under ``path`` (a file or a directory, ``/data/x`` or
+    ``pagestore://data/x``) through a ``write=back`` mount waits for the store: files closed
+    and flushed, deletions and renames applied. ``close()`` already made the bytes durable on
+    the cluster and visible to every reader; ``sync`` is for when the store itself must hold
+    them (before the cluster goes away, before another system reads the store).
+
+    ``timeout`` seconds at most: ``TimeoutError`` saying what still waits and the last flush
+    error. Returns the last state seen (``files_dirty``, ``bytes_dirty``, ``deletes_pending``,
+    ``flush_errors``, ``last_error``, ``secs``).
+    """
+    return _cluster(cluster).sync(_logical(path), timeout)

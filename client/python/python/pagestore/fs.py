@@ -3,12 +3,26 @@ entry point), on the native client library.
 
 ``pagestore://data/train/x.bin`` is the logical path ``/data/train/x.bin``: the first component
 is the first directory of the cluster's namespace (a mount prefix), as an S3 URL's first
-component is its bucket. Reads only: see :data:`WRITE_HINT`.
+component is its bucket.
+
+Writes follow the mount's write policy (``?write=`` in its URL), as pagefs does:
+
+- ``write=back`` / ``write=transient``: written through the cluster. ``open(path, "wb")``
+  streams into a writer: each page goes to its write replicas as it fills (memory stays
+  bounded); ``close()`` commits the file (durable on the write replicas, visible to every
+  reader that opens it after); ``write=back`` files reach the store later
+  (:func:`pagestore.sync` waits for that).
+- ``write=through`` whose store this machine can write (credentials here): the file is
+  buffered in a local temporary file and sent to the store whole at ``close()`` (one request,
+  read into memory).
+- anything else (no mount, or a store only the nodes can write): read-only,
+  :class:`ReadOnlyError` (``PermissionError`` with ``errno.EROFS``).
 """
 
 import errno
 import io
 import os
+import tempfile
 
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path
@@ -16,8 +30,8 @@ from fsspec.utils import stringify_path
 from . import _native
 
 WRITE_HINT = (
-    "pagestore:// is read-only from Python: write to the under storage itself, or through a "
-    "write-back mount of the cluster (see OPERATIONS.md); readers then see the new version"
+    "read-only from here: its mount writes through to a store this machine has no credentials "
+    "for, or no mount holds it; write through a write=back mount (see OPERATIONS.md)"
 )
 
 
@@ -30,7 +44,8 @@ class ReadOnlyError(PermissionError, NotImplementedError):
 
 
 class PagestoreFileSystem(AbstractFileSystem):
-    """The cluster's namespace, read-only, through the native client (no gateway hop).
+    """The cluster's namespace through the native client (no gateway hop); writes as the
+    mount's write policy allows (see the module docs).
 
     Arguments (all optional; unset ones come from the environment, as for ``pagectl``):
     ``cluster`` (a member's ``IP:PORT``, a member file, or ``etcd://``; ``PAGESTORE_CLUSTER``),
@@ -136,9 +151,20 @@ class PagestoreFileSystem(AbstractFileSystem):
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,
               **kwargs):
-        if mode != "rb":
-            raise ReadOnlyError(f"open {path!r} with mode {mode!r}")
-        return PagestoreFile(self, self.cluster.open(self._strip_protocol(path)))
+        path = self._strip_protocol(path)
+        if mode == "rb":
+            return PagestoreFile(self, self.cluster.open(path))
+        if mode not in ("wb", "xb"):
+            raise NotImplementedError(
+                f"open {path!r} with mode {mode!r}: pagestore:// opens files with rb, wb or xb")
+        how = self._writes(path, f"write {path!r}")
+        if mode == "xb" and self.exists(path):
+            raise FileExistsError(errno.EEXIST, "the file exists", path)
+        self.invalidate_cache(path)
+        if how == "cluster":
+            return PagestoreWriteFile(self, path, self.cluster.create(path), mode,
+                                      block_size or self.cluster.page_size)
+        return PagestoreStagedFile(self, path, mode)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         return self.cluster.cat_file(self._strip_protocol(path), start, end)
@@ -159,40 +185,144 @@ class PagestoreFileSystem(AbstractFileSystem):
                     raise r
         return out
 
-    # -- writes: not through this file system
+    # -- writes (see the module docs)
 
-    def _refuse(self, what, *args, **kwargs):
-        raise ReadOnlyError(what)
+    def _writes(self, path, what):
+        """How `path` takes writes: "cluster" or "store"; ReadOnlyError otherwise."""
+        how = self.cluster.write_mode(path)
+        if how == "none":
+            raise ReadOnlyError(what)
+        return how
 
-    def pipe_file(self, path, value, **kwargs):
-        self._refuse(f"write {path!r}")
+    def write_policy(self, path):
+        """The write policy of the mount of ``path``: "through", "back" or "transient"."""
+        return self.cluster.write_policy(self._strip_protocol(path))
 
-    def put_file(self, lpath, rpath, **kwargs):
-        self._refuse(f"upload to {rpath!r}")
+    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+        with self.open(path, "xb" if mode == "create" else "wb") as f:
+            f.write(value)
 
     def cp_file(self, path1, path2, **kwargs):
-        self._refuse(f"copy to {path2!r}")
+        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.isdir(path1):
+            self.makedirs(path2, exist_ok=True)
+            return
+        with self.open(path1, "rb") as src, self.open(path2, "wb") as dst:
+            while True:
+                chunk = src.read(4 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
 
-    def mv(self, path1, path2, **kwargs):
-        self._refuse(f"move {path1!r}")
+    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+        """Renames a file within a write=back or write=transient mount (atomic for readers,
+        an existing ``path2`` replaced); otherwise (directories, across mounts, write=through
+        mounts) copies and then deletes, as fsspec does."""
+        p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        if p1 == p2:
+            return
+        same = self.cluster.mount_prefix(p1) == self.cluster.mount_prefix(p2)
+        if (same and self.cluster.write_mode(p1) == "cluster"
+                and self.info(p1)["type"] == "file"):
+            self._writes(p2, f"move to {p2!r}")
+            try:
+                self.cluster.rename(p1, p2, True)
+            finally:
+                self.invalidate_cache(p1)
+                self.invalidate_cache(p2)
+            return
+        self._writes(p1, f"move {p1!r}")
+        self._writes(p2, f"move to {p2!r}")
+        super().mv(p1, p2, recursive=recursive, maxdepth=maxdepth, **kwargs)
 
     def rm_file(self, path):
-        self._refuse(f"remove {path!r}")
+        path = self._strip_protocol(path)
+        self._writes(path, f"remove {path!r}")
+        try:
+            self.cluster.delete(path)
+        finally:
+            self.invalidate_cache(path)
+
+    def _rm(self, path):
+        self.rm_file(path)
 
     def rm(self, path, recursive=False, maxdepth=None):
-        self._refuse(f"remove {path!r}")
+        """Removes files, and with ``recursive`` directories and all under them (deepest
+        first); a directory without ``recursive`` is ``IsADirectoryError``."""
+        paths = path if isinstance(path, (list, tuple)) else [path]
+        for p in paths:
+            p = self._strip_protocol(p)
+            self._writes(p, f"remove {p!r}")
+            if self.isdir(p):
+                if not recursive:
+                    raise IsADirectoryError(errno.EISDIR, "a directory (rm needs recursive=True)",
+                                            p)
+                found = self.find(p, maxdepth=maxdepth, withdirs=True)
+                for q in sorted(found, key=lambda q: (-q.count("/"), q)):
+                    if q == p:
+                        continue
+                    if self.isdir(q):
+                        self.rmdir(q)
+                    else:
+                        self.rm_file(q)
+                if maxdepth is None:
+                    self.rmdir(p)
+            else:
+                self.rm_file(p)
 
     def rmdir(self, path):
-        self._refuse(f"remove {path!r}")
+        path = self._strip_protocol(path)
+        how = self._writes(path, f"remove {path!r}")
+        try:
+            if how == "cluster":
+                self.cluster.remove_dir(path)
+            elif self.ls(path, detail=False):
+                # A store's directories are the prefixes of its objects.
+                raise OSError(errno.ENOTEMPTY, "the directory is not empty", path)
+        finally:
+            self.invalidate_cache(path)
 
     def mkdir(self, path, create_parents=True, **kwargs):
-        self._refuse(f"mkdir {path!r}")
+        """Makes a directory (write=back and write=transient mounts; on a write=through mount
+        directories are the prefixes of objects and need no making). An existing one is
+        ``FileExistsError``; with ``create_parents`` missing parents are made too."""
+        path = self._strip_protocol(path)
+        how = self._writes(path, f"mkdir {path!r}")
+        if how != "cluster":
+            return
+        if create_parents:
+            top = self.cluster.mount_prefix(path) or ""
+            parent = path.rsplit("/", 1)[0]
+            missing = []
+            while parent and parent != top and not self.exists(parent):
+                missing.append(parent)
+                parent = parent.rsplit("/", 1)[0]
+            for p in reversed(missing):
+                try:
+                    self.cluster.make_dir(p)
+                except FileExistsError:
+                    pass
+        try:
+            self.cluster.make_dir(path)
+        finally:
+            self.invalidate_cache(path)
 
     def makedirs(self, path, exist_ok=False):
-        self._refuse(f"mkdir {path!r}")
+        try:
+            self.mkdir(path, create_parents=True)
+        except FileExistsError:
+            if not exist_ok:
+                raise
 
     def touch(self, path, truncate=True, **kwargs):
-        self._refuse(f"touch {path!r}")
+        if truncate or not self.exists(path):
+            self.pipe_file(path, b"")
+        else:
+            raise NotImplementedError("touch without truncate: pagestore keeps no times to set")
+
+    def sync(self, path="/", timeout=None):
+        """Waits until nothing under ``path`` waits for the store (see :func:`pagestore.sync`)."""
+        return self.cluster.sync(self._strip_protocol(path), timeout)
 
 
 def _reopen(fs, path, size, version, mtime, pos, closed):
@@ -271,3 +401,140 @@ class PagestoreFile(io.RawIOBase):
     @property
     def closed(self):
         return self._r.closed
+
+
+class _WriteFileBase(io.RawIOBase):
+    """What both write files share: sequential writes, ``tell``, context manager."""
+
+    def __init__(self, fs, path, mode):
+        super().__init__()
+        self.fs = fs
+        self.path = path
+        self.mode = mode
+        self._pos = 0
+
+    @property
+    def name(self):
+        return "pagestore://" + self.path.lstrip("/")
+
+    def readable(self):
+        return False
+
+    def seekable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        if (whence == io.SEEK_SET and offset == self._pos) or (
+                whence in (io.SEEK_CUR, io.SEEK_END) and offset == 0):
+            return self._pos
+        raise io.UnsupportedOperation("a file open for writing is written sequentially")
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.path!r} mode {self.mode!r}>"
+
+
+class PagestoreWriteFile(_WriteFileBase):
+    """A file being written through the cluster (a write=back or write=transient mount):
+    ``write`` buffers up to ``block_size`` bytes and hands full buffers to the writer, which
+    sends each page to its write replicas as it fills; ``flush`` hands over the buffer (it
+    commits nothing); ``commit`` makes everything written so far durable and visible (fsync);
+    ``close`` commits the file for good (errors as ``OSError`` with errno: ENOSPC when the
+    cluster has no room for dirty data, EROFS, EIO). The file exists (empty) from ``open`` on."""
+
+    def __init__(self, fs, path, writer, mode, block_size):
+        super().__init__(fs, path, mode)
+        self._w = writer
+        self._buf = bytearray()
+        self._sent = 0
+        self._block = max(int(block_size), 1)
+
+    def write(self, b):
+        if self.closed:
+            raise ValueError("write to a closed file")
+        n = len(memoryview(b).cast("B"))
+        self._buf += b
+        self._pos += n
+        if len(self._buf) >= self._block:
+            self._hand_over()
+        return n
+
+    def _hand_over(self):
+        if self._buf:
+            data = bytes(self._buf)
+            self._buf.clear()
+            self._w.write_at(self._sent, data)
+            self._sent += len(data)
+
+    def flush(self):
+        if not self.closed:
+            self._hand_over()
+
+    def commit(self):
+        """Makes what was written so far durable on the write replicas and visible to readers
+        that open the file after (as fsync does); the file stays open."""
+        self._hand_over()
+        self._w.commit()
+        self.fs.invalidate_cache(self.path)
+
+    def discard(self):
+        """Closes without committing what was not committed yet."""
+        self._buf.clear()
+        self._w.abort()
+        super().close()
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            self._hand_over()
+            self._w.close()
+        finally:
+            self._w.abort()
+            self.fs.invalidate_cache(self.path)
+            super().close()
+
+
+class PagestoreStagedFile(_WriteFileBase):
+    """A file of a write=through mount: written to a local temporary file, sent to the store
+    whole at ``close`` (``Client::put``: one request, the file read into memory; then the
+    cluster forgets the old version). Nothing is visible before ``close``."""
+
+    def __init__(self, fs, path, mode):
+        super().__init__(fs, path, mode)
+        self._tmp = tempfile.NamedTemporaryFile(prefix="pagestore-", delete=False)
+
+    def write(self, b):
+        if self.closed:
+            raise ValueError("write to a closed file")
+        n = self._tmp.write(b)
+        self._pos += n
+        return n
+
+    def flush(self):
+        if not self.closed and not self._tmp.closed:
+            self._tmp.flush()
+
+    def discard(self):
+        self._tmp.close()
+        os.unlink(self._tmp.name)
+        super().close()
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            self._tmp.close()
+            self.fs.cluster.put_file(self.path, self._tmp.name)
+        finally:
+            try:
+                os.unlink(self._tmp.name)
+            except FileNotFoundError:
+                pass
+            self.fs.invalidate_cache(self.path)
+            super().close()

@@ -173,7 +173,7 @@ def test_listings(fs):
     assert fs.glob("pagestore://data/tree/*/x.bin") == ["/data/tree/a/x.bin"]
     assert fs.glob("/data/tree/**/*.txt") == [
         "/data/tree/a/y.txt", "/data/tree/b/c/y.txt", "/data/tree/top.txt"]
-    assert [p for p in fs.ls("/", detail=False)] == ["/data"]
+    assert [p for p in fs.ls("/", detail=False)] == ["/ck", "/data", "/s3"]
     assert fs.du("/data/tree") == sum(len(local(p[len("/data/"):])) for p in TREE)
     assert fs.modified("/data/tree/top.txt").timestamp() == pytest.approx(
         os.stat(os.path.join(DATA, "tree", "top.txt")).st_mtime, abs=1e-3)
@@ -268,14 +268,23 @@ def test_errors_are_python_exceptions(fs):
     with pytest.raises(OSError) as e:
         fs.cat_file("/data/../etc/passwd")
     assert e.value.errno == errno.EINVAL
-    for write in (lambda: fs.open("/data/new.bin", "wb"), lambda: fs.pipe_file("/data/n", b"x"),
-                  lambda: fs.rm("/data/tree/top.txt"), lambda: fs.mkdir("/data/d"),
-                  lambda: fs.touch("/data/t"), lambda: fs.mv("/data/tree/top.txt", "/data/x")):
+    # /s3's store takes writes only with the nodes' credentials; /nomount is in no mount.
+    assert fs.cat_file("/s3/obj") == b"in s3"
+    for write in (lambda: fs.open("/s3/new.bin", "wb"), lambda: fs.open("/s3/new.bin", "xb"),
+                  lambda: fs.pipe_file("/s3/n", b"x"), lambda: fs.pipe_file("/nomount/n", b"x"),
+                  lambda: fs.rm("/s3/obj"), lambda: fs.rm_file("/s3/obj"),
+                  lambda: fs.mkdir("/s3/d"), lambda: fs.makedirs("/s3/d/e", exist_ok=True),
+                  lambda: fs.rmdir("/s3"), lambda: fs.touch("/s3/t"),
+                  lambda: fs.mv("/s3/obj", "/s3/x"), lambda: fs.mv("/s3/obj", "/ck/x"),
+                  lambda: fs.mv("/data/tree/top.txt", "/s3/x")):
         with pytest.raises(ReadOnlyError) as e:
             write()
         assert isinstance(e.value, PermissionError) and isinstance(e.value, NotImplementedError)
-        assert e.value.errno == errno.EROFS and "write-back mount" in str(e.value)
-    assert fs.exists("/data/tree/top.txt")
+        assert e.value.errno == errno.EROFS and "write=back mount" in str(e.value)
+    assert fs.cat_file("/s3/obj") == b"in s3" and not fs.exists("/s3/new.bin")
+    assert fs.exists("/data/tree/top.txt") and not fs.exists("/ck/x")
+    with pytest.raises(NotImplementedError):
+        fs.open("/ck/a", "ab")
     with pytest.raises(ValueError):
         PagestoreFileSystem(timeout=-1, skip_instance_cache=True)
     with pytest.raises(OSError) as e:

@@ -1,0 +1,186 @@
+"""Writes through ``pagestore://`` against the cluster python.rs starts: ``/ck`` is a
+write=back mount flushed to PAGESTORE_TEST_STORE, ``/data`` a write=through one this machine
+can write (PAGESTORE_TEST_DATA), ``/s3`` read-only from here (see test_pagestore.py for its
+errors)."""
+
+import errno
+import os
+import subprocess
+import zlib
+
+import fsspec
+import pytest
+
+import pagestore
+
+STORE = os.environ.get("PAGESTORE_TEST_STORE", "")
+DATA = os.environ.get("PAGESTORE_TEST_DATA", "")
+PAGE = int(os.environ.get("PAGESTORE_TEST_PAGE_SIZE", "0"))
+PAGECTL = os.environ.get("PAGESTORE_TEST_PAGECTL", "pagectl")
+
+
+def sizes():
+    return {"empty": 0, "one": 1, "page-1": PAGE - 1, "page": PAGE, "page+1": PAGE + 1,
+            "mib5+7": 5 * (1 << 20) + 7}
+
+
+def content(seed, n):
+    # Distinct bytes per file and per position: a misplaced page would not compare equal.
+    out = bytearray()
+    i = 0
+    while len(out) < n:
+        out += zlib.crc32(f"{seed}:{i}".encode()).to_bytes(4, "little") * 1024
+        i += 1
+    return bytes(out[:n])
+
+
+def pagectl_cat(path):
+    return subprocess.run([PAGECTL, "cat", path], check=True, capture_output=True,
+                          timeout=60).stdout
+
+
+@pytest.fixture(scope="module")
+def fs():
+    return fsspec.filesystem("pagestore")
+
+
+def test_write_back_files_of_every_edge_size_read_back_before_and_after_sync(fs):
+    want = {}
+    for i, (name, n) in enumerate(sizes().items()):
+        data = content(i, n)
+        path = f"/ck/edge/{name}"
+        with fs.open(f"pagestore:/{path}", "wb") as f:
+            # Odd-sized writes, so that buffers and pages split anywhere.
+            step = 100_003
+            for at in range(0, n, step):
+                assert f.write(data[at:at + step]) == len(data[at:at + step])
+            assert f.tell() == n
+        want[path] = data
+    assert fs.write_policy("/ck/edge/one") == "back"
+    for path, data in want.items():
+        assert fs.cat_file(path) == data, path
+        with fs.open(path, "rb") as f:
+            assert f.read() == data
+        assert fs.info(path)["size"] == len(data)
+    # Another front end, another process: pagectl.
+    assert pagectl_cat("/ck/edge/page+1") == want["/ck/edge/page+1"]
+    state = pagestore.sync("pagestore://ck/edge", timeout=60)
+    assert state["files_dirty"] == 0 and state["deletes_pending"] == 0
+    for path, data in want.items():
+        with open(os.path.join(STORE, path[len("/ck/"):]), "rb") as f:
+            assert f.read() == data, f"{path} in the store"
+        assert fs.cat_file(path) == data
+    assert pagectl_cat("/ck/edge/mib5+7") == want["/ck/edge/mib5+7"]
+    assert sorted(fs.ls("/ck/edge", detail=False)) == sorted(want)
+
+
+def test_a_file_is_visible_from_open_and_whole_at_close(fs):
+    with fs.open("/ck/vis/a.bin", "wb") as f:
+        assert fs.exists("/ck/vis/a.bin") and fs.info("/ck/vis/a.bin")["size"] == 0
+        f.write(b"x" * (PAGE + 5))
+        f.flush()
+        f.commit()
+        assert fs.cat_file("/ck/vis/a.bin") == b"x" * (PAGE + 5)
+        f.write(b"tail")
+    assert fs.cat_file("/ck/vis/a.bin") == b"x" * (PAGE + 5) + b"tail"
+    # Overwrite: a new version, the old one's bytes gone.
+    fs.pipe_file("/ck/vis/a.bin", b"short")
+    assert fs.cat_file("/ck/vis/a.bin") == b"short"
+    with fs.open("/ck/vis/t.txt", "w") as f:
+        f.write("line one\nline two\n")
+    assert fs.cat_file("/ck/vis/t.txt") == b"line one\nline two\n"
+    fs.touch("/ck/vis/touched")
+    assert fs.cat_file("/ck/vis/touched") == b""
+
+
+def test_exclusive_create(fs):
+    fs.pipe_file("/ck/x/there", b"old")
+    with pytest.raises(FileExistsError) as e:
+        fs.open("/ck/x/there", "xb")
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(FileExistsError):
+        fs.pipe_file("/ck/x/there", b"new", mode="create")
+    assert fs.cat_file("/ck/x/there") == b"old"
+    with fs.open("/ck/x/fresh", "xb") as f:
+        f.write(b"fresh")
+    assert fs.cat_file("/ck/x/fresh") == b"fresh"
+
+
+def test_mv_rm_mkdir_rmdir(fs):
+    fs.makedirs("/ck/ns/a/b", exist_ok=True)
+    assert fs.isdir("/ck/ns/a") and fs.isdir("/ck/ns/a/b")
+    with pytest.raises(FileExistsError):
+        fs.makedirs("/ck/ns/a/b")
+    fs.makedirs("/ck/ns/a/b", exist_ok=True)
+    with pytest.raises(FileExistsError):
+        fs.mkdir("/ck/ns/a")
+    fs.pipe_file("/ck/ns/a/b/f", b"f")
+    with pytest.raises(OSError) as e:
+        fs.rmdir("/ck/ns/a/b")
+    assert e.value.errno == errno.ENOTEMPTY
+    # rename within the mount: atomic, replacing the target.
+    fs.pipe_file("/ck/ns/tmp", b"new checkpoint")
+    fs.pipe_file("/ck/ns/ckpt", b"old checkpoint")
+    fs.mv("/ck/ns/tmp", "/ck/ns/ckpt")
+    assert fs.cat_file("/ck/ns/ckpt") == b"new checkpoint" and not fs.exists("/ck/ns/tmp")
+    with pytest.raises(FileNotFoundError):
+        fs.mv("/ck/ns/tmp", "/ck/ns/other")
+    # across mounts: copy and delete (write=back to write=through and back).
+    fs.mv("/ck/ns/ckpt", "/data/moved/ckpt")
+    assert not fs.exists("/ck/ns/ckpt")
+    with open(os.path.join(DATA, "moved", "ckpt"), "rb") as f:
+        assert f.read() == b"new checkpoint"
+    fs.mv("/data/moved/ckpt", "/ck/ns/back")
+    assert fs.cat_file("/ck/ns/back") == b"new checkpoint"
+    assert not os.path.exists(os.path.join(DATA, "moved", "ckpt"))
+    # a directory: copy and delete, recursively.
+    fs.mv("/ck/ns/a", "/ck/ns/z", recursive=True)
+    assert fs.cat_file("/ck/ns/z/b/f") == b"f" and not fs.exists("/ck/ns/a")
+    with pytest.raises(IsADirectoryError):
+        fs.rm("/ck/ns/z")
+    fs.rm_file("/ck/ns/back")
+    assert not fs.exists("/ck/ns/back")
+    with pytest.raises(FileNotFoundError):
+        fs.rm_file("/ck/ns/back")
+    fs.rm("/ck/ns/z", recursive=True)
+    assert not fs.exists("/ck/ns/z")
+    fs.rmdir("/ck/ns")
+    assert not fs.exists("/ck/ns")
+    # What the store holds once flushed: the deletions and renames applied too (no objects
+    # left under ns/; a file:// store may keep empty directories, as object stores have none).
+    pagestore.sync("/ck", timeout=60)
+    left = [os.path.join(d, f) for d, _, fs_ in os.walk(os.path.join(STORE, "ns")) for f in fs_]
+    assert left == []
+
+
+def test_write_through_mount_is_staged_and_sent_at_close(fs):
+    assert fs.write_policy("/data/put/x") == "through"
+    data = content("through", 2 * PAGE + 3)
+    with fs.open("/data/put/x", "wb") as f:
+        f.write(data[:10])
+        assert not fs.exists("/data/put/x"), "nothing visible before close"
+        f.write(data[10:])
+    with open(os.path.join(DATA, "put", "x"), "rb") as f:
+        assert f.read() == data
+    assert fs.cat_file("/data/put/x") == data
+    fs.pipe_file("/data/put/x", b"second")
+    assert fs.cat_file("/data/put/x") == b"second"
+    fs.rm("/data/put/x")
+    assert not os.path.exists(os.path.join(DATA, "put", "x"))
+    assert not fs.exists("/data/put/x")
+
+
+def test_parquet_round_trip_through_pandas(fs):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"i": range(50_000), "s": [f"row {i}" for i in range(50_000)]})
+    df.to_parquet("pagestore://ck/pq/t.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet("pagestore://ck/pq/t.parquet"), df)
+    pagestore.sync("/ck/pq", timeout=60)
+    pd.testing.assert_frame_equal(pd.read_parquet(os.path.join(STORE, "pq", "t.parquet")), df)
+
+
+def test_sync_times_out_with_what_waits_and_checks_its_argument():
+    with pytest.raises(ValueError):
+        pagestore.sync("/ck", timeout=-1)
+    # Nothing waits under a prefix never written: at once.
+    assert pagestore.sync("/ck/never", timeout=0)["files_dirty"] == 0
