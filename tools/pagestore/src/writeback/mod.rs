@@ -909,9 +909,12 @@ impl WriteBackNode {
 
     // -- keeping in step ------------------------------------------------------------------
 
-    /// Pulls every record from the other nodes (`all`) or from one of them, and takes what
-    /// ranks higher than ours.
+    /// Pulls every record from the other nodes (`all`, at start: each peer is asked again
+    /// for up to 15 s while it does not answer) or from one of them, and takes what ranks
+    /// higher than ours.
     async fn pull_all(&self, all: bool) {
+        /// How long a starting node keeps asking a peer that does not answer for its records.
+        const START_PULL_WAIT: Duration = Duration::from_secs(15);
         let Some(client) = self.peers().cloned() else {
             return;
         };
@@ -921,13 +924,22 @@ impl WriteBackNode {
             others.rotate_left(k);
             others.truncate(1);
         }
+        // At start, peers that are starting too (or whose connection is not up yet) are
+        // asked again for a while: a node that flushed what it took for dirty before it heard
+        // of the peers' flushes would upload the file a second time.
+        let started = Instant::now();
         for (_, addr) in others {
             let mut after = String::new();
             loop {
                 let body = RequestBody::PullRecords {
                     after: after.clone(),
                 };
-                let (more, records) = match client.call(addr, body, &[]).await {
+                let mut answer = client.call(addr, body.clone(), &[]).await;
+                while all && answer.is_err() && started.elapsed() < START_PULL_WAIT {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    answer = client.call(addr, body.clone(), &[]).await;
+                }
+                let (more, records) = match answer {
                     Ok((ResponseBody::Records { more }, payload)) => {
                         match pagestore_protocol::frame::decode_file_records(&payload) {
                             Ok(r) => (more, r),
