@@ -16,6 +16,7 @@ use std::{
 
 use crate::{
     pool::{ClientError, Pool, PoolOptions},
+    spread::HotMap,
     timing::Latency,
 };
 use bytes::{Bytes, BytesMut};
@@ -23,7 +24,7 @@ use futures_util::{stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
     frame::{
         self, DirEntry, ErrorCode, FileId, FileRef, HotReport, JobRecord, MountEntry, PathKind,
-        Request, RequestBody, ResponseBody, ShardCounters,
+        Request, RequestBody, ResponseBody, Route, ShardCounters,
     },
     members::{parse_member_file, Membership, NodeInfo},
     ring::{path_hash, MemberId, RingConfig},
@@ -281,6 +282,9 @@ pub struct ClientStats {
     pub owner_reads: AtomicU64,
     /// Page requests answered by a replica.
     pub replica_reads: AtomicU64,
+    /// Page requests of hot pages answered by one of their replicas (spread by the owner's
+    /// word), not counted in `replica_reads`.
+    pub hot_reads: AtomicU64,
     /// Page reads served straight from the under storage because the cluster could not.
     pub fallbacks: AtomicU64,
     /// Metadata requests (stat, list) served straight from the under storage.
@@ -310,6 +314,8 @@ pub struct StatsSnapshot {
     pub owner_reads: u64,
     /// See [`ClientStats::replica_reads`].
     pub replica_reads: u64,
+    /// See [`ClientStats::hot_reads`].
+    pub hot_reads: u64,
     /// See [`ClientStats::fallbacks`].
     pub fallbacks: u64,
     /// See [`ClientStats::metadata_fallbacks`].
@@ -369,6 +375,8 @@ pub struct Client {
     stats: ClientStats,
     options: ClientOptions,
     next_id: AtomicU64,
+    /// Pages owners said are hot: their reads are spread over their replicas.
+    hot: HotMap,
 }
 
 /// One shard's occupancy and hit counts, as `Stat` reports them (the fuller
@@ -480,6 +488,7 @@ impl Client {
             stats: ClientStats::default(),
             options,
             next_id: AtomicU64::new(2),
+            hot: HotMap::default(),
         });
         if let Some((etcd, state)) = followed {
             let weak = Arc::downgrade(&client);
@@ -697,6 +706,7 @@ impl Client {
         StatsSnapshot {
             owner_reads: g(&s.owner_reads),
             replica_reads: g(&s.replica_reads),
+            hot_reads: g(&s.hot_reads),
             fallbacks: g(&s.fallbacks),
             metadata_fallbacks: g(&s.metadata_fallbacks),
             cluster_bytes: g(&s.cluster_bytes),
@@ -836,6 +846,13 @@ impl Client {
         if !self.usable(addr) {
             return Attempt::Failed(format!("{addr} is backed off after failures"));
         }
+        let hot = matches!(
+            body,
+            RequestBody::Fetch {
+                route: Route::Hot,
+                ..
+            }
+        );
         let req = Request {
             request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             body,
@@ -908,6 +925,12 @@ impl Client {
                         }
                     },
                     // Our ring disagrees with the member's: serve elsewhere this time.
+                    // A member that takes no hot reads (replicas off there) is not a sign of a
+                    // stale ring.
+                    ResponseBody::NotOwner { epoch } if hot => {
+                        tracing::debug!(%addr, epoch, "member does not serve this hot page");
+                        Attempt::Failed(format!("{addr} does not serve the hot page"))
+                    }
                     ResponseBody::NotOwner { epoch } => {
                         tracing::warn!(%addr, epoch, "member says it is not the owner");
                         if let Some(wake) = &self.refresh {
@@ -1125,8 +1148,20 @@ impl Client {
         } else {
             1 + layout.replicas as usize
         };
-        let members: Vec<MemberId> = ring.replicas(info.file_id, page, tries);
-        for (i, m) in members.iter().enumerate() {
+        // A page its owner said is hot goes to one of its first `spread` members in turn.
+        let now = Instant::now();
+        let spread = usize::from(self.hot.spread_of(info.file_id, page, now));
+        let members: Vec<MemberId> = ring.replicas(info.file_id, page, tries.max(spread));
+        let spread = spread.min(members.len());
+        let first = if spread > 1 {
+            self.hot.pick(page, spread as u8)
+        } else {
+            0
+        };
+        // The picked member first, then the usual order: the owner, then the fallbacks.
+        let order = std::iter::once(first).chain((0..tries.min(members.len())).filter(|&i| i != first));
+        for i in order {
+            let m = &members[i];
             if layout.down.contains(&m.node) {
                 bump(&self.stats.skipped_dead, 1);
                 continue;
@@ -1134,27 +1169,46 @@ impl Client {
             let Some(addr) = layout.membership.addr_of(*m) else {
                 continue;
             };
+            let route = if i == 0 {
+                Route::Owner
+            } else if i == first {
+                Route::Hot
+            } else {
+                Route::Fallback
+            };
             let body = RequestBody::Fetch {
                 file: file.clone(),
                 page,
                 offset,
                 len,
                 epoch: ring.epoch(),
-                replica: i > 0,
+                route,
             };
             match self.ask(addr, body).await {
                 Attempt::Answer(r) => {
-                    let (_, payload) = r?;
+                    let (body, payload) = r?;
                     bump(&self.stats.cluster_bytes, payload.len() as u64);
-                    bump(
-                        if i == 0 {
+                    let counter = match route {
+                        Route::Owner => {
+                            // News from the owner: hot, still hot, or cooled (the lock is taken
+                            // only when there is news).
+                            if let ResponseBody::Data { spread: said, .. } = body {
+                                if said > 1 || spread > 1 {
+                                    self.hot.owner_said(info.file_id, page, said, now);
+                                }
+                            }
                             &self.stats.owner_reads
-                        } else {
-                            &self.stats.replica_reads
-                        },
-                        1,
-                    );
+                        }
+                        Route::Hot => &self.stats.hot_reads,
+                        Route::Fallback => &self.stats.replica_reads,
+                    };
+                    bump(counter, 1);
                     return Ok(payload);
+                }
+                Attempt::Failed(_) if route == Route::Hot => {
+                    // That member could not serve the page as a replica: ask the owner next,
+                    // and keep asking it until it says again that the page is hot.
+                    self.hot.forget(info.file_id, page);
                 }
                 Attempt::Failed(_) => {
                     if !self.options.fallback {
@@ -1195,6 +1249,35 @@ impl Client {
         bump(&self.stats.fallbacks, 1);
         bump(&self.stats.ufs_bytes, bytes.len() as u64);
         Ok(bytes)
+    }
+
+    /// The whole of page `page` of `file` from its owner under this client's ring, and from
+    /// nowhere else (no replica, no under storage): how a node copies a hot page from its peer
+    /// (`Source::read_from_owner`). Errors when the owner cannot give it.
+    pub async fn read_from_owner(&self, file: &FileRef, page: u64) -> Result<Bytes, Error> {
+        let layout = self.layout();
+        let ring = layout.membership.ring();
+        let owner = ring
+            .owner(file.file_id.as_u128(), page)
+            .and_then(|m| layout.membership.addr_of(m))
+            .ok_or_else(|| Error::unavailable("the ring has no owner for the page"))?;
+        let body = RequestBody::Fetch {
+            file: file.clone(),
+            page,
+            offset: 0,
+            len: layout.page_size,
+            epoch: ring.epoch(),
+            route: Route::Owner,
+        };
+        match self.ask(owner, body).await {
+            Attempt::Answer(r) => {
+                let (_, payload) = r?;
+                bump(&self.stats.cluster_bytes, payload.len() as u64);
+                bump(&self.stats.owner_reads, 1);
+                Ok(payload)
+            }
+            Attempt::Failed(why) | Attempt::StoreFailed(why) => Err(Error::unavailable(why)),
+        }
     }
 
     /// Reads up to `len` bytes at `offset` of `info` (fewer at the end of the file, none past

@@ -16,6 +16,7 @@
 pub mod client;
 pub mod handle;
 pub mod pool;
+pub mod spread;
 pub mod timing;
 pub mod tls;
 pub mod writer;

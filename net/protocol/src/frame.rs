@@ -87,12 +87,19 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// `Records` and `WriteBack`, error codes `Exists`, `NotEmpty` and
 /// `Unflushed`; `PathKind::File` carries the file's state and the under
 /// storage's version of it, `ClusterInfo` the write replicas.
-pub const PROTOCOL_VERSION: u16 = 4;
+///
+/// Version 5: hot-page replicas. `Fetch` says how the client routed it
+/// ([`Route`]: the byte that was `replica`, 0 and 1 as before, 2 for a read
+/// of a hot page spread to one of its replicas); a `Data` answer says over
+/// how many members the owner spreads a hot page (`spread`); [`HotPage`]
+/// carries the page's spread and [`ShardCounters`] the hot-page and replica
+/// counters.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/4";
+pub const ALPN: &[u8] = b"pagestore/5";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -158,7 +165,7 @@ pub const MAX_JOB_RECORDS_PAYLOAD: u32 = MAX_JOB_RECORDS as u32 * MAX_JOB_RECORD
 
 /// Length of a [`ResponseBody::Counters`] payload: one archived
 /// [`ShardCounters`].
-pub const COUNTERS_PAYLOAD_LEN: u32 = 200;
+pub const COUNTERS_PAYLOAD_LEN: u32 = 256;
 
 /// Most files one [`HotReport`] names.
 pub const MAX_HOT_FILES: usize = 32;
@@ -624,9 +631,8 @@ pub enum RequestBody {
         len: u32,
         /// Ring epoch the client routed with.
         epoch: u64,
-        /// Sent to a replica rather than the owner: the shard serves it if it
-        /// is one of the key's replicas under its ring.
-        replica: bool,
+        /// Whom the client sent it to, and why.
+        route: Route,
     },
     /// Asks what a logical path is ([`ResponseBody::PathInfo`], or an error
     /// `NotFound`). Routed to the path's ring owner, which caches the answer
@@ -722,6 +728,23 @@ pub enum RequestBody {
     },
     /// The shard's hottest files and pages and its bytes per mount
     /// ([`ResponseBody::Hot`], payload: a [`HotReport`]).
+    Hot,
+}
+
+/// How a client routed a [`RequestBody::Fetch`]. Archived as one byte: 0 and
+/// 1 are the `false` and `true` of the `replica` flag of versions 1 to 4.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Route {
+    /// To the page's owner under the client's ring.
+    #[default]
+    Owner,
+    /// To one of the page's fallback replicas (`--replicas`) or write
+    /// members, because the members before it failed: the shard serves it if
+    /// it is one, loading a miss from the under storage.
+    Fallback,
+    /// To one of the first `spread` members of a page the owner reported hot
+    /// (`Data::spread`): the shard serves it if it is one, and copies a miss
+    /// from the owner (peer to peer) rather than from the under storage.
     Hot,
 }
 
@@ -940,6 +963,11 @@ pub enum ResponseBody {
         page_len: u32,
         /// Version of the page's content.
         version: u64,
+        /// Set by a page's owner on a `Fetch` of a hot page: the members
+        /// (the owner and the next ring members on distinct nodes) readers
+        /// may spread their reads of it over, sending them with
+        /// [`Route::Hot`]. 0: not hot (and in every other answer).
+        spread: u8,
     },
     /// Answer to `ReadPages`: one entry per requested page, in request
     /// order; the payload is the `Data` pages concatenated in that order.
@@ -1148,6 +1176,21 @@ pub struct ShardCounters {
     pub memory_admissions: u64,
     /// Pages evicted from the memory tier.
     pub memory_evictions: u64,
+    /// Pages this shard owns that turned hot (spread to replicas) since start.
+    pub hot_turned: u64,
+    /// Pages this shard owns that are hot now.
+    pub hot_now: u64,
+    /// Copies of other owners' hot pages this shard made since start.
+    pub replica_copies: u64,
+    /// Of those, copies read from the under storage because the owner could
+    /// not give the page (each one a store read the replica made).
+    pub replica_copy_fallbacks: u64,
+    /// Copies of hot pages this shard holds now.
+    pub replicas_held: u64,
+    /// Copies dropped because nobody read them for the cooling time.
+    pub replicas_dropped: u64,
+    /// `Fetch` requests this shard served as a hot page's replica.
+    pub replica_hot_reads: u64,
 }
 
 /// One of a shard's hottest files, by bytes served (space-saving counts:
@@ -1177,6 +1220,9 @@ pub struct HotPage {
     pub reads: u64,
     /// The count the page started from in the table.
     pub reads_error: u64,
+    /// The members the page is spread over now, as its owner answers it
+    /// (0: not hot).
+    pub spread: u8,
 }
 
 /// One mount's bytes on a shard: what it served from the cache and what it

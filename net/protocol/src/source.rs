@@ -51,6 +51,18 @@ pub trait Source: Send + Sync + 'static {
     fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>>;
     /// The mount table, credentials removed.
     fn mounts(&self) -> Vec<MountEntry>;
+    /// The whole of page `page` of `file` (at exactly `file.version_tag`) from the ring member
+    /// that owns it, peer to peer: how a hot page's replica copies it without a store read.
+    /// The default has no peers (`Unavailable`); the loader then reads the store instead.
+    fn read_from_owner(&self, file: &FileRef, page: u64) -> SourceFuture<Bytes> {
+        let _ = (file, page);
+        Box::pin(async {
+            Err(SourceError::new(
+                ErrorCode::Unavailable,
+                "this node has no client of its peers",
+            ))
+        })
+    }
 }
 
 /// The version number pages loaded at `version_tag` are stored with (`hash64` of the tag).

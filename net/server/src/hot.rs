@@ -246,6 +246,7 @@ impl HotTracker {
                     },
                     reads: p.reads,
                     reads_error: p.error,
+                    spread: 0,
                 })
                 .collect(),
             mounts: self

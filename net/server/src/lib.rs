@@ -5,7 +5,8 @@
 //! reaches a shard is served by that shard with no cross-core hand-off. [`service`] answers the
 //! requests, [`loader`] brings misses in from the under storage, [`memory`] keeps the hottest
 //! pages in RAM in front of the disk cache, [`hot`] counts the hottest files and pages and the
-//! bytes per mount, [`node`] starts it all. The
+//! bytes per mount, [`spread`] decides which pages are hot enough to be served by replicas and
+//! which copies have cooled, [`node`] starts it all. The
 //! frames, ring and TLS settings come from `pagestore-protocol`; clients (tokio, quinn) are in
 //! `pagestore-client`.
 
@@ -15,6 +16,7 @@ pub mod loader;
 pub mod memory;
 pub mod node;
 pub mod service;
+pub mod spread;
 
 // The protocol's modules, reachable as `crate::frame` etc. inside this crate.
 use pagestore_protocol::{frame, jobs, ring, source, tls, transport, writeback};

@@ -15,7 +15,10 @@
 //! - cache rules: a loaded page is stored under the rule its logical path falls in
 //!   ([`pagestore_engine::Rules::classify`]: quota, TTL, pin), decided once per load;
 //! - a count of store reads of pages it had read recently already (`ufs_repeat_reads`, over its
-//!   last [`RECENT_LOADS`] loads): how the operator sees that a page was fetched more than once.
+//!   last [`RECENT_LOADS`] loads): how the operator sees that a page was fetched more than once;
+//! - copies of hot pages from their owner ([`Loader::copy_from_owner`], `crate::spread`): the
+//!   same single flight, with the page read from the owning peer instead of the store, and from
+//!   the store only when the owner cannot give it.
 
 use std::{
     cell::{Cell, RefCell},
@@ -74,6 +77,10 @@ pub struct LoaderStats {
     pub metadata_misses: Cell<u64>,
     /// Page loads of a page this shard had loaded before, among its last [`RECENT_LOADS`].
     pub ufs_repeat_reads: Cell<u64>,
+    /// Hot pages copied from their owner (peer to peer).
+    pub owner_copies: Cell<u64>,
+    /// Copies from the owner that failed and were read from the store instead.
+    pub owner_copy_fallbacks: Cell<u64>,
 }
 
 /// Page loads a shard remembers (by key hash) to count repeated store reads of one page.
@@ -114,12 +121,15 @@ pub struct Loaded {
 
 type PageResult = Result<Bytes, SourceError>;
 
+/// What a load's leader hands its waiters: the bytes, and whether they came from the store.
+type FlightResult = Result<(Bytes, bool), SourceError>;
+
 /// A cached answer and when it was fetched.
 type Timed<T> = (Instant, T);
 
 enum Flight {
     /// The load is running; these wait for it.
-    Loading(Vec<futures_channel::oneshot::Sender<PageResult>>),
+    Loading(Vec<futures_channel::oneshot::Sender<FlightResult>>),
     /// Loaded and being written to the cache: later misses take these bytes; these wait for
     /// the write to end (preloads, which answer only once the page is kept).
     Storing(Bytes, Vec<futures_channel::oneshot::Sender<()>>),
@@ -208,6 +218,26 @@ impl Loader {
 
     /// Like [`Loader::load_page`], and says whether this call made the store read.
     pub async fn load(self: &Rc<Self>, file: &FileRef, page: u64) -> Result<Loaded, SourceError> {
+        self.load_from(file, page, false).await
+    }
+
+    /// A hot page this shard serves as one of its replicas: like [`Loader::load`], but read
+    /// from the page's owner ([`Source::read_from_owner`]), and from the store only when the
+    /// owner cannot give it. Joins a load of the page in flight, as any miss does.
+    pub async fn copy_from_owner(
+        self: &Rc<Self>,
+        file: &FileRef,
+        page: u64,
+    ) -> Result<Loaded, SourceError> {
+        self.load_from(file, page, true).await
+    }
+
+    async fn load_from(
+        self: &Rc<Self>,
+        file: &FileRef,
+        page: u64,
+        from_owner: bool,
+    ) -> Result<Loaded, SourceError> {
         let key = PageKey::new(file.file_id.as_u128(), page);
         let (rx, leader) = {
             let mut flights = self.flights.borrow_mut();
@@ -237,9 +267,10 @@ impl Loader {
             // right away.
             let me = self.clone();
             let file = file.clone();
-            glommio::spawn_local(async move { me.run_load(key, file, page).await }).detach();
+            glommio::spawn_local(async move { me.run_load(key, file, page, from_owner).await })
+                .detach();
         }
-        let bytes = rx.await.unwrap_or_else(|_| {
+        let (bytes, from_store) = rx.await.unwrap_or_else(|_| {
             Err(SourceError::new(
                 ErrorCode::Unavailable,
                 "the page load was abandoned (shard stopping)",
@@ -247,11 +278,61 @@ impl Loader {
         })?;
         Ok(Loaded {
             bytes,
-            read_store: leader,
+            read_store: leader && from_store,
         })
     }
 
-    async fn run_load(self: Rc<Self>, key: PageKey, file: FileRef, page: u64) {
+    /// The page from its owner; on failure (the owner down, or not the owner under its ring),
+    /// from the store like any miss.
+    async fn read_page(
+        &self,
+        key: PageKey,
+        file: &FileRef,
+        page: u64,
+        range: std::ops::Range<u64>,
+        from_owner: bool,
+    ) -> FlightResult {
+        if from_owner {
+            let copied = self
+                .on_tokio(self.source.read_from_owner(file, page))
+                .await;
+            match copied {
+                Ok(b) if b.len() as u64 == range.end - range.start => {
+                    self.stats
+                        .owner_copies
+                        .set(self.stats.owner_copies.get() + 1);
+                    return Ok((b, false));
+                }
+                Ok(b) => tracing::debug!(path = %file.path, page, got = b.len(), "the owner's copy has the wrong length; reading the store"),
+                Err(e) => tracing::debug!(path = %file.path, page, error = %e, "the owner could not give a hot page; reading the store"),
+            }
+            self.stats
+                .owner_copy_fallbacks
+                .set(self.stats.owner_copy_fallbacks.get() + 1);
+        }
+        self.stats.ufs_reads.set(self.stats.ufs_reads.get() + 1);
+        if self.recent.borrow_mut().seen(key.hash64()) {
+            self.stats
+                .ufs_repeat_reads
+                .set(self.stats.ufs_repeat_reads.get() + 1);
+        }
+        let (start, end) = (range.start, range.end);
+        match self.on_tokio(self.source.read(file, range)).await {
+            Ok(b) if b.len() as u64 != end - start => Err(SourceError::new(
+                ErrorCode::Changed,
+                format!(
+                    "{}: expected {} bytes at offset {start}, the store returned {}; the \
+                     object changed",
+                    file.path,
+                    end - start,
+                    b.len()
+                ),
+            )),
+            r => r.map(|b| (b, true)),
+        }
+    }
+
+    async fn run_load(self: Rc<Self>, key: PageKey, file: FileRef, page: u64, from_owner: bool) {
         let page_size = u64::from(self.shard.page_size());
         let start = page.saturating_mul(page_size);
         let end = start.saturating_add(page_size).min(file.size);
@@ -264,26 +345,8 @@ impl Loader {
                 ),
             ))
         } else {
-            self.stats.ufs_reads.set(self.stats.ufs_reads.get() + 1);
-            if self.recent.borrow_mut().seen(key.hash64()) {
-                self.stats
-                    .ufs_repeat_reads
-                    .set(self.stats.ufs_repeat_reads.get() + 1);
-            }
-            let r = self.on_tokio(self.source.read(&file, start..end)).await;
-            match r {
-                Ok(b) if b.len() as u64 != end - start => Err(SourceError::new(
-                    ErrorCode::Changed,
-                    format!(
-                        "{}: expected {} bytes at offset {start}, the store returned {}; the \
-                         object changed",
-                        file.path,
-                        end - start,
-                        b.len()
-                    ),
-                )),
-                r => r,
-            }
+            self.read_page(key, &file, page, start..end, from_owner)
+                .await
         };
         let waiters = {
             let mut flights = self.flights.borrow_mut();
@@ -291,7 +354,7 @@ impl Loader {
                 Some(Flight::Loading(w)) => w,
                 _ => Vec::new(),
             };
-            if let Ok(bytes) = &result {
+            if let Ok((bytes, _)) = &result {
                 flights.insert(key, Flight::Storing(bytes.clone(), Vec::new()));
             }
             waiters
@@ -299,7 +362,7 @@ impl Loader {
         for w in waiters {
             let _ = w.send(result.clone());
         }
-        if let Ok(bytes) = result {
+        if let Ok((bytes, _)) = result {
             self.stats
                 .ufs_bytes
                 .set(self.stats.ufs_bytes.get() + bytes.len() as u64);

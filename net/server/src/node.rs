@@ -18,6 +18,7 @@ use crate::{
     loader::{Loader, LoaderOptions},
     ring::{MemberId, Ring},
     service::{RingView, ShardService},
+    spread::SpreadConfig,
     source::Source,
     writeback::WriteBack,
 };
@@ -62,6 +63,9 @@ pub struct NodeOptions {
     pub writeback: Option<Arc<dyn WriteBack>>,
     /// Bytes of the memory tier over all shards (each shard keeps its share; 0: none).
     pub memory_cache: u64,
+    /// Hot-page replicas: when a page is hot, over how many members it is spread, and when
+    /// copies are dropped.
+    pub spread: SpreadConfig,
 }
 
 /// Why a node could not start.
@@ -185,6 +189,24 @@ pub struct Node {
     reply_budget: Arc<RequestBudget>,
 }
 
+/// Drops the shard's cooled hot-page copies every [`ShardService::sweep_period`], until the
+/// service is gone (the shard stopped).
+fn sweep_copies(service: std::rc::Weak<ShardService>) {
+    glommio::spawn_local(async move {
+        loop {
+            let Some(period) = service.upgrade().map(|s| s.sweep_period()) else {
+                return;
+            };
+            glommio::timer::sleep(period).await;
+            let Some(s) = service.upgrade() else {
+                return;
+            };
+            s.drop_cooled_copies().await;
+        }
+    })
+    .detach();
+}
+
 fn shard_addr(base: SocketAddr, shard: usize) -> SocketAddr {
     let mut a = base;
     if base.port() != 0 {
@@ -239,7 +261,11 @@ impl Node {
                 )
             });
             let memory = opts.memory_cache / shards.max(1) as u64;
-            let service = ShardService::new(shard, view.clone(), loader.clone(), memory);
+            let service =
+                ShardService::new(shard, view.clone(), loader.clone(), memory, opts.spread);
+            if opts.spread.enabled() {
+                sweep_copies(Rc::downgrade(&service));
+            }
             service.set_jobs(board.clone());
             if let Some(wb) = &opts.writeback {
                 service.set_writeback(wb.clone());

@@ -16,13 +16,14 @@ use crate::{
     endpoint::{Body, Peer, Reply, Service},
     frame::{
         self, ErrorCode, FileId, FileRef, FrameError, Key, NodeEntry, PageAction, PageStatus,
-        RequestBody, Response, ResponseBody,
+        RequestBody, Response, ResponseBody, Route,
     },
     hot::HotTracker,
     loader::Loader,
     memory::{MemKey, MemoryStats, MemoryTier},
     ring::{self, MemberId, Ring},
     source::page_version,
+    spread::{CopyKey, HotPages, Replicas, SpreadConfig},
     tls::Role,
     writeback::{is_wb_tag, WriteBack, WRITE_SLOP},
 };
@@ -77,6 +78,14 @@ impl RingView {
         .contains(&self.me)
     }
 
+    /// Whether this shard is one of the first `spread` members of `key` (the owner and the
+    /// next members on distinct nodes): those a hot page is served by.
+    pub fn is_spread_member(&self, key: &Key, spread: u8) -> bool {
+        let ring = self.ring.borrow();
+        ring.replicas(key.file_id.as_u128(), key.page, usize::from(spread))
+            .contains(&self.me)
+    }
+
     /// The ring epoch this shard believes in.
     pub fn epoch(&self) -> u64 {
         self.ring.borrow().epoch()
@@ -113,17 +122,23 @@ pub struct ShardService {
     served_bytes: Cell<u64>,
     /// Hottest files and pages, bytes per mount.
     hot: RefCell<HotTracker>,
+    /// Read rates of the pages this shard owns: which are hot (`crate::spread`).
+    hot_pages: RefCell<HotPages>,
+    /// Copies of other owners' hot pages this shard holds.
+    copies: RefCell<Replicas>,
 }
 
 impl ShardService {
     /// A service for `shard` with ring view `view`, loading misses through `loader` (none: the
     /// node has no under storage, and `Fetch` misses, `StatPath` and `List` are `Unavailable`),
-    /// keeping the hottest pages in a memory tier of `memory_bytes` (0: none).
+    /// keeping the hottest pages in a memory tier of `memory_bytes` (0: none), spreading hot
+    /// pages as `spread` says.
     pub fn new(
         shard: Rc<Shard>,
         view: Rc<RingView>,
         loader: Option<Rc<Loader>>,
         memory_bytes: u64,
+        spread: SpreadConfig,
     ) -> Rc<ShardService> {
         let memory = (memory_bytes > 0)
             .then(|| RefCell::new(MemoryTier::new(memory_bytes, shard.page_size())));
@@ -132,6 +147,8 @@ impl ShardService {
             memory_hit_bytes: Cell::new(0),
             served_bytes: Cell::new(0),
             hot: RefCell::new(HotTracker::new()),
+            hot_pages: RefCell::new(HotPages::new(spread)),
+            copies: RefCell::new(Replicas::new(spread)),
             shard,
             view,
             loader,
@@ -192,7 +209,44 @@ impl ShardService {
     /// The shard's hot files and pages and bytes per mount, as `Hot` answers them.
     pub fn hot_report(&self) -> frame::HotReport {
         self.refresh_mounts();
-        self.hot.borrow().report(self.shard.id() as u16)
+        let mut report = self.hot.borrow().report(self.shard.id() as u16);
+        let now = std::time::Instant::now();
+        let hot = self.hot_pages.borrow();
+        for p in &mut report.pages {
+            p.spread = hot.spread_of(p.key.file_id.as_u128(), p.key.page, now);
+        }
+        report
+    }
+
+    /// The hot-page counters: pages this shard owns that are hot now and that turned hot since
+    /// start, and its copies of other owners' hot pages.
+    pub fn spread_stats(&self) -> (u32, u64, crate::spread::ReplicaCounts) {
+        let (now, turned) = self
+            .hot_pages
+            .borrow()
+            .counts(std::time::Instant::now());
+        (now, turned, self.copies.borrow().counts())
+    }
+
+    /// Drops the copies of hot pages nobody read for the cooling time (from disk and memory).
+    /// Returns how many were dropped. The node runs this every few seconds on every shard.
+    pub async fn drop_cooled_copies(&self) -> usize {
+        let cooled = self.copies.borrow_mut().cooled(std::time::Instant::now());
+        for k in &cooled {
+            if let Some(m) = &self.memory {
+                m.borrow_mut().remove_page(k.file_id, k.page);
+            }
+            let key = PageKey::new(k.file_id, k.page);
+            if let Err(e) = self.shard.remove(&key).await {
+                tracing::warn!(error = %e, "dropping a cooled hot-page copy failed");
+            }
+        }
+        cooled.len()
+    }
+
+    /// How often [`ShardService::drop_cooled_copies`] should run.
+    pub fn sweep_period(&self) -> std::time::Duration {
+        (self.hot_pages.borrow().config().cool / 4).max(std::time::Duration::from_millis(250))
     }
 
     /// Follows the mount table (at most once a second).
@@ -210,8 +264,9 @@ impl ShardService {
             .set(self.served_bytes.get() + bytes as u64);
     }
 
-    /// Drops every memory entry of `file_id`.
+    /// Drops every memory entry of `file_id`, and forgets its hot-page copies.
     fn forget_memory(&self, file_id: u128) {
+        self.copies.borrow_mut().forget_file(file_id);
         if let Some(m) = &self.memory {
             m.borrow_mut().remove_file(file_id);
         }
@@ -221,6 +276,15 @@ impl ShardService {
     pub fn latency(&self) -> std::cell::Ref<'_, hdrhistogram::Histogram<u64>> {
         self.latency.borrow()
     }
+}
+
+/// What a `Fetch` answer is for: the request, the range asked, the page's spread.
+#[derive(Clone, Copy)]
+struct Slice {
+    id: u64,
+    offset: u32,
+    len: u32,
+    spread: u8,
 }
 
 /// Room reserved for a reply's frame head beside its body.
@@ -449,9 +513,9 @@ impl ShardService {
                 page,
                 offset,
                 len,
-                replica,
+                route,
                 ..
-            } => self.fetch(id, file, page, offset, len, replica).await,
+            } => self.fetch(id, file, page, offset, len, route).await,
             RequestBody::StatPath { path } => {
                 let Some(loader) = &self.loader else {
                     return no_source(id);
@@ -657,6 +721,7 @@ impl ShardService {
                     ResponseBody::Data {
                         page_len: info.len,
                         version: info.version,
+                        spread: 0,
                     },
                     Body::Page(data),
                 )
@@ -706,20 +771,37 @@ impl ShardService {
         page: u64,
         offset: u32,
         len: u32,
-        replica: bool,
+        route: Route,
     ) -> Reply {
         let key = Key {
             file_id: file.file_id,
             page,
         };
-        if !self.view.owns(&key) {
-            let written = is_wb_tag(&file.version_tag);
-            let member = self.view.is_replica(&key)
-                || (written && self.view.is_write_member(&key, self.write_replicas()));
-            if !(replica && member) {
+        let written = is_wb_tag(&file.version_tag);
+        let owner = self.view.owns(&key);
+        if !owner {
+            let member = match route {
+                Route::Owner => false,
+                Route::Fallback => {
+                    self.view.is_replica(&key)
+                        || (written && self.view.is_write_member(&key, self.write_replicas()))
+                }
+                // Pages of files written through the cluster are never spread (their write
+                // members hold them; see `crate::spread`).
+                Route::Hot => {
+                    !written
+                        && self.hot_pages.borrow().config().enabled()
+                        && self
+                            .view
+                            .is_spread_member(&key, self.hot_pages.borrow().config().spread)
+                }
+            };
+            if !member {
                 return self.not_owner(id);
             }
-            self.replica_reads.set(self.replica_reads.get() + 1);
+            if route == Route::Fallback {
+                self.replica_reads.set(self.replica_reads.get() + 1);
+            }
         }
         if file.file_id.as_u128() != ring::file_id(&file.path, &file.version_tag) {
             return error(
@@ -729,11 +811,40 @@ impl ShardService {
             );
         }
         self.refresh_mounts();
+        let now = std::time::Instant::now();
+        // The owner counts the page's reads; a hot page's answer tells readers to spread.
+        let spread = if owner && !written {
+            let s = self
+                .hot_pages
+                .borrow_mut()
+                .record(file.file_id.as_u128(), page, now);
+            // Never more members than the ring has nodes to put them on.
+            let nodes = self.view.ring.borrow().node_count();
+            match s.min(u8::try_from(nodes).unwrap_or(u8::MAX)) {
+                0 | 1 => 0,
+                n => n,
+            }
+        } else {
+            0
+        };
+        let copy = (!owner && route == Route::Hot).then_some(CopyKey {
+            file_id: file.file_id.as_u128(),
+            page,
+        });
+        if let Some(k) = copy {
+            self.copies.borrow_mut().read(k, now);
+        }
         let version = page_version(&file.version_tag);
         let mkey = MemKey {
             file_id: file.file_id.as_u128(),
             page,
             version,
+        };
+        let at = Slice {
+            id,
+            offset,
+            len,
+            spread,
         };
         // Memory first: no disk read, and the same bytes for every reader.
         let held = self.memory.as_ref().and_then(|m| m.borrow_mut().get(&mkey));
@@ -744,14 +855,14 @@ impl ShardService {
                 .min(len as usize);
             self.memory_hit_bytes
                 .set(self.memory_hit_bytes.get() + sent as u64);
-            return self.send_slice(id, &file, page, offset, len, bytes, true);
+            return self.send_slice(at, &file, page, bytes, true);
         }
         match self.shard.read(&page_key(&key), offset, len).await {
             // A page is served only for the version it was stored for (a page under this
             // key with another version was not loaded from this object: reload it).
             Ok(Some((data, info))) if info.version == version => {
                 if let Some(bytes) = self.copy_in(&key, mkey, &data, info.len, offset).await {
-                    return self.send_slice(id, &file, page, offset, len, bytes, true);
+                    return self.send_slice(at, &file, page, bytes, true);
                 }
                 self.count_read(&file, page, data.len(), true);
                 return reply(
@@ -759,6 +870,7 @@ impl ShardService {
                     ResponseBody::Data {
                         page_len: info.len,
                         version: info.version,
+                        spread,
                     },
                     Body::Page(data),
                 );
@@ -778,7 +890,18 @@ impl ShardService {
                 "this node has no under storage configured",
             );
         };
-        match loader.load(&file, page).await {
+        // A replica of a hot page copies it from the owner (peer to peer), not from the store.
+        let loaded = match copy {
+            Some(k) => {
+                let r = loader.copy_from_owner(&file, page).await;
+                if r.is_ok() {
+                    self.copies.borrow_mut().copied(k, std::time::Instant::now());
+                }
+                r
+            }
+            None => loader.load(&file, page).await,
+        };
+        match loaded {
             Ok(loaded) => {
                 if loaded.read_store {
                     self.hot
@@ -788,15 +911,7 @@ impl ShardService {
                 if let Some(m) = &self.memory {
                     m.borrow_mut().offer_loaded(mkey, loaded.bytes.clone());
                 }
-                self.send_slice(
-                    id,
-                    &file,
-                    page,
-                    offset,
-                    len,
-                    loaded.bytes,
-                    !loaded.read_store,
-                )
+                self.send_slice(at, &file, page, loaded.bytes, !loaded.read_store)
             }
             Err(e) => error(id, e.code, e.message),
         }
@@ -842,19 +957,22 @@ impl ShardService {
         }
     }
 
-    /// Answers a `Fetch` with `offset..offset + len` of the whole page `bytes` (held in
-    /// memory, or just loaded), without copying them.
-    #[allow(clippy::too_many_arguments)]
+    /// Answers a `Fetch` with `at.offset..at.offset + at.len` of the whole page `bytes` (held
+    /// in memory, or just loaded), without copying them.
     fn send_slice(
         &self,
-        id: u64,
+        at: Slice,
         file: &FileRef,
         page: u64,
-        offset: u32,
-        len: u32,
         bytes: bytes::Bytes,
         from_cache: bool,
     ) -> Reply {
+        let Slice {
+            id,
+            offset,
+            len,
+            spread,
+        } = at;
         let start = offset as usize;
         if start > bytes.len() {
             return error(
@@ -873,6 +991,7 @@ impl ShardService {
             ResponseBody::Data {
                 page_len: bytes.len() as u32,
                 version: page_version(&file.version_tag),
+                spread,
             },
             Body::Shared(bytes.slice(start..end)),
         )
@@ -907,6 +1026,11 @@ impl ShardService {
                 )
             });
         let (memory, memory_hit_bytes) = self.memory_stats();
+        let (hot_now, hot_turned, copies) = self.spread_stats();
+        let (owner_copies, owner_copy_fallbacks) = self.loader.as_ref().map_or((0, 0), |l| {
+            let st = l.stats();
+            (st.owner_copies.get(), st.owner_copy_fallbacks.get())
+        });
         let counters = frame::ShardCounters {
             shard: s.shard as u16,
             pages: s.pages,
@@ -933,6 +1057,13 @@ impl ShardService {
             memory_capacity: memory.capacity,
             memory_admissions: memory.admissions,
             memory_evictions: memory.evictions,
+            hot_turned,
+            hot_now: u64::from(hot_now),
+            replica_copies: owner_copies,
+            replica_copy_fallbacks: owner_copy_fallbacks,
+            replicas_held: u64::from(copies.held),
+            replicas_dropped: copies.dropped,
+            replica_hot_reads: copies.reads,
         };
         match frame::encode_counters(&counters) {
             Ok(payload) => reply(id, ResponseBody::Counters, Body::Bytes(payload)),

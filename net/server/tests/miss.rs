@@ -24,7 +24,7 @@ use pagestore_engine::{PageKey, ShardHandle};
 use pagestore_protocol::{
     frame::{
         self, DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, NodeEntry, PathKind,
-        Request, RequestBody, ResponseBody,
+        Request, RequestBody, ResponseBody, Route,
     },
     ring::{self, MemberId, Ring, RingConfig},
     source::{page_version, Source, SourceError, SourceFuture},
@@ -33,6 +33,7 @@ use pagestore_protocol::{
 use pagestore_server::{
     loader::LoaderOptions,
     node::{LoaderCounters, Node, NodeOptions, NodeSource, ShardState},
+    spread::SpreadConfig,
 };
 use pagestore_testkit::data::bytes as content;
 
@@ -67,6 +68,10 @@ struct FakeState {
     delay_ms: AtomicU64,
     /// Reads fail with `Io` while set.
     fail_reads: AtomicBool,
+    /// Pages copied "from the owner" (`Source::read_from_owner`): the peer copies of hot pages.
+    owner_reads: AtomicU64,
+    /// Copies from the owner fail while set.
+    fail_owner: AtomicBool,
 }
 
 impl FakeState {
@@ -210,6 +215,19 @@ impl Source for FakeSource {
     fn mounts(&self) -> Vec<MountEntry> {
         self.0.mounts.clone()
     }
+
+    /// The owner's copy of a whole page: the fake's bytes, counted apart from store reads.
+    fn read_from_owner(&self, file: &FileRef, page: u64) -> SourceFuture<Bytes> {
+        let s = self.0.clone();
+        let file = file.clone();
+        Box::pin(async move {
+            s.owner_reads.fetch_add(1, Ordering::SeqCst);
+            if s.fail_owner.load(Ordering::SeqCst) {
+                return Err(SourceError::new(ErrorCode::Unavailable, "owner unreachable"));
+            }
+            s.answer_read(&file, page * P..(page + 1) * P)
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -225,6 +243,8 @@ struct Setup {
     mounts: Vec<MountEntry>,
     /// Memory tier bytes over all shards.
     memory_cache: u64,
+    /// Hot-page replicas.
+    spread: SpreadConfig,
 }
 
 impl Default for Setup {
@@ -237,6 +257,7 @@ impl Default for Setup {
             nodes: Vec::new(),
             mounts: Vec::new(),
             memory_cache: 0,
+            spread: SpreadConfig::default(),
         }
     }
 }
@@ -276,6 +297,7 @@ impl Harness {
                 replicas: setup.replicas,
                 writeback: None,
                 memory_cache: setup.memory_cache,
+                spread: setup.spread,
                 ..common::node_options(server, NODE, setup.ring)
             },
         )
@@ -342,17 +364,17 @@ fn file_ref(path: &str, version: &str, size: u64) -> FileRef {
 }
 
 fn fetch(file: &FileRef, page: u64, offset: u32, len: u32) -> RequestBody {
-    fetch_as(file, page, offset, len, false)
+    fetch_as(file, page, offset, len, Route::Owner)
 }
 
-fn fetch_as(file: &FileRef, page: u64, offset: u32, len: u32, replica: bool) -> RequestBody {
+fn fetch_as(file: &FileRef, page: u64, offset: u32, len: u32, route: Route) -> RequestBody {
     RequestBody::Fetch {
         file: file.clone(),
         page,
         offset,
         len,
         epoch: 0,
-        replica,
+        route,
     }
 }
 
@@ -405,7 +427,11 @@ fn read_through_returns_exact_bytes_then_hits_the_cache() {
             let (body, bytes) = ask(&pool, addr, fetch(&f, page, offset, len)).await;
             assert_eq!(
                 body,
-                ResponseBody::Data { page_len, version },
+                ResponseBody::Data {
+                    page_len,
+                    version,
+                    spread: 0
+                },
                 "page {page}"
             );
             assert!(
@@ -435,7 +461,8 @@ fn read_through_returns_exact_bytes_then_hits_the_cache() {
             body,
             ResponseBody::Data {
                 page_len: PAGE,
-                version
+                version,
+                spread: 0,
             }
         );
         assert!(bytes == data[777..10_777]);
@@ -444,7 +471,8 @@ fn read_through_returns_exact_bytes_then_hits_the_cache() {
             body,
             ResponseBody::Data {
                 page_len: PAGE / 2,
-                version
+                version,
+                spread: 0,
             }
         );
         assert!(bytes == data[(2 * P + P / 2 - 100) as usize..]);
@@ -477,7 +505,8 @@ fn an_empty_file_has_one_empty_page() {
                 body,
                 ResponseBody::Data {
                     page_len: 0,
-                    version: page_version("e1")
+                    version: page_version("e1"),
+                    spread: 0,
                 }
             );
             assert!(bytes.is_empty());
@@ -517,7 +546,8 @@ fn concurrent_misses_on_one_page_make_one_store_read() {
                 body,
                 ResponseBody::Data {
                     page_len: PAGE,
-                    version: page_version("v7")
+                    version: page_version("v7"),
+                    spread: 0,
                 }
             );
             assert!(bytes == data[P as usize..2 * P as usize]);
@@ -568,7 +598,8 @@ fn the_memory_tier_serves_hot_pages_without_the_disk_and_forgets_removed_files()
             body,
             ResponseBody::Data {
                 page_len: PAGE,
-                version
+                version,
+                spread: 0,
             }
         );
         assert!(bytes == page(0));
@@ -586,7 +617,8 @@ fn the_memory_tier_serves_hot_pages_without_the_disk_and_forgets_removed_files()
                 body,
                 ResponseBody::Data {
                     page_len: PAGE,
-                    version
+                    version,
+                    spread: 0,
                 }
             );
             let end = (offset + len).min(PAGE) as usize;
@@ -821,7 +853,8 @@ fn store_and_request_errors_are_answers_and_failures_are_not_cached() {
             body,
             ResponseBody::Data {
                 page_len: PAGE,
-                version: page_version("v2")
+                version: page_version("v2"),
+                spread: 0,
             }
         );
         assert!(bytes == data[..P as usize]);
@@ -830,6 +863,163 @@ fn store_and_request_errors_are_answers_and_failures_are_not_cached() {
         // The short read is a successful store request turned into `Changed`: not a store error.
         assert_eq!(c.ufs_errors, 4, "Changed, NotFound and two Io failures");
         pool.close();
+    });
+}
+
+/// One shard's counters, asked over QUIC.
+async fn shard_counters(pool: &Pool, addr: SocketAddr) -> frame::ShardCounters {
+    let (body, bytes) = ask(pool, addr, RequestBody::Counters).await;
+    assert_eq!(body, ResponseBody::Counters);
+    frame::decode_counters(&bytes).unwrap()
+}
+
+#[test]
+fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
+    // This node's two shards and one shard of another node: a hot page spreads over 2 members
+    // on distinct nodes, so every key owned by the other node has its second member here.
+    let members = [
+        MemberId {
+            node: NODE,
+            shard: 0,
+        },
+        MemberId {
+            node: NODE,
+            shard: 1,
+        },
+        MemberId {
+            node: OTHER,
+            shard: 0,
+        },
+    ];
+    let ring = Ring::new(members, RingConfig::default(), 7).unwrap();
+    let h = Harness::start(Setup {
+        ring: ring.clone(),
+        spread: SpreadConfig {
+            spread: 3,
+            threshold: 20.0,
+            half_life: Duration::from_secs(1),
+            cool: Duration::from_secs(1),
+            max_pages: 16,
+        },
+        ..Default::default()
+    });
+    let path = "/o/hot";
+    let pages = 32u64;
+    let data = content(9, (pages * P) as usize);
+    h.fake.put_file(path, "v1", data.clone());
+    let f = file_ref(path, "v1", data.len() as u64);
+    let fid = f.file_id.as_u128();
+    let local = |m: MemberId| (m.node == NODE).then_some(m.shard as usize);
+    // A page this node owns, and two owned by the other node (each with its replica here).
+    let mine = (0..pages).find(|&p| ring.owner(fid, p).unwrap().node == NODE).unwrap();
+    let theirs: Vec<(u64, usize)> = (0..pages)
+        .filter(|&p| ring.owner(fid, p).unwrap().node == OTHER)
+        .map(|p| (p, local(ring.replicas(fid, p, 2)[1]).unwrap()))
+        .take(2)
+        .collect();
+    assert_eq!(theirs.len(), 2, "the ring gives the other node pages");
+    let bytes_of = |p: u64| data[(p * P) as usize..((p + 1) * P) as usize].to_vec();
+    h.rt.block_on(async {
+        let pool = h.pool();
+        // The owner: cold pages are not hot; 60 reads within a second make one hot, and its
+        // answers say so, clamped to the ring's 2 nodes.
+        let owner = h.addr(local(ring.owner(fid, mine).unwrap()).unwrap());
+        let mut spreads = Vec::new();
+        for _ in 0..60 {
+            let (body, bytes) = ask(&pool, owner, fetch(&f, mine, 0, PAGE)).await;
+            let ResponseBody::Data { spread, .. } = body else {
+                panic!("{body:?}");
+            };
+            assert!(bytes == bytes_of(mine));
+            spreads.push(spread);
+        }
+        assert_eq!(spreads[0], 0, "one read is not hot");
+        assert_eq!(*spreads.last().unwrap(), 2, "{spreads:?}");
+        assert!(spreads.iter().all(|&s| s == 0 || s == 2));
+        let c = shard_counters(&pool, owner).await;
+        assert_eq!((c.hot_now, c.hot_turned), (1, 1));
+        assert_eq!(h.fake.reads(), 1, "the hot page was read from the store once");
+
+        // A replica asked for a hot page it does not hold copies it from the owner (not the
+        // store), keeps it, and serves the next read itself.
+        let (page, shard) = theirs[0];
+        let replica = h.addr(shard);
+        let store_reads = h.fake.reads();
+        for offset in [0, 1000] {
+            let (body, bytes) = ask(
+                &pool,
+                replica,
+                fetch_as(&f, page, offset, 5000, Route::Hot),
+            )
+            .await;
+            assert!(
+                matches!(body, ResponseBody::Data { page_len: PAGE, spread: 0, .. }),
+                "{body:?}"
+            );
+            assert!(bytes == bytes_of(page)[offset as usize..offset as usize + 5000]);
+        }
+        wait_cached(h.shard(shard), key(&f, page)).await;
+        assert_eq!(h.fake.owner_reads.load(Ordering::SeqCst), 1);
+        assert_eq!(h.fake.reads(), store_reads, "no store read for a copy");
+        let c = shard_counters(&pool, replica).await;
+        assert_eq!(
+            (c.replica_copies, c.replicas_held, c.replica_hot_reads, c.replica_copy_fallbacks),
+            (1, 1, 2, 0)
+        );
+        // The same request routed as the owner's, or as a fallback (no --replicas here), is
+        // refused: a shard serves keys it does not own only as a member the route names.
+        for route in [Route::Owner, Route::Fallback] {
+            let (body, _) = ask(&pool, replica, fetch_as(&f, page, 0, 10, route)).await;
+            assert_eq!(body, ResponseBody::NotOwner { epoch: 7 }, "{route:?}");
+        }
+        // A shard outside the page's first members is refused a hot read too.
+        let outside = (0..2).find(|&s| s != shard).unwrap();
+        let (body, _) = ask(&pool, h.addr(outside), fetch_as(&f, page, 0, 10, Route::Hot)).await;
+        assert_eq!(body, ResponseBody::NotOwner { epoch: 7 });
+
+        // The owner cannot give the page: the replica reads the store instead (one read) and
+        // says so in its counters.
+        h.fake.fail_owner.store(true, Ordering::SeqCst);
+        let (page2, shard2) = theirs[1];
+        let (body, bytes) = ask(&pool, h.addr(shard2), fetch_as(&f, page2, 0, PAGE, Route::Hot)).await;
+        assert!(matches!(body, ResponseBody::Data { .. }), "{body:?}");
+        assert!(bytes == bytes_of(page2));
+        assert_eq!(h.fake.reads(), store_reads + 1);
+        let c = shard_counters(&pool, h.addr(shard2)).await;
+        assert_eq!(c.replica_copy_fallbacks, 1);
+        h.fake.fail_owner.store(false, Ordering::SeqCst);
+
+        // Nobody reads the copies: after the cooling time (1 s, swept every 250 ms) they are
+        // dropped from the replicas' caches, and a later hot read copies the page again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let held = shard_counters(&pool, replica).await.replicas_held
+                + shard_counters(&pool, h.addr(shard2)).await.replicas_held;
+            if held == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "copies were never dropped");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!h.shard(shard).contains(key(&f, page)).await.unwrap());
+        assert!(!h.shard(shard2).contains(key(&f, page2)).await.unwrap());
+        let c = shard_counters(&pool, replica).await;
+        assert_eq!(c.replicas_dropped, 1);
+        let (_, bytes) = ask(&pool, replica, fetch_as(&f, page, 0, PAGE, Route::Hot)).await;
+        assert!(bytes == bytes_of(page));
+        assert_eq!(h.fake.owner_reads.load(Ordering::SeqCst), 3);
+
+        // Files written through the cluster are never spread (their write members hold them).
+        let wb = file_ref("/o/written", "wb1-0123456789abcdef0123456789abcdef", P);
+        let wfid = wb.file_id.as_u128();
+        if let Some((p, s)) = (0..64u64)
+            .filter(|&p| ring.owner(wfid, p).unwrap().node == OTHER)
+            .map(|p| (p, local(ring.replicas(wfid, p, 2)[1]).unwrap()))
+            .next()
+        {
+            let (body, _) = ask(&pool, h.addr(s), fetch_as(&wb, p, 0, 10, Route::Hot)).await;
+            assert_eq!(body, ResponseBody::NotOwner { epoch: 7 });
+        }
     });
 }
 
@@ -875,7 +1065,13 @@ fn fetches_for_keys_this_shard_neither_owns_nor_replicates_are_not_owner() {
                     let (body, bytes) = ask(
                         &pool,
                         h.addr(shard as usize),
-                        fetch_as(&f, page, 5, 100, replica),
+                        fetch_as(
+                            &f,
+                            page,
+                            5,
+                            100,
+                            if replica { Route::Fallback } else { Route::Owner },
+                        ),
                     )
                     .await;
                     let serves = owner == me || (replica && set.contains(&me));

@@ -154,7 +154,8 @@ fn pages_byte_exact_over_many_streams_each_served_by_its_shard() {
                     body,
                     ResponseBody::Data {
                         page_len: PAGE,
-                        version: 1
+                        version: 1,
+                        spread: 0,
                     }
                 );
                 let want = page_bytes(100 + shard as u128, page);
@@ -203,7 +204,8 @@ fn writes_then_reads_and_remove_file() {
             body,
             ResponseBody::Data {
                 page_len: 100_000,
-                version: 3
+                version: 3,
+                spread: 0,
             }
         );
         assert!(bytes == data);
@@ -376,7 +378,8 @@ fn mutual_tls_refuses_clients_without_a_cluster_certificate() {
             body,
             ResponseBody::Data {
                 page_len: PAGE,
-                version: 1
+                version: 1,
+                spread: 0,
             }
         );
         assert!(bytes == page_bytes(100, 0));
@@ -497,7 +500,8 @@ fn garbage_datagrams_do_not_disturb_a_shard() {
             body,
             ResponseBody::Data {
                 page_len: PAGE,
-                version: 1
+                version: 1,
+                spread: 0,
             }
         );
         assert!(bytes == page_bytes(100, 1));

@@ -182,6 +182,7 @@ fn start_node(
             replicas: 0,
             writeback: None,
             memory_cache: 0,
+            spread: pagestore_server::spread::SpreadConfig::default(),
         },
     )?;
     let engine_ref = node.engine().context("engine gone")?;

@@ -249,6 +249,7 @@ fn hot_seed() -> Vec<u8> {
             },
             reads: 64,
             reads_error: 2,
+            spread: 3,
         }],
         mounts: vec![MountBytes {
             prefix: "/data".into(),

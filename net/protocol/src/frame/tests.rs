@@ -125,7 +125,15 @@ fn sample_requests() -> Vec<Request> {
             offset: 4096,
             len: 8192,
             epoch: 7,
-            replica: true,
+            route: Route::Fallback,
+        },
+        RequestBody::Fetch {
+            file: file_ref(),
+            page: 4,
+            offset: 0,
+            len: 4096,
+            epoch: 7,
+            route: Route::Hot,
         },
         RequestBody::StatPath {
             path: "/data/a/b.bin".into(),
@@ -212,10 +220,17 @@ fn sample_responses() -> Vec<Response> {
         ResponseBody::Data {
             page_len: 4 << 20,
             version: 3,
+            spread: 0,
         },
         ResponseBody::Data {
             page_len: 0,
             version: 0,
+            spread: 0,
+        },
+        ResponseBody::Data {
+            page_len: 4 << 20,
+            version: 9,
+            spread: 3,
         },
         ResponseBody::Pages {
             entries: vec![
@@ -639,7 +654,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(4, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(5, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -654,8 +669,9 @@ fn preamble_rejections() {
     );
     // The versions before this one (1: JSON payloads in `Jobs` and
     // `Counters`; 2: no modification times, 56-byte response roots; 3: no
-    // write-back, 64-byte response roots) and the next are refused.
-    for version in [1, 2, 3, 5] {
+    // write-back, 64-byte response roots; 4: no hot-page replicas) and the
+    // next are refused.
+    for version in [1, 2, 3, 4, 6] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -972,6 +988,7 @@ fn response_limits_are_enforced_on_both_sides() {
             ResponseBody::Data {
                 page_len: 10,
                 version: 0,
+                spread: 0,
             },
             11,
         ),
@@ -979,6 +996,7 @@ fn response_limits_are_enforced_on_both_sides() {
             ResponseBody::Data {
                 page_len: MAX_PAGE_LEN + 1,
                 version: 0,
+                spread: 0,
             },
             0,
         ),
@@ -1175,7 +1193,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    50535446040001006000000000000000\
+    50535446050001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1187,7 +1205,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    50535446040001006000000000000000\
+    50535446050001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1197,10 +1215,10 @@ const GOLDEN_READ_RANGE: &str = "\
 
 /// `Request { request_id: 4, body: Fetch { file: FileRef { file_id: FILE_A,
 /// mount: "", path: "/d/x", version_tag: "v1", size: 5 MiB }, page: 1,
-/// offset: 16, len: 32, epoch: 7, replica: true } }`: strings of at most 8
+/// offset: 16, len: 32, epoch: 7, route: Fallback } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    50535446040001006000000000000000\
+    50535446050001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1224,7 +1242,7 @@ fn golden_fetch() {
             offset: 16,
             len: 32,
             epoch: 7,
-            replica: true,
+            route: Route::Fallback,
         },
     };
     let mut out = Vec::new();
@@ -1237,7 +1255,7 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    50535446040002005000000000000000\
+    50535446050002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1248,7 +1266,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    50535446040001009000000000000000\
+    50535446050001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1263,7 +1281,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    50535446040002006000000000000000\
+    50535446050002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
@@ -1311,7 +1329,7 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    50535446040002005000000000000000\
+    50535446050002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
@@ -1324,7 +1342,7 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    50535446040002008000000000000000\
+    50535446050002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
@@ -1691,6 +1709,7 @@ fn documented_field_offsets() {
             ResponseBody::Data {
                 page_len: 100,
                 version: 6,
+                spread: 0,
             },
             vec![(8, 1, 0), (12, 4, 100), (16, 8, 6)],
         ),
@@ -1978,9 +1997,9 @@ fn arb_request() -> impl Strategy<Value = Request> {
             arb_string(120),
             any::<u64>(),
             0..=MAX_PAGE_LEN,
-            any::<bool>()
+            prop_oneof![Just(Route::Owner), Just(Route::Fallback), Just(Route::Hot)]
         )
-            .prop_flat_map(|(file_id, path, page, offset, replica)| {
+            .prop_flat_map(|(file_id, path, page, offset, route)| {
                 (0..=MAX_PAGE_LEN - offset).prop_map(move |len| RequestBody::Fetch {
                     file: FileRef {
                         file_id,
@@ -1991,7 +2010,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                     offset,
                     len,
                     epoch: page ^ 7,
-                    replica,
+                    route,
                 })
             }),
         arb_string(120).prop_map(|path| RequestBody::StatPath { path }),
@@ -2092,8 +2111,13 @@ fn arb_page_status() -> impl Strategy<Value = PageStatus> {
 
 fn arb_response() -> impl Strategy<Value = Response> {
     let body = prop_oneof![
-        (0..=MAX_PAGE_LEN, any::<u64>())
-            .prop_map(|(page_len, version)| ResponseBody::Data { page_len, version }),
+        (0..=MAX_PAGE_LEN, any::<u64>(), any::<u8>()).prop_map(|(page_len, version, spread)| {
+            ResponseBody::Data {
+                page_len,
+                version,
+                spread,
+            }
+        }),
         proptest::collection::vec(arb_page_status(), 0..=20)
             .prop_map(|entries| ResponseBody::Pages { entries }),
         Just(ResponseBody::Miss),
@@ -2340,6 +2364,13 @@ fn counters() -> ShardCounters {
         memory_capacity: 22,
         memory_admissions: 23,
         memory_evictions: 24,
+        hot_turned: 25,
+        hot_now: 26,
+        replica_copies: 27,
+        replica_copy_fallbacks: 28,
+        replicas_held: 29,
+        replicas_dropped: 30,
+        replica_hot_reads: 31,
     }
 }
 
@@ -2366,9 +2397,9 @@ fn largest_job_record() -> JobRecord {
     }
 }
 
-/// `ShardCounters { shard: 3, pages: 1, bytes: 2, ..., memory_evictions: 24
+/// `ShardCounters { shard: 3, pages: 1, bytes: 2, ..., replica_hot_reads: 31
 /// }` (each counter after `shard` one more than the one before): the
-/// 200-byte payload of a `Counters` answer.
+/// 256-byte payload of a `Counters` answer.
 const GOLDEN_COUNTERS: &str = "\
     03000000000000000100000000000000\
     02000000000000000300000000000000\
@@ -2382,7 +2413,10 @@ const GOLDEN_COUNTERS: &str = "\
     12000000000000001300000000000000\
     14000000000000001500000000000000\
     16000000000000001700000000000000\
-    1800000000000000";
+    18000000000000001900000000000000\
+    1a000000000000001b00000000000000\
+    1c000000000000001d00000000000000\
+    1e000000000000001f00000000000000";
 
 /// `JobRecord { id: "job-1", source: "prefix /data", client: "h:42",
 /// state: Done, verify: true, submitted: 1.5, updated: 2.0, elapsed_secs:
@@ -2482,7 +2516,7 @@ fn documented_payload_layouts() {
             size_of::<ArchivedShardCounters>(),
             align_of::<ArchivedShardCounters>()
         ),
-        (200, 8)
+        (256, 8)
     );
     assert_eq!(
         (
@@ -2497,7 +2531,7 @@ fn documented_payload_layouts() {
     );
     assert_eq!(
         (size_of::<ArchivedHotPage>(), align_of::<ArchivedHotPage>()),
-        (40, 8)
+        (48, 8)
     );
     assert_eq!(
         (
@@ -2699,7 +2733,7 @@ fn payload_limits_hold_on_both_sides() {
 #[test]
 fn malformed_payloads_are_errors() {
     // Wrong lengths.
-    for len in [0, 1, 127, 128, 199, 201, 256] {
+    for len in [0, 1, 127, 128, 199, 200, 201, 255, 257, 512] {
         let err = decode_counters(&vec![0u8; len]).unwrap_err();
         assert!(matches!(err, FrameError::Mismatch(_)), "{len}: {err}");
     }
@@ -2815,7 +2849,7 @@ proptest! {
     }
 
     #[test]
-    fn prop_counters_round_trip(shard in any::<u16>(), n in proptest::array::uniform24(any::<u64>())) {
+    fn prop_counters_round_trip(shard in any::<u16>(), n in proptest::array::uniform31(any::<u64>())) {
         let c = ShardCounters {
             shard,
             pages: n[0],
@@ -2842,6 +2876,13 @@ proptest! {
             memory_capacity: n[21],
             memory_admissions: n[22],
             memory_evictions: n[23],
+            hot_turned: n[24],
+            hot_now: n[25],
+            replica_copies: n[26],
+            replica_copy_fallbacks: n[27],
+            replicas_held: n[28],
+            replicas_dropped: n[29],
+            replica_hot_reads: n[30],
         };
         prop_assert_eq!(decode_counters(&encode_counters(&c).unwrap()).unwrap(), c);
     }
@@ -3006,7 +3047,7 @@ fn file_record_limits_hold_on_both_sides() {
 
 /// `HotReport { shard: 2, files: [HotFile { file_id: 5, path: "/m/w", bytes:
 /// 6, bytes_error: 7, reads: 8 }], pages: [HotPage { key: (5, 9), reads: 10,
-/// reads_error: 11 }], mounts: [MountBytes { prefix: "/m", usd_per_tb: 1.5,
+/// reads_error: 11, spread: 3 }], mounts: [MountBytes { prefix: "/m", usd_per_tb: 1.5,
 /// cache_bytes: 12, store_bytes: 13 }] }`.
 fn golden_hot_report() -> HotReport {
     HotReport {
@@ -3025,6 +3066,7 @@ fn golden_hot_report() -> HotReport {
             },
             reads: 10,
             reads_error: 11,
+            spread: 3,
         }],
         mounts: vec![MountBytes {
             prefix: "/m".into(),
@@ -3054,6 +3096,7 @@ fn largest_hot_report() -> HotReport {
                 key: key(i),
                 reads: u64::MAX,
                 reads_error: u64::MAX,
+                spread: u8::MAX,
             })
             .collect(),
         mounts: (0..MAX_MOUNTS)
@@ -3071,22 +3114,22 @@ fn largest_hot_report() -> HotReport {
 }
 
 /// The archive of [`golden_hot_report`]: the file (48 bytes: file id hi, lo,
-/// the inline path, bytes, bytes_error, reads), the page (40 bytes: key,
-/// reads, reads_error), the mount (32 bytes: the inline prefix, the price as
-/// an f64, cache_bytes, store_bytes), then the 28-byte root at 120: shard, 2
-/// bytes of padding, and the three vectors (relative pointer -124, -84, -52
-/// to offsets 0, 48, 88; one element each).
+/// the inline path, bytes, bytes_error, reads), the page (48 bytes: key,
+/// reads, reads_error, spread and 7 bytes of padding), the mount (32 bytes:
+/// the inline prefix, the price as an f64, cache_bytes, store_bytes), then
+/// the 28-byte root at 128: shard, 2 bytes of padding, and the three vectors
+/// (relative pointer -132, -92, -52 to offsets 0, 48, 96; one element each).
 const GOLDEN_HOT_REPORT: &str = "\
     00000000000000000500000000000000\
     2f6d2f77ffffffff0600000000000000\
     07000000000000000800000000000000\
     00000000000000000500000000000000\
     09000000000000000a00000000000000\
-    0b000000000000002f6dffffffffffff\
-    000000000000f83f0c00000000000000\
-    0d000000000000000200000084ffffff\
-    01000000acffffff01000000ccffffff\
-    01000000";
+    0b000000000000000300000000000000\
+    2f6dffffffffffff000000000000f83f\
+    0c000000000000000d00000000000000\
+    020000007cffffff01000000a4ffffff\
+    01000000ccffffff01000000";
 
 #[test]
 fn golden_hot_payload() {
@@ -3424,11 +3467,14 @@ fn arb_hot_report() -> impl Strategy<Value = HotReport> {
             0..=MAX_HOT_FILES,
         ),
         proptest::collection::vec(
-            (arb_key(), any::<u64>(), any::<u64>()).prop_map(|(key, reads, reads_error)| HotPage {
-                key,
-                reads,
-                reads_error,
-            }),
+            (arb_key(), any::<u64>(), any::<u64>(), any::<u8>()).prop_map(
+                |(key, reads, reads_error, spread)| HotPage {
+                    key,
+                    reads,
+                    reads_error,
+                    spread,
+                },
+            ),
             0..=MAX_HOT_PAGES,
         ),
         proptest::collection::vec(

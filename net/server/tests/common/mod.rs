@@ -13,7 +13,7 @@ use pagestore_protocol::{
     tls::{self, ClusterCa, Identity},
     transport,
 };
-use pagestore_server::node::NodeOptions;
+use pagestore_server::{node::NodeOptions, spread::SpreadConfig};
 
 /// Largest request a test node accepts (a 1 MiB page and its frame head).
 pub const MAX_REQUEST: usize = (1 << 20) + 4096;
@@ -70,6 +70,7 @@ pub fn node_options(
         replicas: 0,
         writeback: None,
         memory_cache: 0,
+        spread: SpreadConfig::default(),
     }
 }
 

@@ -180,6 +180,16 @@ pub struct Flags {
     /// Seal and flush a file whose writer has been silent this long (default 120).
     #[arg(long, value_name = "SECS")]
     pub write_lease: Option<f64>,
+    /// Members a hot page is served by, counting its owner, on distinct nodes (default 3, at
+    /// most the nodes; 1 turns hot-page replicas off).
+    #[arg(long, value_name = "N")]
+    pub hot_replicas: Option<u8>,
+    /// Reads per second of one page that make it hot (default 20).
+    #[arg(long, value_name = "READS")]
+    pub hot_threshold: Option<f64>,
+    /// Drop a copy of a hot page that nobody read for this long (default 30).
+    #[arg(long, value_name = "SECS")]
+    pub hot_cool: Option<f64>,
 }
 
 impl Flags {
@@ -229,6 +239,9 @@ impl Flags {
             dirty_limit: self.dirty_limit,
             flush_parallel: self.flush_parallel,
             write_lease: self.write_lease,
+            hot_replicas: self.hot_replicas,
+            hot_threshold: self.hot_threshold,
+            hot_cool: self.hot_cool,
             reformat: self.reformat,
         }
     }

@@ -287,6 +287,7 @@ fn node_options(
         replicas: c.replicas,
         writeback: Some(writeback),
         memory_cache: c.memory_cache,
+        spread: c.spread,
     }
 }
 

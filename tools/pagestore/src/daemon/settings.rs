@@ -13,6 +13,7 @@ use std::{
 };
 
 use pagestore_engine::{PolicyKind, Rule, Rules, StartError};
+use pagestore_server::spread::SpreadConfig;
 use pagestore_mounts::{
     etcd::{self, EtcdError, EtcdOptions, RingMode},
     ufs::{FileRoots, UfsError},
@@ -114,6 +115,14 @@ pub struct Settings {
     /// Seconds after which a file whose writer went silent is sealed and flushed without it,
     /// 5 to 86400 (default 120).
     pub write_lease: Option<f64>,
+    /// Members a hot page is served by, counting its owner, on distinct nodes (default 3, at
+    /// most the nodes; 1: hot-page replicas off).
+    pub hot_replicas: Option<u8>,
+    /// Reads per second of one page that make it hot, above 0 (default 20).
+    pub hot_threshold: Option<f64>,
+    /// Seconds after which a copy of a hot page that nobody read is dropped, 1 to 86400
+    /// (default 30).
+    pub hot_cool: Option<f64>,
     /// Rebuild cache files made with other settings (`--reformat`; not a config-file key).
     #[serde(skip)]
     pub reformat: bool,
@@ -334,6 +343,9 @@ impl Settings {
             dirty_limit: flags.dirty_limit.or(self.dirty_limit),
             flush_parallel: flags.flush_parallel.or(self.flush_parallel),
             write_lease: flags.write_lease.or(self.write_lease),
+            hot_replicas: flags.hot_replicas.or(self.hot_replicas),
+            hot_threshold: flags.hot_threshold.or(self.hot_threshold),
+            hot_cool: flags.hot_cool.or(self.hot_cool),
             reformat: flags.reformat || self.reformat,
         }
     }
@@ -388,6 +400,7 @@ impl Settings {
                 )))
             }
         };
+        let spread = self.spread()?;
         let write_replicas = match self.write_replicas {
             None => 2,
             Some(0) => return Err(invalid("--write-replicas 0: at least 1")),
@@ -432,6 +445,41 @@ impl Settings {
             dirty_limit,
             flush_parallel: self.flush_parallel.unwrap_or(4).max(1),
             write_lease,
+            spread,
+        })
+    }
+
+    /// Hot-page replicas: the spread, the threshold and the cooling time, checked.
+    fn spread(&self) -> Result<SpreadConfig, SettingsError> {
+        let d = SpreadConfig::default();
+        let spread = match self.hot_replicas {
+            None => d.spread,
+            Some(0) => {
+                return Err(invalid(
+                    "--hot-replicas 0: at least 1 (the owner alone: replicas off)",
+                ))
+            }
+            Some(n) => n,
+        };
+        let threshold = match self.hot_threshold {
+            None => d.threshold,
+            Some(v) if v.is_finite() && v > 0.0 => v,
+            Some(v) => {
+                return Err(invalid(format!(
+                    "--hot-threshold {v}: reads per second above 0"
+                )))
+            }
+        };
+        let cool = match self.hot_cool {
+            None => d.cool,
+            Some(v) if (1.0..=86400.0).contains(&v) => Duration::from_secs_f64(v),
+            Some(v) => return Err(invalid(format!("--hot-cool {v}: use 1 to 86400 seconds"))),
+        };
+        Ok(SpreadConfig {
+            spread,
+            threshold,
+            cool,
+            ..d
         })
     }
 
@@ -611,4 +659,6 @@ pub struct Resolved {
     pub flush_parallel: usize,
     /// Silence after which an open file is sealed and flushed.
     pub write_lease: Duration,
+    /// Hot-page replicas.
+    pub spread: SpreadConfig,
 }

@@ -257,7 +257,8 @@ impl WriteBackNode {
         self.node.get().and_then(Weak::upgrade)
     }
 
-    fn peers(&self) -> Option<&Arc<Client>> {
+    /// This node's client of its peers (once the node serves).
+    pub(crate) fn peers(&self) -> Option<&Arc<Client>> {
         self.peers.get()
     }
 

@@ -70,6 +70,23 @@ fn not_found(path: &str) -> SourceError {
 }
 
 impl Source for WbSource {
+    fn read_from_owner(&self, file: &FileRef, page: u64) -> SourceFuture<Bytes> {
+        let Some(client) = self.wb.peers().cloned() else {
+            return Box::pin(async {
+                Err(SourceError::new(
+                    ErrorCode::Unavailable,
+                    "this node is not connected to its peers yet",
+                ))
+            });
+        };
+        let file = file.clone();
+        Box::pin(async move {
+            client.read_from_owner(&file, page).await.map_err(|e| {
+                SourceError::new(ErrorCode::Unavailable, format!("the page's owner: {e}"))
+            })
+        })
+    }
+
     fn read(&self, file: &FileRef, range: Range<u64>) -> SourceFuture<Bytes> {
         if !is_wb_tag(&file.version_tag) {
             return self.ufs.read(file, range);
