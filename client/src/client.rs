@@ -1159,7 +1159,8 @@ impl Client {
             0
         };
         // The picked member first, then the usual order: the owner, then the fallbacks.
-        let order = std::iter::once(first).chain((0..tries.min(members.len())).filter(|&i| i != first));
+        let order =
+            std::iter::once(first).chain((0..tries.min(members.len())).filter(|&i| i != first));
         for i in order {
             let m = &members[i];
             if layout.down.contains(&m.node) {

@@ -293,9 +293,7 @@ impl Loader {
         from_owner: bool,
     ) -> FlightResult {
         if from_owner {
-            let copied = self
-                .on_tokio(self.source.read_from_owner(file, page))
-                .await;
+            let copied = self.on_tokio(self.source.read_from_owner(file, page)).await;
             match copied {
                 Ok(b) if b.len() as u64 == range.end - range.start => {
                     self.stats
@@ -303,8 +301,12 @@ impl Loader {
                         .set(self.stats.owner_copies.get() + 1);
                     return Ok((b, false));
                 }
-                Ok(b) => tracing::debug!(path = %file.path, page, got = b.len(), "the owner's copy has the wrong length; reading the store"),
-                Err(e) => tracing::debug!(path = %file.path, page, error = %e, "the owner could not give a hot page; reading the store"),
+                Ok(b) => {
+                    tracing::debug!(path = %file.path, page, got = b.len(), "the owner's copy has the wrong length; reading the store")
+                }
+                Err(e) => {
+                    tracing::debug!(path = %file.path, page, error = %e, "the owner could not give a hot page; reading the store")
+                }
             }
             self.stats
                 .owner_copy_fallbacks

@@ -18,8 +18,8 @@ use crate::{
     loader::{Loader, LoaderOptions},
     ring::{MemberId, Ring},
     service::{RingView, ShardService},
-    spread::SpreadConfig,
     source::Source,
+    spread::SpreadConfig,
     writeback::WriteBack,
 };
 use pagestore_engine::DirtyFile;
@@ -135,6 +135,12 @@ pub struct ShardMetrics {
     pub served_bytes: u64,
     /// Bytes per mount: served from the cache, read from the store, and the egress price.
     pub mounts: Vec<crate::frame::MountBytes>,
+    /// Pages the shard owns that are hot now, and that turned hot since start.
+    pub hot_now: u64,
+    /// See [`ShardMetrics::hot_now`].
+    pub hot_turned: u64,
+    /// Its copies of other owners' hot pages.
+    pub replicas: crate::spread::ReplicaCounts,
 }
 
 /// Counters of one shard's QUIC endpoint ([`Node::endpoint_counters`]).
@@ -173,6 +179,10 @@ pub struct LoaderCounters {
     pub store_failures: u64,
     /// Page loads of a page loaded recently already (see [`crate::loader::RECENT_LOADS`]).
     pub ufs_repeat_reads: u64,
+    /// Hot pages copied from their owner (peer to peer).
+    pub owner_copies: u64,
+    /// Copies from the owner that failed and were read from the store instead.
+    pub owner_copy_fallbacks: u64,
 }
 
 /// What each shard keeps beside its cache: its network state, from the engine's init hook
@@ -497,6 +507,8 @@ impl Node {
                 (m.memory, m.memory_hit_bytes) = net.service.memory_stats();
                 m.served_bytes = net.service.served_bytes();
                 m.mounts = net.service.hot_report().mounts;
+                let (hot_now, hot_turned, replicas) = net.service.spread_stats();
+                (m.hot_now, m.hot_turned, m.replicas) = (hot_now.into(), hot_turned, replicas);
             }
             m
         })
@@ -557,6 +569,8 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 metadata_misses: s.metadata_misses.get(),
                 store_failures: s.store_failures.get(),
                 ufs_repeat_reads: s.ufs_repeat_reads.get(),
+                owner_copies: s.owner_copies.get(),
+                owner_copy_fallbacks: s.owner_copy_fallbacks.get(),
             }
         })
 }

@@ -221,10 +221,7 @@ impl ShardService {
     /// The hot-page counters: pages this shard owns that are hot now and that turned hot since
     /// start, and its copies of other owners' hot pages.
     pub fn spread_stats(&self) -> (u32, u64, crate::spread::ReplicaCounts) {
-        let (now, turned) = self
-            .hot_pages
-            .borrow()
-            .counts(std::time::Instant::now());
+        let (now, turned) = self.hot_pages.borrow().counts(std::time::Instant::now());
         (now, turned, self.copies.borrow().counts())
     }
 
@@ -895,7 +892,9 @@ impl ShardService {
             Some(k) => {
                 let r = loader.copy_from_owner(&file, page).await;
                 if r.is_ok() {
-                    self.copies.borrow_mut().copied(k, std::time::Instant::now());
+                    self.copies
+                        .borrow_mut()
+                        .copied(k, std::time::Instant::now());
                 }
                 r
             }

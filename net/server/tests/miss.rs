@@ -223,7 +223,10 @@ impl Source for FakeSource {
         Box::pin(async move {
             s.owner_reads.fetch_add(1, Ordering::SeqCst);
             if s.fail_owner.load(Ordering::SeqCst) {
-                return Err(SourceError::new(ErrorCode::Unavailable, "owner unreachable"));
+                return Err(SourceError::new(
+                    ErrorCode::Unavailable,
+                    "owner unreachable",
+                ));
             }
             s.answer_read(&file, page * P..(page + 1) * P)
         })
@@ -337,6 +340,8 @@ impl Harness {
                 metadata_misses: a.metadata_misses + c.metadata_misses,
                 store_failures: a.store_failures + c.store_failures,
                 ufs_repeat_reads: a.ufs_repeat_reads + c.ufs_repeat_reads,
+                owner_copies: a.owner_copies + c.owner_copies,
+                owner_copy_fallbacks: a.owner_copy_fallbacks + c.owner_copy_fallbacks,
             })
     }
 }
@@ -911,7 +916,9 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
     let fid = f.file_id.as_u128();
     let local = |m: MemberId| (m.node == NODE).then_some(m.shard as usize);
     // A page this node owns, and two owned by the other node (each with its replica here).
-    let mine = (0..pages).find(|&p| ring.owner(fid, p).unwrap().node == NODE).unwrap();
+    let mine = (0..pages)
+        .find(|&p| ring.owner(fid, p).unwrap().node == NODE)
+        .unwrap();
     let theirs: Vec<(u64, usize)> = (0..pages)
         .filter(|&p| ring.owner(fid, p).unwrap().node == OTHER)
         .map(|p| (p, local(ring.replicas(fid, p, 2)[1]).unwrap()))
@@ -938,7 +945,11 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
         assert!(spreads.iter().all(|&s| s == 0 || s == 2));
         let c = shard_counters(&pool, owner).await;
         assert_eq!((c.hot_now, c.hot_turned), (1, 1));
-        assert_eq!(h.fake.reads(), 1, "the hot page was read from the store once");
+        assert_eq!(
+            h.fake.reads(),
+            1,
+            "the hot page was read from the store once"
+        );
 
         // A replica asked for a hot page it does not hold copies it from the owner (not the
         // store), keeps it, and serves the next read itself.
@@ -946,14 +957,17 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
         let replica = h.addr(shard);
         let store_reads = h.fake.reads();
         for offset in [0, 1000] {
-            let (body, bytes) = ask(
-                &pool,
-                replica,
-                fetch_as(&f, page, offset, 5000, Route::Hot),
-            )
-            .await;
+            let (body, bytes) =
+                ask(&pool, replica, fetch_as(&f, page, offset, 5000, Route::Hot)).await;
             assert!(
-                matches!(body, ResponseBody::Data { page_len: PAGE, spread: 0, .. }),
+                matches!(
+                    body,
+                    ResponseBody::Data {
+                        page_len: PAGE,
+                        spread: 0,
+                        ..
+                    }
+                ),
                 "{body:?}"
             );
             assert!(bytes == bytes_of(page)[offset as usize..offset as usize + 5000]);
@@ -963,7 +977,12 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
         assert_eq!(h.fake.reads(), store_reads, "no store read for a copy");
         let c = shard_counters(&pool, replica).await;
         assert_eq!(
-            (c.replica_copies, c.replicas_held, c.replica_hot_reads, c.replica_copy_fallbacks),
+            (
+                c.replica_copies,
+                c.replicas_held,
+                c.replica_hot_reads,
+                c.replica_copy_fallbacks
+            ),
             (1, 1, 2, 0)
         );
         // The same request routed as the owner's, or as a fallback (no --replicas here), is
@@ -974,14 +993,24 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
         }
         // A shard outside the page's first members is refused a hot read too.
         let outside = (0..2).find(|&s| s != shard).unwrap();
-        let (body, _) = ask(&pool, h.addr(outside), fetch_as(&f, page, 0, 10, Route::Hot)).await;
+        let (body, _) = ask(
+            &pool,
+            h.addr(outside),
+            fetch_as(&f, page, 0, 10, Route::Hot),
+        )
+        .await;
         assert_eq!(body, ResponseBody::NotOwner { epoch: 7 });
 
         // The owner cannot give the page: the replica reads the store instead (one read) and
         // says so in its counters.
         h.fake.fail_owner.store(true, Ordering::SeqCst);
         let (page2, shard2) = theirs[1];
-        let (body, bytes) = ask(&pool, h.addr(shard2), fetch_as(&f, page2, 0, PAGE, Route::Hot)).await;
+        let (body, bytes) = ask(
+            &pool,
+            h.addr(shard2),
+            fetch_as(&f, page2, 0, PAGE, Route::Hot),
+        )
+        .await;
         assert!(matches!(body, ResponseBody::Data { .. }), "{body:?}");
         assert!(bytes == bytes_of(page2));
         assert_eq!(h.fake.reads(), store_reads + 1);
@@ -1070,7 +1099,11 @@ fn fetches_for_keys_this_shard_neither_owns_nor_replicates_are_not_owner() {
                             page,
                             5,
                             100,
-                            if replica { Route::Fallback } else { Route::Owner },
+                            if replica {
+                                Route::Fallback
+                            } else {
+                                Route::Owner
+                            },
                         ),
                     )
                     .await;

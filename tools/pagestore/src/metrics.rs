@@ -155,6 +155,48 @@ const PER_SHARD: &[ShardFamily] = &[
         |s| s.memory.evictions,
     ),
     (
+        "pagestore_hot_pages",
+        Kind::Gauge,
+        "Pages the shard owns that are hot now: readers spread them over their replicas.",
+        |s| s.hot_now,
+    ),
+    (
+        "pagestore_hot_pages_turned_total",
+        Kind::Counter,
+        "Pages the shard owns that turned hot (read faster than --hot-threshold).",
+        |s| s.hot_turned,
+    ),
+    (
+        "pagestore_replica_copies_total",
+        Kind::Counter,
+        "Other owners' hot pages the shard copied from their owner (peer to peer).",
+        |s| s.loader.owner_copies,
+    ),
+    (
+        "pagestore_replica_copy_fallbacks_total",
+        Kind::Counter,
+        "Hot-page copies the owner could not give, read from the under storage instead.",
+        |s| s.loader.owner_copy_fallbacks,
+    ),
+    (
+        "pagestore_replicas",
+        Kind::Gauge,
+        "Copies of other owners' hot pages the shard holds.",
+        |s| u64::from(s.replicas.held),
+    ),
+    (
+        "pagestore_replicas_dropped_total",
+        Kind::Counter,
+        "Copies of hot pages dropped because nobody read them for --hot-cool.",
+        |s| s.replicas.dropped,
+    ),
+    (
+        "pagestore_replica_hot_reads_total",
+        Kind::Counter,
+        "Reads the shard served as a hot page's replica.",
+        |s| s.replicas.reads,
+    ),
+    (
         "pagestore_metadata_cache_hits_total",
         Kind::Counter,
         "Path metadata and listings answered from the TTL cache.",

@@ -118,6 +118,12 @@ pub struct NodeView {
     pub memory_bytes: u64,
     /// Capacity of its memory tiers.
     pub memory_capacity: u64,
+    /// Pages it owns that are hot now (spread to replicas).
+    pub hot_pages: u64,
+    /// Copies of other nodes' hot pages it holds now.
+    pub replicas: u64,
+    /// Reads per second it served as a hot page's replica.
+    pub replica_reads_per_sec: f64,
 }
 
 /// One shard's line.
@@ -167,6 +173,8 @@ pub struct PageView {
     pub reads_per_sec: f64,
     /// Reads since the nodes started (estimate).
     pub reads: u64,
+    /// The members its owner spreads it over now (0: not hot).
+    pub spread: u8,
 }
 
 /// A mount's egress: bytes served from the cache (kept off the store) and read from the store.
@@ -271,6 +279,9 @@ pub fn view<'a>(
             nv.store_bytes_per_sec += per_sec(a.ufs_bytes, b.ufs_bytes);
             nv.memory_bytes += b.memory_bytes;
             nv.memory_capacity += b.memory_capacity;
+            nv.hot_pages += b.hot_now;
+            nv.replicas += b.replicas_held;
+            nv.replica_reads_per_sec += per_sec(a.replica_hot_reads, b.replica_hot_reads);
             hits += h;
             lookups += l;
             v.shards.push(ShardView {
@@ -319,8 +330,8 @@ struct FileSum {
 /// The hot files and pages over the interval, summed over shards.
 fn hot_rows(v: &mut View, before: &Sample, after: &Sample, secs: f64) {
     let mut files: HashMap<u128, FileSum> = HashMap::new();
-    // (file id, page) -> (reads in the interval, reads since start)
-    let mut pages: HashMap<(u128, u64), (u64, u64)> = HashMap::new();
+    // (file id, page) -> (reads in the interval, reads since start, spread)
+    let mut pages: HashMap<(u128, u64), (u64, u64, u8)> = HashMap::new();
     for (n, s, h) in &after.hot {
         let Some(h) = h else { continue };
         let prev = before.hot(n.id, *s);
@@ -357,6 +368,7 @@ fn hot_rows(v: &mut View, before: &Sample, after: &Sample, secs: f64) {
                 .or_default();
             e.0 += d;
             e.1 += p.reads;
+            e.2 = e.2.max(p.spread);
         }
     }
     let mut fv: Vec<(u128, FileSum)> = files.into_iter().collect();
@@ -374,17 +386,18 @@ fn hot_rows(v: &mut View, before: &Sample, after: &Sample, secs: f64) {
             shards: f.shards,
         })
         .collect();
-    let mut pv: Vec<((u128, u64), (u64, u64))> = pages.into_iter().collect();
-    pv.sort_by_key(|(k, (d, total))| (std::cmp::Reverse((*d, *total)), *k));
+    let mut pv: Vec<((u128, u64), (u64, u64, u8))> = pages.into_iter().collect();
+    pv.sort_by_key(|(k, (d, total, _))| (std::cmp::Reverse((*d, *total)), *k));
     v.pages = pv
         .into_iter()
         .take(TOP_ROWS)
-        .map(|((id, page), (d, total))| PageView {
+        .map(|((id, page), (d, total, spread))| PageView {
             path: paths.get(&id).cloned(),
             file_id: format!("{id:032x}"),
             page,
             reads_per_sec: d as f64 / secs,
             reads: total,
+            spread,
         })
         .collect();
 }
@@ -492,8 +505,17 @@ pub fn render(v: &View, color: bool) -> String {
     );
     let _ = writeln!(
         o,
-        "\n{bold}{:<36} {:>10} {:>10} {:>10} {:>7} {:>6}  {:<22} {:>15}{reset}",
-        "node", "served/s", "memory/s", "store/s", "hit", "share", "", "memory tier"
+        "\n{bold}{:<36} {:>10} {:>10} {:>10} {:>7} {:>6}  {:<22} {:>15} {:>5} {:>7}{reset}",
+        "node",
+        "served/s",
+        "memory/s",
+        "store/s",
+        "hit",
+        "share",
+        "",
+        "memory tier",
+        "hot",
+        "copies"
     );
     for n in &v.nodes {
         if n.shards_answered == 0 {
@@ -507,7 +529,7 @@ pub fn render(v: &View, color: bool) -> String {
         };
         let _ = writeln!(
             o,
-            "{:<36} {:>10} {:>10} {:>10} {:>7} {:>5.1}%  {} {:<3} {:>15}",
+            "{:<36} {:>10} {:>10} {:>10} {:>7} {:>5.1}%  {} {:<3} {:>15} {:>5} {:>7}",
             n.id,
             bytes(n.served_bytes_per_sec),
             bytes(n.memory_bytes_per_sec),
@@ -521,6 +543,8 @@ pub fn render(v: &View, color: bool) -> String {
                 bytes(n.memory_bytes as f64),
                 bytes(n.memory_capacity as f64)
             ),
+            n.hot_pages,
+            n.replicas,
         );
     }
     let _ = writeln!(
@@ -558,18 +582,23 @@ pub fn render(v: &View, color: bool) -> String {
     }
     let _ = writeln!(
         o,
-        "\n{bold}{:>9} {:>10}  hot pages{reset}",
-        "reads/s", "reads"
+        "\n{bold}{:>9} {:>10} {:>6}  hot pages{reset}",
+        "reads/s", "reads", "spread"
     );
     for p in &v.pages {
         let name = p
             .path
             .clone()
             .unwrap_or_else(|| format!("file {}", p.file_id));
+        let spread = if p.spread > 1 {
+            format!("x{}", p.spread)
+        } else {
+            "-".to_string()
+        };
         let _ = writeln!(
             o,
-            "{:>9.1} {:>10}  {name} page {}",
-            p.reads_per_sec, p.reads, p.page
+            "{:>9.1} {:>10} {:>6}  {name} page {}",
+            p.reads_per_sec, p.reads, spread, p.page
         );
     }
     if !v.mounts.is_empty() {

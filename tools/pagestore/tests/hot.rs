@@ -1,7 +1,8 @@
 //! Hot data through three real `pagestored` processes: many readers on several client
 //! processes' worth of clients read one cold file at once, and the store is read exactly once
 //! per page (counted by the nodes); then warm, from the memory tier; `pagectl top` and
-//! `pagectl stat` show the hot file and the egress kept off the store.
+//! `pagectl stat` show the hot file and the egress kept off the store; and a hot file served by
+//! every node through hot-page replicas.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -174,6 +175,139 @@ async fn concurrent_readers_of_a_cold_file_cause_one_store_read_per_page() {
         "{text}"
     );
     assert!(text.contains("memory tier"), "{text}");
+    drop(clients);
+    drop(c);
+}
+
+/// Every shard's counters, by node (summed over its shards).
+async fn per_node(client: &Client) -> std::collections::BTreeMap<u128, ShardCounters> {
+    let mut m = std::collections::BTreeMap::<u128, ShardCounters>::new();
+    for (n, _, c) in client.shard_counters().await {
+        let c = c.expect("every shard answers");
+        let t = m.entry(n.id).or_default();
+        t.served_bytes += c.served_bytes;
+        t.ufs_reads += c.ufs_reads;
+        t.hot_turned += c.hot_turned;
+        t.hot_now += c.hot_now;
+        t.replica_copies += c.replica_copies;
+        t.replica_copy_fallbacks += c.replica_copy_fallbacks;
+        t.replicas_held += c.replicas_held;
+        t.replicas_dropped += c.replicas_dropped;
+        t.replica_hot_reads += c.replica_hot_reads;
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_page_is_served_by_every_node_copied_once_from_its_owner_and_dropped_when_cold() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // Two pages everyone wants (a tokenizer, a small model's weights): without replicas, each
+    // is served by its one owner.
+    let pages = 2;
+    let file = bytes(7, pages * MIB);
+    std::fs::write(data.join("tokenizer.bin"), &file).unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    s.extra = vec!["--hot-cool".into(), "2".into()];
+    let c = common::Cluster::start(dir, s);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(c.client(ClientOptions::default()).await);
+    }
+    // Every reader reads the file whole, again and again, until told to stop.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for cl in &clients {
+        for _ in 0..READERS_PER_CLIENT {
+            let (cl, stop, want) = (cl.clone(), stop.clone(), file.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert!(read_all(&cl, "/data/tokenizer.bin").await == want);
+                    n += 1;
+                }
+                n
+            }));
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // What the operator sees while it happens: the pages spread over 3 nodes, copies held.
+    let top = {
+        let c = &c;
+        tokio::task::block_in_place(|| c.pagectl(&["top", "--json", "--interval", "0.5"]))
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut reads = 0;
+    for t in tasks {
+        reads += t.await.unwrap();
+    }
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&top.stdout).unwrap();
+    let spreads: Vec<u64> = v["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["spread"].as_u64().unwrap())
+        .collect();
+    assert!(spreads.contains(&3), "{v}");
+    let nodes = v["nodes"].as_array().unwrap();
+    let copies: u64 = nodes.iter().map(|n| n["replicas"].as_u64().unwrap()).sum();
+    let hot: u64 = nodes.iter().map(|n| n["hot_pages"].as_u64().unwrap()).sum();
+    assert!(copies >= 1 && hot >= 1, "{v}");
+
+    let by_node = per_node(&clients[0]).await;
+    let size = file.len() as u64;
+    let total: u64 = by_node.values().map(|n| n.served_bytes).sum();
+    // The store was read once per page; each page was copied once to each of its 2 other
+    // members, from its owner; nothing fell back to the store.
+    let sum = |f: fn(&ShardCounters) -> u64| by_node.values().map(f).sum::<u64>();
+    assert_eq!(
+        total,
+        reads * size + sum(|n| n.replica_copies) * MIB as u64,
+        "every byte read was served once, and every copy"
+    );
+    assert_eq!(sum(|n| n.ufs_reads), pages as u64);
+    assert_eq!(sum(|n| n.hot_turned), pages as u64, "{by_node:?}");
+    assert_eq!(sum(|n| n.replica_copies), 2 * pages as u64, "{by_node:?}");
+    assert_eq!(sum(|n| n.replica_copy_fallbacks), 0);
+    assert!(sum(|n| n.replica_hot_reads) > reads, "{by_node:?}");
+    // Served by every node about evenly (the target: max/mean at most 1.25).
+    let mean = total as f64 / by_node.len() as f64;
+    let max = by_node.values().map(|n| n.served_bytes).max().unwrap() as f64;
+    assert!(
+        max / mean <= 1.25,
+        "node bytes served max/mean {:.2} over {reads} reads: {by_node:?}",
+        max / mean
+    );
+    for cl in &clients {
+        let st = cl.stats();
+        assert!(st.hot_reads > 0, "{st:?}");
+        assert_eq!((st.fallbacks, st.replica_reads), (0, 0), "{st:?}");
+    }
+    // Nobody reads any more: after --hot-cool (2 s) every copy is dropped.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n = per_node(&clients[0]).await;
+        let held: u64 = n.values().map(|n| n.replicas_held).sum();
+        if held == 0 {
+            let dropped: u64 = n.values().map(|n| n.replicas_dropped).sum();
+            assert_eq!(dropped, 2 * pages as u64);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "copies still held: {n:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // A reader now goes to the owners again, and still reads the right bytes.
+    assert!(read_all(&clients[0], "/data/tokenizer.bin").await == file);
     drop(clients);
     drop(c);
 }

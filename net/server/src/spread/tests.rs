@@ -132,10 +132,13 @@ fn copies_are_bounded_and_dropped_once_unread_for_the_cooling_time() {
         }
     );
     r.copied(k(7), t0);
-    r.copied(CopyKey {
-        file_id: 2,
-        page: 7,
-    }, t0);
+    r.copied(
+        CopyKey {
+            file_id: 2,
+            page: 7,
+        },
+        t0,
+    );
     r.forget_file(1);
     assert_eq!(r.counts().held, 1);
 }

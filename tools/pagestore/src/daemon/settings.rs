@@ -13,11 +13,11 @@ use std::{
 };
 
 use pagestore_engine::{PolicyKind, Rule, Rules, StartError};
-use pagestore_server::spread::SpreadConfig;
 use pagestore_mounts::{
     etcd::{self, EtcdError, EtcdOptions, RingMode},
     ufs::{FileRoots, UfsError},
 };
+use pagestore_server::spread::SpreadConfig;
 use serde::{de, Deserialize, Deserializer};
 
 use crate::rules::RuleConfig;

@@ -51,6 +51,9 @@ request_stall_timeout = 2.5
 retry_rate = 128
 metadata_ttl = 10
 replicas = 1
+hot_replicas = 2
+hot_threshold = 50.5
+hot_cool = 5
 ufs_inflight = 16
 ufs_threads = 2
 admin = "off"
@@ -336,4 +339,41 @@ fn the_memory_tier_is_off_by_default_and_sized_by_flag_or_file() {
     let both = file.overridden_by(flags(&["--memory-cache=1G"]));
     assert_eq!(both.memory_cache, Some(Size(1 << 30)));
     assert!(cli(&["--memory-cache", "lots"]).is_err());
+}
+
+#[test]
+fn hot_page_replicas_default_on_and_take_flags_over_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let base = |s: Settings| Settings {
+        mounts: Some(vec![(
+            "/data".to_string(),
+            format!("file://{}", data.display()),
+        )]),
+        ..s
+    };
+    let d = base(Settings::default()).resolve().unwrap().spread;
+    assert_eq!(
+        (d.spread, d.threshold, d.cool),
+        (3, 20.0, Duration::from_secs(30))
+    );
+    assert!(d.enabled());
+    let file = Settings::from_toml("hot_replicas = 2\nhot_threshold = 5\nhot_cool = 60\n").unwrap();
+    let both = file.overridden_by(flags(&["--hot-replicas", "1", "--hot-cool=2.5"]));
+    let r = base(both).resolve().unwrap().spread;
+    assert_eq!(
+        (r.spread, r.threshold, r.cool),
+        (1, 5.0, Duration::from_millis(2500))
+    );
+    assert!(!r.enabled(), "--hot-replicas 1 turns replicas off");
+    let bad = |args: &[&str], want: &str| {
+        let e = base(flags(args)).resolve().unwrap_err().to_string();
+        assert!(e.contains(want), "{args:?}: {e}");
+    };
+    bad(&["--hot-replicas", "0"], "--hot-replicas 0");
+    bad(&["--hot-threshold", "0"], "--hot-threshold");
+    bad(&["--hot-threshold=-3"], "--hot-threshold");
+    bad(&["--hot-cool", "0.5"], "1 to 86400");
+    assert!(cli(&["--hot-replicas", "300"]).is_err());
 }
