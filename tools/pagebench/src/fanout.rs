@@ -6,8 +6,12 @@
 //! - **direct**: every reader reads the whole file from the emulated store itself (the
 //!   reference: what each replica or data loader does without the cache);
 //! - **cold** and **warm** fan-out through the cluster, without and with the memory tier
-//!   (`--memory-cache`): all readers' completion time, aggregate throughput, store bytes read
-//!   (must be the file's size, once, when cold), per-node bytes served max/mean;
+//!   (`--memory-cache`), without and with hot-page replicas (`--hot-replicas 1` and the
+//!   default 3): all readers' completion time, aggregate throughput, store bytes read (must be
+//!   the file's size, once, when cold), per-node bytes served max/mean;
+//! - **hot page**: every reader re-reads the file's first page for `--seconds` (after half a
+//!   second to warm up): one page everyone wants, served by its owner alone without replicas
+//!   and by 3 nodes with them: aggregate throughput and per-node bytes max/mean;
 //! - **same shard**: warm whole-page reads of only the pages one shard owns, from its disk cache
 //!   (memory tier off) and from its memory tier: throughput and the node's CPU per GB.
 //!
@@ -43,6 +47,10 @@ struct Pass {
     name: String,
     readers: usize,
     memory_tier: bool,
+    /// Hot-page replicas on.
+    replicas: bool,
+    /// Client reads a hot page's replica answered.
+    hot_reads: u64,
     /// Until the last reader had the whole file.
     seconds: f64,
     /// The first and the median reader's completion, seconds.
@@ -67,6 +75,7 @@ impl Pass {
     fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "name": self.name, "readers": self.readers, "memory_tier": self.memory_tier,
+            "replicas": self.replicas, "hot_reads": self.hot_reads,
             "seconds": self.seconds, "first_done": self.first_done,
             "median_done": self.median_done, "bytes": self.bytes, "gbps": self.gbps,
             "store_bytes": self.store_bytes, "store_reads": self.store_reads,
@@ -202,8 +211,9 @@ pub fn run_fanout(o: &Opts) -> Result<()> {
 
     let mut passes = Vec::new();
     let mut shard_tests = Vec::new();
-    for memory in [false, true] {
-        let nodes_dir = root.join(if memory { "nodes-mem" } else { "nodes" });
+    let configs = [(false, false), (true, false), (false, true), (true, true)];
+    for (memory, replicas) in configs {
+        let nodes_dir = root.join(format!("nodes-{}-{}", u8::from(memory), u8::from(replicas)));
         let _ = std::fs::remove_dir_all(&nodes_dir);
         let mut s = Settings::new(&binary, &nodes_dir);
         s.shards = o.shards as u16;
@@ -215,13 +225,18 @@ pub fn run_fanout(o: &Opts) -> Result<()> {
             // Each node's share of the file with room to spare.
             s.extra = vec!["--memory-cache".into(), (size / 2 + (64 << 20)).to_string()];
         }
+        if !replicas {
+            s.extra.extend(["--hot-replicas".into(), "1".into()]);
+        }
         let cluster = LocalCluster::start(s).map_err(anyhow::Error::msg)?;
-        let r = rt.block_on(cluster_passes(o, &cluster, memory, &readers, page, &crcs));
+        let r = rt.block_on(cluster_passes(
+            o, &cluster, memory, replicas, &readers, page, &crcs,
+        ));
         drop(cluster);
         let _ = std::fs::remove_dir_all(&nodes_dir);
         let (p, shard) = r?;
         passes.extend(p);
-        shard_tests.push(shard);
+        shard_tests.extend(shard);
     }
     report_all(o, size, &direct, &passes, &shard_tests, report)
 }
@@ -263,7 +278,7 @@ async fn direct_pass(
     Ok(pass(
         "direct from the store".into(),
         readers,
-        false,
+        (false, false),
         &done,
         readers as u64 * info.size,
         crate::local::cpu_seconds() - c0,
@@ -274,7 +289,7 @@ async fn direct_pass(
 fn pass(
     name: String,
     readers: usize,
-    memory_tier: bool,
+    (memory_tier, replicas): (bool, bool),
     done: &[f64],
     bytes: u64,
     client_cpu: f64,
@@ -286,6 +301,8 @@ fn pass(
         name,
         readers,
         memory_tier,
+        replicas,
+        hot_reads: 0,
         seconds,
         first_done: d.first().copied().unwrap_or(0.0),
         median_done: d.get(d.len() / 2).copied().unwrap_or(0.0),
@@ -373,15 +390,18 @@ fn node_cpu(cluster: &LocalCluster) -> Vec<(std::net::SocketAddr, f64)> {
         .collect()
 }
 
-/// The cold and warm fan-out passes for each reader count, then the same-shard test.
+/// The cold and warm fan-out passes for each reader count, the hot-page pass, then (without
+/// replicas) the same-shard test.
 async fn cluster_passes(
     o: &Opts,
     cluster: &LocalCluster,
     memory: bool,
+    replicas: bool,
     readers: &[usize],
     page: u64,
     crcs: &Arc<Vec<u32>>,
-) -> Result<(Vec<Pass>, serde_json::Value)> {
+) -> Result<(Vec<Pass>, Option<serde_json::Value>)> {
+    let setup = (memory, replicas);
     let most = readers.iter().copied().max().unwrap_or(1);
     let mut clients = Vec::new();
     for _ in 0..most.div_ceil(READERS_PER_CLIENT) {
@@ -402,10 +422,10 @@ async fn cluster_passes(
             let name = format!(
                 "{} fan-out{}",
                 if warm { "warm" } else { "cold" },
-                if memory { ", memory tier" } else { "" }
+                suffix(setup)
             );
             let p = fan_out(
-                o, cluster, &clients, &nodes, &info, n, page, crcs, memory, name,
+                o, cluster, &clients, &nodes, &info, n, page, crcs, setup, name,
             )
             .await?;
             if !warm && p.store_bytes != info.size {
@@ -433,8 +453,137 @@ async fn cluster_passes(
             out.push(p);
         }
     }
-    let shard = same_shard(o, cluster, &clients[0], &nodes, &info, page, memory).await?;
+    let hot = hot_page(o, cluster, &clients, &nodes, &info, most, page, crcs, setup).await?;
+    say(
+        o,
+        format!(
+            "{}, {most} readers: {:.2} GB/s; node bytes max/mean {:.2}; {} reads by replicas",
+            hot.name, hot.gbps, hot.node_max_over_mean, hot.hot_reads
+        ),
+    );
+    out.push(hot);
+    let shard = if replicas {
+        None
+    } else {
+        Some(same_shard(o, cluster, &clients[0], &nodes, &info, page, memory).await?)
+    };
     Ok((out, shard))
+}
+
+/// ", memory tier, replicas" and the like: what a pass's cluster runs with.
+fn suffix((memory, replicas): (bool, bool)) -> String {
+    format!(
+        "{}{}",
+        if memory { ", memory tier" } else { "" },
+        if replicas { ", replicas" } else { "" }
+    )
+}
+
+/// Node-side figures of a pass: store bytes and loads, bytes served per node, memory hits,
+/// client fallbacks and hot reads, server CPU.
+struct Counted {
+    before: Vec<(NodeInfo, ShardCounters)>,
+    fallbacks: u64,
+    hot_reads: u64,
+    server_cpu: Vec<(std::net::SocketAddr, f64)>,
+}
+
+impl Counted {
+    async fn start(cluster: &LocalCluster, clients: &[Arc<Client>]) -> Counted {
+        Counted {
+            before: counters(&clients[0]).await,
+            fallbacks: clients.iter().map(|c| c.stats().fallbacks).sum(),
+            hot_reads: clients.iter().map(|c| c.stats().hot_reads).sum(),
+            server_cpu: node_cpu(cluster),
+        }
+    }
+
+    async fn finish(
+        self,
+        p: &mut Pass,
+        cluster: &LocalCluster,
+        clients: &[Arc<Client>],
+        nodes: &[NodeInfo],
+    ) {
+        let s1 = node_cpu(cluster);
+        p.server_cpu_seconds = s1.iter().map(|(_, c)| c).sum::<f64>()
+            - self.server_cpu.iter().map(|(_, c)| c).sum::<f64>();
+        let after = counters(&clients[0]).await;
+        let before = &self.before;
+        p.store_bytes = per_node(nodes, before, &after, |c| c.ufs_bytes)
+            .iter()
+            .sum();
+        p.store_reads = per_node(nodes, before, &after, |c| c.ufs_reads)
+            .iter()
+            .sum();
+        p.node_bytes = per_node(nodes, before, &after, |c| c.served_bytes);
+        p.node_max_over_mean = max_over_mean(&p.node_bytes);
+        p.memory_hits = per_node(nodes, before, &after, |c| c.memory_hits)
+            .iter()
+            .sum();
+        p.client_fallbacks =
+            clients.iter().map(|c| c.stats().fallbacks).sum::<u64>() - self.fallbacks;
+        p.hot_reads = clients.iter().map(|c| c.stats().hot_reads).sum::<u64>() - self.hot_reads;
+    }
+}
+
+/// Every one of `n` readers re-reads page 0 of the file, whole, for `--seconds` after half a
+/// second of warming up (the page turns hot): one page everyone wants.
+#[allow(clippy::too_many_arguments)]
+async fn hot_page(
+    o: &Opts,
+    cluster: &LocalCluster,
+    clients: &[Arc<Client>],
+    nodes: &[NodeInfo],
+    info: &ObjectInfo,
+    n: usize,
+    page: u64,
+    crcs: &Arc<Vec<u32>>,
+    setup: (bool, bool),
+) -> Result<Pass> {
+    let want = crcs.first().copied().context("an empty file")?;
+    let warm_up = Duration::from_millis(500);
+    let measure = Duration::from_secs_f64(o.seconds.max(0.2));
+    let t0 = Instant::now();
+    let counted = Arc::new(tokio::sync::Mutex::new(None::<(Counted, f64)>));
+    let mut tasks = Vec::new();
+    for r in 0..n {
+        let (client, info) = (clients[r / READERS_PER_CLIENT].clone(), info.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut bytes = 0u64;
+            while t0.elapsed() < warm_up + measure {
+                let b = client.read_page(&info, 0, 0, page as u32).await?;
+                if r == 0 && crc32fast::hash(&b) != want {
+                    bail!("page 0: the bytes differ from the file's");
+                }
+                if t0.elapsed() >= warm_up {
+                    bytes += b.len() as u64;
+                }
+            }
+            Ok::<_, anyhow::Error>(bytes)
+        }));
+    }
+    tokio::time::sleep(warm_up).await;
+    *counted.lock().await = Some((
+        Counted::start(cluster, clients).await,
+        crate::local::cpu_seconds(),
+    ));
+    let mut bytes = 0;
+    for t in tasks {
+        bytes += t.await??;
+    }
+    let secs = (t0.elapsed() - warm_up).as_secs_f64();
+    let (c, cpu0) = counted.lock().await.take().context("no start sample")?;
+    let mut p = pass(
+        format!("hot page{}", suffix(setup)),
+        n,
+        setup,
+        &[secs],
+        bytes,
+        crate::local::cpu_seconds() - cpu0,
+    );
+    c.finish(&mut p, cluster, clients, nodes).await;
+    Ok(p)
 }
 
 /// All `n` readers (over the clients, [`READERS_PER_CLIENT`] each) read the whole file at once.
@@ -448,13 +597,12 @@ async fn fan_out(
     n: usize,
     page: u64,
     crcs: &Arc<Vec<u32>>,
-    memory: bool,
+    setup: (bool, bool),
     name: String,
 ) -> Result<Pass> {
     let qd = o.reader_qd().max(4);
-    let before = counters(&clients[0]).await;
-    let fallbacks0: u64 = clients.iter().map(|c| c.stats().fallbacks).sum();
-    let (c0, s0) = (crate::local::cpu_seconds(), node_cpu(cluster));
+    let counted = Counted::start(cluster, clients).await;
+    let c0 = crate::local::cpu_seconds();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for r in 0..n {
@@ -475,24 +623,8 @@ async fn fan_out(
         done.push(t.await??);
     }
     let client_cpu = crate::local::cpu_seconds() - c0;
-    let s1 = node_cpu(cluster);
-    let server_cpu: f64 =
-        s1.iter().map(|(_, c)| c).sum::<f64>() - s0.iter().map(|(_, c)| c).sum::<f64>();
-    let after = counters(&clients[0]).await;
-    let mut p = pass(name, n, memory, &done, n as u64 * info.size, client_cpu);
-    p.store_bytes = per_node(nodes, &before, &after, |c| c.ufs_bytes)
-        .iter()
-        .sum();
-    p.store_reads = per_node(nodes, &before, &after, |c| c.ufs_reads)
-        .iter()
-        .sum();
-    p.node_bytes = per_node(nodes, &before, &after, |c| c.served_bytes);
-    p.node_max_over_mean = max_over_mean(&p.node_bytes);
-    p.memory_hits = per_node(nodes, &before, &after, |c| c.memory_hits)
-        .iter()
-        .sum();
-    p.client_fallbacks = clients.iter().map(|c| c.stats().fallbacks).sum::<u64>() - fallbacks0;
-    p.server_cpu_seconds = server_cpu;
+    let mut p = pass(name, n, setup, &done, n as u64 * info.size, client_cpu);
+    counted.finish(&mut p, cluster, clients, nodes).await;
     Ok(p)
 }
 
