@@ -40,11 +40,15 @@ pub enum Command {
     /// The engine alone: write (insert), read (whole pages), read4k
     Local(Plain),
 
-    /// The same workloads through fio, then the engine, with ratios
+    /// The same workloads through the engine, then fio at its best, with ratios
     ///
-    /// The same workloads through fio, then the engine, with ratios. --workloads preload: a
-    /// pagectl load of a generated --manifest-files manifest (time to the first page and to
-    /// completion) against the UFS read and disk write bandwidths.
+    /// The same workloads through the engine, then fio at its best, with ratios: write
+    /// (inserts), write-full (inserts into a full cache: every insert evicts), read (whole
+    /// pages), read4k; each at every --qd depth per shard (a list; default 1,8,32). fio runs
+    /// each reference plain and with --fixedbufs --registerfiles and takes the faster; both
+    /// are printed. --workloads preload: a pagectl load of a generated --manifest-files
+    /// manifest (time to the first page and to completion) against the UFS read and disk write
+    /// bandwidths.
     Compare(Compare),
 
     /// Fill a cache, restart it, report restart time and memory per page
@@ -163,18 +167,18 @@ pub struct EngineOpts {
     /// Shards (per node for cluster targets; default: CPUs)
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
-    /// Engine targets: requests in flight per shard (default 8); target modes: per reader
-    /// (default 1)
-    #[arg(long, value_name = "N")]
-    pub qd: Option<usize>,
+    /// Engine targets: requests in flight per shard (default 8; compare: a list of depths,
+    /// default 1,8,32); target modes: per reader (default 1)
+    #[arg(long, value_name = "N", value_parser = list::<usize>)]
+    pub qd: Option<List<usize>>,
     /// Time per workload (default 10)
     #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = positive)]
     pub seconds: Option<f64>,
     /// Dataset size (target modes: of the flat files; default 4G)
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Engine targets: write, read, read4k (compare also: preload); target modes: seq, pages,
-    /// rand4k, rand128k, zipf, episodes (default all)
+    /// Engine targets: write, write-full, read, read4k (compare also: preload); target modes:
+    /// seq, pages, rand4k, rand128k, zipf, episodes (default all; local: write, read, read4k)
     #[arg(long, value_name = "A,B")]
     pub workloads: Option<String>,
     /// Seed of the data and the operation streams (default 42)
@@ -456,8 +460,9 @@ impl Common {
         }
         set(&mut o.page_size, e.page_size);
         set(&mut o.shards, e.shards);
-        if let Some(qd) = e.qd {
-            o.qd = qd;
+        if let Some(List(qd)) = e.qd {
+            o.qd = qd.first().copied().unwrap_or(0);
+            o.qd_list = qd;
             o.qd_given = true;
         }
         set(&mut o.seconds, e.seconds);
@@ -521,6 +526,9 @@ impl Command {
             Command::Fanout(a) => ("fanout", a.common),
             Command::Compare(a) => {
                 a.manifest.apply(&mut o);
+                o.workloads = ["write", "write-full", "read", "read4k"]
+                    .map(String::from)
+                    .to_vec();
                 ("compare", a.common)
             }
             Command::Restart(a) => {
@@ -649,8 +657,11 @@ fn not_for_this_command(e: clap::Error, args: &[OsString]) -> Refused {
 
 /// The checks across options.
 fn validate(cmd: &str, o: &Opts) -> Result<()> {
-    if o.shards == 0 || o.qd == 0 {
+    if o.shards == 0 || o.qd == 0 || o.qd_list.contains(&0) {
         bail!("--shards and --qd must be at least 1");
+    }
+    if o.qd_list.len() > 1 && cmd != "compare" {
+        bail!("--qd takes one value here (a list of depths only with compare)");
     }
     if o.readers.is_empty() || o.readers.contains(&0) {
         bail!("--readers: every value must be at least 1");
@@ -692,9 +703,9 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
         }
     } else {
         let allowed: &[&str] = if cmd == "compare" {
-            &["write", "read", "read4k", "preload"]
+            &["write", "write-full", "read", "read4k", "preload"]
         } else {
-            &["write", "read", "read4k"]
+            &["write", "write-full", "read", "read4k"]
         };
         for w in &o.workloads {
             if !allowed.contains(&w.as_str()) {
@@ -852,6 +863,20 @@ mod tests {
         let (_, o) = run("compare --workloads read,preload").unwrap();
         assert_eq!(o.workloads, ["read", "preload"]);
         assert!(o.workloads_given);
+        // compare: a depth sweep, the evicting inserts by default; one depth still works.
+        let (_, o) = run("compare --qd 1,8,32").unwrap();
+        assert_eq!((o.qd, o.qd_list.as_slice()), (1, &[1, 8, 32][..]));
+        assert_eq!(crate::fio::depths(&o), [1, 8, 32]);
+        assert_eq!(o.workloads, ["write", "write-full", "read", "read4k"]);
+        let (_, o) = run("compare --dir D --size 4G --qd 8 --seconds 10").unwrap();
+        assert_eq!(crate::fio::depths(&o), [8]);
+        let (_, o) = run("compare").unwrap();
+        assert_eq!(crate::fio::depths(&o), [1, 8, 32]);
+        assert_eq!(o.qd, 8);
+        assert!(refusal("local --qd 1,8").contains("a list of depths only with compare"));
+        assert!(refusal("compare --qd 8,0").contains("--qd must be at least 1"));
+        let (_, o) = run("local --workloads write,write-full").unwrap();
+        assert_eq!(o.workloads, ["write", "write-full"]);
         // Defaults stay what they were.
         let (cmd, o) = run("local").unwrap();
         assert_eq!(cmd, "local");

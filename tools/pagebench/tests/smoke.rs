@@ -95,11 +95,96 @@ fn compare_and_raw_against_fio() {
     let mut args = vec!["compare", "--dir", dir];
     args.extend(SMALL);
     let out = pagebench(&args);
-    assert_eq!(out.matches("  ratio").count(), 3, "{out}");
+    // write, write-full, read, read4k at the one depth given: fio both ways for each, the
+    // faster marked as the reference.
+    let ratios = out.lines().filter(|l| l.starts_with("  ratio")).count();
+    assert_eq!(ratios, 4, "{out}");
+    assert_eq!(out.matches("(plain)").count(), 4, "{out}");
+    assert_eq!(
+        out.matches("(--fixedbufs --registerfiles)").count(),
+        4,
+        "{out}"
+    );
+    assert_eq!(out.matches("<- reference").count(), 4, "{out}");
+    assert!(
+        out.contains("32 inserts into the full cache evicted 32 pages"),
+        "{out}"
+    );
     let mut args = vec!["raw", "--dir", dir, "--workloads", "read,read4k"];
     args.extend(SMALL);
     let out = pagebench(&args);
     assert!(out.contains("raw-read4k"), "{out}");
+}
+
+#[test]
+fn compare_sweeps_depths_against_fio_at_its_best() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the depth sweep smoke test");
+        return;
+    }
+    let d = dir();
+    let out = pagebench(&[
+        "compare",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "16M",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--seconds",
+        "0.2",
+        "--qd",
+        "1,4",
+        "--workloads",
+        "write-full,read4k",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let rows = v.as_array().unwrap();
+    let got: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|r| (r["qd"].as_u64().unwrap(), r["workload"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, "write-full"),
+            (1, "read4k"),
+            (4, "write-full"),
+            (4, "read4k")
+        ]
+    );
+    for r in rows {
+        let runs = &r["fio_runs"];
+        let plain = runs["plain"]["bytes_per_sec"].as_f64().unwrap();
+        let fixed = runs["fixedbufs_registerfiles"]["bytes_per_sec"]
+            .as_f64()
+            .unwrap();
+        assert!(plain > 0.0 && fixed > 0.0, "{r}");
+        // The faster run is the reference, and the ratio is taken against it.
+        let taken = if fixed > plain {
+            "fixedbufs_registerfiles"
+        } else {
+            "plain"
+        };
+        assert_eq!(r["fio_taken"], taken, "{r}");
+        assert_eq!(runs["taken"], taken, "{r}");
+        let best = r["fio"]["bytes_per_sec"].as_f64().unwrap();
+        assert_eq!(best, plain.max(fixed), "{r}");
+        let ratio = r["ratio_bw"].as_f64().unwrap();
+        let engine = r["bytes_per_sec"].as_f64().unwrap();
+        assert!((ratio - engine / best).abs() < 1e-9 * ratio.max(1.0), "{r}");
+    }
+    // Into a full cache, every insert evicts.
+    for r in rows.iter().filter(|r| r["workload"] == "write-full") {
+        assert_eq!(r["ops"].as_u64(), Some(16), "{r}");
+        assert_eq!(r["evictions"].as_u64(), Some(16), "{r}");
+    }
+    // The target for 4 KiB reads is set at depth 8 and beyond only.
+    assert!(rows[1]["target"].is_null(), "{}", rows[1]);
 }
 
 #[test]
