@@ -174,9 +174,9 @@ fn parse_pagectl(out: &str) -> (Option<f64>, Option<f64>) {
     (None, None)
 }
 
-/// Runs the preload measurement.
+/// Runs the preload measurement over a generated manifest (`--manifest-files` of
+/// `--manifest-file-size`, under `DIR/preload`).
 pub fn run_preload(o: &Opts) -> Result<Preload> {
-    let pagectl = tool_binary("pagectl")?;
     let rt = bench::runtime(2)?;
     let ds = Dataset {
         seed: o.seed,
@@ -192,17 +192,32 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
     let work = o.dir.join("preload");
     let data = work.join("dataset");
     std::fs::create_dir_all(&data).with_context(|| data.display().to_string())?;
-    let mut notes = Vec::new();
     let g = dataset::generate(&ds, &Dest::Dir(data.clone()), &rt)?;
-    notes.push(format!(
+    let notes = vec![format!(
         "manifest dataset {}: {} files of {} bytes (wrote {}, kept {})",
         data.display(),
         ds.small_files,
         ds.small_size,
         g.written,
         g.kept
-    ));
-    let entries = ds.small();
+    )];
+    preload_files(o, &work, &data, &ds.small(), notes, &rt)
+}
+
+/// The preload measurement of `entries`, files of the dataset root `data` (already written):
+/// a manifest of them and a cold cluster (`--nodes`, default 3) under `work`, the UFS read and
+/// disk write references, the timed `pagectl load`, and a sample read back. The cluster is
+/// stopped (and its caches removed) on return.
+pub(crate) fn preload_files(
+    o: &Opts,
+    work: &Path,
+    data: &Path,
+    entries: &[dataset::Entry],
+    mut notes: Vec<String>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Preload> {
+    let pagectl = tool_binary("pagectl")?;
+    std::fs::create_dir_all(work).with_context(|| work.display().to_string())?;
     let manifest = work.join("manifest.txt");
     let text: String = entries
         .iter()
@@ -211,25 +226,28 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
     std::fs::write(&manifest, text).with_context(|| manifest.display().to_string())?;
     let nodes = o.nodes.unwrap_or(3);
     let total: u64 = entries.iter().map(|e| e.size).sum();
-    let stack = Stack::start(o, &work, &data, nodes, entries.iter().map(|e| e.size), &rt)?;
+    let stack = Stack::start(o, work, data, nodes, entries.iter().map(|e| e.size), rt)?;
     notes.push(format!(
         "cluster: {nodes} pagestored x {} shard(s), {} KiB pages, cold",
         o.shards,
         o.page_size >> 10
     ));
 
-    let ufs_bps = ufs_read_bps(o, &data, &entries, &rt)?;
+    let ufs_bps = ufs_read_bps(o, data, entries, rt)?;
 
     // The disk's write bandwidth at the size a preload writes per page.
-    let block = o
-        .manifest_file_size
+    let block = entries
+        .iter()
+        .map(|e| e.size)
+        .max()
+        .unwrap_or(4096)
         .min(u64::from(o.page_size))
         .next_multiple_of(4096);
     let jobs = nodes * o.shards.max(1);
-    let disk = fio_write(o, &work, jobs, block, total)?;
+    let disk = fio_write(o, work, jobs, block, total)?;
 
-    let job = run_job(o, &pagectl, &stack, &manifest, &entries, &rt)?;
-    let (verified_files, sample_hits) = verify_sample(&stack, &entries, &rt)?;
+    let job = run_job(o, &pagectl, &stack, &manifest, entries, rt)?;
+    let (verified_files, sample_hits) = verify_sample(&stack, entries, rt)?;
     Ok(Preload {
         files: entries.len() as u64,
         bytes: total,
@@ -251,7 +269,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
 /// The under storage's read bandwidth for these files, at pagectl load's parallelism.
 fn ufs_read_bps(
     o: &Opts,
-    data: &Path,
+    data: &std::path::Path,
     entries: &[dataset::Entry],
     rt: &tokio::runtime::Runtime,
 ) -> Result<f64> {
@@ -356,15 +374,8 @@ fn run_job(
         .iter()
         .map(|e| e.size.div_ceil(u64::from(o.page_size)).max(1))
         .sum();
-    let mut all_cached = None;
-    while t0.elapsed() < Duration::from_secs_f64(completion + 30.0) {
-        let (_, pages) = pages_and_hits(stack, rt);
-        if pages >= base_pages + want {
-            all_cached = Some(t0.elapsed().as_secs_f64());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let all_cached = wait_cached(stack, base_pages + want, Duration::from_secs(30), rt)
+        .then(|| t0.elapsed().as_secs_f64());
     let (pagectl_first_page, pagectl_completion) = parse_pagectl(&out);
     Ok(JobTimes {
         first_page,
@@ -404,8 +415,28 @@ fn verify_sample(
     Ok((sample.len() as u64, sample_hits))
 }
 
+/// Waits (polling every 2 ms, at most `limit`) until the cluster counts at least `pages`
+/// pages cached; whether it did.
+pub(crate) fn wait_cached(
+    stack: &Stack,
+    pages: u64,
+    limit: Duration,
+    rt: &tokio::runtime::Runtime,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if pages_and_hits(stack, rt).1 >= pages {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// (hits, pages cached) over the cluster.
-fn pages_and_hits(stack: &Stack, rt: &tokio::runtime::Runtime) -> (u64, u64) {
+pub(crate) fn pages_and_hits(stack: &Stack, rt: &tokio::runtime::Runtime) -> (u64, u64) {
     let stats = rt.block_on(stack.client.shard_stats());
     stats
         .iter()
