@@ -131,6 +131,18 @@ pub enum Command {
     /// time the writers are blocked, throughput, CPU per GB, and the flush to the store, with
     /// ratios.
     Checkpoint(Checkpoint),
+
+    /// Issue 15: many small files opened, stat'ed and read whole through the client library,
+    /// pagefs and pages3 against object_store directly, and their preload
+    ///
+    /// Issue 15: --files small files of --file-size (default 10000 of 64K) in a local
+    /// directory store, each opened, stat'ed and read whole, --parallel (default 8) at a time:
+    /// with object_store straight from the directory (the reference), through the client
+    /// library cold and warm, a pagefs mount and pages3 (warm), over --nodes pagestored
+    /// (default 3, --page-size default 64K): files/s, MB/s, latency per file, CPU, and ratios
+    /// to the reference; then a pagectl load of the same files into a cold cluster (time to
+    /// the first page, to completion) against min(UFS read, disk write).
+    Smallfiles(Smallfiles),
 }
 
 /// A command that takes only the common options.
@@ -405,6 +417,18 @@ pub struct Checkpoint {
     pub write_replicas: Option<List<u8>>,
 }
 
+#[derive(Args, Debug)]
+pub struct Smallfiles {
+    #[command(flatten)]
+    pub common: Common,
+    /// Files (default 10000; --file-size bytes each, default 64K)
+    #[arg(long, value_name = "N")]
+    pub files: Option<u64>,
+    /// Files opened, stat'ed and read at once on every path (default 8)
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
+}
+
 /// A comma-separated list of values (`--readers 1,8`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
@@ -592,6 +616,14 @@ impl Command {
                 }
                 ("checkpoint", a.common)
             }
+            Command::Smallfiles(a) => {
+                // Small files, one page each.
+                o.file_size = 64 << 10;
+                o.page_size = 64 << 10;
+                set(&mut o.small_files, a.files);
+                set(&mut o.parallel, a.parallel);
+                ("smallfiles", a.common)
+            }
         };
         let (name, common) = name;
         common.apply(&mut o);
@@ -686,6 +718,15 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
             bail!("--write-replicas: every value must be at least 1");
         }
     }
+    if cmd == "smallfiles" {
+        if o.workloads_given {
+            bail!("smallfiles runs one workload (--workloads does not apply)");
+        }
+        if o.small_files == 0 || o.parallel == 0 {
+            bail!("--files and --parallel must be at least 1");
+        }
+        return Ok(());
+    }
     if cmd == "checkpoint" {
         if o.workloads_given {
             bail!("checkpoint runs one workload (--workloads does not apply)");
@@ -736,7 +777,7 @@ mod tests {
 
     /// Every command, and the options only some commands take (with the commands that take
     /// them), as the hand-written parser had them.
-    const COMMANDS: [&str; 17] = [
+    const COMMANDS: [&str; 18] = [
         "local",
         "compare",
         "restart",
@@ -754,6 +795,7 @@ mod tests {
         "fusecmp",
         "pycmp",
         "checkpoint",
+        "smallfiles",
     ];
     const SCOPED: &[(&str, &[&str])] = &[
         ("--path", &["fuse"]),
@@ -775,6 +817,8 @@ mod tests {
         ("--cold", &["fuse", "s3", "client"]),
         ("--writers", &["checkpoint"]),
         ("--write-replicas", &["checkpoint"]),
+        ("--files", &["smallfiles"]),
+        ("--parallel", &["smallfiles"]),
     ];
     /// The options every command takes (with a value that parses, or none for a switch).
     const COMMON: &[(&str, Option<&str>)] = &[
@@ -877,6 +921,20 @@ mod tests {
         assert!(refusal("compare --qd 8,0").contains("--qd must be at least 1"));
         let (_, o) = run("local --workloads write,write-full").unwrap();
         assert_eq!(o.workloads, ["write", "write-full"]);
+        // smallfiles: 10,000 files of 64 KiB in 64 KiB pages, 8 at a time, unless told.
+        let (cmd, o) = run("smallfiles").unwrap();
+        assert_eq!(cmd, "smallfiles");
+        assert_eq!(
+            (o.small_files, o.file_size, o.page_size),
+            (10_000, 64 << 10, 64 << 10)
+        );
+        assert_eq!(o.parallel, 8);
+        let (_, o) =
+            run("smallfiles --files 7 --file-size 4K --parallel 3 --page-size 8K").unwrap();
+        assert_eq!((o.small_files, o.file_size, o.page_size), (7, 4096, 8192));
+        assert_eq!(o.parallel, 3);
+        assert!(refusal("smallfiles --parallel 0").contains("--parallel"));
+        assert!(refusal("smallfiles --workloads seq").contains("one workload"));
         // Defaults stay what they were.
         let (cmd, o) = run("local").unwrap();
         assert_eq!(cmd, "local");

@@ -17,6 +17,7 @@ mod modes;
 mod net;
 mod preload;
 mod pycmp;
+mod smallfiles;
 mod zipf;
 
 use std::path::PathBuf;
@@ -134,6 +135,10 @@ pub struct Opts {
     pub writers: usize,
     /// `checkpoint`: the clusters' write replicas (default 1 and 2, as far as the nodes go).
     pub write_replicas: Option<Vec<u8>>,
+    /// `smallfiles`: how many files.
+    pub small_files: u64,
+    /// `smallfiles`: files in flight per path.
+    pub parallel: usize,
 }
 
 impl Default for Opts {
@@ -193,6 +198,8 @@ impl Default for Opts {
             python: None,
             writers: 4,
             write_replicas: None,
+            small_files: 10_000,
+            parallel: 8,
         }
     }
 }
@@ -343,6 +350,7 @@ fn main() {
         "fusecmp" => fusecmp::run_fusecmp(&opts),
         "pycmp" => pycmp::run_pycmp(&opts),
         "checkpoint" => checkpoint::run_checkpoint(&opts),
+        "smallfiles" => smallfiles::run_smallfiles(&opts),
         _ => Err(anyhow!("unknown command {cmd}")),
     };
     if let Err(e) = r {

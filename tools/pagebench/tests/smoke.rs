@@ -836,3 +836,90 @@ fn checkpoint_writes_back_and_flushes_against_the_store_and_fio() {
         .unwrap()
         .contains(d.path().to_str().unwrap()));
 }
+
+#[test]
+fn smallfiles_reads_every_file_through_every_path_and_preloads_them() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the smallfiles smoke test");
+        return;
+    }
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (files, size) = (150u64, 8192u64);
+    let out = pagebench_with_tools(&[
+        "smallfiles",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--files",
+        "150",
+        "--file-size",
+        "8K",
+        "--parallel",
+        "4",
+        "--nodes",
+        "1",
+        "--shards",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["files"].as_u64(), Some(files), "{v}");
+    assert_eq!(v["byte_exact"], true);
+    let paths = v["paths"].as_array().unwrap();
+    let names: Vec<&str> = paths
+        .iter()
+        .map(|p| p["target"].as_str().unwrap())
+        .collect();
+    let mut want = vec!["direct", "client-cold", "client-warm"];
+    if fuse_available() {
+        want.push("pagefs-warm");
+    }
+    want.push("pages3-warm");
+    assert_eq!(names, want, "{v}");
+    for p in paths {
+        // Every file opened, stat'ed, read whole and checked, once.
+        assert_eq!(p["files"].as_u64(), Some(files), "{p}");
+        assert_eq!(p["bytes"].as_u64(), Some(files * size), "{p}");
+        assert_eq!(p["verified_ops"].as_u64(), Some(files), "{p}");
+        assert_eq!(p["readers"].as_u64(), Some(4), "{p}");
+        assert!(p["files_per_sec"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["vs_direct"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["latency_us"]["p99"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    assert_eq!(paths[0]["vs_direct"].as_f64(), Some(1.0));
+    // Cold: every file's page a miss; warm: every one a hit.
+    assert_eq!(paths[1]["misses"].as_u64(), Some(files), "{}", paths[1]);
+    for p in &paths[2..] {
+        assert_eq!(p["hit_ratio"].as_f64(), Some(1.0), "{p}");
+        assert_eq!(p["misses"].as_u64(), Some(0), "{p}");
+    }
+    // The preload of the same files, timed, against its references.
+    let pl = &v["preload"];
+    assert_eq!(pl["files"].as_u64(), Some(files), "{pl}");
+    assert_eq!(pl["bytes"].as_u64(), Some(files * size), "{pl}");
+    let first = pl["submission_to_first_page_secs"].as_f64().unwrap();
+    let done = pl["submission_to_completion_secs"].as_f64().unwrap();
+    assert!(first > 0.0 && first <= done, "{pl}");
+    assert!(pl["ratio_to_bound"].as_f64().unwrap() > 0.0, "{pl}");
+    let disk = &pl["disk_write_fio"];
+    let best = pl["disk_write_bytes_per_sec"].as_f64().unwrap();
+    let (plain, fixed) = (
+        disk["plain"]["bytes_per_sec"].as_f64().unwrap(),
+        disk["fixedbufs_registerfiles"]["bytes_per_sec"]
+            .as_f64()
+            .unwrap(),
+    );
+    assert_eq!(best, plain.max(fixed), "{pl}");
+    assert_eq!(pl["sample_misses"].as_u64(), Some(0), "{pl}");
+    // Nothing is left running or mounted; the caches are gone.
+    assert!(!std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(d.path().to_str().unwrap()));
+    assert!(!d.path().join("smallfiles").join("nodes").exists());
+    assert!(!d
+        .path()
+        .join("smallfiles")
+        .join("preload")
+        .join("nodes")
+        .exists());
+}
