@@ -40,11 +40,15 @@ pub enum Command {
     /// The engine alone: write (insert), read (whole pages), read4k
     Local(Plain),
 
-    /// The same workloads through fio, then the engine, with ratios
+    /// The same workloads through the engine, then fio at its best, with ratios
     ///
-    /// The same workloads through fio, then the engine, with ratios. --workloads preload: a
-    /// pagectl load of a generated --manifest-files manifest (time to the first page and to
-    /// completion) against the UFS read and disk write bandwidths.
+    /// The same workloads through the engine, then fio at its best, with ratios: write
+    /// (inserts), write-full (inserts into a full cache: every insert evicts), read (whole
+    /// pages), read4k; each at every --qd depth per shard (a list; default 1,8,32). fio runs
+    /// each reference plain and with --fixedbufs --registerfiles and takes the faster; both
+    /// are printed. --workloads preload: a pagectl load of a generated --manifest-files
+    /// manifest (time to the first page and to completion) against the UFS read and disk write
+    /// bandwidths.
     Compare(Compare),
 
     /// Fill a cache, restart it, report restart time and memory per page
@@ -127,6 +131,18 @@ pub enum Command {
     /// time the writers are blocked, throughput, CPU per GB, and the flush to the store, with
     /// ratios.
     Checkpoint(Checkpoint),
+
+    /// Issue 15: many small files opened, stat'ed and read whole through the client library,
+    /// pagefs and pages3 against object_store directly, and their preload
+    ///
+    /// Issue 15: --files small files of --file-size (default 10000 of 64K) in a local
+    /// directory store, each opened, stat'ed and read whole, --parallel (default 8) at a time:
+    /// with object_store straight from the directory (the reference), through the client
+    /// library cold and warm, a pagefs mount and pages3 (warm), over --nodes pagestored
+    /// (default 3, --page-size default 64K): files/s, MB/s, latency per file, CPU, and ratios
+    /// to the reference; then a pagectl load of the same files into a cold cluster (time to
+    /// the first page, to completion) against min(UFS read, disk write).
+    Smallfiles(Smallfiles),
 }
 
 /// A command that takes only the common options.
@@ -163,18 +179,18 @@ pub struct EngineOpts {
     /// Shards (per node for cluster targets; default: CPUs)
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
-    /// Engine targets: requests in flight per shard (default 8); target modes: per reader
-    /// (default 1)
-    #[arg(long, value_name = "N")]
-    pub qd: Option<usize>,
+    /// Engine targets: requests in flight per shard (default 8; compare: a list of depths,
+    /// default 1,8,32); target modes: per reader (default 1)
+    #[arg(long, value_name = "N", value_parser = list::<usize>)]
+    pub qd: Option<List<usize>>,
     /// Time per workload (default 10)
     #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = positive)]
     pub seconds: Option<f64>,
     /// Dataset size (target modes: of the flat files; default 4G)
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Engine targets: write, read, read4k (compare also: preload); target modes: seq, pages,
-    /// rand4k, rand128k, zipf, episodes (default all)
+    /// Engine targets: write, write-full, read, read4k (compare also: preload); target modes:
+    /// seq, pages, rand4k, rand128k, zipf, episodes (default all; local: write, read, read4k)
     #[arg(long, value_name = "A,B")]
     pub workloads: Option<String>,
     /// Seed of the data and the operation streams (default 42)
@@ -401,6 +417,18 @@ pub struct Checkpoint {
     pub write_replicas: Option<List<u8>>,
 }
 
+#[derive(Args, Debug)]
+pub struct Smallfiles {
+    #[command(flatten)]
+    pub common: Common,
+    /// Files (default 10000; --file-size bytes each, default 64K)
+    #[arg(long, value_name = "N")]
+    pub files: Option<u64>,
+    /// Files opened, stat'ed and read at once on every path (default 8)
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
+}
+
 /// A comma-separated list of values (`--readers 1,8`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
@@ -456,8 +484,9 @@ impl Common {
         }
         set(&mut o.page_size, e.page_size);
         set(&mut o.shards, e.shards);
-        if let Some(qd) = e.qd {
-            o.qd = qd;
+        if let Some(List(qd)) = e.qd {
+            o.qd = qd.first().copied().unwrap_or(0);
+            o.qd_list = qd;
             o.qd_given = true;
         }
         set(&mut o.seconds, e.seconds);
@@ -521,6 +550,9 @@ impl Command {
             Command::Fanout(a) => ("fanout", a.common),
             Command::Compare(a) => {
                 a.manifest.apply(&mut o);
+                o.workloads = ["write", "write-full", "read", "read4k"]
+                    .map(String::from)
+                    .to_vec();
                 ("compare", a.common)
             }
             Command::Restart(a) => {
@@ -583,6 +615,14 @@ impl Command {
                     o.write_replicas = Some(r);
                 }
                 ("checkpoint", a.common)
+            }
+            Command::Smallfiles(a) => {
+                // Small files, one page each.
+                o.file_size = 64 << 10;
+                o.page_size = 64 << 10;
+                set(&mut o.small_files, a.files);
+                set(&mut o.parallel, a.parallel);
+                ("smallfiles", a.common)
             }
         };
         let (name, common) = name;
@@ -649,8 +689,11 @@ fn not_for_this_command(e: clap::Error, args: &[OsString]) -> Refused {
 
 /// The checks across options.
 fn validate(cmd: &str, o: &Opts) -> Result<()> {
-    if o.shards == 0 || o.qd == 0 {
+    if o.shards == 0 || o.qd == 0 || o.qd_list.contains(&0) {
         bail!("--shards and --qd must be at least 1");
+    }
+    if o.qd_list.len() > 1 && cmd != "compare" {
+        bail!("--qd takes one value here (a list of depths only with compare)");
     }
     if o.readers.is_empty() || o.readers.contains(&0) {
         bail!("--readers: every value must be at least 1");
@@ -675,6 +718,15 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
             bail!("--write-replicas: every value must be at least 1");
         }
     }
+    if cmd == "smallfiles" {
+        if o.workloads_given {
+            bail!("smallfiles runs one workload (--workloads does not apply)");
+        }
+        if o.small_files == 0 || o.parallel == 0 {
+            bail!("--files and --parallel must be at least 1");
+        }
+        return Ok(());
+    }
     if cmd == "checkpoint" {
         if o.workloads_given {
             bail!("checkpoint runs one workload (--workloads does not apply)");
@@ -692,9 +744,9 @@ fn validate(cmd: &str, o: &Opts) -> Result<()> {
         }
     } else {
         let allowed: &[&str] = if cmd == "compare" {
-            &["write", "read", "read4k", "preload"]
+            &["write", "write-full", "read", "read4k", "preload"]
         } else {
-            &["write", "read", "read4k"]
+            &["write", "write-full", "read", "read4k"]
         };
         for w in &o.workloads {
             if !allowed.contains(&w.as_str()) {
@@ -725,7 +777,7 @@ mod tests {
 
     /// Every command, and the options only some commands take (with the commands that take
     /// them), as the hand-written parser had them.
-    const COMMANDS: [&str; 17] = [
+    const COMMANDS: [&str; 18] = [
         "local",
         "compare",
         "restart",
@@ -743,6 +795,7 @@ mod tests {
         "fusecmp",
         "pycmp",
         "checkpoint",
+        "smallfiles",
     ];
     const SCOPED: &[(&str, &[&str])] = &[
         ("--path", &["fuse"]),
@@ -764,6 +817,8 @@ mod tests {
         ("--cold", &["fuse", "s3", "client"]),
         ("--writers", &["checkpoint"]),
         ("--write-replicas", &["checkpoint"]),
+        ("--files", &["smallfiles"]),
+        ("--parallel", &["smallfiles"]),
     ];
     /// The options every command takes (with a value that parses, or none for a switch).
     const COMMON: &[(&str, Option<&str>)] = &[
@@ -852,6 +907,34 @@ mod tests {
         let (_, o) = run("compare --workloads read,preload").unwrap();
         assert_eq!(o.workloads, ["read", "preload"]);
         assert!(o.workloads_given);
+        // compare: a depth sweep, the evicting inserts by default; one depth still works.
+        let (_, o) = run("compare --qd 1,8,32").unwrap();
+        assert_eq!((o.qd, o.qd_list.as_slice()), (1, &[1, 8, 32][..]));
+        assert_eq!(crate::fio::depths(&o), [1, 8, 32]);
+        assert_eq!(o.workloads, ["write", "write-full", "read", "read4k"]);
+        let (_, o) = run("compare --dir D --size 4G --qd 8 --seconds 10").unwrap();
+        assert_eq!(crate::fio::depths(&o), [8]);
+        let (_, o) = run("compare").unwrap();
+        assert_eq!(crate::fio::depths(&o), [1, 8, 32]);
+        assert_eq!(o.qd, 8);
+        assert!(refusal("local --qd 1,8").contains("a list of depths only with compare"));
+        assert!(refusal("compare --qd 8,0").contains("--qd must be at least 1"));
+        let (_, o) = run("local --workloads write,write-full").unwrap();
+        assert_eq!(o.workloads, ["write", "write-full"]);
+        // smallfiles: 10,000 files of 64 KiB in 64 KiB pages, 8 at a time, unless told.
+        let (cmd, o) = run("smallfiles").unwrap();
+        assert_eq!(cmd, "smallfiles");
+        assert_eq!(
+            (o.small_files, o.file_size, o.page_size),
+            (10_000, 64 << 10, 64 << 10)
+        );
+        assert_eq!(o.parallel, 8);
+        let (_, o) =
+            run("smallfiles --files 7 --file-size 4K --parallel 3 --page-size 8K").unwrap();
+        assert_eq!((o.small_files, o.file_size, o.page_size), (7, 4096, 8192));
+        assert_eq!(o.parallel, 3);
+        assert!(refusal("smallfiles --parallel 0").contains("--parallel"));
+        assert!(refusal("smallfiles --workloads seq").contains("one workload"));
         // Defaults stay what they were.
         let (cmd, o) = run("local").unwrap();
         assert_eq!(cmd, "local");

@@ -762,6 +762,20 @@ pub async fn cluster_hits(client: &Client) -> Option<(u64, u64)> {
     any.then_some(t)
 }
 
+/// What a [`Probe`] saw over one piece of work.
+pub struct Probed {
+    /// Wall seconds.
+    pub secs: f64,
+    /// CPU seconds of this process.
+    pub cpu_bench: f64,
+    /// CPU seconds of the front-end process(es), if the probe has any.
+    pub cpu_frontend: Option<f64>,
+    /// CPU seconds of the node processes, if the probe has any.
+    pub cpu_nodes: Option<f64>,
+    /// Cluster hits and misses, if the probe has counters.
+    pub hits: Option<(u64, u64)>,
+}
+
 impl Probe {
     fn snap(&self, rt: &tokio::runtime::Runtime) -> Snap {
         Snap {
@@ -773,6 +787,35 @@ impl Probe {
                 .as_ref()
                 .and_then(|c| rt.block_on(cluster_hits(c))),
         }
+    }
+
+    /// Runs `work` (outside `rt`) between two snapshots: its time, the CPU it took here, in
+    /// the front end and in the nodes, and the hits and misses the cluster counted meanwhile.
+    pub fn measure<T>(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        work: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, Probed)> {
+        let before = self.snap(rt);
+        let start = Instant::now();
+        let out = work()?;
+        let secs = start.elapsed().as_secs_f64();
+        let after = self.snap(rt);
+        let hits = match (before.hits, after.hits) {
+            (Some(a), Some(b)) => Some((b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
+            _ => None,
+        };
+        Ok((
+            out,
+            Probed {
+                secs,
+                cpu_bench: after.bench - before.bench,
+                cpu_frontend: (!self.frontend.is_empty())
+                    .then_some(after.frontend - before.frontend),
+                cpu_nodes: (!self.nodes.is_empty()).then_some(after.nodes - before.nodes),
+                hits,
+            },
+        ))
     }
 }
 
@@ -884,18 +927,10 @@ pub fn run(
     if let Target::Fs(fs) = target {
         fs.drop_caches(cat);
     }
-    let before = probe.snap(rt);
-    let start = Instant::now();
-    let tally = match target {
-        Target::Fs(fs) => run_fs(label, fs, &picker, spec)?,
-        Target::Async(t) => rt.block_on(run_async(label, t.clone(), picker.clone(), spec))?,
-    };
-    let secs = start.elapsed().as_secs_f64();
-    let after = probe.snap(rt);
-    let hits = match (before.hits, after.hits) {
-        (Some(a), Some(b)) => Some((b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
-        _ => None,
-    };
+    let (tally, m) = probe.measure(rt, || match target {
+        Target::Fs(fs) => run_fs(label, fs, &picker, spec),
+        Target::Async(t) => rt.block_on(run_async(label, t.clone(), picker.clone(), spec)),
+    })?;
     let block = match spec.workload {
         Workload::Seq => spec.block,
         Workload::Pages | Workload::Zipf => picker.page,
@@ -916,12 +951,12 @@ pub fn run(
         block,
         ops: tally.ops,
         bytes: tally.bytes,
-        secs,
+        secs: m.secs,
         hist: tally.hist,
-        cpu_bench: after.bench - before.bench,
-        cpu_frontend: (!probe.frontend.is_empty()).then_some(after.frontend - before.frontend),
-        cpu_nodes: (!probe.nodes.is_empty()).then_some(after.nodes - before.nodes),
-        hits,
+        cpu_bench: m.cpu_bench,
+        cpu_frontend: m.cpu_frontend,
+        cpu_nodes: m.cpu_nodes,
+        hits: m.hits,
         verified_ops: tally.verified_ops,
         verified_bytes: tally.verified_bytes,
         ranges: tally.ranges,

@@ -349,7 +349,7 @@ fn fio_write(o: &Opts, work: &Path, data: &Data, qd: usize) -> Result<f64> {
         page_size: data.chunk_len() as u32,
         ..o.clone()
     };
-    let r = crate::fio::run_fio(&f, "write");
+    let r = crate::fio::run_fio(&f, "write", crate::fio::Variant::Plain);
     let _ = std::fs::remove_dir_all(work.join("fio"));
     Ok(r?.bw)
 }

@@ -8,7 +8,10 @@ use hdrhistogram::Histogram;
 use pagestore_engine::{format::Geometry, Engine, EngineConfig, PageKey, ShardStats};
 use pagestore_testkit::data::{Xorshift, GOLDEN};
 
-use crate::Opts;
+use crate::{
+    fio::{FioBest, Variant},
+    Opts,
+};
 
 /// One workload's outcome.
 pub struct WorkloadResult {
@@ -26,6 +29,8 @@ pub struct WorkloadResult {
     pub cpu_secs: f64,
     /// Hits / (hits + misses) during the workload, for reads.
     pub hit_ratio: Option<f64>,
+    /// Pages the engine evicted to make room during the workload.
+    pub evictions: u64,
 }
 
 impl WorkloadResult {
@@ -81,8 +86,10 @@ type Measured = (u64, u64, Histogram<u64>);
 
 #[derive(Clone, Copy)]
 enum Kind {
-    Write,
-    Read { block: u32 },
+    /// Puts `pages` pages per shard, keys `gen * pages ..` (a new generation evicts the last).
+    Write { gen: u64 },
+    /// Random reads of `block` bytes of the pages of generation `gen`.
+    Read { block: u32, gen: u64 },
 }
 
 /// Runs `qd` tasks on every shard at once and merges what they measured.
@@ -120,22 +127,23 @@ fn drive(
                                 let mut x =
                                     seed ^ (t + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F) ^ id as u64;
                                 match kind {
-                                    Kind::Write => {
+                                    Kind::Write { gen } => {
                                         let mut i = t;
                                         while i < pages {
                                             let t0 = Instant::now();
-                                            shard.put(&PageKey::new(id, i), &data, 1).await?;
+                                            let key = PageKey::new(id, gen * pages + i);
+                                            shard.put(&key, &data, 1).await?;
                                             let _ = hist.record(t0.elapsed().as_nanos() as u64);
                                             ops += 1;
                                             bytes += data.len() as u64;
                                             i += qd as u64;
                                         }
                                     }
-                                    Kind::Read { block } => {
+                                    Kind::Read { block, gen } => {
                                         let per_page = (page / block).max(1) as u64;
                                         while Instant::now() < deadline {
                                             let r = rng_next(&mut x);
-                                            let p = r % pages;
+                                            let p = gen * pages + r % pages;
                                             let off = ((r >> 32) % per_page) as u32 * block;
                                             let t0 = Instant::now();
                                             let got = shard
@@ -188,6 +196,10 @@ fn totals(engine: &Engine) -> Result<ShardStats> {
 }
 
 /// Runs the selected workloads on a fresh engine.
+///
+/// `write` inserts every page once (`--size` in all); `write-full` inserts as many new pages
+/// into the full cache (filled first if nothing was written yet), so that every insert
+/// evicts one; `read` and `read4k` read the pages written last.
 pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     // Always a fresh cache: a warm one would turn the write workload into no-ops.
@@ -195,24 +207,48 @@ pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>> {
     std::fs::create_dir_all(o.dir.join("engine"))?;
     let engine = Engine::start(engine_config(o, pages))?;
     let mut results = Vec::new();
-    let mut filled = false;
+    // The generation of keys written last (None: nothing written yet).
+    let mut gen: Option<u64> = None;
+    // The generation written last, after filling the cache with generation 0 if need be.
+    let filled = |gen: &mut Option<u64>| -> Result<u64> {
+        if gen.is_none() {
+            drive(&engine, o, pages, Kind::Write { gen: 0 })?;
+        }
+        Ok(*gen.get_or_insert(0))
+    };
     for w in &o.workloads {
         let kind = match w.as_str() {
-            "write" => Kind::Write,
-            "read" => Kind::Read { block: o.page_size },
-            _ => Kind::Read { block: 4096 },
+            "write" => Kind::Write { gen: 0 },
+            "write-full" => {
+                let last = filled(&mut gen)?;
+                // Every slot must hold a page, or the first inserts would not evict.
+                let st = totals(&engine)?;
+                if st.pages < st.slots {
+                    bail!(
+                        "write-full: the cache holds {} pages in {} slots after the fill, so \
+                         not every insert would evict",
+                        st.pages,
+                        st.slots
+                    );
+                }
+                Kind::Write { gen: last + 1 }
+            }
+            "read" => Kind::Read {
+                block: o.page_size,
+                gen: filled(&mut gen)?,
+            },
+            _ => Kind::Read {
+                block: 4096,
+                gen: filled(&mut gen)?,
+            },
         };
-        if matches!(kind, Kind::Read { .. }) && !filled {
-            drive(&engine, o, pages, Kind::Write)?;
-            filled = true;
-        }
         let before = totals(&engine)?;
         let cpu0 = cpu_seconds();
         let (ops, bytes, hist, secs) = drive(&engine, o, pages, kind)?;
         let cpu = cpu_seconds() - cpu0;
         let after = totals(&engine)?;
-        if matches!(kind, Kind::Write) {
-            filled = true;
+        if let Kind::Write { gen: g } = kind {
+            gen = Some(g);
         }
         let lookups = (after.hits + after.misses) - (before.hits + before.misses);
         results.push(WorkloadResult {
@@ -223,6 +259,7 @@ pub fn run_local(o: &Opts) -> Result<Vec<WorkloadResult>> {
             hist,
             cpu_secs: cpu,
             hit_ratio: (lookups > 0).then(|| (after.hits - before.hits) as f64 / lookups as f64),
+            evictions: after.evictions - before.evictions,
         });
         if after.checksum_failures != 0 || after.io_errors != 0 {
             bail!(
@@ -255,24 +292,31 @@ pub fn to_json(r: &WorkloadResult) -> serde_json::Value {
         },
         "cpu_seconds_per_gb": r.cpu_secs / (r.bytes as f64 / 1e9),
         "hit_ratio": r.hit_ratio,
+        "evictions": r.evictions,
     })
 }
 
-/// The JSON array of `results`; `reference` adds fio's figures and the ratios.
+/// The JSON array of `results`; `reference` adds fio's figures (the reference, both runs and
+/// which was taken), the ratios and the issue's target.
 pub fn report_json(
-    _o: &Opts,
+    o: &Opts,
     results: &[WorkloadResult],
-    reference: Option<&[crate::fio::FioResult]>,
+    reference: Option<&[FioBest]>,
 ) -> serde_json::Value {
     let v: Vec<_> = results
         .iter()
         .enumerate()
         .map(|(i, r)| {
             let mut j = to_json(r);
+            j["qd"] = o.qd.into();
             if let Some(f) = reference.and_then(|f| f.get(i)) {
-                j["fio"] = f.to_json();
-                j["ratio_bw"] = (r.bw() / f.bw).into();
-                j["ratio_p99"] = (us(&r.hist, 0.99) / f.p99_us).into();
+                let best = f.best();
+                j["fio"] = best.to_json();
+                j["fio_runs"] = f.to_json();
+                j["fio_taken"] = f.taken().name().into();
+                j["ratio_bw"] = (r.bw() / best.bw).into();
+                j["ratio_p99"] = (us(&r.hist, 0.99) / best.p99_us).into();
+                j["target"] = crate::fio::target(&r.name, o.qd).into();
             }
             j
         })
@@ -280,8 +324,9 @@ pub fn report_json(
     serde_json::Value::Array(v)
 }
 
-/// Prints results as a table (or JSON); `reference` adds fio's figures and the ratios.
-pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[crate::fio::FioResult]>) {
+/// Prints results as a table (or JSON); `reference` adds fio's figures (both runs, the faster
+/// marked as the reference) and the ratios.
+pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[FioBest]>) {
     if o.json {
         println!("{}", report_json(o, results, reference));
         return;
@@ -293,7 +338,7 @@ pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[crate::f
         o.qd
     );
     println!(
-        "{:<8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "{:<10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}",
         "workload",
         "MB/s",
         "IOPS",
@@ -307,7 +352,7 @@ pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[crate::f
     );
     for (i, r) in results.iter().enumerate() {
         println!(
-            "{:<8} {:>10.1} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>6}",
+            "{:<10} {:>10.1} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>6}",
             r.name,
             r.bw() / 1e6,
             r.iops(),
@@ -320,29 +365,47 @@ pub fn report(o: &Opts, results: &[WorkloadResult], reference: Option<&[crate::f
             r.hit_ratio
                 .map_or("-".into(), |h| format!("{:.0}%", h * 100.0)),
         );
-        if let Some(f) = reference.and_then(|f| f.get(i)) {
+        if r.name == "write-full" {
             println!(
-                "{:<8} {:>10.1} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>9} {:>9} {:>8}",
-                "  fio",
-                f.bw / 1e6,
-                f.iops,
-                f.p50_us,
-                f.p90_us,
-                f.p99_us,
-                "",
-                "",
-                ""
-            );
-            println!(
-                "{:<8} {:>10.3} {:>10.3} {:>9} {:>9} {:>9.3}   (engine / fio; p99: lower is better)",
-                "  ratio",
-                r.bw() / f.bw,
-                r.iops() / f.iops,
-                "",
-                "",
-                us(&r.hist, 0.99) / f.p99_us
+                "  {} inserts into the full cache evicted {} pages",
+                r.ops, r.evictions
             );
         }
+        let Some(f) = reference.and_then(|f| f.get(i)) else {
+            continue;
+        };
+        for v in Variant::BOTH {
+            let x = f.get(v);
+            println!(
+                "{:<10} {:>10.1} {:>10.0} {:>9.0} {:>9.0} {:>9.0}   {}{}",
+                if v == Variant::Plain {
+                    "  fio"
+                } else {
+                    "  fio+fb"
+                },
+                x.bw / 1e6,
+                x.iops,
+                x.p50_us,
+                x.p90_us,
+                x.p99_us,
+                if v == Variant::Plain {
+                    "(plain)"
+                } else {
+                    "(--fixedbufs --registerfiles)"
+                },
+                if f.taken() == v { " <- reference" } else { "" }
+            );
+        }
+        let best = f.best();
+        println!(
+            "{:<10} {:>10.3} {:>10.3} {:>9} {:>9} {:>9.3}   (engine / the faster fio; p99: lower is better)",
+            "  ratio",
+            r.bw() / best.bw,
+            r.iops() / best.iops,
+            "",
+            "",
+            us(&r.hist, 0.99) / best.p99_us
+        );
     }
 }
 
@@ -364,7 +427,7 @@ pub fn restart(o: &Opts) -> Result<()> {
     std::fs::create_dir_all(o.dir.join("engine"))?;
     let engine = Engine::start(engine_config(o, per_shard))?;
     let t = Instant::now();
-    drive(&engine, o, per_shard, Kind::Write)?;
+    drive(&engine, o, per_shard, Kind::Write { gen: 0 })?;
     let filled = totals(&engine)?.pages;
     if !o.json {
         println!(
@@ -516,6 +579,7 @@ pub fn raw(o: &Opts) -> Result<()> {
             hist,
             cpu_secs: cpu_seconds() - cpu0,
             hit_ratio: None,
+            evictions: 0,
         };
         if !o.json {
             report(o, &[r], None);

@@ -17,6 +17,7 @@ mod modes;
 mod net;
 mod preload;
 mod pycmp;
+mod smallfiles;
 mod zipf;
 
 use std::path::PathBuf;
@@ -39,6 +40,8 @@ pub struct Opts {
     pub qd: usize,
     /// Whether `--qd` was given.
     pub qd_given: bool,
+    /// `compare`: every value of `--qd` (a depth sweep); `qd` is the first.
+    pub qd_list: Vec<usize>,
     /// Seconds per read workload.
     pub seconds: f64,
     /// Dataset size in bytes (the target modes: of the flat files).
@@ -132,6 +135,10 @@ pub struct Opts {
     pub writers: usize,
     /// `checkpoint`: the clusters' write replicas (default 1 and 2, as far as the nodes go).
     pub write_replicas: Option<Vec<u8>>,
+    /// `smallfiles`: how many files.
+    pub small_files: u64,
+    /// `smallfiles`: files in flight per path.
+    pub parallel: usize,
 }
 
 impl Default for Opts {
@@ -144,6 +151,7 @@ impl Default for Opts {
             shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
             qd: 8,
             qd_given: false,
+            qd_list: vec![8],
             seconds: 10.0,
             size: 4 << 30,
             size_given: false,
@@ -190,6 +198,8 @@ impl Default for Opts {
             python: None,
             writers: 4,
             write_replicas: None,
+            small_files: 10_000,
+            parallel: 8,
         }
     }
 }
@@ -260,7 +270,8 @@ impl Opts {
     }
 }
 
-/// `compare`: the engine against fio, and with `preload` the preload job.
+/// `compare`: the engine against fio at its best, at every depth of the sweep, and with
+/// `preload` the preload job.
 fn compare(o: &Opts) -> Result<()> {
     let preload = o.workloads.iter().any(|w| w == "preload");
     let engine = Opts {
@@ -272,27 +283,38 @@ fn compare(o: &Opts) -> Result<()> {
             .collect(),
         ..o.clone()
     };
-    if !preload {
-        return fio::compare(o);
-    }
-    let results = if engine.workloads.is_empty() {
-        None
+    let depths = if engine.workloads.is_empty() {
+        Vec::new()
     } else {
-        Some(fio::compare_results(&engine)?)
+        fio::sweep(&engine)?
     };
-    let p = preload::run_preload(o)?;
-    if o.json {
-        let mut v = serde_json::json!({"preload": p.to_json()});
-        if let Some((r, f)) = &results {
-            v["workloads"] = local::report_json(&engine, r, Some(f));
-        }
-        println!("{v}");
+    let p = if preload {
+        Some(preload::run_preload(o)?)
     } else {
-        if let Some((r, f)) = &results {
-            local::report(&engine, r, Some(f));
-            println!();
+        None
+    };
+    if o.json {
+        let rows = fio::sweep_json(&depths);
+        match &p {
+            None => println!("{rows}"),
+            Some(p) => {
+                let mut v = serde_json::json!({"preload": p.to_json()});
+                if !depths.is_empty() {
+                    v["workloads"] = rows;
+                }
+                println!("{v}");
+            }
         }
-        p.print();
+    } else {
+        if !depths.is_empty() {
+            fio::print_sweep(&depths);
+        }
+        if let Some(p) = &p {
+            if !depths.is_empty() {
+                println!();
+            }
+            p.print();
+        }
     }
     Ok(())
 }
@@ -328,6 +350,7 @@ fn main() {
         "fusecmp" => fusecmp::run_fusecmp(&opts),
         "pycmp" => pycmp::run_pycmp(&opts),
         "checkpoint" => checkpoint::run_checkpoint(&opts),
+        "smallfiles" => smallfiles::run_smallfiles(&opts),
         _ => Err(anyhow!("unknown command {cmd}")),
     };
     if let Err(e) = r {

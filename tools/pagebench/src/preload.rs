@@ -9,7 +9,8 @@
 //! - **UFS read bandwidth**: object_store reading the same files straight from the under
 //!   storage, as many files in flight as `pagectl load` keeps (16);
 //! - **disk write bandwidth**: fio writing to the nodes' file system with O_DIRECT, one job per
-//!   shard, in blocks the size of what a preload writes per page;
+//!   shard, in blocks the size of what a preload writes per page (at its best: plain and with
+//!   `--fixedbufs --registerfiles`, the faster taken);
 //! - preload throughput against min(UFS read, disk write).
 //!
 //! Afterwards a sample of the files is read through the client: every page a hit, every byte
@@ -17,6 +18,7 @@
 
 use std::{
     io::Read,
+    path::Path,
     process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
@@ -29,6 +31,7 @@ use pagestore_client::ufs::MountTable;
 use crate::{
     bench::{self, cluster_hits},
     dataset::{self, Dataset, Dest, EpisodeSpec},
+    fio::{self, FioBest},
     frontends::{tool_binary, Stack, PREFIX},
     Opts,
 };
@@ -46,7 +49,7 @@ pub struct Preload {
     pagectl_first_page: Option<f64>,
     pagectl_completion: Option<f64>,
     ufs_bps: f64,
-    disk_bps: f64,
+    disk: FioBest,
     disk_block: u64,
     cpu_nodes: f64,
     verified_files: u64,
@@ -59,8 +62,12 @@ impl Preload {
         self.bytes as f64 / self.completion.max(1e-9)
     }
 
+    fn disk_bps(&self) -> f64 {
+        self.disk.best().bw
+    }
+
     fn bound(&self) -> f64 {
-        self.ufs_bps.min(self.disk_bps)
+        self.ufs_bps.min(self.disk_bps())
     }
 
     /// JSON form.
@@ -74,7 +81,8 @@ impl Preload {
                                  "completion_secs": self.pagectl_completion},
             "preload_bytes_per_sec": self.bps(),
             "ufs_read_bytes_per_sec": self.ufs_bps,
-            "disk_write_bytes_per_sec": self.disk_bps,
+            "disk_write_bytes_per_sec": self.disk_bps(),
+            "disk_write_fio": self.disk.to_json(),
             "disk_write_block": self.disk_block,
             "ratio_to_bound": self.bps() / self.bound().max(1e-9),
             "node_cpu_seconds_per_gb": self.cpu_nodes / (self.bytes as f64 / 1e9).max(1e-12),
@@ -106,11 +114,14 @@ impl Preload {
         );
         println!(
             "  preload {:.1} MB/s | UFS read {:.1} MB/s (object_store, {LOAD_PARALLEL} files in \
-             flight) | disk write {:.1} MB/s (fio, {} KiB blocks) | preload / min = {:.2}x",
+             flight) | disk write {:.1} MB/s (fio, {} KiB blocks; plain {:.1}, --fixedbufs \
+             --registerfiles {:.1}) | preload / min = {:.2}x",
             self.bps() / 1e6,
             self.ufs_bps / 1e6,
-            self.disk_bps / 1e6,
+            self.disk_bps() / 1e6,
             self.disk_block >> 10,
+            self.disk.plain.bw / 1e6,
+            self.disk.registered.bw / 1e6,
             self.bps() / self.bound().max(1e-9)
         );
         if self.all_cached.is_none() {
@@ -130,34 +141,20 @@ impl Preload {
     }
 }
 
-fn fio_write(dir: &std::path::Path, jobs: usize, qd: usize, block: u64, bytes: u64) -> Result<f64> {
-    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+/// The disk's O_DIRECT write bandwidth in `block`s on the file system of `dir`: `jobs` fio
+/// jobs `qd` deep, each writing a fresh file of `bytes / jobs` (64 MiB to 1 GiB), at its best.
+fn fio_write(o: &Opts, dir: &Path, jobs: usize, block: u64, bytes: u64) -> Result<FioBest> {
     let per_job = (bytes / jobs as u64).clamp(64 << 20, 1 << 30);
-    let out = Command::new("fio")
-        .args([
-            "--name=preload-disk",
-            &format!("--directory={}", dir.display()),
-            "--rw=write",
-            &format!("--bs={block}"),
-            "--direct=1",
-            "--ioengine=io_uring",
-            &format!("--iodepth={qd}"),
-            &format!("--numjobs={jobs}"),
-            &format!("--size={per_job}"),
-            "--group_reporting",
-            "--output-format=json",
-        ])
-        .output()
-        .map_err(|e| anyhow!("cannot run fio ({e}); install it (Debian: apt-get install fio)"))?;
-    let _ = std::fs::remove_dir_all(dir);
-    if !out.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("cannot parse fio output")?;
-    v["jobs"][0]["write"]["bw_bytes"]
-        .as_f64()
-        .context("fio output has no write bandwidth")
+    let f = Opts {
+        dir: dir.to_path_buf(),
+        size: per_job * jobs as u64,
+        shards: jobs,
+        page_size: u32::try_from(block).map_err(|_| anyhow!("block too large for fio"))?,
+        ..o.clone()
+    };
+    let r = fio::best_of(|v| fio::run_fio(&f, "write", v));
+    let _ = std::fs::remove_dir_all(dir.join("fio"));
+    r
 }
 
 /// `time to first page 0.123 s; to completion 4.56 s (...)` from pagectl's standard output.
@@ -177,9 +174,9 @@ fn parse_pagectl(out: &str) -> (Option<f64>, Option<f64>) {
     (None, None)
 }
 
-/// Runs the preload measurement.
+/// Runs the preload measurement over a generated manifest (`--manifest-files` of
+/// `--manifest-file-size`, under `DIR/preload`).
 pub fn run_preload(o: &Opts) -> Result<Preload> {
-    let pagectl = tool_binary("pagectl")?;
     let rt = bench::runtime(2)?;
     let ds = Dataset {
         seed: o.seed,
@@ -195,17 +192,32 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
     let work = o.dir.join("preload");
     let data = work.join("dataset");
     std::fs::create_dir_all(&data).with_context(|| data.display().to_string())?;
-    let mut notes = Vec::new();
     let g = dataset::generate(&ds, &Dest::Dir(data.clone()), &rt)?;
-    notes.push(format!(
+    let notes = vec![format!(
         "manifest dataset {}: {} files of {} bytes (wrote {}, kept {})",
         data.display(),
         ds.small_files,
         ds.small_size,
         g.written,
         g.kept
-    ));
-    let entries = ds.small();
+    )];
+    preload_files(o, &work, &data, &ds.small(), notes, &rt)
+}
+
+/// The preload measurement of `entries`, files of the dataset root `data` (already written):
+/// a manifest of them and a cold cluster (`--nodes`, default 3) under `work`, the UFS read and
+/// disk write references, the timed `pagectl load`, and a sample read back. The cluster is
+/// stopped (and its caches removed) on return.
+pub(crate) fn preload_files(
+    o: &Opts,
+    work: &Path,
+    data: &Path,
+    entries: &[dataset::Entry],
+    mut notes: Vec<String>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Preload> {
+    let pagectl = tool_binary("pagectl")?;
+    std::fs::create_dir_all(work).with_context(|| work.display().to_string())?;
     let manifest = work.join("manifest.txt");
     let text: String = entries
         .iter()
@@ -214,25 +226,28 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
     std::fs::write(&manifest, text).with_context(|| manifest.display().to_string())?;
     let nodes = o.nodes.unwrap_or(3);
     let total: u64 = entries.iter().map(|e| e.size).sum();
-    let stack = Stack::start(o, &work, &data, nodes, entries.iter().map(|e| e.size), &rt)?;
+    let stack = Stack::start(o, work, data, nodes, entries.iter().map(|e| e.size), rt)?;
     notes.push(format!(
         "cluster: {nodes} pagestored x {} shard(s), {} KiB pages, cold",
         o.shards,
         o.page_size >> 10
     ));
 
-    let ufs_bps = ufs_read_bps(o, &data, &entries, &rt)?;
+    let ufs_bps = ufs_read_bps(o, data, entries, rt)?;
 
     // The disk's write bandwidth at the size a preload writes per page.
-    let block = o
-        .manifest_file_size
+    let block = entries
+        .iter()
+        .map(|e| e.size)
+        .max()
+        .unwrap_or(4096)
         .min(u64::from(o.page_size))
         .next_multiple_of(4096);
     let jobs = nodes * o.shards.max(1);
-    let disk_bps = fio_write(&work.join("fio"), jobs, o.qd, block, total)?;
+    let disk = fio_write(o, work, jobs, block, total)?;
 
-    let job = run_job(o, &pagectl, &stack, &manifest, &entries, &rt)?;
-    let (verified_files, sample_hits) = verify_sample(&stack, &entries, &rt)?;
+    let job = run_job(o, &pagectl, &stack, &manifest, entries, rt)?;
+    let (verified_files, sample_hits) = verify_sample(&stack, entries, rt)?;
     Ok(Preload {
         files: entries.len() as u64,
         bytes: total,
@@ -242,7 +257,7 @@ pub fn run_preload(o: &Opts) -> Result<Preload> {
         pagectl_first_page: job.pagectl_first_page,
         pagectl_completion: job.pagectl_completion,
         ufs_bps,
-        disk_bps,
+        disk,
         disk_block: block,
         cpu_nodes: job.cpu_nodes,
         verified_files,
@@ -359,15 +374,8 @@ fn run_job(
         .iter()
         .map(|e| e.size.div_ceil(u64::from(o.page_size)).max(1))
         .sum();
-    let mut all_cached = None;
-    while t0.elapsed() < Duration::from_secs_f64(completion + 30.0) {
-        let (_, pages) = pages_and_hits(stack, rt);
-        if pages >= base_pages + want {
-            all_cached = Some(t0.elapsed().as_secs_f64());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let all_cached = wait_cached(stack, base_pages + want, Duration::from_secs(30), rt)
+        .then(|| t0.elapsed().as_secs_f64());
     let (pagectl_first_page, pagectl_completion) = parse_pagectl(&out);
     Ok(JobTimes {
         first_page,
@@ -407,8 +415,28 @@ fn verify_sample(
     Ok((sample.len() as u64, sample_hits))
 }
 
+/// Waits (polling every 2 ms, at most `limit`) until the cluster counts at least `pages`
+/// pages cached; whether it did.
+pub(crate) fn wait_cached(
+    stack: &Stack,
+    pages: u64,
+    limit: Duration,
+    rt: &tokio::runtime::Runtime,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if pages_and_hits(stack, rt).1 >= pages {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// (hits, pages cached) over the cluster.
-fn pages_and_hits(stack: &Stack, rt: &tokio::runtime::Runtime) -> (u64, u64) {
+pub(crate) fn pages_and_hits(stack: &Stack, rt: &tokio::runtime::Runtime) -> (u64, u64) {
     let stats = rt.block_on(stack.client.shard_stats());
     stats
         .iter()

@@ -95,11 +95,96 @@ fn compare_and_raw_against_fio() {
     let mut args = vec!["compare", "--dir", dir];
     args.extend(SMALL);
     let out = pagebench(&args);
-    assert_eq!(out.matches("  ratio").count(), 3, "{out}");
+    // write, write-full, read, read4k at the one depth given: fio both ways for each, the
+    // faster marked as the reference.
+    let ratios = out.lines().filter(|l| l.starts_with("  ratio")).count();
+    assert_eq!(ratios, 4, "{out}");
+    assert_eq!(out.matches("(plain)").count(), 4, "{out}");
+    assert_eq!(
+        out.matches("(--fixedbufs --registerfiles)").count(),
+        4,
+        "{out}"
+    );
+    assert_eq!(out.matches("<- reference").count(), 4, "{out}");
+    assert!(
+        out.contains("32 inserts into the full cache evicted 32 pages"),
+        "{out}"
+    );
     let mut args = vec!["raw", "--dir", dir, "--workloads", "read,read4k"];
     args.extend(SMALL);
     let out = pagebench(&args);
     assert!(out.contains("raw-read4k"), "{out}");
+}
+
+#[test]
+fn compare_sweeps_depths_against_fio_at_its_best() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the depth sweep smoke test");
+        return;
+    }
+    let d = dir();
+    let out = pagebench(&[
+        "compare",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "16M",
+        "--page-size",
+        "1M",
+        "--shards",
+        "1",
+        "--seconds",
+        "0.2",
+        "--qd",
+        "1,4",
+        "--workloads",
+        "write-full,read4k",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let rows = v.as_array().unwrap();
+    let got: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|r| (r["qd"].as_u64().unwrap(), r["workload"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, "write-full"),
+            (1, "read4k"),
+            (4, "write-full"),
+            (4, "read4k")
+        ]
+    );
+    for r in rows {
+        let runs = &r["fio_runs"];
+        let plain = runs["plain"]["bytes_per_sec"].as_f64().unwrap();
+        let fixed = runs["fixedbufs_registerfiles"]["bytes_per_sec"]
+            .as_f64()
+            .unwrap();
+        assert!(plain > 0.0 && fixed > 0.0, "{r}");
+        // The faster run is the reference, and the ratio is taken against it.
+        let taken = if fixed > plain {
+            "fixedbufs_registerfiles"
+        } else {
+            "plain"
+        };
+        assert_eq!(r["fio_taken"], taken, "{r}");
+        assert_eq!(runs["taken"], taken, "{r}");
+        let best = r["fio"]["bytes_per_sec"].as_f64().unwrap();
+        assert_eq!(best, plain.max(fixed), "{r}");
+        let ratio = r["ratio_bw"].as_f64().unwrap();
+        let engine = r["bytes_per_sec"].as_f64().unwrap();
+        assert!((ratio - engine / best).abs() < 1e-9 * ratio.max(1.0), "{r}");
+    }
+    // Into a full cache, every insert evicts.
+    for r in rows.iter().filter(|r| r["workload"] == "write-full") {
+        assert_eq!(r["ops"].as_u64(), Some(16), "{r}");
+        assert_eq!(r["evictions"].as_u64(), Some(16), "{r}");
+    }
+    // The target for 4 KiB reads is set at depth 8 and beyond only.
+    assert!(rows[1]["target"].is_null(), "{}", rows[1]);
 }
 
 #[test]
@@ -750,4 +835,91 @@ fn checkpoint_writes_back_and_flushes_against_the_store_and_fio() {
     assert!(!std::fs::read_to_string("/proc/mounts")
         .unwrap()
         .contains(d.path().to_str().unwrap()));
+}
+
+#[test]
+fn smallfiles_reads_every_file_through_every_path_and_preloads_them() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "fio is missing in CI");
+        eprintln!("fio not installed: skipping the smallfiles smoke test");
+        return;
+    }
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (files, size) = (150u64, 8192u64);
+    let out = pagebench_with_tools(&[
+        "smallfiles",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--files",
+        "150",
+        "--file-size",
+        "8K",
+        "--parallel",
+        "4",
+        "--nodes",
+        "1",
+        "--shards",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["files"].as_u64(), Some(files), "{v}");
+    assert_eq!(v["byte_exact"], true);
+    let paths = v["paths"].as_array().unwrap();
+    let names: Vec<&str> = paths
+        .iter()
+        .map(|p| p["target"].as_str().unwrap())
+        .collect();
+    let mut want = vec!["direct", "client-cold", "client-warm"];
+    if fuse_available() {
+        want.push("pagefs-warm");
+    }
+    want.push("pages3-warm");
+    assert_eq!(names, want, "{v}");
+    for p in paths {
+        // Every file opened, stat'ed, read whole and checked, once.
+        assert_eq!(p["files"].as_u64(), Some(files), "{p}");
+        assert_eq!(p["bytes"].as_u64(), Some(files * size), "{p}");
+        assert_eq!(p["verified_ops"].as_u64(), Some(files), "{p}");
+        assert_eq!(p["readers"].as_u64(), Some(4), "{p}");
+        assert!(p["files_per_sec"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["vs_direct"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["latency_us"]["p99"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    assert_eq!(paths[0]["vs_direct"].as_f64(), Some(1.0));
+    // Cold: every file's page a miss; warm: every one a hit.
+    assert_eq!(paths[1]["misses"].as_u64(), Some(files), "{}", paths[1]);
+    for p in &paths[2..] {
+        assert_eq!(p["hit_ratio"].as_f64(), Some(1.0), "{p}");
+        assert_eq!(p["misses"].as_u64(), Some(0), "{p}");
+    }
+    // The preload of the same files, timed, against its references.
+    let pl = &v["preload"];
+    assert_eq!(pl["files"].as_u64(), Some(files), "{pl}");
+    assert_eq!(pl["bytes"].as_u64(), Some(files * size), "{pl}");
+    let first = pl["submission_to_first_page_secs"].as_f64().unwrap();
+    let done = pl["submission_to_completion_secs"].as_f64().unwrap();
+    assert!(first > 0.0 && first <= done, "{pl}");
+    assert!(pl["ratio_to_bound"].as_f64().unwrap() > 0.0, "{pl}");
+    let disk = &pl["disk_write_fio"];
+    let best = pl["disk_write_bytes_per_sec"].as_f64().unwrap();
+    let (plain, fixed) = (
+        disk["plain"]["bytes_per_sec"].as_f64().unwrap(),
+        disk["fixedbufs_registerfiles"]["bytes_per_sec"]
+            .as_f64()
+            .unwrap(),
+    );
+    assert_eq!(best, plain.max(fixed), "{pl}");
+    assert_eq!(pl["sample_misses"].as_u64(), Some(0), "{pl}");
+    // Nothing is left running or mounted; the caches are gone.
+    assert!(!std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(d.path().to_str().unwrap()));
+    assert!(!d.path().join("smallfiles").join("nodes").exists());
+    assert!(!d
+        .path()
+        .join("smallfiles")
+        .join("preload")
+        .join("nodes")
+        .exists());
 }
