@@ -710,22 +710,48 @@ fn fanout_reads_one_file_once_from_the_store_for_every_reader() {
     let size = 12u64 << 20;
     assert_eq!(v["direct"].as_array().unwrap().len(), 2, "{v}");
     let passes = v["passes"].as_array().unwrap();
-    // Readers 3 and 9, cold and warm, without and with the memory tier.
-    assert_eq!(passes.len(), 8, "{v}");
+    // Without and with the memory tier and hot-page replicas: readers 3 and 9, cold and warm,
+    // and the hot-page pass with 9 readers.
+    assert_eq!(passes.len(), 4 * 5, "{v}");
+    let page = 1u64 << 20;
     for p in passes {
         let readers = p["readers"].as_u64().unwrap();
-        assert_eq!(p["bytes"].as_u64(), Some(readers * size), "{p}");
-        let cold = p["name"].as_str().unwrap().starts_with("cold");
-        let store = p["store_bytes"].as_u64().unwrap();
-        assert_eq!(store, if cold { size } else { 0 }, "{p}");
+        let name = p["name"].as_str().unwrap();
+        let replicas = p["replicas"] == true;
         let served: u64 = p["node_bytes"]
             .as_array()
             .unwrap()
             .iter()
             .map(|b| b.as_u64().unwrap())
             .sum();
-        assert_eq!(served, readers * size, "{p}");
         assert_eq!(p["client_fallbacks"].as_u64(), Some(0), "{p}");
+        if name.starts_with("hot page") {
+            // One page read again and again: from its owner alone without replicas (one node
+            // of three serves everything), spread over the nodes with them.
+            assert_eq!(readers, 9, "{p}");
+            let bytes = p["bytes"].as_u64().unwrap();
+            assert!(bytes > 0 && bytes % page == 0, "{p}");
+            assert_eq!(p["store_bytes"].as_u64(), Some(0), "{p}");
+            let balance = p["node_max_over_mean"].as_f64().unwrap();
+            if replicas {
+                assert!(p["hot_reads"].as_u64().unwrap() > 0, "{p}");
+                assert!(balance < 3.0, "{p}");
+            } else {
+                assert_eq!(p["hot_reads"].as_u64(), Some(0), "{p}");
+                assert_eq!(balance, 3.0, "{p}");
+            }
+            continue;
+        }
+        assert_eq!(p["bytes"].as_u64(), Some(readers * size), "{p}");
+        let cold = name.starts_with("cold");
+        let store = p["store_bytes"].as_u64().unwrap();
+        assert_eq!(store, if cold { size } else { 0 }, "{p}");
+        // With replicas the nodes also served copies of pages that turned hot to each other.
+        if replicas {
+            assert!(served >= readers * size && served % page == 0, "{p}");
+        } else {
+            assert_eq!(served, readers * size, "{p}");
+        }
         if p["memory_tier"] == true && !cold {
             assert!(p["memory_hits"].as_u64().unwrap() > 0, "{p}");
         }
@@ -738,7 +764,7 @@ fn fanout_reads_one_file_once_from_the_store_for_every_reader() {
         v["memory_over_disk_same_shard"].as_f64().unwrap() > 0.0,
         "{v}"
     );
-    assert_eq!(v["completion_ratios"].as_array().unwrap().len(), 8, "{v}");
+    assert_eq!(v["completion_ratios"].as_array().unwrap().len(), 20, "{v}");
 }
 
 #[test]
