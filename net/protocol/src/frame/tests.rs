@@ -1709,9 +1709,9 @@ fn documented_field_offsets() {
             ResponseBody::Data {
                 page_len: 100,
                 version: 6,
-                spread: 0,
+                spread: 3,
             },
-            vec![(8, 1, 0), (12, 4, 100), (16, 8, 6)],
+            vec![(8, 1, 0), (12, 4, 100), (16, 8, 6), (24, 1, 3)],
         ),
         (
             ResponseBody::Pages {
