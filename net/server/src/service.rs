@@ -230,6 +230,14 @@ impl ShardService {
     pub async fn drop_cooled_copies(&self) -> usize {
         let cooled = self.copies.borrow_mut().cooled(std::time::Instant::now());
         for k in &cooled {
+            // A ring change may have made this shard the page's owner: then it is its own.
+            let key = Key {
+                file_id: FileId::from_u128(k.file_id),
+                page: k.page,
+            };
+            if self.view.owns(&key) {
+                continue;
+            }
             if let Some(m) = &self.memory {
                 m.borrow_mut().remove_page(k.file_id, k.page);
             }
