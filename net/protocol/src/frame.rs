@@ -744,7 +744,7 @@ pub enum Route {
     Fallback,
     /// To one of the first `spread` members of a page the owner reported hot
     /// (`Data::spread`): the shard serves it if it is one, and copies a miss
-    /// from the owner (peer to peer) rather than from the under storage.
+    /// from the owner (peer to peer), never from the under storage.
     Hot,
 }
 
@@ -1182,9 +1182,9 @@ pub struct ShardCounters {
     pub hot_now: u64,
     /// Copies of other owners' hot pages this shard made since start.
     pub replica_copies: u64,
-    /// Of those, copies read from the under storage because the owner could
-    /// not give the page (each one a store read the replica made).
-    pub replica_copy_fallbacks: u64,
+    /// Copies the owner could not give (the reader was answered
+    /// `Unavailable` and asked the owner itself; never a store read).
+    pub replica_copy_failures: u64,
     /// Copies of hot pages this shard holds now.
     pub replicas_held: u64,
     /// Copies dropped because nobody read them for the cooling time.

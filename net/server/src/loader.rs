@@ -17,8 +17,7 @@
 //! - a count of store reads of pages it had read recently already (`ufs_repeat_reads`, over its
 //!   last [`RECENT_LOADS`] loads): how the operator sees that a page was fetched more than once;
 //! - copies of hot pages from their owner ([`Loader::copy_from_owner`], `crate::spread`): the
-//!   same single flight, with the page read from the owning peer instead of the store, and from
-//!   the store only when the owner cannot give it.
+//!   same single flight, with the page read from the owning peer, never from the store.
 
 use std::{
     cell::{Cell, RefCell},
@@ -79,8 +78,8 @@ pub struct LoaderStats {
     pub ufs_repeat_reads: Cell<u64>,
     /// Hot pages copied from their owner (peer to peer).
     pub owner_copies: Cell<u64>,
-    /// Copies from the owner that failed and were read from the store instead.
-    pub owner_copy_fallbacks: Cell<u64>,
+    /// Copies the owner could not give (the reader is sent back to the owner).
+    pub owner_copy_failures: Cell<u64>,
 }
 
 /// Page loads a shard remembers (by key hash) to count repeated store reads of one page.
@@ -222,8 +221,10 @@ impl Loader {
     }
 
     /// A hot page this shard serves as one of its replicas: like [`Loader::load`], but read
-    /// from the page's owner ([`Source::read_from_owner`]), and from the store only when the
-    /// owner cannot give it. Joins a load of the page in flight, as any miss does.
+    /// from the page's owner ([`Source::read_from_owner`]), never from the store: when the
+    /// owner cannot give it (down, overloaded, another ring) the answer is `Unavailable` and
+    /// the reader asks the owner itself, so a hot page is still read from the store once, by
+    /// its owner. Joins a load of the page in flight, as any miss does.
     pub async fn copy_from_owner(
         self: &Rc<Self>,
         file: &FileRef,
@@ -282,8 +283,8 @@ impl Loader {
         })
     }
 
-    /// The page from its owner; on failure (the owner down, or not the owner under its ring),
-    /// from the store like any miss.
+    /// The page: from its owner (a hot page's copy; `Unavailable` when the owner cannot give
+    /// it), or from the store.
     async fn read_page(
         &self,
         key: PageKey,
@@ -294,23 +295,35 @@ impl Loader {
     ) -> FlightResult {
         if from_owner {
             let copied = self.on_tokio(self.source.read_from_owner(file, page)).await;
-            match copied {
+            let err = match copied {
                 Ok(b) if b.len() as u64 == range.end - range.start => {
                     self.stats
                         .owner_copies
                         .set(self.stats.owner_copies.get() + 1);
                     return Ok((b, false));
                 }
-                Ok(b) => {
-                    tracing::debug!(path = %file.path, page, got = b.len(), "the owner's copy has the wrong length; reading the store")
-                }
-                Err(e) => {
-                    tracing::debug!(path = %file.path, page, error = %e, "the owner could not give a hot page; reading the store")
-                }
-            }
+                Ok(b) => SourceError::new(
+                    ErrorCode::Changed,
+                    format!(
+                        "{}: the owner's copy of page {page} has {} bytes, not {}",
+                        file.path,
+                        b.len(),
+                        range.end - range.start
+                    ),
+                ),
+                Err(e) => SourceError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "{}: the owner of hot page {page} could not give it ({}); ask the owner",
+                        file.path, e.message
+                    ),
+                ),
+            };
+            tracing::debug!(error = %err, "a hot page's copy failed");
             self.stats
-                .owner_copy_fallbacks
-                .set(self.stats.owner_copy_fallbacks.get() + 1);
+                .owner_copy_failures
+                .set(self.stats.owner_copy_failures.get() + 1);
+            return Err(err);
         }
         self.stats.ufs_reads.set(self.stats.ufs_reads.get() + 1);
         if self.recent.borrow_mut().seen(key.hash64()) {

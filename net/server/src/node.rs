@@ -182,7 +182,7 @@ pub struct LoaderCounters {
     /// Hot pages copied from their owner (peer to peer).
     pub owner_copies: u64,
     /// Copies from the owner that failed and were read from the store instead.
-    pub owner_copy_fallbacks: u64,
+    pub owner_copy_failures: u64,
 }
 
 /// What each shard keeps beside its cache: its network state, from the engine's init hook
@@ -570,7 +570,7 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 store_failures: s.store_failures.get(),
                 ufs_repeat_reads: s.ufs_repeat_reads.get(),
                 owner_copies: s.owner_copies.get(),
-                owner_copy_fallbacks: s.owner_copy_fallbacks.get(),
+                owner_copy_failures: s.owner_copy_failures.get(),
             }
         })
 }

@@ -1034,9 +1034,9 @@ impl ShardService {
             });
         let (memory, memory_hit_bytes) = self.memory_stats();
         let (hot_now, hot_turned, copies) = self.spread_stats();
-        let (owner_copies, owner_copy_fallbacks) = self.loader.as_ref().map_or((0, 0), |l| {
+        let (owner_copies, owner_copy_failures) = self.loader.as_ref().map_or((0, 0), |l| {
             let st = l.stats();
-            (st.owner_copies.get(), st.owner_copy_fallbacks.get())
+            (st.owner_copies.get(), st.owner_copy_failures.get())
         });
         let counters = frame::ShardCounters {
             shard: s.shard as u16,
@@ -1067,7 +1067,7 @@ impl ShardService {
             hot_turned,
             hot_now: u64::from(hot_now),
             replica_copies: owner_copies,
-            replica_copy_fallbacks: owner_copy_fallbacks,
+            replica_copy_failures: owner_copy_failures,
             replicas_held: u64::from(copies.held),
             replicas_dropped: copies.dropped,
             replica_hot_reads: copies.reads,

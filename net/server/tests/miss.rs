@@ -341,7 +341,7 @@ impl Harness {
                 store_failures: a.store_failures + c.store_failures,
                 ufs_repeat_reads: a.ufs_repeat_reads + c.ufs_repeat_reads,
                 owner_copies: a.owner_copies + c.owner_copies,
-                owner_copy_fallbacks: a.owner_copy_fallbacks + c.owner_copy_fallbacks,
+                owner_copy_failures: a.owner_copy_failures + c.owner_copy_failures,
             })
     }
 }
@@ -981,7 +981,7 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
                 c.replica_copies,
                 c.replicas_held,
                 c.replica_hot_reads,
-                c.replica_copy_fallbacks
+                c.replica_copy_failures
             ),
             (1, 1, 2, 0)
         );
@@ -1001,23 +1001,35 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
         .await;
         assert_eq!(body, ResponseBody::NotOwner { epoch: 7 });
 
-        // The owner cannot give the page: the replica reads the store instead (one read) and
-        // says so in its counters.
+        // The owner cannot give the page: the replica does not read the store (the page would
+        // be read from it twice); it answers Unavailable, so the reader asks the owner itself.
         h.fake.fail_owner.store(true, Ordering::SeqCst);
         let (page2, shard2) = theirs[1];
-        let (body, bytes) = ask(
+        let (body, _) = ask(
             &pool,
             h.addr(shard2),
             fetch_as(&f, page2, 0, PAGE, Route::Hot),
         )
         .await;
-        assert!(matches!(body, ResponseBody::Data { .. }), "{body:?}");
-        assert!(bytes == bytes_of(page2));
-        assert_eq!(h.fake.reads(), store_reads + 1);
+        assert_error(&body, ErrorCode::Unavailable);
+        assert_eq!(
+            h.fake.reads(),
+            store_reads,
+            "no store read for a failed copy"
+        );
+        assert!(!h.shard(shard2).contains(key(&f, page2)).await.unwrap());
         let c = shard_counters(&pool, h.addr(shard2)).await;
-        assert_eq!(c.replica_copy_fallbacks, 1);
+        assert_eq!((c.replica_copy_failures, c.replicas_held), (1, 0));
         h.fake.fail_owner.store(false, Ordering::SeqCst);
 
+        // The owner is back: the copy is made.
+        let (_, bytes) = ask(
+            &pool,
+            h.addr(shard2),
+            fetch_as(&f, page2, 0, PAGE, Route::Hot),
+        )
+        .await;
+        assert!(bytes == bytes_of(page2));
         // Nobody reads the copies: after the cooling time (1 s, swept every 250 ms) they are
         // dropped from the replicas' caches, and a later hot read copies the page again.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1036,7 +1048,7 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
         assert_eq!(c.replicas_dropped, 1);
         let (_, bytes) = ask(&pool, replica, fetch_as(&f, page, 0, PAGE, Route::Hot)).await;
         assert!(bytes == bytes_of(page));
-        assert_eq!(h.fake.owner_reads.load(Ordering::SeqCst), 3);
+        assert_eq!(h.fake.owner_reads.load(Ordering::SeqCst), 4);
 
         // Files written through the cluster are never spread (their write members hold them).
         let wb = file_ref("/o/written", "wb1-0123456789abcdef0123456789abcdef", P);

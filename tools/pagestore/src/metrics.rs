@@ -173,10 +173,10 @@ const PER_SHARD: &[ShardFamily] = &[
         |s| s.loader.owner_copies,
     ),
     (
-        "pagestore_replica_copy_fallbacks_total",
+        "pagestore_replica_copy_failures_total",
         Kind::Counter,
-        "Hot-page copies the owner could not give, read from the under storage instead.",
-        |s| s.loader.owner_copy_fallbacks,
+        "Hot-page copies the owner could not give (the reader asked the owner itself).",
+        |s| s.loader.owner_copy_failures,
     ),
     (
         "pagestore_replicas",

@@ -190,7 +190,7 @@ async fn per_node(client: &Client) -> std::collections::BTreeMap<u128, ShardCoun
         t.hot_turned += c.hot_turned;
         t.hot_now += c.hot_now;
         t.replica_copies += c.replica_copies;
-        t.replica_copy_fallbacks += c.replica_copy_fallbacks;
+        t.replica_copy_failures += c.replica_copy_failures;
         t.replicas_held += c.replicas_held;
         t.replicas_dropped += c.replicas_dropped;
         t.replica_hot_reads += c.replica_hot_reads;
@@ -275,7 +275,7 @@ async fn a_hot_page_is_served_by_every_node_copied_once_from_its_owner_and_dropp
     assert_eq!(sum(|n| n.ufs_reads), pages as u64);
     assert_eq!(sum(|n| n.hot_turned), pages as u64, "{by_node:?}");
     assert_eq!(sum(|n| n.replica_copies), 2 * pages as u64, "{by_node:?}");
-    assert_eq!(sum(|n| n.replica_copy_fallbacks), 0);
+    assert_eq!(sum(|n| n.replica_copy_failures), 0);
     assert!(sum(|n| n.replica_hot_reads) > reads, "{by_node:?}");
     // Served by every node about evenly (the target: max/mean at most 1.25).
     let mean = total as f64 / by_node.len() as f64;
