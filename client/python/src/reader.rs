@@ -57,8 +57,7 @@ async fn read_exact(
     Ok(b)
 }
 
-/// Bytes `offset..offset+len` of `info` as a Python `bytes`, received straight into it with the
-/// GIL released.
+/// Bytes `offset..offset+len` of `info` as a Python `bytes`, fetched with the GIL released.
 pub fn read_into_bytes<'py>(
     py: Python<'py>,
     p: &Process,
@@ -68,16 +67,29 @@ pub fn read_into_bytes<'py>(
     len: u64,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let t0 = Instant::now();
-    let n = usize::try_from(len).map_err(|_| PyValueError::new_err("range too large"))?;
-    let out = PyBytes::new_with(py, n, |buf| {
-        let b = p
-            .block_on(py, read_exact(client, info, offset, len))
-            .map_err(to_py)?;
-        buf.copy_from_slice(&b);
-        Ok(())
-    })?;
+    let b = p
+        .block_on(py, read_exact(client, info, offset, len))
+        .map_err(to_py)?;
+    let out = PyBytes::new(py, &b);
     p.reads.record(t0, len);
     Ok(out)
+}
+
+/// `chunks` (in order, `n` bytes in all) as one Python `bytes`. One chunk (a read within one
+/// page: every aligned read of at most a page) is copied once; several are copied once each into
+/// a `bytes` that PyO3 zero-fills first.
+fn joined<'py>(py: Python<'py>, chunks: &[Bytes], n: usize) -> PyResult<Bound<'py, PyBytes>> {
+    if let [one] = chunks {
+        return Ok(PyBytes::new(py, one));
+    }
+    PyBytes::new_with(py, n, |buf| {
+        let mut at = 0;
+        for c in chunks {
+            buf[at..at + c.len()].copy_from_slice(c);
+            at += c.len();
+        }
+        Ok(())
+    })
 }
 
 /// `e` again (the typed kind and message; an underlying error is not kept): the error of a
@@ -260,21 +272,19 @@ impl State {
         Ok(b)
     }
 
-    /// Fills `buf` with the bytes at `self.pos` (the caller clipped it to the file).
-    async fn fill(
+    /// The `len` bytes at `self.pos` (the caller clipped them to the file), as slices of the
+    /// pages that hold them: nothing is copied here.
+    async fn gather(
         &mut self,
         info: &Arc<ObjectInfo>,
         p: &Process,
-        buf: &mut [u8],
-    ) -> Result<(), Error> {
-        let len = buf.len() as u64;
+        len: u64,
+    ) -> Result<Vec<Bytes>, Error> {
         let pos = self.pos;
         let sequential = self.last_end == Some(pos);
         if !sequential {
             self.drop_pages();
-            let b = read_exact(&self.client, info, pos, len).await?;
-            buf.copy_from_slice(&b);
-            return Ok(());
+            return Ok(vec![read_exact(&self.client, info, pos, len).await?]);
         }
         let ps = u64::from(self.client.page_size());
         let (first, last) = (pos / ps, (pos + len - 1) / ps);
@@ -291,20 +301,19 @@ impl State {
             keep
         });
         let mut at = pos;
-        let mut out = 0usize;
+        let mut chunks = Vec::with_capacity((last - first + 1) as usize);
         for page in first..=last {
             let b = self.page(info, p, page).await?;
             let off = (at - page * ps) as usize;
-            let n = (b.len().saturating_sub(off)).min(buf.len() - out);
             let want = ((page + 1) * ps).min(pos + len) - at;
+            let n = b.len().saturating_sub(off).min(want as usize);
             if n as u64 != want {
                 return Err(short(info, at, n, want));
             }
-            buf[out..out + n].copy_from_slice(&b[off..off + n]);
-            out += n;
+            chunks.push(b.slice(off..off + n));
             at += n as u64;
         }
-        Ok(())
+        Ok(chunks)
     }
 }
 
@@ -326,12 +335,12 @@ impl Reader {
         let n = usize::try_from(len).map_err(|_| PyValueError::new_err("read too large"))?;
         let t0 = Instant::now();
         let info = &self.info;
-        let out = PyBytes::new_with(py, n, |buf| {
-            if n == 0 {
-                return Ok(());
-            }
-            p.block_on(py, st.fill(info, p, buf)).map_err(to_py)
-        })?;
+        let chunks = if n == 0 {
+            Vec::new()
+        } else {
+            p.block_on(py, st.gather(info, p, len)).map_err(to_py)?
+        };
+        let out = joined(py, &chunks, n)?;
         st.pos += len;
         st.last_end = Some(st.pos);
         if len > 0 {
