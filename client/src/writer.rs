@@ -380,35 +380,43 @@ impl Client {
             file_id: FileId::from_u128(file_id),
             page,
         };
+        let addrs: Vec<_> = candidates
+            .into_iter()
+            .filter(|m| !layout.down.contains(&m.node))
+            .filter_map(|m| layout.membership.addr_of(m))
+            .collect();
+        let body = RequestBody::WriteDirty {
+            key,
+            version_tag: tag.to_string(),
+            len: bytes.len() as u32,
+            epoch: ring.epoch(),
+        };
+        // The members the page still needs are sent it at once (with R = 2 a page costs one
+        // round trip, not two); the next candidates stand in for those that fail.
         let mut stored = 0;
         let mut last_err = None;
-        for m in candidates {
-            if stored == need {
-                break;
-            }
-            if layout.down.contains(&m.node) {
-                continue;
-            }
-            let Some(addr) = layout.membership.addr_of(m) else {
-                continue;
-            };
-            let body = RequestBody::WriteDirty {
-                key,
-                version_tag: tag.to_string(),
-                len: bytes.len() as u32,
-                epoch: ring.epoch(),
-            };
-            match self.ask_with(addr, body, bytes).await {
-                Attempt::Answer(Ok((ResponseBody::Written, _))) => stored += 1,
-                Attempt::Answer(Ok((other, _))) => {
-                    last_err = Some(Error::unavailable(format!("unexpected answer {other:?}")))
-                }
-                // Full, a closed version, a refusal: the same on every member.
-                Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(why) | Attempt::StoreFailed(why) => {
-                    last_err = Some(Error::unavailable(format!(
-                        "write member {addr} did not take page {page}: {why}"
-                    )))
+        let mut next = 0;
+        while stored < need && next < addrs.len() {
+            let wave = &addrs[next..(next + need - stored).min(addrs.len())];
+            next += wave.len();
+            let answers = futures_util::future::join_all(wave.iter().map(|&addr| {
+                let body = body.clone();
+                async move { (addr, self.ask_with(addr, body, bytes).await) }
+            }))
+            .await;
+            for (addr, answer) in answers {
+                match answer {
+                    Attempt::Answer(Ok((ResponseBody::Written, _))) => stored += 1,
+                    Attempt::Answer(Ok((other, _))) => {
+                        last_err = Some(Error::unavailable(format!("unexpected answer {other:?}")))
+                    }
+                    // Full, a closed version, a refusal: the same on every member.
+                    Attempt::Answer(Err(e)) => return Err(e),
+                    Attempt::Failed(why) | Attempt::StoreFailed(why) => {
+                        last_err = Some(Error::unavailable(format!(
+                            "write member {addr} did not take page {page}: {why}"
+                        )))
+                    }
                 }
             }
         }
