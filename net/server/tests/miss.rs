@@ -871,6 +871,16 @@ fn store_and_request_errors_are_answers_and_failures_are_not_cached() {
     });
 }
 
+/// This node's two shards and one shard of another node, epoch 7.
+fn two_node_ring() -> Ring {
+    let me = |shard| MemberId { node: NODE, shard };
+    let other = MemberId {
+        node: OTHER,
+        shard: 0,
+    };
+    Ring::new([me(0), me(1), other], RingConfig::default(), 7).unwrap()
+}
+
 /// One shard's counters, asked over QUIC.
 async fn shard_counters(pool: &Pool, addr: SocketAddr) -> frame::ShardCounters {
     let (body, bytes) = ask(pool, addr, RequestBody::Counters).await;
@@ -880,23 +890,9 @@ async fn shard_counters(pool: &Pool, addr: SocketAddr) -> frame::ShardCounters {
 
 #[test]
 fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
-    // This node's two shards and one shard of another node: a hot page spreads over 2 members
-    // on distinct nodes, so every key owned by the other node has its second member here.
-    let members = [
-        MemberId {
-            node: NODE,
-            shard: 0,
-        },
-        MemberId {
-            node: NODE,
-            shard: 1,
-        },
-        MemberId {
-            node: OTHER,
-            shard: 0,
-        },
-    ];
-    let ring = Ring::new(members, RingConfig::default(), 7).unwrap();
+    // A hot page spreads over 2 members on distinct nodes, so every key owned by the other
+    // node has its second member here.
+    let ring = two_node_ring();
     let h = Harness::start(Setup {
         ring: ring.clone(),
         spread: SpreadConfig {
@@ -1066,22 +1062,7 @@ fn hot_pages_are_spread_by_their_owner_and_copied_from_it_by_their_replicas() {
 
 #[test]
 fn fetches_for_keys_this_shard_neither_owns_nor_replicates_are_not_owner() {
-    // This node's two shards and one shard of another node, epoch 7.
-    let members = [
-        MemberId {
-            node: NODE,
-            shard: 0,
-        },
-        MemberId {
-            node: NODE,
-            shard: 1,
-        },
-        MemberId {
-            node: OTHER,
-            shard: 0,
-        },
-    ];
-    let ring = Ring::new(members, RingConfig::default(), 7).unwrap();
+    let ring = two_node_ring();
     let h = Harness::start(Setup {
         ring: ring.clone(),
         replicas: 1,
@@ -1153,7 +1134,8 @@ fn fetches_for_keys_this_shard_neither_owns_nor_replicates_are_not_owner() {
         assert_eq!(not_owner, u64::from(pages as u32 * 4 - seen[0] - seen[1]));
 
         // The other node leaves (epoch 8): its keys move to this node's shards.
-        let ring8 = Ring::new(members[..2].iter().copied(), RingConfig::default(), 8).unwrap();
+        let mine = ring.members().iter().copied().filter(|m| m.node == NODE);
+        let ring8 = Ring::new(mine, RingConfig::default(), 8).unwrap();
         h.node
             .set_ring(Arc::new(ring8.clone()), Arc::new(Vec::new()))
             .await

@@ -318,18 +318,23 @@ fn defaults_are_the_embedded_single_node_ones() {
     );
 }
 
-#[test]
-fn the_memory_tier_is_off_by_default_and_sized_by_flag_or_file() {
-    let dir = tempfile::tempdir().unwrap();
+/// `s` with one `file://` mount of an existing directory in `dir`, so that it resolves.
+fn with_data_mount(dir: &tempfile::TempDir, s: Settings) -> Settings {
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let base = |s: Settings| Settings {
+    Settings {
         mounts: Some(vec![(
             "/data".to_string(),
             format!("file://{}", data.display()),
         )]),
         ..s
-    };
+    }
+}
+
+#[test]
+fn the_memory_tier_is_off_by_default_and_sized_by_flag_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = |s: Settings| with_data_mount(&dir, s);
     assert_eq!(base(Settings::default()).resolve().unwrap().memory_cache, 0);
     let f = flags(&["--memory-cache", "2G"]);
     assert_eq!(f.memory_cache, Some(Size(2 << 30)));
@@ -344,15 +349,7 @@ fn the_memory_tier_is_off_by_default_and_sized_by_flag_or_file() {
 #[test]
 fn hot_page_replicas_default_on_and_take_flags_over_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let base = |s: Settings| Settings {
-        mounts: Some(vec![(
-            "/data".to_string(),
-            format!("file://{}", data.display()),
-        )]),
-        ..s
-    };
+    let base = |s: Settings| with_data_mount(&dir, s);
     let d = base(Settings::default()).resolve().unwrap().spread;
     assert_eq!(
         (d.spread, d.threshold, d.cool),
