@@ -183,6 +183,8 @@ pub struct LoaderCounters {
     pub owner_copies: u64,
     /// Copies from the owner that failed and were read from the store instead.
     pub owner_copy_fallbacks: u64,
+    /// Directories listed to answer their files' stats (`loader::LIST_AFTER_STATS`).
+    pub dir_listings: u64,
 }
 
 /// What each shard keeps beside its cache: its network state, from the engine's init hook
@@ -571,6 +573,7 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 ufs_repeat_reads: s.ufs_repeat_reads.get(),
                 owner_copies: s.owner_copies.get(),
                 owner_copy_fallbacks: s.owner_copy_fallbacks.get(),
+                dir_listings: s.dir_listings.get(),
             }
         })
 }

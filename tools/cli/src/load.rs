@@ -21,7 +21,8 @@ use pagestore_protocol::frame::{DirEntry, MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN
 /// How to run a job.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Files in flight at once.
+    /// Load requests in flight at once, each naming many files grouped by owner shard
+    /// ([`Client::load_many`]); with `verify`, files in flight at once.
     pub parallel: usize,
     /// Also check every page against the under storage and repair what differs.
     pub verify: bool,
@@ -391,17 +392,22 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
         files: total_files,
         ..JobReport::default()
     }));
-    stream::iter(files)
-        .for_each_concurrent(opts.parallel.max(1), |file| {
-            let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
-            async move {
-                let r = load_one(&client, &file, opts.verify).await;
-                let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
-                count_file(r, &file.path, &progress, &mut rep, start);
-                progress.files_done.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-        .await;
+    if opts.verify {
+        // File by file: each is checked against the under storage page by page.
+        stream::iter(files)
+            .for_each_concurrent(opts.parallel.max(1), |file| {
+                let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
+                async move {
+                    let r = load_one(&client, &file, opts.verify).await;
+                    let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+                    count_file(r, &file.path, &progress, &mut rep, start);
+                    progress.files_done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .await;
+    } else {
+        load_batched(&client, files, opts, &progress, &report, start).await;
+    }
     ticker.abort();
     let state = if progress.failed.load(Ordering::Relaxed) > 0 {
         JobState::Failed
@@ -569,6 +575,56 @@ impl ProgressOut {
             }
         }
     }
+}
+
+/// Loads `files` in batches ([`Client::load_many`]: many files per request, grouped by
+/// owner shard, at most `opts.parallel` requests in flight), after a stat of each file its
+/// listing did not describe; every file's outcome is counted as it completes.
+async fn load_batched(
+    client: &Client,
+    files: Vec<Target>,
+    opts: &LoadOptions,
+    progress: &Progress,
+    report: &Mutex<JobReport>,
+    start: Instant,
+) {
+    let finish = |path: &str, r: Result<OneFile, String>| {
+        let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+        count_file(r, path, progress, &mut rep, start);
+        progress.files_done.fetch_add(1, Ordering::Relaxed);
+    };
+    let stats: Vec<(Target, Result<ObjectInfo, Error>)> = stream::iter(files)
+        .map(|t| async move {
+            let r = match &t.listed {
+                Some(info) => Ok(info.clone()),
+                None => client.stat(&t.path).await,
+            };
+            (t, r)
+        })
+        .buffered(opts.parallel.max(1))
+        .collect()
+        .await;
+    let mut infos = Vec::with_capacity(stats.len());
+    for (t, r) in stats {
+        match r {
+            Ok(info) => infos.push(info),
+            Err(e) => finish(&t.path, Err(e.to_string())),
+        }
+    }
+    client
+        .load_many(&infos, opts.parallel.max(1), |i, r| {
+            let info = &infos[i];
+            let one = r.map(|o| OneFile {
+                size: info.size,
+                loaded: o.loaded,
+                present: o.present,
+                bytes: o.bytes,
+                verified: 0,
+                repaired: false,
+            });
+            finish(&info.path, one.map_err(|e| e.to_string()));
+        })
+        .await;
 }
 
 struct OneFile {
