@@ -1395,12 +1395,12 @@ impl Client {
     /// and each owner gets `LoadFiles` requests naming many files each (up to
     /// [`frame::MAX_LOAD_FILES`], [`frame::MAX_LOAD_PAGES`] pages and one header; the first
     /// requests to each owner are small, so that the first pages are cached at once), at most
-    /// `inflight` requests at a time over the cluster, owners in turn. `done(i, outcome)` is
-    /// called once per file of `files` (in no particular order) when every owner of its
-    /// pages has answered: what was loaded, or why the file failed. A file failing does not
-    /// fail the others; a request that fails (its owner unreachable, or not the owner under its
-    /// ring) fails the files it named, each with the reason. Nothing falls back to the under
-    /// storage: preloading is the cluster's business.
+    /// `inflight` requests at a time over the cluster and two per owner, owners in turn.
+    /// `done(i, outcome)` is called once per file of `files` (in no particular order) when
+    /// every owner of its pages has answered: what was loaded, or why the file failed. A file
+    /// failing does not fail the others; a request that fails (its owner unreachable, or not
+    /// the owner under its ring) fails the files it named, each with the reason. Nothing falls
+    /// back to the under storage: preloading is the cluster's business.
     pub async fn load_many<F>(&self, files: &[ObjectInfo], inflight: usize, mut done: F)
     where
         F: FnMut(usize, Result<LoadOutcome, Error>),
@@ -1497,6 +1497,9 @@ impl Client {
                 }
             }
         }
+        // A shard works on the requests it holds at once: more than a few per owner would only
+        // make each of them take longer.
+        let inflight = inflight.min(LOAD_PER_OWNER * owners.len()).max(1);
         let asks = stream::iter(requests)
             .map(|(addr, batch)| async move {
                 let (index, entries): (Vec<usize>, Vec<frame::LoadFile>) =
@@ -1506,13 +1509,13 @@ impl Client {
                     files: entries,
                     epoch,
                 };
-                (addr, index, pages, self.ask(addr, body).await)
+                (addr, index, pages, self.ask_load(addr, body).await)
             })
-            .buffer_unordered(inflight.max(1));
+            .buffer_unordered(inflight);
         let mut asks = std::pin::pin!(asks);
         while let Some((addr, index, pages, answer)) = asks.next().await {
             let each: Vec<Result<(u64, u64), Error>> = match answer {
-                Attempt::Answer(Ok((ResponseBody::FilesLoaded { outcomes }, _))) => outcomes
+                Ok(ResponseBody::FilesLoaded { outcomes }) => outcomes
                     .into_iter()
                     .map(|o| match o {
                         frame::FileOutcome::Loaded { pages, bytes } => {
@@ -1523,19 +1526,11 @@ impl Client {
                         }
                     })
                     .collect(),
-                Attempt::Answer(Ok((other, _))) => index
+                Ok(other) => index
                     .iter()
                     .map(|_| Err(Error::unavailable(format!("{addr} answered {other:?}"))))
                     .collect(),
-                Attempt::Answer(Err(e)) => index.iter().map(|_| Err(same_error(&e))).collect(),
-                Attempt::Failed(why) | Attempt::StoreFailed(why) => index
-                    .iter()
-                    .map(|_| {
-                        Err(Error::unavailable(format!(
-                            "member {addr} could not load the file's pages: {why}"
-                        )))
-                    })
-                    .collect(),
+                Err(e) => index.iter().map(|_| Err(same_error(&e))).collect(),
             };
             for ((i, asked), r) in index.into_iter().zip(pages).zip(each) {
                 match (&mut outcome[i], r) {
@@ -1554,6 +1549,52 @@ impl Client {
                 if waiting[i] == 0 {
                     let r = std::mem::replace(&mut outcome[i], Ok(LoadOutcome::default()));
                     done(i, r);
+                }
+            }
+        }
+    }
+
+    /// One `LoadFiles` request to `addr` and its answer (an error answer, `NotOwner` and a
+    /// failure to reach the member as an [`Error`]). Its shard answers only once it has read
+    /// and kept every page named, so it is given the store's allowance
+    /// (`ClientOptions::store_timeout`), not the call timeout; a slow answer says nothing of
+    /// the member's usual answer time, and is not counted in it.
+    async fn ask_load(&self, addr: SocketAddr, body: RequestBody) -> Result<ResponseBody, Error> {
+        if !self.usable(addr) {
+            return Err(Error::unavailable(format!(
+                "{addr} is backed off after failures"
+            )));
+        }
+        let req = Request {
+            request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            body,
+        };
+        let timeout = self.options.store_timeout.max(self.options.call_timeout);
+        match self.pool.request_within(addr, &req, &[], timeout).await {
+            Err(e) => {
+                self.failed(addr, &e.to_string());
+                Err(Error::unavailable_from(
+                    format!("member {addr} could not load the file's pages: {e}"),
+                    e,
+                ))
+            }
+            Ok((resp, _)) => {
+                self.succeeded(addr);
+                match resp.body {
+                    ResponseBody::Error { code, message } => {
+                        Err(answered_error(code, format!("{addr}: {message}")))
+                    }
+                    ResponseBody::NotOwner { epoch } => {
+                        tracing::warn!(%addr, epoch, "member says it is not the owner");
+                        if let Some(wake) = &self.refresh {
+                            wake.notify_one();
+                        }
+                        Err(Error::unavailable(format!(
+                            "{addr} does not own the file's pages under its ring (epoch \
+                             {epoch}); run the job again once the clients follow the new ring"
+                        )))
+                    }
+                    other => Ok(other),
                 }
             }
         }
@@ -1822,6 +1863,9 @@ impl Client {
 /// Pages of one file one `LoadFiles` entry names at most (a file with more pages on one owner
 /// takes several entries).
 const LOAD_ENTRY_PAGES: usize = 1024;
+
+/// `LoadFiles` requests in flight to one owner at most ([`Client::load_many`]).
+const LOAD_PER_OWNER: usize = 2;
 
 /// Files of the first `LoadFiles` request to each owner; each next request takes twice as
 /// many, up to [`frame::MAX_LOAD_FILES`].

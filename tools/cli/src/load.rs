@@ -371,21 +371,20 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
         failed: AtomicU64::new(0),
         first_page: Mutex::new(None),
     });
-    let took = client
-        .report_job(&job_record(
-            opts,
-            &progress,
-            total_files,
-            started,
-            JobState::Running,
-        ))
-        .await;
-    if took == 0 {
-        tracing::warn!(
-            "no node keeps this job's record (adding one needs the writer role; see \
-             docs/SECURITY.md); loading anyway"
-        );
-    }
+    // The first record goes out while the loading starts (it is awaited before the last one,
+    // so that a node never keeps "running" after "done").
+    let first = job_record(opts, &progress, total_files, started, JobState::Running);
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            if client.report_job(&first).await == 0 {
+                tracing::warn!(
+                    "no node keeps this job's record (adding one needs the writer role; see \
+                     docs/SECURITY.md); loading anyway"
+                );
+            }
+        })
+    };
     let out = ProgressOut::new(total_files, opts.progress);
     let ticker = spawn_ticker(&progress, &client, opts, &out, total_files, start, started);
     let report = Arc::new(Mutex::new(JobReport {
@@ -409,6 +408,7 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
         load_batched(&client, files, opts, &progress, &report, start).await;
     }
     ticker.abort();
+    let _ = first.await;
     let state = if progress.failed.load(Ordering::Relaxed) > 0 {
         JobState::Failed
     } else {
