@@ -459,7 +459,7 @@ impl Loader {
     /// as a stat at the time of the listing. Only a store object's entry answers (a file
     /// written through the cluster has state a listing does not carry); anything else, a
     /// name the listing lacks included, is left to a stat.
-    fn from_listing(&self, path: &str) -> Option<PathKind> {
+    fn stat_from_listing(&self, path: &str) -> Option<PathKind> {
         let (dir, name) = split_parent(path)?;
         let lists = self.lists.borrow();
         let (at, all) = lists.get(dir)?;
@@ -513,7 +513,7 @@ impl Loader {
         self.lists
             .borrow_mut()
             .insert(dir.to_string(), (Instant::now(), Rc::new(all)));
-        self.from_listing(path)
+        self.stat_from_listing(path)
     }
 
     /// What `path` names, from the TTL cache or the store. `NotFound` answers are cached too.
@@ -526,7 +526,7 @@ impl Loader {
                 return r.clone();
             }
         }
-        if let Some(kind) = self.from_listing(path) {
+        if let Some(kind) = self.stat_from_listing(path) {
             self.stats
                 .metadata_hits
                 .set(self.stats.metadata_hits.get() + 1);
