@@ -578,8 +578,9 @@ impl ProgressOut {
 }
 
 /// Loads `files` in batches ([`Client::load_many`]: many files per request, grouped by
-/// owner shard, at most `opts.parallel` requests in flight), after a stat of each file its
-/// listing did not describe; every file's outcome is counted as it completes.
+/// owner shard, at most `opts.parallel` requests in flight): those a listing described at
+/// once, the others after a stat each (made meanwhile); every file's outcome is counted as it
+/// completes.
 async fn load_batched(
     client: &Client,
     files: Vec<Target>,
@@ -593,26 +594,44 @@ async fn load_batched(
         count_file(r, path, progress, &mut rep, start);
         progress.files_done.fetch_add(1, Ordering::Relaxed);
     };
-    let stats: Vec<(Target, Result<ObjectInfo, Error>)> = stream::iter(files)
-        .map(|t| async move {
-            let r = match &t.listed {
-                Some(info) => Ok(info.clone()),
-                None => client.stat(&t.path).await,
-            };
-            (t, r)
-        })
-        .buffered(opts.parallel.max(1))
-        .collect()
-        .await;
-    let mut infos = Vec::with_capacity(stats.len());
-    for (t, r) in stats {
-        match r {
-            Ok(info) => infos.push(info),
-            Err(e) => finish(&t.path, Err(e.to_string())),
+    // The files a listing described load at once; the others are stat'ed meanwhile, and load
+    // after.
+    let (listed, unlisted): (Vec<Target>, Vec<Target>) =
+        files.into_iter().partition(|t| t.listed.is_some());
+    let listed: Vec<ObjectInfo> = listed.into_iter().filter_map(|t| t.listed).collect();
+    let stat_then_load = async {
+        let stats: Vec<(String, Result<ObjectInfo, Error>)> = stream::iter(unlisted)
+            .map(|t| async move {
+                let r = client.stat(&t.path).await;
+                (t.path, r)
+            })
+            .buffered(opts.parallel.max(1))
+            .collect()
+            .await;
+        let mut infos = Vec::with_capacity(stats.len());
+        for (path, r) in stats {
+            match r {
+                Ok(info) => infos.push(info),
+                Err(e) => finish(&path, Err(e.to_string())),
+            }
         }
+        load_infos(client, &infos, opts, &finish).await;
+    };
+    futures_util::future::join(load_infos(client, &listed, opts, &finish), stat_then_load).await;
+}
+
+/// [`Client::load_many`] of `infos`, each file's outcome handed to `finish`.
+async fn load_infos(
+    client: &Client,
+    infos: &[ObjectInfo],
+    opts: &LoadOptions,
+    finish: &impl Fn(&str, Result<OneFile, String>),
+) {
+    if infos.is_empty() {
+        return;
     }
     client
-        .load_many(&infos, opts.parallel.max(1), |i, r| {
+        .load_many(infos, opts.parallel.max(1), |i, r| {
             let info = &infos[i];
             let one = r.map(|o| OneFile {
                 size: info.size,
