@@ -1418,14 +1418,18 @@ impl Client {
         let mut owners: Vec<SocketAddr> = Vec::new();
         let mut by_owner: HashMap<SocketAddr, Vec<(usize, Vec<u64>)>> = HashMap::new();
         for (i, info) in files.iter().enumerate() {
-            let mut mine: HashMap<SocketAddr, Vec<u64>> = HashMap::new();
+            // A file's owners are few (one for a small file): a list, not a map.
+            let mut mine: Vec<(SocketAddr, Vec<u64>)> = Vec::new();
             let mut lost = false;
             for p in 0..info.size.div_ceil(ps) {
                 match ring
                     .owner(info.file_id, p)
                     .and_then(|m| layout.membership.addr_of(m))
                 {
-                    Some(addr) => mine.entry(addr).or_default().push(p),
+                    Some(addr) => match mine.iter_mut().find(|(a, _)| *a == addr) {
+                        Some((_, pages)) => pages.push(p),
+                        None => mine.push((addr, vec![p])),
+                    },
                     None => lost = true,
                 }
             }
