@@ -1391,6 +1391,219 @@ impl Client {
         Ok(out)
     }
 
+    /// Preloads many files in few requests: the pages of `files` are grouped by owner shard,
+    /// and each owner gets `LoadFiles` requests naming many files each (up to
+    /// [`frame::MAX_LOAD_FILES`], [`frame::MAX_LOAD_PAGES`] pages and one header; the first
+    /// requests to each owner are small, so that the first pages are cached at once), at most
+    /// `inflight` requests at a time over the cluster and two per owner, owners in turn.
+    /// `done(i, outcome)` is called once per file of `files` (in no particular order) when
+    /// every owner of its pages has answered: what was loaded, or why the file failed. A file
+    /// failing does not fail the others; a request that fails (its owner unreachable, or not
+    /// the owner under its ring) fails the files it named, each with the reason. Nothing falls
+    /// back to the under storage: preloading is the cluster's business.
+    pub async fn load_many<F>(&self, files: &[ObjectInfo], inflight: usize, mut done: F)
+    where
+        F: FnMut(usize, Result<LoadOutcome, Error>),
+    {
+        let layout = self.layout();
+        let ps = u64::from(layout.page_size).max(1);
+        let ring = layout.membership.ring();
+        let epoch = ring.epoch();
+        // Per file: requests outstanding, and the outcome so far.
+        let mut waiting: Vec<u32> = vec![0; files.len()];
+        let mut outcome: Vec<Result<LoadOutcome, Error>> = (0..files.len())
+            .map(|_| Ok(LoadOutcome::default()))
+            .collect();
+        // Per owner, in the order owners first appear: entries (file index, its pages there).
+        let mut owners: Vec<SocketAddr> = Vec::new();
+        let mut by_owner: HashMap<SocketAddr, Vec<(usize, Vec<u64>)>> = HashMap::new();
+        for (i, info) in files.iter().enumerate() {
+            // A file's owners are few (one for a small file): a list, not a map.
+            let mut mine: Vec<(SocketAddr, Vec<u64>)> = Vec::new();
+            let mut lost = false;
+            for p in 0..info.size.div_ceil(ps) {
+                match ring
+                    .owner(info.file_id, p)
+                    .and_then(|m| layout.membership.addr_of(m))
+                {
+                    Some(addr) => match mine.iter_mut().find(|(a, _)| *a == addr) {
+                        Some((_, pages)) => pages.push(p),
+                        None => mine.push((addr, vec![p])),
+                    },
+                    None => lost = true,
+                }
+            }
+            if lost {
+                outcome[i] = Err(Error::unavailable("the ring has no members"));
+            }
+            for (addr, pages) in mine {
+                // A file with very many pages on one owner goes in several entries.
+                for chunk in pages.chunks(LOAD_ENTRY_PAGES) {
+                    waiting[i] += 1;
+                    let list = by_owner.entry(addr).or_insert_with(|| {
+                        owners.push(addr);
+                        Vec::new()
+                    });
+                    list.push((i, chunk.to_vec()));
+                }
+            }
+        }
+        for (i, w) in waiting.iter().enumerate() {
+            if *w == 0 {
+                let r = std::mem::replace(&mut outcome[i], Ok(LoadOutcome::default()));
+                done(i, r);
+            }
+        }
+        // The requests, owners in turn: the first few to each owner small, then full ones.
+        let mut per_owner: Vec<std::collections::VecDeque<Vec<(usize, frame::LoadFile)>>> =
+            Vec::new();
+        for addr in &owners {
+            let mut batches = std::collections::VecDeque::new();
+            let mut batch: Vec<(usize, frame::LoadFile)> = Vec::new();
+            let (mut cost, mut pages) = (0usize, 0usize);
+            let mut room = LOAD_FIRST_BATCH;
+            for (i, list) in by_owner.remove(addr).unwrap_or_default() {
+                let info = &files[i];
+                let entry = frame::LoadFile {
+                    file: FileRef {
+                        file_id: FileId::from_u128(info.file_id),
+                        mount: String::new(),
+                        path: info.path.clone(),
+                        version_tag: info.version.clone(),
+                        size: info.size,
+                    },
+                    pages: list,
+                };
+                let c = entry.header_cost();
+                if !batch.is_empty()
+                    && (batch.len() == room
+                        || cost + c > frame::LOAD_FILES_HEADER_BUDGET
+                        || pages + entry.pages.len() > frame::MAX_LOAD_PAGES)
+                {
+                    batches.push_back(std::mem::take(&mut batch));
+                    (cost, pages) = (0, 0);
+                    room = (room * 2).min(frame::MAX_LOAD_FILES);
+                }
+                cost += c;
+                pages += entry.pages.len();
+                batch.push((i, entry));
+            }
+            if !batch.is_empty() {
+                batches.push_back(batch);
+            }
+            per_owner.push(batches);
+        }
+        let mut requests = Vec::new();
+        while per_owner.iter().any(|b| !b.is_empty()) {
+            for (k, batches) in per_owner.iter_mut().enumerate() {
+                if let Some(b) = batches.pop_front() {
+                    requests.push((owners[k], b));
+                }
+            }
+        }
+        // A shard works on the requests it holds at once: more than a few per owner would only
+        // make each of them take longer.
+        let inflight = inflight.min(LOAD_PER_OWNER * owners.len()).max(1);
+        let asks = stream::iter(requests)
+            .map(|(addr, batch)| async move {
+                let (index, entries): (Vec<usize>, Vec<frame::LoadFile>) =
+                    batch.into_iter().unzip();
+                let pages: Vec<u64> = entries.iter().map(|e| e.pages.len() as u64).collect();
+                let body = RequestBody::LoadFiles {
+                    files: entries,
+                    epoch,
+                };
+                (addr, index, pages, self.ask_load(addr, body).await)
+            })
+            .buffer_unordered(inflight);
+        let mut asks = std::pin::pin!(asks);
+        while let Some((addr, index, pages, answer)) = asks.next().await {
+            let each: Vec<Result<(u64, u64), Error>> = match answer {
+                Ok(ResponseBody::FilesLoaded { outcomes }) => outcomes
+                    .into_iter()
+                    .map(|o| match o {
+                        frame::FileOutcome::Loaded { pages, bytes } => {
+                            Ok((u64::from(pages), bytes))
+                        }
+                        frame::FileOutcome::Failed { code, message, .. } => {
+                            Err(answered_error(code, format!("{addr}: {message}")))
+                        }
+                    })
+                    .collect(),
+                Ok(other) => index
+                    .iter()
+                    .map(|_| Err(Error::unavailable(format!("{addr} answered {other:?}"))))
+                    .collect(),
+                Err(e) => index.iter().map(|_| Err(same_error(&e))).collect(),
+            };
+            for ((i, asked), r) in index.into_iter().zip(pages).zip(each) {
+                match (&mut outcome[i], r) {
+                    (Ok(o), Ok((loaded, bytes))) => {
+                        o.loaded += loaded;
+                        o.bytes += bytes;
+                        o.present += asked.saturating_sub(loaded);
+                    }
+                    (out @ Ok(_), Err(Error::NotFound(_))) => {
+                        *out = Err(Error::NotFound(files[i].path.clone()))
+                    }
+                    (out @ Ok(_), Err(e)) => *out = Err(e),
+                    (Err(_), _) => {}
+                }
+                waiting[i] -= 1;
+                if waiting[i] == 0 {
+                    let r = std::mem::replace(&mut outcome[i], Ok(LoadOutcome::default()));
+                    done(i, r);
+                }
+            }
+        }
+    }
+
+    /// One `LoadFiles` request to `addr` and its answer (an error answer, `NotOwner` and a
+    /// failure to reach the member as an [`Error`]). Its shard answers only once it has read
+    /// and kept every page named, so it is given the store's allowance
+    /// (`ClientOptions::store_timeout`), not the call timeout; a slow answer says nothing of
+    /// the member's usual answer time, and is not counted in it.
+    async fn ask_load(&self, addr: SocketAddr, body: RequestBody) -> Result<ResponseBody, Error> {
+        if !self.usable(addr) {
+            return Err(Error::unavailable(format!(
+                "{addr} is backed off after failures"
+            )));
+        }
+        let req = Request {
+            request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            body,
+        };
+        let timeout = self.options.store_timeout.max(self.options.call_timeout);
+        match self.pool.request_within(addr, &req, &[], timeout).await {
+            Err(e) => {
+                self.failed(addr, &e.to_string());
+                Err(Error::unavailable_from(
+                    format!("member {addr} could not load the file's pages: {e}"),
+                    e,
+                ))
+            }
+            Ok((resp, _)) => {
+                self.succeeded(addr);
+                match resp.body {
+                    ResponseBody::Error { code, message } => {
+                        Err(answered_error(code, format!("{addr}: {message}")))
+                    }
+                    ResponseBody::NotOwner { epoch } => {
+                        tracing::warn!(%addr, epoch, "member says it is not the owner");
+                        if let Some(wake) = &self.refresh {
+                            wake.notify_one();
+                        }
+                        Err(Error::unavailable(format!(
+                            "{addr} does not own the file's pages under its ring (epoch \
+                             {epoch}); run the job again once the clients follow the new ring"
+                        )))
+                    }
+                    other => Ok(other),
+                }
+            }
+        }
+    }
+
     /// Sends `body` to every shard of every node and parses each answer with `parse`, by node
     /// and shard; `None` where the shard did not answer (or answered something else).
     async fn ask_every_shard<T>(
@@ -1648,6 +1861,43 @@ impl Client {
     pub async fn open(self: &Arc<Self>, path: &str) -> Result<crate::FileHandle, Error> {
         let info = self.stat(path).await?;
         Ok(crate::FileHandle::new(self.clone(), info))
+    }
+}
+
+/// Pages of one file one `LoadFiles` entry names at most (a file with more pages on one owner
+/// takes several entries).
+const LOAD_ENTRY_PAGES: usize = 1024;
+
+/// `LoadFiles` requests in flight to one owner at most ([`Client::load_many`]).
+const LOAD_PER_OWNER: usize = 2;
+
+/// Files of the first `LoadFiles` request to each owner; each next request takes twice as
+/// many, up to [`frame::MAX_LOAD_FILES`].
+const LOAD_FIRST_BATCH: usize = 8;
+
+/// The client error for a shard's answer `code` with `message` (a file's outcome of a batch).
+fn answered_error(code: ErrorCode, message: String) -> Error {
+    match code {
+        ErrorCode::NotFound => Error::NotFound(message),
+        ErrorCode::Changed => Error::Changed(message),
+        ErrorCode::BadRange => Error::BadRange(message),
+        ErrorCode::BadRequest => Error::BadPath(message),
+        ErrorCode::Forbidden => Error::Forbidden(message),
+        ErrorCode::Full => Error::NoSpace(message),
+        _ => Error::unavailable(message),
+    }
+}
+
+/// An error like `e` (the same kind and text), for each of the files a request named.
+fn same_error(e: &Error) -> Error {
+    match e {
+        Error::NotFound(m) => Error::NotFound(m.clone()),
+        Error::Changed(m) => Error::Changed(m.clone()),
+        Error::BadRange(m) => Error::BadRange(m.clone()),
+        Error::BadPath(m) => Error::BadPath(m.clone()),
+        Error::Forbidden(m) => Error::Forbidden(m.clone()),
+        Error::NoSpace(m) => Error::NoSpace(m.clone()),
+        other => Error::unavailable(other.to_string()),
     }
 }
 

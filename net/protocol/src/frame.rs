@@ -93,7 +93,9 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// of a hot page spread to one of its replicas); a `Data` answer says over
 /// how many members the owner spreads a hot page (`spread`); [`HotPage`]
 /// carries the page's spread and [`ShardCounters`] the hot-page and replica
-/// counters.
+/// counters. Still in version 5 (not released before it): `LoadFiles` and its
+/// answer `FilesLoaded` ([`LoadFile`], [`FileOutcome`]), appended after every
+/// other request and answer, so no earlier layout moved.
 pub const PROTOCOL_VERSION: u16 = 5;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
@@ -127,6 +129,21 @@ pub const MAX_BATCH: usize = 256;
 
 /// Most page indices one [`RequestBody::LoadPages`] may name.
 pub const MAX_LOAD_PAGES: usize = 4096;
+
+/// Most files one [`RequestBody::LoadFiles`] may name, and most outcomes one
+/// [`ResponseBody::FilesLoaded`] may carry. The page indices of all its files
+/// together are at most [`MAX_LOAD_PAGES`], so one request loads at most that
+/// many pages (`MAX_LOAD_PAGES` × the page size bytes).
+pub const MAX_LOAD_FILES: usize = 256;
+
+/// Longest [`FileOutcome::Failed`] message in bytes (a [`ResponseBody::FilesLoaded`]
+/// with [`MAX_LOAD_FILES`] failures stays well within [`MAX_HEADER`]).
+pub const MAX_OUTCOME_MESSAGE_LEN: usize = 160;
+
+/// Header bytes a client may fill with [`LoadFile`]s in one
+/// [`RequestBody::LoadFiles`] (by [`LoadFile::header_cost`]): [`MAX_HEADER`]
+/// less room for the root and the padding.
+pub const LOAD_FILES_HEADER_BUDGET: usize = MAX_HEADER as usize - 1024;
 
 /// Longest [`FileRef::path`] in bytes.
 pub const MAX_PATH_LEN: usize = 4096;
@@ -729,6 +746,67 @@ pub enum RequestBody {
     /// The shard's hottest files and pages and its bytes per mount
     /// ([`ResponseBody::Hot`], payload: a [`HotReport`]).
     Hot,
+    /// Preloading many files at once: like one `LoadPages` per entry, in one
+    /// request ([`ResponseBody::FilesLoaded`]: one [`FileOutcome`] per entry,
+    /// in order). At most [`MAX_LOAD_FILES`] entries and [`MAX_LOAD_PAGES`]
+    /// page indices over all of them; every page named must be the shard's
+    /// (else [`ResponseBody::NotOwner`] and nothing is loaded).
+    LoadFiles {
+        /// The files and the pages of each to load.
+        files: Vec<LoadFile>,
+        /// Ring epoch the client routed with.
+        epoch: u64,
+    },
+}
+
+/// One file of a [`RequestBody::LoadFiles`]: where to find it and which of
+/// its pages this shard is asked to load.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct LoadFile {
+    /// The file and where to find it (checked like `LoadPages`' `file`).
+    pub file: FileRef,
+    /// Page indices to load.
+    pub pages: Vec<u64>,
+}
+
+impl LoadFile {
+    /// At least the bytes this entry adds to a [`RequestBody::LoadFiles`]
+    /// header: the 56-byte record, its page indices, and its strings that do
+    /// not fit inline (with alignment slack). Clients fill a request up to
+    /// [`LOAD_FILES_HEADER_BUDGET`] by this.
+    pub fn header_cost(&self) -> usize {
+        let out_of_line = |s: &str| if s.len() > 8 { s.len() + 8 } else { 0 };
+        56 + 8 * self.pages.len()
+            + out_of_line(&self.file.mount)
+            + out_of_line(&self.file.path)
+            + out_of_line(&self.file.version_tag)
+            + 8
+    }
+}
+
+/// What a shard did with one file of a [`RequestBody::LoadFiles`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum FileOutcome {
+    /// Every page named is cached now: `pages` of them were loaded from the
+    /// under storage by this request (`bytes` in all); the others were cached
+    /// already.
+    Loaded {
+        /// Pages loaded now.
+        pages: u32,
+        /// Their bytes.
+        bytes: u64,
+    },
+    /// The file could not be loaded (`NotFound`, `Changed`, `Io`, ...;
+    /// `BadRequest` when its file id does not match its path and version).
+    /// `loaded` pages of it were loaded before the failure and are kept.
+    Failed {
+        /// Category.
+        code: ErrorCode,
+        /// Pages loaded and kept before the failure.
+        loaded: u32,
+        /// Human-readable detail, at most [`MAX_OUTCOME_MESSAGE_LEN`] bytes.
+        message: String,
+    },
 }
 
 /// How a client routed a [`RequestBody::Fetch`]. Archived as one byte: 0 and
@@ -1090,6 +1168,11 @@ pub enum ResponseBody {
     /// Answer to `Hot`: the payload is one archived [`HotReport`]
     /// ([`encode_hot_report`]), at most [`MAX_HOT_PAYLOAD`] bytes.
     Hot,
+    /// Answer to `LoadFiles`: one outcome per file named, in request order.
+    FilesLoaded {
+        /// Per-file outcome, at most [`MAX_LOAD_FILES`].
+        outcomes: Vec<FileOutcome>,
+    },
 }
 
 /// The write-back state under a prefix ([`ResponseBody::WriteBack`]).
@@ -1680,6 +1763,20 @@ impl Request {
                 bounded_str("WriteBackState prefix", prefix, MAX_PATH_LEN)?;
                 no_payload("WriteBackState", payload_len)
             }
+            RequestBody::LoadFiles { files, .. } => {
+                bounded_count("LoadFiles files", files.len(), MAX_LOAD_FILES)?;
+                let mut pages = 0usize;
+                for f in files {
+                    bounded_file_ref(&f.file)?;
+                    pages += f.pages.len();
+                }
+                if pages > MAX_LOAD_PAGES {
+                    return Err(FrameError::Limit(format!(
+                        "LoadFiles names {pages} pages, at most {MAX_LOAD_PAGES} allowed"
+                    )));
+                }
+                no_payload("LoadFiles", payload_len)
+            }
         }
     }
 }
@@ -1861,6 +1958,15 @@ impl Response {
                 bounded_str("WriteBack last_error", &summary.last_error, MAX_MESSAGE_LEN)?;
                 no_payload("WriteBack", payload_len)
             }
+            ResponseBody::FilesLoaded { outcomes } => {
+                bounded_count("FilesLoaded outcomes", outcomes.len(), MAX_LOAD_FILES)?;
+                for o in outcomes {
+                    if let FileOutcome::Failed { message, .. } = o {
+                        bounded_str("FileOutcome message", message, MAX_OUTCOME_MESSAGE_LEN)?;
+                    }
+                }
+                no_payload("FilesLoaded", payload_len)
+            }
         }
     }
 }
@@ -1904,8 +2010,12 @@ impl ResponseBody {
             (RequestBody::FilePages { .. }, ResponseBody::Removed { .. }) => true,
             (RequestBody::WriteBackState { .. }, ResponseBody::WriteBack { .. }) => true,
             (RequestBody::Hot, ResponseBody::Hot) => true,
+            (RequestBody::LoadFiles { files, .. }, ResponseBody::FilesLoaded { outcomes }) => {
+                files.len() == outcomes.len()
+            }
             (
                 RequestBody::ReadPages { .. }
+                | RequestBody::LoadFiles { .. }
                 | RequestBody::WritePage { .. }
                 | RequestBody::WriteDirty { .. }
                 | RequestBody::LoadPages { .. }

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use pagestore_engine::{EngineError, PageKey, Shard};
 
 use pagestore_protocol::{
-    frame::{DirEntry, ErrorCode, FileRef, MountEntry, PathKind},
+    frame::{DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, PathKind},
     source::{page_version, Source, SourceError, SourceFuture},
 };
 
@@ -74,6 +74,8 @@ pub struct LoaderStats {
     pub metadata_hits: Cell<u64>,
     /// Metadata requests sent to the under storage.
     pub metadata_misses: Cell<u64>,
+    /// Directories listed to answer their files' stats ([`LIST_AFTER_STATS`]).
+    pub dir_listings: Cell<u64>,
     /// Page loads of a page this shard had loaded before, among its last [`RECENT_LOADS`].
     pub ufs_repeat_reads: Cell<u64>,
     /// Hot pages copied from their owner (peer to peer).
@@ -145,9 +147,20 @@ pub struct Loader {
     flights: RefCell<HashMap<PageKey, Flight>>,
     paths: RefCell<HashMap<String, Timed<Result<PathKind, SourceError>>>>,
     lists: RefCell<HashMap<String, Timed<Rc<Vec<DirEntry>>>>>,
+    /// Per directory: store stats of its files since the instant (counted for the TTL), to
+    /// list the directory once instead ([`LIST_AFTER_STATS`]).
+    dir_stats: RefCell<HashMap<String, Timed<u32>>>,
+    /// Directories being listed for their files' stats.
+    listing: RefCell<HashSet<String>>,
     recent: RefCell<RecentLoads>,
     stats: LoaderStats,
 }
+
+/// A shard that has asked the store for the stats of this many files of one directory within
+/// the metadata TTL lists the directory instead (one store request) and answers the stats of
+/// its other files from that listing until the TTL ends: a job opening thousands of small
+/// files of a directory costs a listing per shard, not a store request per file.
+pub const LIST_AFTER_STATS: u32 = 16;
 
 /// Bytes a `Listing` response may spend on names before it stops (the header limit is 64 KiB).
 const LISTING_BUDGET: usize = 48 << 10;
@@ -171,6 +184,8 @@ impl Loader {
             flights: RefCell::new(HashMap::new()),
             paths: RefCell::new(HashMap::new()),
             lists: RefCell::new(HashMap::new()),
+            dir_stats: RefCell::new(HashMap::new()),
+            listing: RefCell::new(HashSet::new()),
             recent: RefCell::new(RecentLoads::default()),
             stats: LoaderStats::default(),
         })
@@ -179,6 +194,11 @@ impl Loader {
     /// The counters.
     pub fn stats(&self) -> &LoaderStats {
         &self.stats
+    }
+
+    /// Under-storage requests this shard's loader keeps in flight at most.
+    pub fn max_inflight(&self) -> usize {
+        self.options.max_inflight.max(1)
     }
 
     /// The mount table of the source.
@@ -443,6 +463,70 @@ impl Loader {
         if self.lists.borrow().len() > self.options.max_metadata / 16 {
             self.lists.borrow_mut().clear();
         }
+        if self.dir_stats.borrow().len() > self.options.max_metadata / 16 {
+            self.dir_stats.borrow_mut().clear();
+        }
+    }
+
+    /// What a fresh listing of `path`'s directory cached on this shard says of it: the same
+    /// as a stat at the time of the listing. Only a store object's entry answers (a file
+    /// written through the cluster has state a listing does not carry); anything else, a
+    /// name the listing lacks included, is left to a stat.
+    fn stat_from_listing(&self, path: &str) -> Option<PathKind> {
+        let (dir, name) = split_parent(path)?;
+        let lists = self.lists.borrow();
+        let (at, all) = lists.get(dir)?;
+        if at.elapsed() >= self.options.metadata_ttl {
+            return None;
+        }
+        let i = all.binary_search_by(|e| e.name.as_str().cmp(name)).ok()?;
+        let e = &all[i];
+        if e.is_dir || pagestore_protocol::writeback::is_wb_tag(&e.version_tag) {
+            return None;
+        }
+        Some(PathKind::File {
+            size: e.size,
+            version_tag: e.version_tag.clone(),
+            file_id: FileId::from_u128(pagestore_protocol::ring::file_id(path, &e.version_tag)),
+            mtime_ns: e.mtime_ns,
+            state: FileState::Stored,
+            store_tag: e.version_tag.clone(),
+        })
+    }
+
+    /// Counts a store stat of a file of `path`'s directory; once [`LIST_AFTER_STATS`] were
+    /// asked within the TTL, lists the directory (one store request, cached like a `List`)
+    /// and answers `path` from it if it holds it.
+    async fn stat_through_listing(&self, path: &str) -> Option<PathKind> {
+        let (dir, _) = split_parent(path)?;
+        let due = {
+            let mut counts = self.dir_stats.borrow_mut();
+            let c = counts
+                .entry(dir.to_string())
+                .or_insert_with(|| (Instant::now(), 0));
+            if c.0.elapsed() >= self.options.metadata_ttl {
+                *c = (Instant::now(), 0);
+            }
+            c.1 += 1;
+            c.1 >= LIST_AFTER_STATS
+        };
+        if !due || !self.listing.borrow_mut().insert(dir.to_string()) {
+            return None;
+        }
+        let listed = self.on_tokio(self.source.list(dir)).await;
+        self.listing.borrow_mut().remove(dir);
+        // Counted afresh either way: a directory that cannot be listed is tried again only
+        // after as many stats again.
+        self.dir_stats.borrow_mut().remove(dir);
+        let all = listed.ok()?;
+        self.stats
+            .dir_listings
+            .set(self.stats.dir_listings.get() + 1);
+        self.trim_metadata();
+        self.lists
+            .borrow_mut()
+            .insert(dir.to_string(), (Instant::now(), Rc::new(all)));
+        self.stat_from_listing(path)
     }
 
     /// What `path` names, from the TTL cache or the store. `NotFound` answers are cached too.
@@ -455,9 +539,18 @@ impl Loader {
                 return r.clone();
             }
         }
+        if let Some(kind) = self.stat_from_listing(path) {
+            self.stats
+                .metadata_hits
+                .set(self.stats.metadata_hits.get() + 1);
+            return Ok(kind);
+        }
         self.stats
             .metadata_misses
             .set(self.stats.metadata_misses.get() + 1);
+        if let Some(kind) = self.stat_through_listing(path).await {
+            return Ok(kind);
+        }
         let r = self.on_tokio(self.source.stat(path)).await;
         let cacheable = match &r {
             Ok(_) => true,
@@ -540,6 +633,15 @@ pub fn listing_page(all: &[DirEntry], start_after: &str) -> (Vec<DirEntry>, bool
         out.push(e.clone());
     }
     (out, false)
+}
+
+/// `path`'s directory and its name within it (`None` for `/` and relative paths).
+fn split_parent(path: &str) -> Option<(&str, &str)> {
+    let (dir, name) = path.rsplit_once('/')?;
+    if name.is_empty() {
+        return None;
+    }
+    Some((if dir.is_empty() { "/" } else { dir }, name))
 }
 
 /// The directories above `path`, nearest first, up to `/`.

@@ -181,8 +181,10 @@ pub struct LoaderCounters {
     pub ufs_repeat_reads: u64,
     /// Hot pages copied from their owner (peer to peer).
     pub owner_copies: u64,
-    /// Copies from the owner that failed and were read from the store instead.
+    /// Copies the owner could not give (the reader asked the owner itself).
     pub owner_copy_failures: u64,
+    /// Directories listed to answer their files' stats (`loader::LIST_AFTER_STATS`).
+    pub dir_listings: u64,
 }
 
 /// What each shard keeps beside its cache: its network state, from the engine's init hook
@@ -571,6 +573,7 @@ fn loader_counters(net: Option<&ShardNet>) -> LoaderCounters {
                 ufs_repeat_reads: s.ufs_repeat_reads.get(),
                 owner_copies: s.owner_copies.get(),
                 owner_copy_failures: s.owner_copy_failures.get(),
+                dir_listings: s.dir_listings.get(),
             }
         })
 }

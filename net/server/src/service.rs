@@ -408,6 +408,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::FilePages { .. } => "FilePages",
         RequestBody::WriteBackState { .. } => "WriteBackState",
         RequestBody::Hot => "Hot",
+        RequestBody::LoadFiles { .. } => "LoadFiles",
     }
 }
 
@@ -434,6 +435,10 @@ impl Service for ShardService {
                     u64::from(len.min(page))
                 }
                 RequestBody::ReadPages { pages, .. } => pages.len() as u64 * u64::from(page),
+                // Its answer's header: one outcome (16 bytes and a message) per file.
+                RequestBody::LoadFiles { files, .. } => {
+                    files.len() as u64 * (16 + frame::MAX_OUTCOME_MESSAGE_LEN as u64)
+                }
                 // A page of records at most.
                 RequestBody::PullRecords { .. } => u64::from(frame::MAX_RECORDS_PAYLOAD),
                 // Job listings and counters are charged when ready; the rest carry no body.
@@ -513,6 +518,7 @@ impl ShardService {
                 }
             }
             RequestBody::LoadPages { file, pages, .. } => self.load_pages(id, file, pages).await,
+            RequestBody::LoadFiles { files, .. } => self.load_files(id, files).await,
             RequestBody::Fetch {
                 file,
                 page,
@@ -1176,6 +1182,150 @@ impl ShardService {
             ),
         }
     }
+}
+
+/// What one file of a `LoadFiles` came to on this shard.
+#[derive(Default)]
+struct FileTally {
+    loaded: u32,
+    bytes: u64,
+    /// Bytes this request read from the store (the rest joined loads in flight).
+    store_bytes: u64,
+    failed: Option<crate::source::SourceError>,
+}
+
+impl ShardService {
+    /// Preloading many files in one request: every page named that this shard does not hold
+    /// at the file's version is loaded from the under storage through the loader (its single
+    /// flight and its bound on store requests), at most twice the loader's bound at once, and
+    /// kept before the answer. One outcome per file: a file that fails (a wrong file id, the
+    /// store's `NotFound`, `Changed`, `Io` ...) fails alone, and its pages not started yet are
+    /// not loaded. `NotOwner` (nothing loaded) if any page named is not this shard's.
+    async fn load_files(&self, id: u64, files: Vec<frame::LoadFile>) -> Reply {
+        let Some(loader) = &self.loader else {
+            return no_source(id);
+        };
+        for f in &files {
+            for &page in &f.pages {
+                let key = Key {
+                    file_id: f.file.file_id,
+                    page,
+                };
+                if !self.view.owns(&key) {
+                    return self.not_owner(id);
+                }
+            }
+        }
+        self.refresh_mounts();
+        let tallies: Rc<RefCell<Vec<FileTally>>> = Rc::new(RefCell::new(
+            files.iter().map(|_| FileTally::default()).collect(),
+        ));
+        let mut jobs = std::collections::VecDeque::new();
+        for (i, f) in files.iter().enumerate() {
+            if f.file.file_id.as_u128() != ring::file_id(&f.file.path, &f.file.version_tag) {
+                tallies.borrow_mut()[i].failed = Some(crate::source::SourceError::new(
+                    ErrorCode::BadRequest,
+                    "file_id does not match the path and version tag",
+                ));
+                continue;
+            }
+            let version = page_version(&f.file.version_tag);
+            for &page in &f.pages {
+                let key = PageKey::new(f.file.file_id.as_u128(), page);
+                if self
+                    .shard
+                    .page_info(&key)
+                    .is_some_and(|i| i.version == version)
+                {
+                    continue;
+                }
+                jobs.push_back((i, page));
+            }
+        }
+        let files = Rc::new(files);
+        let jobs = Rc::new(RefCell::new(jobs));
+        let workers = (loader.max_inflight() * 2).clamp(1, jobs.borrow().len().max(1));
+        let mut running = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let (loader, files, jobs, tallies, shard) = (
+                loader.clone(),
+                files.clone(),
+                jobs.clone(),
+                tallies.clone(),
+                self.shard.clone(),
+            );
+            running.push(glommio::spawn_local(async move {
+                loop {
+                    let Some((i, page)) = jobs.borrow_mut().pop_front() else {
+                        return;
+                    };
+                    // A file that failed loads no more pages.
+                    if tallies.borrow()[i].failed.is_some() {
+                        continue;
+                    }
+                    // Kept meanwhile (the same page named twice, or by another request):
+                    // nothing to load.
+                    let file = &files[i].file;
+                    let key = PageKey::new(file.file_id.as_u128(), page);
+                    let version = page_version(&file.version_tag);
+                    if shard.page_info(&key).is_some_and(|i| i.version == version) {
+                        continue;
+                    }
+                    let r = loader.load_and_keep(&files[i].file, page).await;
+                    let mut t = tallies.borrow_mut();
+                    let t = &mut t[i];
+                    match r {
+                        Ok(l) => {
+                            t.loaded += 1;
+                            t.bytes += l.bytes.len() as u64;
+                            if l.read_store {
+                                t.store_bytes += l.bytes.len() as u64;
+                            }
+                        }
+                        Err(e) => {
+                            t.failed.get_or_insert(e);
+                        }
+                    }
+                }
+            }));
+        }
+        for w in running {
+            w.await;
+        }
+        let tallies = std::mem::take(&mut *tallies.borrow_mut());
+        let mut outcomes = Vec::with_capacity(tallies.len());
+        for (f, t) in files.iter().zip(tallies) {
+            if t.store_bytes > 0 {
+                self.hot
+                    .borrow_mut()
+                    .read_from_store(&f.file.path, t.store_bytes);
+            }
+            outcomes.push(match t.failed {
+                None => frame::FileOutcome::Loaded {
+                    pages: t.loaded,
+                    bytes: t.bytes,
+                },
+                Some(e) => frame::FileOutcome::Failed {
+                    code: e.code,
+                    loaded: t.loaded,
+                    message: clip(e.message, frame::MAX_OUTCOME_MESSAGE_LEN),
+                },
+            });
+        }
+        reply(id, ResponseBody::FilesLoaded { outcomes }, Body::Empty)
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn clip(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// A histogram for service times in microseconds, 1 µs to 60 s at 3 significant digits.

@@ -342,6 +342,7 @@ impl Harness {
                 ufs_repeat_reads: a.ufs_repeat_reads + c.ufs_repeat_reads,
                 owner_copies: a.owner_copies + c.owner_copies,
                 owner_copy_failures: a.owner_copy_failures + c.owner_copy_failures,
+                dir_listings: a.dir_listings + c.dir_listings,
             })
     }
 }
@@ -1407,6 +1408,359 @@ fn a_preload_answers_only_once_its_pages_are_kept() {
         .await;
         assert_eq!(body, ResponseBody::Loaded { pages: 0, bytes: 0 });
         assert_eq!(h.fake.reads(), 8);
+        pool.close();
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Many files per preload request (`LoadFiles`)
+// ---------------------------------------------------------------------------
+
+fn load_files(files: &[(FileRef, Vec<u64>)]) -> RequestBody {
+    RequestBody::LoadFiles {
+        files: files
+            .iter()
+            .map(|(file, pages)| frame::LoadFile {
+                file: file.clone(),
+                pages: pages.clone(),
+            })
+            .collect(),
+        epoch: 0,
+    }
+}
+
+#[test]
+fn many_files_load_in_one_request_each_once_with_an_outcome_per_file() {
+    let h = Harness::start(Setup {
+        shards: 1,
+        ..Default::default()
+    });
+    // 60 small files (shorter than a page, one of them empty), two of 3 pages, and three
+    // that fail each in its own way.
+    let mut good: Vec<(FileRef, Vec<u64>, Vec<u8>)> = Vec::new();
+    for i in 0..60u64 {
+        let path = format!("/small/f{i:03}");
+        let data = content(1000 + i, if i == 7 { 0 } else { 100 + i as usize * 500 });
+        h.fake.put_file(&path, "v1", data.clone());
+        let pages = if data.is_empty() { vec![] } else { vec![0] };
+        good.push((file_ref(&path, "v1", data.len() as u64), pages, data));
+    }
+    for i in 0..2u64 {
+        let path = format!("/big/b{i}");
+        let data = content(2000 + i, (2 * P + 77) as usize);
+        h.fake.put_file(&path, "v1", data.clone());
+        good.push((
+            file_ref(&path, "v1", data.len() as u64),
+            vec![0, 1, 2],
+            data,
+        ));
+    }
+    h.fake.put_file("/small/changed", "v2", content(5, 100));
+    let missing = file_ref("/small/missing", "v1", 100);
+    let changed = file_ref("/small/changed", "v1", 100);
+    let forged = FileRef {
+        file_id: FileId::from_u128(12345),
+        ..file_ref("/small/f000", "v1", good[0].2.len() as u64)
+    };
+    let mut asked: Vec<(FileRef, Vec<u64>)> = good
+        .iter()
+        .map(|(f, p, _)| (f.clone(), p.clone()))
+        .collect();
+    // The failing ones in the middle: the files after them still load.
+    asked.insert(10, (missing.clone(), vec![0]));
+    asked.insert(20, (changed.clone(), vec![0]));
+    asked.insert(30, (forged, vec![0]));
+    h.fake.delay_ms.store(2, Ordering::SeqCst);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        let (body, _) = ask(&pool, h.addr(0), load_files(&asked)).await;
+        let ResponseBody::FilesLoaded { outcomes } = body else {
+            panic!("expected FilesLoaded, got {body:?}");
+        };
+        assert_eq!(outcomes.len(), asked.len());
+        for ((f, pages), o) in asked.iter().zip(&outcomes) {
+            match f.path.as_str() {
+                "/small/missing" => assert!(
+                    matches!(o, frame::FileOutcome::Failed { code: ErrorCode::NotFound, loaded: 0, message } if !message.is_empty()),
+                    "{o:?}"
+                ),
+                "/small/changed" => assert!(
+                    matches!(o, frame::FileOutcome::Failed { code: ErrorCode::Changed, loaded: 0, .. }),
+                    "{o:?}"
+                ),
+                _ if f.file_id.as_u128() == 12345 => assert!(
+                    matches!(o, frame::FileOutcome::Failed { code: ErrorCode::BadRequest, loaded: 0, .. }),
+                    "{o:?}"
+                ),
+                _ => assert_eq!(
+                    *o,
+                    frame::FileOutcome::Loaded {
+                        pages: pages.len() as u32,
+                        bytes: f.size
+                    },
+                    "{}",
+                    f.path
+                ),
+            }
+        }
+        // Each page was read from the store once, kept before the answer, and is what the
+        // store holds; the forged file id made no read and cached nothing under it.
+        for (f, pages, data) in &good {
+            for &p in pages {
+                assert_eq!(h.fake.reads_at(&f.path, p * P), 1, "{} page {p}", f.path);
+                assert!(h.shard(0).contains(key(f, p)).await.unwrap(), "{}", f.path);
+                let (body, bytes) = ask(&pool, h.addr(0), fetch(f, p, 0, PAGE)).await;
+                assert!(matches!(body, ResponseBody::Data { .. }), "{body:?}");
+                let end = ((p + 1) * P).min(data.len() as u64) as usize;
+                assert!(bytes[..] == data[(p * P) as usize..end], "{} page {p}", f.path);
+            }
+        }
+        let pages: u64 = good.iter().map(|(_, p, _)| p.len() as u64).sum();
+        assert_eq!(h.fake.reads(), pages + 2, "one read per page, and the two failures");
+        // The loads went through the loader: never more store reads at once than its bound.
+        let bound = LoaderOptions::default().max_inflight as u64;
+        assert!(h.fake.max_in_flight.load(Ordering::SeqCst) <= bound);
+
+        // Again: every page is cached, nothing is read.
+        let reads = h.fake.reads();
+        let again: Vec<(FileRef, Vec<u64>)> = good
+            .iter()
+            .map(|(f, p, _)| (f.clone(), p.clone()))
+            .collect();
+        let (body, _) = ask(&pool, h.addr(0), load_files(&again)).await;
+        assert_eq!(
+            body,
+            ResponseBody::FilesLoaded {
+                outcomes: vec![frame::FileOutcome::Loaded { pages: 0, bytes: 0 }; again.len()]
+            }
+        );
+        assert_eq!(h.fake.reads(), reads);
+        pool.close();
+    });
+}
+
+#[test]
+fn a_load_of_many_files_naming_a_page_of_another_member_loads_nothing() {
+    let members = [
+        MemberId {
+            node: NODE,
+            shard: 0,
+        },
+        MemberId {
+            node: OTHER,
+            shard: 0,
+        },
+    ];
+    let ring = Ring::new(members, RingConfig::default(), 7).unwrap();
+    let h = Harness::start(Setup {
+        shards: 1,
+        ring: ring.clone(),
+        ..Default::default()
+    });
+    let mut mine = Vec::new();
+    let mut theirs = None;
+    for i in 0..64u64 {
+        let path = format!("/o/f{i}");
+        h.fake.put_file(&path, "v1", content(i, 10));
+        let f = file_ref(&path, "v1", 10);
+        if ring.owner(f.file_id.as_u128(), 0).unwrap().node == NODE {
+            mine.push((f, vec![0]));
+        } else {
+            theirs.get_or_insert(f);
+        }
+    }
+    let theirs = theirs.expect("some file is the other node's");
+    let mut asked = mine.clone();
+    asked.push((theirs, vec![0]));
+    h.rt.block_on(async {
+        let pool = h.pool();
+        let (body, _) = ask(&pool, h.addr(0), load_files(&asked)).await;
+        assert!(
+            matches!(body, ResponseBody::NotOwner { epoch: 7 }),
+            "{body:?}"
+        );
+        assert_eq!(h.fake.reads(), 0, "nothing loaded");
+        let (body, _) = ask(&pool, h.addr(0), load_files(&mine)).await;
+        assert!(matches!(body, ResponseBody::FilesLoaded { .. }), "{body:?}");
+        assert_eq!(h.fake.reads(), mine.len() as u64);
+        pool.close();
+    });
+}
+
+/// A `LoadFiles` frame whose first file's path is one byte longer than `MAX_PATH_LEN`: valid
+/// as an archive (the extra byte is the alignment padding before the page indices), refused
+/// by the protocol's limits.
+fn over_long_path_frame() -> Vec<u8> {
+    let file = FileRef {
+        file_id: FileId::from_u128(ring::file_id("/x", "v1")),
+        mount: "mmmmmmmmm".into(),
+        path: "p".repeat(frame::MAX_PATH_LEN),
+        version_tag: "v1".into(),
+        size: 10,
+    };
+    let req = Request {
+        request_id: 1,
+        body: load_files(&[(file, vec![0])]),
+    };
+    let mut out = Vec::new();
+    frame::encode_request(&req, 0, &mut out).unwrap();
+    // The path's length word: (L & 0x3f) | 0x80 | (L & !0x3f) << 2 for L = 4096.
+    let len = |l: u32| (l & 0x3f) | 0x80 | ((l & !0x3f) << 2);
+    let word = len(frame::MAX_PATH_LEN as u32).to_le_bytes();
+    let at = out
+        .windows(4)
+        .position(|w| w == word)
+        .expect("the path's length word");
+    out[at..at + 4].copy_from_slice(&len(frame::MAX_PATH_LEN as u32 + 1).to_le_bytes());
+    out
+}
+
+#[test]
+fn a_load_of_many_files_beyond_the_limits_is_refused_and_loads_nothing() {
+    let h = Harness::start(Setup::default());
+    h.fake.put_file("/x", "v1", content(1, 10));
+    let raw = over_long_path_frame();
+    let err = frame::decode_request_frame(&raw).unwrap_err();
+    assert!(matches!(err, frame::FrameError::Limit(_)), "{err}");
+    h.rt.block_on(async {
+        let pool = h.pool();
+        let reply = pool.call(h.addr(0), &raw, &[]).await.unwrap();
+        let (resp, _) = frame::decode_response_frame(&reply).unwrap();
+        assert_error(&resp.body, ErrorCode::TooLarge);
+        // Too many files or pages cannot even be encoded by a client.
+        let many = vec![(file_ref("/x", "v1", 10), vec![0]); frame::MAX_LOAD_FILES + 1];
+        let req = Request {
+            request_id: 2,
+            body: load_files(&many),
+        };
+        assert!(matches!(
+            frame::encode_request(&req, 0, &mut Vec::new()),
+            Err(frame::FrameError::Limit(_))
+        ));
+        // At the limit it is served, and the one page is read once.
+        let most = vec![(file_ref("/x", "v1", 10), vec![0]); frame::MAX_LOAD_FILES];
+        let (body, _) = ask(&pool, h.addr(0), load_files(&most)).await;
+        let ResponseBody::FilesLoaded { outcomes } = body else {
+            panic!("{body:?}");
+        };
+        assert_eq!(outcomes.len(), frame::MAX_LOAD_FILES);
+        assert!(outcomes
+            .iter()
+            .all(|o| matches!(o, frame::FileOutcome::Loaded { .. })));
+        assert_eq!(h.fake.reads(), 1, "the refused request loaded nothing");
+        pool.close();
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Stats of many files of one directory: one listing
+// ---------------------------------------------------------------------------
+
+#[test]
+fn stats_of_many_files_of_a_directory_are_answered_from_one_listing_within_the_ttl() {
+    let ttl = Duration::from_millis(800);
+    let h = Harness::start(Setup {
+        shards: 1,
+        loader: LoaderOptions {
+            metadata_ttl: ttl,
+            ..LoaderOptions::default()
+        },
+        ..Default::default()
+    });
+    let files: Vec<(String, String, Vec<u8>)> = (0..50u64)
+        .map(|i| {
+            (
+                format!("/many/f{i:02}"),
+                format!("tag{i}"),
+                content(i, 10 + i as usize),
+            )
+        })
+        .collect();
+    let listing = |files: &[(String, String, Vec<u8>)]| -> Vec<DirEntry> {
+        files
+            .iter()
+            .map(|(p, v, d)| DirEntry {
+                name: p.rsplit_once('/').unwrap().1.to_string(),
+                is_dir: false,
+                size: d.len() as u64,
+                version_tag: v.clone(),
+                mtime_ns: MTIME_NS,
+            })
+            .collect()
+    };
+    for (p, v, d) in &files {
+        h.fake.put_file(p, v, d.clone());
+    }
+    h.fake.set_dir("/many", listing(&files));
+    let stat = |p: &str| RequestBody::StatPath {
+        path: p.to_string(),
+    };
+    let info = |p: &str, v: &str, size: usize| ResponseBody::PathInfo {
+        kind: PathKind::File {
+            size: size as u64,
+            version_tag: v.to_string(),
+            file_id: FileId::from_u128(ring::file_id(p, v)),
+            mtime_ns: MTIME_NS,
+            state: FileState::Stored,
+            store_tag: v.to_string(),
+        },
+    };
+    let n = pagestore_server::loader::LIST_AFTER_STATS as u64;
+    h.rt.block_on(async {
+        let pool = h.pool();
+        let addr = h.addr(0);
+        for (p, v, d) in &files {
+            assert_eq!(
+                ask(&pool, addr, stat(p)).await.0,
+                info(p, v, d.len()),
+                "{p}"
+            );
+        }
+        // The first n - 1 stats went to the store, the n-th listed the directory, and the
+        // rest were answered from that listing: exactly what stats would have answered.
+        assert_eq!((h.fake.stats(), h.fake.lists()), (n - 1, 1));
+        assert_eq!(h.counters().await.dir_listings, 1);
+
+        // A file the listing does not hold (written since) is stat'ed, not refused.
+        h.fake.put_file("/many/new", "n1", vec![1; 5]);
+        assert_eq!(
+            ask(&pool, addr, stat("/many/new")).await.0,
+            info("/many/new", "n1", 5)
+        );
+        assert_eq!(h.fake.stats(), n);
+
+        // An invalidation of one file drops its directory's listing on the shard: the next
+        // stat of another file asks the store, which has the rewritten object.
+        let (p0, v0, _) = &files[0];
+        h.fake.put_file(p0, "tag0b", vec![7; 3]);
+        let writer =
+            h.ca.issue("writer", pagestore_protocol::tls::Role::Writer)
+                .unwrap();
+        let writer = common::pool(&h.ca, Some(&writer), "127.0.0.1:0");
+        let (body, _) = ask(
+            &writer,
+            addr,
+            RequestBody::Invalidate {
+                path: p0.clone(),
+                file_id: FileId::from_u128(ring::file_id(p0, v0)),
+            },
+        )
+        .await;
+        assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
+        writer.close();
+        assert_eq!(ask(&pool, addr, stat(p0)).await.0, info(p0, "tag0b", 3));
+        // (files[30] was answered from the listing before, not from a stat of its own.)
+        let (p1, v1, d1) = &files[30];
+        assert_eq!(ask(&pool, addr, stat(p1)).await.0, info(p1, v1, d1.len()));
+        assert_eq!(h.fake.stats(), n + 2, "the listing was dropped");
+
+        // Past the TTL nothing is answered from the old listing: a file rewritten meanwhile
+        // is seen at its new version.
+        tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+        let (p2, _, _) = &files[40];
+        h.fake.put_file(p2, "tag2b", vec![9; 4]);
+        assert_eq!(ask(&pool, addr, stat(p2)).await.0, info(p2, "tag2b", 4));
+        assert_eq!(h.fake.lists(), 1);
         pool.close();
     });
 }

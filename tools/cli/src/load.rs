@@ -21,7 +21,8 @@ use pagestore_protocol::frame::{DirEntry, MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN
 /// How to run a job.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Files in flight at once.
+    /// Load requests in flight at once, each naming many files grouped by owner shard
+    /// ([`Client::load_many`]); with `verify`, files in flight at once.
     pub parallel: usize,
     /// Also check every page against the under storage and repair what differs.
     pub verify: bool,
@@ -370,39 +371,44 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
         failed: AtomicU64::new(0),
         first_page: Mutex::new(None),
     });
-    let took = client
-        .report_job(&job_record(
-            opts,
-            &progress,
-            total_files,
-            started,
-            JobState::Running,
-        ))
-        .await;
-    if took == 0 {
-        tracing::warn!(
-            "no node keeps this job's record (adding one needs the writer role; see \
-             docs/SECURITY.md); loading anyway"
-        );
-    }
+    // The first record goes out while the loading starts (it is awaited before the last one,
+    // so that a node never keeps "running" after "done").
+    let first = job_record(opts, &progress, total_files, started, JobState::Running);
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            if client.report_job(&first).await == 0 {
+                tracing::warn!(
+                    "no node keeps this job's record (adding one needs the writer role; see \
+                     docs/SECURITY.md); loading anyway"
+                );
+            }
+        })
+    };
     let out = ProgressOut::new(total_files, opts.progress);
     let ticker = spawn_ticker(&progress, &client, opts, &out, total_files, start, started);
     let report = Arc::new(Mutex::new(JobReport {
         files: total_files,
         ..JobReport::default()
     }));
-    stream::iter(files)
-        .for_each_concurrent(opts.parallel.max(1), |file| {
-            let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
-            async move {
-                let r = load_one(&client, &file, opts.verify).await;
-                let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
-                count_file(r, &file.path, &progress, &mut rep, start);
-                progress.files_done.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-        .await;
+    if opts.verify {
+        // File by file: each is checked against the under storage page by page.
+        stream::iter(files)
+            .for_each_concurrent(opts.parallel.max(1), |file| {
+                let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
+                async move {
+                    let r = load_one(&client, &file, opts.verify).await;
+                    let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+                    count_file(r, &file.path, &progress, &mut rep, start);
+                    progress.files_done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .await;
+    } else {
+        load_batched(&client, files, opts, &progress, &report, start).await;
+    }
     ticker.abort();
+    let _ = first.await;
     let state = if progress.failed.load(Ordering::Relaxed) > 0 {
         JobState::Failed
     } else {
@@ -569,6 +575,75 @@ impl ProgressOut {
             }
         }
     }
+}
+
+/// Loads `files` in batches ([`Client::load_many`]: many files per request, grouped by
+/// owner shard, at most `opts.parallel` requests in flight): those a listing described at
+/// once, the others after a stat each (made meanwhile); every file's outcome is counted as it
+/// completes.
+async fn load_batched(
+    client: &Client,
+    files: Vec<Target>,
+    opts: &LoadOptions,
+    progress: &Progress,
+    report: &Mutex<JobReport>,
+    start: Instant,
+) {
+    let finish = |path: &str, r: Result<OneFile, String>| {
+        let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+        count_file(r, path, progress, &mut rep, start);
+        progress.files_done.fetch_add(1, Ordering::Relaxed);
+    };
+    // The files a listing described load at once; the others are stat'ed meanwhile, and load
+    // after.
+    let (listed, unlisted): (Vec<Target>, Vec<Target>) =
+        files.into_iter().partition(|t| t.listed.is_some());
+    let listed: Vec<ObjectInfo> = listed.into_iter().filter_map(|t| t.listed).collect();
+    let stat_then_load = async {
+        let stats: Vec<(String, Result<ObjectInfo, Error>)> = stream::iter(unlisted)
+            .map(|t| async move {
+                let r = client.stat(&t.path).await;
+                (t.path, r)
+            })
+            .buffered(opts.parallel.max(1))
+            .collect()
+            .await;
+        let mut infos = Vec::with_capacity(stats.len());
+        for (path, r) in stats {
+            match r {
+                Ok(info) => infos.push(info),
+                Err(e) => finish(&path, Err(e.to_string())),
+            }
+        }
+        load_infos(client, &infos, opts, &finish).await;
+    };
+    futures_util::future::join(load_infos(client, &listed, opts, &finish), stat_then_load).await;
+}
+
+/// [`Client::load_many`] of `infos`, each file's outcome handed to `finish`.
+async fn load_infos(
+    client: &Client,
+    infos: &[ObjectInfo],
+    opts: &LoadOptions,
+    finish: &impl Fn(&str, Result<OneFile, String>),
+) {
+    if infos.is_empty() {
+        return;
+    }
+    client
+        .load_many(infos, opts.parallel.max(1), |i, r| {
+            let info = &infos[i];
+            let one = r.map(|o| OneFile {
+                size: info.size,
+                loaded: o.loaded,
+                present: o.present,
+                bytes: o.bytes,
+                verified: 0,
+                repaired: false,
+            });
+            finish(&info.path, one.map_err(|e| e.to_string()));
+        })
+        .await;
 }
 
 struct OneFile {

@@ -124,6 +124,10 @@ struct Tally {
     files: u64,
     bytes: u64,
     hist: Histogram<u64>,
+    /// Client passes: each file's open (its stat at the metadata owner) and read (its page
+    /// fetches), apart.
+    open: Histogram<u64>,
+    read: Histogram<u64>,
 }
 
 impl Tally {
@@ -132,6 +136,8 @@ impl Tally {
             files: 0,
             bytes: 0,
             hist: new_hist(),
+            open: new_hist(),
+            read: new_hist(),
         }
     }
 
@@ -154,6 +160,7 @@ async fn pass_async(label: &str, route: &Route, files: &Files, parallel: usize) 
     let one = |i: usize| async move {
         let e = &files.entries[i];
         let t0 = Instant::now();
+        let mut opened = None;
         let b: Bytes = match route {
             Route::Store { table, prefix } => {
                 let path = format!("{prefix}/{}", e.rel);
@@ -166,6 +173,7 @@ async fn pass_async(label: &str, route: &Route, files: &Files, parallel: usize) 
             Route::Client(client) => {
                 let path = format!("{PREFIX}/{}", e.rel);
                 let h = client.open(&path).await.with_context(|| path.clone())?;
+                opened = Some(t0.elapsed());
                 client
                     .read_at(h.info(), 0, h.info().size)
                     .await
@@ -175,15 +183,20 @@ async fn pass_async(label: &str, route: &Route, files: &Files, parallel: usize) 
         };
         let took = t0.elapsed();
         files.check(label, i, &b)?;
-        Ok::<_, anyhow::Error>((took, b.len() as u64))
+        Ok::<_, anyhow::Error>((took, opened, b.len() as u64))
     };
     let mut s = std::pin::pin!(stream::iter(0..files.entries.len())
         .map(one)
         .buffer_unordered(parallel.max(1)));
     let mut t = Tally::new();
     while let Some(r) = s.next().await {
-        let (took, n) = r?;
+        let (took, opened, n) = r?;
         t.record(took, n);
+        if let Some(o) = opened {
+            t.open.saturating_record(o.as_nanos() as u64);
+            t.read
+                .saturating_record(took.saturating_sub(o).as_nanos() as u64);
+        }
     }
     Ok(t)
 }
@@ -245,6 +258,25 @@ fn pass(
     probe: &Probe,
     rt: &tokio::runtime::Runtime,
 ) -> Result<RunResult> {
+    pass_phases(o, label, route, files, probe, rt).map(|(r, _)| r)
+}
+
+/// The p50 and p99 of a client pass's opens and reads, microseconds.
+#[derive(Clone, Copy)]
+struct Phases {
+    open: [f64; 2],
+    read: [f64; 2],
+}
+
+/// [`pass`], with the client's open and read apart (client passes only).
+fn pass_phases(
+    o: &Opts,
+    label: &str,
+    route: &Route,
+    files: &Files,
+    probe: &Probe,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(RunResult, Option<Phases>)> {
     let (t, m) = probe.measure(rt, || match route {
         Route::Fs(root) => pass_fs(label, root, files, o.parallel),
         _ => rt.block_on(pass_async(label, route, files, o.parallel)),
@@ -258,7 +290,17 @@ fn pass(
             files.bytes()
         );
     }
-    Ok(RunResult {
+    let q = |h: &Histogram<u64>| {
+        [
+            h.value_at_quantile(0.5) as f64 / 1e3,
+            h.value_at_quantile(0.99) as f64 / 1e3,
+        ]
+    };
+    let phases = (!t.open.is_empty()).then(|| Phases {
+        open: q(&t.open),
+        read: q(&t.read),
+    });
+    let run = RunResult {
         target: label.into(),
         workload: "smallfiles".into(),
         readers: o.parallel,
@@ -276,7 +318,8 @@ fn pass(
         verified_bytes: t.bytes,
         ranges: 0,
         pages_touched: 0,
-    })
+    };
+    Ok((run, phases))
 }
 
 /// The mount-table URL of the dataset directory (with `--ufs-latency-ms`, `--ufs-mbps`).
@@ -293,6 +336,8 @@ struct Outcome {
     notes: Vec<String>,
     skipped: Vec<String>,
     paths: Vec<RunResult>,
+    /// The client passes' opens and reads apart, by label.
+    phases: Vec<(String, Phases)>,
     preload: Preload,
 }
 
@@ -383,7 +428,10 @@ fn measure(
     };
     let client = Route::Client(stack.client.clone());
     let (_, base) = preload::pages_and_hits(&stack, rt);
-    paths.push(pass(o, "client-cold", &client, files, &probe(vec![]), rt)?);
+    let mut phases = Vec::new();
+    let (r, p) = pass_phases(o, "client-cold", &client, files, &probe(vec![]), rt)?;
+    paths.push(r);
+    phases.extend(p.map(|p| ("client-cold".to_string(), p)));
     // A shard answers a miss as soon as it has the bytes and stores them just after: the warm
     // passes start once every page is counted as cached.
     let page = u64::from(o.page_size).max(1);
@@ -403,7 +451,9 @@ fn measure(
         "client-cold: every page counted as cached {:.3} s after the pass",
         t0.elapsed().as_secs_f64()
     ));
-    paths.push(pass(o, "client-warm", &client, files, &probe(vec![]), rt)?);
+    let (r, p) = pass_phases(o, "client-warm", &client, files, &probe(vec![]), rt)?;
+    paths.push(r);
+    phases.extend(p.map(|p| ("client-warm".to_string(), p)));
 
     match FuseMount::start(&stack.cluster, &work.join("mnt"), None) {
         Ok(mount) => {
@@ -455,6 +505,7 @@ fn measure(
         notes: std::mem::take(notes),
         skipped,
         paths,
+        phases,
         preload,
     })
 }
@@ -519,6 +570,14 @@ fn print_text(
             r.iops() / base
         );
     }
+    for (label, p) in &out.phases {
+        println!(
+            "{label}: per file, open (Client::open: a StatPath at the metadata owner) p50 {:.0} \
+             us, p99 {:.0} us; read (read_at: a Fetch at the page's owner) p50 {:.0} us, p99 \
+             {:.0} us",
+            p.open[0], p.open[1], p.read[0], p.read[1]
+        );
+    }
     for s in &out.skipped {
         println!("{s}");
     }
@@ -549,6 +608,10 @@ fn print_json(
             v["files"] = r.ops.into();
             v["files_per_sec"] = r.iops().into();
             v["vs_direct"] = (r.iops() / base).into();
+            if let Some((_, p)) = out.phases.iter().find(|(l, _)| *l == r.target) {
+                v["open_us"] = serde_json::json!({"p50": p.open[0], "p99": p.open[1]});
+                v["read_us"] = serde_json::json!({"p50": p.read[0], "p99": p.read[1]});
+            }
             v
         })
         .collect();

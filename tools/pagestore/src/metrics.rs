@@ -209,6 +209,13 @@ const PER_SHARD: &[ShardFamily] = &[
         |s| s.loader.metadata_misses,
     ),
     (
+        "pagestore_metadata_dir_listings_total",
+        Kind::Counter,
+        "Directories listed to answer the stats of their files (after 16 stats of one \
+         directory within the metadata TTL).",
+        |s| s.loader.dir_listings,
+    ),
+    (
         "pagestore_requests_total",
         Kind::Counter,
         "Requests served by the shard's QUIC endpoint.",

@@ -386,7 +386,7 @@ fn hot_rows(v: &mut View, before: &Sample, after: &Sample, secs: f64) {
             shards: f.shards,
         })
         .collect();
-    let mut pv: Vec<((u128, u64), (u64, u64, u8))> = pages.into_iter().collect();
+    let mut pv: Vec<_> = pages.into_iter().collect();
     pv.sort_by_key(|(k, (d, total, _))| (std::cmp::Reverse((*d, *total)), *k));
     v.pages = pv
         .into_iter()

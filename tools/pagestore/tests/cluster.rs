@@ -589,6 +589,91 @@ async fn jobs_over_many_small_files_ask_one_listing_per_directory_not_a_stat_per
     assert_eq!((h1 - h0, m_1 - m_0), (43, 0), "every page was preloaded");
 }
 
+/// Requests served by every shard of every node so far (`pagestore_requests_total`).
+fn requests_served(c: &Cluster) -> u64 {
+    use pagestore_testkit::local_cluster::http_get;
+    let mut n = 0;
+    for node in &c.nodes {
+        let (_, metrics) = http_get(node.admin.as_deref().unwrap(), "/metrics").unwrap();
+        for line in metrics
+            .lines()
+            .filter(|l| l.starts_with("pagestore_requests_total"))
+        {
+            n += line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_over_many_small_files_sends_few_requests_and_reports_each_failed_file() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("tiny")).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..300)
+        .map(|i| {
+            (
+                format!("tiny/f{i:03}"),
+                bytes(7000 + i, 100 + 10 * i as usize),
+            )
+        })
+        .collect();
+    for (n, b) in &files {
+        std::fs::write(data.join(n), b).unwrap();
+    }
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    s.metadata_ttl = "600".into();
+    let c = Cluster::start(dir, s);
+    // The directory's listing is cached by its metadata owner; then one file disappears from
+    // the store behind the cache's back: the job still names it (from that listing), and
+    // its load fails on its own.
+    let out = c.pagectl(&["ls", "/data/tiny"]);
+    assert!(out.status.success(), "{out:?}");
+    let gone = "tiny/f150";
+    std::fs::remove_file(c.dir.path().join("data").join(gone)).unwrap();
+
+    let r0 = requests_served(&c);
+    let out = c.pagectl(&["load", "--prefix", "/data/tiny"]);
+    let r1 = requests_served(&c);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!out.status.success(), "a failed file fails the job: {text}");
+    assert!(text.contains("loaded 299 pages"), "{text}");
+    assert!(text.contains("1 of 300 files failed"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains(&format!("/data/{gone}")),
+        "the failed file is named: {err}"
+    );
+    // A load request names many files: with 3 nodes x 2 shards, a handful of requests per
+    // shard (and the listing, the cluster's layout, the job's records), not one per file.
+    assert!(
+        r1 - r0 <= 60,
+        "{} requests for 300 files: not batched",
+        r1 - r0
+    );
+
+    // What was loaded is what readers read: every page a hit.
+    let client = c.client(ClientOptions::default()).await;
+    let (h0, m0) = c.hits_and_misses(&client).await;
+    for (n, b) in files.iter().filter(|(n, _)| n != gone) {
+        let got = client
+            .read(&format!("/data/{n}"), 0..u64::MAX)
+            .await
+            .unwrap();
+        assert!(got[..] == b[..], "{n}");
+    }
+    let (h1, m1) = c.hits_and_misses(&client).await;
+    assert_eq!((h1 - h0, m1 - m0), (299, 0), "every page was preloaded");
+
+    // Again: every page is cached already, still in few requests.
+    let r2 = requests_served(&c);
+    let out = c.pagectl(&["load", "--prefix", "/data/tiny"]);
+    let r3 = requests_served(&c);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("299 pages were cached already"), "{text}");
+    assert!(r3 - r2 <= 60, "{} requests for 300 files", r3 - r2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preload_jobs_load_every_page_once_and_verify_repairs_stale_files() {
     let (dir, mut s) = common::settings();

@@ -203,6 +203,23 @@ fn sample_requests() -> Vec<Request> {
             prefix: "/ckpt".into(),
         },
         RequestBody::Hot,
+        RequestBody::LoadFiles {
+            files: vec![
+                LoadFile {
+                    file: file_ref(),
+                    pages: vec![0, 3],
+                },
+                LoadFile {
+                    file: FileRef::default(),
+                    pages: vec![],
+                },
+            ],
+            epoch: 8,
+        },
+        RequestBody::LoadFiles {
+            files: vec![],
+            epoch: 0,
+        },
     ];
     bodies
         .into_iter()
@@ -351,6 +368,21 @@ fn sample_responses() -> Vec<Response> {
             },
         },
         ResponseBody::Hot,
+        ResponseBody::FilesLoaded {
+            outcomes: vec![
+                FileOutcome::Loaded {
+                    pages: 2,
+                    bytes: 128 << 10,
+                },
+                FileOutcome::Failed {
+                    code: ErrorCode::NotFound,
+                    loaded: 0,
+                    message: "/data/gone.bin not found".into(),
+                },
+                FileOutcome::Loaded { pages: 0, bytes: 0 },
+            ],
+        },
+        ResponseBody::FilesLoaded { outcomes: vec![] },
     ];
     let mut out: Vec<Response> = bodies
         .into_iter()
@@ -2043,6 +2075,38 @@ fn arb_request() -> impl Strategy<Value = Request> {
             .prop_map(|(file_id, action)| RequestBody::FilePages { file_id, action }),
         arb_string(120).prop_map(|prefix| RequestBody::WriteBackState { prefix }),
         Just(RequestBody::Hot),
+        (
+            proptest::collection::vec(
+                (
+                    arb_file_id(),
+                    arb_string(20),
+                    arb_string(60),
+                    arb_string(40),
+                    any::<u64>(),
+                    proptest::collection::vec(any::<u64>(), 0..=4),
+                ),
+                0..=6
+            ),
+            any::<u64>()
+        )
+            .prop_map(|(files, epoch)| RequestBody::LoadFiles {
+                files: files
+                    .into_iter()
+                    .map(
+                        |(file_id, mount, path, version_tag, size, pages)| LoadFile {
+                            file: FileRef {
+                                file_id,
+                                mount,
+                                path,
+                                version_tag,
+                                size,
+                            },
+                            pages,
+                        }
+                    )
+                    .collect(),
+                epoch,
+            }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -2238,6 +2302,21 @@ fn arb_response() -> impl Strategy<Value = Response> {
             }
         ),
         Just(ResponseBody::Hot),
+        proptest::collection::vec(
+            prop_oneof![
+                (any::<u32>(), any::<u64>())
+                    .prop_map(|(pages, bytes)| FileOutcome::Loaded { pages, bytes }),
+                (arb_error_code(), any::<u32>(), arb_string(100)).prop_map(
+                    |(code, loaded, message)| FileOutcome::Failed {
+                        code,
+                        loaded,
+                        message
+                    }
+                ),
+            ],
+            0..=8
+        )
+        .prop_map(|outcomes| ResponseBody::FilesLoaded { outcomes }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
 }
@@ -3495,4 +3574,288 @@ fn arb_hot_report() -> impl Strategy<Value = HotReport> {
             pages,
             mounts,
         })
+}
+
+// -- LoadFiles ----------------------------------------------------------
+
+/// A file of `LoadFiles` with strings of the given lengths and `pages` page
+/// indices.
+fn load_file(path_len: usize, tag_len: usize, mount_len: usize, pages: usize) -> LoadFile {
+    LoadFile {
+        file: FileRef {
+            file_id: FILE_A,
+            mount: "m".repeat(mount_len),
+            path: "p".repeat(path_len),
+            version_tag: "v".repeat(tag_len),
+            size: u64::MAX,
+        },
+        pages: (0..pages as u64).collect(),
+    }
+}
+
+#[test]
+fn load_files_limits_hold_on_both_sides() {
+    let limit = |e: &FrameError| matches!(e, FrameError::Limit(_));
+    let too_many_files = RequestBody::LoadFiles {
+        files: vec![load_file(4, 4, 0, 1); MAX_LOAD_FILES + 1],
+        epoch: 0,
+    };
+    let too_many_pages = RequestBody::LoadFiles {
+        files: vec![
+            load_file(4, 4, 0, MAX_LOAD_PAGES / 2),
+            load_file(4, 4, 0, MAX_LOAD_PAGES / 2 + 1),
+        ],
+        epoch: 0,
+    };
+    let long_path = RequestBody::LoadFiles {
+        files: vec![load_file(4, 4, 0, 1), load_file(MAX_PATH_LEN + 1, 4, 0, 1)],
+        epoch: 0,
+    };
+    let long_tag = RequestBody::LoadFiles {
+        files: vec![load_file(4, MAX_VERSION_TAG_LEN + 1, 0, 1)],
+        epoch: 0,
+    };
+    let long_mount = RequestBody::LoadFiles {
+        files: vec![load_file(4, 4, MAX_MOUNT_LEN + 1, 1)],
+        epoch: 0,
+    };
+    for body in [
+        too_many_files,
+        too_many_pages,
+        long_path,
+        long_tag,
+        long_mount,
+    ] {
+        let req = Request {
+            request_id: 1,
+            body,
+        };
+        let err = encode_request(&req, 0, &mut Vec::new()).unwrap_err();
+        assert!(limit(&err), "encode: {err}");
+        assert_eq!(err.error_code(), ErrorCode::TooLarge);
+        let err = decode_request_frame(&raw_request_frame(&req, 0))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(limit(&err), "decode: {err}");
+    }
+    // A payload is never allowed.
+    let req = Request {
+        request_id: 1,
+        body: RequestBody::LoadFiles {
+            files: vec![load_file(4, 4, 0, 1)],
+            epoch: 0,
+        },
+    };
+    let err = encode_request(&req, 1, &mut Vec::new()).unwrap_err();
+    assert!(matches!(err, FrameError::Mismatch(_)), "{err}");
+    // At the limits it is fine: MAX_LOAD_FILES files, MAX_LOAD_PAGES pages.
+    let mut files = vec![load_file(4, 4, 0, 0); MAX_LOAD_FILES];
+    files[0].pages = (0..MAX_LOAD_PAGES as u64).collect();
+    let req = Request {
+        request_id: 1,
+        body: RequestBody::LoadFiles { files, epoch: 0 },
+    };
+    assert_eq!(decode_request_frame(&request_frame(&req)).unwrap().0, req);
+
+    let failed = |message: String| FileOutcome::Failed {
+        code: ErrorCode::Io,
+        loaded: 1,
+        message,
+    };
+    for outcomes in [
+        vec![FileOutcome::Loaded { pages: 1, bytes: 1 }; MAX_LOAD_FILES + 1],
+        vec![failed("x".repeat(MAX_OUTCOME_MESSAGE_LEN + 1))],
+    ] {
+        let resp = Response {
+            request_id: 1,
+            body: ResponseBody::FilesLoaded { outcomes },
+        };
+        let err = encode_response(&resp, 0, &mut Vec::new()).unwrap_err();
+        assert!(limit(&err), "encode: {err}");
+        let err = decode_response_frame(&raw_response_frame(&resp, 0))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(limit(&err), "decode: {err}");
+    }
+    // The largest answer fits one header: every file failed with the longest message.
+    let resp = Response {
+        request_id: u64::MAX,
+        body: ResponseBody::FilesLoaded {
+            outcomes: vec![failed("é".repeat(MAX_OUTCOME_MESSAGE_LEN / 2)); MAX_LOAD_FILES],
+        },
+    };
+    let frame = response_frame(&resp);
+    assert!(frame.len() - PREAMBLE_LEN <= MAX_HEADER as usize);
+    assert_eq!(decode_response_frame(&frame).unwrap().0, resp);
+}
+
+#[test]
+fn load_files_filled_to_the_header_budget_encode() {
+    // Whatever the strings and page counts, a request filled by `header_cost` up to the
+    // budget (and within the count limits) encodes: the cost never underestimates.
+    let shapes = [
+        (MAX_PATH_LEN, MAX_VERSION_TAG_LEN, MAX_MOUNT_LEN, 0),
+        (9, 9, 9, 1),
+        (8, 8, 8, 1),
+        (40, 44, 0, 1),
+        (100, 20, 0, 16),
+        (12, 3, 0, 300),
+        (1, 1, 1, 0),
+    ];
+    for (path, tag, mount, pages) in shapes {
+        let one = load_file(path, tag, mount, pages);
+        let mut files = Vec::new();
+        let (mut cost, mut n_pages) = (0, 0);
+        while files.len() < MAX_LOAD_FILES
+            && cost + one.header_cost() <= LOAD_FILES_HEADER_BUDGET
+            && n_pages + one.pages.len() <= MAX_LOAD_PAGES
+        {
+            cost += one.header_cost();
+            n_pages += one.pages.len();
+            files.push(one.clone());
+        }
+        let req = Request {
+            request_id: u64::MAX,
+            body: RequestBody::LoadFiles {
+                files,
+                epoch: u64::MAX,
+            },
+        };
+        let mut out = Vec::new();
+        encode_request(&req, 0, &mut out)
+            .unwrap_or_else(|e| panic!("{path}/{tag}/{mount}/{pages}: {e}"));
+        let header = out.len() - PREAMBLE_LEN;
+        assert!(header <= MAX_HEADER as usize);
+        assert!(
+            header <= cost + 1024,
+            "{path}/{tag}/{mount}/{pages}: header {header}, estimated {cost}"
+        );
+    }
+}
+
+#[test]
+fn load_files_answers() {
+    let req = RequestBody::LoadFiles {
+        files: vec![load_file(4, 4, 0, 1), load_file(5, 4, 0, 2)],
+        epoch: 1,
+    };
+    let two = ResponseBody::FilesLoaded {
+        outcomes: vec![FileOutcome::Loaded { pages: 1, bytes: 1 }; 2],
+    };
+    let one = ResponseBody::FilesLoaded {
+        outcomes: vec![FileOutcome::Loaded { pages: 1, bytes: 1 }],
+    };
+    assert!(two.answers(&req));
+    assert!(!one.answers(&req));
+    assert!(ResponseBody::NotOwner { epoch: 3 }.answers(&req));
+    assert!(!ResponseBody::Loaded { pages: 1, bytes: 1 }.answers(&req));
+    assert!(!two.answers(&RequestBody::LoadPages {
+        file: file_ref(),
+        pages: vec![0],
+        epoch: 1
+    }));
+}
+
+#[test]
+fn load_files_layouts_are_as_documented() {
+    use std::mem::{align_of, size_of};
+    assert_eq!(
+        (
+            size_of::<ArchivedLoadFile>(),
+            align_of::<ArchivedLoadFile>()
+        ),
+        (56, 8)
+    );
+    assert_eq!(
+        (
+            size_of::<ArchivedFileOutcome>(),
+            align_of::<ArchivedFileOutcome>()
+        ),
+        (16, 8)
+    );
+    // The request and answer roots keep their sizes: nothing earlier moved.
+    assert_eq!(size_of::<ArchivedRequest>(), 96);
+    assert_eq!(size_of::<ArchivedResponse>(), 80);
+}
+
+/// `Request { request_id: 9, body: LoadFiles { files: [LoadFile { file:
+/// FileRef { file_id: FILE_A, mount: "", path: "/d/x", version_tag: "v1",
+/// size: 3 }, pages: [0] }], epoch: 7 } }`. header_len 160, no front
+/// padding: the page index (header 0-7), the 56-byte `LoadFile` (8-63, its
+/// pages pointer -56 leads from header 56 to 0), the root (64-159, its files
+/// pointer -68 from header 76 to 8).
+const GOLDEN_LOAD_FILES: &str = "\
+    5053544605000100a000000000000000\
+    00000000000000001817161514131211\
+    2827262524232221ffffffffffffffff\
+    2f642f78ffffffff7631ffffffffffff\
+    0300000000000000c8ffffff01000000\
+    090000000000000016000000bcffffff\
+    01000000000000000700000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+/// `Response { request_id: 9, body: FilesLoaded { outcomes: [Loaded {
+/// pages: 1, bytes: 3 }, Failed { code: NotFound, loaded: 0, message:
+/// "gone" }] } }`. header_len 112: the two 16-byte outcomes (header 0-31),
+/// then the root (32-111), whose pointer -44 leads from header 44 to 0.
+const GOLDEN_FILES_LOADED: &str = "\
+    50535446050002007000000000000000\
+    00000000010000000300000000000000\
+    0103000000000000676f6e65ffffffff\
+    090000000000000014000000d4ffffff\
+    02000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000\
+    00000000000000000000000000000000";
+
+#[test]
+fn golden_load_files() {
+    let req = Request {
+        request_id: 9,
+        body: RequestBody::LoadFiles {
+            files: vec![LoadFile {
+                file: FileRef {
+                    file_id: FILE_A,
+                    mount: String::new(),
+                    path: "/d/x".into(),
+                    version_tag: "v1".into(),
+                    size: 3,
+                },
+                pages: vec![0],
+            }],
+            epoch: 7,
+        },
+    };
+    let mut out = Vec::new();
+    encode_request(&req, 0, &mut out).unwrap();
+    assert_eq!(hex(&out), hex(&unhex(GOLDEN_LOAD_FILES)));
+    assert_eq!(
+        decode_request_frame(&unhex(GOLDEN_LOAD_FILES)).unwrap().0,
+        req
+    );
+    let resp = Response {
+        request_id: 9,
+        body: ResponseBody::FilesLoaded {
+            outcomes: vec![
+                FileOutcome::Loaded { pages: 1, bytes: 3 },
+                FileOutcome::Failed {
+                    code: ErrorCode::NotFound,
+                    loaded: 0,
+                    message: "gone".into(),
+                },
+            ],
+        },
+    };
+    let mut out = Vec::new();
+    encode_response(&resp, 0, &mut out).unwrap();
+    assert_eq!(hex(&out), hex(&unhex(GOLDEN_FILES_LOADED)));
+    assert_eq!(
+        decode_response_frame(&unhex(GOLDEN_FILES_LOADED))
+            .unwrap()
+            .0,
+        resp
+    );
 }

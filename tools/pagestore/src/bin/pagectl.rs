@@ -126,7 +126,8 @@ enum Command {
         /// Every file under this directory
         #[arg(long, value_name = "PATH")]
         prefix: Option<String>,
-        /// Files in flight at once (default 16)
+        /// Load requests in flight at once, each naming many files (default 16); with
+        /// --verify, files in flight at once
         #[arg(long, value_name = "N")]
         parallel: Option<usize>,
         /// Also compare every cached page with the under storage and reload what differs
