@@ -148,6 +148,9 @@ pub fn run_cluster(o: &Opts) -> Result<()> {
     settings.cache_size = (o.size * 2 / 3 + (256 << 20)).to_string();
     settings.mounts = vec![mount.clone()];
     settings.metadata_ttl = "600".into();
+    // Reads go to the pages' owners (warm means all hits, and the kill timeline is about the
+    // owner path); `fanout` measures hot-page replicas.
+    settings.extra = vec!["--hot-replicas".into(), "1".into()];
     let mut cluster = LocalCluster::start(settings).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

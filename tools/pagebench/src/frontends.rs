@@ -88,6 +88,10 @@ impl Stack {
         s.cache_size = per_node.to_string();
         s.mounts = vec![format!("{PREFIX}={url}")];
         s.metadata_ttl = "600".into();
+        // Every read of a page goes to its owner: the front ends are compared on one path, and
+        // a warm run is all hits. Hot-page replicas would copy re-read pages to other nodes
+        // (a miss at each) part-way through a run; `fanout` measures them.
+        s.extra = vec!["--hot-replicas".into(), "1".into()];
         let cluster = LocalCluster::start(s).map_err(anyhow::Error::msg)?;
         let client = rt
             .block_on(cluster.client(ClientOptions::default()))
