@@ -243,11 +243,13 @@ pub struct ClientOptions {
     /// A page request still unanswered after its member's usual answer time (never sooner than
     /// this, default 20 ms, nor later than `call_timeout`) may be hedged: asked of a second
     /// source too, the first answer taken and the other request cancelled. A member that holds
-    /// the page as well (another write member of a file written through the cluster, the owner
-    /// of a hot page read from one of its replicas) is asked then; a `--replicas` replica or
-    /// the under storage only once the member has also been silent that long and missed a
-    /// ping (a member that answers pings is working on the request, perhaps waiting on a slow
-    /// store, and is left to it). See `hedge_ratio`.
+    /// the page as well (another write member of a file written through the cluster) is asked
+    /// then; a `--replicas` replica, the owner of a hot page read from one of its spread
+    /// members, or the under storage only once the member has been silent that long and then
+    /// missed a
+    /// ping for as long (each at least `min_silence`: a member that answers pings is working
+    /// on the request, perhaps waiting on a slow store, and is left to it). See
+    /// `hedge_ratio`.
     pub hedge_min: Duration,
     /// Hedges allowed, as a share of page requests (default 0.05: 5%), with at most
     /// `hedge_burst` (default 10) at once after a quiet spell: a token bucket
@@ -517,6 +519,18 @@ enum HedgeDone {
     Member(Route, SocketAddr, Attempt<(ResponseBody, Bytes)>),
     Store(Result<Bytes, Error>),
 }
+
+/// How a hedged `StatPath` ended when it did not end with the member's answer alone.
+enum HedgedStat {
+    /// The store answered first (or after the member failed): the result.
+    Store(Result<PathKind, Error>),
+    /// The store failed (it is not asked again), and what the member did.
+    StoreFailed(Error, Attempt<(ResponseBody, Bytes)>),
+}
+
+/// A stat's hedge in flight.
+type StatFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<PathKind, Error>> + Send + 'a>>;
 
 /// A hedge in flight (boxed: only hedged reads pay for it).
 type HedgeFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = HedgeDone> + Send + 'a>>;
@@ -1151,16 +1165,45 @@ impl Client {
     /// What `path` names.
     pub async fn stat_path(&self, path: &str) -> Result<PathKind, Error> {
         check_path(path)?;
+        let cached = self.write_policy(path).is_cached();
+        // A path of a `through` mount has one metadata owner, whose silence would hold up
+        // every reader opening the path: its stat is hedged to the store like a page (once
+        // the owner is silent and misses a ping, within the budget). A file written through the
+        // cluster is known to its members only: the next member is asked after a failure.
+        let hedging = !cached
+            && self.options.fallback
+            && self.options.hedge_ratio > 0.0
+            && self.ufs.is_some();
+        if hedging {
+            self.hedge_budget.earn();
+        }
+        // What the store answered a hedge, if it failed (not asked twice).
+        let mut store_failed = None;
         for addr in self.metadata_members(path) {
             let body = RequestBody::StatPath { path: path.into() };
-            if let Attempt::Answer(r) = self.ask(addr, body).await {
+            let answer = if hedging {
+                match self.stat_hedged(addr, body, path).await {
+                    Ok(a) => a,
+                    Err(HedgedStat::Store(r)) => return r,
+                    Err(HedgedStat::StoreFailed(e, a)) => {
+                        store_failed = Some(e);
+                        a
+                    }
+                }
+            } else {
+                self.ask(addr, body).await
+            };
+            if let Attempt::Answer(r) = answer {
                 return match r.map_err(|e| named(e, path))? {
                     (ResponseBody::PathInfo { kind }, _) => Ok(kind),
                     (other, _) => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
                 };
             }
         }
-        if self.write_policy(path).is_cached() {
+        if let Some(e) = store_failed {
+            return Err(e);
+        }
+        if cached {
             return Err(Error::unavailable(format!(
                 "{path}: no member answered, and files written through the cluster are known                  to its members only"
             )));
@@ -1168,6 +1211,73 @@ impl Client {
         let ufs = self.ufs()?;
         bump(&self.stats.metadata_fallbacks, 1);
         Ok(ufs.stat_path(path).await?)
+    }
+
+    /// `StatPath` to `addr`, hedged to the store once `addr` is silent and misses a ping
+    /// (within the budget): `Ok` with the member's outcome when the store did not answer for
+    /// it, else how the store did ([`HedgedStat`]).
+    async fn stat_hedged(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        path: &str,
+    ) -> Result<Attempt<(ResponseBody, Bytes)>, HedgedStat> {
+        // The store's answer about the path (a file, a directory, none), as opposed to the
+        // store failing.
+        let answered = |r: &Result<PathKind, Error>| {
+            !matches!(r, Err(Error::Unavailable { .. } | Error::Config { .. }))
+        };
+        let sent = Instant::now();
+        let ask = self.ask(addr, body);
+        let point = self.hedge_point(addr, sent, true);
+        tokio::pin!(ask, point);
+        let mut hedge: Option<StatFuture<'_>> = None;
+        let mut hedged = false;
+        let mut failed: Option<Error> = None;
+        let answer = loop {
+            tokio::select! {
+                a = &mut ask => break a,
+                Some(r) = OptionFuture::from(hedge.as_mut()), if hedge.is_some() => {
+                    hedge = None;
+                    if answered(&r) {
+                        bump(&self.stats.hedges_won, 1);
+                        bump(&self.stats.metadata_fallbacks, 1);
+                        self.settle_later(addr, sent);
+                        return Err(HedgedStat::Store(r));
+                    }
+                    failed = r.err();
+                }
+                () = &mut point, if !hedged => {
+                    hedged = true;
+                    if !self.hedge_budget.spend() {
+                        bump(&self.stats.hedges_refused, 1);
+                        continue;
+                    }
+                    bump(&self.stats.hedges, 1);
+                    bump(&self.stats.store_hedges, 1);
+                    hedge = Some(Box::pin(async move {
+                        Ok(self.ufs()?.stat_path(path).await?)
+                    }));
+                }
+            }
+        };
+        if matches!(answer, Attempt::Answer(_)) {
+            return Ok(answer);
+        }
+        // The member failed: a hedge in flight answers instead.
+        if let Some(h) = hedge {
+            let r = h.await;
+            if answered(&r) {
+                bump(&self.stats.hedges_won, 1);
+                bump(&self.stats.metadata_fallbacks, 1);
+                return Err(HedgedStat::Store(r));
+            }
+            failed = r.err();
+        }
+        match failed {
+            Some(e) => Err(HedgedStat::StoreFailed(e, answer)),
+            None => Ok(answer),
+        }
     }
 
     /// Size, version and file id of the file at `path` (an error for directories).
@@ -1347,15 +1457,19 @@ impl Client {
         while let Some((i, addr)) = sources.next() {
             let route = route_of(i);
             // Where a hedge of this request would go: the next member, else (no member left)
-            // the under storage. A member that holds the page as well
-            // is asked once this request is late; the others (a `--replicas` replica would
-            // load a page it lacks from the store) only once this member is silent too.
+            // the under storage. Another write member of a written file holds the page too
+            // and is asked once this request is late; the others (a `--replicas` replica would
+            // load a page it lacks from the store; the owner of a hot page is what its spread
+            // members relieve) only once this member is silent.
+
             let target = match sources.peek() {
                 _ if !hedging || hedged => None,
                 Some(&(j, a)) => Some(HedgeTarget::Member {
                     index: j,
                     addr: a,
-                    holds: written || (route == Route::Hot && j == 0),
+                    // Not the owner of a hot page asked of a spread member: hedging the
+                    // spread members' late reads to it would undo the spreading.
+                    holds: written,
                 }),
                 None if in_store && self.ufs.is_some() && store_failed.is_none() => {
                     Some(HedgeTarget::Store)
@@ -1562,12 +1676,14 @@ impl Client {
         }
     }
 
-    /// Resolves when a page request sent to `addr` at `sent` should be hedged, and never when
-    /// it should not be. The member's hedge delay ([`Latency::hedge_delay`]) after sending;
-    /// when `quiet`, also that long after the member's last answer to anything, and then the
-    /// member must miss a ping as long (or have missed one already since it last answered:
-    /// it is probably gone). A member that answers the ping is working on the request (a page
-    /// it loads from a slow store, a queue of loads): the request is not hedged.
+    /// Resolves when a request sent to `addr` at `sent` should be hedged, and never when it
+    /// should not be. Not `quiet`: the member's hedge delay ([`Latency::hedge_delay`]) after
+    /// sending. `quiet`: the member must be silent: it has answered nothing, to this request
+    /// or any other, for its hedge delay (at least `min_silence`), and then neither a ping nor
+    /// anything else within as long (or it missed a ping already since it last answered: it
+    /// is probably gone, and the request is hedged after the first wait). A member that
+    /// answers the ping is working on the request (a page it loads from a slow store, a queue
+    /// of loads): the request is not hedged.
     async fn hedge_point(&self, addr: SocketAddr, sent: Instant, quiet: bool) {
         let (floor, ceiling) = (self.options.hedge_min, self.options.call_timeout);
         loop {
@@ -1575,8 +1691,11 @@ impl Client {
                 return std::future::pending().await;
             };
             let delay = l.hedge_delay(floor, ceiling);
+            // Silence is judged no faster than the silence rule's floor: a live member
+            // starved of CPU for a few tens of milliseconds must not look dead.
+            let wait = delay.max(self.options.min_silence);
             let at = if quiet {
-                sent.max(l.last_answer()) + delay
+                sent.max(l.last_answer()) + wait
             } else {
                 sent + delay
             };
@@ -1588,8 +1707,12 @@ impl Client {
                 return;
             }
             let asked = Instant::now();
-            if self.pings(addr, delay).await {
+            if self.pings(addr, wait).await {
                 return std::future::pending().await;
+            }
+            // Another answer came while the ping went unanswered: not silent after all.
+            if matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked) {
+                continue;
             }
             self.missed_ping(addr, asked);
             return;
