@@ -1680,8 +1680,9 @@ impl Client {
     /// should not be. Not `quiet`: the member's hedge delay ([`Latency::hedge_delay`]) after
     /// sending. `quiet`: the member must be silent: it has answered nothing, to this request
     /// or any other, for its hedge delay (at least `min_silence`), and then neither a ping nor
-    /// anything else within as long (or it missed a ping already since it last answered: it
-    /// is probably gone, and the request is hedged after the first wait). A member that
+    /// anything else within as long, while a member of another node answers a ping sent at the
+    /// same time (or it missed such a ping already since it last answered: it is probably gone,
+    /// and the request is hedged after the first wait). A member that
     /// answers the ping is working on the request (a page it loads from a slow store, a queue
     /// of loads): the request is not hedged.
     async fn hedge_point(&self, addr: SocketAddr, sent: Instant, quiet: bool) {
@@ -1707,16 +1708,45 @@ impl Client {
                 return;
             }
             let asked = Instant::now();
-            if self.pings(addr, wait).await {
+            // A control: another member pinged at the same time. If it does not answer either,
+            // this client (or the machine) is starved, not the member: no verdict.
+            let control = self.control_member(addr);
+            let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
+                match control {
+                    Some(c) => self.pings(c, wait).await,
+                    None => true,
+                }
+            });
+            if alive {
                 return std::future::pending().await;
             }
             // Another answer came while the ping went unanswered: not silent after all.
-            if matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked) {
+            if !control_alive
+                || matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked)
+            {
                 continue;
             }
             self.missed_ping(addr, asked);
             return;
         }
+    }
+
+    /// A member of another node to ping beside `addr` as a control (a stopped node's other
+    /// shards are as silent): the one that answered last.
+    fn control_member(&self, addr: SocketAddr) -> Option<SocketAddr> {
+        let layout = self.layout();
+        let node_of = |a: SocketAddr| {
+            layout.membership.nodes().position(|n| {
+                n.addr.ip() == a.ip()
+                    && (n.addr.port()..n.addr.port().saturating_add(n.shards)).contains(&a.port())
+            })
+        };
+        let mine = node_of(addr);
+        let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter()
+            .filter(|(a, _)| **a != addr && (mine.is_none() || node_of(**a) != mine))
+            .max_by_key(|(_, l)| l.last_answer())
+            .map(|(a, _)| *a)
     }
 
     /// A hedge was answered before the request sent to `addr` at `sent`, which is cancelled:
