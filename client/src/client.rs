@@ -9,7 +9,7 @@ use std::{
     path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, RwLock,
+        Arc, Mutex, RwLock, Weak,
     },
     time::{Duration, Instant},
 };
@@ -17,10 +17,10 @@ use std::{
 use crate::{
     pool::{ClientError, Pool, PoolOptions},
     spread::HotMap,
-    timing::Latency,
+    timing::{HedgeBudget, Latency},
 };
 use bytes::{Bytes, BytesMut};
-use futures_util::{stream, StreamExt, TryStreamExt};
+use futures_util::{future::OptionFuture, stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
     frame::{
         self, DirEntry, ErrorCode, FileId, FileRef, HotReport, JobRecord, MountEntry, PathKind,
@@ -240,6 +240,25 @@ pub struct ClientOptions {
     /// waited for, because giving it up (and backing the member off) would make a replica and
     /// then this client read the same pages from the store again.
     pub store_timeout: Duration,
+    /// A page request still unanswered after its member's usual answer time (never sooner than
+    /// this, default 20 ms, nor later than `call_timeout`) may be hedged: asked of a second
+    /// source too, the first answer taken and the other request cancelled. A member that holds
+    /// the page as well (another write member of a file written through the cluster) is asked
+    /// then; a `--replicas` replica, the owner of a hot page read from one of its spread
+    /// members, or the under storage only once the member has been silent that long and then
+    /// missed a
+    /// ping for as long (each at least `min_silence`: a member that answers pings is working
+    /// on the request, perhaps waiting on a slow store, and is left to it). See
+    /// `hedge_ratio`.
+    pub hedge_min: Duration,
+    /// Hedges allowed, as a share of page requests (default 0.05: 5%), with at most
+    /// `hedge_burst` (default 10) at once after a quiet spell: a token bucket
+    /// ([`HedgeBudget`]). 0 turns hedging off. Hedging is off with `fallback` off.
+    ///
+    /// [`HedgeBudget`]: crate::timing::HedgeBudget
+    pub hedge_ratio: f64,
+    /// See `hedge_ratio`.
+    pub hedge_burst: u32,
     /// Page requests in flight per read call (default 8).
     pub parallel: usize,
     /// Pages a file handle fetches ahead of a sequential reader (default 4).
@@ -265,6 +284,9 @@ impl Default for ClientOptions {
             call_timeout: Duration::from_secs(3),
             min_silence: Duration::from_millis(100),
             store_timeout: Duration::from_secs(60),
+            hedge_min: Duration::from_millis(20),
+            hedge_ratio: 0.05,
+            hedge_burst: 10,
             parallel: 8,
             readahead: 4,
             min_backoff: Duration::from_secs(1),
@@ -300,6 +322,16 @@ pub struct ClientStats {
     /// Requests given up before the call timeout because their member went silent (see
     /// [`ClientOptions::min_silence`]); each also counts in `member_failures`.
     pub silent_gives_up: AtomicU64,
+    /// Page requests hedged: asked of a second source because the first was late (see
+    /// [`ClientOptions::hedge_min`]).
+    pub hedges: AtomicU64,
+    /// Hedges sent to the under storage (also counted in `hedges`; a won one also in
+    /// `fallbacks`).
+    pub store_hedges: AtomicU64,
+    /// Hedges whose answer came first (the first request was cancelled).
+    pub hedges_won: AtomicU64,
+    /// Hedges not sent because the budget was spent ([`ClientOptions::hedge_ratio`]).
+    pub hedges_refused: AtomicU64,
     /// Membership changes applied (from etcd, or from a member's list).
     pub ring_updates: AtomicU64,
     /// Page requests whose owner answered that its under storage failed (`Io`): no replica is
@@ -332,6 +364,14 @@ pub struct StatsSnapshot {
     pub silent_gives_up: u64,
     /// See [`ClientStats::store_errors`].
     pub store_errors: u64,
+    /// See [`ClientStats::hedges`].
+    pub hedges: u64,
+    /// See [`ClientStats::store_hedges`].
+    pub store_hedges: u64,
+    /// See [`ClientStats::hedges_won`].
+    pub hedges_won: u64,
+    /// See [`ClientStats::hedges_refused`].
+    pub hedges_refused: u64,
     /// See [`ClientStats::ring_updates`].
     pub ring_updates: u64,
 }
@@ -377,6 +417,13 @@ pub struct Client {
     next_id: AtomicU64,
     /// Pages owners said are hot: their reads are spread over their replicas.
     hot: HotMap,
+    /// How many page requests may still be hedged.
+    hedge_budget: HedgeBudget,
+    /// Members a watcher is settling (after a hedge beat a request to them: see
+    /// [`Client::settle`]).
+    settling: Mutex<HashSet<SocketAddr>>,
+    /// This client, for the watchers it spawns.
+    me: Weak<Client>,
 }
 
 /// One shard's occupancy and hit counts, as `Stat` reports them (the fuller
@@ -416,6 +463,77 @@ pub(crate) enum Attempt<T> {
     /// would only read the same store again.
     StoreFailed(String),
 }
+
+/// A probe of a backed-off member in flight ([`Client::usable`]): dropped before its outcome
+/// is known (the request was cancelled), it lets the next request probe instead.
+struct ProbeGuard<'a> {
+    client: &'a Client,
+    addr: SocketAddr,
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        let mut h = self.client.health.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = h.get_mut(&self.addr) {
+            s.probing = false;
+        }
+    }
+}
+
+/// The page a read is after, for judging its answers.
+struct PageRead<'a> {
+    info: &'a ObjectInfo,
+    page: u64,
+    /// Members the page is spread over (hot), as the read found it.
+    spread: usize,
+    /// A file written through the cluster.
+    written: bool,
+    now: Instant,
+}
+
+/// Where a read goes after an answer.
+enum Step {
+    /// The read's result.
+    Done(Result<Bytes, Error>),
+    /// The next member.
+    Next,
+    /// The under storage, skipping the members left (they would read the same store).
+    ToStore,
+}
+
+/// Where a late page request is hedged.
+#[derive(Clone, Copy)]
+enum HedgeTarget {
+    /// The next member of the page; `holds`: it holds the page too (no store read).
+    Member {
+        index: usize,
+        addr: SocketAddr,
+        holds: bool,
+    },
+    /// The under storage (no member left).
+    Store,
+}
+
+/// A hedge's answer.
+enum HedgeDone {
+    Member(Route, SocketAddr, Attempt<(ResponseBody, Bytes)>),
+    Store(Result<Bytes, Error>),
+}
+
+/// How a hedged `StatPath` ended when it did not end with the member's answer alone.
+enum HedgedStat {
+    /// The store answered first (or after the member failed): the result.
+    Store(Result<PathKind, Error>),
+    /// The store failed (it is not asked again), and what the member did.
+    StoreFailed(Error, Attempt<(ResponseBody, Bytes)>),
+}
+
+/// A stat's hedge in flight.
+type StatFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<PathKind, Error>> + Send + 'a>>;
+
+/// A hedge in flight (boxed: only hedged reads pay for it).
+type HedgeFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = HedgeDone> + Send + 'a>>;
 
 impl Client {
     /// Connects to a cluster: reads the member list (from the file, or from the member at the
@@ -470,7 +588,8 @@ impl Client {
             None if options.fallback => fallback_table(&mounts),
             None => None,
         };
-        let client = Arc::new(Client {
+        let hedge_budget = HedgeBudget::new(options.hedge_ratio, options.hedge_burst);
+        let client = Arc::new_cyclic(|me| Client {
             pool,
             layout: RwLock::new(Arc::new(Layout {
                 membership: Arc::new(membership),
@@ -489,6 +608,9 @@ impl Client {
             options,
             next_id: AtomicU64::new(2),
             hot: HotMap::default(),
+            hedge_budget,
+            settling: Mutex::new(HashSet::new()),
+            me: me.clone(),
         });
         if let Some((etcd, state)) = followed {
             let weak = Arc::downgrade(&client);
@@ -716,22 +838,27 @@ impl Client {
             ring_updates: g(&s.ring_updates),
             silent_gives_up: g(&s.silent_gives_up),
             store_errors: g(&s.store_errors),
+            hedges: g(&s.hedges),
+            store_hedges: g(&s.store_hedges),
+            hedges_won: g(&s.hedges_won),
+            hedges_refused: g(&s.hedges_refused),
         }
     }
 
-    /// Whether a request may go to `addr` now: not backed off, or the one probe allowed after
-    /// the back-off ran out.
-    fn usable(&self, addr: SocketAddr) -> bool {
+    /// Whether a request may go to `addr` now: not backed off (`Some(None)`), or the one probe
+    /// allowed after the back-off ran out (`Some(Some(guard))`: the guard lets another request
+    /// probe if this one is dropped before its outcome is known, as a hedged request may be).
+    fn usable(&self, addr: SocketAddr) -> Option<Option<ProbeGuard<'_>>> {
         let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
         match h.get_mut(&addr) {
-            None => true,
+            None => Some(None),
             Some(s) if !s.probing && Instant::now() >= s.dead_until => {
                 s.probing = true;
-                true
+                Some(Some(ProbeGuard { client: self, addr }))
             }
             Some(_) => {
                 bump(&self.stats.skipped_dead, 1);
-                false
+                None
             }
         }
     }
@@ -788,13 +915,7 @@ impl Client {
     async fn silence(&self, addr: SocketAddr, sent: Instant) -> String {
         let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
         loop {
-            let latency = {
-                let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
-                t.get(&addr)
-                    .or_else(|| t.values().max_by_key(|l| l.usual()))
-                    .copied()
-            };
-            let Some(l) = latency else {
+            let Some((l, _)) = self.latency_of(addr) else {
                 return std::future::pending().await;
             };
             let at = l.give_up_at(sent, floor, ceiling);
@@ -810,6 +931,25 @@ impl Client {
                 "no answer for {limit:?}, not even to a ping (it usually answers within {:?})",
                 l.usual()
             );
+        }
+    }
+
+    /// The answer times a request to `addr` is judged by, and whether they are its own: its
+    /// own once it has answered this client, else the slowest of the members that have; `None`
+    /// before any has.
+    fn latency_of(&self, addr: SocketAddr) -> Option<(Latency, bool)> {
+        let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        match t.get(&addr) {
+            Some(l) => Some((*l, true)),
+            None => t.values().max_by_key(|l| l.usual()).map(|l| (*l, false)),
+        }
+    }
+
+    /// `addr` did not answer a ping sent at `at` in time.
+    fn missed_ping(&self, addr: SocketAddr, at: Instant) {
+        let mut t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = t.get_mut(&addr) {
+            l.missed_ping(at);
         }
     }
 
@@ -843,9 +983,9 @@ impl Client {
         body: RequestBody,
         payload: &[u8],
     ) -> Attempt<(ResponseBody, Bytes)> {
-        if !self.usable(addr) {
+        let Some(probe) = self.usable(addr) else {
             return Attempt::Failed(format!("{addr} is backed off after failures"));
-        }
+        };
         let hot = matches!(
             body,
             RequestBody::Fetch {
@@ -881,9 +1021,12 @@ impl Client {
                 // Its connection may lead to a process that is gone: connect afresh next time.
                 self.pool.forget(addr);
                 self.failed(addr, &why);
+                std::mem::forget(probe);
                 return Attempt::Failed(format!("{addr}: {why}"));
             }
         };
+        // The outcome is known: `failed` or `succeeded` below ends the probe.
+        std::mem::forget(probe);
         match reply {
             Err(e) => {
                 self.failed(addr, &e.to_string());
@@ -1022,16 +1165,45 @@ impl Client {
     /// What `path` names.
     pub async fn stat_path(&self, path: &str) -> Result<PathKind, Error> {
         check_path(path)?;
+        let cached = self.write_policy(path).is_cached();
+        // A path of a `through` mount has one metadata owner, whose silence would hold up
+        // every reader opening the path: its stat is hedged to the store like a page (once
+        // the owner is silent and misses a ping, within the budget). A file written through the
+        // cluster is known to its members only: the next member is asked after a failure.
+        let hedging = !cached
+            && self.options.fallback
+            && self.options.hedge_ratio > 0.0
+            && self.ufs.is_some();
+        if hedging {
+            self.hedge_budget.earn();
+        }
+        // What the store answered a hedge, if it failed (not asked twice).
+        let mut store_failed = None;
         for addr in self.metadata_members(path) {
             let body = RequestBody::StatPath { path: path.into() };
-            if let Attempt::Answer(r) = self.ask(addr, body).await {
+            let answer = if hedging {
+                match self.stat_hedged(addr, body, path).await {
+                    Ok(a) => a,
+                    Err(HedgedStat::Store(r)) => return r,
+                    Err(HedgedStat::StoreFailed(e, a)) => {
+                        store_failed = Some(e);
+                        a
+                    }
+                }
+            } else {
+                self.ask(addr, body).await
+            };
+            if let Attempt::Answer(r) = answer {
                 return match r.map_err(|e| named(e, path))? {
                     (ResponseBody::PathInfo { kind }, _) => Ok(kind),
                     (other, _) => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
                 };
             }
         }
-        if self.write_policy(path).is_cached() {
+        if let Some(e) = store_failed {
+            return Err(e);
+        }
+        if cached {
             return Err(Error::unavailable(format!(
                 "{path}: no member answered, and files written through the cluster are known                  to its members only"
             )));
@@ -1039,6 +1211,73 @@ impl Client {
         let ufs = self.ufs()?;
         bump(&self.stats.metadata_fallbacks, 1);
         Ok(ufs.stat_path(path).await?)
+    }
+
+    /// `StatPath` to `addr`, hedged to the store once `addr` is silent and misses a ping
+    /// (within the budget): `Ok` with the member's outcome when the store did not answer for
+    /// it, else how the store did ([`HedgedStat`]).
+    async fn stat_hedged(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        path: &str,
+    ) -> Result<Attempt<(ResponseBody, Bytes)>, HedgedStat> {
+        // The store's answer about the path (a file, a directory, none), as opposed to the
+        // store failing.
+        let answered = |r: &Result<PathKind, Error>| {
+            !matches!(r, Err(Error::Unavailable { .. } | Error::Config { .. }))
+        };
+        let sent = Instant::now();
+        let ask = self.ask(addr, body);
+        let point = self.hedge_point(addr, sent, true);
+        tokio::pin!(ask, point);
+        let mut hedge: Option<StatFuture<'_>> = None;
+        let mut hedged = false;
+        let mut failed: Option<Error> = None;
+        let answer = loop {
+            tokio::select! {
+                a = &mut ask => break a,
+                Some(r) = OptionFuture::from(hedge.as_mut()), if hedge.is_some() => {
+                    hedge = None;
+                    if answered(&r) {
+                        bump(&self.stats.hedges_won, 1);
+                        bump(&self.stats.metadata_fallbacks, 1);
+                        self.settle_later(addr, sent);
+                        return Err(HedgedStat::Store(r));
+                    }
+                    failed = r.err();
+                }
+                () = &mut point, if !hedged => {
+                    hedged = true;
+                    if !self.hedge_budget.spend() {
+                        bump(&self.stats.hedges_refused, 1);
+                        continue;
+                    }
+                    bump(&self.stats.hedges, 1);
+                    bump(&self.stats.store_hedges, 1);
+                    hedge = Some(Box::pin(async move {
+                        Ok(self.ufs()?.stat_path(path).await?)
+                    }));
+                }
+            }
+        };
+        if matches!(answer, Attempt::Answer(_)) {
+            return Ok(answer);
+        }
+        // The member failed: a hedge in flight answers instead.
+        if let Some(h) = hedge {
+            let r = h.await;
+            if answered(&r) {
+                bump(&self.stats.hedges_won, 1);
+                bump(&self.stats.metadata_fallbacks, 1);
+                return Err(HedgedStat::Store(r));
+            }
+            failed = r.err();
+        }
+        match failed {
+            Some(e) => Err(HedgedStat::StoreFailed(e, answer)),
+            None => Ok(answer),
+        }
     }
 
     /// Size, version and file id of the file at `path` (an error for directories).
@@ -1118,7 +1357,9 @@ impl Client {
     }
 
     /// Reads `len` bytes at `offset` of page `page` of `info` (fewer at the end of the file):
-    /// from the owner, else a replica, else the under storage.
+    /// from the owner, else a replica, else the under storage. A request that is late may be
+    /// hedged: the next of those sources is asked as well, the first answer taken and the other
+    /// request cancelled ([`ClientOptions::hedge_min`], [`ClientOptions::hedge_ratio`]).
     pub async fn read_page(
         &self,
         info: &ObjectInfo,
@@ -1158,98 +1399,416 @@ impl Client {
         } else {
             0
         };
-        // The picked member first, then the usual order: the owner, then the fallbacks.
-        let order =
-            std::iter::once(first).chain((0..tries.min(members.len())).filter(|&i| i != first));
-        for i in order {
-            let m = &members[i];
-            if layout.down.contains(&m.node) {
-                bump(&self.stats.skipped_dead, 1);
-                continue;
-            }
-            let Some(addr) = layout.membership.addr_of(*m) else {
-                continue;
-            };
-            let route = if i == 0 {
+        let route_of = |i: usize| {
+            if i == 0 {
                 Route::Owner
             } else if i == first {
                 Route::Hot
             } else {
                 Route::Fallback
+            }
+        };
+        let fetch = |i: usize| RequestBody::Fetch {
+            file: file.clone(),
+            page,
+            offset,
+            len,
+            epoch: ring.epoch(),
+            route: route_of(i),
+        };
+        // The store holds the file (one written through the cluster only once flushed).
+        let in_store = !(written && info.store_tag.is_empty());
+        let start = page_start + u64::from(offset);
+        let range = start
+            ..(start + u64::from(len))
+                .min(page_start + ps)
+                .min(info.size)
+                .max(start);
+        let hedging = self.options.fallback && self.options.hedge_ratio > 0.0;
+        if hedging {
+            self.hedge_budget.earn();
+        }
+        let page_of = PageRead {
+            info,
+            page,
+            spread,
+            written,
+            now,
+        };
+        // The picked member first, then the usual order: the owner, then the fallbacks.
+        let order =
+            std::iter::once(first).chain((0..tries.min(members.len())).filter(|&i| i != first));
+        let mut sources = order
+            .filter_map(|i| {
+                let m = &members[i];
+                if layout.down.contains(&m.node) {
+                    bump(&self.stats.skipped_dead, 1);
+                    return None;
+                }
+                layout.membership.addr_of(*m).map(|addr| (i, addr))
+            })
+            .peekable();
+        // At most one hedge per read: in flight, or spent.
+        let mut hedge: Option<HedgeFuture<'_>> = None;
+        let mut hedged = false;
+        let mut to_store = false;
+        // What the under storage answered a hedge that failed (it is not asked twice).
+        let mut store_failed: Option<Error> = None;
+        while let Some((i, addr)) = sources.next() {
+            let route = route_of(i);
+            // Where a hedge of this request would go: the next member, else (no member left)
+            // the under storage. Another write member of a written file holds the page too
+            // and is asked once this request is late; the others (a `--replicas` replica would
+            // load a page it lacks from the store; the owner of a hot page is what its spread
+            // members relieve) only once this member is silent.
+
+            let target = match sources.peek() {
+                _ if !hedging || hedged => None,
+                Some(&(j, a)) => Some(HedgeTarget::Member {
+                    index: j,
+                    addr: a,
+                    // Not the owner of a hot page asked of a spread member: hedging the
+                    // spread members' late reads to it would undo the spreading.
+                    holds: written,
+                }),
+                None if in_store && self.ufs.is_some() && store_failed.is_none() => {
+                    Some(HedgeTarget::Store)
+                }
+                None => None,
             };
-            let body = RequestBody::Fetch {
-                file: file.clone(),
-                page,
-                offset,
-                len,
-                epoch: ring.epoch(),
-                route,
+            let quiet = !matches!(target, Some(HedgeTarget::Member { holds: true, .. }));
+            let sent = Instant::now();
+            let ask = self.ask(addr, fetch(i));
+            let point = async {
+                if target.is_some() {
+                    self.hedge_point(addr, sent, quiet).await
+                } else {
+                    std::future::pending().await
+                }
             };
-            match self.ask(addr, body).await {
-                Attempt::Answer(r) => {
-                    let (body, payload) = r?;
-                    bump(&self.stats.cluster_bytes, payload.len() as u64);
-                    let counter = match route {
-                        Route::Owner => {
-                            // News from the owner: hot, still hot, or cooled (the lock is taken
-                            // only when there is news).
-                            if let ResponseBody::Data { spread: said, .. } = body {
-                                if said > 1 || spread > 1 {
-                                    self.hot.owner_said(info.file_id, page, said, now);
-                                }
+            tokio::pin!(ask, point);
+            let answer = loop {
+                tokio::select! {
+                    a = &mut ask => break a,
+                    Some(done) = OptionFuture::from(hedge.as_mut()), if hedge.is_some() => {
+                        hedge = None;
+                        match self.hedge_done(&page_of, done, &mut store_failed) {
+                            Step::Done(Ok(b)) => {
+                                bump(&self.stats.hedges_won, 1);
+                                // The first request is cancelled: settle what it would have
+                                // (whether its member is gone) without it.
+                                self.settle_later(addr, sent);
+                                return Ok(b);
                             }
-                            &self.stats.owner_reads
+                            Step::Done(Err(e)) => return Err(e),
+                            Step::ToStore => to_store = true,
+                            Step::Next => {}
                         }
-                        Route::Hot => &self.stats.hot_reads,
-                        Route::Fallback => &self.stats.replica_reads,
-                    };
-                    bump(counter, 1);
-                    return Ok(payload);
-                }
-                Attempt::Failed(_) if route == Route::Hot => {
-                    // That member could not serve the page as a replica: ask the owner next,
-                    // and keep asking it until it says again that the page is hot.
-                    self.hot.forget(info.file_id, page);
-                }
-                Attempt::Failed(_) => {
-                    if !self.options.fallback {
-                        return Err(Error::unavailable(format!(
-                            "member {addr} could not serve page {page} of {} and fallback is off",
-                            info.path
-                        )));
+                    }
+                    () = &mut point, if !hedged => {
+                        hedged = true;
+                        // A member backed off after failures would refuse the hedge at once.
+                        if let Some(HedgeTarget::Member { addr: a, .. }) = target {
+                            if !self.reachable(a) {
+                                continue;
+                            }
+                        }
+                        if !self.hedge_budget.spend() {
+                            bump(&self.stats.hedges_refused, 1);
+                            continue;
+                        }
+                        bump(&self.stats.hedges, 1);
+                        match target {
+                            Some(HedgeTarget::Member { index, addr: a, .. }) => {
+                                // The next member is taken by the hedge.
+                                sources.next();
+                                let (r, body) = (route_of(index), fetch(index));
+                                hedge = Some(Box::pin(async move {
+                                    HedgeDone::Member(r, a, self.ask(a, body).await)
+                                }));
+                            }
+                            Some(HedgeTarget::Store) => {
+                                bump(&self.stats.store_hedges, 1);
+                                let range = range.clone();
+                                hedge = Some(Box::pin(async move {
+                                    HedgeDone::Store(self.store_read(info, range).await)
+                                }));
+                            }
+                            None => {}
+                        }
                     }
                 }
-                // A replica would load the page from the same store again: at most one more
-                // store read, this client's own (if fallback is on). Not so for a file written
-                // through the cluster: its other write members hold the page itself.
-                Attempt::StoreFailed(_) if written => bump(&self.stats.store_errors, 1),
-                Attempt::StoreFailed(_) => {
-                    bump(&self.stats.store_errors, 1);
-                    if !self.options.fallback {
-                        return Err(Error::unavailable(format!(
-                            "member {addr} could not load page {page} of {} from the under \
-                             storage and fallback is off",
-                            info.path
-                        )));
+            };
+            // The first request ended: an answer is taken (and a hedge in flight cancelled);
+            // a failure makes the hedge, if any, the next source.
+            match self.judge(&page_of, addr, route, answer) {
+                Step::Done(r) => return r,
+                Step::ToStore => to_store = true,
+                Step::Next => {}
+            }
+            if let Some(h) = hedge.take() {
+                match self.hedge_done(&page_of, h.await, &mut store_failed) {
+                    Step::Done(r) => {
+                        if r.is_ok() {
+                            bump(&self.stats.hedges_won, 1);
+                        }
+                        return r;
                     }
-                    break;
+                    Step::ToStore => to_store = true,
+                    Step::Next => {}
                 }
             }
+            if to_store {
+                break;
+            }
         }
-        if written && info.store_tag.is_empty() {
+        if !in_store {
             return Err(Error::unavailable(format!(
                 "no write member of page {page} of {} answered, and the file is not in the \
                  under storage yet",
                 info.path
             )));
         }
+        if let Some(e) = store_failed {
+            return Err(e);
+        }
+        self.store_read(info, range).await
+    }
+
+    /// Reads `range` of `info` from the under storage, as the cluster could not (counted as a
+    /// fallback).
+    async fn store_read(
+        &self,
+        info: &ObjectInfo,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, Error> {
         let ufs = self.ufs()?;
-        let start = page_start + u64::from(offset);
-        let end = (start + u64::from(len)).min(page_start + ps).min(info.size);
-        let bytes = ufs.read(info, start..end.max(start)).await?;
+        let bytes = ufs.read(info, range).await?;
         bump(&self.stats.fallbacks, 1);
         bump(&self.stats.ufs_bytes, bytes.len() as u64);
         Ok(bytes)
+    }
+
+    /// What a member's answer to a page request means for the read: the bytes (counted by
+    /// route), a definite error, or where to go next.
+    fn judge(
+        &self,
+        p: &PageRead<'_>,
+        addr: SocketAddr,
+        route: Route,
+        answer: Attempt<(ResponseBody, Bytes)>,
+    ) -> Step {
+        let info = p.info;
+        match answer {
+            Attempt::Answer(r) => {
+                let (body, payload) = match r {
+                    Ok(a) => a,
+                    Err(e) => return Step::Done(Err(e)),
+                };
+                bump(&self.stats.cluster_bytes, payload.len() as u64);
+                let counter = match route {
+                    Route::Owner => {
+                        // News from the owner: hot, still hot, or cooled (the lock is taken
+                        // only when there is news).
+                        if let ResponseBody::Data { spread: said, .. } = body {
+                            if said > 1 || p.spread > 1 {
+                                self.hot.owner_said(info.file_id, p.page, said, p.now);
+                            }
+                        }
+                        &self.stats.owner_reads
+                    }
+                    Route::Hot => &self.stats.hot_reads,
+                    Route::Fallback => &self.stats.replica_reads,
+                };
+                bump(counter, 1);
+                Step::Done(Ok(payload))
+            }
+            Attempt::Failed(_) if route == Route::Hot => {
+                // That member could not serve the page as a replica: ask the owner next,
+                // and keep asking it until it says again that the page is hot.
+                self.hot.forget(info.file_id, p.page);
+                Step::Next
+            }
+            Attempt::Failed(_) if !self.options.fallback => {
+                Step::Done(Err(Error::unavailable(format!(
+                    "member {addr} could not serve page {} of {} and fallback is off",
+                    p.page, info.path
+                ))))
+            }
+            Attempt::Failed(_) => Step::Next,
+            // A replica would load the page from the same store again: at most one more
+            // store read, this client's own (if fallback is on). Not so for a file written
+            // through the cluster: its other write members hold the page itself.
+            Attempt::StoreFailed(_) if p.written => {
+                bump(&self.stats.store_errors, 1);
+                Step::Next
+            }
+            Attempt::StoreFailed(_) => {
+                bump(&self.stats.store_errors, 1);
+                if !self.options.fallback {
+                    return Step::Done(Err(Error::unavailable(format!(
+                        "member {addr} could not load page {} of {} from the under storage \
+                         and fallback is off",
+                        p.page, info.path
+                    ))));
+                }
+                Step::ToStore
+            }
+        }
+    }
+
+    /// What a hedge's answer means for the read; a failed store read is kept in
+    /// `store_failed` (the read does not ask the store again) and the first request waited
+    /// for.
+    fn hedge_done(
+        &self,
+        p: &PageRead<'_>,
+        done: HedgeDone,
+        store_failed: &mut Option<Error>,
+    ) -> Step {
+        match done {
+            HedgeDone::Member(route, addr, answer) => self.judge(p, addr, route, answer),
+            HedgeDone::Store(Ok(b)) => Step::Done(Ok(b)),
+            HedgeDone::Store(Err(e)) => {
+                *store_failed = Some(e);
+                Step::Next
+            }
+        }
+    }
+
+    /// Resolves when a request sent to `addr` at `sent` should be hedged, and never when it
+    /// should not be. Not `quiet`: the member's hedge delay ([`Latency::hedge_delay`]) after
+    /// sending. `quiet`: the member must be silent: it has answered nothing, to this request
+    /// or any other, for its hedge delay (at least `min_silence`), and then neither a ping nor
+    /// anything else within as long, while a member of another node answers a ping sent at the
+    /// same time (or it missed such a ping already since it last answered: it is probably gone,
+    /// and the request is hedged after the first wait). A member that
+    /// answers the ping is working on the request (a page it loads from a slow store, a queue
+    /// of loads): the request is not hedged.
+    async fn hedge_point(&self, addr: SocketAddr, sent: Instant, quiet: bool) {
+        let (floor, ceiling) = (self.options.hedge_min, self.options.call_timeout);
+        loop {
+            let Some((l, own)) = self.latency_of(addr) else {
+                return std::future::pending().await;
+            };
+            let delay = l.hedge_delay(floor, ceiling);
+            // Silence is judged no faster than the silence rule's floor: a live member
+            // starved of CPU for a few tens of milliseconds must not look dead.
+            let wait = delay.max(self.options.min_silence);
+            let at = if quiet {
+                sent.max(l.last_answer()) + wait
+            } else {
+                sent + delay
+            };
+            if Instant::now() < at {
+                tokio::time::sleep_until(at.into()).await;
+                continue;
+            }
+            if !quiet || (own && l.suspect()) {
+                return;
+            }
+            let asked = Instant::now();
+            // A control: another member pinged at the same time. If it does not answer either,
+            // this client (or the machine) is starved, not the member: no verdict.
+            let control = self.control_member(addr);
+            let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
+                match control {
+                    Some(c) => self.pings(c, wait).await,
+                    None => true,
+                }
+            });
+            if alive {
+                return std::future::pending().await;
+            }
+            // Another answer came while the ping went unanswered: not silent after all.
+            if !control_alive
+                || matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked)
+            {
+                continue;
+            }
+            self.missed_ping(addr, asked);
+            return;
+        }
+    }
+
+    /// A member of another node to ping beside `addr` as a control (a stopped node's other
+    /// shards are as silent): the one that answered last.
+    fn control_member(&self, addr: SocketAddr) -> Option<SocketAddr> {
+        let layout = self.layout();
+        let node_of = |a: SocketAddr| {
+            layout.membership.nodes().position(|n| {
+                n.addr.ip() == a.ip()
+                    && (n.addr.port()..n.addr.port().saturating_add(n.shards)).contains(&a.port())
+            })
+        };
+        let mine = node_of(addr);
+        let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter()
+            .filter(|(a, _)| **a != addr && (mine.is_none() || node_of(**a) != mine))
+            .max_by_key(|(_, l)| l.last_answer())
+            .map(|(a, _)| *a)
+    }
+
+    /// A hedge was answered before the request sent to `addr` at `sent`, which is cancelled:
+    /// a watcher in the background settles what that request would have, whether the member
+    /// is gone (one watcher per member at a time; see [`Client::settle`]).
+    fn settle_later(&self, addr: SocketAddr, sent: Instant) {
+        {
+            let mut s = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+            if !s.insert(addr) {
+                return;
+            }
+        }
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            Client::settle(&me, addr, sent).await;
+            if let Some(c) = me.upgrade() {
+                let mut s = c.settling.lock().unwrap_or_else(|p| p.into_inner());
+                s.remove(&addr);
+            }
+        });
+    }
+
+    /// The silence rule for a request to `addr` sent at `sent` that a hedge made needless: if
+    /// the member answers anything after it, or a ping, it is alive and nothing changes; if it
+    /// stays silent for its silence limit and misses a ping, it is given up (backed off) as
+    /// the request would have been. Holds the client only while it pings.
+    async fn settle(me: &Weak<Client>, addr: SocketAddr, sent: Instant) {
+        loop {
+            let (at, limit, usual) = {
+                let Some(c) = me.upgrade() else { return };
+                let (floor, ceiling) = (c.options.min_silence, c.options.call_timeout);
+                let Some((l, own)) = c.latency_of(addr) else {
+                    return;
+                };
+                if own && l.last_answer() > sent {
+                    return;
+                }
+                (
+                    l.give_up_at(sent, floor, ceiling),
+                    l.silence_limit(floor, ceiling),
+                    l.usual(),
+                )
+            };
+            if Instant::now() < at {
+                tokio::time::sleep_until(at.into()).await;
+                continue;
+            }
+            let Some(c) = me.upgrade() else { return };
+            if c.pings(addr, limit).await {
+                return;
+            }
+            bump(&c.stats.silent_gives_up, 1);
+            c.pool.forget(addr);
+            c.failed(
+                addr,
+                &format!(
+                    "no answer for {limit:?}, not even to a ping, while a hedge was answered \
+                     (it usually answers within {usual:?})"
+                ),
+            );
+            return;
+        }
     }
 
     /// The whole of page `page` of `file` from its owner under this client's ring, and from

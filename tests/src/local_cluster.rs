@@ -258,6 +258,19 @@ impl LocalCluster {
         }
     }
 
+    /// Sends `signal` to node `i`'s process (SIGSTOP stalls it: its sockets stay open and take
+    /// datagrams, nothing answers; SIGCONT resumes it).
+    pub fn signal(&self, i: usize, signal: libc::c_int) -> Result<(), String> {
+        let c = self.nodes[i].child.as_ref().ok_or("node not running")?;
+        let pid = libc::pid_t::try_from(c.id()).map_err(|e| err("pid", e))?;
+        // SAFETY: kill(2) on our own child's pid (not reaped: we hold its `Child`); no memory
+        // is involved.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            return Err(err("kill", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Stops node `i` with SIGTERM and returns its exit status.
     pub fn terminate(&mut self, i: usize) -> Result<std::process::ExitStatus, String> {
         let mut c = self.nodes[i].child.take().ok_or("node not running")?;

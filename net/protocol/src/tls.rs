@@ -244,8 +244,116 @@ fn write_private(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
     f.write_all(bytes).map_err(|e| TlsError::Io(path.into(), e))
 }
 
+/// The crypto library behind TLS and QUIC packet protection (AES-GCM on every packet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CryptoLib {
+    /// rustls' `ring` provider.
+    Ring,
+    /// rustls' `aws-lc-rs` provider.
+    AwsLc,
+}
+
+/// What this process's TLS configurations use: the crypto library and the TLS 1.3 cipher
+/// suite it prefers (clients offer theirs in that order, and servers follow the client's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crypto {
+    /// The library.
+    pub lib: CryptoLib,
+    /// AES-128-GCM first (fewer AES rounds per byte), else AES-256-GCM first (rustls' own
+    /// order); ChaCha20-Poly1305 last either way.
+    pub aes128_first: bool,
+}
+
+/// The default: the faster pair on the served path as measured (docs/BENCHMARKS.md, "Issue 14:
+/// hedged reads and the crypto provider").
+pub const DEFAULT_CRYPTO: Crypto = Crypto {
+    lib: CryptoLib::Ring,
+    aes128_first: false,
+};
+
+/// The environment variable that overrides [`DEFAULT_CRYPTO`] for a process (for measuring,
+/// and as a way out should one library misbehave on some CPU): `ring` or `aws-lc-rs`,
+/// optionally followed by `:aes128` or `:aes256` (the preferred suite), e.g.
+/// `aws-lc-rs:aes128`. Either end of a connection may use either: they negotiate the same
+/// TLS 1.3 suites.
+pub const CRYPTO_ENV: &str = "PAGESTORE_TLS_CRYPTO";
+
+impl Crypto {
+    /// Parses a [`CRYPTO_ENV`] value.
+    pub fn parse(s: &str) -> Option<Crypto> {
+        let (lib, suite) = match s.trim().split_once(':') {
+            Some((lib, suite)) => (lib, Some(suite)),
+            None => (s.trim(), None),
+        };
+        let lib = match lib {
+            "ring" => CryptoLib::Ring,
+            "aws-lc-rs" | "aws-lc" => CryptoLib::AwsLc,
+            _ => return None,
+        };
+        let aes128_first = match suite {
+            None => DEFAULT_CRYPTO.aes128_first,
+            Some("aes128") => true,
+            Some("aes256") => false,
+            Some(_) => return None,
+        };
+        Some(Crypto { lib, aes128_first })
+    }
+
+    /// What this process uses: [`CRYPTO_ENV`] when set and valid (an invalid value is logged
+    /// and ignored), else [`DEFAULT_CRYPTO`]. Read once.
+    pub fn current() -> Crypto {
+        static CURRENT: std::sync::OnceLock<Crypto> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(|| match std::env::var(CRYPTO_ENV) {
+            Ok(v) => Crypto::parse(&v).unwrap_or_else(|| {
+                tracing::warn!(
+                    value = %v,
+                    "{CRYPTO_ENV}: expected ring or aws-lc-rs, optionally with :aes128 or \
+                     :aes256; using the default"
+                );
+                DEFAULT_CRYPTO
+            }),
+            Err(_) => DEFAULT_CRYPTO,
+        })
+    }
+
+    /// The rustls provider: the library's, with its cipher suites in this order.
+    pub fn provider(&self) -> rustls::crypto::CryptoProvider {
+        let mut p = match self.lib {
+            CryptoLib::Ring => rustls::crypto::ring::default_provider(),
+            CryptoLib::AwsLc => rustls::crypto::aws_lc_rs::default_provider(),
+        };
+        let first = if self.aes128_first {
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+        } else {
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
+        };
+        // Stable: the rest keep the library's order.
+        p.cipher_suites.sort_by_key(|s| s.suite() != first);
+        p
+    }
+}
+
+impl std::fmt::Display for Crypto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lib = match self.lib {
+            CryptoLib::Ring => "ring",
+            CryptoLib::AwsLc => "aws-lc-rs",
+        };
+        let suite = if self.aes128_first {
+            "aes128"
+        } else {
+            "aes256"
+        };
+        write!(f, "{lib}:{suite}")
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
+        std::sync::OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(Crypto::current().provider()))
+        .clone()
 }
 
 fn roots(ca: &CertificateDer<'static>) -> Result<rustls::RootCertStore, TlsError> {
@@ -473,6 +581,55 @@ mod tests {
         // The kept material still makes valid server and client configurations.
         server_config(&b.identity, &b.ca, true, b"x").unwrap();
         client_config(&b.ca, Some(&b.identity), b"x").unwrap();
+    }
+
+    #[test]
+    fn the_crypto_choice_parses_and_orders_the_suites() {
+        use rustls::CipherSuite as S;
+        assert_eq!(
+            Crypto::parse("ring"),
+            Some(Crypto {
+                lib: CryptoLib::Ring,
+                ..DEFAULT_CRYPTO
+            })
+        );
+        let aws = Crypto::parse("aws-lc-rs:aes128").unwrap();
+        assert_eq!((aws.lib, aws.aes128_first), (CryptoLib::AwsLc, true));
+        assert_eq!(aws.to_string(), "aws-lc-rs:aes128");
+        assert_eq!(Crypto::parse(&aws.to_string()), Some(aws));
+        assert_eq!(
+            Crypto::parse("ring:aes256").map(|c| c.aes128_first),
+            Some(false)
+        );
+        for bad in ["", "openssl", "ring:aes512", "ring:"] {
+            assert_eq!(Crypto::parse(bad), None, "{bad}");
+        }
+        for lib in [CryptoLib::Ring, CryptoLib::AwsLc] {
+            for aes128_first in [true, false] {
+                let p = Crypto { lib, aes128_first }.provider();
+                let tls13: Vec<S> = p
+                    .cipher_suites
+                    .iter()
+                    .map(|s| s.suite())
+                    .filter(|s| {
+                        matches!(
+                            s,
+                            S::TLS13_AES_128_GCM_SHA256
+                                | S::TLS13_AES_256_GCM_SHA384
+                                | S::TLS13_CHACHA20_POLY1305_SHA256
+                        )
+                    })
+                    .collect();
+                let want = if aes128_first {
+                    [S::TLS13_AES_128_GCM_SHA256, S::TLS13_AES_256_GCM_SHA384]
+                } else {
+                    [S::TLS13_AES_256_GCM_SHA384, S::TLS13_AES_128_GCM_SHA256]
+                };
+                assert_eq!(tls13[..2], want, "{lib:?}");
+                assert_eq!(tls13[2], S::TLS13_CHACHA20_POLY1305_SHA256);
+                assert_eq!(p.cipher_suites[0].suite(), want[0]);
+            }
+        }
     }
 
     #[test]

@@ -467,6 +467,7 @@ async fn kill_timeline(
     let page = u64::from(o.page_size) as usize;
     let total: u64 = infos.iter().map(|i| i.size).sum();
     let done = Arc::new(AtomicU64::new(0));
+    let st0 = client.stats();
     let start = Instant::now();
     let sampler = spawn_sampler(client, &done, start, total);
     let mut killed_at = None;
@@ -500,27 +501,41 @@ async fn kill_timeline(
     let end = start.elapsed().as_secs_f64();
     let samples = sampler.await?;
     let kill = killed_at.context("the scan ended before the kill")?;
-    Ok(kill_report(o, client, &samples, total, kill, end))
+    Ok(kill_report(o, client, &st0, &samples, total, kill, end))
 }
 
-/// Samples (seconds since `start`, bytes done, client fallbacks) every 20 ms until `done`
-/// reaches `total`.
+/// One sample of the kill run.
+#[derive(Clone, Copy)]
+struct Sample {
+    /// Seconds since the start.
+    at: f64,
+    /// Bytes read so far.
+    done: u64,
+    /// The client's fallbacks (reads from the under storage, hedges that won included).
+    fallbacks: u64,
+    /// The client's hedges sent.
+    hedges: u64,
+}
+
+/// Samples the kill run every 20 ms until `done` reaches `total`.
 fn spawn_sampler(
     client: &Arc<Client>,
     done: &Arc<AtomicU64>,
     start: Instant,
     total: u64,
-) -> tokio::task::JoinHandle<Vec<(f64, u64, u64)>> {
+) -> tokio::task::JoinHandle<Vec<Sample>> {
     let done = done.clone();
     let client = client.clone();
     tokio::spawn(async move {
         let mut samples = Vec::new();
         loop {
-            samples.push((
-                start.elapsed().as_secs_f64(),
-                done.load(Ordering::Relaxed),
-                client.stats().fallbacks,
-            ));
+            let st = client.stats();
+            samples.push(Sample {
+                at: start.elapsed().as_secs_f64(),
+                done: done.load(Ordering::Relaxed),
+                fallbacks: st.fallbacks,
+                hedges: st.hedges,
+            });
             if done.load(Ordering::Relaxed) >= total {
                 return samples;
             }
@@ -533,21 +548,28 @@ fn spawn_sampler(
 fn kill_report(
     o: &Opts,
     client: &Arc<Client>,
-    samples: &[(f64, u64, u64)],
+    st0: &pagestore_client::StatsSnapshot,
+    samples: &[Sample],
     total: u64,
     kill: f64,
     end: f64,
 ) -> serde_json::Value {
+    let (fb0, h0) = samples
+        .iter()
+        .take_while(|s| s.at <= kill)
+        .last()
+        .map_or((0, 0), |s| (s.fallbacks, s.hedges));
     let detect = samples
         .iter()
-        .find(|(_, _, fb)| *fb > 0)
-        .map(|(t, _, _)| t - kill);
+        .find(|s| s.fallbacks > fb0)
+        .map(|s| s.at - kill);
+    let first_hedge = samples.iter().find(|s| s.hedges > h0).map(|s| s.at - kill);
     let bytes_at = |t: f64| {
         samples
             .iter()
-            .take_while(|(s, _, _)| *s <= t)
+            .take_while(|s| s.at <= t)
             .last()
-            .map_or(0, |(_, b, _)| *b)
+            .map_or(0, |s| s.done)
     };
     let rate = |a: f64, b: f64| (bytes_at(b) - bytes_at(a)) as f64 / (b - a).max(1e-9) / 1e9;
     let during_end = (kill + 5.0).min(end);
@@ -563,16 +585,34 @@ fn kill_report(
     say(
         o,
         format!(
-            "  before {:.2} GB/s | first {:.1} s after {:.2} GB/s | after that {:.2} GB/s | first \
-             fallback {} after the kill | {} fallbacks, {} member failures, {} skipped while dead",
+            "  before {:.2} GB/s | first {:.1} s after {:.2} GB/s | after that {:.2} GB/s \
+             (first 5 s / after = {:.2}x) | first fallback {} after the kill (first hedge {}) | {} \
+             fallbacks, {} member failures, {} skipped while dead",
             rate(0.0, kill),
             during_end - kill,
             rate(kill, during_end),
             after.unwrap_or(f64::NAN),
+            after.map_or(f64::NAN, |a| rate(kill, during_end) / a),
             detect.map_or("never".into(), |d| format!("{d:.2} s")),
+            first_hedge.map_or("none".into(), |d| format!("{d:.2} s")),
             st.fallbacks,
             st.member_failures,
             st.skipped_dead
+        ),
+    );
+    say(
+        o,
+        format!(
+            "  during the scan: hedges {} sent ({} to the store), {} won, {} refused by the \
+             budget; {} requests given up by the silence rule (earlier passes: {} hedges, {} \
+             won)",
+            st.hedges - st0.hedges,
+            st.store_hedges - st0.store_hedges,
+            st.hedges_won - st0.hedges_won,
+            st.hedges_refused - st0.hedges_refused,
+            st.silent_gives_up - st0.silent_gives_up,
+            st0.hedges,
+            st0.hedges_won
         ),
     );
     say(
@@ -583,7 +623,13 @@ fn kill_report(
         "bytes": total, "killed_at_secs": kill, "end_secs": end,
         "before_gbps": rate(0.0, kill), "during_secs": during_end - kill,
         "during_gbps": rate(kill, during_end), "after_gbps": after,
-        "first_fallback_after_kill_secs": detect, "fallbacks": st.fallbacks,
+        "first_fallback_after_kill_secs": detect, "first_hedge_after_kill_secs": first_hedge,
+        "fallbacks": st.fallbacks, "hedges": st.hedges - st0.hedges,
+        "store_hedges": st.store_hedges - st0.store_hedges,
+        "hedges_won": st.hedges_won - st0.hedges_won,
+        "hedges_refused": st.hedges_refused - st0.hedges_refused,
+        "silent_gives_up": st.silent_gives_up - st0.silent_gives_up,
+        "hedges_before_scan": st0.hedges,
         "member_failures": st.member_failures, "skipped_dead": st.skipped_dead,
         "byte_exact": true,
     })

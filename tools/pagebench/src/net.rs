@@ -299,12 +299,17 @@ fn print_net(o: &Opts, sides: &[Side], conns: usize, mtu: u16) {
         println!(
             "{}",
             serde_json::json!({"mode": "net", "shards": o.shards, "page_size": page,
-                "in_flight": conns, "quic_path_mtu": mtu, "sides": v,
+                "in_flight": conns, "quic_path_mtu": mtu,
+                "tls_crypto": tls::Crypto::current().to_string(), "sides": v,
                 "ratio_quic_over_nginx": ratio})
         );
         return;
     }
-    println!("QUIC path MTU reached: {mtu} bytes");
+    println!(
+        "QUIC path MTU reached: {mtu} bytes; TLS crypto {} (set with {})",
+        tls::Crypto::current(),
+        tls::CRYPTO_ENV
+    );
     println!(
         "loopback page hits: {} shards, {} KiB pages, {} requests in flight, {} s each",
         o.shards,
