@@ -2123,11 +2123,13 @@ impl Client {
     /// (`ClientOptions::store_timeout`), not the call timeout; a slow answer says nothing of
     /// the member's usual answer time, and is not counted in it.
     async fn ask_load(&self, addr: SocketAddr, body: RequestBody) -> Result<ResponseBody, Error> {
-        if !self.usable(addr) {
+        // Held to the outcome: dropped with it (or with this future), it lets the next
+        // request probe; `succeeded` or `failed` below has settled the member by then.
+        let Some(_probe) = self.usable(addr) else {
             return Err(Error::unavailable(format!(
                 "{addr} is backed off after failures"
             )));
-        }
+        };
         let req = Request {
             request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             body,
