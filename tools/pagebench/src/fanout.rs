@@ -743,7 +743,7 @@ fn report_all(
         return Ok(());
     }
     println!(
-        "\n{:<28} {:>7} {:>9} {:>8} {:>12} {:>12} {:>9} {:>10} {:>10}",
+        "\n{:<36} {:>7} {:>9} {:>8} {:>12} {:>12} {:>9} {:>10} {:>10}",
         "pass",
         "readers",
         "all done",
@@ -757,7 +757,7 @@ fn report_all(
     for p in direct.iter().chain(passes) {
         let d = direct.iter().find(|d| d.readers == p.readers);
         println!(
-            "{:<28} {:>7} {:>8.2}s {:>8.2} {:>11.2}x {:>12} {:>8.2}x {:>10.1} {:>10.1}",
+            "{:<36} {:>7} {:>8.2}s {:>8.2} {:>11.2}x {:>12} {:>8.2}x {:>10.1} {:>10.1}",
             p.name,
             p.readers,
             p.seconds,
