@@ -235,7 +235,8 @@ pub struct ClientOptions {
     pub min_silence: Duration,
     /// Time allowed for a request that may wait on the under storage (`Fetch`, `StatPath`,
     /// `List`; default 60 s, at least `call_timeout`) once some member has answered this client
-    /// (before that, `call_timeout`). The member may be loading from a slow store, or queueing
+    /// (a request still waiting when the call timeout ends, with no member having answered
+    /// yet, is given up then). The member may be loading from a slow store, or queueing
     /// behind other loads: as long as it answers pings (see `min_silence`) the request is
     /// waited for, because giving it up (and backing the member off) would make a replica and
     /// then this client read the same pages from the store again.
@@ -478,6 +479,13 @@ impl Drop for ProbeGuard<'_> {
             s.probing = false;
         }
     }
+}
+
+/// What pinging a member that seems silent says of it ([`Client::ping_verdict`]).
+enum Verdict {
+    Alive,
+    Silent,
+    Unknown,
 }
 
 /// The page a read is after, for judging its answers.
@@ -910,13 +918,24 @@ impl Client {
     /// waited for as long as the member answers pings). A member that has not answered this
     /// client yet is judged by the slowest usual answer time of those that have (the ping then
     /// also has to reach it: a live member answers it after its handshake, a stopped one does
-    /// not); before any member answered, only the call timeout applies. Returns why, for the
-    /// log.
-    async fn silence(&self, addr: SocketAddr, sent: Instant) -> String {
+    /// not). Before any member answered, there is nothing to judge silence by: the request is
+    /// given up at the call timeout unless some member answers before it ends (a fresh client
+    /// whose first requests queue behind loads from a slow store keeps them, once the first
+    /// answers arrive). Returns why, for the log: `Ok` when the member was judged silent,
+    /// `Err` when no member had answered within the call timeout.
+    async fn silence(&self, addr: SocketAddr, sent: Instant) -> Result<String, String> {
         let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
         loop {
             let Some((l, _)) = self.latency_of(addr) else {
-                return std::future::pending().await;
+                let at = sent + ceiling;
+                if Instant::now() < at {
+                    tokio::time::sleep_until(at.into()).await;
+                    continue;
+                }
+                return Err(format!(
+                    "no reply from {addr} within {ceiling:?}, and no member has answered this \
+                     client yet"
+                ));
             };
             let at = l.give_up_at(sent, floor, ceiling);
             if Instant::now() < at {
@@ -924,13 +943,40 @@ impl Client {
                 continue;
             }
             let limit = l.silence_limit(floor, ceiling);
-            if self.pings(addr, limit).await {
-                continue;
+            match self.ping_verdict(addr, limit).await {
+                Verdict::Alive | Verdict::Unknown => continue,
+                Verdict::Silent => {}
             }
-            return format!(
-                "no answer for {limit:?}, not even to a ping (it usually answers within {:?})",
+            return Ok(format!(
+                "no answer for {limit:?}, not even to a ping that a member of another node \
+                 answered (it usually answers within {:?})",
                 l.usual()
-            );
+            ));
+        }
+    }
+
+    /// Pings `addr` and, as a control, a member of another node ([`Client::control_member`])
+    /// at the same time, each for `wait`. [`Verdict::Alive`]: `addr` answered the ping or
+    /// anything else meanwhile. [`Verdict::Silent`]: it did not, and the control did. Otherwise
+    /// [`Verdict::Unknown`]: this client or its machine is starved of CPU (every member then
+    /// looks silent), or every node is gone at once; no member is judged on that. With no
+    /// other node to ask, the ping alone decides.
+    async fn ping_verdict(&self, addr: SocketAddr, wait: Duration) -> Verdict {
+        let asked = Instant::now();
+        let control = self.control_member(addr);
+        let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
+            match control {
+                Some(c) => self.pings(c, wait).await,
+                None => true,
+            }
+        });
+        if alive || matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked) {
+            Verdict::Alive
+        } else if control_alive {
+            self.missed_ping(addr, asked);
+            Verdict::Silent
+        } else {
+            Verdict::Unknown
         }
     }
 
@@ -999,31 +1045,31 @@ impl Client {
         };
         let sent = Instant::now();
         // What waits on the store may take long (a slow store, a queue of loads): its liveness
-        // is the silence rule's, which needs some member's answer times to judge by (before any, only the call
-        // timeout tells a dead member).
-        let judged = !self
-            .timing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
+        // is the silence rule's, which needs some member's answer times to judge by (until a
+        // member has answered, the call timeout tells a dead member: `silence`).
         let timeout = match &req.body {
-            RequestBody::Fetch { .. } | RequestBody::StatPath { .. } | RequestBody::List { .. }
-                if judged =>
-            {
+            RequestBody::Fetch { .. } | RequestBody::StatPath { .. } | RequestBody::List { .. } => {
                 self.options.store_timeout.max(self.options.call_timeout)
             }
             _ => self.options.call_timeout,
         };
         let reply = tokio::select! {
-            r = self.pool.request_within(addr, &req, payload, timeout) => r,
-            why = self.silence(addr, sent) => {
-                bump(&self.stats.silent_gives_up, 1);
-                // Its connection may lead to a process that is gone: connect afresh next time.
-                self.pool.forget(addr);
-                self.failed(addr, &why);
-                std::mem::forget(probe);
-                return Attempt::Failed(format!("{addr}: {why}"));
-            }
+                r = self.pool.request_within(addr, &req, payload, timeout) => r,
+                why = self.silence(addr, sent) => {
+                    let why = match why {
+                        Ok(silent) => {
+                            bump(&self.stats.silent_gives_up, 1);
+                            silent
+                        }
+                        Err(timed_out) => timed_out,
+                    };
+                    // Its connection may lead to a process that is gone: connect afresh next
+                    // time.
+                    self.pool.forget(addr);
+                    self.failed(addr, &why);
+                    std::mem::forget(probe);
+                    return Attempt::Failed(format!("{addr}: {why}"));
+                }
         };
         // The outcome is known: `failed` or `succeeded` below ends the probe.
         std::mem::forget(probe);
@@ -1707,27 +1753,12 @@ impl Client {
             if !quiet || (own && l.suspect()) {
                 return;
             }
-            let asked = Instant::now();
-            // A control: another member pinged at the same time. If it does not answer either,
-            // this client (or the machine) is starved, not the member: no verdict.
-            let control = self.control_member(addr);
-            let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
-                match control {
-                    Some(c) => self.pings(c, wait).await,
-                    None => true,
-                }
-            });
-            if alive {
-                return std::future::pending().await;
+            match self.ping_verdict(addr, wait).await {
+                // Working on it (perhaps waiting on a slow store): not hedged.
+                Verdict::Alive => return std::future::pending().await,
+                Verdict::Unknown => continue,
+                Verdict::Silent => return,
             }
-            // Another answer came while the ping went unanswered: not silent after all.
-            if !control_alive
-                || matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked)
-            {
-                continue;
-            }
-            self.missed_ping(addr, asked);
-            return;
         }
     }
 
@@ -1795,8 +1826,10 @@ impl Client {
                 continue;
             }
             let Some(c) = me.upgrade() else { return };
-            if c.pings(addr, limit).await {
-                return;
+            match c.ping_verdict(addr, limit).await {
+                Verdict::Alive => return,
+                Verdict::Unknown => continue,
+                Verdict::Silent => {}
             }
             bump(&c.stats.silent_gives_up, 1);
             c.pool.forget(addr);

@@ -725,6 +725,7 @@ fn fanout_reads_one_file_once_from_the_store_for_every_reader() {
             .map(|b| b.as_u64().unwrap())
             .sum();
         assert_eq!(p["client_fallbacks"].as_u64(), Some(0), "{p}");
+        assert_eq!(p["client_store_bytes"].as_u64(), Some(0), "{p}");
         if name.starts_with("hot page") {
             // One page read again and again: from its owner alone without replicas (one node
             // of three serves everything), spread over the nodes with them.

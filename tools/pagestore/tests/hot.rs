@@ -46,16 +46,25 @@ async fn totals(client: &Client) -> ShardCounters {
     t
 }
 
-/// All readers of all clients read `path` whole at once; each must get `want`.
+/// All readers of all clients read `path` whole at once; each must get `want`. Those of the
+/// first half of the clients open it (a stat, then pages); those of the others read its pages
+/// straight away with the metadata `clients[0]` got (as a data loader handed a file list
+/// does), so that a fresh client's very first requests may be page requests that queue
+/// behind slow loads.
 async fn fan_out(clients: &[Arc<Client>], path: &str, want: &[u8]) {
+    let info = clients[0].stat(path).await.unwrap();
     let start = Arc::new(tokio::sync::Barrier::new(CLIENTS * READERS_PER_CLIENT));
     let mut tasks = Vec::new();
-    for c in clients {
+    for (i, c) in clients.iter().enumerate() {
         for _ in 0..READERS_PER_CLIENT {
-            let (c, start, path) = (c.clone(), start.clone(), path.to_string());
+            let (c, start, path, info) = (c.clone(), start.clone(), path.to_string(), info.clone());
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
-                read_all(&c, &path).await
+                if i < CLIENTS / 2 {
+                    read_all(&c, &path).await
+                } else {
+                    c.read_at(&info, 0, info.size).await.unwrap().to_vec()
+                }
             }));
         }
     }
@@ -98,8 +107,20 @@ async fn concurrent_readers_of_a_cold_file_cause_one_store_read_per_page() {
         ..ClientOptions::default()
     };
     let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        clients.push(c.client(options.clone()).await);
+    for i in 0..CLIENTS {
+        // The clients that read without a stat (`fan_out`) ask for every page at once: their
+        // very first requests include pages queued behind the others' loads for longer than
+        // the call timeout, before any member has answered them.
+        let parallel = if i < CLIENTS / 2 {
+            options.parallel
+        } else {
+            PAGES
+        };
+        let options = ClientOptions {
+            parallel,
+            ..options.clone()
+        };
+        clients.push(c.client(options).await);
     }
     let before = totals(&clients[0]).await;
     assert_eq!(before.ufs_reads, 0);
