@@ -183,7 +183,8 @@ pub async fn serve(
 }
 
 /// What every request passes before s3s: its body fails when it stalls, and an aws-chunked
-/// body fails when it ends without its final chunk.
+/// body fails when it ends without its final chunk. An error answer to a request that came with
+/// a body closes the connection (see [`finish_response`]).
 #[derive(Clone)]
 struct Front {
     s3: S3Service,
@@ -200,6 +201,7 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
 
     fn call(&self, req: hyper::Request<Incoming>) -> FrontFuture {
         let chunked = checks::is_aws_chunked(req.headers());
+        let with_body = has_body(req.headers());
         let stall = self.stall;
         let req = req.map(|b| {
             let b = StallBody::new(b, stall);
@@ -215,18 +217,41 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
             finish_response(
                 &mut resp,
                 &multipart::random_id()[..16].to_ascii_uppercase(),
+                with_body,
             );
             Ok(resp)
         })
     }
 }
 
+/// Whether a request declares a body (a non-zero `Content-Length`, or `Transfer-Encoding`).
+fn has_body(headers: &HeaderMap) -> bool {
+    use hyper::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+    headers.contains_key(TRANSFER_ENCODING)
+        || headers
+            .get(CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+}
+
 /// What every answer gets on its way out: an `x-amz-request-id` header, and the same id as
 /// `<RequestId>` in an error body (S3's error format); a 304 goes without a body.
-fn finish_response(resp: &mut hyper::Response<Body>, id: &str) {
-    use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+///
+/// An error answer to a request that declared a body (`with_body`) also says
+/// `Connection: close`, and the connection ends after it. Such a request is often answered
+/// before its body is read (a missing upload, a refused key), and then nobody knows how much
+/// of the body the client will still send: a client that sent `Expect: 100-continue` may send
+/// it after its own timeout (botocore waits 1 s), or not at all. Were the connection kept, the
+/// server could take the start of the client's next request for the rest of this body, and
+/// read that request from the wrong byte (the likely cause of a rare `SignatureDoesNotMatch`
+/// on the request after such an error, seen in the boto3 test on a loaded machine).
+fn finish_response(resp: &mut hyper::Response<Body>, id: &str, with_body: bool) {
+    use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
     if let Ok(v) = HeaderValue::from_str(id) {
         resp.headers_mut().insert("x-amz-request-id", v);
+    }
+    if with_body && resp.status().as_u16() >= 400 {
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     if resp.status() == hyper::StatusCode::NOT_MODIFIED {
         *resp.body_mut() = Body::empty();
