@@ -957,12 +957,13 @@ impl Client {
 
     /// Pings `addr` and, as a control, a member of another node ([`Client::control_member`])
     /// at the same time, each for `wait`. [`Verdict::Alive`]: `addr` answered the ping or
-    /// anything else meanwhile. [`Verdict::Silent`]: it did not, and the control did. Otherwise
+    /// anything else meanwhile, or bytes kept arriving on this client's connection to it. [`Verdict::Silent`]: it did not, and the control did. Otherwise
     /// [`Verdict::Unknown`]: this client or its machine is starved of CPU (every member then
     /// looks silent), or every node is gone at once; no member is judged on that. With no
     /// other node to ask, the ping alone decides.
     async fn ping_verdict(&self, addr: SocketAddr, wait: Duration) -> Verdict {
         let asked = Instant::now();
+        let received = self.pool.received(addr);
         let control = self.control_member(addr);
         let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
             match control {
@@ -970,7 +971,17 @@ impl Client {
                 None => true,
             }
         });
-        if alive || matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked) {
+        // A member busy sending this client a backlog of large answers may complete none of
+        // them, nor the ping queued behind them on the same connection, for a while: bytes
+        // still arriving from it say it is alive.
+        let sending = matches!(
+            (received, self.pool.received(addr)),
+            (Some(before), Some(now)) if now > before
+        );
+        if alive
+            || sending
+            || matches!(self.latency_of(addr), Some((l, true)) if l.last_answer() > asked)
+        {
             Verdict::Alive
         } else if control_alive {
             self.missed_ping(addr, asked);

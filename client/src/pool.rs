@@ -345,6 +345,13 @@ impl Pool {
         }
     }
 
+    /// Bytes this client has received on its connection to `addr` so far (datagrams, every
+    /// stream and ACK included), if it has one: a member whose count grows is sending, however
+    /// long its answers take to complete.
+    pub fn received(&self, addr: SocketAddr) -> Option<u64> {
+        self.cached(addr).map(|c| c.stats().udp_rx.bytes)
+    }
+
     /// Drops the cached connection to `addr` (if any), so that the next request connects
     /// afresh; requests in flight on it are not interrupted.
     pub fn forget(&self, addr: SocketAddr) {
