@@ -86,11 +86,11 @@ pub struct ObjectInfo {
 }
 
 impl ObjectInfo {
-    /// What a listing entry `e` says of the file at `path` (`None` for a directory): the same
-    /// as a stat of it at the time of the listing, so that a reader of what it listed needs
-    /// no stat per file.
+    /// What a listing entry `e` says of the file at `path`: the same as a stat of it at the
+    /// time of the listing, so that a reader of what it listed needs no stat per file. `None`
+    /// for a directory, and for a file whose listing gave no version (a stat says it).
     pub fn listed(path: String, e: &DirEntry) -> Option<ObjectInfo> {
-        if e.is_dir {
+        if e.is_dir || e.version_tag.is_empty() {
             return None;
         }
         // A listing does not say where a file written through the cluster is: its store
@@ -618,6 +618,16 @@ fn version_of(meta: &object_store::ObjectMeta) -> String {
     }
 }
 
+/// The version a listing entry gives an object: its ETag, or "" (unknown) where the listing
+/// has none. Some S3-protocol servers list objects without ETags yet answer one to HEAD and
+/// GET, and a listing's LastModified (milliseconds) is finer than the Last-Modified header
+/// (seconds), so a `mtime-size` tag made from a listing would match no stat of the same
+/// object: a read pinned to it would fail as changed. An entry without a version is not used
+/// as a stat ([`ObjectInfo::listed`]).
+fn listed_version(meta: &object_store::ObjectMeta) -> String {
+    meta.e_tag.as_deref().map(store_tag).unwrap_or_default()
+}
+
 impl MountTable {
     /// Builds the table from `(logical prefix, URL)` pairs. `file://` mounts may name any
     /// local directory: this is for clients and tools that run with their user's own rights. A
@@ -1087,7 +1097,7 @@ impl MountTable {
                         name: o.location.filename().unwrap_or_default().to_string(),
                         is_dir: false,
                         size: o.size,
-                        version_tag: version_of(&o),
+                        version_tag: listed_version(&o),
                         mtime_ns: mtime_ns(&o.last_modified),
                     });
                 }

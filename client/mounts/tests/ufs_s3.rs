@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, UfsError};
+use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, ObjectInfo, UfsError};
 use pagestore_testkit::{sha256_hex, S3Server};
 
 const KEY: &str = "testkey";
@@ -146,6 +146,30 @@ async fn listing_shows_files_and_subdirectories_under_the_prefix_only() {
     );
     // A prefix with nothing below it lists as empty (S3 has no directories).
     assert!(t.list("/data/nothing-here").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_listed_version_is_the_one_a_stat_gives_or_none() {
+    let f = Fixture::new();
+    let t = f.table();
+    // s3s-fs lists objects without ETags but answers one to HEAD and GET (as some S3-protocol
+    // servers do), and its listing's times are finer than HEAD's Last-Modified.
+    let entries = t.list_entries("/data/episodes").await.unwrap();
+    let e = entries.iter().find(|e| e.name == "e1.bin").unwrap();
+    let stat = t.stat("/data/episodes/e1.bin").await.unwrap();
+    match ObjectInfo::listed("/data/episodes/e1.bin".into(), e) {
+        // A version from the listing is the stat's, and reads pinned to it work.
+        Some(listed) => {
+            assert_eq!(listed.version, stat.version);
+            let got = t.read(&listed, 0..EPISODE_LEN as u64).await.unwrap();
+            assert_eq!(sha256_hex(&got), sha256_hex(&episode()));
+        }
+        // Else the entry says no version at all: nothing can pin a read to a made-up one.
+        None => assert_eq!(e.version_tag, "", "{e:?}"),
+    }
+    assert!(!e.is_dir && e.size == EPISODE_LEN as u64, "{e:?}");
+    let got = t.read(&stat, 0..EPISODE_LEN as u64).await.unwrap();
+    assert_eq!(sha256_hex(&got), sha256_hex(&episode()));
 }
 
 #[tokio::test]

@@ -347,7 +347,7 @@ impl Cluster {
             mtime_ns: (mtime * 1e9) as i64,
         };
         let info = pagestore_client::ufs::ObjectInfo::listed(path.to_string(), &entry)
-            .ok_or_else(|| PyValueError::new_err(format!("{path}: not a file")))?;
+            .ok_or_else(|| PyValueError::new_err(format!("{path}: no version to open it at")))?;
         Ok(reader::Reader::new(self.inner(), info, p.pid(), client))
     }
 

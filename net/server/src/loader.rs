@@ -469,9 +469,10 @@ impl Loader {
     }
 
     /// What a fresh listing of `path`'s directory cached on this shard says of it: the same
-    /// as a stat at the time of the listing. Only a store object's entry answers (a file
-    /// written through the cluster has state a listing does not carry); anything else, a
-    /// name the listing lacks included, is left to a stat.
+    /// as a stat at the time of the listing. Only a store object's entry with a version
+    /// answers (a file written through the cluster has state a listing does not carry, and
+    /// a listing without ETags gives no version); anything else, a name the listing lacks
+    /// included, is left to a stat.
     fn stat_from_listing(&self, path: &str) -> Option<PathKind> {
         let (dir, name) = split_parent(path)?;
         let lists = self.lists.borrow();
@@ -481,7 +482,10 @@ impl Loader {
         }
         let i = all.binary_search_by(|e| e.name.as_str().cmp(name)).ok()?;
         let e = &all[i];
-        if e.is_dir || pagestore_protocol::writeback::is_wb_tag(&e.version_tag) {
+        if e.is_dir
+            || e.version_tag.is_empty()
+            || pagestore_protocol::writeback::is_wb_tag(&e.version_tag)
+        {
             return None;
         }
         Some(PathKind::File {
@@ -499,6 +503,13 @@ impl Loader {
     /// and answers `path` from it if it holds it.
     async fn stat_through_listing(&self, path: &str) -> Option<PathKind> {
         let (dir, _) = split_parent(path)?;
+        // A fresh listing that did not answer (a name it lacks, an entry without a version)
+        // would not answer if listed again.
+        if let Some((at, _)) = self.lists.borrow().get(dir) {
+            if at.elapsed() < self.options.metadata_ttl {
+                return None;
+            }
+        }
         let due = {
             let mut counts = self.dir_stats.borrow_mut();
             let c = counts

@@ -1761,6 +1761,31 @@ fn stats_of_many_files_of_a_directory_are_answered_from_one_listing_within_the_t
         h.fake.put_file(p2, "tag2b", vec![9; 4]);
         assert_eq!(ask(&pool, addr, stat(p2)).await.0, info(p2, "tag2b", 4));
         assert_eq!(h.fake.lists(), 1);
+
+        // A store whose listing gives no versions (some S3-protocol servers list without
+        // ETags): its directory is listed all the same, but every file is stat'ed, and every
+        // answer carries the version the stat gives, never the listing's "".
+        let untagged: Vec<(String, String, Vec<u8>)> = (0..2 * n)
+            .map(|i| (format!("/bare/g{i:02}"), format!("etag{i}"), content(i, 3)))
+            .collect();
+        for (p, v, d) in &untagged {
+            h.fake.put_file(p, v, d.clone());
+        }
+        let mut blank = listing(&untagged);
+        for e in &mut blank {
+            e.version_tag.clear();
+        }
+        h.fake.set_dir("/bare", blank);
+        let before = h.fake.stats();
+        for (p, v, d) in &untagged {
+            assert_eq!(
+                ask(&pool, addr, stat(p)).await.0,
+                info(p, v, d.len()),
+                "{p}"
+            );
+        }
+        assert_eq!(h.fake.lists(), 2, "the directory was listed");
+        assert_eq!(h.fake.stats() - before, 2 * n, "every file was stat'ed");
         pool.close();
     });
 }

@@ -240,12 +240,12 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadErro
             })?;
             for e in entries {
                 let p = child(&dir, &e.name);
-                match ObjectInfo::listed(p.clone(), &e) {
-                    Some(info) => files.push(Target {
-                        path: p,
-                        listed: Some(info),
-                    }),
-                    None => dirs.push_back(p),
+                if e.is_dir {
+                    dirs.push_back(p);
+                } else {
+                    // An entry without a version is stat'ed when it is loaded.
+                    let listed = ObjectInfo::listed(p.clone(), &e);
+                    files.push(Target { path: p, listed });
                 }
             }
         }

@@ -213,10 +213,13 @@ impl Gateway {
             mtime_ns,
             version,
         } = item;
-        let e_tag = self.tags_at(&format!("/{bucket}/{key}"), &version).reported;
+        // A store whose listing gives no ETag leaves it out here too: one made up would not
+        // be the ETag HeadObject answers.
+        let e_tag = (!version.is_empty())
+            .then(|| self.tags_at(&format!("/{bucket}/{key}"), &version).reported);
         Object {
             key: Some(if enc { url_encode(&key) } else { key }),
-            e_tag: Some(e_tag),
+            e_tag,
             size: Some(size.try_into().unwrap_or(i64::MAX)),
             last_modified: Some(super::modified(mtime_ns)),
             storage_class: Some(ObjectStorageClass::from_static(
