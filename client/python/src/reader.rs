@@ -168,6 +168,8 @@ struct State {
     pos: u64,
     /// Where the previous read ended (`None` before the first).
     last_end: Option<u64>,
+    /// Bytes of the run of sequential reads that ended at `last_end`.
+    run: u64,
     /// Whole pages fetched ahead of a sequential reader, and the page it is in.
     pages: BTreeMap<u64, tokio::task::JoinHandle<Result<Bytes, Error>>>,
     current: Option<(u64, Bytes)>,
@@ -177,11 +179,12 @@ struct State {
 /// read-ahead while it is read sequentially. Calls from several threads take turns (the lock
 /// is waited for with the GIL released).
 ///
-/// A read that starts where the previous one ended is sequential: it is served from whole pages,
-/// and the next `readahead` pages (the client option) are fetched in the background meanwhile.
-/// Any other read (the first one, one after a seek) fetches only its own range, with the pages
-/// it covers in parallel, and stops the read-ahead: random readers pay for no page they do not
-/// read.
+/// A read that starts where the previous one ended is sequential. Once a run of sequential
+/// reads is longer than a page, its reads are served from whole pages, and the next `readahead`
+/// pages (the client option) are fetched in the background meanwhile. Any other read (the
+/// first one, one after a seek, the first page's worth of a run) fetches only its own range,
+/// with the pages it covers in parallel, and a read after a seek stops the read-ahead: random
+/// readers pay for no page they do not read, even where two of their reads happen to meet.
 #[pyclass(frozen, module = "pagestore._native")]
 pub struct Reader {
     cluster: ClusterRef,
@@ -215,6 +218,7 @@ impl State {
             client,
             pos,
             last_end: None,
+            run: 0,
             pages: BTreeMap::new(),
             current: None,
         }
@@ -281,12 +285,29 @@ impl State {
         len: u64,
     ) -> Result<Vec<Bytes>, Error> {
         let pos = self.pos;
-        let sequential = self.last_end == Some(pos);
-        if !sequential {
-            self.drop_pages();
-            return Ok(vec![read_exact(&self.client, info, pos, len).await?]);
-        }
         let ps = u64::from(self.client.page_size());
+        let sequential = self.last_end == Some(pos);
+        self.run = if sequential {
+            self.run.saturating_add(len)
+        } else {
+            len
+        };
+        // Whole pages and the read-ahead only once the run is longer than a page: a random
+        // reader whose reads happen to meet (one in 128 for 128 KiB reads of a 16 MiB file) is
+        // not sent pages and a read-ahead it will not read.
+        if !sequential || self.run <= ps {
+            if !sequential {
+                self.drop_pages();
+            }
+            // Run on the runtime, beside the connection it waits on: the answer's packets wake
+            // a worker, and this thread is woken once, when the bytes are all there.
+            let (client, info) = (self.client.clone(), info.clone());
+            let b = p
+                .spawn(async move { read_exact(&client, &info, pos, len).await })
+                .await
+                .map_err(|e| Error::unavailable(format!("read ended: {e}")))??;
+            return Ok(vec![b]);
+        }
         let (first, last) = (pos / ps, (pos + len - 1) / ps);
         let ahead = self.client.options().readahead as u64;
         // Everything the reader will want next is in flight before we wait for the first page.

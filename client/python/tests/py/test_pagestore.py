@@ -199,6 +199,29 @@ def test_parquet_through_pandas_and_pyarrow(fs):
         assert pq.ParquetFile(f).metadata.num_row_groups == 6
 
 
+def test_reads_that_meet_by_chance_fetch_only_their_bytes_and_runs_read_ahead(fs):
+    want = local("edge/pages3+123")
+
+    def fetched():
+        return fs.cluster.stats()["client"]["cluster_bytes"]
+
+    # A random reader whose two reads happen to meet: only their bytes are fetched, not the
+    # pages around them and a read-ahead.
+    with fs.open("/data/edge/pages3+123") as f:
+        before = fetched()
+        f.seek(1000)
+        assert f.read(4096) + f.read(4096) == want[1000:1000 + 8192]
+        assert fetched() - before == 8192
+    # A run of sequential reads longer than a page is served from whole pages, fetched ahead.
+    n = PAGE // 4
+    with fs.open("/data/edge/pages3+123") as f:
+        before = fetched()
+        got = b"".join(f.read(n) for _ in range(5))
+        assert got == want[:5 * n]
+        # Four reads of a quarter page, then the fifth fetched page 1 whole (and more ahead).
+        assert fetched() - before >= 2 * PAGE, fetched() - before
+
+
 def test_threads_share_one_file_system(fs):
     want = {n: local("edge/" + n) for n in EDGE}
     errors = []
