@@ -1983,9 +1983,9 @@ impl Client {
                     return Err(Error::unavailable(format!("{addr} answered {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(_) | Attempt::StoreFailed(_) => {
+                Attempt::Failed(why) | Attempt::StoreFailed(why) => {
                     return Err(Error::unavailable(format!(
-                        "member {addr} could not load pages of {}",
+                        "member {addr} could not load pages of {}: {why}",
                         info.path
                     )))
                 }
