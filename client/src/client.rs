@@ -1939,6 +1939,8 @@ impl Client {
     /// Preloads every page of `info` into the cluster: the pages are grouped by owner and each
     /// owner is asked (`LoadPages`) to load those it does not hold yet from the under storage.
     /// Returns the pages newly loaded, their bytes, and the pages that were already cached.
+    /// Each request has the store's allowance, as `LoadFiles` ([`Client::ask_load`]): a shard
+    /// busy loading answers late, and a load given up would only have to start again.
     pub async fn load(&self, info: &ObjectInfo) -> Result<LoadOutcome, Error> {
         let layout = self.layout();
         let ps = u64::from(layout.page_size);
@@ -1968,27 +1970,18 @@ impl Client {
                     epoch: ring.epoch(),
                 };
                 let n = batch.len() as u64;
-                asks.push(async move { (addr, n, self.ask(addr, body).await) });
+                asks.push(async move { (addr, n, self.ask_load(addr, body).await) });
             }
         }
         let mut out = LoadOutcome::default();
         for (addr, n, a) in futures_util::future::join_all(asks).await {
-            match a {
-                Attempt::Answer(Ok((ResponseBody::Loaded { pages, bytes }, _))) => {
+            match a? {
+                ResponseBody::Loaded { pages, bytes } => {
                     out.loaded += u64::from(pages);
                     out.bytes += bytes;
                     out.present += n.saturating_sub(u64::from(pages));
                 }
-                Attempt::Answer(Ok((other, _))) => {
-                    return Err(Error::unavailable(format!("{addr} answered {other:?}")))
-                }
-                Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(why) | Attempt::StoreFailed(why) => {
-                    return Err(Error::unavailable(format!(
-                        "member {addr} could not load pages of {}: {why}",
-                        info.path
-                    )))
-                }
+                other => return Err(Error::unavailable(format!("{addr} answered {other:?}"))),
             }
         }
         Ok(out)
@@ -2161,7 +2154,7 @@ impl Client {
         }
     }
 
-    /// One `LoadFiles` request to `addr` and its answer (an error answer, `NotOwner` and a
+    /// One `LoadFiles` or `LoadPages` request to `addr` and its answer (an error answer, `NotOwner` and a
     /// failure to reach the member as an [`Error`]). Its shard answers only once it has read
     /// and kept every page named, so it is given the store's allowance
     /// (`ClientOptions::store_timeout`), not the call timeout; a slow answer says nothing of
