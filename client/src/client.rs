@@ -957,10 +957,11 @@ impl Client {
 
     /// Pings `addr` and, as a control, a member of another node ([`Client::control_member`])
     /// at the same time, each for `wait`. [`Verdict::Alive`]: `addr` answered the ping or
-    /// anything else meanwhile, or bytes kept arriving on this client's connection to it. [`Verdict::Silent`]: it did not, and the control did. Otherwise
-    /// [`Verdict::Unknown`]: this client or its machine is starved of CPU (every member then
-    /// looks silent), or every node is gone at once; no member is judged on that. With no
-    /// other node to ask, the ping alone decides.
+    /// anything else meanwhile, or bytes kept arriving on this client's connection to it.
+    /// [`Verdict::Silent`]: it did not, and the control did. Otherwise [`Verdict::Unknown`]:
+    /// this client or its machine is starved of CPU (every member then looks silent), or every
+    /// node is gone at once; no member is judged on that. With no other node to ask, the ping
+    /// alone decides.
     async fn ping_verdict(&self, addr: SocketAddr, wait: Duration) -> Verdict {
         let asked = Instant::now();
         let received = self.pool.received(addr);
@@ -2154,9 +2155,9 @@ impl Client {
         }
     }
 
-    /// One `LoadFiles` or `LoadPages` request to `addr` and its answer (an error answer, `NotOwner` and a
-    /// failure to reach the member as an [`Error`]). Its shard answers only once it has read
-    /// and kept every page named, so it is given the store's allowance
+    /// One `LoadFiles` or `LoadPages` request to `addr` and its answer (an error answer,
+    /// `NotOwner` and a failure to reach the member as an [`Error`]). Its shard answers only
+    /// once it has read and kept every page named, so it is given the store's allowance
     /// (`ClientOptions::store_timeout`), not the call timeout; a slow answer says nothing of
     /// the member's usual answer time, and is not counted in it.
     async fn ask_load(&self, addr: SocketAddr, body: RequestBody) -> Result<ResponseBody, Error> {
