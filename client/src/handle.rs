@@ -17,6 +17,35 @@ use tokio::{
 
 use crate::{client::Error, ufs::ObjectInfo, Client};
 
+/// Tells a sequential reader from a random one, for readers that fetch whole pages and read
+/// ahead (pagefs, the Python `Reader`). A read belongs to a sequential run when it starts where
+/// the previous read ended and the run started at the file's start or is now longer than a
+/// page. So the first read of a file fetches only its bytes (a reader that looks at a file's
+/// first bytes and seeks away is sent no pages), and random readers whose reads happen to meet
+/// (one in 128 for 128 KiB reads of a 16 MiB file) are not sent whole pages and a read-ahead
+/// they will not read.
+#[derive(Debug, Default, Clone)]
+pub struct ReadRun {
+    /// Where the next sequential read starts (`None` before the first read).
+    next: Option<u64>,
+    /// Where the run of reads that ends at `next` started.
+    start: u64,
+}
+
+impl ReadRun {
+    /// Records a read of `len` bytes at `offset` and says whether it belongs to a sequential
+    /// run, for pages of `page_size` bytes.
+    pub fn record(&mut self, offset: u64, len: u64, page_size: u64) -> bool {
+        let continues = self.next == Some(offset);
+        if !continues {
+            self.start = offset;
+        }
+        let next = offset.saturating_add(len);
+        self.next = Some(next);
+        continues && (self.start == 0 || next - self.start > page_size)
+    }
+}
+
 /// A file opened with [`Client::open`].
 ///
 /// Reads go a page at a time: the page under the read position is fetched whole and kept
@@ -176,5 +205,44 @@ impl AsyncSeek for FileHandle {
 
     fn poll_complete(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<u64>> {
         Poll::Ready(Ok(self.pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReadRun;
+
+    #[test]
+    fn whole_pages_go_to_sequential_runs_not_to_random_reads_that_meet() {
+        const PS: u64 = 4 << 20;
+        const K128: u64 = 128 << 10;
+        // From the file's start, read on: a run from the second read.
+        let mut r = ReadRun::default();
+        assert!(!r.record(0, K128, PS), "the first read");
+        assert!(r.record(K128, K128, PS));
+        assert!(r.record(2 * K128, K128, PS));
+        // A look at the first bytes, then a seek: no run.
+        let mut r = ReadRun::default();
+        assert!(!r.record(0, 8, PS));
+        assert!(!r.record(PS - 8, 8, PS));
+        // Random reads, two of which meet: never a run.
+        let mut r = ReadRun::default();
+        assert!(!r.record(7 * K128, K128, PS));
+        assert!(!r.record(8 * K128, K128, PS), "met by chance");
+        assert!(!r.record(40 * K128, K128, PS));
+        // A run from the middle of the file: once it is longer than a page.
+        let mut r = ReadRun::default();
+        let start = 3 * PS + K128;
+        let runs: Vec<bool> = (0..40)
+            .map(|i| r.record(start + i * K128, K128, PS))
+            .collect();
+        let first = runs.iter().position(|&r| r).expect("a run");
+        assert_eq!(first as u64, PS / K128, "{runs:?}");
+        assert!(runs[first..].iter().all(|&r| r));
+        // A seek ends the run; big reads make one at the second read.
+        assert!(!r.record(PS, K128, PS), "after a seek");
+        let mut r = ReadRun::default();
+        assert!(!r.record(PS, PS, PS));
+        assert!(r.record(2 * PS, PS, PS));
     }
 }

@@ -26,7 +26,7 @@ pub use pagestore_mounts::{etcd, localfs, ufs};
 pub use client::{
     BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };
-pub use handle::FileHandle;
+pub use handle::{FileHandle, ReadRun};
 pub use pagestore_protocol::frame::{
     HotFile, HotPage, HotReport, JobRecord, JobState, MountBytes, ShardCounters,
 };

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures_util::{stream, StreamExt};
 use pyo3::{exceptions::PyValueError, prelude::*, types::PyBytes};
 
-use pagestore_client::{ufs::ObjectInfo, Client, Error};
+use pagestore_client::{ufs::ObjectInfo, Client, Error, ReadRun};
 
 use crate::{process, to_py, ClusterRef, Process};
 
@@ -166,10 +166,8 @@ struct State {
     pid: u32,
     client: Arc<Client>,
     pos: u64,
-    /// Where the previous read ended (`None` before the first).
-    last_end: Option<u64>,
-    /// Bytes of the run of sequential reads that ended at `last_end`.
-    run: u64,
+    /// Sequential or random: whether reads get whole pages and the read-ahead.
+    run: ReadRun,
     /// Whole pages fetched ahead of a sequential reader, and the page it is in.
     pages: BTreeMap<u64, tokio::task::JoinHandle<Result<Bytes, Error>>>,
     current: Option<(u64, Bytes)>,
@@ -180,9 +178,10 @@ struct State {
 /// is waited for with the GIL released).
 ///
 /// A read that starts where the previous one ended is sequential. Once a run of sequential
-/// reads is longer than a page, its reads are served from whole pages, and the next `readahead`
-/// pages (the client option) are fetched in the background meanwhile. Any other read (the
-/// first one, one after a seek, the first page's worth of a run) fetches only its own range,
+/// reads started at the file's start or is longer than a page ([`ReadRun`]), its reads are
+/// served from whole pages, and the next `readahead` pages (the client option) are fetched in
+/// the background meanwhile. Any other read (the first one, one after a seek, the first page's
+/// worth of a run from elsewhere) fetches only its own range,
 /// with the pages it covers in parallel, and a read after a seek stops the read-ahead: random
 /// readers pay for no page they do not read, even where two of their reads happen to meet.
 #[pyclass(frozen, module = "pagestore._native")]
@@ -217,8 +216,7 @@ impl State {
             pid,
             client,
             pos,
-            last_end: None,
-            run: 0,
+            run: ReadRun::default(),
             pages: BTreeMap::new(),
             current: None,
         }
@@ -286,19 +284,10 @@ impl State {
     ) -> Result<Vec<Bytes>, Error> {
         let pos = self.pos;
         let ps = u64::from(self.client.page_size());
-        let sequential = self.last_end == Some(pos);
-        self.run = if sequential {
-            self.run.saturating_add(len)
-        } else {
-            len
-        };
-        // Whole pages and the read-ahead only once the run is longer than a page: a random
-        // reader whose reads happen to meet (one in 128 for 128 KiB reads of a 16 MiB file) is
-        // not sent pages and a read-ahead it will not read.
-        if !sequential || self.run <= ps {
-            if !sequential {
-                self.drop_pages();
-            }
+        // Whole pages and the read-ahead only for a sequential run (see `ReadRun`); any other
+        // read fetches its own range, and a seek stops the read-ahead.
+        if !self.run.record(pos, len, ps) {
+            self.drop_pages();
             // Run on the runtime, beside the connection it waits on: the answer's packets wake
             // a worker, and this thread is woken once, when the bytes are all there.
             let (client, info) = (self.client.clone(), info.clone());
@@ -363,7 +352,6 @@ impl Reader {
         };
         let out = joined(py, &chunks, n)?;
         st.pos += len;
-        st.last_end = Some(st.pos);
         if len > 0 {
             p.reads.record(t0, len);
         }

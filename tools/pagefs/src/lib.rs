@@ -53,7 +53,7 @@ use fuser::{
 use futures_util::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use pagestore_client::{
     ufs::{system_time, MountTable, ObjectInfo},
-    Client, Error,
+    Client, Error, ReadRun,
 };
 use pagestore_protocol::frame::{FileState, PathKind};
 use tracing::{debug, info, warn};
@@ -246,32 +246,14 @@ struct OpenFile {
 
 /// A sequential reader's pages. The kernel's read-ahead sends reads of at most 1 MiB, several
 /// at once; fetching each as its own range would cost a request (and a node's work) per piece
-/// of a 4 MiB page. A read of a sequential run ([`Window::sequential`]), or one that falls in a
-/// page already here, is served from whole pages instead, and the next page is fetched ahead.
+/// of a 4 MiB page. A read of a sequential run ([`ReadRun`]), or one that falls in a page
+/// already here, is served from whole pages instead, and the next page is fetched ahead.
 /// Other reads (random access) go straight to the range they want.
 #[derive(Default)]
 struct Window {
-    /// Where the next sequential read starts.
-    next: u64,
-    /// Where the run of reads that ends at `next` started.
-    run_start: u64,
+    run: ReadRun,
     /// Pages, oldest first; at most [`WINDOW_PAGES`].
     pages: VecDeque<(u64, PageFetch)>,
-}
-
-impl Window {
-    /// Records a read of `want` bytes at `offset` and says whether it belongs to a sequential
-    /// run: it continues the previous read, and the run started at the file's start or is now
-    /// longer than a page (`page_size`). A random reader whose reads meet by chance is not sent
-    /// whole pages it will not read.
-    fn sequential(&mut self, offset: u64, want: u64, page_size: u64) -> bool {
-        let continues = offset == self.next;
-        if !continues {
-            self.run_start = offset;
-        }
-        self.next = offset.saturating_add(want);
-        continues && (self.run_start == 0 || self.next - self.run_start > page_size)
-    }
 }
 
 /// The bytes `[offset, offset + want)` of `file` from its whole `pages`. A page that is shorter
@@ -389,7 +371,7 @@ impl PageFs {
         let ps = file.page_size;
         let (first, last) = (offset / ps, (offset + want - 1) / ps);
         let mut w = lock(&file.window);
-        let run = w.sequential(offset, want, ps);
+        let run = w.run.record(offset, want, ps);
         let sequential = run || w.pages.iter().any(|(p, _)| *p == first);
         if !sequential {
             return None;
@@ -1651,36 +1633,6 @@ impl Filesystem for PageFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn whole_pages_go_to_sequential_runs_not_to_random_reads_that_meet() {
-        const PS: u64 = 4 << 20;
-        const K128: u64 = 128 << 10;
-        // From the file's start, read on: a run from the first read.
-        let mut w = Window::default();
-        assert!(w.sequential(0, K128, PS));
-        assert!(w.sequential(K128, K128, PS));
-        // Random reads, two of which meet: never a run.
-        let mut w = Window::default();
-        assert!(!w.sequential(7 * K128, K128, PS));
-        assert!(!w.sequential(8 * K128, K128, PS), "met by chance");
-        assert!(!w.sequential(40 * K128, K128, PS));
-        // A run from the middle of the file: once it is longer than a page.
-        let mut w = Window::default();
-        let start = 3 * PS + K128;
-        let mut runs = Vec::new();
-        for i in 0..40 {
-            runs.push(w.sequential(start + i * K128, K128, PS));
-        }
-        let first = runs.iter().position(|&r| r).unwrap();
-        assert_eq!(first as u64, PS / K128, "{runs:?}");
-        assert!(runs[first..].iter().all(|&r| r));
-        // A seek ends the run; big reads make one at the second read.
-        assert!(!w.sequential(PS, K128, PS), "after a seek");
-        let mut w = Window::default();
-        assert!(!w.sequential(PS, PS, PS));
-        assert!(w.sequential(2 * PS, PS, PS));
-    }
 
     #[test]
     fn paths_join_and_split() {

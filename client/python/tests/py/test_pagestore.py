@@ -212,14 +212,25 @@ def test_reads_that_meet_by_chance_fetch_only_their_bytes_and_runs_read_ahead(fs
         f.seek(1000)
         assert f.read(4096) + f.read(4096) == want[1000:1000 + 8192]
         assert fetched() - before == 8192
-    # A run of sequential reads longer than a page is served from whole pages, fetched ahead.
     n = PAGE // 4
+    # A run from the file's start is served from whole pages from its second read on, with
+    # the pages ahead fetched meanwhile.
     with fs.open("/data/edge/pages3+123") as f:
         before = fetched()
-        got = b"".join(f.read(n) for _ in range(5))
-        assert got == want[:5 * n]
-        # Four reads of a quarter page, then the fifth fetched page 1 whole (and more ahead).
+        assert f.read(n) == want[:n]
+        assert fetched() - before == n
+        assert f.read(n) == want[n:2 * n]
+        assert fetched() - before >= n + PAGE, fetched() - before
+        assert b"".join(f.read(n) for _ in range(3)) == want[2 * n:5 * n]
         assert fetched() - before >= 2 * PAGE, fetched() - before
+    # A run from elsewhere fetches its own bytes until it is longer than a page, then pages.
+    with fs.open("/data/edge/pages3+123") as f:
+        f.seek(1000)
+        before = fetched()
+        assert b"".join(f.read(n) for _ in range(4)) == want[1000:1000 + 4 * n]
+        assert fetched() - before == 4 * n
+        assert f.read(n) == want[1000 + 4 * n:1000 + 5 * n]
+        assert fetched() - before >= 4 * n + PAGE, fetched() - before
 
 
 def test_threads_share_one_file_system(fs):
