@@ -28,6 +28,10 @@
 //! S3 ignores; DeleteObjects over 1,000 keys; a stalled body; connection limits and the header
 //! deadline; a full store (RLIMIT_FSIZE); a gateway killed mid-upload and restarted. Raw
 //! requests are signed by the helpers in `RAW_HELPERS` (SigV4, aws-chunked, SigV2).
+//!
+//! `objects_listed_without_etags_keep_the_stores_etag`: a bucket over an S3 store (s3s-fs, whose
+//! listings carry no ETags) lists without ETags, and HEAD and GET after the listing give the
+//! store's.
 #![allow(clippy::unwrap_used)]
 
 use pagestore_testkit::fixture as common;
@@ -1664,6 +1668,68 @@ async fn last_modified_is_the_objects_time_in_the_store() {
         .unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].last_modified.timestamp(), 1_577_934_245);
+}
+
+/// A bucket over an S3 store whose listings carry no ETags (s3s-fs lists without them, and
+/// answers an MD5 to HEAD and GET): pages3 lists the objects without an ETag rather than a
+/// made-up one, and HEAD, GET and a conditional GET after the listing all see the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_listed_without_etags_keep_the_stores_etag() {
+    let root = tempfile::tempdir().unwrap();
+    let prefix = root.path().join("store-bucket").join("set");
+    std::fs::create_dir_all(prefix.join("sub")).unwrap();
+    let files = [
+        ("a.bin", bytes(7, 2 * MIB + 5)),
+        ("sub/b.txt", b"under a prefix\n".to_vec()),
+    ];
+    for (name, b) in &files {
+        std::fs::write(prefix.join(name), b).unwrap();
+    }
+    let (store_key, store_secret) = ("AKIDUNDERSTORE", "under-store-secret");
+    let store = pagestore_testkit::S3Server::start(root.path(), store_key, store_secret).unwrap();
+    let (dir, mut s) = common::settings();
+    s.mounts = vec![format!(
+        "/data=s3://store-bucket/set?endpoint={}&region=us-east-1&access_key_id={store_key}\
+         &secret_access_key={store_secret}",
+        store.endpoint()
+    )];
+    let c = Cluster::start(dir, s);
+    let gw = Gateway::start(&c, "gw", &["--access-key", KEY, "--secret-key", SECRET]);
+    let s3 = AmazonS3Builder::new()
+        .with_endpoint(&gw.endpoint)
+        .with_allow_http(true)
+        .with_access_key_id(KEY)
+        .with_secret_access_key(SECRET)
+        .with_region("us-east-1")
+        .with_bucket_name("data")
+        .with_virtual_hosted_style_request(false)
+        .build()
+        .unwrap();
+    let mut listed: Vec<_> = s3.list(None).try_collect().await.unwrap();
+    listed.sort_by(|a, b| a.location.cmp(&b.location));
+    let names: Vec<String> = listed.iter().map(|m| m.location.to_string()).collect();
+    assert_eq!(names, ["a.bin", "sub/b.txt"]);
+    for (meta, (name, b)) in listed.iter().zip(&files) {
+        assert_eq!(meta.size, b.len() as u64, "{name}");
+        assert_eq!(meta.e_tag, None, "{name}: listed with a made-up ETag");
+        // Asked after the listing (which the cluster caches): the store's own ETag.
+        let etag = format!("\"{:032x}\"", md5_of(b));
+        let loc = StorePath::from(*name);
+        let head = s3.head(&loc).await.unwrap();
+        assert_eq!(head.e_tag.as_deref(), Some(etag.as_str()), "{name}");
+        let got = s3
+            .get_opts(
+                &loc,
+                object_store::GetOptions {
+                    if_match: Some(etag.clone()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(got.meta.e_tag.as_deref(), Some(etag.as_str()), "{name}");
+        assert!(got.bytes().await.unwrap() == b.as_slice(), "{name}");
+    }
 }
 
 /// Issue 17: a bucket on a `write=back` mount takes PutObject and multipart uploads through
