@@ -1,6 +1,7 @@
 //! Three real `pagestored` processes on 127.0.0.1 over a local-directory under storage, read
 //! through the client library and `pagectl`: byte-exact cold and warm reads, hit counters,
-//! mutual TLS, a worker killed mid-read, a rewritten object, unknown paths and short reads.
+//! mutual TLS, a worker killed mid-read, a rewritten object, unknown paths and short reads, a
+//! preload that waits for a late shard.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -590,6 +591,47 @@ async fn hedges_to_the_store_stay_within_the_budget_for_cold_pages_of_a_stalled_
         "{live_reads} + {client_reads} store reads for {pages} pages ({s:?})"
     );
     c.signal(stalled, libc::SIGCONT).unwrap();
+}
+
+/// A preload (`Client::load`, `LoadPages`) waits for a shard that answers late, within the
+/// store's allowance: a shard busy loading (here: stopped for 1.5 s, longer than the silence
+/// rule allows a read) is not given up, and the load completes once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preload_waits_for_a_late_shard_instead_of_failing() {
+    let content = bytes(16, 9 * MIB + 7);
+    let c = cluster_with_data(false, |d| {
+        std::fs::write(d.join("warm"), bytes(17, 6 * MIB)).unwrap();
+        std::fs::write(d.join("big"), &content).unwrap();
+    });
+    let client = c.client(ClientOptions::default()).await;
+    // Every member answers once (the client learns their answer times).
+    read_all(&client, "/data/warm").await;
+    let info = client.stat("/data/big").await.unwrap();
+    let pages = info.size.div_ceil(u64::from(client.page_size()));
+    let late = owner_node(&c, &client, &info, 0);
+    c.signal(late, libc::SIGSTOP).unwrap();
+    let load = {
+        let (client, info) = (client.clone(), info.clone());
+        tokio::spawn(async move { client.load(&info).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.signal(late, libc::SIGCONT).unwrap();
+    let out = load
+        .await
+        .unwrap()
+        .expect("the load waits for the late shard");
+    assert_eq!(out.loaded + out.present, pages, "{out:?}");
+    assert_eq!(out.loaded, pages, "nothing was cached before: {out:?}");
+    let before = client.stats();
+    assert!(
+        read_all(&client, "/data/big").await == content,
+        "byte-exact"
+    );
+    let s = client.stats();
+    assert_eq!(
+        s.fallbacks, before.fallbacks,
+        "every page from the cluster: {s:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
