@@ -337,9 +337,8 @@ class PagestoreFile(io.RawIOBase):
     """An open file: seekable, every read of the version that existed at ``open`` (a later
     change of the object is not seen; a read that cannot be served at that version raises
     ``OSError`` ESTALE), whole pages and read-ahead once read sequentially from the start or
-    for more than a page. Pickles as
-    the same pinned version at the same position (for ``spawn``ed workers); a forked child
-    goes on reading it with its own connections."""
+    for more than a page. Pickles as the same pinned version at the same position (for
+    ``spawn``ed workers); a forked child goes on reading it with its own connections."""
 
     def __init__(self, fs, reader):
         super().__init__()
