@@ -21,7 +21,8 @@ use crate::{client::Error, ufs::ObjectInfo, Client};
 /// ahead (pagefs, the Python `Reader`). A read belongs to a sequential run when it starts where
 /// the previous read ended and the run started at the file's start or is now longer than a
 /// page. So the first read of a file fetches only its bytes (a reader that looks at a file's
-/// first bytes and seeks away is sent no pages), and random readers whose reads happen to meet
+/// first bytes and seeks away is sent no pages; [`ReadRun::from_file_start`] for the kernel's
+/// reads, which differ), and random readers whose reads happen to meet
 /// (one in 128 for 128 KiB reads of a 16 MiB file) are not sent whole pages and a read-ahead
 /// they will not read.
 #[derive(Debug, Default, Clone)]
@@ -33,6 +34,16 @@ pub struct ReadRun {
 }
 
 impl ReadRun {
+    /// For readers whose reads at a file's start always begin a sequential scan, such as the
+    /// kernel's page-cache reads under a FUSE mount (it reads ahead from there): the first read
+    /// counts when it is at offset 0.
+    pub fn from_file_start() -> ReadRun {
+        ReadRun {
+            next: Some(0),
+            start: 0,
+        }
+    }
+
     /// Records a read of `len` bytes at `offset` and says whether it belongs to a sequential
     /// run, for pages of `page_size` bytes.
     pub fn record(&mut self, offset: u64, len: u64, page_size: u64) -> bool {
@@ -230,6 +241,12 @@ mod tests {
         assert!(!r.record(7 * K128, K128, PS));
         assert!(!r.record(8 * K128, K128, PS), "met by chance");
         assert!(!r.record(40 * K128, K128, PS));
+        // The kernel's reads: a read at the file's start begins a run at once.
+        let mut r = ReadRun::from_file_start();
+        assert!(r.record(0, K128, PS));
+        assert!(r.record(K128, K128, PS));
+        let mut r = ReadRun::from_file_start();
+        assert!(!r.record(PS, K128, PS), "not at the start");
         // A run from the middle of the file: once it is longer than a page.
         let mut r = ReadRun::default();
         let start = 3 * PS + K128;

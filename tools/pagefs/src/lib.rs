@@ -249,11 +249,20 @@ struct OpenFile {
 /// of a 4 MiB page. A read of a sequential run ([`ReadRun`]), or one that falls in a page
 /// already here, is served from whole pages instead, and the next page is fetched ahead.
 /// Other reads (random access) go straight to the range they want.
-#[derive(Default)]
 struct Window {
+    /// The kernel's reads: one at the file's start begins a run at once.
     run: ReadRun,
     /// Pages, oldest first; at most [`WINDOW_PAGES`].
     pages: VecDeque<(u64, PageFetch)>,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window {
+            run: ReadRun::from_file_start(),
+            pages: VecDeque::new(),
+        }
+    }
 }
 
 /// The bytes `[offset, offset + want)` of `file` from its whole `pages`. A page that is shorter
