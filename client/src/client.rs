@@ -674,7 +674,7 @@ impl Client {
                 request_id: self.next_id.fetch_add(1, Ordering::Relaxed),
                 body: RequestBody::Cluster,
             };
-            let (epoch, nodes, mounts) = match self.pool.request(*addr, &req, &[]).await {
+            let (epoch, nodes, mounts) = match self.pool.request(*addr, &req, Bytes::new()).await {
                 Ok((resp, _)) => match resp.body {
                     ResponseBody::ClusterInfo {
                         epoch,
@@ -1019,7 +1019,7 @@ impl Client {
             body: RequestBody::Ping { nonce },
         };
         let sent = Instant::now();
-        match tokio::time::timeout(limit, self.pool.request(addr, &req, &[])).await {
+        match tokio::time::timeout(limit, self.pool.request(addr, &req, Bytes::new())).await {
             Ok(Ok((resp, _))) if matches!(resp.body, ResponseBody::Pong { nonce: n } if n == nonce) =>
             {
                 self.answered(addr, sent);
@@ -1031,7 +1031,7 @@ impl Client {
 
     /// Sends `body` to `addr` and classifies the outcome.
     async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
-        self.ask_with(addr, body, &[]).await
+        self.ask_with(addr, body, Bytes::new()).await
     }
 
     /// [`Client::ask`] with a payload.
@@ -1039,7 +1039,7 @@ impl Client {
         &self,
         addr: SocketAddr,
         body: RequestBody,
-        payload: &[u8],
+        payload: Bytes,
     ) -> Attempt<(ResponseBody, Bytes)> {
         let Some(probe) = self.usable(addr) else {
             return Attempt::Failed(format!("{addr} is backed off after failures"));
@@ -1152,7 +1152,7 @@ impl Client {
         &self,
         addr: SocketAddr,
         body: RequestBody,
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<(ResponseBody, Bytes), Error> {
         match self.ask_with(addr, body, payload).await {
             Attempt::Answer(r) => r,
@@ -2173,7 +2173,11 @@ impl Client {
             body,
         };
         let timeout = self.options.store_timeout.max(self.options.call_timeout);
-        match self.pool.request_within(addr, &req, &[], timeout).await {
+        match self
+            .pool
+            .request_within(addr, &req, Bytes::new(), timeout)
+            .await
+        {
             Err(e) => {
                 self.failed(addr, &e.to_string());
                 Err(Error::unavailable_from(
@@ -2219,7 +2223,7 @@ impl Client {
                     body: body.clone(),
                 };
                 asks.push(async move {
-                    let c = match self.pool.request(n.shard_addr(s), &req, &[]).await {
+                    let c = match self.pool.request(n.shard_addr(s), &req, Bytes::new()).await {
                         Ok((resp, payload)) => parse(resp.body, payload),
                         Err(_) => None,
                     };
@@ -2329,7 +2333,7 @@ impl Client {
         };
         let (resp, payload) = self
             .pool
-            .request(addr, &req, record)
+            .request(addr, &req, Bytes::copy_from_slice(record))
             .await
             .map_err(|e| Error::unavailable_from(e.to_string(), e))?;
         match resp.body {
@@ -2653,7 +2657,7 @@ async fn ask_cluster(pool: &Pool, probe: &[SocketAddr]) -> Result<ClusterAnswer,
             request_id: 1,
             body: RequestBody::Cluster,
         };
-        match pool.request(*addr, &req, &[]).await {
+        match pool.request(*addr, &req, Bytes::new()).await {
             Ok((resp, _)) => match resp.body {
                 ResponseBody::ClusterInfo {
                     page_size,

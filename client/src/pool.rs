@@ -1,6 +1,7 @@
 //! The client side: a pool of quinn (tokio) connections, one per shard endpoint it talks to,
 //! sending one request per bidirectional stream.
 
+use bytes::Bytes;
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -319,7 +320,7 @@ impl Pool {
         &self,
         addr: SocketAddr,
         request: &[u8],
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<bytes::Bytes, ClientError> {
         self.call_within(addr, request, payload, self.options.timeout)
             .await
@@ -330,7 +331,7 @@ impl Pool {
         &self,
         addr: SocketAddr,
         request: &[u8],
-        payload: &[u8],
+        payload: Bytes,
         timeout: Duration,
     ) -> Result<bytes::Bytes, ClientError> {
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
@@ -363,12 +364,12 @@ impl Pool {
         &self,
         addr: SocketAddr,
         request: &[u8],
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<bytes::Bytes, ClientError> {
         // A cached connection may belong to an earlier life of the member (it restarted): when
         // it turns out closed, try once more on a fresh connection.
         if let Some(conn) = self.cached(addr) {
-            match self.exchange(&conn, addr, request, payload).await {
+            match self.exchange(&conn, addr, request, payload.clone()).await {
                 Err(ClientError::Transfer(..)) if conn.close_reason().is_some() => {}
                 r => return r,
             }
@@ -383,7 +384,7 @@ impl Pool {
         conn: &quinn::Connection,
         addr: SocketAddr,
         request: &[u8],
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<bytes::Bytes, ClientError> {
         // A stream error on a closed connection says only "connection lost": name the reason
         // when the node refused this client.
@@ -406,7 +407,10 @@ impl Pool {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| xfer(e.into()))?;
         send.write_all(request).await.map_err(|e| xfer(e.into()))?;
         if !payload.is_empty() {
-            send.write_all(payload).await.map_err(|e| xfer(e.into()))?;
+            // Handed to quinn as it is: no copy into its send buffer.
+            send.write_chunk(payload)
+                .await
+                .map_err(|e| xfer(e.into()))?;
         }
         send.finish().map_err(|e| xfer(e.into()))?;
         drop(writer);
@@ -481,7 +485,7 @@ impl Pool {
         &self,
         addr: SocketAddr,
         request: &pagestore_protocol::frame::Request,
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
         self.request_within(addr, request, payload, self.options.timeout)
             .await
@@ -492,7 +496,7 @@ impl Pool {
         &self,
         addr: SocketAddr,
         request: &pagestore_protocol::frame::Request,
-        payload: &[u8],
+        payload: Bytes,
         timeout: Duration,
     ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
         let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);

@@ -223,7 +223,7 @@ impl Client {
         let mut why = Vec::new();
         for addr in members {
             match self
-                .ask_with(addr, RequestBody::Change { op: op.clone() }, &[])
+                .ask_with(addr, RequestBody::Change { op: op.clone() }, Bytes::new())
                 .await
             {
                 Attempt::Answer(Ok((ResponseBody::Applied { hlc }, _))) => return Ok(hlc),
@@ -316,7 +316,7 @@ impl Client {
             let body = RequestBody::WriteBackState {
                 prefix: prefix.into(),
             };
-            match self.ask_with(addr, body, &[]).await {
+            match self.ask_with(addr, body, Bytes::new()).await {
                 Attempt::Answer(Ok((ResponseBody::WriteBack { summary }, _))) => {
                     return Ok(summary)
                 }
@@ -339,7 +339,7 @@ impl Client {
         tag: &str,
         file_id: u128,
         page: u64,
-        bytes: &[u8],
+        bytes: &Bytes,
         wait: Duration,
     ) -> Result<(), Error> {
         let started = Instant::now();
@@ -369,7 +369,7 @@ impl Client {
         tag: &str,
         file_id: u128,
         page: u64,
-        bytes: &[u8],
+        bytes: &Bytes,
     ) -> Result<(), Error> {
         let layout = self.layout();
         let ring = layout.membership.ring();
@@ -401,7 +401,7 @@ impl Client {
             next += wave.len();
             let answers = futures_util::future::join_all(wave.iter().map(|&addr| {
                 let body = body.clone();
-                async move { (addr, self.ask_with(addr, body, bytes).await) }
+                async move { (addr, self.ask_with(addr, body, bytes.clone()).await) }
             }))
             .await;
             for (addr, answer) in answers {

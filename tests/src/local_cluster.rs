@@ -324,7 +324,7 @@ impl LocalCluster {
                     body: RequestBody::Stat,
                 };
                 let (resp, _) = pool
-                    .request(a, &req, &[])
+                    .request(a, &req, Default::default())
                     .await
                     .map_err(|e| e.to_string())?;
                 match resp.body {

@@ -91,7 +91,7 @@ async fn read_page(pool: &Pool, addr: SocketAddr) -> Result<Vec<u8>, String> {
             epoch: 0,
         },
     };
-    match pool.request(addr, &req, &[]).await {
+    match pool.request(addr, &req, bytes::Bytes::new()).await {
         Ok((r, body)) if matches!(r.body, ResponseBody::Data { .. }) => Ok(body.to_vec()),
         Ok((r, _)) => Err(format!("{:?}", r.body)),
         Err(e) => Err(e.to_string()),
@@ -112,7 +112,11 @@ async fn write_page(pool: &Pool, addr: SocketAddr, page: u64) -> ResponseBody {
             epoch: 0,
         },
     };
-    pool.request(addr, &req, &data).await.unwrap().0.body
+    pool.request(addr, &req, bytes::Bytes::copy_from_slice(&data))
+        .await
+        .unwrap()
+        .0
+        .body
 }
 
 fn tokio() -> tokio::runtime::Runtime {

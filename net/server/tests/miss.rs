@@ -355,7 +355,7 @@ async fn ask(pool: &Pool, addr: SocketAddr, body: RequestBody) -> (ResponseBody,
         request_id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         body,
     };
-    let (resp, bytes) = pool.request(addr, &req, &[]).await.unwrap();
+    let (resp, bytes) = pool.request(addr, &req, bytes::Bytes::new()).await.unwrap();
     (resp.body, bytes.to_vec())
 }
 
@@ -1624,7 +1624,10 @@ fn a_load_of_many_files_beyond_the_limits_is_refused_and_loads_nothing() {
     assert!(matches!(err, frame::FrameError::Limit(_)), "{err}");
     h.rt.block_on(async {
         let pool = h.pool();
-        let reply = pool.call(h.addr(0), &raw, &[]).await.unwrap();
+        let reply = pool
+            .call(h.addr(0), &raw, bytes::Bytes::new())
+            .await
+            .unwrap();
         let (resp, _) = frame::decode_response_frame(&reply).unwrap();
         assert_error(&resp.body, ErrorCode::TooLarge);
         // Too many files or pages cannot even be encoded by a client.

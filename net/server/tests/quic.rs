@@ -93,7 +93,7 @@ async fn read(
             epoch: 0,
         },
     };
-    pool.request(addr, &req, &[])
+    pool.request(addr, &req, bytes::Bytes::new())
         .await
         .map(|(r, body)| (r.body, body.to_vec()))
 }
@@ -117,7 +117,13 @@ fn pages_byte_exact_over_many_streams_each_served_by_its_shard() {
                 request_id: 9,
                 body: RequestBody::Stat,
             };
-            match pool.request(*addr, &stat, &[]).await.unwrap().0.body {
+            match pool
+                .request(*addr, &stat, bytes::Bytes::new())
+                .await
+                .unwrap()
+                .0
+                .body
+            {
                 ResponseBody::Stat {
                     shard: s, pages, ..
                 } => assert_eq!((s as usize, pages), (shard, 2)),
@@ -194,7 +200,11 @@ fn writes_then_reads_and_remove_file() {
             },
         };
         assert_eq!(
-            pool.request(addr, &w, &data).await.unwrap().0.body,
+            pool.request(addr, &w, bytes::Bytes::copy_from_slice(&data))
+                .await
+                .unwrap()
+                .0
+                .body,
             ResponseBody::Written
         );
         let (body, bytes) = read(&pool, addr, 7, 7, 0, frame::MAX_PAGE_LEN)
@@ -217,7 +227,10 @@ fn writes_then_reads_and_remove_file() {
                 epoch: 0,
             },
         };
-        let (resp, bytes) = pool.request(addr, &many, &[]).await.unwrap();
+        let (resp, bytes) = pool
+            .request(addr, &many, bytes::Bytes::new())
+            .await
+            .unwrap();
         let l = data.len() as u32;
         assert_eq!(
             resp.body,
@@ -250,7 +263,11 @@ fn writes_then_reads_and_remove_file() {
             },
         };
         assert_eq!(
-            pool.request(addr, &rm, &[]).await.unwrap().0.body,
+            pool.request(addr, &rm, bytes::Bytes::new())
+                .await
+                .unwrap()
+                .0
+                .body,
             ResponseBody::Removed { pages: 1 }
         );
         assert_eq!(
@@ -295,7 +312,7 @@ fn keys_owned_by_another_member_are_answered_not_owner() {
             body: RequestBody::RingEpoch,
         };
         assert_eq!(
-            pool.request(t.node.addrs()[1], &e, &[])
+            pool.request(t.node.addrs()[1], &e, bytes::Bytes::new())
                 .await
                 .unwrap()
                 .0
@@ -322,7 +339,7 @@ fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
             &[0xFFu8; 200],
             b"PSTF\x03\x00\x01\x00\x10\x00\x00\x00\x00\x00\x00\x00garbagegarbage!!",
         ] {
-            let raw = pool.call(addr, garbage, &[]).await.unwrap();
+            let raw = pool.call(addr, garbage, bytes::Bytes::new()).await.unwrap();
             let (resp, _) = frame::decode_response_frame(&raw).unwrap();
             assert!(
                 matches!(
@@ -336,16 +353,24 @@ fn malformed_and_oversized_requests_get_errors_and_the_connection_survives() {
             );
             // The same connection still serves.
             assert_eq!(
-                pool.request(addr, &ping, &[]).await.unwrap().0.body,
+                pool.request(addr, &ping, bytes::Bytes::new())
+                    .await
+                    .unwrap()
+                    .0
+                    .body,
                 ResponseBody::Pong { nonce: 99 }
             );
         }
         // Larger than the endpoint accepts: the stream is reset, the connection lives on.
         let huge = vec![0u8; 2 << 20];
-        let r = pool.call(addr, &huge, &[]).await;
+        let r = pool.call(addr, &huge, bytes::Bytes::new()).await;
         assert!(matches!(r, Err(ClientError::Transfer(..))), "{r:?}");
         assert_eq!(
-            pool.request(addr, &ping, &[]).await.unwrap().0.body,
+            pool.request(addr, &ping, bytes::Bytes::new())
+                .await
+                .unwrap()
+                .0
+                .body,
             ResponseBody::Pong { nonce: 99 }
         );
     });
@@ -459,7 +484,9 @@ fn many_concurrent_large_writes_complete_within_the_connection_buffer_budget() {
                         epoch: 0,
                     },
                 };
-                pool.request(addr, &w, &data).await.map(|r| r.0.body)
+                pool.request(addr, &w, bytes::Bytes::copy_from_slice(&data))
+                    .await
+                    .map(|r| r.0.body)
             }));
         }
         for t in tasks {
@@ -630,7 +657,10 @@ fn only_writers_change_what_other_clients_read() {
                 ("Invalidate", invalidate.clone(), &[][..]),
                 ("Jobs with a record", job.clone(), &forged_job[..]),
             ] {
-                let (resp, _) = p.request(addr, &req, payload).await.unwrap();
+                let (resp, _) = p
+                    .request(addr, &req, bytes::Bytes::copy_from_slice(payload))
+                    .await
+                    .unwrap();
                 assert!(
                     forbidden(&resp.body),
                     "{who}: {what} answered {:?}",
@@ -647,7 +677,7 @@ fn only_writers_change_what_other_clients_read() {
         // The refusal says what is needed and what the connection has.
         let (resp, _) = attackers[2]
             .1
-            .request(addr, &write(1), &poison)
+            .request(addr, &write(1), bytes::Bytes::copy_from_slice(&poison))
             .await
             .unwrap();
         let ResponseBody::Error { message, .. } = resp.body else {
@@ -659,12 +689,21 @@ fn only_writers_change_what_other_clients_read() {
         );
         // A writer may write but not remove a whole file; an admin may.
         let writer = pool(&t.ca, Some(&t.ca.issue("w", tls::Role::Writer).unwrap()));
-        let (resp, _) = writer.request(addr, &write(5), &poison).await.unwrap();
+        let (resp, _) = writer
+            .request(addr, &write(5), bytes::Bytes::copy_from_slice(&poison))
+            .await
+            .unwrap();
         assert_eq!(resp.body, ResponseBody::Written);
-        let (resp, _) = writer.request(addr, &remove, &[]).await.unwrap();
+        let (resp, _) = writer
+            .request(addr, &remove, bytes::Bytes::new())
+            .await
+            .unwrap();
         assert!(forbidden(&resp.body), "{:?}", resp.body);
         let admin = pool(&t.ca, Some(&t.ca.issue("a", tls::Role::Admin).unwrap()));
-        let (resp, _) = admin.request(addr, &remove, &[]).await.unwrap();
+        let (resp, _) = admin
+            .request(addr, &remove, bytes::Bytes::new())
+            .await
+            .unwrap();
         assert!(
             matches!(resp.body, ResponseBody::Removed { .. }),
             "{:?}",
@@ -673,14 +712,20 @@ fn only_writers_change_what_other_clients_read() {
         // A certificate from another CA is refused at the handshake, role or not.
         let intruder = ClusterCa::generate(tls::CA_NAME).unwrap();
         let fake = pool(&t.ca, Some(&intruder.issue("x", tls::Role::Admin).unwrap()));
-        assert!(fake.request(addr, &write(1), &poison).await.is_err());
+        assert!(fake
+            .request(addr, &write(1), bytes::Bytes::copy_from_slice(&poison))
+            .await
+            .is_err());
         // Every refusal was counted: 3 attackers x 5 requests, the message probe, the writer's
         // removal.
         let counters = Request {
             request_id: 13,
             body: RequestBody::Counters,
         };
-        let (resp, payload) = honest.request(addr, &counters, &[]).await.unwrap();
+        let (resp, payload) = honest
+            .request(addr, &counters, bytes::Bytes::new())
+            .await
+            .unwrap();
         assert_eq!(resp.body, ResponseBody::Counters);
         let c = frame::decode_counters(&payload).unwrap();
         assert_eq!(c.forbidden, 17, "{c:?}");
@@ -698,7 +743,10 @@ fn counters_and_job_records_travel_typed_and_malformed_records_are_refused() {
             body: RequestBody::Jobs,
         };
         // Nothing kept yet.
-        let (resp, payload) = writer.request(addr, &jobs, &[]).await.unwrap();
+        let (resp, payload) = writer
+            .request(addr, &jobs, bytes::Bytes::new())
+            .await
+            .unwrap();
         assert_eq!(resp.body, ResponseBody::Jobs);
         assert!(frame::decode_job_records(&payload).unwrap().is_empty());
         // A record is kept and comes back as it was sent.
@@ -713,7 +761,10 @@ fn counters_and_job_records_travel_typed_and_malformed_records_are_refused() {
             ..frame::JobRecord::default()
         };
         let payload = frame::encode_job_record(&record).unwrap();
-        let (resp, payload) = writer.request(addr, &jobs, &payload).await.unwrap();
+        let (resp, payload) = writer
+            .request(addr, &jobs, bytes::Bytes::copy_from_slice(&payload))
+            .await
+            .unwrap();
         assert_eq!(resp.body, ResponseBody::Jobs);
         assert_eq!(
             frame::decode_job_records(&payload).unwrap(),
@@ -726,7 +777,10 @@ fn counters_and_job_records_travel_typed_and_malformed_records_are_refused() {
         let state_at = flipped.len() - std::mem::size_of::<frame::ArchivedJobRecord>() + 24;
         flipped[state_at] = 9; // no such JobState
         for bad in [br#"{"id":"json"}"#.to_vec(), vec![0xff; 200], cut, flipped] {
-            let (resp, _) = writer.request(addr, &jobs, &bad).await.unwrap();
+            let (resp, _) = writer
+                .request(addr, &jobs, bytes::Bytes::copy_from_slice(&bad))
+                .await
+                .unwrap();
             match resp.body {
                 ResponseBody::Error {
                     code: ErrorCode::BadRequest,
@@ -735,14 +789,20 @@ fn counters_and_job_records_travel_typed_and_malformed_records_are_refused() {
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
-        let (_, payload) = writer.request(addr, &jobs, &[]).await.unwrap();
+        let (_, payload) = writer
+            .request(addr, &jobs, bytes::Bytes::new())
+            .await
+            .unwrap();
         assert_eq!(frame::decode_job_records(&payload).unwrap(), [record]);
         // The counters name the shard that answered.
         let counters = Request {
             request_id: 2,
             body: RequestBody::Counters,
         };
-        let (resp, payload) = writer.request(addr, &counters, &[]).await.unwrap();
+        let (resp, payload) = writer
+            .request(addr, &counters, bytes::Bytes::new())
+            .await
+            .unwrap();
         assert_eq!(resp.body, ResponseBody::Counters);
         let c = frame::decode_counters(&payload).unwrap();
         assert_eq!(c.shard, 1);

@@ -244,7 +244,9 @@ fn quic_side(
                         epoch: 0,
                     },
                 };
-                let (resp, body) = pool.request(addrs[shard], &req, &[]).await?;
+                let (resp, body) = pool
+                    .request(addrs[shard], &req, bytes::Bytes::new())
+                    .await?;
                 if !matches!(resp.body, ResponseBody::Data { .. }) || body.len() != page {
                     bail!("bad answer {:?} ({} bytes)", resp.body, body.len());
                 }

@@ -378,11 +378,11 @@ impl WriteBackNode {
                 "this node is not connected to its peers yet",
             ));
         };
-        let payload = encode_file_records(records).map_err(store_error)?;
+        let payload = Bytes::from(encode_file_records(records).map_err(store_error)?);
         let mut asks: FuturesUnordered<_> = others
             .iter()
             .map(|&(id, addr)| {
-                let payload = &payload;
+                let payload = payload.clone();
                 async move {
                     let r = client.call(addr, RequestBody::Replicate, payload).await;
                     (id, addr, r)
@@ -805,7 +805,7 @@ impl WriteBackNode {
                         file_id: FileId::from_u128(id),
                         action,
                     },
-                    &[],
+                    Bytes::new(),
                 )
             })
             .collect();
@@ -935,10 +935,10 @@ impl WriteBackNode {
                 let body = RequestBody::PullRecords {
                     after: after.clone(),
                 };
-                let mut answer = client.call(addr, body.clone(), &[]).await;
+                let mut answer = client.call(addr, body.clone(), Bytes::new()).await;
                 while all && answer.is_err() && started.elapsed() < START_PULL_WAIT {
                     tokio::time::sleep(Duration::from_millis(250)).await;
-                    answer = client.call(addr, body.clone(), &[]).await;
+                    answer = client.call(addr, body.clone(), Bytes::new()).await;
                 }
                 let (more, records) = match answer {
                     Ok((ResponseBody::Records { more }, payload)) => {
@@ -989,7 +989,7 @@ impl WriteBackNode {
         let asks: Vec<_> = self
             .other_nodes()
             .into_iter()
-            .map(|(_, addr)| client.call(addr, RequestBody::Ping { nonce: 1 }, &[]))
+            .map(|(_, addr)| client.call(addr, RequestBody::Ping { nonce: 1 }, Bytes::new()))
             .collect();
         futures_util::future::join_all(asks).await;
     }
