@@ -144,6 +144,21 @@ impl Gateway {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// object_store's S3 client for `bucket` through this gateway (path-style, the test's
+    /// credentials).
+    fn object_store(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id(KEY)
+            .with_secret_access_key(SECRET)
+            .with_region("us-east-1")
+            .with_bucket_name(bucket)
+            .with_virtual_hosted_style_request(false)
+            .build()
+            .unwrap()
+    }
+
     /// SIGTERM, then the exit status (within 20 s).
     fn terminate(&mut self) -> std::process::ExitStatus {
         let st = Command::new("kill")
@@ -1053,16 +1068,7 @@ async fn boto3_s3fs_and_object_store_through_pages3() {
     run_python("s3fs", S3FS_SCRIPT, &env, &[&gw]);
 
     // object_store's S3 client.
-    let s3 = AmazonS3Builder::new()
-        .with_endpoint(&gw.endpoint)
-        .with_allow_http(true)
-        .with_access_key_id(KEY)
-        .with_secret_access_key(SECRET)
-        .with_region("us-east-1")
-        .with_bucket_name("data")
-        .with_virtual_hosted_style_request(false)
-        .build()
-        .unwrap();
+    let s3 = gw.object_store("data");
     let a = std::fs::read(data.join("objs/a.bin")).unwrap();
     let loc = StorePath::from("objs/a.bin");
     let got = s3.get(&loc).await.unwrap().bytes().await.unwrap();
@@ -1646,16 +1652,7 @@ async fn last_modified_is_the_objects_time_in_the_store() {
     s.mounts = vec![format!("/data=file://{}", data.display())];
     let c = Cluster::start(dir, s);
     let gw = Gateway::start(&c, "gw", &["--access-key", KEY, "--secret-key", SECRET]);
-    let s3 = AmazonS3Builder::new()
-        .with_endpoint(&gw.endpoint)
-        .with_allow_http(true)
-        .with_access_key_id(KEY)
-        .with_secret_access_key(SECRET)
-        .with_region("us-east-1")
-        .with_bucket_name("data")
-        .with_virtual_hosted_style_request(false)
-        .build()
-        .unwrap();
+    let s3 = gw.object_store("data");
     let loc = StorePath::from("t/old.bin");
     let head = s3.head(&loc).await.unwrap();
     assert_eq!(head.last_modified.timestamp(), 1_577_934_245);
@@ -1695,16 +1692,7 @@ async fn objects_listed_without_etags_keep_the_stores_etag() {
     )];
     let c = Cluster::start(dir, s);
     let gw = Gateway::start(&c, "gw", &["--access-key", KEY, "--secret-key", SECRET]);
-    let s3 = AmazonS3Builder::new()
-        .with_endpoint(&gw.endpoint)
-        .with_allow_http(true)
-        .with_access_key_id(KEY)
-        .with_secret_access_key(SECRET)
-        .with_region("us-east-1")
-        .with_bucket_name("data")
-        .with_virtual_hosted_style_request(false)
-        .build()
-        .unwrap();
+    let s3 = gw.object_store("data");
     let mut listed: Vec<_> = s3.list(None).try_collect().await.unwrap();
     listed.sort_by(|a, b| a.location.cmp(&b.location));
     let names: Vec<String> = listed.iter().map(|m| m.location.to_string()).collect();
@@ -1744,16 +1732,7 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
     let c = Cluster::start(dir, s);
     // No --mount: the gateway has no store credentials; the cluster writes for it.
     let gw = Gateway::start(&c, "gw-wb", &["--access-key", KEY, "--secret-key", SECRET]);
-    let s3 = AmazonS3Builder::new()
-        .with_endpoint(&gw.endpoint)
-        .with_allow_http(true)
-        .with_access_key_id(KEY)
-        .with_secret_access_key(SECRET)
-        .with_region("us-east-1")
-        .with_bucket_name("ck")
-        .with_virtual_hosted_style_request(false)
-        .build()
-        .unwrap();
+    let s3 = gw.object_store("ck");
     let small = bytes(70, 100_000);
     let put = s3
         .put(&StorePath::from("run/small.bin"), small.clone().into())
