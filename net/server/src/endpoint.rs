@@ -400,6 +400,43 @@ struct ConnCharge {
 thread_local! {
     /// Request buffer and reply bytes freed on this shard since the allocator was last asked to trim.
     static FREED: Cell<usize> = const { Cell::new(0) };
+    /// Large request buffers kept for reuse on this shard, and their capacity in all.
+    static SPARE: RefCell<(Vec<Vec<u8>>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+}
+
+/// Request buffers of at least this capacity are kept for reuse once served: a written page
+/// (4 MiB) would otherwise be received into freshly mapped memory, faulted in page by page.
+const REUSE_MIN: usize = 256 << 10;
+/// The most bytes of request buffers one shard keeps for reuse. Kept buffers are not charged
+/// to any peer; this bounds them.
+const REUSE_MAX: usize = 16 << 20;
+
+/// A kept request buffer (empty) of at least `capacity` bytes, if this shard has one.
+fn spare_buffer(capacity: usize) -> Option<Vec<u8>> {
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let i = s.0.iter().position(|b| b.capacity() >= capacity)?;
+        let b = s.0.swap_remove(i);
+        s.1 -= b.capacity();
+        Some(b)
+    })
+}
+
+/// Keeps a served request's buffer for a later request on this shard when it is large and the
+/// shard keeps under [`REUSE_MAX`] bytes; frees it otherwise.
+pub(crate) fn recycle_request_buffer(mut buf: Vec<u8>) {
+    let cap = buf.capacity();
+    if cap < REUSE_MIN {
+        return;
+    }
+    buf.clear();
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.1 + cap <= REUSE_MAX {
+            s.1 += cap;
+            s.0.push(buf);
+        }
+    });
 }
 
 /// The bytes one request's buffer is charged; given back when dropped (the request was reset,
@@ -535,12 +572,21 @@ impl Partial {
 
     /// Grows the buffer within the charge: doubling, by at most 1 MiB at a time, so memory
     /// follows the bytes that arrived, not the charge.
+    /// A large request takes a kept buffer ([`recycle_request_buffer`]) instead, when the shard
+    /// has one: the bytes so far are copied into it once.
     fn grow_buffer(&mut self) {
         let len = self.buf.len();
         let target = (len * 2)
             .max(MIN_BUFFER)
             .min(len + (1 << 20))
             .min(self.held());
+        if target >= REUSE_MIN {
+            if let Some(mut b) = spare_buffer(target) {
+                b.extend_from_slice(&self.buf);
+                self.buf = b;
+                return;
+            }
+        }
         self.buf.reserve_exact(target.saturating_sub(len));
     }
 }
@@ -1389,5 +1435,44 @@ fn write_stream(c: &mut Conn, id: StreamId, now: Instant) {
             c.streams.insert(id, sent);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept() -> usize {
+        SPARE.with(|s| s.borrow().1)
+    }
+
+    #[test]
+    fn large_request_buffers_are_kept_for_reuse_within_the_bound() {
+        // Small buffers are freed.
+        recycle_request_buffer(Vec::with_capacity(REUSE_MIN - 1));
+        assert_eq!(kept(), 0);
+        assert!(spare_buffer(1).is_none());
+        // A large one is kept, emptied, and handed out once to a request that fits in it.
+        let mut b = Vec::with_capacity(1 << 20);
+        b.extend_from_slice(&[7; 1000]);
+        recycle_request_buffer(b);
+        assert!(kept() >= 1 << 20);
+        assert!(
+            spare_buffer(2 << 20).is_none(),
+            "too small for that request"
+        );
+        let b = spare_buffer(REUSE_MIN).expect("the kept buffer");
+        assert!(b.is_empty() && b.capacity() >= 1 << 20);
+        assert_eq!(kept(), 0);
+        assert!(spare_buffer(REUSE_MIN).is_none());
+        // Never more than REUSE_MAX bytes kept.
+        for _ in 0..40 {
+            recycle_request_buffer(Vec::with_capacity(1 << 20));
+        }
+        assert!(
+            kept() <= REUSE_MAX && kept() > REUSE_MAX - (1 << 20),
+            "{}",
+            kept()
+        );
     }
 }

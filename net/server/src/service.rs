@@ -421,6 +421,7 @@ impl Service for ShardService {
         Box::pin(async move {
             let start = std::time::Instant::now();
             let reply = self.handle(&request, peer).await;
+            crate::endpoint::recycle_request_buffer(request);
             let micros = start.elapsed().as_micros().max(1) as u64;
             self.latency.borrow_mut().saturating_record(micros);
             reply
