@@ -22,9 +22,8 @@ use crate::{client::Error, ufs::ObjectInfo, Client};
 /// the previous read ended and the run started at the file's start or is now longer than a
 /// page. So the first read of a file fetches only its bytes (a reader that looks at a file's
 /// first bytes and seeks away is sent no pages; [`ReadRun::from_file_start`] for the kernel's
-/// reads, which differ), and random readers whose reads happen to meet
-/// (one in 128 for 128 KiB reads of a 16 MiB file) are not sent whole pages and a read-ahead
-/// they will not read.
+/// reads, which differ), and random readers whose reads happen to meet (one in 128 for 128 KiB
+/// reads of a 16 MiB file) are not sent whole pages and a read-ahead they will not read.
 #[derive(Debug, Default, Clone)]
 pub struct ReadRun {
     /// Where the next sequential read starts (`None` before the first read).

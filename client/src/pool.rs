@@ -321,7 +321,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
-    ) -> Result<bytes::Bytes, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         self.call_within(addr, request, payload, self.options.timeout)
             .await
     }
@@ -333,7 +333,7 @@ impl Pool {
         request: &[u8],
         payload: Bytes,
         timeout: Duration,
-    ) -> Result<bytes::Bytes, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
             Ok(r) => r,
             Err(_) => {
@@ -365,7 +365,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
-    ) -> Result<bytes::Bytes, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         // A cached connection may belong to an earlier life of the member (it restarted): when
         // it turns out closed, try once more on a fresh connection.
         if let Some(conn) = self.cached(addr) {
@@ -385,7 +385,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
-    ) -> Result<bytes::Bytes, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         // A stream error on a closed connection says only "connection lost": name the reason
         // when the node refused this client.
         let xfer = |e: TransferFailure| match conn.close_reason() {
@@ -470,7 +470,7 @@ impl Pool {
             return Err(ClientError::Protocol(addr, ProtocolFailure::TrailingBytes));
         }
         Ok(if kept {
-            bytes::Bytes::from_owner(KeptReply {
+            Bytes::from_owner(KeptReply {
                 bytes: buf,
                 home: self.buffers.clone(),
             })
@@ -486,7 +486,7 @@ impl Pool {
         addr: SocketAddr,
         request: &pagestore_protocol::frame::Request,
         payload: Bytes,
-    ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
+    ) -> Result<(pagestore_protocol::frame::Response, Bytes), ClientError> {
         self.request_within(addr, request, payload, self.options.timeout)
             .await
     }
@@ -498,7 +498,7 @@ impl Pool {
         request: &pagestore_protocol::frame::Request,
         payload: Bytes,
         timeout: Duration,
-    ) -> Result<(pagestore_protocol::frame::Response, bytes::Bytes), ClientError> {
+    ) -> Result<(pagestore_protocol::frame::Response, Bytes), ClientError> {
         let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);
         let mut head = Vec::with_capacity(128);
         pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
@@ -539,7 +539,7 @@ mod tests {
         let mut first = home.take(1 << 20);
         first.extend_from_slice(&[5u8; 1 << 20]);
         let at = first.as_ptr();
-        let reply = bytes::Bytes::from_owner(KeptReply {
+        let reply = Bytes::from_owner(KeptReply {
             bytes: first,
             home: home.clone(),
         });

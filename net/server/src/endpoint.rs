@@ -572,6 +572,7 @@ impl Partial {
 
     /// Grows the buffer within the charge: doubling, by at most 1 MiB at a time, so memory
     /// follows the bytes that arrived, not the charge.
+    ///
     /// A large request takes a kept buffer ([`recycle_request_buffer`]) instead, when the shard
     /// has one: the bytes so far are copied into it once.
     fn grow_buffer(&mut self) {
@@ -1474,5 +1475,54 @@ mod tests {
             "{}",
             kept()
         );
+    }
+
+    /// A request being received, charged `held` bytes from the node's budget, with `len` bytes
+    /// of `fill` arrived.
+    fn partial(held: usize, len: usize, fill: u8) -> Partial {
+        let budget = RequestBudget::new(held);
+        assert!(budget.try_take(held));
+        let conn = Rc::new(ConnCharge {
+            own: Cell::new(0),
+            node: Cell::new(held),
+            filled: Cell::new(len),
+            replies: Cell::new(0),
+        });
+        let mut buf = Vec::with_capacity(len);
+        buf.resize(len, fill);
+        Partial {
+            buf,
+            charge: Charge {
+                own: 0,
+                node: held,
+                filled: len,
+                conn,
+                budget,
+            },
+            last: Instant::now(),
+            waiting: false,
+        }
+    }
+
+    #[test]
+    fn a_growing_large_request_takes_a_kept_buffer_and_keeps_its_bytes() {
+        const PAGE: usize = 4 << 20;
+        // No kept buffer: the buffer grows by doubling, within the charge.
+        let mut p = partial(PAGE, 128 << 10, 1);
+        p.grow_buffer();
+        assert!(p.buf.capacity() >= 256 << 10 && p.buf.capacity() < PAGE);
+        // A served page's buffer kept: the next large request continues in it.
+        recycle_request_buffer(Vec::with_capacity(PAGE + 4096));
+        let mut p = partial(PAGE, 128 << 10, 2);
+        p.grow_buffer();
+        assert!(p.buf.capacity() >= PAGE, "{}", p.buf.capacity());
+        assert!(p.buf.len() == 128 << 10 && p.buf.iter().all(|&b| b == 2));
+        assert_eq!(kept(), 0);
+        // A small request never takes one.
+        recycle_request_buffer(Vec::with_capacity(PAGE));
+        let mut p = partial(PAGE, 1000, 3);
+        p.grow_buffer();
+        assert!(p.buf.capacity() < REUSE_MIN);
+        assert!(kept() >= PAGE);
     }
 }
