@@ -227,9 +227,10 @@ pub struct ClientOptions {
     pub call_timeout: Duration,
     /// A request is given up, and its member backed off, when the member has answered nothing
     /// for [`timing::SILENCE_FACTOR`] times its usual answer time (never less than this,
-    /// default 100 ms, nor more than `call_timeout`) and then misses a ping for as long. A
+    /// default 200 ms, nor more than `call_timeout`) and then misses a ping for as long. A
     /// killed node is thus left within a fraction of a second; a busy one, which keeps
-    /// answering pings, is not.
+    /// answering pings, is not. A store hedge (`hedge_min`) waits half as long at least, so it
+    /// comes first.
     ///
     /// [`timing::SILENCE_FACTOR`]: crate::timing::SILENCE_FACTOR
     pub min_silence: Duration,
@@ -247,10 +248,9 @@ pub struct ClientOptions {
     /// the page as well (another write member of a file written through the cluster) is asked
     /// then; a `--replicas` replica, the owner of a hot page read from one of its spread
     /// members, or the under storage only once the member has been silent that long and then
-    /// missed a
-    /// ping for as long (each at least `min_silence`: a member that answers pings is working
-    /// on the request, perhaps waiting on a slow store, and is left to it). See
-    /// `hedge_ratio`.
+    /// missed a ping for as long (each at least half of `min_silence`, so such a hedge comes
+    /// before the silence rule gives the request up; a member that answers pings is working
+    /// on the request, perhaps waiting on a slow store, and is left to it). See `hedge_ratio`.
     pub hedge_min: Duration,
     /// Hedges allowed, as a share of page requests (default 0.05: 5%), with at most
     /// `hedge_burst` (default 10) at once after a quiet spell: a token bucket
@@ -283,7 +283,7 @@ impl Default for ClientOptions {
         ClientOptions {
             fallback: true,
             call_timeout: Duration::from_secs(3),
-            min_silence: Duration::from_millis(100),
+            min_silence: Duration::from_millis(200),
             store_timeout: Duration::from_secs(60),
             hedge_min: Duration::from_millis(20),
             hedge_ratio: 0.05,
@@ -1737,7 +1737,7 @@ impl Client {
     /// Resolves when a request sent to `addr` at `sent` should be hedged, and never when it
     /// should not be. Not `quiet`: the member's hedge delay ([`Latency::hedge_delay`]) after
     /// sending. `quiet`: the member must be silent: it has answered nothing, to this request
-    /// or any other, for its hedge delay (at least `min_silence`), and then neither a ping nor
+    /// or any other, for its hedge delay (at least half of `min_silence`), and then neither a ping nor
     /// anything else within as long, while a member of another node answers a ping sent at the
     /// same time (or it missed such a ping already since it last answered: it is probably gone,
     /// and the request is hedged after the first wait). A member that
@@ -1750,9 +1750,12 @@ impl Client {
                 return std::future::pending().await;
             };
             let delay = l.hedge_delay(floor, ceiling);
-            // Silence is judged no faster than the silence rule's floor: a live member
-            // starved of CPU for a few tens of milliseconds must not look dead.
-            let wait = delay.max(self.options.min_silence);
+            // Silence is judged no faster than half the silence rule's floor (100 ms by
+            // default): a live member starved of CPU for a few tens of milliseconds must not
+            // look silent, and a silent member's request is hedged well before the silence
+            // rule (at least `min_silence` of silence, then a ping as long) gives it up, so the
+            // hedge's read has that long to answer first.
+            let wait = delay.max(self.options.min_silence / 2);
             let at = if quiet {
                 sent.max(l.last_answer()) + wait
             } else {

@@ -606,7 +606,7 @@ fn run_cluster(
 
 /// The writers' client settings: the defaults but for patience with nodes that are slow to
 /// answer. By default a request is given up (and its node backed off) when the node answers
-/// nothing, not even a ping, for 4x its usual answer time (at least 100 ms) or 3 s; on a
+/// nothing, not even a ping, for 4x its usual answer time (at least 200 ms) or 3 s; on a
 /// machine whose CPUs are shared with other work a node starved for that long is backed off,
 /// and a page whose write members are all backed off fails its write. The benchmark measures
 /// speed, so it waits instead.

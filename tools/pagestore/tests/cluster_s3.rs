@@ -112,8 +112,30 @@ async fn a_cluster_over_s3_reads_byte_exact_and_falls_back_to_s3() {
         Err(pagestore_client::Error::NotFound(_))
     ));
 
-    // A worker dies: every file still reads byte-exact, partly straight from S3.
-    c.inner.kill(2);
+    // A worker dies: every file still reads byte-exact, partly straight from S3. The worker
+    // is one that owns pages of these files (the ring's ports are random: a fixed node may own
+    // none of 13 pages, and then nothing falls back).
+    let membership = client.membership();
+    let mut owned = vec![0usize; c.nodes.len()];
+    for (name, _) in &files {
+        let info = client.stat(&format!("/s3/{name}")).await.unwrap();
+        for page in 0..info.size.div_ceil(ps as u64) {
+            let m = membership.ring().owner(info.file_id, page).unwrap();
+            let addr = membership.addr_of(m).unwrap();
+            let node = c
+                .nodes
+                .iter()
+                .position(|n| {
+                    n.base.ip() == addr.ip()
+                        && (n.base.port()..n.base.port() + c.shards).contains(&addr.port())
+                })
+                .unwrap();
+            owned[node] += 1;
+        }
+    }
+    let victim = (1..c.nodes.len()).max_by_key(|&n| owned[n]).unwrap();
+    assert!(owned[victim] > 0, "{owned:?}");
+    c.inner.kill(victim);
     for (name, b) in &files {
         let got = client
             .read(&format!("/s3/{name}"), 0..u64::MAX)
