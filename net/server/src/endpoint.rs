@@ -402,6 +402,8 @@ thread_local! {
     static FREED: Cell<usize> = const { Cell::new(0) };
     /// Large request buffers kept for reuse on this shard, and their capacity in all.
     static SPARE: RefCell<(Vec<Vec<u8>>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    /// Whether a buffer was kept or taken on this shard since the last [`release_idle_spares`].
+    static SPARE_USED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Request buffers of at least this capacity are kept for reuse once served: a written page
@@ -418,7 +420,23 @@ fn spare_buffer(capacity: usize) -> Option<Vec<u8>> {
         let i = s.0.iter().position(|b| b.capacity() >= capacity)?;
         let b = s.0.swap_remove(i);
         s.1 -= b.capacity();
+        SPARE_USED.with(|u| u.set(true));
         Some(b)
+    })
+}
+
+/// Frees the kept buffers when none was kept or taken since the last call (the shard calls
+/// this once a second): they serve a stream of writes, and a shard whose writers have stopped
+/// gives their memory back within two seconds. Returns the bytes freed.
+fn release_idle_spares() -> usize {
+    if SPARE_USED.with(|u| u.replace(false)) {
+        return 0;
+    }
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.0.clear();
+        s.0.shrink_to_fit();
+        std::mem::take(&mut s.1)
     })
 }
 
@@ -435,6 +453,7 @@ pub(crate) fn recycle_request_buffer(mut buf: Vec<u8>) {
         if s.1 + cap <= REUSE_MAX {
             s.1 += cap;
             s.0.push(buf);
+            SPARE_USED.with(|u| u.set(true));
         }
     });
 }
@@ -805,7 +824,9 @@ impl Driver {
             if now >= self.next_scan {
                 self.next_scan = now + Duration::from_secs(1);
                 self.reset_stalled(now);
-                trim_if_freed();
+                let released = release_idle_spares();
+                FREED.with(|f| f.set(f.get().saturating_add(released)));
+                trim_if_freed(released > 0);
             }
             let mut work = self.receive(now)?;
             work |= self.take_replies();
@@ -1220,12 +1241,12 @@ fn peer_of(conn: &quinn_proto::Connection) -> Peer {
 }
 
 /// Asks glibc to give freed memory back to the system once enough request buffers were freed
-/// on this shard since the last time: large buffers come from the shard's arena, and glibc
-/// keeps a freed arena's top and holes mapped, so without this the RSS an attacker raised
-/// would not come down after the connections leave.
-fn trim_if_freed() {
+/// on this shard since the last time, or `now` (kept buffers were just freed): large buffers
+/// come from the shard's arena, and glibc keeps a freed arena's top and holes mapped, so
+/// without this the RSS an attacker raised would not come down after the connections leave.
+fn trim_if_freed(now: bool) {
     let freed = FREED.with(|f| f.get());
-    if freed < TRIM_AFTER {
+    if freed < TRIM_AFTER && !now {
         return;
     }
     FREED.with(|f| f.set(0));
@@ -1524,5 +1545,22 @@ mod tests {
         p.grow_buffer();
         assert!(p.buf.capacity() < REUSE_MIN);
         assert!(kept() >= PAGE);
+    }
+
+    #[test]
+    fn kept_buffers_are_freed_once_a_second_passes_without_use() {
+        recycle_request_buffer(Vec::with_capacity(1 << 20));
+        // Kept in the second before: kept on.
+        assert_eq!(release_idle_spares(), 0);
+        assert!(kept() >= 1 << 20);
+        // Taken and kept again within the next: kept on.
+        let b = spare_buffer(REUSE_MIN).unwrap();
+        recycle_request_buffer(b);
+        assert_eq!(release_idle_spares(), 0);
+        // A second without use: freed, and said how much.
+        let held = kept();
+        assert_eq!(release_idle_spares(), held);
+        assert_eq!(kept(), 0);
+        assert_eq!(release_idle_spares(), 0);
     }
 }
