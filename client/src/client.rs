@@ -1737,12 +1737,12 @@ impl Client {
     /// Resolves when a request sent to `addr` at `sent` should be hedged, and never when it
     /// should not be. Not `quiet`: the member's hedge delay ([`Latency::hedge_delay`]) after
     /// sending. `quiet`: the member must be silent: it has answered nothing, to this request
-    /// or any other, for its hedge delay (at least half of `min_silence`), and then neither a ping nor
-    /// anything else within as long, while a member of another node answers a ping sent at the
-    /// same time (or it missed such a ping already since it last answered: it is probably gone,
-    /// and the request is hedged after the first wait). A member that
-    /// answers the ping is working on the request (a page it loads from a slow store, a queue
-    /// of loads): the request is not hedged.
+    /// or any other, for its hedge delay (at least half of `min_silence`), and then neither a
+    /// ping nor anything else within as long, while a member of another node answers a ping
+    /// sent at the same time (or it missed such a ping already since it last answered: it is
+    /// probably gone, and the request is hedged after the first wait). A member that answers
+    /// the ping is working on the request (a page it loads from a slow store, a queue of
+    /// loads): the request is not hedged.
     async fn hedge_point(&self, addr: SocketAddr, sent: Instant, quiet: bool) {
         let (floor, ceiling) = (self.options.hedge_min, self.options.call_timeout);
         loop {

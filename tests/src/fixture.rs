@@ -78,6 +78,17 @@ impl Cluster {
         self.inner.client(options).await.unwrap()
     }
 
+    /// The index of the node with a shard at `addr`.
+    pub fn node_of(&self, addr: std::net::SocketAddr) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| {
+                n.base.ip() == addr.ip()
+                    && (n.base.port()..n.base.port() + self.shards).contains(&addr.port())
+            })
+            .unwrap()
+    }
+
     pub async fn hits_and_misses(&self, _client: &Client) -> (u64, u64) {
         self.inner.hits_and_misses().await.unwrap()
     }

@@ -824,9 +824,7 @@ impl Driver {
             if now >= self.next_scan {
                 self.next_scan = now + Duration::from_secs(1);
                 self.reset_stalled(now);
-                let released = release_idle_spares();
-                FREED.with(|f| f.set(f.get().saturating_add(released)));
-                trim_if_freed(released > 0);
+                trim_if_freed(release_idle_spares() > 0);
             }
             let mut work = self.receive(now)?;
             work |= self.take_replies();

@@ -233,14 +233,6 @@ fn a_mount_is_byte_exact_lists_10000_entries_and_maps_errors_like_posix() {
     assert!(out.iter().any(|l| l.starts_with("unmounted")), "{out:?}");
 }
 
-/// The member index owning `addr` (a shard address).
-fn node_of(c: &Cluster, addr: std::net::SocketAddr) -> usize {
-    c.nodes
-        .iter()
-        .position(|n| (n.base.port()..n.base.port() + c.shards).contains(&addr.port()))
-        .unwrap()
-}
-
 #[test]
 fn a_stopped_worker_is_left_when_it_goes_silent_and_a_killed_one_costs_no_bytes() {
     // Single-page files: for each we know which nodes serve its metadata and its page.
@@ -265,7 +257,7 @@ fn a_stopped_worker_is_left_when_it_goes_silent_and_a_killed_one_costs_no_bytes(
         let page = ring.owner(info.file_id, 0).unwrap();
         [meta, page]
             .iter()
-            .map(|m| node_of(&c, client.membership().addr_of(*m).unwrap()))
+            .map(|m| c.node_of(client.membership().addr_of(*m).unwrap()))
             .collect()
     };
     let small: Vec<&String> = files.keys().filter(|p| p.starts_with("/data/s/")).collect();

@@ -390,7 +390,7 @@ fn owner_node(
 ) -> usize {
     let membership = client.membership();
     let m = membership.ring().owner(info.file_id, page).unwrap();
-    node_of(c, membership.addr_of(m).unwrap())
+    c.node_of(membership.addr_of(m).unwrap())
 }
 
 /// The index of the node that owns the metadata of `path` under `client`'s ring.
@@ -398,18 +398,7 @@ fn metadata_node(c: &Cluster, client: &Client, path: &str) -> usize {
     let membership = client.membership();
     let hash = pagestore_protocol::ring::path_hash(path);
     let m = membership.ring().owner_of_hash(hash).unwrap();
-    node_of(c, membership.addr_of(m).unwrap())
-}
-
-/// The index of the node with a shard at `addr`.
-fn node_of(c: &Cluster, addr: std::net::SocketAddr) -> usize {
-    c.nodes
-        .iter()
-        .position(|n| {
-            n.base.ip() == addr.ip()
-                && (n.base.port()..n.base.port() + c.shards).contains(&addr.port())
-        })
-        .unwrap()
+    c.node_of(membership.addr_of(m).unwrap())
 }
 
 /// Every shard's store reads, summed over the running nodes among `which`.
