@@ -84,6 +84,22 @@ impl Default for WriteBackSettings {
     }
 }
 
+/// Parts of one file's multipart flush sent to the under storage at once.
+pub const FLUSH_PARTS: usize = 4;
+
+/// The outcome of one part's upload task.
+fn part_result(
+    r: Result<object_store::Result<()>, tokio::task::JoinError>,
+) -> Result<(), SourceError> {
+    match r {
+        Ok(r) => r.map_err(store_error),
+        Err(e) => Err(SourceError::new(
+            ErrorCode::Internal,
+            format!("a part upload task ended: {e}"),
+        )),
+    }
+}
+
 /// Why the write-back side could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteBackError {
@@ -875,21 +891,26 @@ impl WriteBackNode {
             }
         } else {
             let mut upload = table.put_multipart(path).await.map_err(store_error)?;
-            let mut parts = FuturesUnordered::new();
+            // Each part is a task of its own, so the parts in flight keep moving while the
+            // next one is read from the cluster (a part future polled only between reads
+            // would not even start its request until the fourth was read). The next part is
+            // read while the store takes the ones before it: at most `FLUSH_PARTS` + 1 parts
+            // of a file are held at once. Dropping the set on an error aborts the rest.
+            let mut parts = tokio::task::JoinSet::new();
             let mut at = 0;
             let result: Result<(), SourceError> = async {
                 while at < size {
                     let b = read(at).await?;
                     at += b.len() as u64;
-                    parts.push(upload.put_part(b.into()));
-                    while parts.len() >= 4 {
-                        if let Some(r) = parts.next().await {
-                            r.map_err(store_error)?;
+                    while parts.len() >= FLUSH_PARTS {
+                        if let Some(r) = parts.join_next().await {
+                            part_result(r)?;
                         }
                     }
+                    parts.spawn(upload.put_part(b.into()));
                 }
-                while let Some(r) = parts.next().await {
-                    r.map_err(store_error)?;
+                while let Some(r) = parts.join_next().await {
+                    part_result(r)?;
                 }
                 Ok(())
             }
