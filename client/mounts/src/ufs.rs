@@ -573,6 +573,77 @@ fn not_implemented(path: &str, operation: &str) -> UfsError {
     )
 }
 
+/// The parts of one multipart write that are in flight, each a task of its own, at most
+/// `limit` at once.
+///
+/// A part's future does nothing until it is polled (object_store's clients send the request
+/// from inside it), so parts kept in a list and awaited oldest first upload one at a time,
+/// and none moves while the writer reads its next part. Here every part runs on its own
+/// while the caller prepares the next one. Dropping the set (on an error) aborts the parts
+/// still running; the caller then aborts the upload.
+pub struct PartUploads {
+    running: tokio::task::JoinSet<object_store::Result<()>>,
+    limit: usize,
+}
+
+impl PartUploads {
+    /// An empty set that runs at most `limit` parts at once (at least 1).
+    pub fn new(limit: usize) -> PartUploads {
+        PartUploads {
+            running: tokio::task::JoinSet::new(),
+            limit: limit.max(1),
+        }
+    }
+
+    /// Parts running now.
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether no part is running.
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Starts `part` once fewer than `limit` parts are running. Must be called inside a tokio
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// The first failure among the parts that ended while waiting for room (`part` is then not
+    /// started).
+    pub async fn start(&mut self, part: object_store::UploadPart) -> object_store::Result<()> {
+        while self.running.len() >= self.limit {
+            self.next().await?;
+        }
+        self.running.spawn(part);
+        Ok(())
+    }
+
+    /// Waits for every part started.
+    ///
+    /// # Errors
+    ///
+    /// The first part failure seen (the rest keep running until the set is dropped).
+    pub async fn finish(&mut self) -> object_store::Result<()> {
+        while !self.running.is_empty() {
+            self.next().await?;
+        }
+        Ok(())
+    }
+
+    async fn next(&mut self) -> object_store::Result<()> {
+        match self.running.join_next().await {
+            None | Some(Ok(Ok(()))) => Ok(()),
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(e)) => Err(object_store::Error::Generic {
+                store: "pagestore",
+                source: format!("a part upload task ended: {e}").into(),
+            }),
+        }
+    }
+}
+
 /// The version tag of an object the store just wrote (as [`MountTable::stat`] will report it),
 /// from the store's answer to the write; `None` if the store did not say.
 pub fn written_version(r: &object_store::PutResult) -> Option<String> {

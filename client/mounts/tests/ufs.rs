@@ -491,3 +491,118 @@ fn emulated_stores_delay_writes_by_latency_and_size() {
         assert!(!d.path().join("a").exists());
     });
 }
+
+/// A part future that counts itself running until `open` is set, then answers `result`.
+fn part(
+    running: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    peak: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    open: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    result: object_store::Result<()>,
+) -> object_store::UploadPart {
+    use std::sync::atomic::Ordering;
+    let (running, peak, open) = (running.clone(), peak.clone(), open.clone());
+    Box::pin(async move {
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        peak.fetch_max(now, Ordering::SeqCst);
+        while !open.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        running.fetch_sub(1, Ordering::SeqCst);
+        result
+    })
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn part_uploads_run_on_their_own_and_at_most_limit_at_once() {
+    use pagestore_mounts::ufs::PartUploads;
+    use std::sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    };
+    use std::time::Duration;
+    multi_thread().block_on(async {
+        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let open = Arc::new(AtomicBool::new(false));
+        let mut parts = PartUploads::new(2);
+        for _ in 0..2 {
+            parts
+                .start(part(&running, &peak, &open, Ok(())))
+                .await
+                .unwrap();
+        }
+        // Both run though nobody awaits them (a list of part futures awaited oldest first
+        // would have started neither).
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while running.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("both parts started on their own");
+        // A third waits for room while both are running.
+        let third = part(&running, &peak, &open, Ok(()));
+        tokio::time::timeout(Duration::from_millis(100), parts.start(third))
+            .await
+            .expect_err("no room for a third part");
+        open.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            parts
+                .start(part(&running, &peak, &open, Ok(())))
+                .await
+                .unwrap();
+        }
+        parts.finish().await.unwrap();
+        assert!(parts.is_empty());
+        assert_eq!(running.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            peak.load(Ordering::SeqCst),
+            2,
+            "never more than the limit at once"
+        );
+    });
+}
+
+#[test]
+fn a_failed_part_is_reported_and_the_rest_aborted_when_dropped() {
+    use pagestore_mounts::ufs::PartUploads;
+    use std::sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    };
+    use std::time::Duration;
+    multi_thread().block_on(async {
+        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let open = Arc::new(AtomicBool::new(false));
+        let mut parts = PartUploads::new(4);
+        parts
+            .start(part(&running, &peak, &open, Ok(())))
+            .await
+            .unwrap();
+        let failing: object_store::UploadPart = Box::pin(async {
+            Err(object_store::Error::Generic {
+                store: "test",
+                source: "the store said no".into(),
+            })
+        });
+        parts.start(failing).await.unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(5), parts.finish())
+            .await
+            .expect("the failure comes back while the other part still runs")
+            .unwrap_err();
+        assert!(e.to_string().contains("the store said no"), "{e}");
+        assert_eq!(parts.len(), 1, "the other part is still running");
+        drop(parts);
+        // Had the dropped set left its part running, it would now end and count itself out.
+        open.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(running.load(Ordering::SeqCst), 1, "the part was aborted");
+    });
+}

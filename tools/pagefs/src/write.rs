@@ -30,7 +30,7 @@ use std::{
 use bytes::Bytes;
 use fuser::Errno;
 use pagestore_client::{
-    ufs::ObjectInfo,
+    ufs::{ObjectInfo, PartUploads},
     writer::{WriteOptions, KEEPALIVE},
     Client, Error, Writer,
 };
@@ -532,25 +532,20 @@ pub(crate) async fn upload(
     let ufs = client.writable()?;
     let old = ufs.stat(path).await.ok().map(|i| i.file_id);
     let mut up = ufs.put_multipart(path).await?;
-    let mut inflight = std::collections::VecDeque::new();
+    // Two parts upload at once, each on its own, while the next is read from the staging file.
+    let mut inflight = PartUploads::new(2);
     let mut at = 0;
     let sent: Result<(), Error> = async {
         while at < size {
             let n = PART.min(size - at);
-            inflight.push_back(up.put_part(part(at, n)?.into()));
+            let p = up.put_part(part(at, n)?.into());
+            inflight.start(p).await.map_err(|e| store_error(path, e))?;
             at += n;
-            if inflight.len() >= 2 {
-                if let Some(p) = inflight.pop_front() {
-                    p.await.map_err(|e| store_error(path, e))?;
-                }
-            }
         }
-        while let Some(p) = inflight.pop_front() {
-            p.await.map_err(|e| store_error(path, e))?;
-        }
-        Ok(())
+        inflight.finish().await.map_err(|e| store_error(path, e))
     }
     .await;
+    drop(inflight);
     if let Err(e) = sent {
         if let Err(a) = up.abort().await {
             warn!("{path}: aborting the failed upload: {a}");

@@ -15,7 +15,7 @@ use std::{
 
 use bytes::BytesMut;
 use object_store::{Attributes, PutMode};
-use pagestore_client::ufs::written_version;
+use pagestore_client::ufs::{written_version, PartUploads};
 use s3s::{
     crypto::{Checksum as _, Md5},
     dto::{
@@ -348,7 +348,8 @@ async fn send_parts(
         .await
         .map_err(store_error)?;
     let result: S3Result<Option<String>> = async {
-        let mut pending = Vec::new();
+        // Two parts upload at once, each on its own, while the next is read.
+        let mut pending = PartUploads::new(2);
         let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
         let mut sent_any = false;
         for f in files {
@@ -368,20 +369,21 @@ async fn send_parts(
                 }
                 if buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
-                    pending.push(upload.put_part(part.into()));
+                    pending
+                        .start(upload.put_part(part.into()))
+                        .await
+                        .map_err(|e| upload_error(path, e))?;
                     sent_any = true;
-                    if pending.len() >= 2 {
-                        pending.remove(0).await.map_err(|e| upload_error(path, e))?;
-                    }
                 }
             }
         }
         if !buf.is_empty() || !sent_any {
-            pending.push(upload.put_part(buf.split().freeze().into()));
+            pending
+                .start(upload.put_part(buf.split().freeze().into()))
+                .await
+                .map_err(|e| upload_error(path, e))?;
         }
-        for p in pending {
-            p.await.map_err(|e| upload_error(path, e))?;
-        }
+        pending.finish().await.map_err(|e| upload_error(path, e))?;
         let done = upload.complete().await.map_err(|e| upload_error(path, e))?;
         Ok(written_version(&done))
     }

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use hyper::HeaderMap;
 use object_store::{Attributes, PutMode};
 use pagestore_client::{
-    ufs::{written_version, ObjectInfo, PutOutcome, UfsError},
+    ufs::{written_version, ObjectInfo, PartUploads, PutOutcome, UfsError},
     Client, Error as ClientError,
 };
 use pagestore_protocol::frame::PathKind;
@@ -350,7 +350,8 @@ impl Gateway {
         };
         let mut buf = BytesMut::new();
         let mut upload = None;
-        let mut pending = Vec::new();
+        // Two parts upload at once, each on its own, while the body's next part arrives.
+        let mut pending = PartUploads::new(2);
         // The MD5 of the body and the version the write gave the object.
         let result: Result<(String, Option<String>), S3Error> = async {
             while let Some(chunk) = body.next().await? {
@@ -366,10 +367,10 @@ impl Gateway {
                         );
                     }
                     if let Some(u) = upload.as_mut() {
-                        pending.push(u.put_part(part.into()));
-                    }
-                    if pending.len() >= 2 {
-                        pending.remove(0).await.map_err(|e| upload_error(path, e))?;
+                        pending
+                            .start(u.put_part(part.into()))
+                            .await
+                            .map_err(|e| upload_error(path, e))?;
                     }
                 }
             }
@@ -389,11 +390,12 @@ impl Gateway {
                 },
                 Some(u) => {
                     if !buf.is_empty() {
-                        pending.push(u.put_part(buf.split().freeze().into()));
+                        pending
+                            .start(u.put_part(buf.split().freeze().into()))
+                            .await
+                            .map_err(|e| upload_error(path, e))?;
                     }
-                    for p in pending.drain(..) {
-                        p.await.map_err(|e| upload_error(path, e))?;
-                    }
+                    pending.finish().await.map_err(|e| upload_error(path, e))?;
                     let done = u.complete().await.map_err(|e| upload_error(path, e))?;
                     written_version(&done)
                 }
@@ -404,7 +406,7 @@ impl Gateway {
         let (md5, version) = match result {
             Ok(v) => v,
             Err(e) => {
-                pending.clear();
+                drop(pending);
                 if let Some(mut u) = upload {
                     let _ = u.abort().await;
                 }

@@ -29,7 +29,7 @@ use std::{
 use bytes::Bytes;
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use pagestore_client::{ufs::ObjectInfo, Client};
-use pagestore_mounts::ufs::{PutOutcome, UfsError, UfsSource};
+use pagestore_mounts::ufs::{PartUploads, PutOutcome, UfsError, UfsSource};
 use pagestore_protocol::{
     frame::{
         encode_file_records, ChangeOp, ErrorCode, FileId, FileRecord, FileState, PageAction,
@@ -86,19 +86,6 @@ impl Default for WriteBackSettings {
 
 /// Parts of one file's multipart flush sent to the under storage at once.
 pub const FLUSH_PARTS: usize = 4;
-
-/// The outcome of one part's upload task.
-fn part_result(
-    r: Result<object_store::Result<()>, tokio::task::JoinError>,
-) -> Result<(), SourceError> {
-    match r {
-        Ok(r) => r.map_err(store_error),
-        Err(e) => Err(SourceError::new(
-            ErrorCode::Internal,
-            format!("a part upload task ended: {e}"),
-        )),
-    }
-}
 
 /// Why the write-back side could not start.
 #[derive(Debug, thiserror::Error)]
@@ -891,28 +878,21 @@ impl WriteBackNode {
             }
         } else {
             let mut upload = table.put_multipart(path).await.map_err(store_error)?;
-            // Each part is a task of its own, so the parts in flight keep moving while the
-            // next one is read from the cluster (a part future polled only between reads
-            // would not even start its request until the fourth was read). The next part is
-            // read while the store takes the ones before it: at most `FLUSH_PARTS` + 1 parts
-            // of a file are held at once. Dropping the set on an error aborts the rest.
-            let mut parts = tokio::task::JoinSet::new();
+            // Each part runs on its own (`PartUploads`): the next part is read from the cluster
+            // while the store takes the ones before it, so at most `FLUSH_PARTS` + 1 parts of a
+            // file are held at once. Dropping the set on an error aborts the rest.
+            let mut parts = PartUploads::new(FLUSH_PARTS);
             let mut at = 0;
             let result: Result<(), SourceError> = async {
                 while at < size {
                     let b = read(at).await?;
                     at += b.len() as u64;
-                    while parts.len() >= FLUSH_PARTS {
-                        if let Some(r) = parts.join_next().await {
-                            part_result(r)?;
-                        }
-                    }
-                    parts.spawn(upload.put_part(b.into()));
+                    parts
+                        .start(upload.put_part(b.into()))
+                        .await
+                        .map_err(store_error)?;
                 }
-                while let Some(r) = parts.join_next().await {
-                    part_result(r)?;
-                }
-                Ok(())
+                parts.finish().await.map_err(store_error)
             }
             .await;
             drop(parts);
