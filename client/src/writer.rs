@@ -431,6 +431,19 @@ impl Client {
     }
 }
 
+/// Writes `src` into the page buffer `buf` at `at`: the bytes it holds are overwritten, the rest
+/// appended (only a gap before `at` is zero-filled, never bytes about to be written).
+fn put_at(buf: &mut BytesMut, at: usize, src: &[u8]) {
+    if buf.len() <= at {
+        buf.resize(at, 0);
+        buf.extend_from_slice(src);
+    } else {
+        let over = (buf.len() - at).min(src.len());
+        buf[at..at + over].copy_from_slice(&src[..over]);
+        buf.extend_from_slice(&src[over..]);
+    }
+}
+
 fn now_ns() -> i64 {
     (unix_ms() as i64).saturating_mul(1_000_000)
 }
@@ -486,10 +499,7 @@ impl Writer {
             let in_page = (at % ps) as usize;
             let n = (ps as usize - in_page).min(data.len() - done);
             let mut buf = self.take_page(page).await?;
-            if buf.len() < in_page + n {
-                buf.resize(in_page + n, 0);
-            }
-            buf[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            put_at(&mut buf, in_page, &data[done..done + n]);
             let full = buf.len() as u64 == ps;
             self.open.insert(page, buf);
             done += n;
@@ -700,4 +710,34 @@ impl Writer {
 async fn join(task: PageSend) -> Result<u32, Error> {
     task.await
         .map_err(|e| Error::unavailable_from("a page send stopped", e))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `put_at` against a plain model: a vector grown with zeros, then overwritten.
+    #[test]
+    fn put_at_writes_like_a_zero_filled_overwrite() {
+        let cases: &[(&[u8], usize, &[u8])] = &[
+            (b"", 0, b"abc"),
+            (b"", 3, b"abc"),
+            (b"xy", 2, b"abc"),
+            (b"xyz", 1, b"ab"),
+            (b"xyz", 1, b"abcd"),
+            (b"xyz", 0, b""),
+            (b"xyz", 5, b""),
+            (b"xyzw", 1, b"a"),
+        ];
+        for &(start, at, src) in cases {
+            let mut model = start.to_vec();
+            if model.len() < at + src.len() {
+                model.resize(at + src.len(), 0);
+            }
+            model[at..at + src.len()].copy_from_slice(src);
+            let mut buf = BytesMut::from(start);
+            put_at(&mut buf, at, src);
+            assert_eq!(&buf[..], &model[..], "{start:?} at {at} with {src:?}");
+        }
+    }
 }
