@@ -133,6 +133,10 @@ impl Gateway {
     /// The attributes kept with the object `info` (none where the gateway has no mount table
     /// or the store keeps none, or the lookup fails: a read is not refused for them).
     pub(super) async fn attributes_of(&self, info: &ObjectInfo) -> Attributes {
+        // A directory marker (see `Markers`) has none: the store has no such object.
+        if info.path.ends_with('/') {
+            return Attributes::new();
+        }
         if let Some(a) = self.attr_cache.get(&info.path, &info.version) {
             return a;
         }

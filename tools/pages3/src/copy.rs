@@ -14,9 +14,10 @@ use s3s::{
 
 use super::{
     attrs::Asked,
-    checks::Digests,
+    checks::{self, Digests},
     cond::{check_copy_source, ReadConditions, WriteCondition},
     errors::{invalid, store_error},
+    keys::{key_path, KeyPath},
     multipart::check_part_number,
     read::object_blob,
     write::BodyReader,
@@ -66,20 +67,39 @@ pub(super) async fn copy_object(
     req: S3Request<CopyObjectInput>,
 ) -> S3Result<S3Response<CopyObjectOutput>> {
     let input = req.input;
+    let conds = ReadConditions {
+        if_match: input.copy_source_if_match.as_ref(),
+        if_none_match: input.copy_source_if_none_match.as_ref(),
+        if_modified_since: input.copy_source_if_modified_since.as_ref(),
+        if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+    };
+    // A directory marker copied (s3fs-fuse renames a directory, or changes its mode, that
+    // way): the destination marker is remembered, as a PutObject of it would be.
+    if let KeyPath::Marker(dir) = key_path(&input.bucket, &input.key)? {
+        checks::check_written_key_len(&input.key)?;
+        gw.may_write(&dir)?;
+        gw.require_bucket(&input.bucket).await?;
+        let info = gw.copy_source(&input.copy_source, &conds).await?;
+        if info.size != 0 {
+            return Err(invalid(format!(
+                "{:?}: a key ending in / is a directory marker and takes only an empty object",
+                input.key
+            )));
+        }
+        gw.remember_marker(&dir)?;
+        return Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(ETag::Strong(super::write::EMPTY_MD5.into())),
+                last_modified: Some(Timestamp::from(std::time::SystemTime::now())),
+                ..CopyObjectResult::default()
+            }),
+            ..CopyObjectOutput::default()
+        }));
+    }
     let dst = gw.write_path(&input.bucket, &input.key)?;
     gw.may_write(&dst)?;
     gw.require_bucket(&input.bucket).await?;
-    let info = gw
-        .copy_source(
-            &input.copy_source,
-            &ReadConditions {
-                if_match: input.copy_source_if_match.as_ref(),
-                if_none_match: input.copy_source_if_none_match.as_ref(),
-                if_modified_since: input.copy_source_if_modified_since.as_ref(),
-                if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-            },
-        )
-        .await?;
+    let info = gw.copy_source(&input.copy_source, &conds).await?;
     let result = |info: &ObjectInfo| {
         S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {

@@ -47,8 +47,10 @@ pub(super) fn segment_is_safe(seg: &[u8]) -> bool {
 pub(super) enum KeyPath {
     /// An object: its logical path.
     Object(String),
-    /// A key ending in `/` (a "directory marker"): no object in pagestore.
-    Marker,
+    /// A key ending in `/` (a "directory marker"): the logical path of its directory (no
+    /// trailing `/`). No object in pagestore; the gateway remembers markers put (see
+    /// [`crate::Markers`]).
+    Marker(String),
 }
 
 /// The logical path of `key` in `bucket`, or the reason it is refused.
@@ -74,7 +76,7 @@ pub(super) fn key_path(bucket: &str, key: &str) -> S3Result<KeyPath> {
         )));
     }
     if marker {
-        return Ok(KeyPath::Marker);
+        return Ok(KeyPath::Marker(format!("/{bucket}/{body}")));
     }
     Ok(KeyPath::Object(format!("/{bucket}/{key}")))
 }

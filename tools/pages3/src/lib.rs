@@ -49,7 +49,7 @@ use std::{
 
 use hyper::{body::Incoming, http::Extensions, HeaderMap, Method, Uri};
 use pagestore_client::{ufs::ObjectInfo, Client, Error as ClientError};
-use pagestore_protocol::frame::PathKind;
+use pagestore_protocol::frame::{FileState, PathKind};
 use s3s::{
     access::{S3Access, S3AccessContext},
     auth::{S3Auth, SecretKey},
@@ -135,6 +135,7 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
         uploads,
         aliases: Arc::new(Aliases::default()),
         attr_cache: Arc::new(attrs::AttrCache::default()),
+        markers: Arc::new(Markers::default()),
     };
     let policy = Policy {
         anonymous: options.anonymous,
@@ -454,6 +455,61 @@ fn valid_bucket(name: &str) -> bool {
 // ---------------------------------------------------------------------------------------------
 // The gateway
 
+/// Directory markers (zero-byte objects whose keys end in `/`, which S3 file-system clients
+/// such as s3fs-fuse's `mkdir` and pyarrow's `create_dir` put) put through this gateway: a
+/// file system store has no empty objects named `dir/`, and pagestore stores none, so the
+/// gateway remembers them instead, in memory, until they are deleted (or the gateway
+/// restarts). A remembered marker answers HEAD and GET (0 bytes) and appears in delimited
+/// listings of its parent as a common prefix, as it would on S3, so that a directory made
+/// empty is there until it is removed. At most [`MAX_MARKERS`] are kept.
+#[derive(Default)]
+struct Markers {
+    /// Logical directory path (`/bucket/a/b`) -> when the marker was put (ns since the epoch).
+    made: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
+}
+
+/// The most directory markers one gateway remembers.
+const MAX_MARKERS: usize = 10_000;
+
+impl Markers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, i64>> {
+        self.made.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers the marker of directory `dir`; false if there is no room for another.
+    fn put(&self, dir: &str, now_ns: i64) -> bool {
+        let mut m = self.lock();
+        if m.len() >= MAX_MARKERS && !m.contains_key(dir) {
+            return false;
+        }
+        m.insert(dir.to_string(), now_ns);
+        true
+    }
+
+    /// When the marker of `dir` was put, if it was.
+    fn get(&self, dir: &str) -> Option<i64> {
+        self.lock().get(dir).copied()
+    }
+
+    fn remove(&self, dir: &str) {
+        self.lock().remove(dir);
+    }
+
+    /// The names of the remembered directories directly inside `parent` (`/bucket` or
+    /// `/bucket/a`).
+    fn children(&self, parent: &str) -> Vec<String> {
+        let from = format!("{parent}/");
+        self.lock()
+            .range(from.clone()..)
+            .take_while(|(k, _)| k.starts_with(&from))
+            .filter_map(|(k, _)| {
+                let rest = &k[from.len()..];
+                (!rest.contains('/')).then(|| rest.to_string())
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone)]
 struct Gateway {
     client: Arc<Client>,
@@ -466,6 +522,8 @@ struct Gateway {
     aliases: Arc<Aliases>,
     /// Attributes (Content-Type, user metadata...) of object versions read lately.
     attr_cache: Arc<attrs::AttrCache>,
+    /// Directory markers put through this gateway.
+    markers: Arc<Markers>,
 }
 
 impl Gateway {
@@ -551,11 +609,23 @@ impl Gateway {
     async fn stat_object(&self, bucket: &str, key: &str) -> S3Result<ObjectInfo> {
         let path = match key_path(bucket, key)? {
             KeyPath::Object(p) => p,
-            KeyPath::Marker => {
+            KeyPath::Marker(dir) => {
                 self.require_bucket(bucket).await?;
+                // A marker put through this gateway reads as the empty object it was.
+                if let Some(mtime_ns) = self.markers.get(&dir) {
+                    return Ok(ObjectInfo {
+                        path: format!("{dir}/"),
+                        size: 0,
+                        version: write::EMPTY_MD5.to_string(),
+                        file_id: 0,
+                        mtime_ns,
+                        state: FileState::Stored,
+                        store_tag: String::new(),
+                    });
+                }
                 return Err(S3Error::with_message(
                     S3ErrorCode::NoSuchKey,
-                    format!("{key}: keys ending in / name no object here"),
+                    format!("{key}: no directory marker was put here"),
                 ));
             }
         };

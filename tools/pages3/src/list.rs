@@ -138,11 +138,29 @@ impl Gateway {
         } else {
             Some(format!("/{}/{dir_rel}", a.bucket))
         };
-        let top = match (&root, impossible) {
+        let parent = root.clone().unwrap_or_else(|| format!("/{}", a.bucket));
+        let mut top = match (&root, impossible) {
             (_, true) => None,
-            (None, false) => self.entries(&format!("/{}", a.bucket)).await?,
+            (None, false) => self.entries(&parent).await?,
             (Some(d), false) => self.entries(d).await?,
         };
+        // Directories made by a marker put here (`Markers`) are listed while they are
+        // remembered, empty or not.
+        let made = if impossible {
+            Vec::new()
+        } else {
+            self.markers.children(&parent)
+        };
+        if !made.is_empty() {
+            top.get_or_insert_with(Vec::new)
+                .extend(made.into_iter().map(|name| DirEntry {
+                    name,
+                    is_dir: true,
+                    size: 0,
+                    version_tag: String::new(),
+                    mtime_ns: 0,
+                }));
+        }
         let mut page = Page {
             items: Vec::new(),
             truncated: false,

@@ -18,7 +18,10 @@ fn keys_map_to_paths_and_traversal_is_refused() {
         key_path("data", "a/b.bin").unwrap(),
         KeyPath::Object("/data/a/b.bin".into())
     );
-    assert_eq!(key_path("data", "a/").unwrap(), KeyPath::Marker);
+    assert_eq!(
+        key_path("data", "a/").unwrap(),
+        KeyPath::Marker("/data/a".into())
+    );
     assert_eq!(
         key_path("data", "100%.txt").unwrap(),
         KeyPath::Object("/data/100%.txt".into())
@@ -110,4 +113,22 @@ fn part_numbers_go_from_1_to_10000() {
         assert_eq!(*e.code(), S3ErrorCode::InvalidArgument, "{n}");
         assert!(e.message().unwrap_or("").contains(&n.to_string()), "{n}");
     }
+}
+
+#[test]
+fn markers_are_remembered_listed_under_their_parent_and_forgotten() {
+    let m = super::Markers::default();
+    assert!(m.put("/data/a", 1));
+    assert!(m.put("/data/a/b", 2));
+    assert!(m.put("/data/ab", 3));
+    assert!(m.put("/other/a", 4));
+    assert_eq!(m.get("/data/a"), Some(1));
+    assert_eq!(m.get("/data/a/"), None);
+    assert_eq!(m.children("/data"), vec!["a".to_string(), "ab".to_string()]);
+    assert_eq!(m.children("/data/a"), vec!["b".to_string()]);
+    assert!(m.children("/data/a/b").is_empty());
+    m.remove("/data/a");
+    assert_eq!(m.get("/data/a"), None);
+    assert_eq!(m.children("/data"), vec!["ab".to_string()]);
+    assert_eq!(m.children("/data/a"), vec!["b".to_string()]);
 }

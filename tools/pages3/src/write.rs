@@ -36,18 +36,17 @@ use super::{
 /// The ETag of an empty body (what S3 answers for a zero-byte directory marker).
 pub(super) const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
-/// PutObject: a key ending in `/` with an empty body is a directory marker, accepted and not
-/// stored (directories exist while they hold objects); other keys are written through
-/// [`Gateway::write_object`] under the request's condition.
+/// PutObject: a key ending in `/` with an empty body is a directory marker, remembered by the
+/// gateway (`Markers`), not stored (the store's directories exist while they hold objects);
+/// other keys are written through [`Gateway::write_object`] under the request's condition.
 pub(super) async fn put_object(
     gw: &Gateway,
     req: S3Request<PutObjectInput>,
 ) -> S3Result<S3Response<PutObjectOutput>> {
     let input = req.input;
     let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
-    if key_path(&input.bucket, &input.key)? == KeyPath::Marker {
+    if let KeyPath::Marker(dir) = key_path(&input.bucket, &input.key)? {
         checks::check_written_key_len(&input.key)?;
-        let dir = format!("/{}/{}", input.bucket, input.key.trim_end_matches('/'));
         gw.may_write(&dir)?;
         gw.require_bucket(&input.bucket).await?;
         let mut body = BodyReader::new(input.body, &req.headers);
@@ -71,6 +70,9 @@ pub(super) async fn put_object(
                     )))
                 }
             }
+        }
+        if refused.is_none() {
+            refused = gw.remember_marker(&dir).err();
         }
         if let Some(e) = refused {
             body.drain().await;
@@ -120,12 +122,19 @@ pub(super) async fn delete_object(
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let input = &req.input;
     let path = key_path(&input.bucket, &input.key)?;
-    if let KeyPath::Object(p) = &path {
-        gw.may_write(p)?;
+    match &path {
+        KeyPath::Object(p) | KeyPath::Marker(p) => gw.may_write(p)?,
     }
     gw.require_bucket(&input.bucket).await?;
     gw.delete_key(path, input.if_match.as_ref()).await?;
     Ok(S3Response::new(DeleteObjectOutput::default()))
+}
+
+/// Now, in nanoseconds since the Unix epoch.
+fn unix_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 /// Buffer size for PutObject bodies: smaller bodies are written in one request, larger ones
@@ -141,6 +150,20 @@ impl Gateway {
             return Ok(());
         }
         self.writable().map(|_| ())
+    }
+
+    /// Remembers the directory marker of `dir` (see `Markers`).
+    pub(super) fn remember_marker(&self, dir: &str) -> S3Result<()> {
+        if self.markers.put(dir, unix_ns()) {
+            return Ok(());
+        }
+        Err(S3Error::with_message(
+            S3ErrorCode::ServiceUnavailable,
+            format!(
+                "this gateway remembers {} directory markers already; delete some",
+                super::MAX_MARKERS
+            ),
+        ))
     }
 
     /// Whether `path`'s mount takes writes through the cluster.
@@ -169,7 +192,7 @@ impl Gateway {
         checks::check_written_key_len(key)?;
         match path {
             KeyPath::Object(p) => Ok(p),
-            KeyPath::Marker => Err(invalid(format!(
+            KeyPath::Marker(_) => Err(invalid(format!(
                 "{key:?}: pagestore has no directory markers; directories exist while they hold \
                  objects"
             ))),
@@ -196,8 +219,11 @@ impl Gateway {
             _ => Some(self.writable()?),
         };
         let path = match (path, cond) {
-            (KeyPath::Marker, None) => return Ok(()),
-            (KeyPath::Marker, Some(_)) => {
+            (KeyPath::Marker(dir), None) => {
+                self.markers.remove(&dir);
+                return Ok(());
+            }
+            (KeyPath::Marker(_), Some(_)) => {
                 return Err(S3Error::with_message(
                     S3ErrorCode::NoSuchKey,
                     "If-Match: keys ending in / name no object here",

@@ -505,11 +505,30 @@ check(hashlib.sha256(s3.get_object(Bucket="data", Key="fresh/dir/big.bin")["Body
 check(local("fresh/dir/big.bin") == big)
 r = s3.list_objects_v2(Bucket="data", Prefix="fresh/")
 check([o["Key"] for o in r["Contents"]] == ["fresh/dir/big.bin"], r.get("Contents"))
-# A zero-byte directory marker is accepted and not stored (directories exist while they hold
-# objects); one with bytes is refused.
+# A zero-byte directory marker is accepted and remembered by the gateway, not stored (the
+# store's directories exist while they hold objects): it reads as an empty object and lists as
+# a common prefix of its parent until it is deleted (s3fs-fuse's mkdir, pyarrow's create_dir);
+# one with bytes is refused.
+check(err(lambda: s3.head_object(Bucket="data", Key="fresh/marker/"))[0] == 404)
 check(status(s3.put_object(Bucket="data", Key="fresh/marker/", Body=b"")) == 200)
 check(not os.path.exists(os.path.join(DATA, "fresh/marker")))
+h = s3.head_object(Bucket="data", Key="fresh/marker/")
+check(h["ContentLength"] == 0 and h["ETag"] == '"d41d8cd98f00b204e9800998ecf8427e"', h)
+check(s3.get_object(Bucket="data", Key="fresh/marker/")["Body"].read() == b"")
+check(err(lambda: s3.head_object(Bucket="data", Key="fresh/marker"))[0] == 404, "no object without the /")
+r = s3.list_objects_v2(Bucket="data", Prefix="fresh/", Delimiter="/")
+check([p["Prefix"] for p in r.get("CommonPrefixes", [])] == ["fresh/dir/", "fresh/marker/"], r)
+check([o["Key"] for o in s3.list_objects_v2(Bucket="data", Prefix="fresh/")["Contents"]]
+      == ["fresh/dir/big.bin"], "a marker is no key of a recursive listing")
+check(status(s3.put_object(Bucket="data", Key="fresh/marker/in/", Body=b"")) == 200)
+r = s3.list_objects_v2(Bucket="data", Prefix="fresh/marker/", Delimiter="/")
+check([p["Prefix"] for p in r.get("CommonPrefixes", [])] == ["fresh/marker/in/"], r)
 check(err(lambda: s3.put_object(Bucket="data", Key="fresh/marker/", Body=b"x")) == (400, "InvalidArgument"))
+s3.delete_object(Bucket="data", Key="fresh/marker/in/")
+s3.delete_object(Bucket="data", Key="fresh/marker/")
+check(err(lambda: s3.head_object(Bucket="data", Key="fresh/marker/"))[0] == 404, "deleted")
+r = s3.list_objects_v2(Bucket="data", Prefix="fresh/", Delimiter="/")
+check([p["Prefix"] for p in r.get("CommonPrefixes", [])] == ["fresh/dir/"], r)
 
 # --- multipart: three parts, at least 5 MiB except the last
 key = "mp/obj.bin"
@@ -1815,4 +1834,149 @@ fn md5_of(b: &[u8]) -> u128 {
     let mut h = Md5::new();
     h.update(b);
     u128::from_be_bytes(h.finalize().as_ref().try_into().unwrap())
+}
+
+/// An s3fs-fuse mount of a bucket; unmounted and stopped when dropped.
+struct S3fsMount {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for S3fsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.dir)
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mounted(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap()))
+}
+
+/// s3fs-fuse (a FUSE file system over any S3 endpoint) on a pages3 bucket: reads, and the
+/// writes coreutils make (mkdir, cp -r, mv, rm, rmdir), each checked against the store.
+#[test]
+fn s3fs_fuse_mounts_a_bucket_and_works_like_a_disk() {
+    let s3fs = Command::new("s3fs").arg("--version").output();
+    assert!(
+        s3fs.is_ok_and(|o| o.status.success()),
+        "s3fs-fuse is not installed (apt-get install s3fs)"
+    );
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("sub")).unwrap();
+    std::fs::write(data.join("sub/a.bin"), bytes(7, 3 * MIB + 5)).unwrap();
+    std::fs::write(data.join("top.txt"), b"top\n").unwrap();
+    let mount = format!("/data=file://{}", data.display());
+    s.mounts = vec![mount.clone()];
+    let c = Cluster::start(dir, s);
+    let gw = Gateway::start(
+        &c,
+        "gw",
+        &[
+            "--access-key",
+            KEY,
+            "--secret-key",
+            SECRET,
+            "--mount",
+            &mount,
+        ],
+    );
+    let work = c.dir.path().join("s3fs-work");
+    let mnt = c.dir.path().join("s3fs-mnt");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let pw = work.join("passwd");
+    std::fs::write(&pw, format!("{KEY}:{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&pw, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let log = work.join("s3fs.log");
+    let child = Command::new("s3fs")
+        .arg("data")
+        .arg(&mnt)
+        .arg("-f")
+        .args(["-o", &format!("passwd_file={}", pw.display())])
+        .args(["-o", &format!("url={}", gw.endpoint)])
+        .args(["-o", "use_path_request_style", "-o", "dbglevel=warn"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let fuse = S3fsMount {
+        child,
+        dir: mnt.clone(),
+    };
+    assert!(
+        wait_for(Duration::from_secs(15), || mounted(&mnt)),
+        "s3fs did not mount; its log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let script = r#"
+set -eux
+cmp "$M/sub/a.bin" "$D/sub/a.bin"
+test "$(cat "$M/top.txt")" = top
+ls "$M" | grep -qx sub
+# mkdir: the marker it puts makes the directory there at once, empty.
+mkdir "$M/newdir"
+test -d "$M/newdir"
+ls "$M" | grep -qx newdir
+head -c 5000123 /dev/urandom > "$W/src.bin"
+cp "$W/src.bin" "$M/newdir/f.bin"
+cmp "$M/newdir/f.bin" "$W/src.bin"
+cmp "$D/newdir/f.bin" "$W/src.bin"
+# A tree, copied in with its directories.
+mkdir -p "$W/tree/x/y" "$W/tree/empty"
+echo one > "$W/tree/one.txt"; echo two > "$W/tree/x/two.txt"
+head -c 70000 /dev/urandom > "$W/tree/x/y/three.bin"
+cp -r "$W/tree" "$M/tree"
+diff -r "$W/tree" "$M/tree"
+cmp "$D/tree/x/y/three.bin" "$W/tree/x/y/three.bin"
+# Rename (a copy and a delete in S3), remove, remove the directories.
+mv "$M/newdir/f.bin" "$M/newdir/g.bin"
+cmp "$D/newdir/g.bin" "$W/src.bin"
+test ! -e "$D/newdir/f.bin"
+rm "$M/newdir/g.bin"
+test ! -e "$D/newdir/g.bin"
+rmdir "$M/newdir"
+test ! -e "$M/newdir"
+rmdir "$M/tree/empty"
+test ! -e "$M/tree/empty"
+rm -r "$M/tree"
+test ! -e "$D/tree/one.txt"
+# A directory renamed (its objects and its marker copied, then deleted) and chmod-ed.
+mkdir "$M/d1"
+echo x > "$M/d1/f"
+mv "$M/d1" "$M/d2"
+test "$(cat "$M/d2/f")" = x
+test "$(cat "$D/d2/f")" = x
+test ! -e "$D/d1/f"
+chmod 700 "$M/d2"
+chmod 600 "$M/d2/f"
+echo ALL OK
+"#;
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .env("M", &mnt)
+        .env("D", &data)
+        .env("W", &work)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ALL OK"),
+        "s3fs-fuse on pages3 ({:?}):\n--- stdout\n{stdout}\n--- stderr\n{}\n--- s3fs log\n{}\n--- gateway log\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        gw.log()
+    );
+    drop(fuse);
+    assert!(!mounted(&mnt), "unmounted");
 }
