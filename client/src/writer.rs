@@ -500,7 +500,11 @@ impl Writer {
             let n = (ps as usize - in_page).min(data.len() - done);
             let mut buf = self.take_page(page).await?;
             put_at(&mut buf, in_page, &data[done..done + n]);
-            let full = buf.len() as u64 == ps;
+            // A page is sent once a write fills it up to its end, as a sequential writer
+            // does. A write elsewhere in a page that is already whole (a random writer) leaves
+            // it open for the next writes: sending it at once would cost, for each small write,
+            // waiting for that send, reading the page back and sending it again.
+            let full = buf.len() as u64 == ps && (in_page + n) as u64 == ps;
             self.open.insert(page, buf);
             done += n;
             self.size = self.size.max(at + n as u64);

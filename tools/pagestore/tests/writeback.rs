@@ -168,6 +168,32 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
     w.close().await.unwrap();
     assert_eq!(read_all(&reader, path).await, model);
 
+    // Small writes scattered over pages already whole: each page is read back from its
+    // members at most once (when it is first changed after it was sent), not once per write.
+    let rpath = "/ck/rand/r.bin";
+    let mut rmodel = bytes(5, 3 * ps);
+    let mut w = writer.create(rpath, WriteOptions::default()).await.unwrap();
+    w.write_at(0, &rmodel).await.unwrap();
+    let page_reads = |c: &Client| {
+        let s = c.stats();
+        s.owner_reads + s.replica_reads
+    };
+    let before = page_reads(&writer);
+    for k in 0..60u64 {
+        // Never ending at a page's end (that would send the page, as a sequential writer's).
+        let at = ((k * 7919 * 4096 + 1000) % (3 * ps as u64 - 8192)) as usize;
+        let piece = bytes(1000 + k, 4096);
+        rmodel[at..at + 4096].copy_from_slice(&piece);
+        w.write_at(at as u64, &piece).await.unwrap();
+    }
+    let read_back = page_reads(&writer) - before;
+    assert!(
+        read_back <= 3,
+        "{read_back} page reads for 60 small writes into 3 pages"
+    );
+    w.close().await.unwrap();
+    assert_eq!(read_all(&reader, rpath).await, rmodel);
+
     // Flushed: the store holds the exact bytes; readers see the same version as before.
     synced(&reader, "/ck", Duration::from_secs(30)).await;
     assert_eq!(std::fs::read(store.join("run/model.pt")).unwrap(), model);
