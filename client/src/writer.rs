@@ -431,6 +431,16 @@ impl Client {
     }
 }
 
+/// Appends bytes `from..to` of a page whose first `held.len()` bytes are `held` (the rest
+/// reads as zeros) to `out`.
+fn copy_held(out: &mut BytesMut, held: &[u8], from: usize, to: usize) {
+    let have = held.len().min(to);
+    if from < have {
+        out.extend_from_slice(&held[from..have]);
+    }
+    out.resize(out.len() + (to - from) - have.saturating_sub(from), 0);
+}
+
 /// Writes `src` into the page buffer `buf` at `at`: the bytes it holds are overwritten, the rest
 /// appended (only a gap before `at` is zero-filled, never bytes about to be written).
 fn put_at(buf: &mut BytesMut, at: usize, src: &[u8]) {
@@ -581,6 +591,54 @@ impl Writer {
         });
         self.sending.insert(page, (len, task));
         Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of what this writer has written so far (fewer at the end of
+    /// the file): its pages in memory, else what the page's write members hold (after a send
+    /// of it in progress), zeros in holes. Nothing is sent or committed: a process that reads
+    /// the file it is writing (through pagefs) does not make it durable at every read.
+    pub async fn read_at(&mut self, offset: u64, len: u64) -> Result<Bytes, Error> {
+        self.check_open()?;
+        let end = offset.saturating_add(len).min(self.size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let ps = self.page_size;
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        let mut at = offset;
+        while at < end {
+            let page = at / ps;
+            let from = (at - page * ps) as usize;
+            let to = (end.min((page + 1) * ps) - page * ps) as usize;
+            if let Some(b) = self.open.get(&page) {
+                copy_held(&mut out, b, from, to);
+            } else {
+                self.wait_sent(page).await?;
+                match self.sent.get(&page) {
+                    Some(&held) if from < held as usize => {
+                        let n = to.min(held as usize) - from;
+                        let info = self.info((page + 1) * ps);
+                        let b = self
+                            .client
+                            .read_page(&info, page, from as u32, n as u32)
+                            .await?;
+                        if b.len() != n {
+                            return Err(Error::unavailable(format!(
+                                "{}: page {page} read back with {} bytes at {from}, {n} were \
+                                 written",
+                                self.path,
+                                b.len()
+                            )));
+                        }
+                        out.extend_from_slice(&b);
+                        out.resize(out.len() + (to - from - n), 0);
+                    }
+                    _ => out.resize(out.len() + (to - from), 0),
+                }
+            }
+            at = page * ps + to as u64;
+        }
+        Ok(out.freeze())
     }
 
     /// Cuts or extends the file to `size` bytes (an extension reads as zeros).

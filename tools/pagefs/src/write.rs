@@ -34,7 +34,6 @@ use pagestore_client::{
     writer::{WriteOptions, KEEPALIVE},
     Client, Error, Writer,
 };
-use pagestore_protocol::{frame::FileState, ring};
 use tracing::{info, warn};
 
 use crate::{errno, lock};
@@ -385,7 +384,6 @@ impl WriteFile {
         let path = self.path();
         let WriteState {
             body,
-            dirty,
             failed,
             staged_size,
             ..
@@ -395,16 +393,12 @@ impl WriteFile {
                 if let Some(e) = failed {
                     return Err(*e);
                 }
-                if *dirty {
-                    if let Err(e) = w.flush().await {
-                        let e = errno("read", &path, &e);
-                        *failed = Some(e);
-                        return Err(e);
-                    }
-                    *dirty = false;
-                }
-                let mtime_ns = lock(&self.attrs).1;
-                version_info(&path, w, mtime_ns)
+                // What this writer wrote so far, from its pages in memory or their members:
+                // nothing is committed for a read.
+                return w
+                    .read_at(offset, len)
+                    .await
+                    .map_err(|e| errno("read", &path, &e));
             }
             Body::Staged(f) => {
                 let want = staged_size.saturating_sub(offset).min(len);
@@ -426,19 +420,6 @@ impl WriteFile {
     /// Marks the file unlinked: a staged one no longer goes to the store.
     pub(crate) async fn unlinked(&self) {
         self.state.lock().await.unlinked = true;
-    }
-}
-
-/// What a reader of a cluster writer's version is given: the version at the size written.
-fn version_info(path: &str, w: &Writer, mtime_ns: i64) -> ObjectInfo {
-    ObjectInfo {
-        path: path.to_string(),
-        size: w.size(),
-        version: w.version().to_string(),
-        file_id: ring::file_id(path, w.version()),
-        mtime_ns,
-        state: FileState::Writing,
-        store_tag: String::new(),
     }
 }
 

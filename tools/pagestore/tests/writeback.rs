@@ -174,6 +174,12 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
     let mut rmodel = bytes(5, 3 * ps);
     let mut w = writer.create(rpath, WriteOptions::default()).await.unwrap();
     w.write_at(0, &rmodel).await.unwrap();
+    // What was written reads back before any commit: here from the members (the pages were
+    // sent as they filled), across page boundaries, short at the end.
+    let span = w.read_at(ps as u64 - 10, 20).await.unwrap();
+    assert_eq!(&span[..], &rmodel[ps - 10..ps + 10]);
+    let all = w.read_at(0, 4 * ps as u64).await.unwrap();
+    assert!(all[..] == rmodel[..], "read_at of the sent pages");
     let page_reads = |c: &Client| {
         let s = c.stats();
         s.owner_reads + s.replica_reads
@@ -190,6 +196,17 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
     assert!(
         read_back <= 3,
         "{read_back} page reads for 60 small writes into 3 pages"
+    );
+    // From the pages in memory now, and zeros in a hole past the old end.
+    let far = bytes(6, 100);
+    w.write_at((3 * ps + ps / 2) as u64, &far).await.unwrap();
+    rmodel.resize(3 * ps + ps / 2, 0);
+    rmodel.extend_from_slice(&far);
+    let all = w.read_at(0, 5 * ps as u64).await.unwrap();
+    assert!(all[..] == rmodel[..], "read_at of changed pages and a hole");
+    assert!(
+        matches!(reader.stat(rpath).await, Err(Error::NotFound(_))),
+        "reading what one writes commits nothing"
     );
     w.close().await.unwrap();
     assert_eq!(read_all(&reader, rpath).await, rmodel);
