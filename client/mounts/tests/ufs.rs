@@ -492,14 +492,29 @@ fn emulated_stores_delay_writes_by_latency_and_size() {
     });
 }
 
+use pagestore_mounts::ufs::PartUploads;
+use std::sync::{
+    atomic::{AtomicBool, AtomicUsize, Ordering},
+    Arc,
+};
+use std::time::Duration;
+
+/// Counters of the part futures below: how many run now, and the most that ran at once.
+fn counters() -> (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicBool>) {
+    (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    )
+}
+
 /// A part future that counts itself running until `open` is set, then answers `result`.
 fn part(
-    running: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    peak: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    open: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    running: &Arc<AtomicUsize>,
+    peak: &Arc<AtomicUsize>,
+    open: &Arc<AtomicBool>,
     result: object_store::Result<()>,
 ) -> object_store::UploadPart {
-    use std::sync::atomic::Ordering;
     let (running, peak, open) = (running.clone(), peak.clone(), open.clone());
     Box::pin(async move {
         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -522,15 +537,8 @@ fn multi_thread() -> tokio::runtime::Runtime {
 
 #[test]
 fn part_uploads_run_on_their_own_and_at_most_limit_at_once() {
-    use pagestore_mounts::ufs::PartUploads;
-    use std::sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc,
-    };
-    use std::time::Duration;
     multi_thread().block_on(async {
-        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let open = Arc::new(AtomicBool::new(false));
+        let (running, peak, open) = counters();
         let mut parts = PartUploads::new(2);
         for _ in 0..2 {
             parts
@@ -572,15 +580,8 @@ fn part_uploads_run_on_their_own_and_at_most_limit_at_once() {
 
 #[test]
 fn a_failed_part_is_reported_and_the_rest_aborted_when_dropped() {
-    use pagestore_mounts::ufs::PartUploads;
-    use std::sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc,
-    };
-    use std::time::Duration;
     multi_thread().block_on(async {
-        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let open = Arc::new(AtomicBool::new(false));
+        let (running, peak, open) = counters();
         let mut parts = PartUploads::new(4);
         parts
             .start(part(&running, &peak, &open, Ok(())))

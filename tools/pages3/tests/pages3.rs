@@ -72,6 +72,19 @@ struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway with the test credentials that writes through `mount` (`/LOGICAL=URL`).
+    fn writable(c: &Cluster, name: &str, mount: &str) -> Gateway {
+        let args = [
+            "--access-key",
+            KEY,
+            "--secret-key",
+            SECRET,
+            "--mount",
+            mount,
+        ];
+        Gateway::start(c, name, &args)
+    }
+
     fn start(c: &Cluster, name: &str, extra: &[&str]) -> Gateway {
         Gateway::start_with(c, name, extra, None)
     }
@@ -1051,18 +1064,7 @@ async fn boto3_s3fs_and_object_store_through_pages3() {
     let (c, data) = cluster_with_data();
     py.join().unwrap();
     let mount = format!("/data=file://{}", data.display());
-    let mut gw = Gateway::start(
-        &c,
-        "gw",
-        &[
-            "--access-key",
-            KEY,
-            "--secret-key",
-            SECRET,
-            "--mount",
-            &mount,
-        ],
-    );
+    let mut gw = Gateway::writable(&c, "gw", &mount);
     let anon = Gateway::start(
         &c,
         "anon",
@@ -1877,18 +1879,7 @@ fn s3fs_fuse_mounts_a_bucket_and_works_like_a_disk() {
     let mount = format!("/data=file://{}", data.display());
     s.mounts = vec![mount.clone()];
     let c = Cluster::start(dir, s);
-    let gw = Gateway::start(
-        &c,
-        "gw",
-        &[
-            "--access-key",
-            KEY,
-            "--secret-key",
-            SECRET,
-            "--mount",
-            &mount,
-        ],
-    );
+    let gw = Gateway::writable(&c, "gw", &mount);
     let work = c.dir.path().join("s3fs-work");
     let mnt = c.dir.path().join("s3fs-mnt");
     std::fs::create_dir_all(&work).unwrap();
