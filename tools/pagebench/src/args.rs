@@ -208,6 +208,9 @@ pub struct EngineOpts {
     /// Scale: the client library against one node, per shard count, instead of the engine
     #[arg(long)]
     pub client: bool,
+    /// Engine targets and raw: leave the shard threads unpinned (pagestored --no-pin)
+    #[arg(long)]
+    pub no_pin: bool,
 }
 
 #[derive(Args, Debug)]
@@ -501,6 +504,7 @@ impl Common {
         o.ufs_latency_ms = e.ufs_latency_ms;
         o.ufs_mbps = e.ufs_mbps;
         o.scale_client = e.client;
+        o.pin = !e.no_pin;
         if let Some(List(r)) = t.readers {
             o.readers = r;
             o.readers_given = true;

@@ -10,7 +10,7 @@ use pagestore_testkit::data::{Xorshift, GOLDEN};
 
 use crate::{
     fio::{FioBest, Variant},
-    Opts,
+    uring, Opts,
 };
 
 /// One workload's outcome.
@@ -77,6 +77,7 @@ pub fn engine_config(o: &Opts, pages_per_shard: u64) -> EngineConfig {
         shards: o.shards,
         queue_depth: o.qd,
         reformat: true,
+        pin_cpus: o.pin,
         ..Default::default()
     }
 }
@@ -499,7 +500,9 @@ pub fn restart_open(o: &Opts) -> Result<()> {
 
 /// `raw`: the same random reads as `read`/`read4k` (block = 4 KiB or the page size per workload),
 /// issued with glommio's `DmaFile` directly on the cache files `local` left behind, with `--qd`
-/// tasks per file on one executor per shard. The engine's overhead is its ratio to this.
+/// tasks per file on one executor per shard (`raw-*`: the engine's overhead is its ratio to
+/// this), then on an io_uring each thread drives itself, tuned and plain (`ring-*`,
+/// `ring-plain-*`, `uring.rs`: what a reactor other than glommio's would give).
 pub fn raw(o: &Opts) -> Result<()> {
     let pages = (o.size / o.shards as u64 / o.page_size as u64).max(1);
     let geo = Geometry::new(o.page_size, 4096, pages as u32);
@@ -516,52 +519,57 @@ pub fn raw(o: &Opts) -> Result<()> {
             .map(|shard| {
                 let path = pagestore_engine::shard_file(&o.dir.join("engine"), shard);
                 let (qd, secs, seed, page) = (o.qd as u64, o.seconds, o.seed, o.page_size as u64);
+                let pin = o.pin;
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-                glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(shard % cpus))
-                    .io_memory(page as usize * qd as usize)
-                    .spawn(move || async move {
-                        let f = Rc::new(
-                            glommio::io::DmaFile::open(&path)
-                                .await
-                                // glommio's errors are not Sync: anyhow cannot keep them.
-                                .map_err(|e| anyhow!("{}: {e}", path.display()))?,
-                        );
-                        let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
-                        let mut tasks = Vec::new();
-                        for t in 0..qd {
-                            let f = f.clone();
-                            tasks.push(glommio::spawn_local(async move {
-                                let mut x = seed ^ (t + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-                                let (mut ops, mut hist) = (0u64, new_hist());
-                                let per_page = page / block;
-                                while Instant::now() < deadline {
-                                    let r = rng_next(&mut x);
-                                    let pos = geo.data_off
-                                        + (r % pages) * page
-                                        + ((r >> 32) % per_page) * block;
-                                    let t0 = Instant::now();
-                                    let got = f
-                                        .read_at_aligned(pos, block as usize)
-                                        .await
-                                        .map_err(|e| anyhow!("{e}"))?;
-                                    if got.len() as u64 != block {
-                                        bail!("short read");
-                                    }
-                                    let _ = hist.record(t0.elapsed().as_nanos() as u64);
-                                    ops += 1;
+                glommio::LocalExecutorBuilder::new(if pin {
+                    glommio::Placement::Fixed(shard % cpus)
+                } else {
+                    glommio::Placement::Unbound
+                })
+                .io_memory(page as usize * qd as usize)
+                .spawn(move || async move {
+                    let f = Rc::new(
+                        glommio::io::DmaFile::open(&path)
+                            .await
+                            // glommio's errors are not Sync: anyhow cannot keep them.
+                            .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+                    );
+                    let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
+                    let mut tasks = Vec::new();
+                    for t in 0..qd {
+                        let f = f.clone();
+                        tasks.push(glommio::spawn_local(async move {
+                            let mut x = seed ^ (t + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+                            let (mut ops, mut hist) = (0u64, new_hist());
+                            let per_page = page / block;
+                            while Instant::now() < deadline {
+                                let r = rng_next(&mut x);
+                                let pos = geo.data_off
+                                    + (r % pages) * page
+                                    + ((r >> 32) % per_page) * block;
+                                let t0 = Instant::now();
+                                let got = f
+                                    .read_at_aligned(pos, block as usize)
+                                    .await
+                                    .map_err(|e| anyhow!("{e}"))?;
+                                if got.len() as u64 != block {
+                                    bail!("short read");
                                 }
-                                Ok::<_, anyhow::Error>((ops, hist))
-                            }));
-                        }
-                        let mut total = (0u64, new_hist());
-                        for t in tasks {
-                            let (ops, h) = t.await?;
-                            total.0 += ops;
-                            total.1.add(h)?;
-                        }
-                        Ok::<_, anyhow::Error>(total)
-                    })
-                    .map_err(|e| anyhow!("{e}"))
+                                let _ = hist.record(t0.elapsed().as_nanos() as u64);
+                                ops += 1;
+                            }
+                            Ok::<_, anyhow::Error>((ops, hist))
+                        }));
+                    }
+                    let mut total = (0u64, new_hist());
+                    for t in tasks {
+                        let (ops, h) = t.await?;
+                        total.0 += ops;
+                        total.1.add(h)?;
+                    }
+                    Ok::<_, anyhow::Error>(total)
+                })
+                .map_err(|e| anyhow!("{e}"))
             })
             .collect();
         let mut ops = 0;
@@ -571,7 +579,7 @@ pub fn raw(o: &Opts) -> Result<()> {
             ops += n;
             hist.add(h)?;
         }
-        let r = WorkloadResult {
+        let mut rs = vec![WorkloadResult {
             name: format!("raw-{w}"),
             bytes: ops * block,
             ops,
@@ -580,11 +588,37 @@ pub fn raw(o: &Opts) -> Result<()> {
             cpu_secs: cpu_seconds() - cpu0,
             hit_ratio: None,
             evictions: 0,
+        }];
+        // The same reads on a ring each thread drives itself, tuned and plain.
+        let files: Vec<_> = (0..o.shards)
+            .map(|s| pagestore_engine::shard_file(&o.dir.join("engine"), s))
+            .collect();
+        let area = uring::Area {
+            data_off: geo.data_off,
+            pages,
+            page: o.page_size as u64,
+            block,
         };
+        for setup in [uring::RingSetup::Tuned, uring::RingSetup::Plain] {
+            let cpu0 = cpu_seconds();
+            let start = Instant::now();
+            let (ops, hist) =
+                uring::read_random_on_threads(&files, area, o.qd, o.seconds, o.seed, setup, o.pin)?;
+            rs.push(WorkloadResult {
+                name: format!("{}-{w}", setup.name()),
+                bytes: ops * block,
+                ops,
+                secs: start.elapsed().as_secs_f64(),
+                hist,
+                cpu_secs: cpu_seconds() - cpu0,
+                hit_ratio: None,
+                evictions: 0,
+            });
+        }
         if !o.json {
-            report(o, &[r], None);
+            report(o, &rs, None);
         } else {
-            all.push(r);
+            all.extend(rs);
         }
     }
     if o.json {

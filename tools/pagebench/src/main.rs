@@ -18,6 +18,7 @@ mod net;
 mod preload;
 mod pycmp;
 mod smallfiles;
+mod uring;
 mod zipf;
 
 use std::path::PathBuf;
@@ -105,6 +106,8 @@ pub struct Opts {
     pub no_engine: bool,
     /// `scale`: sweep one node's shards through the client library instead of the engine.
     pub scale_client: bool,
+    /// Engine targets and `raw`: pin each shard's thread to a CPU (the engine's default).
+    pub pin: bool,
     /// Bytes per flat file.
     pub file_size: u64,
     /// Episode files.
@@ -183,6 +186,7 @@ impl Default for Opts {
             cold: false,
             no_engine: false,
             scale_client: false,
+            pin: true,
             file_size: 64 << 20,
             episodes: ep.count,
             episode_secs: ep.secs,

@@ -113,7 +113,18 @@ fn compare_and_raw_against_fio() {
     let mut args = vec!["raw", "--dir", dir, "--workloads", "read,read4k"];
     args.extend(SMALL);
     let out = pagebench(&args);
-    assert!(out.contains("raw-read4k"), "{out}");
+    // glommio's reads, then the same on a ring the thread drives itself, tuned and plain.
+    for row in [
+        "raw-read4k",
+        "ring-read4k",
+        "ring-plain-read4k",
+        "ring-read ",
+    ] {
+        assert!(out.contains(row), "{row}: {out}");
+    }
+    args.push("--no-pin");
+    let out = pagebench(&args);
+    assert!(out.contains("ring-plain-read"), "{out}");
 }
 
 #[test]

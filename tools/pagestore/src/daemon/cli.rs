@@ -158,7 +158,11 @@ pub struct Flags {
     /// Rebuild cache files made with other settings (drops their pages).
     #[arg(long)]
     pub reformat: bool,
-    /// Do not pin shards to CPUs.
+    /// Pin shard i to the i-th allowed CPU (when there are no more shards than CPUs): for a
+    /// machine whose cores are left to pagestored; off by default (config: pin = true).
+    #[arg(long, conflicts_with = "no_pin")]
+    pub pin: bool,
+    /// Leave the shards unpinned: the default (config: pin = false).
     #[arg(long)]
     pub no_pin: bool,
     /// A cache rule for files under PREFIX, repeatable: quota=SIZE (bytes of this node's
@@ -233,7 +237,11 @@ impl Flags {
             ufs_inflight: self.ufs_inflight,
             ufs_threads: self.ufs_threads,
             admin: self.admin,
-            pin: self.no_pin.then_some(false),
+            pin: if self.pin {
+                Some(true)
+            } else {
+                self.no_pin.then_some(false)
+            },
             rules: (!self.rules.is_empty()).then_some(self.rules),
             write_replicas: self.write_replicas,
             dirty_limit: self.dirty_limit,

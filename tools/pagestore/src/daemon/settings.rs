@@ -99,7 +99,7 @@ pub struct Settings {
     pub ufs_threads: Option<usize>,
     /// Admin HTTP endpoint (default 127.0.0.1:7399).
     pub admin: Option<AdminAddr>,
-    /// Pin shards to CPUs (default true; `--no-pin` is `false`).
+    /// Pin shards to CPUs (default false; `--pin` is `true`, `--no-pin` is `false`).
     pub pin: Option<bool>,
     /// Cache rules per logical-path prefix: the file's `[[rule]]` tables, the flags' `--rule`.
     #[serde(rename = "rule", default, deserialize_with = "rules")]
@@ -434,7 +434,7 @@ impl Settings {
             ufs_inflight: self.ufs_inflight.unwrap_or(16),
             ufs_threads: self.ufs_threads.unwrap_or(2).max(1),
             reformat: self.reformat,
-            pin: self.pin.unwrap_or(true),
+            pin: self.pin.unwrap_or(false),
             admin: match self.admin.unwrap_or(AdminAddr::At(DEFAULT_ADMIN)) {
                 AdminAddr::Off => None,
                 AdminAddr::At(a) => Some(a),

@@ -307,7 +307,7 @@ fn defaults_are_the_embedded_single_node_ones() {
     assert_eq!(r.metadata_ttl, Duration::from_secs(10));
     assert_eq!(r.lease_ttl, Duration::from_secs(10));
     assert_eq!((r.replicas, r.ufs_inflight, r.ufs_threads), (0, 16, 2));
-    assert!(r.pin && !r.reformat);
+    assert!(!r.pin && !r.reformat);
     assert_eq!(r.require_client_cert, None);
     assert!(r.members.is_none() && r.etcd.is_none() && r.tls_dir.is_none());
     assert_eq!(r.file_roots.roots(), [data.canonicalize().unwrap()]);
@@ -344,6 +344,27 @@ fn the_memory_tier_is_off_by_default_and_sized_by_flag_or_file() {
     let both = file.overridden_by(flags(&["--memory-cache=1G"]));
     assert_eq!(both.memory_cache, Some(Size(1 << 30)));
     assert!(cli(&["--memory-cache", "lots"]).is_err());
+}
+
+#[test]
+fn shards_are_unpinned_unless_pinning_is_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = |s: Settings| with_data_mount(&dir, s);
+    assert!(!base(Settings::default()).resolve().unwrap().pin);
+    assert_eq!(flags(&[]).pin, None);
+    assert_eq!(flags(&["--pin"]).pin, Some(true));
+    assert_eq!(flags(&["--no-pin"]).pin, Some(false));
+    assert!(base(flags(&["--pin"])).resolve().unwrap().pin);
+    let file = Settings::from_toml("pin = true").unwrap();
+    assert!(base(file.clone()).resolve().unwrap().pin);
+    assert!(
+        !base(file.overridden_by(flags(&["--no-pin"])))
+            .resolve()
+            .unwrap()
+            .pin
+    );
+    let e = cli(&["--pin", "--no-pin"]).unwrap_err().to_string();
+    assert!(e.contains("--pin") && e.contains("--no-pin"), "{e}");
 }
 
 #[test]
