@@ -34,6 +34,27 @@ pub struct WorkloadResult {
 }
 
 impl WorkloadResult {
+    /// `ops` reads of `block` bytes outside the engine (no hits to count, nothing evicted),
+    /// started at `start` with the process's CPU at `cpu0`.
+    fn reads(
+        name: String,
+        ops: u64,
+        block: u64,
+        start: Instant,
+        cpu0: f64,
+        hist: Histogram<u64>,
+    ) -> WorkloadResult {
+        WorkloadResult {
+            name,
+            bytes: ops * block,
+            ops,
+            secs: start.elapsed().as_secs_f64(),
+            hist,
+            cpu_secs: cpu_seconds() - cpu0,
+            hit_ratio: None,
+            evictions: 0,
+        }
+    }
     /// Bytes per second.
     pub fn bw(&self) -> f64 {
         self.bytes as f64 / self.secs
@@ -579,16 +600,14 @@ pub fn raw(o: &Opts) -> Result<()> {
             ops += n;
             hist.add(h)?;
         }
-        let mut rs = vec![WorkloadResult {
-            name: format!("raw-{w}"),
-            bytes: ops * block,
+        let mut rs = vec![WorkloadResult::reads(
+            format!("raw-{w}"),
             ops,
-            secs: start.elapsed().as_secs_f64(),
+            block,
+            start,
+            cpu0,
             hist,
-            cpu_secs: cpu_seconds() - cpu0,
-            hit_ratio: None,
-            evictions: 0,
-        }];
+        )];
         // The same reads on a ring each thread drives itself, tuned and plain.
         let files: Vec<_> = (0..o.shards)
             .map(|s| pagestore_engine::shard_file(&o.dir.join("engine"), s))
@@ -604,16 +623,8 @@ pub fn raw(o: &Opts) -> Result<()> {
             let start = Instant::now();
             let (ops, hist) =
                 uring::read_random_on_threads(&files, area, o.qd, o.seconds, o.seed, setup, o.pin)?;
-            rs.push(WorkloadResult {
-                name: format!("{}-{w}", setup.name()),
-                bytes: ops * block,
-                ops,
-                secs: start.elapsed().as_secs_f64(),
-                hist,
-                cpu_secs: cpu_seconds() - cpu0,
-                hit_ratio: None,
-                evictions: 0,
-            });
+            let name = format!("{}-{w}", setup.name());
+            rs.push(WorkloadResult::reads(name, ops, block, start, cpu0, hist));
         }
         if !o.json {
             report(o, &rs, None);
