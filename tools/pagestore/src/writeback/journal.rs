@@ -11,7 +11,9 @@
 //! One append is one entry, so the records of one change (a rename's two) come back together
 //! or not at all. A torn last entry (a crash during an append) fails its length or checksum:
 //! reading stops there and the file is cut back to the last whole entry, which loses nothing
-//! acknowledged (an append is acknowledged only after its sync). When the file has grown well past what the
+//! acknowledged (an append is acknowledged only after its sync). A damaged entry with whole
+//! entries after it is not a torn append: it is skipped (its records are lost and logged), the
+//! entries after it are kept, the file is copied aside and the journal rewritten. When the file has grown well past what the
 //! records need, [`Journal::compact`] writes the live records to a new file and renames it over
 //! the old one (sync, rename, sync of the directory), so a crash leaves one or the other whole.
 
@@ -45,7 +47,9 @@ fn bad(path: &Path, why: impl std::fmt::Display) -> io::Error {
 
 impl Journal {
     /// Opens (or creates) the journal `records.log` in `dir` and reads every whole entry.
-    /// A torn tail is cut off (and logged); a file that is not a journal is an error.
+    /// A torn tail is cut off (and logged); damaged entries with whole entries after them are
+    /// skipped, the file copied to `records.log.damaged-<unix seconds>` and rewritten (logged as
+    /// an error); a file that is not a journal is an error.
     pub fn open(dir: &Path) -> io::Result<(Journal, Vec<FileRecord>)> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("records.log");
@@ -75,8 +79,41 @@ impl Journal {
                 format!("journal version {version}; this release reads version {VERSION}"),
             ));
         }
-        let (records, whole) = read_entries(&data[HEAD as usize..]);
-        let len = HEAD + whole as u64;
+        let found = read_entries(&data[HEAD as usize..]);
+        let records = found.records;
+        if !found.damaged.is_empty() {
+            // Damage inside the file, not a torn append: whole entries follow it. The records
+            // of the damaged entries are lost; everything else is kept. The file as it was is
+            // kept beside it for the operator, and the journal is rewritten from what was read.
+            let copy = dir.join(format!(
+                "records.log.damaged-{}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+            ));
+            std::fs::write(&copy, &data)?;
+            let ranges: Vec<String> = found
+                .damaged
+                .iter()
+                .map(|(a, b)| format!("{}..{}", HEAD as usize + a, HEAD as usize + b))
+                .collect();
+            tracing::error!(
+                path = %path.display(),
+                damaged_bytes = %ranges.join(", "),
+                kept = records.len(),
+                copy = %copy.display(),
+                "write-back journal: damaged entries skipped (their records are lost); \
+                 the records around them are kept and the journal rewritten"
+            );
+            let mut j = Journal {
+                path,
+                file,
+                len: data.len() as u64,
+            };
+            j.compact(records.iter())?;
+            return Ok((j, records));
+        }
+        let len = HEAD + found.end as u64;
         if len < data.len() as u64 {
             tracing::warn!(
                 path = %path.display(),
@@ -173,29 +210,113 @@ fn encode_entry(batch: &[FileRecord], out: &mut Vec<u8>) -> Result<(), frame::Fr
     Ok(())
 }
 
-/// The whole entries at the start of `data`, and how many bytes they take.
-fn read_entries(data: &[u8]) -> (Vec<FileRecord>, usize) {
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while let Some(head) = data.get(at..at + 8) {
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        if len == 0 || len > MAX_ENTRY {
-            break;
-        }
-        let Some(body) = data.get(at + 8..at + 8 + len as usize) else {
-            break;
-        };
-        if crc32fast::hash(body) != crc {
-            break;
-        }
-        match frame::decode_file_records(body) {
-            Ok(batch) => out.extend(batch),
-            Err(_) => break,
-        }
-        at += 8 + len as usize;
+/// What [`read_entries`] found in a journal's entries.
+#[derive(Debug, Default)]
+struct Found {
+    /// The records of every whole entry, in order.
+    records: Vec<FileRecord>,
+    /// Where the last whole entry ends: what follows it is a torn tail (or nothing).
+    end: usize,
+    /// Damaged byte ranges between whole entries (not a torn tail: whole entries follow them).
+    damaged: Vec<(usize, usize)>,
+}
+
+/// Bytes of checksums a search for the next whole entry after a damaged length may compute.
+const RESYNC_BUDGET: usize = 256 << 20;
+
+/// Reads the entry at `at`: `Ok((records, next))`, or why not.
+fn entry_at(data: &[u8], at: usize) -> Result<(Vec<FileRecord>, usize), Bad> {
+    let Some(head) = data.get(at..at + 8) else {
+        return Err(Bad::Incomplete);
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if len == 0 || len > MAX_ENTRY {
+        return Err(Bad::Length);
     }
-    (out, at)
+    let next = at + 8 + len as usize;
+    let Some(body) = data.get(at + 8..next) else {
+        return Err(Bad::Incomplete);
+    };
+    if crc32fast::hash(body) != crc {
+        return Err(Bad::Body(next));
+    }
+    frame::decode_file_records(body)
+        .map(|batch| (batch, next))
+        .map_err(|_| Bad::Body(next))
+}
+
+/// Why an entry did not read.
+enum Bad {
+    /// The file ends inside its head or body: a torn tail.
+    Incomplete,
+    /// Its length is impossible, so where the next entry starts is unknown.
+    Length,
+    /// Its body fails its checksum or archive; the next entry would start at this offset.
+    Body(usize),
+}
+
+/// Reads every whole entry of `data` (the bytes after the head). An entry that fails is a torn
+/// tail when nothing whole follows it (a crash during an append: the file ends inside it, it is
+/// the last entry, or only zeros follow); otherwise it is damage, skipped and reported, and
+/// reading goes on with the next whole entry (found by its length, or searched for when the
+/// length itself is damaged).
+fn read_entries(data: &[u8]) -> Found {
+    let mut f = Found::default();
+    let mut at = 0usize;
+    while at < data.len() {
+        let skip_to = match entry_at(data, at) {
+            Ok((batch, next)) => {
+                f.records.extend(batch);
+                f.end = next;
+                at = next;
+                continue;
+            }
+            Err(Bad::Incomplete) => break,
+            Err(Bad::Body(next)) if next >= data.len() => break,
+            Err(Bad::Body(next)) => {
+                if data[next..].iter().all(|b| *b == 0) {
+                    break;
+                }
+                next
+            }
+            Err(Bad::Length) => {
+                if data[at..].iter().all(|b| *b == 0) {
+                    break;
+                }
+                match next_whole_entry(data, at + 1) {
+                    Some(p) => p,
+                    None => {
+                        // Nothing whole follows: the rest is lost either way.
+                        f.damaged.push((at, data.len()));
+                        break;
+                    }
+                }
+            }
+        };
+        f.damaged.push((at, skip_to));
+        at = skip_to;
+    }
+    f
+}
+
+/// The first offset from `from` where a whole entry starts, within [`RESYNC_BUDGET`].
+fn next_whole_entry(data: &[u8], from: usize) -> Option<usize> {
+    let mut spent = 0usize;
+    for p in from..data.len().saturating_sub(8) {
+        let len = u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]]) as usize;
+        if len == 0 || len > MAX_ENTRY as usize || p + 8 + len > data.len() {
+            continue;
+        }
+        spent += len;
+        if spent > RESYNC_BUDGET {
+            return None;
+        }
+        if entry_at(data, p).is_ok() {
+            return Some(p);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -307,6 +428,80 @@ mod tests {
         std::fs::write(dir.path().join("records.log.new"), b"half").unwrap();
         assert_eq!(Journal::open(dir.path()).unwrap().1.len(), 3);
         assert!(!dir.path().join("records.log.new").exists());
+    }
+
+    /// The journal of `n` appends of one record each, and where each entry starts.
+    fn journal_of(dir: &Path, n: u64) -> Vec<u64> {
+        let (mut j, _) = Journal::open(dir).unwrap();
+        let mut starts = Vec::new();
+        for i in 1..=n {
+            starts.push(j.len());
+            j.append(&[rec(i)]).unwrap();
+        }
+        starts
+    }
+
+    fn damaged_copies(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("records.log.damaged-"))
+            .collect()
+    }
+
+    #[test]
+    fn a_damaged_entry_in_the_middle_loses_only_its_own_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let starts = journal_of(dir.path(), 4);
+        let path = dir.path().join("records.log");
+        let mut bytes = std::fs::read(&path).unwrap();
+        // A flipped bit in the second entry's body.
+        bytes[starts[1] as usize + 20] ^= 0x08;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut j, got) = Journal::open(dir.path()).unwrap();
+        assert_eq!(got, vec![rec(1), rec(3), rec(4)]);
+        // The file as it was is kept for the operator; the journal is whole again.
+        let copies = damaged_copies(dir.path());
+        assert_eq!(copies.len(), 1, "{copies:?}");
+        assert_eq!(std::fs::read(&copies[0]).unwrap(), bytes);
+        j.append(&[rec(5)]).unwrap();
+        drop(j);
+        assert_eq!(
+            Journal::open(dir.path()).unwrap().1,
+            vec![rec(1), rec(3), rec(4), rec(5)]
+        );
+        assert_eq!(damaged_copies(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_damaged_length_in_the_middle_is_passed_by_finding_the_next_whole_entry() {
+        for len in [0u32, u32::MAX, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let starts = journal_of(dir.path(), 4);
+            let path = dir.path().join("records.log");
+            let mut bytes = std::fs::read(&path).unwrap();
+            let at = starts[1] as usize;
+            bytes[at..at + 4].copy_from_slice(&len.to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            let got = Journal::open(dir.path()).unwrap().1;
+            assert_eq!(got, vec![rec(1), rec(3), rec(4)], "length {len}");
+        }
+    }
+
+    #[test]
+    fn zeros_after_the_last_whole_entry_are_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        journal_of(dir.path(), 2);
+        let path = dir.path().join("records.log");
+        let whole = std::fs::read(&path).unwrap();
+        let mut bytes = whole.clone();
+        bytes.extend_from_slice(&[0u8; 4096]);
+        std::fs::write(&path, &bytes).unwrap();
+        let (j, got) = Journal::open(dir.path()).unwrap();
+        assert_eq!(got, vec![rec(1), rec(2)]);
+        assert_eq!(j.len(), whole.len() as u64);
+        assert_eq!(std::fs::read(&path).unwrap(), whole);
+        assert!(damaged_copies(dir.path()).is_empty());
     }
 
     #[test]
