@@ -23,7 +23,7 @@ use crate::{
     event::Event,
     format::{
         clear_header, FileIdent, Geometry, HeaderState, SlotHeader, SuperError, Superblock, BLOCK,
-        FORMAT_VERSION,
+        FLAG_DIRTY, FORMAT_VERSION,
     },
     rules::Rules,
 };
@@ -220,8 +220,28 @@ impl CacheFile {
                     tracing::warn!(path = %path.display(), %reason, "reformatting cache file");
                     need_format = true;
                 }
+                Err(SuperError::Invalid(why)) if size >= geo.file_size => {
+                    // Damage, not a setting. Clean pages are only copies, but dirty ones may be
+                    // the only copy of acknowledged writes: recover under the configured
+                    // geometry (each header names its slot and carries its checksum, and every
+                    // page read is checked), keeping dirty pages alone, as when the rule
+                    // prefixes change (an unknown fingerprint), and write a new superblock.
+                    tracing::warn!(
+                        path = %path.display(),
+                        %why,
+                        "cache file superblock damaged; rebuilding it from the configuration, \
+                         keeping dirty pages and dropping clean ones"
+                    );
+                    found = Some(Superblock {
+                        geometry: geo,
+                        ident,
+                        created_ms: now_ms(),
+                        instance: random_u128(),
+                        rules: rules.fingerprint().wrapping_add(1),
+                    });
+                }
                 Err(SuperError::Invalid(why)) => {
-                    // Damage, not a setting: the cache holds nothing we can trust. Rebuild it.
+                    // Damaged and shorter than the configured geometry: nothing to recover.
                     tracing::warn!(path = %path.display(), %why, "cache file damaged; reformatting");
                     need_format = true;
                 }
@@ -349,29 +369,35 @@ impl CacheFile {
         let mut dirty_blocks = Vec::new();
         let rules_changed = sb.rules != fingerprint;
         let mut rule_dropped = 0u64;
+        let mut rule_cleared = 0u64;
         for slot in 0..g.nslots {
             let ho = g.header_off(slot) as usize;
             match SlotHeader::decode(slot, g.page_size, &mirror[ho..ho + 64]) {
                 HeaderState::Empty => {}
-                HeaderState::Valid(_) if rules_changed => {
-                    clear_header(&mut mirror[ho..ho + 64]);
-                    dirty_blocks.push(ho as u64 / BLOCK);
-                    rule_dropped += 1;
-                }
-                HeaderState::Valid(h) if usize::from(h.rule) > nrules => {
-                    clear_header(&mut mirror[ho..ho + 64]);
-                    dirty_blocks.push(ho as u64 / BLOCK);
-                    rule_dropped += 1;
-                }
                 HeaderState::Valid(h) => {
                     let to = g.table_off(slot) as usize;
                     let n = g.chunks_for(h.len) as usize * 4;
-                    if crc32fast::hash(&mirror[to..to + n]) == h.data_crc {
+                    let whole = crc32fast::hash(&mirror[to..to + n]) == h.data_crc;
+                    let rule_unknown = rules_changed || usize::from(h.rule) > nrules;
+                    if whole && !rule_unknown {
                         rec.pages.push((slot, h));
+                    } else if whole && h.flags & FLAG_DIRTY != 0 {
+                        // A dirty page may be the only copy of acknowledged bytes: it stays,
+                        // under no rule (a rule only sets eviction, TTL and quota, and a dirty
+                        // page is not evicted until it is flushed).
+                        let h = SlotHeader { rule: 0, ..h };
+                        h.encode(slot, &mut mirror[ho..ho + 64]);
+                        dirty_blocks.push(ho as u64 / BLOCK);
+                        rec.pages.push((slot, h));
+                        rule_cleared += 1;
                     } else {
                         clear_header(&mut mirror[ho..ho + 64]);
                         dirty_blocks.push(ho as u64 / BLOCK);
-                        rec.dropped += 1;
+                        if whole {
+                            rule_dropped += 1;
+                        } else {
+                            rec.dropped += 1;
+                        }
                     }
                 }
                 HeaderState::Invalid => {
@@ -396,6 +422,13 @@ impl CacheFile {
                  rule cannot be recomputed without their paths)"
             );
             rec.dropped += rule_dropped;
+        }
+        if rule_cleared > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                pages = rule_cleared,
+                "kept dirty pages whose rule is unknown now, under no rule"
+            );
         }
         if rules_changed {
             // The cleared headers must be on disk before the superblock says the remaining

@@ -1,7 +1,8 @@
 //! Dirty pages (write-back): never evicted, not dropped by `remove_file`, limited by the dirty
 //! limit, durable when acknowledged (a child process acknowledges dirty puts and is SIGKILLed:
 //! every acknowledged page is there after the restart, byte-exact and still dirty), and ordinary
-//! cached pages once marked clean.
+//! cached pages once marked clean. Damage that drops clean pages at start (a damaged superblock,
+//! other rule prefixes) keeps the dirty ones.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
@@ -140,6 +141,78 @@ fn dirty_flags_survive_a_restart_and_clean_ones_stay_clean() {
             assert_eq!(got.unwrap(), page_bytes(f, p, 1, 5000));
         }
     }
+}
+
+/// Three dirty pages of file 5 and three clean ones of file 6, written and shut down.
+fn dirty_and_clean(cfg: EngineConfig) {
+    let e = start(cfg);
+    for p in 0..3 {
+        put_dirty(&e, PageKey::new(5, p), page_bytes(5, p, 1, 5000), 1).unwrap();
+        block_on(e.shards()[0].put(PageKey::new(6, p), page_bytes(6, p, 1, 5000), 1)).unwrap();
+    }
+    e.shutdown().unwrap();
+}
+
+/// After a start that could not trust the clean pages: the dirty ones are all there, byte-exact
+/// and dirty; the clean ones are gone.
+fn only_the_dirty_pages_are_kept(e: &pagestore_engine::Engine, why: &str) {
+    let s = &e.shards()[0];
+    let st = block_on(s.stats()).unwrap();
+    assert_eq!((st.pages, st.dirty_pages), (3, 3), "{why}");
+    for p in 0..3 {
+        let got = block_on(s.get(PageKey::new(5, p), 0, u32::MAX)).unwrap();
+        assert_eq!(got.unwrap(), page_bytes(5, p, 1, 5000), "{why}: page {p}");
+        assert_eq!(
+            block_on(s.get(PageKey::new(6, p), 0, 16)).unwrap(),
+            None,
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn a_damaged_superblock_keeps_the_dirty_pages() {
+    let dir = tempdir();
+    dirty_and_clean(cfg(dir.path(), 16));
+    // Damage the superblock (its page size field): its checksum fails.
+    let path = pagestore_engine::shard_file(dir.path(), 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[17] ^= 0x5a;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = start(cfg(dir.path(), 16));
+    only_the_dirty_pages_are_kept(&e, "damaged superblock");
+    e.shutdown().unwrap();
+    // The superblock was rewritten: the next start finds a whole file and drops nothing.
+    let block0 = std::fs::read(&path).unwrap()[..4096].to_vec();
+    assert!(pagestore_engine::format::Superblock::decode(&block0).is_ok());
+    let e = start(cfg(dir.path(), 16));
+    let st = block_on(e.shards()[0].stats()).unwrap();
+    assert_eq!((st.recovered_pages, st.recovery_dropped), (3, 0));
+    only_the_dirty_pages_are_kept(&e, "second start");
+}
+
+#[test]
+fn other_rule_prefixes_keep_the_dirty_pages() {
+    let with_rules = |dir: &std::path::Path, prefix: &str| EngineConfig {
+        rules: std::sync::Arc::new(
+            pagestore_engine::Rules::new(vec![pagestore_engine::Rule {
+                prefix: prefix.into(),
+                quota: None,
+                ttl: Some(std::time::Duration::from_secs(3600)),
+                pin: false,
+            }])
+            .unwrap(),
+        ),
+        ..cfg(dir, 16)
+    };
+    let dir = tempdir();
+    dirty_and_clean(with_rules(dir.path(), "/a"));
+    let e = start(with_rules(dir.path(), "/b"));
+    only_the_dirty_pages_are_kept(&e, "other rule prefixes");
+    e.shutdown().unwrap();
+    let e = start(with_rules(dir.path(), "/b"));
+    assert_eq!(block_on(e.shards()[0].stats()).unwrap().recovery_dropped, 0);
+    only_the_dirty_pages_are_kept(&e, "second start");
 }
 
 const ENV: &str = "PAGESTORE_DIRTY_CHILD_DIR";
