@@ -258,6 +258,21 @@ impl CacheFile {
                                 reason: why.join("; "),
                             });
                         }
+                        // Reformatting discards copies, never the only copy of acknowledged
+                        // writes: dirty pages stop it.
+                        let dirty = cf.count_dirty(&sb, size).await?;
+                        if dirty > 0 {
+                            return Err(StartError::Incompatible {
+                                path: path.to_path_buf(),
+                                reason: format!(
+                                    "{}; and it holds {dirty} dirty page(s) (write-back data not \
+                                     in the store yet), which reformat would lose: start with \
+                                     the old settings and run `pagectl sync /` first (or delete \
+                                     the file to discard them)",
+                                    why.join("; ")
+                                ),
+                            });
+                        }
                         tracing::warn!(path = %path.display(), reason = %why.join("; "), "reformatting cache file");
                         need_format = true;
                     }
@@ -281,6 +296,43 @@ impl CacheFile {
         };
         let rec = cf.recover(sb, fingerprint, rules.len()).await?;
         Ok((cf, rec))
+    }
+
+    /// Slot headers marked dirty in a file laid out as `sb` says (of `size` bytes), read from
+    /// disk: what a reformat would lose that no store holds.
+    async fn count_dirty(&self, sb: &Superblock, size: u64) -> Result<u64> {
+        let g = sb.geometry;
+        let end = g
+            .header_off(g.nslots)
+            .next_multiple_of(BLOCK)
+            .min(size / BLOCK * BLOCK);
+        let mut dirty = 0u64;
+        let mut pos = 0u64;
+        while pos < end {
+            let len = RECOVERY_READ.min(end - pos);
+            let r = self.dev.read(pos, len as usize).await.map_err(|e| {
+                StartError::io(
+                    "reading cache metadata of",
+                    Some(self.dev.path().clone()),
+                    e,
+                )
+            })?;
+            let first = g.header_off(0).max(pos).saturating_sub(pos) as usize;
+            for ho in (first..r.len()).step_by(64) {
+                let slot = (pos + ho as u64 - g.header_off(0)) / 64;
+                let Ok(slot) = u32::try_from(slot) else { break };
+                if slot >= g.nslots || ho + 64 > r.len() {
+                    break;
+                }
+                if let HeaderState::Valid(h) =
+                    SlotHeader::decode(slot, g.page_size, &r[ho..ho + 64])
+                {
+                    dirty += u64::from(h.flags & FLAG_DIRTY != 0);
+                }
+            }
+            pos += len;
+        }
+        Ok(dirty)
     }
 
     async fn format(&mut self, ident: FileIdent, rules: u64) -> Result<()> {

@@ -215,6 +215,30 @@ fn other_rule_prefixes_keep_the_dirty_pages() {
     only_the_dirty_pages_are_kept(&e, "second start");
 }
 
+#[test]
+fn dirty_pages_stop_a_reformat_until_they_are_clean() {
+    let dir = tempdir();
+    dirty_and_clean(cfg(dir.path(), 16));
+    // Other settings (twice the slots) with reformat: refused, naming the dirty pages.
+    let other = EngineConfig {
+        reformat: true,
+        ..cfg(dir.path(), 32)
+    };
+    let e = pagestore_engine::Engine::start(other.clone())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("3 dirty page(s)"), "{e}");
+    // Nothing was lost: the old settings find every page.
+    let e = start(cfg(dir.path(), 16));
+    assert_eq!(block_on(e.shards()[0].stats()).unwrap().dirty_pages, 3);
+    // Once flushed (marked clean), the reformat goes ahead.
+    let n = block_on(e.shards()[0].run(|s| async move { s.mark_clean(5).await })).unwrap();
+    assert_eq!(n.unwrap(), 3);
+    e.shutdown().unwrap();
+    let e = start(other);
+    assert_eq!(block_on(e.shards()[0].stats()).unwrap().pages, 0);
+}
+
 const ENV: &str = "PAGESTORE_DIRTY_CHILD_DIR";
 
 /// The child: dirty puts as fast as it can, printing each acknowledged one.
