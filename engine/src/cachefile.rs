@@ -249,6 +249,19 @@ impl CacheFile {
                     let why = mismatches(&sb, geo, ident);
                     found = Some(sb);
                     if why.is_empty() && size < geo.file_size {
+                        let dirty = cf.count_dirty(&sb, size).await?;
+                        if dirty > 0 {
+                            return Err(StartError::Incompatible {
+                                path: path.to_path_buf(),
+                                reason: format!(
+                                    "the file was cut to {size} of {} bytes, and it holds {dirty} \
+                                     dirty page(s) (write-back data not in the store yet) that \
+                                     rebuilding it would lose: restore the file, or delete it \
+                                     to discard them",
+                                    geo.file_size
+                                ),
+                            });
+                        }
                         tracing::warn!(path = %path.display(), size, "cache file truncated; reformatting");
                         need_format = true;
                     } else if !why.is_empty() {

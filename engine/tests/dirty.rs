@@ -239,6 +239,23 @@ fn dirty_pages_stop_a_reformat_until_they_are_clean() {
     assert_eq!(block_on(e.shards()[0].stats()).unwrap().pages, 0);
 }
 
+#[test]
+fn a_truncated_file_with_dirty_pages_is_refused_not_rebuilt() {
+    let dir = tempdir();
+    dirty_and_clean(cfg(dir.path(), 16));
+    let path = pagestore_engine::shard_file(dir.path(), 0);
+    let full = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(full - 4096).unwrap();
+    drop(f);
+    let e = pagestore_engine::Engine::start(cfg(dir.path(), 16))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("3 dirty page(s)"), "{e}");
+    // Left as it was for the operator.
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), full - 4096);
+}
+
 const ENV: &str = "PAGESTORE_DIRTY_CHILD_DIR";
 
 /// The child: dirty puts as fast as it can, printing each acknowledged one.
