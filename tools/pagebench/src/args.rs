@@ -58,7 +58,8 @@ pub enum Command {
     #[command(hide = true)]
     RestartOpen(Restart),
 
-    /// Random reads of the cache files with glommio alone (no engine)
+    /// Random reads of the cache files with glommio alone (no engine), then on an io_uring each
+    /// thread drives itself (tuned and plain)
     Raw(Plain),
 
     /// 4 MiB page hits over QUIC from a node's shard endpoints on loopback (--nginx: and the
