@@ -133,16 +133,16 @@ impl Gateway {
                     .split('/')
                     .any(|s| s.is_empty() || s.len() > checks::MAX_SEGMENT_LEN)
                 || dir_key.ends_with("//"));
-        let root = if impossible || dir_rel.is_empty() {
+        // The directory listed: the bucket, or the prefix's directory in it.
+        let parent = if impossible || dir_rel.is_empty() {
+            format!("/{}", a.bucket)
+        } else {
+            format!("/{}/{dir_rel}", a.bucket)
+        };
+        let mut top = if impossible {
             None
         } else {
-            Some(format!("/{}/{dir_rel}", a.bucket))
-        };
-        let parent = root.clone().unwrap_or_else(|| format!("/{}", a.bucket));
-        let mut top = match (&root, impossible) {
-            (_, true) => None,
-            (None, false) => self.entries(&parent).await?,
-            (Some(d), false) => self.entries(d).await?,
+            self.entries(&parent).await?
         };
         // Directories made by a marker put here (`Markers`) are listed while they are
         // remembered, empty or not.

@@ -226,15 +226,20 @@ fn run_python(name: &str, script: &str, env: &[(&str, String)], gw: &[&Gateway])
         .env_remove("AWS_ENDPOINT_URL")
         .output()
         .unwrap();
+    let logs = gw.iter().map(|g| g.log()).collect::<Vec<_>>().join("\n");
+    assert_all_ok(name, &out, &format!("--- gateway logs\n{logs}"));
+    eprintln!("{name}: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Panics with `what`'s output and `logs` unless it exited 0 and printed `ALL OK`.
+fn assert_all_ok(what: &str, out: &std::process::Output, logs: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("ALL OK"),
-        "{name} failed ({:?}):\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway logs\n{}",
+        "{what} failed ({:?}):\n--- stdout\n{stdout}\n--- stderr\n{}\n{logs}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
-        gw.iter().map(|g| g.log()).collect::<Vec<_>>().join("\n")
     );
-    eprintln!("{name}: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
 fn cluster_with_data() -> (Cluster, PathBuf) {
@@ -1959,15 +1964,12 @@ echo ALL OK
         .env("W", &work)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("ALL OK"),
-        "s3fs-fuse on pages3 ({:?}):\n--- stdout\n{stdout}\n--- stderr\n{}\n--- s3fs log\n{}\n--- gateway log\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
+    let logs = format!(
+        "--- s3fs log\n{}\n--- gateway log\n{}",
         std::fs::read_to_string(&log).unwrap_or_default(),
         gw.log()
     );
+    assert_all_ok("s3fs-fuse on pages3", &out, &logs);
     drop(fuse);
     assert!(!mounted(&mnt), "unmounted");
 }
