@@ -170,6 +170,13 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Nanoseconds since the Unix epoch (a file's mtime).
+pub fn unix_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
 /// The parent directory of an absolute logical path ("/" for a top-level name; `None` for "/").
 pub fn parent(path: &str) -> Option<&str> {
     let trimmed = path.trim_end_matches('/');

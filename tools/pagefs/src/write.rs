@@ -108,12 +108,6 @@ pub(crate) struct WriteFile {
     pub attrs: Mutex<(u64, i64)>,
 }
 
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
 fn io_errno(op: &str, path: &str, e: &std::io::Error) -> Errno {
     warn!("{op} {path}: {e}");
     Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
@@ -135,7 +129,7 @@ impl WriteFile {
                 active: Instant::now(),
                 generation: 0,
             }),
-            attrs: Mutex::new((0, now_ns())),
+            attrs: Mutex::new((0, pagestore_protocol::writeback::unix_ns())),
         }
     }
 
@@ -148,7 +142,7 @@ impl WriteFile {
     }
 
     fn set_attrs(&self, size: u64) {
-        *lock(&self.attrs) = (size, now_ns());
+        *lock(&self.attrs) = (size, pagestore_protocol::writeback::unix_ns());
     }
 
     /// Opens the file for one more descriptor: the first opener (or one after a close or a

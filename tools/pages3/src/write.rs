@@ -130,13 +130,6 @@ pub(super) async fn delete_object(
     Ok(S3Response::new(DeleteObjectOutput::default()))
 }
 
-/// Now, in nanoseconds since the Unix epoch.
-fn unix_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
 /// Buffer size for PutObject bodies: smaller bodies are written in one request, larger ones
 /// as a multipart upload of parts this size. Also the part size used to send staged uploads.
 pub(super) const WRITE_CHUNK: usize = 16 << 20;
@@ -154,7 +147,10 @@ impl Gateway {
 
     /// Remembers the directory marker of `dir` (see `Markers`).
     pub(super) fn remember_marker(&self, dir: &str) -> S3Result<()> {
-        if self.markers.put(dir, unix_ns()) {
+        if self
+            .markers
+            .put(dir, pagestore_protocol::writeback::unix_ns())
+        {
             return Ok(());
         }
         Err(S3Error::with_message(
