@@ -12,7 +12,10 @@
 //!   sockets) are not objects either. An object path that crosses one is "not found".
 //! - Writes go to a temporary file in the verified parent directory, which is then renamed
 //!   (`renameat`) over the target inside that same directory. Parent directories are created
-//!   one component at a time, each opened with `O_NOFOLLOW | O_DIRECTORY`.
+//!   one component at a time, each opened with `O_NOFOLLOW | O_DIRECTORY`. A target that is a
+//!   directory holding nothing but empty directories (left behind when its last object was
+//!   deleted) is removed first, as an object store has nothing at that name; one that holds
+//!   anything else fails the write.
 //! - Directories that hold no object at any depth (an empty one, or one holding only empty
 //!   directories, symlinks or special files) are not listed, and a listing of one is empty, as
 //!   in an object store: listings, `head` and `stat` of a logical directory agree.
@@ -518,6 +521,19 @@ fn rename_in(dir: &OwnedFd, from: &str, to: &str, no_replace: bool) -> io::Resul
     Ok(())
 }
 
+/// Removes the directory `name` in `dir` and the directories beneath it, if none of them holds
+/// anything but empty directories; otherwise fails (ENOTEMPTY, or ENOTDIR for a non-directory
+/// found in it) and leaves what it could not remove. Symlinks are not followed.
+fn remove_empty_tree(dir: &OwnedFd, name: &str) -> io::Result<()> {
+    let sub = openat_one(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    for raw in read_names(sub.try_clone()?)? {
+        let child =
+            std::str::from_utf8(&raw).map_err(|_| io::Error::from_raw_os_error(libc::ENOTEMPTY))?;
+        remove_empty_tree(&sub, child)?;
+    }
+    unlink_at(dir, name, libc::AT_REMOVEDIR)
+}
+
 /// A temporary file in a verified directory, removed on drop unless it was renamed.
 struct TmpFile {
     dir: Arc<OwnedFd>,
@@ -550,7 +566,21 @@ impl TmpFile {
         let _lock = lock_dir(&self.dir).map_err(|e| to_error(location, e))?;
         check_version(&self.dir, target, location, mode)?;
         let no_replace = matches!(mode, PutMode::Create);
-        rename_in(&self.dir, &self.name, target, no_replace).map_err(|e| to_error(location, e))?;
+        match rename_in(&self.dir, &self.name, target, no_replace) {
+            // The name is a directory. One that holds no object is not there for an object
+            // store (a key once written beneath it and deleted since leaves it behind): it is
+            // removed and the object takes its place. One that still holds anything is left
+            // alone and the write fails.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EISDIR | libc::EEXIST))
+                    && stat_at(&self.dir, target).is_ok_and(|st| is_dir(st.st_mode)) =>
+            {
+                remove_empty_tree(&self.dir, target).map_err(|_| to_error(location, e))?;
+                rename_in(&self.dir, &self.name, target, no_replace)
+                    .map_err(|e| to_error(location, e))?;
+            }
+            r => r.map_err(|e| to_error(location, e))?,
+        }
         self.done = true;
         // The rename may change the ctime: the tag is taken afterwards.
         let st = self.file.metadata().map_err(|e| to_error(location, e))?;

@@ -443,11 +443,23 @@ fn directories_without_objects_are_neither_listed_nor_directories() {
             t.stat_path("/d/emptied").await,
             Err(UfsError::NotFound(_))
         ));
+        // An object written where such a directory stayed behind takes its place, as on an
+        // object store, where there is nothing at that key.
+        t.put("/d/emptied", Bytes::from_static(b"now a file"))
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(r.join("emptied")).unwrap(), b"now a file");
+        // Not where a directory still holds an object, or anything else (a symlink): the
+        // write fails and the directory keeps all it held.
+        assert!(t.put("/d/full", Bytes::from_static(b"x")).await.is_err());
+        assert_eq!(std::fs::read(r.join("full/a/b/leaf.txt")).unwrap(), b"leaf");
+        assert!(t.put("/d/links", Bytes::from_static(b"x")).await.is_err());
+        assert!(r.join("links/l").symlink_metadata().unwrap().is_symlink());
         // A new object anywhere beneath brings it back.
         std::fs::write(r.join("nested/deeper/deepest/n.txt"), b"n").unwrap();
         assert_eq!(
             names(t.list_entries("/d").await.unwrap()),
-            ["full", "nested", "top.txt"]
+            ["emptied", "full", "nested", "top.txt"]
         );
     });
 }

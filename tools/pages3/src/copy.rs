@@ -115,7 +115,11 @@ pub(super) async fn copy_object(
         .as_ref()
         .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
     if info.path == dst && !replace {
-        return Ok(result(&info));
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidRequest,
+            "This copy request is illegal because it is trying to copy an object to itself \
+             without changing the object's metadata; send x-amz-metadata-directive: REPLACE",
+        ));
     }
     // New attributes: the object is read through the cluster and written with them, as a
     // PutObject would be (the store's copy keeps the source's).
@@ -207,8 +211,15 @@ fn copy_range(range: Option<&str>, size: u64) -> S3Result<(u64, u64)> {
         .and_then(|x| x.split_once('-'))
         .ok_or_else(bad)?;
     let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-    if a > b || b >= size {
+    if a > b {
         return Err(bad());
+    }
+    if b >= size {
+        // A well-formed range past the source's end: S3's InvalidRange (416).
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidRange,
+            format!("x-amz-copy-source-range {r:?} ends past the source's {size} bytes"),
+        ));
     }
     Ok((a, b + 1))
 }

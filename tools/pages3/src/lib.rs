@@ -56,15 +56,16 @@ use s3s::{
     dto::{
         AbortMultipartUploadInput, AbortMultipartUploadOutput, Bucket, BucketLocationConstraint,
         CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
-        CopyObjectOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
-        DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag,
-        GetBucketLocationInput, GetBucketLocationOutput, GetObjectAttributesInput,
-        GetObjectAttributesOutput, GetObjectInput, GetObjectOutput, HeadBucketInput,
-        HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput, ListBucketsOutput,
-        ListMultipartUploadsInput, ListMultipartUploadsOutput, ListObjectsInput, ListObjectsOutput,
-        ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, Owner,
-        PutObjectInput, PutObjectOutput, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
-        UploadPartInput, UploadPartOutput,
+        CopyObjectOutput, CreateBucketInput, CreateBucketOutput, CreateMultipartUploadInput,
+        CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput, DeleteObjectInput,
+        DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag, GetBucketLocationInput,
+        GetBucketLocationOutput, GetObjectAttributesInput, GetObjectAttributesOutput,
+        GetObjectInput, GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput,
+        HeadObjectOutput, ListBucketsInput, ListBucketsOutput, ListMultipartUploadsInput,
+        ListMultipartUploadsOutput, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+        ListObjectsV2Output, ListPartsInput, ListPartsOutput, Owner, PutObjectInput,
+        PutObjectOutput, Timestamp, UploadPartCopyInput, UploadPartCopyOutput, UploadPartInput,
+        UploadPartOutput,
     },
     route::S3Route,
     service::{S3Service, S3ServiceBuilder},
@@ -569,6 +570,14 @@ impl Gateway {
     }
 }
 
+/// The owner of every bucket and object (one gateway, one set of credentials).
+fn owner() -> Owner {
+    Owner {
+        display_name: Some("pagestore".into()),
+        id: Some("pagestore".into()),
+    }
+}
+
 /// `Last-Modified` of an object: its modification time in the store.
 fn modified(mtime_ns: i64) -> Timestamp {
     Timestamp::from(pagestore_client::ufs::system_time(mtime_ns))
@@ -678,10 +687,7 @@ impl S3 for Gateway {
             .collect();
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(Owner {
-                display_name: Some("pagestore".into()),
-                id: Some("pagestore".into()),
-            }),
+            owner: Some(owner()),
             continuation_token: next,
             prefix: input.prefix,
         }))
@@ -709,6 +715,68 @@ impl S3 for Gateway {
             bucket_region: Some(self.region.clone()),
             ..HeadBucketOutput::default()
         }))
+    }
+
+    /// CreateBucket: buckets are the cluster's top-level directories (its mounts), which the
+    /// gateway cannot add. Creating one that exists answers as S3 does for a bucket its caller
+    /// owns (200 in us-east-1, else 409 BucketAlreadyOwnedByYou), so that clients which create
+    /// their bucket before writing (`aws s3 mb`, s3cmd, SDK helpers) work; a name S3 would
+    /// refuse is 400 InvalidBucketName; any other bucket is 501 with the reason.
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let bucket = &req.input.bucket;
+        if !s3s::path::check_bucket_name(bucket) {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidBucketName,
+                format!("{bucket:?} is not a valid S3 bucket name"),
+            ));
+        }
+        if !self.bucket_exists(bucket).await? {
+            return Err(S3Error::with_message(
+                S3ErrorCode::NotImplemented,
+                format!(
+                    "{bucket}: pages3 cannot create buckets; a bucket is a top-level directory \
+                     of the cluster (a mount, e.g. pagestored --mount /{bucket}=URL)"
+                ),
+            ));
+        }
+        if self.region != "us-east-1" {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BucketAlreadyOwnedByYou,
+                format!("{bucket}: the bucket exists and is yours"),
+            ));
+        }
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{bucket}")),
+        }))
+    }
+
+    /// DeleteBucket: 404 for a bucket that does not exist and 409 BucketNotEmpty for one that
+    /// holds objects, as S3 answers; an empty bucket is a mount (or a top-level directory) that
+    /// the gateway cannot remove: 501 with the reason.
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let bucket = &req.input.bucket;
+        self.require_bucket(bucket).await?;
+        let dir = format!("/{bucket}");
+        let entries = self.client.list(&dir).await.map_err(client_error)?;
+        if !entries.is_empty() || !self.markers.children(&dir).is_empty() {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BucketNotEmpty,
+                format!("{bucket}: the bucket you tried to delete is not empty"),
+            ));
+        }
+        Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            format!(
+                "{bucket}: pages3 cannot delete buckets; a bucket is a top-level directory of \
+                 the cluster (a mount): remove it from the mount table instead"
+            ),
+        ))
     }
 
     async fn head_object(

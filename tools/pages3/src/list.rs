@@ -8,7 +8,7 @@ use s3s::{
         CommonPrefix, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
         ListObjectsV2Output, Object, ObjectStorageClass,
     },
-    S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
+    S3Request, S3Response, S3Result,
 };
 
 use super::{
@@ -58,7 +58,8 @@ impl Item {
 struct ListArgs<'a> {
     bucket: &'a str,
     prefix: &'a str,
-    delimited: bool,
+    /// The delimiter, if any (`/` lists one directory; any other groups a walk's keys).
+    delimiter: Option<&'a str>,
     after: Option<&'a str>,
     max: usize,
 }
@@ -173,7 +174,7 @@ impl Gateway {
         if a.max == 0 {
             return Ok(page);
         }
-        if a.delimited {
+        if a.delimiter == Some("/") {
             for (key, e) in level {
                 let wanted = if e.is_dir {
                     subtree_after(&key, a.after)
@@ -213,18 +214,32 @@ impl Gateway {
                     stack.push(sorted_level(&key, entries, "").into_iter());
                 }
             } else if a.after.is_none_or(|after| key.as_str() > after) {
+                // With a delimiter other than `/`, a key with the delimiter after the prefix
+                // is rolled up into its common prefix (the key up to and including the first
+                // delimiter there), listed once, where its first key would be; a common prefix
+                // not after `after` was listed on an earlier page.
+                let item = match a.delimiter.and_then(|d| common_prefix(&key, a.prefix, d)) {
+                    Some(cp) => {
+                        let seen = matches!(page.items.last(), Some(Item::Prefix(p)) if *p == cp);
+                        if seen || a.after.is_some_and(|after| cp.as_str() <= after) {
+                            continue;
+                        }
+                        Item::Prefix(cp)
+                    }
+                    None => Item::object(key, e),
+                };
                 if page.items.len() == a.max {
                     page.truncated = true;
                     break;
                 }
-                page.items.push(Item::object(key, e));
+                page.items.push(item);
             }
         }
         Ok(page)
     }
 
-    /// A listed object, with the ETag HeadObject gives it.
-    fn object_entry(&self, bucket: &str, item: ListedObject, enc: bool) -> Object {
+    /// A listed object, with the ETag HeadObject gives it (and its owner, if asked).
+    fn object_entry(&self, bucket: &str, item: ListedObject, enc: bool, owner: bool) -> Object {
         let ListedObject {
             key,
             size,
@@ -243,16 +258,23 @@ impl Gateway {
             storage_class: Some(ObjectStorageClass::from_static(
                 ObjectStorageClass::STANDARD,
             )),
+            owner: owner.then(super::owner),
             ..Object::default()
         }
     }
 
-    fn split_page(&self, bucket: &str, page: Page, enc: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
+    fn split_page(
+        &self,
+        bucket: &str,
+        page: Page,
+        enc: bool,
+        owner: bool,
+    ) -> (Vec<Object>, Vec<CommonPrefix>) {
         let mut objects = Vec::new();
         let mut prefixes = Vec::new();
         for item in page.items {
             match item {
-                Item::Object(o) => objects.push(self.object_entry(bucket, o, enc)),
+                Item::Object(o) => objects.push(self.object_entry(bucket, o, enc, owner)),
                 Item::Prefix(p) => prefixes.push(CommonPrefix {
                     prefix: Some(if enc { url_encode(&p) } else { p }),
                 }),
@@ -271,16 +293,17 @@ fn max_keys(v: Option<i32>) -> S3Result<usize> {
     }
 }
 
-/// Whether the delimiter asks for one level; only `/` is supported.
-fn delimited(d: Option<&str>) -> S3Result<bool> {
-    match d {
-        None | Some("") => Ok(false),
-        Some("/") => Ok(true),
-        Some(other) => Err(S3Error::with_message(
-            S3ErrorCode::NotImplemented,
-            format!("delimiter {other:?}: pages3 supports only \"/\""),
-        )),
-    }
+/// The delimiter of a listing (an empty one is none).
+fn delimiter(d: Option<&str>) -> Option<&str> {
+    d.filter(|d| !d.is_empty())
+}
+
+/// The common prefix `key` is rolled up into by `delimiter` in a listing of `prefix`: `key` up
+/// to and including the first `delimiter` after `prefix`, if there is one.
+fn common_prefix(key: &str, prefix: &str, delimiter: &str) -> Option<String> {
+    let rest = key.get(prefix.len()..)?;
+    rest.find(delimiter)
+        .map(|i| key[..prefix.len() + i + delimiter.len()].to_string())
 }
 
 fn is_url(e: Option<&EncodingType>) -> bool {
@@ -295,9 +318,9 @@ pub(super) async fn list_objects_v2(
     let input = req.input;
     let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    // An empty token is no token (as S3 takes it).
-    let continuation_token = input.continuation_token.filter(|t| !t.is_empty());
-    let token = match continuation_token.as_deref() {
+    // An empty token is no token (as S3 takes it), and is answered as given.
+    let continuation_token = input.continuation_token;
+    let token = match continuation_token.as_deref().filter(|t| !t.is_empty()) {
         Some(t) => Some(decode_token(t)?),
         None => None,
     };
@@ -309,7 +332,7 @@ pub(super) async fn list_objects_v2(
         .list_page(&ListArgs {
             bucket: &input.bucket,
             prefix: &prefix,
-            delimited: delimited(input.delimiter.as_deref())?,
+            delimiter: delimiter(input.delimiter.as_deref()),
             after,
             max,
         })
@@ -322,7 +345,8 @@ pub(super) async fn list_objects_v2(
         .flatten();
     let truncated = page.truncated;
     let count = page.items.len();
-    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc);
+    let owner = input.fetch_owner == Some(true);
+    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc, owner);
     let code = |s: String| if enc { url_encode(&s) } else { s };
     Ok(S3Response::new(ListObjectsV2Output {
         name: Some(input.bucket),
@@ -353,7 +377,7 @@ pub(super) async fn list_objects(
         .list_page(&ListArgs {
             bucket: &input.bucket,
             prefix: &prefix,
-            delimited: delimited(input.delimiter.as_deref())?,
+            delimiter: delimiter(input.delimiter.as_deref()),
             after: input.marker.as_deref().filter(|m| !m.is_empty()),
             max,
         })
@@ -365,7 +389,8 @@ pub(super) async fn list_objects(
         .then(|| page.items.last().map(|i| code(i.key().to_string())))
         .flatten();
     let truncated = page.truncated;
-    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc);
+    // Version 1 lists each object's owner, as S3 does.
+    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc, true);
     Ok(S3Response::new(ListObjectsOutput {
         name: Some(input.bucket),
         // Version 1 answers the Prefix as given, even with encoding-type=url (as S3 does).

@@ -847,6 +847,10 @@ check(get("cond/copy.bin")["Body"].read() == a and local("cond/copy.bin") == a, 
 check(err(lambda: s3.copy_object(Bucket="data", Key="cond/copy2.bin", CopySource={"Bucket": "data", "Key": "objs/a.bin"},
       CopySourceIfMatch='"nope"')) == (412, "PreconditionFailed"))
 check(err(lambda: s3.copy_object(Bucket="data", Key="cond/copy2.bin", CopySource={"Bucket": "data", "Key": "objs/nope"}))[0] == 404)
+# onto itself without new metadata: refused as S3 refuses it, nothing changes
+check(err(lambda: s3.copy_object(Bucket="data", Key="cond/copy.bin",
+      CopySource={"Bucket": "data", "Key": "cond/copy.bin"})) == (400, "InvalidRequest"))
+check(local("cond/copy.bin") == a)
 # UploadPartCopy: a range of the 17 MiB object, then all of a.bin
 uid = s3.create_multipart_upload(Bucket="data", Key="cond/upc.bin")["UploadId"]
 cut = 5 * 1024 * 1024
@@ -856,7 +860,9 @@ p2 = s3.upload_part_copy(Bucket="data", Key="cond/upc.bin", UploadId=uid, PartNu
                          CopySource={"Bucket": "data", "Key": "objs/a.bin"})
 check(p1["CopyPartResult"]["ETag"] == '"%s"' % hashlib.md5(big[100:cut + 100]).hexdigest(), p1)
 check(err(lambda: s3.upload_part_copy(Bucket="data", Key="cond/upc.bin", UploadId=uid, PartNumber=3,
-      CopySource={"Bucket": "data", "Key": "objs/a.bin"}, CopySourceRange="bytes=0-%d" % len(a)))[0] == 400)
+      CopySource={"Bucket": "data", "Key": "objs/a.bin"}, CopySourceRange="bytes=0-%d" % len(a))) == (416, "InvalidRange"))
+check(err(lambda: s3.upload_part_copy(Bucket="data", Key="cond/upc.bin", UploadId=uid, PartNumber=3,
+      CopySource={"Bucket": "data", "Key": "objs/a.bin"}, CopySourceRange="bytes=5-4"))[0] == 400)
 s3.complete_multipart_upload(Bucket="data", Key="cond/upc.bin", UploadId=uid, MultipartUpload={"Parts": [
     {"PartNumber": 1, "ETag": p1["CopyPartResult"]["ETag"]}, {"PartNumber": 2, "ETag": p2["CopyPartResult"]["ETag"]}]})
 check(get("cond/upc.bin")["Body"].read() == big[100:cut + 100] + a, "UploadPartCopy")
@@ -926,6 +932,44 @@ check(st == 200 and b"<Prefix>objs/with </Prefix>" in body and b"<Key>objs/with%
 check([b["Name"] for b in s3.list_buckets(MaxBuckets=1)["Buckets"]] == ["data"])
 check("ContinuationToken" not in s3.list_buckets(MaxBuckets=1))
 check(s3.list_buckets(Prefix="zz").get("Buckets", []) == [])
+
+# --- delimiters other than "/": keys rolled up to the first delimiter after the prefix
+def listing(fn, **kw):
+    keys, prefixes = [], []
+    for page in s3.get_paginator(fn).paginate(Bucket="data", Prefix="tree/", **kw):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+        prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+    return keys, prefixes
+tree = ["tree/a-b.txt", "tree/a/x.bin", "tree/a/y/z.bin", "tree/a0.txt", "tree/b/c/d/e.bin", "tree/top.txt"]
+others = [t for t in tree if t != "tree/a-b.txt"]
+for fn in ["list_objects_v2", "list_objects"]:
+    for size in [1000, 1, 2]:
+        got = listing(fn, Delimiter="-", PaginationConfig={"PageSize": size})
+        check(got == (others, ["tree/a-"]), fn, size, got)
+        got = listing(fn, Delimiter="a", PaginationConfig={"PageSize": size})
+        check(got == (["tree/b/c/d/e.bin", "tree/top.txt"], ["tree/a"]), fn, size, got)
+        got = listing(fn, Delimiter="/d/", PaginationConfig={"PageSize": size})
+        check(got == ([t for t in tree if "/d/" not in t], ["tree/b/c/d/"]), fn, size, got)
+# --- owners: v1 always, v2 with fetch-owner
+r = s3.list_objects_v2(Bucket="data", Prefix="tree/", FetchOwner=True)["Contents"]
+check(len(r) == 6 and all(o["Owner"]["ID"] == "pagestore" for o in r), r)
+check(all("Owner" not in o for o in s3.list_objects_v2(Bucket="data", Prefix="tree/")["Contents"]))
+check(all("Owner" in o for o in s3.list_objects(Bucket="data", Prefix="tree/")["Contents"]))
+check(s3.list_objects_v2(Bucket="data", Prefix="tree/", ContinuationToken="")["ContinuationToken"] == "")
+
+# --- CreateBucket and DeleteBucket: buckets are the cluster's top-level directories
+check(status(s3.create_bucket(Bucket="data")) == 200)
+check(err(lambda: s3.create_bucket(Bucket="no-such-mount")) == (501, "NotImplemented"))
+check(err(lambda: s3.create_bucket(Bucket="a")) == (400, "InvalidBucketName"))
+check(err(lambda: s3.delete_bucket(Bucket="no-such-mount")) == (404, "NoSuchBucket"))
+check(err(lambda: s3.delete_bucket(Bucket="data")) == (409, "BucketNotEmpty"))
+
+# --- a key written where a directory of deleted keys stayed behind on disk takes its place
+put("cond/gone/x", b"x")
+s3.delete_object(Bucket="data", Key="cond/gone/x")
+check(os.path.isdir(os.path.join(DATA, "cond/gone")))
+check(status(put("cond/gone", b"a file now")) == 200 and local("cond/gone") == b"a file now")
+check(get("cond/gone")["Body"].read() == b"a file now")
 print("ALL OK")
 "#;
 
