@@ -122,18 +122,31 @@ async fn read_piece(
     Ok(b)
 }
 
+/// `partNumber` of a GetObject or HeadObject: every object pages3 serves is one part (as a
+/// PutObject's is on S3), so part 1 is the whole object and any other part is 416, as S3
+/// answers a part number past an object's parts (never the whole object under another part's
+/// name: a parallel downloader would assemble it N times).
+pub(super) fn one_part(part_number: Option<i32>) -> S3Result<()> {
+    match part_number {
+        None | Some(1) => Ok(()),
+        Some(n) => {
+            let mut e = S3Error::with_message(
+                S3ErrorCode::Custom("InvalidPartNumber".into()),
+                format!("part {n}: objects served by pages3 have one part"),
+            );
+            e.set_status_code(hyper::StatusCode::RANGE_NOT_SATISFIABLE);
+            Err(e)
+        }
+    }
+}
+
 /// GetObject: the first piece is read before answering, the rest streams from a task.
 pub(super) async fn get_object(
     gw: &Gateway,
     req: S3Request<GetObjectInput>,
 ) -> S3Result<S3Response<GetObjectOutput>> {
     let input = &req.input;
-    if input.part_number.is_some_and(|n| n != 1) {
-        return Err(S3Error::with_message(
-            S3ErrorCode::InvalidRange,
-            "objects served by pages3 have one part",
-        ));
-    }
+    one_part(input.part_number)?;
     let conds = ReadConditions {
         if_match: input.if_match.as_ref(),
         if_none_match: input.if_none_match.as_ref(),

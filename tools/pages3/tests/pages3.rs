@@ -970,6 +970,12 @@ s3.delete_object(Bucket="data", Key="cond/gone/x")
 check(os.path.isdir(os.path.join(DATA, "cond/gone")))
 check(status(put("cond/gone", b"a file now")) == 200 and local("cond/gone") == b"a file now")
 check(get("cond/gone")["Body"].read() == b"a file now")
+
+# --- partNumber: every object is one part; part 1 is all of it, any other part 416
+check(get("cond/gone", PartNumber=1)["Body"].read() == b"a file now")
+check(head("cond/gone", PartNumber=1)["ContentLength"] == len(b"a file now"))
+check(err(lambda: get("cond/gone", PartNumber=2)) == (416, "InvalidPartNumber"))
+check(err(lambda: head("cond/gone", PartNumber=2))[0] == 416)
 print("ALL OK")
 "#;
 
