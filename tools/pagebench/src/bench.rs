@@ -747,15 +747,16 @@ struct Snap {
     hits: Option<(u64, u64)>,
 }
 
-/// `(hits, misses)` summed over every shard that answers.
+/// `(hits, misses)` summed over every shard that answers; hits served by a shard's memory tier
+/// count as hits (its engine, which they never reach, counts only the others).
 pub async fn cluster_hits(client: &Client) -> Option<(u64, u64)> {
-    let stats = client.shard_stats().await;
+    let stats = client.shard_counters().await;
     let mut any = false;
     let mut t = (0, 0);
     for (_, _, c) in stats {
         if let Some(c) = c {
             any = true;
-            t.0 += c.hits;
+            t.0 += c.hits + c.memory_hits;
             t.1 += c.misses;
         }
     }
