@@ -30,8 +30,10 @@ fn source(src: &CopySource) -> S3Result<(String, String)> {
         CopySource::Bucket {
             bucket,
             key,
-            version_id: None,
-        } => Ok((bucket.to_string(), key.to_string())),
+            version_id,
+        } if version_id.as_deref().is_none_or(|v| v == "null") => {
+            Ok((bucket.to_string(), key.to_string()))
+        }
         CopySource::Bucket { .. } => Err(S3Error::with_message(
             S3ErrorCode::NotImplemented,
             "a copy of a given versionId: pagestore keeps no object versions",
@@ -276,6 +278,7 @@ pub(super) async fn get_object_attributes(
     req: S3Request<GetObjectAttributesInput>,
 ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
     let input = &req.input;
+    super::keys::check_version_id(input.version_id.as_deref())?;
     let info = gw.stat_object(&input.bucket, &input.key).await?;
     // One header may list several attributes (`ETag,ObjectSize`).
     let asked = |a: &str| {

@@ -135,3 +135,20 @@ pub(super) fn etag(version: &str) -> ETag {
             .collect(),
     )
 }
+
+/// The `versionId` of a request. Buckets served here are never versioned, so an object's only
+/// version is S3's `null` one (what ListObjectVersions lists): `null` names the object itself;
+/// any other id is 400 InvalidArgument, as S3 answers for an unversioned bucket (never the
+/// current object under another version's name).
+pub(super) fn check_version_id(version_id: Option<&str>) -> s3s::S3Result<()> {
+    match version_id {
+        None | Some("null") => Ok(()),
+        Some(other) => Err(s3s::S3Error::with_message(
+            s3s::S3ErrorCode::InvalidArgument,
+            format!(
+                "Invalid version id specified: {other:?} (buckets served by pages3 are not \
+                 versioned; an object's only version is \"null\")"
+            ),
+        )),
+    }
+}

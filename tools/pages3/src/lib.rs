@@ -59,13 +59,14 @@ use s3s::{
         CopyObjectOutput, CreateBucketInput, CreateBucketOutput, CreateMultipartUploadInput,
         CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput, DeleteObjectInput,
         DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag, GetBucketLocationInput,
-        GetBucketLocationOutput, GetObjectAttributesInput, GetObjectAttributesOutput,
-        GetObjectInput, GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput,
-        HeadObjectOutput, ListBucketsInput, ListBucketsOutput, ListMultipartUploadsInput,
-        ListMultipartUploadsOutput, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
-        ListObjectsV2Output, ListPartsInput, ListPartsOutput, Owner, PutObjectInput,
-        PutObjectOutput, Timestamp, UploadPartCopyInput, UploadPartCopyOutput, UploadPartInput,
-        UploadPartOutput,
+        GetBucketLocationOutput, GetBucketVersioningInput, GetBucketVersioningOutput,
+        GetObjectAttributesInput, GetObjectAttributesOutput, GetObjectInput, GetObjectOutput,
+        HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput,
+        ListBucketsOutput, ListMultipartUploadsInput, ListMultipartUploadsOutput,
+        ListObjectVersionsInput, ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput,
+        ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, Owner,
+        PutObjectInput, PutObjectOutput, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
+        UploadPartInput, UploadPartOutput,
     },
     route::S3Route,
     service::{S3Service, S3ServiceBuilder},
@@ -588,12 +589,26 @@ impl Gateway {
         if !valid_bucket(bucket) {
             return Ok(false);
         }
-        match self.client.stat_path(&format!("/{bucket}")).await {
+        let dir = format!("/{bucket}");
+        if self.markers.get(&dir).is_some() {
+            return Ok(true);
+        }
+        match self.client.stat_path(&dir).await {
             Ok(PathKind::Dir) => Ok(true),
             Ok(PathKind::File { .. }) => Ok(false),
             Err(ClientError::NotFound(_) | ClientError::NotDir(_)) => Ok(false),
             Err(e) => Err(client_error(e)),
         }
+    }
+
+    /// Whether this gateway writes the bucket `bucket` through a mount of the namespace's root
+    /// (`--mount /=URL`), where CreateBucket may make it.
+    fn root_writable(&self, bucket: &str) -> bool {
+        let probe = format!("/{bucket}/k");
+        self.writable()
+            .ok()
+            .and_then(|t| t.mount_of(&probe))
+            .is_some_and(|m| m.is_empty() || m == "/")
     }
 
     async fn require_bucket(&self, bucket: &str) -> S3Result<()> {
@@ -667,11 +682,15 @@ impl S3 for Gateway {
         };
         let prefix = input.prefix.clone().unwrap_or_default();
         let entries = self.client.list("/").await.map_err(client_error)?;
+        // Buckets made by CreateBucket here that hold no object yet are listed too.
+        let made = self.markers.children("");
         let mut names: Vec<String> = entries
             .into_iter()
-            .filter(|e| e.is_dir && valid_bucket(&e.name) && e.name.starts_with(&prefix))
-            .filter(|e| after.as_deref().is_none_or(|a| e.name.as_str() > a))
+            .filter(|e| e.is_dir)
             .map(|e| e.name)
+            .chain(made)
+            .filter(|name| valid_bucket(name) && name.starts_with(&prefix))
+            .filter(|name| after.as_deref().is_none_or(|a| name.as_str() > a))
             .collect();
         names.sort();
         names.dedup();
@@ -717,11 +736,13 @@ impl S3 for Gateway {
         }))
     }
 
-    /// CreateBucket: buckets are the cluster's top-level directories (its mounts), which the
-    /// gateway cannot add. Creating one that exists answers as S3 does for a bucket its caller
-    /// owns (200 in us-east-1, else 409 BucketAlreadyOwnedByYou), so that clients which create
-    /// their bucket before writing (`aws s3 mb`, s3cmd, SDK helpers) work; a name S3 would
-    /// refuse is 400 InvalidBucketName; any other bucket is 501 with the reason.
+    /// CreateBucket: buckets are the cluster's top-level directories. Creating one that exists
+    /// answers as S3 does for a bucket its caller owns (200 in us-east-1, else 409
+    /// BucketAlreadyOwnedByYou), so that clients which create their bucket before writing
+    /// (`aws s3 mb`, s3cmd, SDK helpers) work; a name S3 would refuse is 400 InvalidBucketName.
+    /// A new bucket is made where the gateway writes the namespace's root (a mount of `/`): it
+    /// is remembered as a directory marker is (`Markers`) until it holds objects; elsewhere
+    /// a top-level directory is a mount the gateway cannot add (501, with the reason).
     async fn create_bucket(
         &self,
         req: S3Request<CreateBucketInput>,
@@ -734,13 +755,20 @@ impl S3 for Gateway {
             ));
         }
         if !self.bucket_exists(bucket).await? {
-            return Err(S3Error::with_message(
-                S3ErrorCode::NotImplemented,
-                format!(
-                    "{bucket}: pages3 cannot create buckets; a bucket is a top-level directory \
-                     of the cluster (a mount, e.g. pagestored --mount /{bucket}=URL)"
-                ),
-            ));
+            if !self.root_writable(bucket) {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NotImplemented,
+                    format!(
+                        "{bucket}: pages3 makes buckets only where it writes the namespace's root \
+                         (pages3 --mount /=URL); here a bucket is a top-level directory of the \
+                         cluster, e.g. a mount (pagestored --mount /{bucket}=URL)"
+                    ),
+                ));
+            }
+            self.remember_marker(&format!("/{bucket}"))?;
+            return Ok(S3Response::new(CreateBucketOutput {
+                location: Some(format!("/{bucket}")),
+            }));
         }
         if self.region != "us-east-1" {
             return Err(S3Error::with_message(
@@ -754,8 +782,8 @@ impl S3 for Gateway {
     }
 
     /// DeleteBucket: 404 for a bucket that does not exist and 409 BucketNotEmpty for one that
-    /// holds objects, as S3 answers; an empty bucket is a mount (or a top-level directory) that
-    /// the gateway cannot remove: 501 with the reason.
+    /// holds objects, as S3 answers; an empty bucket made by CreateBucket goes (204); any other
+    /// empty bucket is a mount that the gateway cannot remove: 501 with the reason.
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,
@@ -763,12 +791,21 @@ impl S3 for Gateway {
         let bucket = &req.input.bucket;
         self.require_bucket(bucket).await?;
         let dir = format!("/{bucket}");
-        let entries = self.client.list(&dir).await.map_err(client_error)?;
+        let entries = match self.client.list(&dir).await {
+            Ok(v) => v,
+            // A bucket made here that holds no object (any more) has no directory to list.
+            Err(ClientError::NotFound(_) | ClientError::NotDir(_)) => Vec::new(),
+            Err(e) => return Err(client_error(e)),
+        };
         if !entries.is_empty() || !self.markers.children(&dir).is_empty() {
             return Err(S3Error::with_message(
                 S3ErrorCode::BucketNotEmpty,
                 format!("{bucket}: the bucket you tried to delete is not empty"),
             ));
+        }
+        if self.markers.get(&dir).is_some() && self.root_writable(bucket) {
+            self.markers.remove(&dir);
+            return Ok(S3Response::new(DeleteBucketOutput {}));
         }
         Err(S3Error::with_message(
             S3ErrorCode::NotImplemented,
@@ -785,6 +822,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = &req.input;
         read::one_part(input.part_number)?;
+        keys::check_version_id(input.version_id.as_deref())?;
         let conds = ReadConditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
@@ -830,6 +868,23 @@ impl S3 for Gateway {
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
         list::list_objects(self, req).await
+    }
+
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        list::list_object_versions(self, req).await
+    }
+
+    /// GetBucketVersioning: buckets here are never versioned, which S3 answers with an empty
+    /// configuration (no `Status`).
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        self.require_bucket(&req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
     }
 
     async fn put_object(

@@ -5,8 +5,9 @@ use pagestore_client::Error as ClientError;
 use pagestore_protocol::frame::DirEntry;
 use s3s::{
     dto::{
-        CommonPrefix, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
-        ListObjectsV2Output, Object, ObjectStorageClass,
+        CommonPrefix, EncodingType, ListObjectVersionsInput, ListObjectVersionsOutput,
+        ListObjectsInput, ListObjectsOutput, ListObjectsV2Input, ListObjectsV2Output, Object,
+        ObjectStorageClass, ObjectVersion, ObjectVersionStorageClass,
     },
     S3Request, S3Response, S3Result,
 };
@@ -404,5 +405,66 @@ pub(super) async fn list_objects(
         common_prefixes: Some(prefixes),
         encoding_type: input.encoding_type,
         ..ListObjectsOutput::default()
+    }))
+}
+
+/// ListObjectVersions: buckets here are never versioned, so every object has one version, S3's
+/// `null`, the latest: the listing is ListObjects' with each object as that version (clients
+/// that empty a bucket by its versions, and tools that list versions, work as on an unversioned
+/// S3 bucket). A `version-id-marker` can only be `null`, so the key marker alone says where to
+/// go on.
+pub(super) async fn list_object_versions(
+    gw: &Gateway,
+    req: S3Request<ListObjectVersionsInput>,
+) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+    let input = req.input;
+    let max = max_keys(input.max_keys)?;
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let page = gw
+        .list_page(&ListArgs {
+            bucket: &input.bucket,
+            prefix: &prefix,
+            delimiter: delimiter(input.delimiter.as_deref()),
+            after: input.key_marker.as_deref().filter(|m| !m.is_empty()),
+            max,
+        })
+        .await?;
+    let enc = is_url(input.encoding_type.as_ref());
+    let code = |s: String| if enc { url_encode(&s) } else { s };
+    let truncated = page.truncated;
+    let next_key_marker = truncated
+        .then(|| page.items.last().map(|i| code(i.key().to_string())))
+        .flatten();
+    let (objects, prefixes) = gw.split_page(&input.bucket, page, enc, true);
+    let versions = objects
+        .into_iter()
+        .map(|o| ObjectVersion {
+            e_tag: o.e_tag,
+            is_latest: Some(true),
+            key: o.key,
+            last_modified: o.last_modified,
+            owner: o.owner,
+            size: o.size,
+            storage_class: Some(ObjectVersionStorageClass::from_static(
+                ObjectVersionStorageClass::STANDARD,
+            )),
+            version_id: Some("null".into()),
+            ..ObjectVersion::default()
+        })
+        .collect();
+    Ok(S3Response::new(ListObjectVersionsOutput {
+        name: Some(input.bucket),
+        prefix: Some(code(prefix)),
+        delimiter: input.delimiter.filter(|d| !d.is_empty()).map(code),
+        key_marker: Some(code(input.key_marker.unwrap_or_default())),
+        version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
+        max_keys: Some(max as i32),
+        is_truncated: Some(truncated),
+        next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_string()),
+        next_key_marker,
+        versions: Some(versions),
+        common_prefixes: Some(prefixes),
+        encoding_type: input.encoding_type,
+        ..ListObjectVersionsOutput::default()
     }))
 }

@@ -51,7 +51,8 @@ struct Cli {
     region: String,
 
     /// The under storage, as given to pagestored, with credentials (repeatable): needed for
-    /// writes (PutObject, multipart uploads, DeleteObject) and for reads when a member is down
+    /// writes (PutObject, multipart uploads, DeleteObject) and for reads when a member is down;
+    /// with a mount of the root (`--mount /=URL`), CreateBucket makes new buckets
     #[arg(long = "mount", value_name = "/LOGICAL=URL", value_parser = parse_mount)]
     mounts: Vec<(String, String)>,
 

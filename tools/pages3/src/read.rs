@@ -147,6 +147,7 @@ pub(super) async fn get_object(
 ) -> S3Result<S3Response<GetObjectOutput>> {
     let input = &req.input;
     one_part(input.part_number)?;
+    super::keys::check_version_id(input.version_id.as_deref())?;
     let conds = ReadConditions {
         if_match: input.if_match.as_ref(),
         if_none_match: input.if_none_match.as_ref(),

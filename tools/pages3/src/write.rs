@@ -121,6 +121,7 @@ pub(super) async fn delete_object(
     req: S3Request<DeleteObjectInput>,
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let input = &req.input;
+    super::keys::check_version_id(input.version_id.as_deref())?;
     let path = key_path(&input.bucket, &input.key)?;
     match &path {
         KeyPath::Object(p) | KeyPath::Marker(p) => gw.may_write(p)?,
@@ -638,13 +639,16 @@ pub(super) async fn delete_objects(
     let mut errors = Vec::new();
     for o in input.delete.objects {
         let cond = o.e_tag.clone().map(ETagCondition::ETag);
-        let result = match key_path(&input.bucket, &o.key) {
+        let result = match super::keys::check_version_id(o.version_id.as_deref())
+            .and_then(|()| key_path(&input.bucket, &o.key))
+        {
             Ok(path) => gw.delete_key(path, cond.as_ref()).await,
             Err(e) => Err(e),
         };
         match result {
             Ok(()) if !quiet => deleted.push(DeletedObject {
                 key: Some(o.key),
+                version_id: o.version_id,
                 ..DeletedObject::default()
             }),
             Ok(()) => {}
@@ -652,7 +656,7 @@ pub(super) async fn delete_objects(
                 code: Some(e.code().as_str().to_string()),
                 key: Some(o.key),
                 message: e.message().map(str::to_string),
-                version_id: None,
+                version_id: o.version_id,
             }),
         }
     }

@@ -1708,6 +1708,96 @@ async fn pages3_refuses_what_s3_refuses() {
     assert_eq!(staged_files(&data), Vec::<PathBuf>::new());
 }
 
+/// Buckets over a mount of the namespace's root: boto3 makes, lists, fills, empties and removes
+/// them (what S3 conformance suites and `aws s3 mb` do); versions of unversioned buckets.
+const BUCKETS_SCRIPT: &str = r#"
+import os
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+EP, KEY, SECRET, ROOT = (os.environ[k] for k in ("EP", "KEY", "SECRET", "ROOT"))
+s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
+                                region_name="us-east-1"))
+
+def check(cond, *msg):
+    if not cond:
+        raise AssertionError(" ".join(map(str, msg)))
+
+def err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code")
+    raise AssertionError("expected an error")
+
+names = lambda: [b["Name"] for b in s3.list_buckets()["Buckets"]]
+check(names() == ["old"], names())
+# A new bucket: listed and there at once, empty, before it holds anything.
+s3.create_bucket(Bucket="fresh-bucket")
+check(names() == ["fresh-bucket", "old"], names())
+s3.head_bucket(Bucket="fresh-bucket")
+check(s3.list_objects_v2(Bucket="fresh-bucket")["KeyCount"] == 0)
+check(s3.create_bucket(Bucket="fresh-bucket")["ResponseMetadata"]["HTTPStatusCode"] == 200)
+check(err(lambda: s3.create_bucket(Bucket="Bad_Name")) == (400, "InvalidBucketName"))
+s3.put_object(Bucket="fresh-bucket", Key="a/b.txt", Body=b"bee")
+s3.put_object(Bucket="fresh-bucket", Key="c.txt", Body=b"sea")
+check(open(os.path.join(ROOT, "fresh-bucket/a/b.txt"), "rb").read() == b"bee")
+check(err(lambda: s3.delete_bucket(Bucket="fresh-bucket")) == (409, "BucketNotEmpty"))
+# Versions of an unversioned bucket: one each, "null", the latest.
+check(s3.get_bucket_versioning(Bucket="fresh-bucket").get("Status") is None)
+v = s3.list_object_versions(Bucket="fresh-bucket")
+check([(x["Key"], x["VersionId"], x["IsLatest"]) for x in v["Versions"]]
+      == [("a/b.txt", "null", True), ("c.txt", "null", True)], v)
+v = s3.list_object_versions(Bucket="fresh-bucket", MaxKeys=1)
+check(v["IsTruncated"] and v["NextKeyMarker"] == "a/b.txt" and v["NextVersionIdMarker"] == "null", v)
+v = s3.list_object_versions(Bucket="fresh-bucket", KeyMarker="a/b.txt", VersionIdMarker="null")
+check([x["Key"] for x in v["Versions"]] == ["c.txt"], v)
+check(s3.get_object(Bucket="fresh-bucket", Key="c.txt", VersionId="null")["Body"].read() == b"sea")
+check(err(lambda: s3.get_object(Bucket="fresh-bucket", Key="c.txt", VersionId="3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"))
+      == (400, "InvalidArgument"))
+check(err(lambda: s3.head_object(Bucket="fresh-bucket", Key="c.txt", VersionId="other"))[0] == 400)
+r = s3.delete_objects(Bucket="fresh-bucket", Delete={"Objects": [
+    {"Key": "a/b.txt", "VersionId": "null"}, {"Key": "c.txt", "VersionId": "other"}]})
+check([(d["Key"], d.get("VersionId")) for d in r.get("Deleted", [])] == [("a/b.txt", "null")], r)
+check([(e["Key"], e["Code"]) for e in r.get("Errors", [])] == [("c.txt", "InvalidArgument")], r)
+s3.delete_object(Bucket="fresh-bucket", Key="c.txt", VersionId="null")
+check(s3.list_object_versions(Bucket="fresh-bucket").get("Versions", []) == [])
+# Empty again: it goes, and stays gone.
+check(s3.delete_bucket(Bucket="fresh-bucket")["ResponseMetadata"]["HTTPStatusCode"] == 204)
+check(names() == ["old"], names())
+check(err(lambda: s3.head_bucket(Bucket="fresh-bucket"))[0] == 404)
+check(err(lambda: s3.delete_bucket(Bucket="fresh-bucket")) == (404, "NoSuchBucket"))
+check(err(lambda: s3.put_object(Bucket="fresh-bucket", Key="x", Body=b"x")) == (404, "NoSuchBucket"))
+# A bucket that holds objects in the store is there without CreateBucket, and cannot go.
+check(err(lambda: s3.delete_bucket(Bucket="old")) == (409, "BucketNotEmpty"))
+print("ALL OK")
+"#;
+
+/// `pages3 --mount /=URL` makes and removes buckets (CreateBucket, DeleteBucket), as S3 clients
+/// and conformance suites expect of an S3 endpoint; buckets are never versioned, and answer
+/// the version calls as an unversioned S3 bucket does.
+#[test]
+fn a_gateway_over_the_root_makes_and_removes_buckets() {
+    let (dir, mut s) = common::settings();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("old")).unwrap();
+    std::fs::write(root.join("old/kept.txt"), b"kept").unwrap();
+    let mount = format!("/=file://{}", root.display());
+    s.mounts = vec![mount.clone()];
+    let c = Cluster::start(dir, s);
+    let gw = Gateway::writable(&c, "gw", &mount);
+    let env = vec![
+        ("EP", gw.endpoint.clone()),
+        ("KEY", KEY.to_string()),
+        ("SECRET", SECRET.to_string()),
+        ("ROOT", root.display().to_string()),
+    ];
+    run_python("buckets", BUCKETS_SCRIPT, &env, &[&gw]);
+    assert!(!root.join("fresh-bucket/a/b.txt").exists());
+    assert_eq!(std::fs::read(root.join("old/kept.txt")).unwrap(), b"kept");
+}
+
 /// `Last-Modified` (HeadObject, GetObject) and a listing's `LastModified` are the object's
 /// modification time in the store, not the gateway's start time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
