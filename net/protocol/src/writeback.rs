@@ -44,6 +44,18 @@ pub fn is_wb_tag(tag: &str) -> bool {
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
+/// What a refused write-back change says when the path is a directory.
+pub const IS_A_DIRECTORY: &str = "is a directory";
+/// What a refused write-back change says when an ancestor of the path is a file.
+pub const NOT_A_DIRECTORY: &str = "is a file, not a directory";
+
+/// Whether a refusal of a write-back change (its message) is a file/directory conflict: the
+/// path names a directory, or lies beneath a file. An object store could not hold both, so
+/// front ends answer it as such (pages3: 409 ObjectPrefixConflict).
+pub fn is_path_conflict(message: &str) -> bool {
+    message.ends_with(&format!(": {IS_A_DIRECTORY}")) || message.contains(NOT_A_DIRECTORY)
+}
+
 /// How a mount takes writes (the `write` parameter of its URL).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum WritePolicy {

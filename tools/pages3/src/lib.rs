@@ -782,8 +782,9 @@ impl S3 for Gateway {
     }
 
     /// DeleteBucket: 404 for a bucket that does not exist and 409 BucketNotEmpty for one that
-    /// holds objects, as S3 answers; an empty bucket made by CreateBucket goes (204); any other
-    /// empty bucket is a mount that the gateway cannot remove: 501 with the reason.
+    /// holds keys, as S3 answers; an empty bucket under the root mount this gateway writes goes
+    /// (204); any other empty bucket is a mount that the gateway cannot remove: 501 with the
+    /// reason.
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,
@@ -791,19 +792,15 @@ impl S3 for Gateway {
         let bucket = &req.input.bucket;
         self.require_bucket(bucket).await?;
         let dir = format!("/{bucket}");
-        let entries = match self.client.list(&dir).await {
-            Ok(v) => v,
-            // A bucket made here that holds no object (any more) has no directory to list.
-            Err(ClientError::NotFound(_) | ClientError::NotDir(_)) => Vec::new(),
-            Err(e) => return Err(client_error(e)),
-        };
-        if !entries.is_empty() || !self.markers.children(&dir).is_empty() {
+        if self.holds_keys(bucket).await? {
             return Err(S3Error::with_message(
                 S3ErrorCode::BucketNotEmpty,
                 format!("{bucket}: the bucket you tried to delete is not empty"),
             ));
         }
-        if self.markers.get(&dir).is_some() && self.root_writable(bucket) {
+        if self.root_writable(bucket) {
+            // Nothing in it: what remains is this gateway's memory of it (if it made it) and
+            // directories that hold no object, which no listing shows.
             self.markers.remove(&dir);
             return Ok(S3Response::new(DeleteBucketOutput {}));
         }

@@ -116,6 +116,23 @@ impl Gateway {
         }
     }
 
+    /// Whether `bucket` holds any key (an object, or a directory marker put here).
+    pub(super) async fn holds_keys(&self, bucket: &str) -> S3Result<bool> {
+        if !self.markers.children(&format!("/{bucket}")).is_empty() {
+            return Ok(true);
+        }
+        let page = self
+            .list_page(&ListArgs {
+                bucket,
+                prefix: "",
+                delimiter: None,
+                after: None,
+                max: 1,
+            })
+            .await?;
+        Ok(!page.items.is_empty())
+    }
+
     /// One page of keys (and, with the delimiter, common prefixes) after `after`, in order.
     async fn list_page(&self, a: &ListArgs<'_>) -> S3Result<Page> {
         if !valid_bucket(a.bucket) {

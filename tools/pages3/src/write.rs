@@ -482,7 +482,7 @@ impl Gateway {
                 .client
                 .create(path, pagestore_client::WriteOptions::default())
                 .await
-                .map_err(client_error)?;
+                .map_err(|e| Self::cached_write_error(path, e))?;
             let mut at = 0u64;
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
@@ -490,7 +490,10 @@ impl Gateway {
                 at += chunk.len() as u64;
             }
             let md5 = digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
-            let info = w.close().await.map_err(client_error)?;
+            let info = w
+                .close()
+                .await
+                .map_err(|e| Self::cached_write_error(path, e))?;
             Ok((info, md5))
         }
         .await;
@@ -504,6 +507,23 @@ impl Gateway {
                 body.drain().await;
                 Err(e)
             }
+        }
+    }
+
+    /// A cluster write's error: a file/directory conflict is 409, as on a store written
+    /// through (`conflict_or`).
+    fn cached_write_error(path: &str, e: pagestore_client::Error) -> S3Error {
+        match &e {
+            pagestore_client::Error::BadPath(m)
+                if pagestore_protocol::writeback::is_path_conflict(m) =>
+            {
+                let key = path.splitn(3, '/').nth(2).unwrap_or(path);
+                conflict(format!(
+                    "{key:?}: a key cannot be both an object and a prefix here (a key beneath \
+                     an object, or an object where keys lie beneath)"
+                ))
+            }
+            _ => client_error(e),
         }
     }
 

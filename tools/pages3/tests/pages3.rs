@@ -1955,6 +1955,20 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         .await;
     assert!(refused.is_err(), "{refused:?}");
 
+    // A key beneath an object, or an object where keys lie beneath, is a 409 as on a store
+    // written through: the flush could never write it to a file system store.
+    for key in ["run/big.bin/under", "run"] {
+        let e = s3
+            .put(&StorePath::from(key), vec![2u8; 10].into())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("409"), "{key}: {e}");
+    }
+    assert!(s3
+        .head(&StorePath::from("run/big.bin/under"))
+        .await
+        .is_err());
+
     // Flushed: the store holds the exact bytes; a delete reaches it too.
     let out = c.pagectl(&["sync", "/ck"]);
     assert!(

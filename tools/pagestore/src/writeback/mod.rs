@@ -509,6 +509,29 @@ impl WriteBackNode {
                         format!("{path}: is a directory"),
                     ));
                 }
+                // The nearest ancestor that exists must be a directory: a file of the store
+                // cannot hold one, and the flush could never write it.
+                let mut cur = pagestore_protocol::writeback::parent(path);
+                while let Some(a) = cur {
+                    if !unknown(a) {
+                        // The records decided (Records::file_ancestor).
+                        break;
+                    }
+                    match stat(a.to_string()).await {
+                        Ok(Some(PathKind::File { .. })) => {
+                            return Err(SourceError::new(
+                                ErrorCode::BadRequest,
+                                format!(
+                                    "{path}: {a} {}",
+                                    pagestore_protocol::writeback::NOT_A_DIRECTORY
+                                ),
+                            ))
+                        }
+                        Ok(None) => cur = pagestore_protocol::writeback::parent(a),
+                        // A directory, or a store that does not answer now.
+                        _ => break,
+                    }
+                }
             }
             ChangeOp::MakeDir { path, .. } if unknown(path) => {
                 if let Ok(Some(_)) = stat(path.clone()).await {

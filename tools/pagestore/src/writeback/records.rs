@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use pagestore_protocol::{
     frame::{ChangeOp, ErrorCode, FileId, FileRecord, RecordEntry, RecordState, WriteBackSummary},
     ring,
-    writeback::{hlc_ms, is_wb_tag, parent},
+    writeback::{hlc_ms, is_wb_tag, parent, NOT_A_DIRECTORY},
 };
 
 /// Why a change cannot be made.
@@ -293,6 +293,21 @@ impl Records {
         }
     }
 
+    /// The nearest ancestor of `path` that the records know as a live file, if the records
+    /// know it before they know one as a directory: a new file cannot go beneath it.
+    pub fn file_ancestor<'p>(&self, path: &'p str) -> Option<&'p str> {
+        for a in ancestors(path) {
+            match self.known(a) {
+                Known::Record(r) if is_live(r) => {
+                    return matches!(r.entry, RecordEntry::File { .. }).then_some(a)
+                }
+                Known::Implied => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
     /// The live file record holding write-back version `file_id`, if any (of two, the later:
     /// a rename's new path).
     pub fn by_file(&self, file_id: u128) -> Option<&FileRecord> {
@@ -448,6 +463,12 @@ impl Records {
                     return Err(refused(
                         ErrorCode::BadRequest,
                         format!("{path}: is a directory"),
+                    ));
+                }
+                if let Some(file) = self.file_ancestor(path) {
+                    return Err(refused(
+                        ErrorCode::BadRequest,
+                        format!("{path}: {file} {NOT_A_DIRECTORY}"),
                     ));
                 }
                 Ok(Plan::Records(vec![unstamped(path, entry(state))]))

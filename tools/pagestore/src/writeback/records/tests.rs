@@ -97,6 +97,29 @@ fn a_commit_makes_the_file_and_its_directories_and_the_last_one_closes_it() {
 }
 
 #[test]
+fn a_file_cannot_hold_a_new_file_beneath_it() {
+    let mut t = Records::new();
+    change(&mut t, commit("/b/foo/bar", 1, 3, true), 1 << 16).unwrap();
+    // Beneath the file, at any depth: refused (no store could flush it), nothing recorded.
+    for p in ["/b/foo/bar/xyzzy", "/b/foo/bar/x/y"] {
+        let e = t.plan(&commit(p, 2, 1, true), false).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadRequest, "{p}");
+        assert!(e.message.contains("/b/foo/bar is a file"), "{}", e.message);
+        assert!(t.get(p).is_none());
+    }
+    assert_eq!(t.file_ancestor("/b/foo/bar/xyzzy"), Some("/b/foo/bar"));
+    // Beside it, and beneath it once it is deleted: allowed.
+    change(&mut t, commit("/b/foo/baz", 3, 1, true), 2 << 16).unwrap();
+    let del = ChangeOp::Delete {
+        path: "/b/foo/bar".into(),
+        dir: false,
+    };
+    change(&mut t, del, 3 << 16).unwrap();
+    assert_eq!(t.file_ancestor("/b/foo/bar/xyzzy"), None);
+    change(&mut t, commit("/b/foo/bar/xyzzy", 2, 1, true), 4 << 16).unwrap();
+}
+
+#[test]
 fn a_rename_moves_the_version_and_keeps_its_pages() {
     let mut t = Records::new();
     change(&mut t, commit("/ck/.tmp", 1, 100, true), 1 << 16).unwrap();
