@@ -500,6 +500,37 @@ impl WriteBackNode {
                 }
             }
         };
+        // The nearest ancestor that exists of a path a change makes must be a directory: a
+        // file of the store cannot hold one, and the flush could never write it.
+        let made = match op {
+            ChangeOp::Commit { path, .. } | ChangeOp::MakeDir { path, .. } if unknown(path) => {
+                Some(path.as_str())
+            }
+            ChangeOp::Rename { to, .. } => Some(to.as_str()),
+            _ => None,
+        };
+        let mut cur = made.and_then(pagestore_protocol::writeback::parent);
+        while let Some(a) = cur {
+            if !unknown(a) {
+                // The records decided (Records::file_ancestor).
+                break;
+            }
+            match stat(a.to_string()).await {
+                Ok(Some(PathKind::File { .. })) => {
+                    return Err(SourceError::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "{}: {a} {}",
+                            made.unwrap_or_default(),
+                            pagestore_protocol::writeback::NOT_A_DIRECTORY
+                        ),
+                    ))
+                }
+                Ok(None) => cur = pagestore_protocol::writeback::parent(a),
+                // A directory, or a store that does not answer now.
+                _ => break,
+            }
+        }
         match op {
             // Writes go on while the store is down: these checks are made when it answers.
             ChangeOp::Commit { path, .. } if unknown(path) => {
@@ -508,29 +539,6 @@ impl WriteBackNode {
                         ErrorCode::BadRequest,
                         format!("{path}: is a directory"),
                     ));
-                }
-                // The nearest ancestor that exists must be a directory: a file of the store
-                // cannot hold one, and the flush could never write it.
-                let mut cur = pagestore_protocol::writeback::parent(path);
-                while let Some(a) = cur {
-                    if !unknown(a) {
-                        // The records decided (Records::file_ancestor).
-                        break;
-                    }
-                    match stat(a.to_string()).await {
-                        Ok(Some(PathKind::File { .. })) => {
-                            return Err(SourceError::new(
-                                ErrorCode::BadRequest,
-                                format!(
-                                    "{path}: {a} {}",
-                                    pagestore_protocol::writeback::NOT_A_DIRECTORY
-                                ),
-                            ))
-                        }
-                        Ok(None) => cur = pagestore_protocol::writeback::parent(a),
-                        // A directory, or a store that does not answer now.
-                        _ => break,
-                    }
                 }
             }
             ChangeOp::MakeDir { path, .. } if unknown(path) => {

@@ -375,6 +375,13 @@ impl Records {
             } => self.plan_commit(path, version_tag, *size, *mtime_ns, *last, transient),
             ChangeOp::Rename { from, to, replace } => self.plan_rename(from, to, *replace),
             ChangeOp::Delete { path, dir } => self.plan_delete(path, *dir),
+            ChangeOp::MakeDir { path, .. } if self.file_ancestor(path).is_some() => {
+                let file = self.file_ancestor(path).unwrap_or_default();
+                Err(refused(
+                    ErrorCode::BadRequest,
+                    format!("{path}: {file} {NOT_A_DIRECTORY}"),
+                ))
+            }
             ChangeOp::MakeDir { path, mtime_ns } => match self.known(path) {
                 Known::Record(r) if is_live(r) => Err(refused(
                     ErrorCode::Exists,
@@ -484,6 +491,12 @@ impl Records {
             return Err(refused(
                 ErrorCode::BadRequest,
                 format!("cannot move {from} into itself"),
+            ));
+        }
+        if let Some(file) = self.file_ancestor(to) {
+            return Err(refused(
+                ErrorCode::BadRequest,
+                format!("{to}: {file} {NOT_A_DIRECTORY}"),
             ));
         }
         match self.known(to) {

@@ -108,6 +108,22 @@ fn a_file_cannot_hold_a_new_file_beneath_it() {
         assert!(t.get(p).is_none());
     }
     assert_eq!(t.file_ancestor("/b/foo/bar/xyzzy"), Some("/b/foo/bar"));
+    // Nor a directory, nor a file renamed there.
+    let mkdir = ChangeOp::MakeDir {
+        path: "/b/foo/bar/d".into(),
+        mtime_ns: 1,
+    };
+    assert_eq!(
+        t.plan(&mkdir, false).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
+    change(&mut t, commit("/b/other", 4, 1, true), 3 << 15).unwrap();
+    let mv = ChangeOp::Rename {
+        from: "/b/other".into(),
+        to: "/b/foo/bar/moved".into(),
+        replace: true,
+    };
+    assert_eq!(t.plan(&mv, false).unwrap_err().code, ErrorCode::BadRequest);
     // Beside it, and beneath it once it is deleted: allowed.
     change(&mut t, commit("/b/foo/baz", 3, 1, true), 2 << 16).unwrap();
     let del = ChangeOp::Delete {
