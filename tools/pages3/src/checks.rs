@@ -83,6 +83,35 @@ fn query_value<'a>(uri: &'a Uri, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The region of a SigV4 request's credential scope (the Authorization header's `Credential=`,
+/// or a presigned URL's `X-Amz-Credential`) when it is not a region name at all (`[a-z0-9-]+`),
+/// such as the `US` that s3cmd's default configuration signs with. S3 answers such a request
+/// 400 AuthorizationHeaderMalformed naming the region to use, and clients (s3cmd) sign it again
+/// for that region; the S3 library would refuse it with an error they do not act on.
+pub fn malformed_region(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    let scope = match headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(auth) => auth
+            .strip_prefix("AWS4-HMAC-SHA256")?
+            .split(',')
+            .find_map(|p| p.trim().strip_prefix("Credential="))?
+            .to_string(),
+        None => String::from_utf8(super::keys::percent_decode(
+            query_value(uri, "X-Amz-Credential")?.as_bytes(),
+        ))
+        .ok()?,
+    };
+    // ACCESS_KEY/DATE/REGION/s3/aws4_request
+    let region = scope.split('/').nth(2)?;
+    let valid = !region.is_empty()
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    (!valid).then(|| region.to_string())
+}
+
 fn unix_now(now: SystemTime) -> i64 {
     match now.duration_since(SystemTime::UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
@@ -647,6 +676,39 @@ pub(super) fn hex(b: &[u8]) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn regions_that_are_no_region_are_found_in_both_signatures() {
+        let h = |auth: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(hyper::header::AUTHORIZATION, auth.parse().unwrap());
+            m
+        };
+        let uri: Uri = "/b/k".parse().unwrap();
+        let auth = |region: &str| {
+            format!(
+                "AWS4-HMAC-SHA256 Credential=KEY/20261203/{region}/s3/aws4_request, \
+                 SignedHeaders=host, Signature=00"
+            )
+        };
+        assert_eq!(malformed_region(&uri, &h(&auth("US"))), Some("US".into()));
+        assert_eq!(malformed_region(&uri, &h(&auth("us-east-1"))), None);
+        assert_eq!(malformed_region(&uri, &h(&auth(""))), Some(String::new()));
+        assert_eq!(malformed_region(&uri, &h("AWS KEY:sig")), None);
+        assert_eq!(malformed_region(&uri, &HeaderMap::new()), None);
+        let presigned: Uri =
+            "/b/k?X-Amz-Credential=KEY%2F20261203%2FEU%2Fs3%2Faws4_request&X-Amz-Expires=60"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            malformed_region(&presigned, &HeaderMap::new()),
+            Some("EU".into())
+        );
+        let fine: Uri = "/b/k?X-Amz-Credential=KEY%2F20261203%2Feu-west-1%2Fs3%2Faws4_request"
+            .parse()
+            .unwrap();
+        assert_eq!(malformed_region(&fine, &HeaderMap::new()), None);
+    }
 
     #[test]
     fn http_dates_parse() {

@@ -168,6 +168,7 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: S3Service,
+    region: String,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -178,6 +179,7 @@ pub async fn serve(
         move |_peer| Front {
             s3: service.clone(),
             stall,
+            region: region.clone(),
         },
         shutdown,
         SHUTDOWN_GRACE,
@@ -192,6 +194,8 @@ pub async fn serve(
 struct Front {
     s3: S3Service,
     stall: Duration,
+    /// The gateway's region (`--region`), named to clients that sign for no region.
+    region: String,
 }
 
 type FrontFuture =
@@ -215,8 +219,13 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
             }
         });
         let s3 = self.s3.clone();
+        let wrong_region = checks::malformed_region(req.uri(), req.headers());
+        let region = self.region.clone();
         Box::pin(async move {
-            let mut resp = s3.call(req).await?;
+            let mut resp = match wrong_region {
+                Some(asked) => region_error(&asked, &region),
+                None => s3.call(req).await?,
+            };
             finish_response(
                 &mut resp,
                 &multipart::random_id()[..16].to_ascii_uppercase(),
@@ -225,6 +234,31 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
             Ok(resp)
         })
     }
+}
+
+/// 400 AuthorizationHeaderMalformed for a request signed for `asked`, which is no region, with
+/// the `<Region>` to sign for instead, as S3 answers it.
+fn region_error(asked: &str, region: &str) -> hyper::Response<Body> {
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AuthorizationHeaderMalformed\
+         </Code><Message>The authorization header is malformed; the region '{}' is wrong; \
+         expecting '{}'</Message><Region>{}</Region></Error>",
+        esc(asked),
+        esc(region),
+        esc(region)
+    );
+    let mut resp = hyper::Response::new(Body::from(body));
+    *resp.status_mut() = hyper::StatusCode::BAD_REQUEST;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/xml"),
+    );
+    resp
 }
 
 /// Whether a request declares a body (a non-zero `Content-Length`, or `Transfer-Encoding`).

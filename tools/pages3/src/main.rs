@@ -242,6 +242,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
         }
     }
     let writable = s.gateway.writable;
+    let region = s.gateway.region.clone();
     let service = pages3::service(client, s.gateway).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(s.listen)
         .await
@@ -257,7 +258,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
         let _ = writeln!(out, "ready http://{addr}");
         let _ = out.flush();
     }
-    pages3::serve(listener, service, s.limits, async {
+    pages3::serve(listener, service, region, s.limits, async {
         let which = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",

@@ -1046,6 +1046,15 @@ dst = os.path.join(work, "got")
 os.makedirs(dst)
 run(*s3cmd, "get", "--recursive", "s3://data/s3cmd/sub/", dst + "/")
 check(open(os.path.join(dst, "b.bin"), "rb").read() == files["sub/b.bin"], "s3cmd wildcard get", os.listdir(dst))
+# s3cmd as `s3cmd --configure` leaves it: it signs for the region "US" until told the right one
+# (400 AuthorizationHeaderMalformed with <Region>, as S3 answers), then works.
+cfg_us = os.path.join(work, "s3cfg-us")
+open(cfg_us, "w").write("[default]\naccess_key = %s\nsecret_key = %s\nhost_base = %s\nhost_bucket = %s\n"
+                        "use_https = False\nsignature_v2 = False\nbucket_location = US\n" % (KEY, SECRET, host, host))
+s3cmd_us = [os.path.join(BIN, "python"), os.path.join(BIN, "s3cmd"), "-c", cfg_us]
+check("s3://data" in run(*s3cmd_us, "ls", "s3://"), "s3cmd ls with region US")
+run(*s3cmd_us, "put", os.path.join(src, "a.txt"), "s3://data/s3cmd-us/a.txt")
+check(local("s3cmd-us/a.txt") == files["a.txt"], "s3cmd put with region US")
 
 # --- pyarrow's S3 file system: create_dir, copy_file, delete_dir_contents
 fs = pafs.S3FileSystem(access_key=KEY, secret_key=SECRET, endpoint_override=host, scheme="http",
