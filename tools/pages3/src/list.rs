@@ -383,43 +383,84 @@ pub(super) async fn list_objects_v2(
     }))
 }
 
-/// ListObjects (version 1): a page after the marker.
+/// A page of a listing paged by markers (ListObjects v1, ListObjectVersions): the objects
+/// (with owners) and common prefixes after `marker`, and, when it is truncated, the next marker
+/// (the last key or common prefix, encoded as asked).
+struct MarkerPage {
+    max: usize,
+    enc: bool,
+    truncated: bool,
+    next: Option<String>,
+    contents: Vec<Object>,
+    prefixes: Vec<CommonPrefix>,
+}
+
+async fn marker_page(
+    gw: &Gateway,
+    bucket: &str,
+    prefix: &str,
+    delimiter_asked: Option<&str>,
+    marker: Option<&str>,
+    max_keys_asked: Option<i32>,
+    encoding: Option<&EncodingType>,
+) -> S3Result<MarkerPage> {
+    let max = max_keys(max_keys_asked)?;
+    let page = gw
+        .list_page(&ListArgs {
+            bucket,
+            prefix,
+            delimiter: delimiter(delimiter_asked),
+            after: marker.filter(|m| !m.is_empty()),
+            max,
+        })
+        .await?;
+    let enc = is_url(encoding);
+    let truncated = page.truncated;
+    let next = truncated
+        .then(|| page.items.last().map(|i| i.key().to_string()))
+        .flatten()
+        .map(|k| if enc { url_encode(&k) } else { k });
+    let (contents, prefixes) = gw.split_page(bucket, page, enc, true);
+    Ok(MarkerPage {
+        max,
+        enc,
+        truncated,
+        next,
+        contents,
+        prefixes,
+    })
+}
+
+/// ListObjects (version 1): a page after the marker; each object with its owner, as S3 lists
+/// them.
 pub(super) async fn list_objects(
     gw: &Gateway,
     req: S3Request<ListObjectsInput>,
 ) -> S3Result<S3Response<ListObjectsOutput>> {
     let input = req.input;
-    let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    let page = gw
-        .list_page(&ListArgs {
-            bucket: &input.bucket,
-            prefix: &prefix,
-            delimiter: delimiter(input.delimiter.as_deref()),
-            after: input.marker.as_deref().filter(|m| !m.is_empty()),
-            max,
-        })
-        .await?;
-    let enc = is_url(input.encoding_type.as_ref());
-    let code = |s: String| if enc { url_encode(&s) } else { s };
-    let next_marker = page
-        .truncated
-        .then(|| page.items.last().map(|i| code(i.key().to_string())))
-        .flatten();
-    let truncated = page.truncated;
-    // Version 1 lists each object's owner, as S3 does.
-    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc, true);
+    let p = marker_page(
+        gw,
+        &input.bucket,
+        &prefix,
+        input.delimiter.as_deref(),
+        input.marker.as_deref(),
+        input.max_keys,
+        input.encoding_type.as_ref(),
+    )
+    .await?;
+    let code = |s: String| if p.enc { url_encode(&s) } else { s };
     Ok(S3Response::new(ListObjectsOutput {
         name: Some(input.bucket),
         // Version 1 answers the Prefix as given, even with encoding-type=url (as S3 does).
         prefix: Some(prefix),
         delimiter: input.delimiter.filter(|d| !d.is_empty()).map(code),
         marker: Some(code(input.marker.unwrap_or_default())),
-        max_keys: Some(max as i32),
-        is_truncated: Some(truncated),
-        next_marker,
-        contents: Some(contents),
-        common_prefixes: Some(prefixes),
+        max_keys: Some(p.max as i32),
+        is_truncated: Some(p.truncated),
+        next_marker: p.next,
+        contents: Some(p.contents),
+        common_prefixes: Some(p.prefixes),
         encoding_type: input.encoding_type,
         ..ListObjectsOutput::default()
     }))
@@ -435,25 +476,20 @@ pub(super) async fn list_object_versions(
     req: S3Request<ListObjectVersionsInput>,
 ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
     let input = req.input;
-    let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    let page = gw
-        .list_page(&ListArgs {
-            bucket: &input.bucket,
-            prefix: &prefix,
-            delimiter: delimiter(input.delimiter.as_deref()),
-            after: input.key_marker.as_deref().filter(|m| !m.is_empty()),
-            max,
-        })
-        .await?;
-    let enc = is_url(input.encoding_type.as_ref());
-    let code = |s: String| if enc { url_encode(&s) } else { s };
-    let truncated = page.truncated;
-    let next_key_marker = truncated
-        .then(|| page.items.last().map(|i| code(i.key().to_string())))
-        .flatten();
-    let (objects, prefixes) = gw.split_page(&input.bucket, page, enc, true);
-    let versions = objects
+    let p = marker_page(
+        gw,
+        &input.bucket,
+        &prefix,
+        input.delimiter.as_deref(),
+        input.key_marker.as_deref(),
+        input.max_keys,
+        input.encoding_type.as_ref(),
+    )
+    .await?;
+    let code = |s: String| if p.enc { url_encode(&s) } else { s };
+    let versions = p
+        .contents
         .into_iter()
         .map(|o| ObjectVersion {
             e_tag: o.e_tag,
@@ -475,12 +511,12 @@ pub(super) async fn list_object_versions(
         delimiter: input.delimiter.filter(|d| !d.is_empty()).map(code),
         key_marker: Some(code(input.key_marker.unwrap_or_default())),
         version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
-        max_keys: Some(max as i32),
-        is_truncated: Some(truncated),
-        next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_string()),
-        next_key_marker,
+        max_keys: Some(p.max as i32),
+        is_truncated: Some(p.truncated),
+        next_version_id_marker: p.next.as_ref().map(|_| "null".to_string()),
+        next_key_marker: p.next,
         versions: Some(versions),
-        common_prefixes: Some(prefixes),
+        common_prefixes: Some(p.prefixes),
         encoding_type: input.encoding_type,
         ..ListObjectVersionsOutput::default()
     }))
