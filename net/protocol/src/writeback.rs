@@ -49,6 +49,11 @@ pub const IS_A_DIRECTORY: &str = "is a directory";
 /// What a refused write-back change says when an ancestor of the path is a file.
 pub const NOT_A_DIRECTORY: &str = "is a file, not a directory";
 
+/// The refusal of a change that would put `path` beneath `file`, a file.
+pub fn beneath_file(path: &str, file: &str) -> String {
+    format!("{path}: {file} {NOT_A_DIRECTORY}")
+}
+
 /// Whether a refusal of a write-back change (its message) is a file/directory conflict: the
 /// path names a directory, or lies beneath a file. An object store could not hold both, so
 /// front ends answer it as such (pages3: 409 ObjectPrefixConflict).

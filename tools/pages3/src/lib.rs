@@ -636,13 +636,13 @@ impl Gateway {
     }
 
     /// Whether this gateway writes the bucket `bucket` through a mount of the namespace's root
-    /// (`--mount /=URL`), where CreateBucket may make it.
+    /// (`--mount /=URL`, whose prefix is ""), where CreateBucket may make it.
     fn root_writable(&self, bucket: &str) -> bool {
         let probe = format!("/{bucket}/k");
         self.writable()
             .ok()
             .and_then(|t| t.mount_of(&probe))
-            .is_some_and(|m| m.is_empty() || m == "/")
+            .is_some_and(str::is_empty)
     }
 
     async fn require_bucket(&self, bucket: &str) -> S3Result<()> {

@@ -299,7 +299,7 @@ impl Gateway {
         let Ok(ufs) = self.writable() else {
             return e;
         };
-        let key = path.splitn(3, '/').nth(2).unwrap_or(path);
+        let key = key_of(path);
         if matches!(ufs.stat_path(path).await, Ok(PathKind::Dir)) {
             return conflict(format!(
                 "{key:?} names a directory that holds objects; a key cannot be both an object \
@@ -313,7 +313,7 @@ impl Gateway {
                 break;
             }
             if ufs.stat(p).await.is_ok() {
-                let pk = p.splitn(3, '/').nth(2).unwrap_or(p);
+                let pk = key_of(p);
                 return conflict(format!(
                     "{pk:?} is an object; no key beneath it can be written ({key:?})"
                 ));
@@ -517,7 +517,7 @@ impl Gateway {
             pagestore_client::Error::BadPath(m)
                 if pagestore_protocol::writeback::is_path_conflict(m) =>
             {
-                let key = path.splitn(3, '/').nth(2).unwrap_or(path);
+                let key = key_of(path);
                 conflict(format!(
                     "{key:?}: a key cannot be both an object and a prefix here (a key beneath \
                      an object, or an object where keys lie beneath)"
@@ -762,4 +762,9 @@ pub(super) fn sweep_staged(client: &Client, before: SystemTime) {
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the sweep of staged upload files");
     }
+}
+
+/// The key of the logical path `/bucket/key` (the path itself if it has no key).
+fn key_of(path: &str) -> &str {
+    path.splitn(3, '/').nth(2).unwrap_or(path)
 }

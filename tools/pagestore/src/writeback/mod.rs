@@ -519,11 +519,7 @@ impl WriteBackNode {
                 Ok(Some(PathKind::File { .. })) => {
                     return Err(SourceError::new(
                         ErrorCode::BadRequest,
-                        format!(
-                            "{}: {a} {}",
-                            made.unwrap_or_default(),
-                            pagestore_protocol::writeback::NOT_A_DIRECTORY
-                        ),
+                        pagestore_protocol::writeback::beneath_file(made.unwrap_or_default(), a),
                     ))
                 }
                 Ok(None) => cur = pagestore_protocol::writeback::parent(a),

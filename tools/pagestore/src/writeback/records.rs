@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use pagestore_protocol::{
     frame::{ChangeOp, ErrorCode, FileId, FileRecord, RecordEntry, RecordState, WriteBackSummary},
     ring,
-    writeback::{hlc_ms, is_wb_tag, parent, NOT_A_DIRECTORY},
+    writeback::{beneath_file, hlc_ms, is_wb_tag, parent},
 };
 
 /// Why a change cannot be made.
@@ -308,6 +308,14 @@ impl Records {
         None
     }
 
+    /// Refuses a change that makes `path` beneath a file ([`Records::file_ancestor`]).
+    fn refuse_beneath_file(&self, path: &str) -> Result<(), Refused> {
+        match self.file_ancestor(path) {
+            Some(file) => Err(refused(ErrorCode::BadRequest, beneath_file(path, file))),
+            None => Ok(()),
+        }
+    }
+
     /// The live file record holding write-back version `file_id`, if any (of two, the later:
     /// a rename's new path).
     pub fn by_file(&self, file_id: u128) -> Option<&FileRecord> {
@@ -375,29 +383,25 @@ impl Records {
             } => self.plan_commit(path, version_tag, *size, *mtime_ns, *last, transient),
             ChangeOp::Rename { from, to, replace } => self.plan_rename(from, to, *replace),
             ChangeOp::Delete { path, dir } => self.plan_delete(path, *dir),
-            ChangeOp::MakeDir { path, .. } if self.file_ancestor(path).is_some() => {
-                let file = self.file_ancestor(path).unwrap_or_default();
-                Err(refused(
-                    ErrorCode::BadRequest,
-                    format!("{path}: {file} {NOT_A_DIRECTORY}"),
-                ))
+            ChangeOp::MakeDir { path, mtime_ns } => {
+                self.refuse_beneath_file(path)?;
+                match self.known(path) {
+                    Known::Record(r) if is_live(r) => Err(refused(
+                        ErrorCode::Exists,
+                        format!("{path}: already exists"),
+                    )),
+                    Known::Implied => Err(refused(
+                        ErrorCode::Exists,
+                        format!("{path}: already exists"),
+                    )),
+                    _ => Ok(Plan::Records(vec![unstamped(
+                        path,
+                        RecordEntry::Dir {
+                            mtime_ns: *mtime_ns,
+                        },
+                    )])),
+                }
             }
-            ChangeOp::MakeDir { path, mtime_ns } => match self.known(path) {
-                Known::Record(r) if is_live(r) => Err(refused(
-                    ErrorCode::Exists,
-                    format!("{path}: already exists"),
-                )),
-                Known::Implied => Err(refused(
-                    ErrorCode::Exists,
-                    format!("{path}: already exists"),
-                )),
-                _ => Ok(Plan::Records(vec![unstamped(
-                    path,
-                    RecordEntry::Dir {
-                        mtime_ns: *mtime_ns,
-                    },
-                )])),
-            },
         }
     }
 
@@ -472,12 +476,7 @@ impl Records {
                         format!("{path}: is a directory"),
                     ));
                 }
-                if let Some(file) = self.file_ancestor(path) {
-                    return Err(refused(
-                        ErrorCode::BadRequest,
-                        format!("{path}: {file} {NOT_A_DIRECTORY}"),
-                    ));
-                }
+                self.refuse_beneath_file(path)?;
                 Ok(Plan::Records(vec![unstamped(path, entry(state))]))
             }
         }
@@ -493,12 +492,7 @@ impl Records {
                 format!("cannot move {from} into itself"),
             ));
         }
-        if let Some(file) = self.file_ancestor(to) {
-            return Err(refused(
-                ErrorCode::BadRequest,
-                format!("{to}: {file} {NOT_A_DIRECTORY}"),
-            ));
-        }
+        self.refuse_beneath_file(to)?;
         match self.known(to) {
             Known::Record(r) if is_live(r) => match r.entry {
                 RecordEntry::Dir { .. } => {
