@@ -22,14 +22,15 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use bytes::{Bytes, BytesMut};
 use pagestore_protocol::{
     frame::{ChangeOp, FileId, FileState, Key, RequestBody, ResponseBody, WriteBackSummary},
-    ring::{self, path_hash},
+    ring::{self, path_hash, MemberId},
     writeback::{fresh_tag, unix_ms, WritePolicy, WRITE_SLOP},
 };
 use tokio::task::JoinHandle;
@@ -92,6 +93,9 @@ pub struct Writer {
     sent: HashMap<u64, u32>,
     /// Pages being sent.
     sending: BTreeMap<u64, (u32, PageSend)>,
+    /// Every member each page was ever sent to (see [`Client::send_page`]): shared with the
+    /// sends in progress, never two of the same page at once.
+    holders: Arc<Mutex<HashMap<u64, Vec<MemberId>>>>,
     /// The last commit that left the version open (none before the first, and after close),
     /// which the keep-alive repeats; held while a commit is sent so that commits keep order.
     last_open_commit: Arc<tokio::sync::Mutex<Option<ChangeOp>>>,
@@ -133,6 +137,7 @@ impl Client {
             open: BTreeMap::new(),
             sent: HashMap::new(),
             sending: BTreeMap::new(),
+            holders: Arc::default(),
             last_open_commit: Arc::new(tokio::sync::Mutex::new(None)),
             keepalive: None,
             closed: false,
@@ -334,6 +339,11 @@ impl Client {
     /// distinct ones as the cluster's write replicas, trying the next members when one cannot
     /// be reached, waiting (up to `wait`) while the members' dirty limit is reached, and
     /// sending again (for up to [`UNREACHABLE_WAIT`]) while too few members can be reached.
+    ///
+    /// `holders` lists every member that was ever asked to take this page (whether it answered
+    /// or not: one that timed out may have stored it): each of them that is not down must take
+    /// the new bytes too. A member left holding an earlier copy of a page would serve it to
+    /// readers, and to the flusher, under the same version.
     pub(crate) async fn send_page(
         &self,
         tag: &str,
@@ -341,11 +351,15 @@ impl Client {
         page: u64,
         bytes: &Bytes,
         wait: Duration,
+        holders: &mut Vec<MemberId>,
     ) -> Result<(), Error> {
         let started = Instant::now();
         let mut pause = Duration::from_millis(50);
         loop {
-            match self.send_page_once(tag, file_id, page, bytes).await {
+            match self
+                .send_page_once(tag, file_id, page, bytes, holders)
+                .await
+            {
                 Err(Error::NoSpace(m)) if started.elapsed() < wait => {
                     tracing::debug!(page, why = %m, "write members are full; waiting for flushes");
                     tokio::time::sleep(pause).await;
@@ -370,6 +384,7 @@ impl Client {
         file_id: u128,
         page: u64,
         bytes: &Bytes,
+        holders: &mut Vec<MemberId>,
     ) -> Result<(), Error> {
         let layout = self.layout();
         let ring = layout.membership.ring();
@@ -380,10 +395,17 @@ impl Client {
             file_id: FileId::from_u128(file_id),
             page,
         };
-        let addrs: Vec<_> = candidates
-            .into_iter()
-            .filter(|m| !layout.down.contains(&m.node))
-            .filter_map(|m| layout.membership.addr_of(m))
+        let up = |m: &MemberId| !layout.down.contains(&m.node);
+        // The members that hold an earlier copy come first: they must all take this one.
+        let must: Vec<MemberId> = candidates
+            .iter()
+            .filter(|m| holders.contains(m) && up(m))
+            .copied()
+            .collect();
+        let order: Vec<(MemberId, SocketAddr)> = must
+            .iter()
+            .chain(candidates.iter().filter(|m| !must.contains(m) && up(m)))
+            .filter_map(|&m| layout.membership.addr_of(m).map(|a| (m, a)))
             .collect();
         let body = RequestBody::WriteDirty {
             key,
@@ -394,17 +416,24 @@ impl Client {
         // The members the page still needs are sent it at once (with R = 2 a page costs one
         // round trip, not two); the next candidates stand in for those that fail.
         let mut stored = 0;
+        let mut missed = Vec::new();
         let mut last_err = None;
         let mut next = 0;
-        while stored < need && next < addrs.len() {
-            let wave = &addrs[next..(next + need - stored).min(addrs.len())];
+        while (stored < need || next < must.len()) && next < order.len() {
+            let count = (need.saturating_sub(stored)).max(must.len().saturating_sub(next));
+            let wave = &order[next..(next + count).min(order.len())];
             next += wave.len();
-            let answers = futures_util::future::join_all(wave.iter().map(|&addr| {
+            for (m, _) in wave {
+                if !holders.contains(m) {
+                    holders.push(*m);
+                }
+            }
+            let answers = futures_util::future::join_all(wave.iter().map(|&(m, addr)| {
                 let body = body.clone();
-                async move { (addr, self.ask_with(addr, body, bytes.clone()).await) }
+                async move { (m, addr, self.ask_with(addr, body, bytes.clone()).await) }
             }))
             .await;
-            for (addr, answer) in answers {
+            for (m, addr, answer) in answers {
                 match answer {
                     Attempt::Answer(Ok((ResponseBody::Written, _))) => stored += 1,
                     Attempt::Answer(Ok((other, _))) => {
@@ -413,12 +442,24 @@ impl Client {
                     // Full, a closed version, a refusal: the same on every member.
                     Attempt::Answer(Err(e)) => return Err(e),
                     Attempt::Failed(why) | Attempt::StoreFailed(why) => {
+                        if must.contains(&m) {
+                            missed.push(addr);
+                        }
                         last_err = Some(Error::unavailable(format!(
                             "write member {addr} did not take page {page}: {why}"
                         )))
                     }
                 }
             }
+        }
+        if !missed.is_empty() {
+            // Sent again until they take it (or are found down): readers must not find the
+            // earlier bytes there.
+            return Err(Error::unavailable(format!(
+                "page {page}: write members {missed:?} hold an earlier copy and did not take \
+                 this one ({})",
+                last_err.map(|e| e.to_string()).unwrap_or_default()
+            )));
         }
         if stored >= need {
             return Ok(());
@@ -579,15 +620,23 @@ impl Writer {
         }
         let bytes = buf.freeze();
         let len = bytes.len() as u32;
-        let (client, tag, id, wait) = (
+        let (client, tag, id, wait, holders) = (
             self.client.clone(),
             self.tag.clone(),
             self.file_id,
             self.options.write_wait,
+            self.holders.clone(),
         );
         let task = tokio::spawn(async move {
-            client.send_page(&tag, id, page, &bytes, wait).await?;
-            Ok(len)
+            let mut held = take_holders(&holders, page);
+            let sent = client
+                .send_page(&tag, id, page, &bytes, wait, &mut held)
+                .await;
+            holders
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(page, held);
+            sent.map(|()| len)
         });
         self.sending.insert(page, (len, task));
         Ok(())
@@ -767,6 +816,14 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+fn take_holders(holders: &Mutex<HashMap<u64, Vec<MemberId>>>, page: u64) -> Vec<MemberId> {
+    holders
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&page)
+        .unwrap_or_default()
 }
 
 async fn join(task: PageSend) -> Result<u32, Error> {

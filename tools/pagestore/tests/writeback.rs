@@ -16,7 +16,7 @@ use pagestore_client::{Client, ClientOptions, Error, WriteOptions};
 use pagestore_protocol::{
     frame::{FileState, PathKind},
     node_id::format_uuid,
-    ring::path_hash,
+    ring::{self, path_hash},
 };
 use pagestore_testkit::S3Server;
 
@@ -326,6 +326,55 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
         Err(Error::Forbidden(_))
     ));
     assert_eq!(read_all(&reader, path).await, ckpt);
+}
+
+/// A page rewritten while one of the members holding it cannot be reached: the write waits for
+/// that member rather than leave it the earlier bytes, which readers (asking the owner first)
+/// and the flusher would be given under the same version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_rewritten_while_a_member_holding_it_is_frozen_is_read_new_from_every_member() {
+    let (c, store) = cluster(3, &["--write-replicas", "2"], "");
+    let writer = c.client(ClientOptions::default()).await;
+    let path = "/ck/frozen/ckpt.bin";
+    let old = bytes(21, 100_000);
+    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
+    w.write_at(0, &old).await.unwrap();
+    w.flush().await.unwrap();
+
+    // Freeze the owner of page 0 (the first member readers ask), then rewrite the page.
+    let file_id = ring::file_id(path, w.version());
+    let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
+    let frozen = c
+        .nodes
+        .iter()
+        .position(|n| n.id == format_uuid(owner))
+        .unwrap();
+    c.signal(frozen, libc::SIGSTOP).unwrap();
+    let new = bytes(22, 150_000);
+    let rewrite = {
+        let new = new.clone();
+        tokio::spawn(async move {
+            w.write_at(0, &new).await?;
+            w.flush().await?;
+            Ok::<_, Error>(w)
+        })
+    };
+    // Long enough for the writer to give the frozen member up (its silence rule) and back it
+    // off: the rewrite must not complete on the other members alone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !rewrite.is_finished(),
+        "the rewrite finished while a member holding the page was frozen"
+    );
+    c.signal(frozen, libc::SIGCONT).unwrap();
+    let w = rewrite.await.unwrap().unwrap();
+
+    // A fresh client asks the owner first: it has the new bytes, as has every other member.
+    let reader = c.client(ClientOptions::default()).await;
+    assert_eq!(read_all(&reader, path).await, new);
+    w.close().await.unwrap();
+    synced(&reader, "/ck", Duration::from_secs(30)).await;
+    assert_eq!(std::fs::read(store.join("frozen/ckpt.bin")).unwrap(), new);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
