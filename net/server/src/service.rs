@@ -643,6 +643,10 @@ impl ShardService {
                 "this write-back version takes no more pages: it was closed, sealed or                  deleted; open the file for writing again",
             );
         }
+        // Whatever the memory tier holds for this page is not what the disk will hold.
+        if let Some(m) = &self.memory {
+            m.borrow_mut().remove_page(file, key.page);
+        }
         *self.dirty_inflight.borrow_mut().entry(file).or_insert(0) += 1;
         let r = self
             .shard
@@ -873,7 +877,14 @@ impl ShardService {
             // A page is served only for the version it was stored for (a page under this
             // key with another version was not loaded from this object: reload it).
             Ok(Some((data, info))) if info.version == version => {
-                if let Some(bytes) = self.copy_in(&key, mkey, &data, info.len, offset).await {
+                // A dirty page (a write-back version not flushed yet) may be written again
+                // under the same version: it is never copied into memory.
+                let copied = if info.dirty {
+                    None
+                } else {
+                    self.copy_in(&key, mkey, &data, info.len, offset).await
+                };
+                if let Some(bytes) = copied {
                     return self.send_slice(at, &file, page, bytes, true);
                 }
                 self.count_read(&file, page, data.len(), true);
@@ -950,7 +961,7 @@ impl ShardService {
             bytes::Bytes::copy_from_slice(data)
         } else {
             match self.shard.read(&page_key(key), 0, u32::MAX).await {
-                Ok(Some((whole, info))) if info.version == mkey.version => {
+                Ok(Some((whole, info))) if info.version == mkey.version && !info.dirty => {
                     bytes::Bytes::copy_from_slice(&whole)
                 }
                 _ => return None,
