@@ -28,7 +28,7 @@ use pagestore_protocol::{
     },
     members::{parse_member_file, Membership, NodeInfo},
     ring::{path_hash, MemberId, RingConfig},
-    writeback::{is_wb_tag, WritePolicy, WRITE_SLOP},
+    writeback::{effective_replicas, is_wb_tag, WritePolicy, WRITE_SLOP},
 };
 
 use crate::{
@@ -397,9 +397,19 @@ pub(crate) struct Layout {
     pub(crate) down: HashSet<u128>,
     pub(crate) page_size: u32,
     pub(crate) replicas: u8,
-    /// Write replicas of write-back files (at least 1).
-    pub(crate) write_replicas: u8,
+    /// Write replicas of write-back files as the cluster is configured (`--write-replicas`).
+    pub(crate) write_setting: u8,
     pub(crate) mounts: Vec<MountEntry>,
+}
+
+impl Layout {
+    /// Write replicas of write-back files in force: the setting, at most the ring's nodes, at
+    /// least 1 (so a client that connected while nodes were still joining writes as many
+    /// copies as the cluster it now sees can hold).
+    pub(crate) fn write_replicas(&self) -> u8 {
+        let r = effective_replicas(self.write_setting, self.membership.nodes().count());
+        u8::try_from(r).unwrap_or(u8::MAX)
+    }
 }
 
 /// A client of one cluster. Cheap to share: wrap it in an `Arc` (file handles need one).
@@ -463,6 +473,14 @@ pub(crate) enum Attempt<T> {
     /// The member is up and tried the under storage, which failed (`Io`): another member
     /// would only read the same store again.
     StoreFailed(String),
+    /// The member holds the write-back page only as it recovered it (`Unverified`): another
+    /// write member may hold newer bytes. Elsewhere the same as `Failed`.
+    Unverified(String),
+}
+
+/// `message` without `suffix` at its end.
+fn without(message: &str, suffix: &str) -> String {
+    message.strip_suffix(suffix).unwrap_or(message).to_string()
 }
 
 /// A probe of a backed-off member in flight ([`Client::usable`]): dropped before its outcome
@@ -497,6 +515,9 @@ struct PageRead<'a> {
     /// A file written through the cluster.
     written: bool,
     now: Instant,
+    /// Members that answered `Unverified`: asked again with [`Route::Recovered`] if no other
+    /// member holds the page.
+    unverified: std::sync::Mutex<Vec<SocketAddr>>,
 }
 
 /// Where a read goes after an answer.
@@ -604,7 +625,7 @@ impl Client {
                 down,
                 page_size,
                 replicas,
-                write_replicas: write_replicas.max(1),
+                write_setting: write_replicas,
                 mounts,
             })),
             etcd: followed.as_ref().map(|(e, _)| e.clone()),
@@ -714,7 +735,7 @@ impl Client {
                         down: old.down.clone(),
                         page_size: old.page_size,
                         replicas: old.replicas,
-                        write_replicas: old.write_replicas,
+                        write_setting: old.write_setting,
                         mounts,
                     });
                 }
@@ -784,7 +805,7 @@ impl Client {
             down,
             page_size: old.page_size,
             replicas: old.replicas,
-            write_replicas: old.write_replicas,
+            write_setting: old.write_setting,
             mounts: mounts.unwrap_or_else(|| old.mounts.clone()),
         });
         bump(&self.stats.ring_updates, 1);
@@ -1114,6 +1135,15 @@ impl Client {
                             Attempt::Answer(Err(Error::NotEmpty(message.clone())))
                         }
                         ErrorCode::Full => Attempt::Answer(Err(Error::NoSpace(message.clone()))),
+                        // The errors' texts say "is a directory", "not a directory" again.
+                        ErrorCode::IsDir => {
+                            Attempt::Answer(Err(Error::IsDir(without(message, ": is a directory"))))
+                        }
+                        ErrorCode::NotDir => Attempt::Answer(Err(Error::NotDir(without(
+                            message,
+                            ": not a directory",
+                        )))),
+                        ErrorCode::Unverified => Attempt::Unverified(format!("{addr}: {message}")),
                         ErrorCode::Io => {
                             tracing::debug!(%addr, message, "member's under storage failed");
                             Attempt::StoreFailed(format!("{addr}: {message}"))
@@ -1156,7 +1186,9 @@ impl Client {
     ) -> Result<(ResponseBody, Bytes), Error> {
         match self.ask_with(addr, body, payload).await {
             Attempt::Answer(r) => r,
-            Attempt::Failed(why) | Attempt::StoreFailed(why) => Err(Error::unavailable(why)),
+            Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
+                Err(Error::unavailable(why))
+            }
         }
     }
 
@@ -1193,7 +1225,7 @@ impl Client {
 
     /// The write replicas of files written through the cluster (at least 1).
     pub fn write_replicas(&self) -> u8 {
-        self.layout().write_replicas
+        self.layout().write_replicas()
     }
 
     fn metadata_owner(&self, path: &str) -> Option<SocketAddr> {
@@ -1388,7 +1420,7 @@ impl Client {
                             return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                         }
                     },
-                    Attempt::Failed(_) | Attempt::StoreFailed(_) => break,
+                    Attempt::Failed(_) | Attempt::StoreFailed(_) | Attempt::Unverified(_) => break,
                 }
             }
         }
@@ -1443,7 +1475,7 @@ impl Client {
         // only (and one flushed is read from them first).
         let written = is_wb_tag(&info.version);
         let tries = if written {
-            usize::from(layout.write_replicas) + WRITE_SLOP
+            usize::from(layout.write_replicas()) + WRITE_SLOP
         } else {
             1 + layout.replicas as usize
         };
@@ -1466,14 +1498,15 @@ impl Client {
                 Route::Fallback
             }
         };
-        let fetch = |i: usize| RequestBody::Fetch {
+        let fetch_as = |route: Route| RequestBody::Fetch {
             file: file.clone(),
             page,
             offset,
             len,
             epoch: ring.epoch(),
-            route: route_of(i),
+            route,
         };
+        let fetch = |i: usize| fetch_as(route_of(i));
         // The store holds the file (one written through the cluster only once flushed).
         let in_store = !(written && info.store_tag.is_empty());
         let start = page_start + u64::from(offset);
@@ -1492,6 +1525,7 @@ impl Client {
             spread,
             written,
             now,
+            unverified: std::sync::Mutex::default(),
         };
         // The picked member first, then the usual order: the owner, then the fallbacks.
         let order =
@@ -1620,7 +1654,23 @@ impl Client {
                 break;
             }
         }
+        // Only recovered copies (members back from a restart or from being counted down): the
+        // page's other members hold none, so one of these is the page's last bytes. A file in
+        // the under storage is read from there instead.
+        let recovered =
+            std::mem::take(&mut *page_of.unverified.lock().unwrap_or_else(|e| e.into_inner()));
         if !in_store {
+            for addr in recovered {
+                match self.judge(
+                    &page_of,
+                    addr,
+                    Route::Recovered,
+                    self.ask(addr, fetch_as(Route::Recovered)).await,
+                ) {
+                    Step::Done(r) => return r,
+                    Step::ToStore | Step::Next => {}
+                }
+            }
             return Err(Error::unavailable(format!(
                 "no write member of page {page} of {} answered, and the file is not in the \
                  under storage yet",
@@ -1676,10 +1726,17 @@ impl Client {
                         &self.stats.owner_reads
                     }
                     Route::Hot => &self.stats.hot_reads,
-                    Route::Fallback => &self.stats.replica_reads,
+                    Route::Fallback | Route::Recovered => &self.stats.replica_reads,
                 };
                 bump(counter, 1);
                 Step::Done(Ok(payload))
+            }
+            Attempt::Unverified(_) => {
+                p.unverified
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(addr);
+                Step::Next
             }
             Attempt::Failed(_) if route == Route::Hot => {
                 // That member could not serve the page as a replica: ask the owner next,
@@ -1884,7 +1941,9 @@ impl Client {
                 bump(&self.stats.owner_reads, 1);
                 Ok(payload)
             }
-            Attempt::Failed(why) | Attempt::StoreFailed(why) => Err(Error::unavailable(why)),
+            Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
+                Err(Error::unavailable(why))
+            }
         }
     }
 

@@ -236,7 +236,9 @@ impl Client {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(w) | Attempt::StoreFailed(w) => why.push(w),
+                Attempt::Failed(w) | Attempt::StoreFailed(w) | Attempt::Unverified(w) => {
+                    why.push(w)
+                }
             }
         }
         Err(Error::unavailable(format!(
@@ -329,7 +331,7 @@ impl Client {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
                 Attempt::Answer(Err(e)) => return Err(e),
-                Attempt::Failed(_) | Attempt::StoreFailed(_) => {}
+                Attempt::Failed(_) | Attempt::StoreFailed(_) | Attempt::Unverified(_) => {}
             }
         }
         Err(Error::unavailable(format!("{prefix}: no member answered")))
@@ -388,7 +390,7 @@ impl Client {
     ) -> Result<(), Error> {
         let layout = self.layout();
         let ring = layout.membership.ring();
-        let want = usize::from(layout.write_replicas.max(1));
+        let want = usize::from(layout.write_replicas());
         let candidates = ring.replicas(file_id, page, want + WRITE_SLOP);
         let need = want.min(candidates.len()).max(1);
         let key = Key {
@@ -441,7 +443,7 @@ impl Client {
                     }
                     // Full, a closed version, a refusal: the same on every member.
                     Attempt::Answer(Err(e)) => return Err(e),
-                    Attempt::Failed(why) | Attempt::StoreFailed(why) => {
+                    Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
                         if must.contains(&m) {
                             missed.push(addr);
                         }

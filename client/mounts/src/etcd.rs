@@ -1154,14 +1154,21 @@ pub fn follow(
     })
 }
 
+/// What [`keep_registered`] runs when the lease was lost, before it registers again: the
+/// cluster counted this member down meanwhile.
+pub type OnLeaseLost =
+    Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + 'static>;
+
 /// Keeps a registration alive: renews the lease every third of its TTL and registers again
-/// when the lease was lost (e.g. after an etcd outage longer than the TTL). Runs until the
-/// task is aborted; [`Etcd::revoke`] the lease it reports in `lease` at shutdown.
+/// when the lease was lost (e.g. after an etcd outage longer than the TTL), after running
+/// `lost`. Runs until the task is aborted; [`Etcd::revoke`] the lease it reports in `lease`
+/// at shutdown.
 pub fn keep_registered(
     etcd: Arc<Etcd>,
     me: MemberRecord,
     ttl: Duration,
     lease: Arc<std::sync::atomic::AtomicU64>,
+    lost: OnLeaseLost,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let period = (ttl / 3).max(Duration::from_millis(300));
@@ -1186,6 +1193,7 @@ pub fn keep_registered(
                 }
                 continue;
             }
+            lost().await;
             match etcd.register(&me, ttl).await {
                 Ok(new) => {
                     lease.store(new, Ordering::Relaxed);

@@ -96,12 +96,20 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// counters. Still in version 5 (not released before it): `LoadFiles` and its
 /// answer `FilesLoaded` ([`LoadFile`], [`FileOutcome`]), appended after every
 /// other request and answer, so no earlier layout moved.
-pub const PROTOCOL_VERSION: u16 = 5;
+///
+/// Version 6: three error codes, `IsDir` and `NotDir` (a write-back change
+/// that would put a file where a directory is, or beneath a file: `BadRequest`
+/// before) and `Unverified` (a write-back page a member recovered after a
+/// restart or a lapse of its membership, which may be older than the page's
+/// other write members' copies), and a fourth [`Route`], `Recovered`, that
+/// asks for such a page when no other member holds one. A version-5 peer would
+/// refuse these bytes as malformed frames.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/5";
+pub const ALPN: &[u8] = b"pagestore/6";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -824,6 +832,9 @@ pub enum Route {
     /// (`Data::spread`): the shard serves it if it is one, and copies a miss
     /// from the owner (peer to peer), never from the under storage.
     Hot,
+    /// To a write member that answered `Unverified`, because no other write
+    /// member holds the page: the shard serves its recovered copy.
+    Recovered,
 }
 
 /// A namespace change of [`RequestBody::Change`].
@@ -1020,6 +1031,17 @@ pub enum ErrorCode {
     /// storage yet and this member does not hold it: ask the page's other
     /// write members.
     Unflushed,
+    /// A write-back change would make a directory a file (the path is a
+    /// directory).
+    IsDir,
+    /// A write-back change would put a path beneath a file (an ancestor is a
+    /// file).
+    NotDir,
+    /// This member holds the write-back page only as it recovered it (after a
+    /// restart, or after etcd counted it down): the page's other write members
+    /// may hold newer bytes. Ask them; ask this one again with
+    /// [`Route::Recovered`] only if none holds the page.
+    Unverified,
 }
 
 /// A response frame's header: the echoed request id and the outcome.
@@ -1134,8 +1156,10 @@ pub enum ResponseBody {
         /// The mount table, at most [`MAX_MOUNTS`].
         mounts: Vec<MountEntry>,
         /// Members (on distinct nodes) that keep each page and record of a
-        /// write-back file before a write is acknowledged (1 or more; at
-        /// most the number of nodes).
+        /// write-back file before a write is acknowledged, as the node is
+        /// configured (`--write-replicas`; 0 is taken as 1): clients clamp it
+        /// to the ring's nodes as the ring changes
+        /// ([`effective_replicas`](crate::writeback::effective_replicas)).
         write_replicas: u8,
     },
     /// Answer to `Jobs`: the payload is the job records the node keeps, most

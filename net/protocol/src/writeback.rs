@@ -44,21 +44,10 @@ pub fn is_wb_tag(tag: &str) -> bool {
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
-/// What a refused write-back change says when the path is a directory.
-pub const IS_A_DIRECTORY: &str = "is a directory";
-/// What a refused write-back change says when an ancestor of the path is a file.
-pub const NOT_A_DIRECTORY: &str = "is a file, not a directory";
-
-/// The refusal of a change that would put `path` beneath `file`, a file.
+/// The refusal of a change that would put `path` beneath `file`, a file (with
+/// [`ErrorCode::NotDir`](crate::frame::ErrorCode::NotDir)).
 pub fn beneath_file(path: &str, file: &str) -> String {
-    format!("{path}: {file} {NOT_A_DIRECTORY}")
-}
-
-/// Whether a refusal of a write-back change (its message) is a file/directory conflict: the
-/// path names a directory, or lies beneath a file. An object store could not hold both, so
-/// front ends answer it as such (pages3: 409 ObjectPrefixConflict).
-pub fn is_path_conflict(message: &str) -> bool {
-    message.ends_with(&format!(": {IS_A_DIRECTORY}")) || message.contains(NOT_A_DIRECTORY)
+    format!("{path}: {file} is a file: not a directory")
 }
 
 /// How a mount takes writes (the `write` parameter of its URL).
@@ -229,6 +218,9 @@ pub trait WriteBack: Send + Sync + 'static {
     fn summary(&self, prefix: &str) -> crate::frame::WriteBackSummary;
     /// The write replicas in force (at least 1).
     fn write_replicas(&self) -> u8;
+    /// The write replicas as configured, before they are clamped to the ring's nodes (what
+    /// `ClusterInfo` tells clients, who clamp it as the ring they follow changes).
+    fn write_setting(&self) -> u8;
 }
 
 #[cfg(test)]

@@ -381,6 +381,17 @@ impl Node {
         Ok(())
     }
 
+    /// Counts every write-back version with dirty pages on this node as recovered
+    /// ([`ShardService::suspect_dirty`]): etcd counted this node down, so writers may have
+    /// written newer bytes of those pages to other members meanwhile. Returns the versions
+    /// counted, summed over the shards.
+    pub async fn suspect_dirty(&self) -> Result<usize, EngineError> {
+        let counts = self
+            .on_each_shard(|_, net| net.map_or(0, |n| n.service.suspect_dirty()))
+            .await?;
+        Ok(counts.into_iter().sum())
+    }
+
     /// Runs `f` on every shard, with that shard and its network state (`None` before its
     /// endpoint starts or after it stops), and collects the results by shard index.
     async fn on_each_shard<T: Send + 'static>(

@@ -114,6 +114,12 @@ pub struct ShardService {
     dirty_inflight: RefCell<HashMap<u128, u32>>,
     /// Versions sealed on this shard: their pages are refused from now on.
     sealed: RefCell<HashSet<u128>>,
+    /// Write-back versions whose dirty pages here were recovered (after a restart, or after
+    /// etcd counted this node down): a writer may have written newer bytes of them to the
+    /// other write members meanwhile, so their pages are `Unverified` to readers unless no
+    /// other member holds them ([`Route::Recovered`]), and dropped rather than kept once the
+    /// version is flushed.
+    unverified: RefCell<HashSet<u128>>,
     /// The memory tier (none: `--memory-cache` 0).
     memory: Option<RefCell<MemoryTier>>,
     /// Bytes sent from the memory tier.
@@ -142,7 +148,16 @@ impl ShardService {
     ) -> Rc<ShardService> {
         let memory = (memory_bytes > 0)
             .then(|| RefCell::new(MemoryTier::new(memory_bytes, shard.page_size())));
+        let recovered: HashSet<u128> = shard.dirty_files().iter().map(|d| d.file_id).collect();
+        if !recovered.is_empty() {
+            tracing::info!(
+                versions = recovered.len(),
+                "dirty pages recovered: served only where no other write member holds them \
+                 until their versions are flushed"
+            );
+        }
         Rc::new(ShardService {
+            unverified: RefCell::new(recovered),
             memory,
             memory_hit_bytes: Cell::new(0),
             served_bytes: Cell::new(0),
@@ -161,6 +176,15 @@ impl ShardService {
             dirty_inflight: RefCell::new(HashMap::new()),
             sealed: RefCell::new(HashSet::new()),
         })
+    }
+
+    /// Counts every write-back version with dirty pages on this shard as recovered (see
+    /// `unverified`): this node was counted down, and writers may have left it behind.
+    /// Returns how many versions that is.
+    pub fn suspect_dirty(&self) -> usize {
+        let mut u = self.unverified.borrow_mut();
+        u.extend(self.shard.dirty_files().iter().map(|d| d.file_id));
+        u.len()
     }
 
     /// Takes write-back requests through `wb` (shared by the node's shards).
@@ -556,7 +580,7 @@ impl ShardService {
                     replicas: self.view.replicas,
                     nodes: self.view.nodes.borrow().as_ref().clone(),
                     mounts: self.loader.as_ref().map_or_else(Vec::new, |l| l.mounts()),
-                    write_replicas: self.write_replicas(),
+                    write_replicas: self.writeback().map_or(1, |w| w.write_setting()),
                 };
                 reply(id, body, Body::Empty)
             }
@@ -682,10 +706,16 @@ impl ShardService {
         match action {
             PageAction::Clean => {
                 self.sealed.borrow_mut().remove(&file);
+                // Recovered pages may be older than what the store now holds: not kept.
+                if self.unverified.borrow_mut().remove(&file) {
+                    self.forget_memory(file);
+                    return self.shard.discard_file(file).await;
+                }
                 self.shard.mark_clean(file).await
             }
             PageAction::Drop => {
                 self.sealed.borrow_mut().remove(&file);
+                self.unverified.borrow_mut().remove(&file);
                 self.shard.discard_file(file).await
             }
             PageAction::Seal => {
@@ -802,6 +832,9 @@ impl ShardService {
                     self.view.is_replica(&key)
                         || (written && self.view.is_write_member(&key, self.write_replicas()))
                 }
+                Route::Recovered => {
+                    written && self.view.is_write_member(&key, self.write_replicas())
+                }
                 // Pages of files written through the cluster are never spread (their write
                 // members hold them; see `crate::spread`).
                 Route::Hot => {
@@ -815,7 +848,7 @@ impl ShardService {
             if !member {
                 return self.not_owner(id);
             }
-            if route == Route::Fallback {
+            if matches!(route, Route::Fallback | Route::Recovered) {
                 self.replica_reads.set(self.replica_reads.get() + 1);
             }
         }
@@ -876,6 +909,21 @@ impl ShardService {
         match self.shard.read(&page_key(&key), offset, len).await {
             // A page is served only for the version it was stored for (a page under this
             // key with another version was not loaded from this object: reload it).
+            Ok(Some((_, info)))
+                if info.dirty
+                    && route != Route::Recovered
+                    && self.unverified.borrow().contains(&file.file_id.as_u128()) =>
+            {
+                return error(
+                    id,
+                    ErrorCode::Unverified,
+                    format!(
+                        "{}: page {page} was recovered here; the other write members may hold \
+                         newer bytes",
+                        file.path
+                    ),
+                );
+            }
             Ok(Some((data, info))) if info.version == version => {
                 // A dirty page (a write-back version not flushed yet) may be written again
                 // under the same version: it is never copied into memory.

@@ -514,9 +514,7 @@ impl Gateway {
     /// through (`conflict_or`).
     fn cached_write_error(path: &str, e: pagestore_client::Error) -> S3Error {
         match &e {
-            pagestore_client::Error::BadPath(m)
-                if pagestore_protocol::writeback::is_path_conflict(m) =>
-            {
+            pagestore_client::Error::IsDir(_) | pagestore_client::Error::NotDir(_) => {
                 let key = key_of(path);
                 conflict(format!(
                     "{key:?}: a key cannot be both an object and a prefix here (a key beneath \

@@ -5,6 +5,7 @@
 //! The control plane's protection: etcd with authentication (right, wrong and missing
 //! credentials, tokens that expire), over TLS with client certificates, no secrets in the
 //! mount table, and readers that follow membership through a node without etcd access.
+//! Write-back across a node counted down and back: a page rewritten meanwhile is read new.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -18,7 +19,9 @@ use std::{
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use common::{bytes, Cluster, PAGECTL, PAGESTORED};
-use pagestore_client::{etcd::EtcdOptions, Client, ClientOptions, ClusterSource, StatsSnapshot};
+use pagestore_client::{
+    etcd::EtcdOptions, Client, ClientOptions, ClusterSource, StatsSnapshot, WriteOptions,
+};
 use pagestore_protocol::node_id::parse_uuid;
 use pagestore_testkit::local_cluster::{http_get, http_post, EtcdServer};
 
@@ -922,4 +925,117 @@ async fn etcd_over_tls_with_a_client_certificate() {
         .output()
         .unwrap();
     assert!(stderr(&out).contains("etcds://"), "{}", stderr(&out));
+}
+
+/// A write-back file's page rewritten while the page's owner was down (etcd counted it down,
+/// so the writer wrote the new bytes to the other members) and the owner restarted with the
+/// earlier bytes on its disk: readers, who ask the owner first, get the new bytes (the owner
+/// answers that its copy was recovered), and so does the flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_rewritten_while_its_owner_was_down_is_read_new_after_the_owner_returns() {
+    let (dir, mut s) = common::settings();
+    let etcd_dir = dir.path().join("etcd");
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&etcd_dir).unwrap();
+    std::fs::create_dir_all(&store).unwrap();
+    let _etcd = EtcdServer::start(&etcd_dir).unwrap();
+    s.mounts = vec![format!("/ck=file://{}?write=back", store.display())];
+    s.shards = 1;
+    s.etcd = Some(_etcd.url("wb"));
+    s.extra = [
+        "--lease-ttl",
+        LEASE_TTL,
+        "--ring-mode",
+        "static",
+        "--write-replicas",
+        "2",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let mut c = Cluster::start(dir, s);
+    let writer = c.client(ClientOptions::default()).await;
+    // Whatever the member it asked knew when it connected (the nodes join one by one), the
+    // client writes as many copies as the ring it follows can hold.
+    wait_for(
+        "the client to see three nodes",
+        Duration::from_secs(20),
+        || node_ids(&writer).len() == 3,
+    )
+    .await;
+    assert_eq!(writer.write_replicas(), 2);
+    let path = "/ck/run/log.bin";
+    let old = bytes(61, 300_000);
+    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
+    w.write_at(0, &old).await.unwrap();
+    w.flush().await.unwrap();
+
+    let file_id = pagestore_protocol::ring::file_id(path, w.version());
+    let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
+    let victim = (0..3).find(|&i| id_of(&c, i) == owner).unwrap();
+    c.kill(victim);
+    wait_for(
+        "the writer to see the owner down",
+        Duration::from_secs(20),
+        || writer.down_members() == vec![owner],
+    )
+    .await;
+    let new = bytes(62, 250_000);
+    w.write_at(0, &new).await.unwrap();
+    w.flush().await.unwrap();
+    let mut model = old.clone();
+    model[..new.len()].copy_from_slice(&new);
+
+    c.start_node(victim);
+    wait_for(
+        "the owner to be live again",
+        Duration::from_secs(20),
+        || writer.down_members().is_empty(),
+    )
+    .await;
+    let reader = c.client(ClientOptions::default()).await;
+    let info = reader.stat(path).await.unwrap();
+    let got = reader.read_at(&info, 0, info.size).await.unwrap();
+    assert!(got[..] == model[..], "read after the owner returned");
+
+    w.close().await.unwrap();
+    let out = c.pagectl(&["sync", "/ck"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::read(store.join("run/log.bin")).unwrap() == model);
+    let got = reader.read_at(&info, 0, info.size).await.unwrap();
+    assert!(got[..] == model[..], "read after the flush");
+
+    // The same without a restart: the owner frozen until its lease lapses (counted down), the
+    // page rewritten, the owner thawed. It finds its lease lost before it registers again.
+    let path = "/ck/run/log2.bin";
+    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
+    w.write_at(0, &old).await.unwrap();
+    w.flush().await.unwrap();
+    let file_id = pagestore_protocol::ring::file_id(path, w.version());
+    let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
+    let frozen = (0..3).find(|&i| id_of(&c, i) == owner).unwrap();
+    c.signal(frozen, libc::SIGSTOP).unwrap();
+    wait_for(
+        "the writer to see the owner down",
+        Duration::from_secs(20),
+        || writer.down_members() == vec![owner],
+    )
+    .await;
+    w.write_at(0, &new).await.unwrap();
+    w.flush().await.unwrap();
+    c.signal(frozen, libc::SIGCONT).unwrap();
+    wait_for(
+        "the owner to be live again",
+        Duration::from_secs(20),
+        || writer.down_members().is_empty(),
+    )
+    .await;
+    let fresh = c.client(ClientOptions::default()).await;
+    let info = fresh.stat(path).await.unwrap();
+    let got = fresh.read_at(&info, 0, info.size).await.unwrap();
+    assert!(got[..] == model[..], "read after the owner thawed");
+    w.close().await.unwrap();
+    let out = c.pagectl(&["sync", "/ck"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::read(store.join("run/log2.bin")).unwrap() == model);
 }

@@ -269,6 +269,24 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
     assert_eq!(std::fs::read(store.join("run/model.pt")).unwrap(), ckpt);
     assert!(!store.join("run/.tmp-ckpt").exists());
 
+    // A file beneath a file, or where a directory is: refused as such (the flush could never
+    // write either to a store).
+    let e = writer
+        .write_file("/ck/sizes/f1/under", vec![1u8; 10].into())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NotDir(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "/ck/sizes/f1/under: /ck/sizes/f1 is a file: not a directory"
+    );
+    let e = writer
+        .write_file("/ck/sizes", vec![1u8; 10].into())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::IsDir(_)), "{e:?}");
+    assert_eq!(e.to_string(), "/ck/sizes: is a directory");
+
     // Deletion and directories.
     writer.remove_file("/ck/sizes/f0").await.unwrap();
     assert!(matches!(

@@ -406,6 +406,9 @@ fn sample_responses() -> Vec<Response> {
         ErrorCode::Exists,
         ErrorCode::NotEmpty,
         ErrorCode::Unflushed,
+        ErrorCode::IsDir,
+        ErrorCode::NotDir,
+        ErrorCode::Unverified,
     ] {
         out.push(Response {
             request_id: 1,
@@ -686,7 +689,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(5, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(6, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -701,9 +704,9 @@ fn preamble_rejections() {
     );
     // The versions before this one (1: JSON payloads in `Jobs` and
     // `Counters`; 2: no modification times, 56-byte response roots; 3: no
-    // write-back, 64-byte response roots; 4: no hot-page replicas) and the
-    // next are refused.
-    for version in [1, 2, 3, 4, 6] {
+    // write-back, 64-byte response roots; 4: no hot-page replicas; 5: no
+    // `IsDir`, `NotDir`, `Unverified` or `Recovered`) and the next are refused.
+    for version in [1, 2, 3, 4, 5, 7] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -837,7 +840,23 @@ fn garbage_headers_are_invalid() {
     let root = frame.len() - std::mem::size_of::<ArchivedResponse>();
     assert_eq!(frame[root + 8], 10, "Error is variant 10");
     assert_eq!(frame[root + 9], 4, "Io is code 4");
-    frame[root + 9] = 13;
+    // The numbers docs/PROTOCOL.md gives the codes version 6 added.
+    for (code, n) in [
+        (ErrorCode::IsDir, 13),
+        (ErrorCode::NotDir, 14),
+        (ErrorCode::Unverified, 15),
+    ] {
+        let r = Response {
+            request_id: 1,
+            body: ResponseBody::Error {
+                code,
+                message: String::new(),
+            },
+        };
+        let f = response_frame(&r);
+        assert_eq!(f[f.len() - std::mem::size_of::<ArchivedResponse>() + 9], n);
+    }
+    frame[root + 9] = 16;
     assert!(matches!(
         decode_response_frame(&frame),
         Err(FrameError::Invalid(_))
@@ -1225,7 +1244,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    50535446050001006000000000000000\
+    50535446060001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1237,7 +1256,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    50535446050001006000000000000000\
+    50535446060001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1250,7 +1269,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, route: Fallback } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    50535446050001006000000000000000\
+    50535446060001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1281,13 +1300,27 @@ fn golden_fetch() {
     encode_request(&req, 0, &mut out).unwrap();
     assert_eq!(hex(&out), hex(&unhex(GOLDEN_FETCH)));
     assert_eq!(decode_request_frame(&unhex(GOLDEN_FETCH)).unwrap().0, req);
+    // Route `Recovered` (version 6) is byte 3 where `Fallback` is 1, nothing else changed.
+    let mut recovered = req.clone();
+    if let RequestBody::Fetch { route, .. } = &mut recovered.body {
+        *route = Route::Recovered;
+    }
+    let mut out3 = Vec::new();
+    encode_request(&recovered, 0, &mut out3).unwrap();
+    let diff: Vec<(u8, u8)> = out
+        .iter()
+        .zip(&out3)
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| (*a, *b))
+        .collect();
+    assert_eq!(diff, [(1, 3)]);
 }
 
 /// `Response { request_id: 1, body: Pong { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    50535446050002005000000000000000\
+    50535446060002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1298,7 +1331,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    50535446050001009000000000000000\
+    50535446060001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1313,7 +1346,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    50535446050002006000000000000000\
+    50535446060002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
@@ -1361,7 +1394,7 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    50535446050002005000000000000000\
+    50535446060002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
@@ -1374,7 +1407,7 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    50535446050002008000000000000000\
+    50535446060002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
@@ -2029,7 +2062,12 @@ fn arb_request() -> impl Strategy<Value = Request> {
             arb_string(120),
             any::<u64>(),
             0..=MAX_PAGE_LEN,
-            prop_oneof![Just(Route::Owner), Just(Route::Fallback), Just(Route::Hot)]
+            prop_oneof![
+                Just(Route::Owner),
+                Just(Route::Fallback),
+                Just(Route::Hot),
+                Just(Route::Recovered)
+            ]
         )
             .prop_flat_map(|(file_id, path, page, offset, route)| {
                 (0..=MAX_PAGE_LEN - offset).prop_map(move |len| RequestBody::Fetch {
@@ -2126,6 +2164,9 @@ fn arb_error_code() -> impl Strategy<Value = ErrorCode> {
         Just(ErrorCode::Exists),
         Just(ErrorCode::NotEmpty),
         Just(ErrorCode::Unflushed),
+        Just(ErrorCode::IsDir),
+        Just(ErrorCode::NotDir),
+        Just(ErrorCode::Unverified),
     ]
 }
 
@@ -3785,7 +3826,7 @@ fn load_files_layouts_are_as_documented() {
 /// pages pointer -56 leads from header 56 to 0), the root (64-159, its files
 /// pointer -68 from header 76 to 8).
 const GOLDEN_LOAD_FILES: &str = "\
-    5053544605000100a000000000000000\
+    5053544606000100a000000000000000\
     00000000000000001817161514131211\
     2827262524232221ffffffffffffffff\
     2f642f78ffffffff7631ffffffffffff\
@@ -3802,7 +3843,7 @@ const GOLDEN_LOAD_FILES: &str = "\
 /// "gone" }] } }`. header_len 112: the two 16-byte outcomes (header 0-31),
 /// then the root (32-111), whose pointer -44 leads from header 44 to 0.
 const GOLDEN_FILES_LOADED: &str = "\
-    50535446050002007000000000000000\
+    50535446060002007000000000000000\
     00000000010000000300000000000000\
     0103000000000000676f6e65ffffffff\
     090000000000000014000000d4ffffff\

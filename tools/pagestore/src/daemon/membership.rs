@@ -192,11 +192,21 @@ pub(super) fn register(
         .map_err(DaemonError::Register)?;
     let lease = Arc::new(AtomicU64::new(l));
     let _guard = rt.enter();
+    let weak = Arc::downgrade(f.node);
+    let lost: etcd::OnLeaseLost = Arc::new(move || {
+        let weak = weak.clone();
+        Box::pin(async move {
+            if let Some(node) = weak.upgrade() {
+                suspect_dirty(&node, "its membership lease was lost").await;
+            }
+        })
+    });
     let mut tasks = vec![etcd::keep_registered(
         e.clone(),
         rec,
         lease_ttl,
         lease.clone(),
+        lost,
     )];
     let (tx, mut rx) = tokio::sync::watch::channel::<Option<ClusterState>>(None);
     tasks.push(etcd::follow(e.clone(), Some(state.clone()), move |s| {
@@ -218,6 +228,21 @@ pub(super) fn register(
         }
     }));
     Ok(Registered { tasks, lease })
+}
+
+/// Counts this node's dirty pages as recovered (`Node::suspect_dirty`): the cluster counted
+/// it down, and writers may have written newer bytes of them elsewhere meanwhile.
+async fn suspect_dirty(node: &Node, why: &str) {
+    match node.suspect_dirty().await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            versions = n,
+            why,
+            "this node was counted down: its dirty pages are served only where no other write \
+             member holds them"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot mark this node's dirty pages as recovered"),
+    }
 }
 
 /// Leaves the live set now rather than when the lease runs out (waits at most 2 s for etcd).
@@ -243,6 +268,9 @@ async fn apply_state(
     roots: &FileRoots,
     local_mounts: &[(String, String)],
 ) {
+    if s.down().contains(&node.node_id()) {
+        suspect_dirty(node, "etcd lists it down").await;
+    }
     let nodes = s.ring_nodes();
     if nodes.is_empty() {
         tracing::warn!("etcd lists no ring members (not even this node); keeping the last ring");

@@ -518,7 +518,7 @@ impl WriteBackNode {
             match stat(a.to_string()).await {
                 Ok(Some(PathKind::File { .. })) => {
                     return Err(SourceError::new(
-                        ErrorCode::BadRequest,
+                        ErrorCode::NotDir,
                         pagestore_protocol::writeback::beneath_file(made.unwrap_or_default(), a),
                     ))
                 }
@@ -532,7 +532,7 @@ impl WriteBackNode {
             ChangeOp::Commit { path, .. } if unknown(path) => {
                 if let Ok(Some(PathKind::Dir)) = stat(path.clone()).await {
                     return Err(SourceError::new(
-                        ErrorCode::BadRequest,
+                        ErrorCode::IsDir,
                         format!("{path}: is a directory"),
                     ));
                 }
@@ -555,13 +555,13 @@ impl WriteBackNode {
                     }
                     (Some(PathKind::Dir), false) => {
                         return Err(SourceError::new(
-                            ErrorCode::BadRequest,
+                            ErrorCode::IsDir,
                             format!("{path}: is a directory"),
                         ))
                     }
                     (Some(PathKind::File { .. }), true) => {
                         return Err(SourceError::new(
-                            ErrorCode::BadRequest,
+                            ErrorCode::NotDir,
                             format!("{path}: not a directory"),
                         ))
                     }
@@ -884,27 +884,72 @@ impl WriteBackNode {
                 Ok::<Bytes, SourceError>(b)
             }
         };
+        // Only one flush of a version reaches the store: two nodes may both take themselves
+        // for the path's flusher for a moment (around a node's death or return), and the
+        // second write would leave the store an object whose version the records do not name
+        // (readers of pages no node holds would then find the object "changed"). So the write
+        // is conditional on the object the flusher saw first, where the store can do it.
+        let mode = match table.stat(path).await {
+            Ok(prev) => object_store::PutMode::Update(object_store::UpdateVersion {
+                e_tag: Some(format!("\"{}\"", prev.version)),
+                version: None,
+            }),
+            Err(UfsError::NotFound(_)) => object_store::PutMode::Create,
+            Err(e) => return Err(store_error(e)),
+        };
+        let raced = || {
+            SourceError::new(
+                ErrorCode::Changed,
+                format!(
+                    "{path}: the store's object changed while it was flushed (another node \
+                     flushing it at the same time); flushing again later"
+                ),
+            )
+        };
+        let mut conditional = true;
         let written = if size <= part {
             let data = if size == 0 {
                 Bytes::new()
             } else {
                 read(0).await?
             };
-            match table
-                .put_if(
-                    path,
-                    data,
-                    object_store::PutMode::Overwrite,
-                    Default::default(),
-                )
+            let outcome = match table
+                .put_if(path, data.clone(), mode, Default::default())
                 .await
-                .map_err(store_error)?
             {
+                // A store that cannot write conditionally (or would not now): written as
+                // before, and checked below.
+                Err(e @ UfsError::Store(..)) => {
+                    tracing::debug!(path, error = %e, "conditional flush refused; writing it plainly");
+                    conditional = false;
+                    table
+                        .put_if(
+                            path,
+                            data,
+                            object_store::PutMode::Overwrite,
+                            Default::default(),
+                        )
+                        .await
+                }
+                other => other,
+            };
+            match outcome.map_err(store_error)? {
                 PutOutcome::Written(v) => v,
-                PutOutcome::ConditionFailed => None,
+                PutOutcome::ConditionFailed => return Err(raced()),
             }
         } else {
-            let mut upload = table.put_multipart(path).await.map_err(store_error)?;
+            let mut upload = match table
+                .put_multipart_if(path, mode, Default::default())
+                .await
+            {
+                Err(e @ UfsError::Store(..)) => {
+                    tracing::debug!(path, error = %e, "conditional flush refused; writing it plainly");
+                    conditional = false;
+                    table.put_multipart(path).await
+                }
+                other => other,
+            }
+            .map_err(store_error)?;
             // Each part runs on its own (`PartUploads`): the next part is read from the cluster
             // while the store takes the ones before it, so at most `FLUSH_PARTS` + 1 parts of a
             // file are held at once. Dropping the set on an error aborts the rest.
@@ -927,11 +972,26 @@ impl WriteBackNode {
                 let _ = upload.abort().await;
                 return Err(e);
             }
-            let r = upload.complete().await.map_err(store_error)?;
-            pagestore_mounts::ufs::written_version(&r)
+            match upload.complete().await {
+                Ok(r) => pagestore_mounts::ufs::written_version(&r),
+                Err(
+                    object_store::Error::Precondition { .. }
+                    | object_store::Error::AlreadyExists { .. },
+                ) => return Err(raced()),
+                Err(e) => return Err(store_error(UfsError::Store(path.to_string(), e))),
+            }
         };
         match written {
-            Some(v) => Ok(v),
+            Some(v) if conditional => Ok(v),
+            // Written plainly: the version is kept only if no other write came after it.
+            Some(v) => {
+                let now = table.stat(path).await.map_err(store_error)?.version;
+                if v == now {
+                    Ok(v)
+                } else {
+                    Err(raced())
+                }
+            }
             None => Ok(table.stat(path).await.map_err(store_error)?.version),
         }
     }
@@ -1163,6 +1223,10 @@ impl WriteBack for WriteBackNode {
 
     fn write_replicas(&self) -> u8 {
         u8::try_from(self.replicas()).unwrap_or(u8::MAX)
+    }
+
+    fn write_setting(&self) -> u8 {
+        self.settings.write_replicas
     }
 }
 

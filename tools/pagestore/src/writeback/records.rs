@@ -311,7 +311,7 @@ impl Records {
     /// Refuses a change that makes `path` beneath a file ([`Records::file_ancestor`]).
     fn refuse_beneath_file(&self, path: &str) -> Result<(), Refused> {
         match self.file_ancestor(path) {
-            Some(file) => Err(refused(ErrorCode::BadRequest, beneath_file(path, file))),
+            Some(file) => Err(refused(ErrorCode::NotDir, beneath_file(path, file))),
             None => Ok(()),
         }
     }
@@ -464,17 +464,11 @@ impl Records {
             None => {
                 if let Known::Record(r) = self.known(path) {
                     if matches!(r.entry, RecordEntry::Dir { .. }) {
-                        return Err(refused(
-                            ErrorCode::BadRequest,
-                            format!("{path}: is a directory"),
-                        ));
+                        return Err(refused(ErrorCode::IsDir, format!("{path}: is a directory")));
                     }
                 }
                 if self.known(path) == Known::Implied {
-                    return Err(refused(
-                        ErrorCode::BadRequest,
-                        format!("{path}: is a directory"),
-                    ));
+                    return Err(refused(ErrorCode::IsDir, format!("{path}: is a directory")));
                 }
                 self.refuse_beneath_file(path)?;
                 Ok(Plan::Records(vec![unstamped(path, entry(state))]))
@@ -496,10 +490,7 @@ impl Records {
         match self.known(to) {
             Known::Record(r) if is_live(r) => match r.entry {
                 RecordEntry::Dir { .. } => {
-                    return Err(refused(
-                        ErrorCode::BadRequest,
-                        format!("{to}: is a directory"),
-                    ))
+                    return Err(refused(ErrorCode::IsDir, format!("{to}: is a directory")))
                 }
                 _ if !replace => {
                     return Err(refused(ErrorCode::Exists, format!("{to}: already exists")))
@@ -507,10 +498,7 @@ impl Records {
                 _ => {}
             },
             Known::Implied => {
-                return Err(refused(
-                    ErrorCode::BadRequest,
-                    format!("{to}: is a directory"),
-                ))
+                return Err(refused(ErrorCode::IsDir, format!("{to}: is a directory")))
             }
             _ => {}
         }
@@ -625,13 +613,12 @@ impl Records {
         match self.known(path) {
             Known::Record(r) => match (&r.entry, dir) {
                 (RecordEntry::File { .. }, true) => Err(refused(
-                    ErrorCode::BadRequest,
+                    ErrorCode::NotDir,
                     format!("{path}: not a directory"),
                 )),
-                (RecordEntry::Dir { .. }, false) => Err(refused(
-                    ErrorCode::BadRequest,
-                    format!("{path}: is a directory"),
-                )),
+                (RecordEntry::Dir { .. }, false) => {
+                    Err(refused(ErrorCode::IsDir, format!("{path}: is a directory")))
+                }
                 (RecordEntry::Deleted { .. }, _) => Err(refused(
                     ErrorCode::NotFound,
                     format!("{path}: no such file or directory"),
@@ -670,10 +657,7 @@ impl Records {
                 ErrorCode::NotEmpty,
                 format!("{path}: directory not empty"),
             )),
-            Known::Implied => Err(refused(
-                ErrorCode::BadRequest,
-                format!("{path}: is a directory"),
-            )),
+            Known::Implied => Err(refused(ErrorCode::IsDir, format!("{path}: is a directory"))),
             // An object (or directory) of the store, or nothing: the caller checks the store;
             // a file's deletion is recorded and applied to the store by the flusher.
             Known::Unknown => Ok(Plan::Records(vec![unstamped(

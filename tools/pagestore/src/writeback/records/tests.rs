@@ -103,7 +103,7 @@ fn a_file_cannot_hold_a_new_file_beneath_it() {
     // Beneath the file, at any depth: refused (no store could flush it), nothing recorded.
     for p in ["/b/foo/bar/xyzzy", "/b/foo/bar/x/y"] {
         let e = t.plan(&commit(p, 2, 1, true), false).unwrap_err();
-        assert_eq!(e.code, ErrorCode::BadRequest, "{p}");
+        assert_eq!(e.code, ErrorCode::NotDir, "{p}");
         assert!(e.message.contains("/b/foo/bar is a file"), "{}", e.message);
         assert!(t.get(p).is_none());
     }
@@ -113,17 +113,14 @@ fn a_file_cannot_hold_a_new_file_beneath_it() {
         path: "/b/foo/bar/d".into(),
         mtime_ns: 1,
     };
-    assert_eq!(
-        t.plan(&mkdir, false).unwrap_err().code,
-        ErrorCode::BadRequest
-    );
+    assert_eq!(t.plan(&mkdir, false).unwrap_err().code, ErrorCode::NotDir);
     change(&mut t, commit("/b/other", 4, 1, true), 3 << 15).unwrap();
     let mv = ChangeOp::Rename {
         from: "/b/other".into(),
         to: "/b/foo/bar/moved".into(),
         replace: true,
     };
-    assert_eq!(t.plan(&mv, false).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(t.plan(&mv, false).unwrap_err().code, ErrorCode::NotDir);
     // Beside it, and beneath it once it is deleted: allowed.
     change(&mut t, commit("/b/foo/baz", 3, 1, true), 2 << 16).unwrap();
     let del = ChangeOp::Delete {
@@ -276,7 +273,7 @@ fn deletes_and_directories() {
     };
     assert_eq!(
         t.plan(&unlink_dir, false).unwrap_err().code,
-        ErrorCode::BadRequest
+        ErrorCode::IsDir
     );
     let rmdir_file = ChangeOp::Delete {
         path: "/ck/d/f".into(),
@@ -284,7 +281,7 @@ fn deletes_and_directories() {
     };
     assert_eq!(
         t.plan(&rmdir_file, false).unwrap_err().code,
-        ErrorCode::BadRequest
+        ErrorCode::NotDir
     );
     let applied = change(
         &mut t,
@@ -322,7 +319,7 @@ fn deletes_and_directories() {
         t.plan(&commit("/ck/e", 2, 1, true), false)
             .unwrap_err()
             .code,
-        ErrorCode::BadRequest
+        ErrorCode::IsDir
     );
     // Deleting what the records do not know is recorded (the store is the caller's to check).
     assert!(matches!(
