@@ -964,78 +964,55 @@ async fn a_page_rewritten_while_its_owner_was_down_is_read_new_after_the_owner_r
     )
     .await;
     assert_eq!(writer.write_replicas(), 2);
-    let path = "/ck/run/log.bin";
     let old = bytes(61, 300_000);
-    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
-    w.write_at(0, &old).await.unwrap();
-    w.flush().await.unwrap();
-
-    let file_id = pagestore_protocol::ring::file_id(path, w.version());
-    let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
-    let victim = (0..3).find(|&i| id_of(&c, i) == owner).unwrap();
-    c.kill(victim);
-    wait_for(
-        "the writer to see the owner down",
-        Duration::from_secs(20),
-        || writer.down_members() == vec![owner],
-    )
-    .await;
     let new = bytes(62, 250_000);
-    w.write_at(0, &new).await.unwrap();
-    w.flush().await.unwrap();
     let mut model = old.clone();
     model[..new.len()].copy_from_slice(&new);
+    // Killed and restarted (it recovers the page from its disk); then frozen until its lease
+    // lapses and thawed (it finds its lease lost before it registers again).
+    for (away, name) in [("killed", "log.bin"), ("frozen", "log2.bin")] {
+        let path = format!("/ck/run/{name}");
+        let mut w = writer.create(&path, WriteOptions::default()).await.unwrap();
+        w.write_at(0, &old).await.unwrap();
+        w.flush().await.unwrap();
+        let file_id = pagestore_protocol::ring::file_id(&path, w.version());
+        let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
+        let i = (0..3).find(|&i| id_of(&c, i) == owner).unwrap();
+        match away {
+            "killed" => c.kill(i),
+            _ => c.signal(i, libc::SIGSTOP).unwrap(),
+        }
+        wait_for(
+            "the writer to see the owner down",
+            Duration::from_secs(20),
+            || writer.down_members() == vec![owner],
+        )
+        .await;
+        w.write_at(0, &new).await.unwrap();
+        w.flush().await.unwrap();
+        match away {
+            "killed" => c.start_node(i),
+            _ => c.signal(i, libc::SIGCONT).unwrap(),
+        }
+        wait_for(
+            "the owner to be live again",
+            Duration::from_secs(20),
+            || writer.down_members().is_empty(),
+        )
+        .await;
+        let reader = c.client(ClientOptions::default()).await;
+        let info = reader.stat(&path).await.unwrap();
+        let got = reader.read_at(&info, 0, info.size).await.unwrap();
+        assert!(
+            got[..] == model[..],
+            "{away}: read after the owner returned"
+        );
 
-    c.start_node(victim);
-    wait_for(
-        "the owner to be live again",
-        Duration::from_secs(20),
-        || writer.down_members().is_empty(),
-    )
-    .await;
-    let reader = c.client(ClientOptions::default()).await;
-    let info = reader.stat(path).await.unwrap();
-    let got = reader.read_at(&info, 0, info.size).await.unwrap();
-    assert!(got[..] == model[..], "read after the owner returned");
-
-    w.close().await.unwrap();
-    let out = c.pagectl(&["sync", "/ck"]);
-    assert!(out.status.success(), "{out:?}");
-    assert!(std::fs::read(store.join("run/log.bin")).unwrap() == model);
-    let got = reader.read_at(&info, 0, info.size).await.unwrap();
-    assert!(got[..] == model[..], "read after the flush");
-
-    // The same without a restart: the owner frozen until its lease lapses (counted down), the
-    // page rewritten, the owner thawed. It finds its lease lost before it registers again.
-    let path = "/ck/run/log2.bin";
-    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
-    w.write_at(0, &old).await.unwrap();
-    w.flush().await.unwrap();
-    let file_id = pagestore_protocol::ring::file_id(path, w.version());
-    let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
-    let frozen = (0..3).find(|&i| id_of(&c, i) == owner).unwrap();
-    c.signal(frozen, libc::SIGSTOP).unwrap();
-    wait_for(
-        "the writer to see the owner down",
-        Duration::from_secs(20),
-        || writer.down_members() == vec![owner],
-    )
-    .await;
-    w.write_at(0, &new).await.unwrap();
-    w.flush().await.unwrap();
-    c.signal(frozen, libc::SIGCONT).unwrap();
-    wait_for(
-        "the owner to be live again",
-        Duration::from_secs(20),
-        || writer.down_members().is_empty(),
-    )
-    .await;
-    let fresh = c.client(ClientOptions::default()).await;
-    let info = fresh.stat(path).await.unwrap();
-    let got = fresh.read_at(&info, 0, info.size).await.unwrap();
-    assert!(got[..] == model[..], "read after the owner thawed");
-    w.close().await.unwrap();
-    let out = c.pagectl(&["sync", "/ck"]);
-    assert!(out.status.success(), "{out:?}");
-    assert!(std::fs::read(store.join("run/log2.bin")).unwrap() == model);
+        w.close().await.unwrap();
+        let out = c.pagectl(&["sync", "/ck"]);
+        assert!(out.status.success(), "{away}: {out:?}");
+        assert!(std::fs::read(store.join("run").join(name)).unwrap() == model);
+        let got = reader.read_at(&info, 0, info.size).await.unwrap();
+        assert!(got[..] == model[..], "{away}: read after the flush");
+    }
 }
