@@ -68,6 +68,10 @@ pub enum Error {
     /// The path is a file where a directory was expected.
     #[error("{0}: not a directory")]
     NotDir(String),
+    /// A conditional write found the path holding something else than it expected
+    /// ([`crate::WriteOptions::expect`]); nothing was written.
+    #[error("precondition failed: {0}")]
+    Precondition(String),
     /// The path is not acceptable (relative, `..`).
     #[error("bad path: {0}")]
     BadPath(String),
@@ -166,6 +170,7 @@ impl From<Error> for std::io::Error {
             Error::NotEmpty(_) => K::DirectoryNotEmpty,
             Error::NoSpace(_) => K::StorageFull,
             Error::ReadOnly(_) => K::ReadOnlyFilesystem,
+            Error::Precondition(_) => K::AlreadyExists,
         };
         std::io::Error::new(kind, e)
     }
@@ -1143,6 +1148,9 @@ impl Client {
                             message,
                             ": not a directory",
                         )))),
+                        ErrorCode::Precondition => {
+                            Attempt::Answer(Err(Error::Precondition(message.clone())))
+                        }
                         ErrorCode::Unverified => Attempt::Unverified(format!("{addr}: {message}")),
                         ErrorCode::Io => {
                             tracing::debug!(%addr, message, "member's under storage failed");
@@ -1295,7 +1303,7 @@ impl Client {
         }
         if cached {
             return Err(Error::unavailable(format!(
-                "{path}: no member answered, and files written through the cluster are known                  to its members only"
+                "{path}: no member answered, and files written through the cluster are known to its members only"
             )));
         }
         let ufs = self.ufs()?;
@@ -1426,7 +1434,7 @@ impl Client {
         }
         if self.write_policy(path).is_cached() {
             return Err(Error::unavailable(format!(
-                "{path}: no member answered, and files written through the cluster are known                  to its members only"
+                "{path}: no member answered, and files written through the cluster are known to its members only"
             )));
         }
         let ufs = self.ufs()?;

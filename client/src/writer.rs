@@ -29,7 +29,9 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use pagestore_protocol::{
-    frame::{ChangeOp, FileId, FileState, Key, RequestBody, ResponseBody, WriteBackSummary},
+    frame::{
+        ChangeOp, Expect, FileId, FileState, Key, RequestBody, ResponseBody, WriteBackSummary,
+    },
     ring::{self, path_hash, MemberId},
     writeback::{fresh_tag, unix_ms, WritePolicy, WRITE_SLOP},
 };
@@ -63,6 +65,11 @@ pub struct WriteOptions {
     pub inflight: usize,
     /// How long a page waits for room at the dirty limit (default [`DEFAULT_WRITE_WAIT`]).
     pub write_wait: Duration,
+    /// What the path must hold for the file's first commit to take it (default
+    /// [`Expect::Any`]): checked and committed in one step by the path's metadata owner, so a
+    /// conditional create or replace is atomic. A first commit that finds otherwise fails
+    /// with [`Error::Precondition`] and changes nothing.
+    pub expect: Expect,
 }
 
 impl Default for WriteOptions {
@@ -71,6 +78,7 @@ impl Default for WriteOptions {
             visible_at_open: false,
             inflight: 8,
             write_wait: DEFAULT_WRITE_WAIT,
+            expect: Expect::Any,
         }
     }
 }
@@ -777,6 +785,7 @@ impl Writer {
             size: self.size,
             mtime_ns: self.mtime_ns,
             last,
+            expect: self.options.expect.clone(),
         };
         let mut open = self.last_open_commit.lock().await;
         self.client.change(&self.path, op.clone()).await?;

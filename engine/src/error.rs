@@ -134,7 +134,7 @@ pub enum EngineError {
     /// A dirty page would take the shard past its dirty limit: nothing was stored. The
     /// write can be tried again once flushes have made room.
     #[error(
-        "the shard holds {dirty} bytes of dirty pages and may hold at most {limit}: wait for          flushes to make room"
+        "the shard holds {dirty} bytes of dirty pages and may hold at most {limit}: wait for flushes to make room"
     )]
     DirtyFull {
         /// Bytes of dirty pages the shard holds.

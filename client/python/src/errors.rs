@@ -48,7 +48,7 @@ fn to_py_in(e: Error, context: Option<&str>) -> PyErr {
         Error::NotDir(p) => (Exc::NotDir, libc::ENOTDIR, Some(p.clone())),
         Error::Forbidden(_) => (Exc::Permission, libc::EACCES, None),
         Error::Changed(_) => (Exc::Other, libc::ESTALE, None),
-        Error::Exists(_) => (Exc::Exists, libc::EEXIST, None),
+        Error::Exists(_) | Error::Precondition(_) => (Exc::Exists, libc::EEXIST, None),
         Error::NotEmpty(_) => (Exc::Other, libc::ENOTEMPTY, None),
         Error::NoSpace(_) => (Exc::Other, libc::ENOSPC, None),
         Error::ReadOnly(_) => (Exc::Other, libc::EROFS, None),

@@ -104,6 +104,7 @@ fn again(e: &Error) -> Error {
         Error::BadRange(m) => Error::BadRange(m.clone()),
         Error::Forbidden(m) => Error::Forbidden(m.clone()),
         Error::Exists(m) => Error::Exists(m.clone()),
+        Error::Precondition(m) => Error::Precondition(m.clone()),
         Error::NotEmpty(m) => Error::NotEmpty(m.clone()),
         Error::NoSpace(m) => Error::NoSpace(m.clone()),
         Error::ReadOnly(m) => Error::ReadOnly(m.clone()),

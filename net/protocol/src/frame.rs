@@ -97,13 +97,14 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// answer `FilesLoaded` ([`LoadFile`], [`FileOutcome`]), appended after every
 /// other request and answer, so no earlier layout moved.
 ///
-/// Version 6: three error codes, `IsDir` and `NotDir` (a write-back change
+/// Version 6: four error codes, `IsDir` and `NotDir` (a write-back change
 /// that would put a file where a directory is, or beneath a file: `BadRequest`
 /// before) and `Unverified` (a write-back page a member recovered after a
 /// restart or a lapse of its membership, which may be older than the page's
 /// other write members' copies), and a fourth [`Route`], `Recovered`, that
-/// asks for such a page when no other member holds one. A version-5 peer would
-/// refuse these bytes as malformed frames.
+/// asks for such a page when no other member holds one; conditional commits
+/// ([`Expect`], refused with `Precondition`). A version-5 peer would refuse
+/// these bytes as malformed frames.
 pub const PROTOCOL_VERSION: u16 = 6;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
@@ -837,6 +838,21 @@ pub enum Route {
     Recovered,
 }
 
+/// What a conditional commit requires of its path ([`ChangeOp::Commit`]):
+/// the metadata owner checks it and makes the commit in one step, so of two
+/// writers racing to create a path exactly one succeeds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub enum Expect {
+    /// Nothing: the commit replaces whatever the path holds.
+    #[default]
+    Any,
+    /// The path holds no file (S3 `If-None-Match: *`).
+    Absent,
+    /// The path holds this version of a file (its version tag, as a stat
+    /// gives it; S3 `If-Match`); at most [`MAX_VERSION_TAG_LEN`] bytes.
+    Version(String),
+}
+
 /// A namespace change of [`RequestBody::Change`].
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum ChangeOp {
@@ -857,6 +873,9 @@ pub enum ChangeOp {
         mtime_ns: i64,
         /// The writer's last commit of this version.
         last: bool,
+        /// What the path must hold for the version's first commit to take it
+        /// (a conditional write; later commits of the version are not checked).
+        expect: Expect,
     },
     /// Renames the file (not a directory) `from` to `to` within one mount.
     /// With `replace` false an existing `to` is an `Exists` error.
@@ -1042,6 +1061,9 @@ pub enum ErrorCode {
     /// may hold newer bytes. Ask them; ask this one again with
     /// [`Route::Recovered`] only if none holds the page.
     Unverified,
+    /// A conditional write-back commit found its path holding something else
+    /// than it expected ([`Expect`]); nothing was changed.
+    Precondition,
 }
 
 /// A response frame's header: the echoed request id and the outcome.
@@ -1759,10 +1781,16 @@ impl Request {
             RequestBody::Change { op } => {
                 match op {
                     ChangeOp::Commit {
-                        path, version_tag, ..
+                        path,
+                        version_tag,
+                        expect,
+                        ..
                     } => {
                         bounded_str("Commit path", path, MAX_PATH_LEN)?;
                         bounded_str("Commit version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                        if let Expect::Version(v) = expect {
+                            bounded_str("Commit expect", v, MAX_VERSION_TAG_LEN)?;
+                        }
                     }
                     ChangeOp::Rename { from, to, .. } => {
                         bounded_str("Rename from", from, MAX_PATH_LEN)?;

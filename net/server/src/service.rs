@@ -664,7 +664,7 @@ impl ShardService {
             return error(
                 id,
                 ErrorCode::Changed,
-                "this write-back version takes no more pages: it was closed, sealed or                  deleted; open the file for writing again",
+                "this write-back version takes no more pages: it was closed, sealed or deleted; open the file for writing again",
             );
         }
         // Whatever the memory tier holds for this page is not what the disk will hold.

@@ -354,7 +354,7 @@ fn errno(op: &str, path: &str, e: &Error) -> Errno {
             warn!("{op} {path}: {e}");
             Errno::EACCES
         }
-        Error::Exists(_) => Errno::EEXIST,
+        Error::Exists(_) | Error::Precondition(_) => Errno::EEXIST,
         Error::NotEmpty(_) => Errno::ENOTEMPTY,
         Error::NoSpace(_) => {
             warn!("{op} {path}: {e}");

@@ -59,6 +59,7 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
                 format!("the cache cluster refused this gateway's request (incident {id} in the gateway's log)"),
             )
         }
+        ClientError::Precondition(m) => super::cond::precondition_failed(&m),
         ClientError::Exists(p) => S3Error::with_message(
             S3ErrorCode::PreconditionFailed,
             format!("{p}: already exists"),
@@ -72,7 +73,7 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
             S3Error::with_message(
                 S3ErrorCode::SlowDown,
                 format!(
-                    "the cache cluster cannot take the data now (its write-back buffer is                      full); retry later (incident {id})"
+                    "the cache cluster cannot take the data now (its write-back buffer is full); retry later (incident {id})"
                 ),
             )
         }

@@ -123,7 +123,7 @@ pub(super) async fn complete_multipart_upload(
     if gw.cached(&path) && cond != WriteCondition::None {
         return Err(S3Error::with_message(
             S3ErrorCode::NotImplemented,
-            "a conditional CompleteMultipartUpload on a write-back bucket: the cluster cannot              yet compare and write atomically",
+            "a conditional CompleteMultipartUpload on a write-back bucket: the cluster cannot yet compare and write atomically",
         ));
     }
     let wanted: Vec<(i32, Option<String>)> = input

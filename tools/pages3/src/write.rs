@@ -15,7 +15,7 @@ use pagestore_client::{
     ufs::{written_version, ObjectInfo, PartUploads, PutOutcome, UfsError},
     Client, Error as ClientError,
 };
-use pagestore_protocol::frame::PathKind;
+use pagestore_protocol::frame::{Expect, PathKind};
 use s3s::{
     dto::{
         DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput,
@@ -207,7 +207,7 @@ impl Gateway {
             if self.cached(p) {
                 return Err(S3Error::with_message(
                     S3ErrorCode::NotImplemented,
-                    "a conditional delete (If-Match) on a write-back bucket: the cluster cannot                      yet compare and delete atomically",
+                    "a conditional delete (If-Match) on a write-back bucket: the cluster cannot yet compare and delete atomically",
                 ));
             }
         }
@@ -453,9 +453,11 @@ impl Gateway {
     /// [`Gateway::write_object`] for a `write=back` or `write=transient` mount: the body is
     /// written through the cluster (acknowledged once durable on its write replicas, flushed
     /// to the store later) and appears whole, with the body's MD5 as its ETag, only when it
-    /// was complete and matched its digests. Conditional writes are refused (501): the cluster
-    /// cannot yet compare and write atomically. The object's attributes (Content-Type, user
-    /// metadata) are not kept for such files (docs/OPERATIONS.md).
+    /// was complete and matched its digests. A condition (`If-None-Match: *`, `If-Match`) is
+    /// checked here first (412, or 404 for If-Match on a missing key) and again by the path's
+    /// metadata owner when the file is committed, atomically with the commit. The object's
+    /// attributes (Content-Type, user metadata) are not kept for such files
+    /// (docs/OPERATIONS.md).
     async fn write_object_cached(
         &self,
         path: &str,
@@ -466,21 +468,25 @@ impl Gateway {
         attributes: Attributes,
     ) -> S3Result<ObjectInfo> {
         let mut body = BodyReader::new(body, headers);
-        if *cond != WriteCondition::None {
-            body.drain().await;
-            return Err(S3Error::with_message(
-                S3ErrorCode::NotImplemented,
-                "a conditional write (If-Match, If-None-Match) on a write-back bucket: the                  cluster cannot yet compare and write atomically",
-            ));
-        }
+        let expect = match self.cached_expect(path, cond).await {
+            Ok(e) => e,
+            Err(e) => {
+                body.drain().await;
+                return Err(e);
+            }
+        };
         if !attributes.is_empty() {
             tracing::debug!(%path, "attributes of a write-back object are not kept");
         }
         let result: S3Result<(ObjectInfo, String)> = async {
             let mut digests = Digests::from_headers(headers)?;
+            let options = pagestore_client::WriteOptions {
+                expect,
+                ..Default::default()
+            };
             let mut w = self
                 .client
-                .create(path, pagestore_client::WriteOptions::default())
+                .create(path, options)
                 .await
                 .map_err(|e| Self::cached_write_error(path, e))?;
             let mut at = 0u64;
@@ -508,6 +514,37 @@ impl Gateway {
                 Err(e)
             }
         }
+    }
+
+    /// What a write-back commit of `path` must find there for `cond` to hold, from the object
+    /// there now (a condition that already fails is answered here).
+    async fn cached_expect(&self, path: &str, cond: &WriteCondition) -> S3Result<Expect> {
+        if *cond == WriteCondition::None {
+            return Ok(Expect::Any);
+        }
+        let current = match self.client.stat(path).await {
+            Ok(i) => Some(i),
+            Err(pagestore_client::Error::NotFound(_)) => None,
+            Err(e) => return Err(client_error(e)),
+        };
+        let tags = current.as_ref().map(|i| self.tags_of(i));
+        let mode = cond.mode(
+            current
+                .as_ref()
+                .zip(tags.as_ref())
+                .map(|(i, t)| (i.version.as_str(), t)),
+        )?;
+        Ok(match mode {
+            PutMode::Overwrite => Expect::Any,
+            PutMode::Create => Expect::Absent,
+            PutMode::Update(v) => Expect::Version(
+                v.e_tag
+                    .as_deref()
+                    .unwrap_or_default()
+                    .trim_matches('"')
+                    .to_string(),
+            ),
+        })
     }
 
     /// A cluster write's error: a file/directory conflict is 409, as on a store written

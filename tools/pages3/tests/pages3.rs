@@ -1897,7 +1897,8 @@ async fn objects_listed_without_etags_keep_the_stores_etag() {
 
 /// Issue 17: a bucket on a `write=back` mount takes PutObject and multipart uploads through
 /// the cluster (no store credentials on the gateway): read back at once with the body's MD5 as
-/// ETag, flushed to the store with the exact bytes; conditional writes refused (501).
+/// ETag, flushed to the store with the exact bytes; conditional writes (create-only,
+/// compare-and-swap) hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluster() {
     let (dir, mut s) = common::settings();
@@ -1951,18 +1952,47 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         .unwrap();
     assert!(got == big, "a write-back multipart upload read back");
 
-    // A conditional PutObject is refused: the cluster cannot compare and write atomically.
-    let refused = s3
-        .put_opts(
-            &StorePath::from("run/cond.bin"),
-            vec![1u8; 10].into(),
-            object_store::PutOptions {
-                mode: object_store::PutMode::Create,
-                ..Default::default()
-            },
-        )
-        .await;
-    assert!(refused.is_err(), "{refused:?}");
+    // Conditional PutObject: create-only takes a new key once; compare-and-swap takes the
+    // version there now only. The path's metadata owner checks and commits in one step.
+    let cond = StorePath::from("run/cond.bin");
+    let create = object_store::PutOptions {
+        mode: object_store::PutMode::Create,
+        ..Default::default()
+    };
+    let first = s3
+        .put_opts(&cond, vec![1u8; 10].into(), create.clone())
+        .await
+        .unwrap();
+    let again = s3
+        .put_opts(&cond, vec![2u8; 10].into(), create.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, object_store::Error::AlreadyExists { .. })
+            || again.to_string().contains("412"),
+        "{again}"
+    );
+    let swap = |e_tag: Option<String>| object_store::PutOptions {
+        mode: object_store::PutMode::Update(object_store::UpdateVersion {
+            e_tag,
+            version: None,
+        }),
+        ..Default::default()
+    };
+    s3.put_opts(&cond, vec![3u8; 10].into(), swap(first.e_tag.clone()))
+        .await
+        .unwrap();
+    let stale = s3
+        .put_opts(&cond, vec![4u8; 10].into(), swap(first.e_tag.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, object_store::Error::Precondition { .. })
+            || stale.to_string().contains("412"),
+        "{stale}"
+    );
+    let got = s3.get(&cond).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&got[..], &[3u8; 10][..]);
 
     // A key beneath an object, or an object where keys lie beneath, is a 409 as on a store
     // written through: the flush could never write it to a file system store.
@@ -1996,7 +2026,10 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!store.join("run/small.bin").exists());
-    assert!(!store.join("run/cond.bin").exists());
+    assert_eq!(
+        std::fs::read(store.join("run/cond.bin")).unwrap(),
+        [3u8; 10]
+    );
 }
 
 fn md5_of(b: &[u8]) -> u128 {

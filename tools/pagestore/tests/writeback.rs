@@ -395,6 +395,60 @@ async fn a_page_rewritten_while_a_member_holding_it_is_frozen_is_read_new_from_e
     assert_eq!(std::fs::read(store.join("frozen/ckpt.bin")).unwrap(), new);
 }
 
+/// Conditional commits: of two writers creating one path only if absent, exactly one
+/// succeeds (the check and the commit are one step at the path's metadata owner); a
+/// compare-and-swap takes only the version there now, a file the records know or one only the
+/// store holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_commits_take_a_path_only_as_they_expect() {
+    use pagestore_protocol::frame::Expect;
+    let (c, store) = cluster(3, &["--write-replicas", "2"], "");
+    let a = c.client(ClientOptions::default()).await;
+    let b = c.client(ClientOptions::default()).await;
+    let absent = || WriteOptions {
+        expect: Expect::Absent,
+        ..WriteOptions::default()
+    };
+    let mut wa = a.create("/ck/lock", absent()).await.unwrap();
+    let mut wb = b.create("/ck/lock", absent()).await.unwrap();
+    wa.write_at(0, b"a").await.unwrap();
+    wb.write_at(0, b"b").await.unwrap();
+    let (ra, rb) = tokio::join!(wa.close(), wb.close());
+    let won = match (&ra, &rb) {
+        (Ok(_), Err(Error::Precondition(_))) => b"a",
+        (Err(Error::Precondition(_)), Ok(_)) => b"b",
+        other => panic!("exactly one create-only commit wins: {other:?}"),
+    };
+    assert_eq!(read_all(&a, "/ck/lock").await, won);
+
+    // Compare and swap on a file the records know.
+    let now = a.stat("/ck/lock").await.unwrap().version;
+    let swap = |v: &str| WriteOptions {
+        expect: Expect::Version(v.to_string()),
+        ..WriteOptions::default()
+    };
+    let mut w = b.create("/ck/lock", swap("wb1-0")).await.unwrap();
+    w.write_at(0, b"x").await.unwrap();
+    assert!(matches!(w.close().await, Err(Error::Precondition(_))));
+    let mut w = b.create("/ck/lock", swap(&now)).await.unwrap();
+    w.write_at(0, b"c").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(read_all(&a, "/ck/lock").await, b"c");
+
+    // A file only the store holds: create-only refused, a swap of its version taken.
+    std::fs::write(store.join("old.bin"), b"stored").unwrap();
+    let mut w = a.create("/ck/old.bin", absent()).await.unwrap();
+    w.write_at(0, b"y").await.unwrap();
+    assert!(matches!(w.close().await, Err(Error::Precondition(_))));
+    let v = a.stat("/ck/old.bin").await.unwrap().version;
+    let mut w = a.create("/ck/old.bin", swap(&v)).await.unwrap();
+    w.write_at(0, b"new").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(read_all(&b, "/ck/old.bin").await, b"new");
+    synced(&a, "/ck", Duration::from_secs(30)).await;
+    assert_eq!(std::fs::read(store.join("old.bin")).unwrap(), b"new");
+}
+
 /// A node with a memory tier: a page of a file being written that readers read again and
 /// again is served from disk, never from a copy in memory that a rewrite would leave behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

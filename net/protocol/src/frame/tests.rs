@@ -162,6 +162,7 @@ fn sample_requests() -> Vec<Request> {
                 size: 5 << 30,
                 mtime_ns: 1_700_000_000_000_000_000,
                 last: true,
+                expect: Expect::Absent,
             },
         },
         RequestBody::Change {
@@ -409,6 +410,7 @@ fn sample_responses() -> Vec<Response> {
         ErrorCode::IsDir,
         ErrorCode::NotDir,
         ErrorCode::Unverified,
+        ErrorCode::Precondition,
     ] {
         out.push(Response {
             request_id: 1,
@@ -845,6 +847,7 @@ fn garbage_headers_are_invalid() {
         (ErrorCode::IsDir, 13),
         (ErrorCode::NotDir, 14),
         (ErrorCode::Unverified, 15),
+        (ErrorCode::Precondition, 16),
     ] {
         let r = Response {
             request_id: 1,
@@ -856,7 +859,7 @@ fn garbage_headers_are_invalid() {
         let f = response_frame(&r);
         assert_eq!(f[f.len() - std::mem::size_of::<ArchivedResponse>() + 9], n);
     }
-    frame[root + 9] = 16;
+    frame[root + 9] = 17;
     assert!(matches!(
         decode_response_frame(&frame),
         Err(FrameError::Invalid(_))
@@ -1520,7 +1523,7 @@ fn documented_sizes() {
             size_of::<ArchivedChangeOp>(),
             align_of::<ArchivedChangeOp>()
         ),
-        (48, 8)
+        (56, 8)
     );
     assert_eq!(
         (
@@ -1688,6 +1691,7 @@ fn documented_field_offsets() {
                     size: 9,
                     mtime_ns: -3,
                     last: true,
+                    expect: Expect::Version("e".into()),
                 },
             },
             vec![
@@ -1698,6 +1702,8 @@ fn documented_field_offsets() {
                 (40, 8, 9),
                 (48, 8, (-3i64) as u64),
                 (56, 1, 1),
+                (60, 1, 2),
+                (64, 1, u64::from(b'e')),
             ],
         ),
         (
@@ -2167,6 +2173,7 @@ fn arb_error_code() -> impl Strategy<Value = ErrorCode> {
         Just(ErrorCode::IsDir),
         Just(ErrorCode::NotDir),
         Just(ErrorCode::Unverified),
+        Just(ErrorCode::Precondition),
     ]
 }
 
@@ -2187,15 +2194,21 @@ fn arb_change_op() -> impl Strategy<Value = ChangeOp> {
             arb_string(40),
             any::<u64>(),
             any::<i64>(),
-            any::<bool>()
+            any::<bool>(),
+            prop_oneof![
+                Just(Expect::Any),
+                Just(Expect::Absent),
+                arb_string(40).prop_map(Expect::Version)
+            ]
         )
-            .prop_map(|(path, version_tag, size, mtime_ns, last)| {
+            .prop_map(|(path, version_tag, size, mtime_ns, last, expect)| {
                 ChangeOp::Commit {
                     path,
                     version_tag,
                     size,
                     mtime_ns,
                     last,
+                    expect,
                 }
             }),
         (arb_string(120), arb_string(120), any::<bool>())

@@ -388,7 +388,7 @@ impl Settings {
         let dirty_limit = self.dirty_limit.map_or(cache_size / 2, |s| s.0);
         if dirty_limit > cache_size {
             return Err(invalid(format!(
-                "--dirty-limit {dirty_limit} is more than the cache ({cache_size} bytes): dirty                  pages live in the cache"
+                "--dirty-limit {dirty_limit} is more than the cache ({cache_size} bytes): dirty pages live in the cache"
             )));
         }
         let write_lease = match self.write_lease {

@@ -32,9 +32,9 @@ use pagestore_client::{ufs::ObjectInfo, Client};
 use pagestore_mounts::ufs::{PartUploads, PutOutcome, UfsError, UfsSource};
 use pagestore_protocol::{
     frame::{
-        encode_file_records, ChangeOp, ErrorCode, FileId, FileRecord, FileState, PageAction,
-        PathKind, RecordEntry, RecordState, RequestBody, ResponseBody, WriteBackSummary,
-        MAX_RECORD_BATCH,
+        encode_file_records, ChangeOp, ErrorCode, Expect, FileId, FileRecord, FileState,
+        PageAction, PathKind, RecordEntry, RecordState, RequestBody, ResponseBody,
+        WriteBackSummary, MAX_RECORD_BATCH,
     },
     ring::path_hash,
     source::{SourceError, SourceFuture},
@@ -525,6 +525,25 @@ impl WriteBackNode {
                 Ok(None) => cur = pagestore_protocol::writeback::parent(a),
                 // A directory, or a store that does not answer now.
                 _ => break,
+            }
+        }
+        // A conditional commit of a path the records do not know: the store's object decides
+        // (and a store that does not answer fails the commit: nothing is guessed).
+        if let ChangeOp::Commit {
+            path,
+            version_tag,
+            expect,
+            ..
+        } = op
+        {
+            let first = self.table().by_file(version_id(version_tag)).is_none();
+            if *expect != Expect::Any && first && unknown(path) {
+                let current = match stat(path.clone()).await? {
+                    Some(PathKind::File { version_tag, .. }) => Some(version_tag),
+                    _ => None,
+                };
+                records::expect_met(path, expect, current.as_deref())
+                    .map_err(|m| SourceError::new(ErrorCode::Precondition, m))?;
             }
         }
         match op {

@@ -14,7 +14,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use pagestore_protocol::{
-    frame::{ChangeOp, ErrorCode, FileId, FileRecord, RecordEntry, RecordState, WriteBackSummary},
+    frame::{
+        ChangeOp, ErrorCode, Expect, FileId, FileRecord, RecordEntry, RecordState, WriteBackSummary,
+    },
     ring,
     writeback::{beneath_file, hlc_ms, is_wb_tag, parent},
 };
@@ -26,6 +28,18 @@ pub struct Refused {
     pub code: ErrorCode,
     /// For people.
     pub message: String,
+}
+
+/// Whether a path that holds the file version `current` (`None`: no file) meets `expect`;
+/// otherwise why not.
+pub fn expect_met(path: &str, expect: &Expect, current: Option<&str>) -> Result<(), String> {
+    match (expect, current) {
+        (Expect::Any, _) | (Expect::Absent, None) => Ok(()),
+        (Expect::Version(v), Some(c)) if v == c => Ok(()),
+        (Expect::Absent, Some(_)) => Err(format!("{path}: a file exists there already")),
+        (Expect::Version(_), Some(_)) => Err(format!("{path}: holds another version")),
+        (Expect::Version(_), None) => Err(format!("{path}: no such file")),
+    }
 }
 
 fn refused(code: ErrorCode, message: impl Into<String>) -> Refused {
@@ -380,7 +394,16 @@ impl Records {
                 size,
                 mtime_ns,
                 last,
-            } => self.plan_commit(path, version_tag, *size, *mtime_ns, *last, transient),
+                expect,
+            } => {
+                let plan =
+                    self.plan_commit(path, version_tag, *size, *mtime_ns, *last, transient)?;
+                // A version's first commit (the path does not name it yet) meets `expect`.
+                if self.by_file(version_id(version_tag)).is_none() {
+                    self.check_expect(path, expect)?;
+                }
+                Ok(plan)
+            }
             ChangeOp::Rename { from, to, replace } => self.plan_rename(from, to, *replace),
             ChangeOp::Delete { path, dir } => self.plan_delete(path, *dir),
             ChangeOp::MakeDir { path, mtime_ns } => {
@@ -403,6 +426,19 @@ impl Records {
                 }
             }
         }
+    }
+
+    /// Whether `path` holds what a conditional commit expects, as far as the records know (a
+    /// path they know nothing of is for the caller to check in the under storage).
+    fn check_expect(&self, path: &str, expect: &Expect) -> Result<(), Refused> {
+        let current = match self.known(path) {
+            Known::Record(r) => match &r.entry {
+                RecordEntry::File { version_tag, .. } => Some(version_tag.as_str()),
+                _ => None,
+            },
+            Known::Implied | Known::Unknown => return Ok(()),
+        };
+        expect_met(path, expect, current).map_err(|m| refused(ErrorCode::Precondition, m))
     }
 
     fn plan_commit(

@@ -35,7 +35,75 @@ fn commit(path: &str, t: u128, size: u64, last: bool) -> ChangeOp {
         size,
         mtime_ns: 7,
         last,
+        expect: Expect::Any,
     }
+}
+
+fn commit_if(path: &str, t: u128, expect: Expect) -> ChangeOp {
+    match commit(path, t, 1, true) {
+        ChangeOp::Commit {
+            path,
+            version_tag,
+            size,
+            mtime_ns,
+            last,
+            ..
+        } => ChangeOp::Commit {
+            path,
+            version_tag,
+            size,
+            mtime_ns,
+            last,
+            expect,
+        },
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn a_conditional_commit_takes_the_path_only_as_it_expects() {
+    let mut t = Records::new();
+    // Absent: a new path takes it, a second writer's version does not.
+    change(&mut t, commit_if("/ck/a", 1, Expect::Absent), 1 << 16).unwrap();
+    let e = t
+        .plan(&commit_if("/ck/a", 2, Expect::Absent), false)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Precondition);
+    // Version: only the version there now.
+    let e = t
+        .plan(&commit_if("/ck/a", 3, Expect::Version(tag(9))), false)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Precondition);
+    change(
+        &mut t,
+        commit_if("/ck/a", 3, Expect::Version(tag(1))),
+        2 << 16,
+    )
+    .unwrap();
+    // Once a version holds the path, its own later commits are not checked again.
+    let mut open = commit_if("/ck/b", 4, Expect::Absent);
+    if let ChangeOp::Commit { last, .. } = &mut open {
+        *last = false;
+    }
+    change(&mut t, open.clone(), 3 << 16).unwrap();
+    assert!(t
+        .plan(&commit_if("/ck/b", 4, Expect::Absent), false)
+        .is_ok());
+    // A path the records do not know is for the store to judge (`check_store`).
+    assert!(t
+        .plan(&commit_if("/ck/none", 5, Expect::Version(tag(1))), false)
+        .is_ok());
+    // A deleted path holds no file: no version matches, Absent does.
+    let rm = ChangeOp::Delete {
+        path: "/ck/a".into(),
+        dir: false,
+    };
+    change(&mut t, rm, 4 << 16).unwrap();
+    let e = t
+        .plan(&commit_if("/ck/a", 6, Expect::Version(tag(3))), false)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Precondition);
+    change(&mut t, commit_if("/ck/a", 6, Expect::Absent), 5 << 16).unwrap();
 }
 
 fn state_of(t: &Records, path: &str) -> Option<(String, RecordState, u64)> {
@@ -92,6 +160,7 @@ fn a_commit_makes_the_file_and_its_directories_and_the_last_one_closes_it() {
         size: 1,
         mtime_ns: 0,
         last: true,
+        expect: Expect::Any,
     };
     assert_eq!(t.plan(&bad, false).unwrap_err().code, ErrorCode::BadRequest);
 }
