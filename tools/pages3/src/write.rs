@@ -283,14 +283,18 @@ impl Gateway {
             Err(_) if *cond == WriteCondition::None => None,
             Err(e) => return Err(store_error(e)),
         };
-        let tags = current.as_ref().map(|i| self.tags_of(i));
-        let mode = cond.mode(
+        let mode = self.mode_on(cond, current.as_ref())?;
+        Ok((mode, current.map(|i| i.file_id)))
+    }
+
+    /// The write mode `cond` asks for on the object `current` (`None`: nothing there).
+    fn mode_on(&self, cond: &WriteCondition, current: Option<&ObjectInfo>) -> S3Result<PutMode> {
+        let tags = current.map(|i| self.tags_of(i));
+        cond.mode(
             current
-                .as_ref()
                 .zip(tags.as_ref())
                 .map(|(i, t)| (i.version.as_str(), t)),
-        )?;
-        Ok((mode, current.map(|i| i.file_id)))
+        )
     }
 
     /// After a failed write of `path`: 409 when the key names a directory or lies beneath an
@@ -527,14 +531,7 @@ impl Gateway {
             Err(pagestore_client::Error::NotFound(_)) => None,
             Err(e) => return Err(client_error(e)),
         };
-        let tags = current.as_ref().map(|i| self.tags_of(i));
-        let mode = cond.mode(
-            current
-                .as_ref()
-                .zip(tags.as_ref())
-                .map(|(i, t)| (i.version.as_str(), t)),
-        )?;
-        Ok(match mode {
+        Ok(match self.mode_on(cond, current.as_ref())? {
             PutMode::Overwrite => Expect::Any,
             PutMode::Create => Expect::Absent,
             PutMode::Update(v) => Expect::Version(

@@ -29,34 +29,21 @@ fn change(t: &mut Records, op: ChangeOp, hlc: u64) -> Result<Applied, Refused> {
 }
 
 fn commit(path: &str, t: u128, size: u64, last: bool) -> ChangeOp {
+    commit_with(path, t, size, last, Expect::Any)
+}
+
+fn commit_if(path: &str, t: u128, expect: Expect) -> ChangeOp {
+    commit_with(path, t, 1, true, expect)
+}
+
+fn commit_with(path: &str, t: u128, size: u64, last: bool, expect: Expect) -> ChangeOp {
     ChangeOp::Commit {
         path: path.into(),
         version_tag: tag(t),
         size,
         mtime_ns: 7,
         last,
-        expect: Expect::Any,
-    }
-}
-
-fn commit_if(path: &str, t: u128, expect: Expect) -> ChangeOp {
-    match commit(path, t, 1, true) {
-        ChangeOp::Commit {
-            path,
-            version_tag,
-            size,
-            mtime_ns,
-            last,
-            ..
-        } => ChangeOp::Commit {
-            path,
-            version_tag,
-            size,
-            mtime_ns,
-            last,
-            expect,
-        },
-        _ => unreachable!(),
+        expect,
     }
 }
 
