@@ -120,12 +120,6 @@ pub(super) async fn complete_multipart_upload(
     let path = gw.write_path(&input.bucket, &input.key)?;
     gw.may_write(&path)?;
     let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
-    if gw.cached(&path) && cond != WriteCondition::None {
-        return Err(S3Error::with_message(
-            S3ErrorCode::NotImplemented,
-            "a conditional CompleteMultipartUpload on a write-back bucket: the cluster cannot yet compare and write atomically",
-        ));
-    }
     let wanted: Vec<(i32, Option<String>)> = input
         .multipart_upload
         .and_then(|m| m.parts)
@@ -157,7 +151,9 @@ pub(super) async fn complete_multipart_upload(
         };
     let sent = async {
         if gw.cached(&path) {
-            let version = send_parts_through_cluster(gw, &path, &files).await?;
+            // The condition is checked again, atomically, when the cluster commits the file.
+            let expect = gw.cached_expect(&path, &cond).await?;
+            let version = send_parts_through_cluster(gw, &path, &files, expect).await?;
             return Ok::<_, S3Error>((None, Some(version)));
         }
         let ufs = gw.writable()?;
@@ -296,16 +292,22 @@ pub(super) async fn list_multipart_uploads(
 }
 
 /// Writes staged part files, in order, as one file through the cluster (a `write=back` or
-/// `write=transient` mount). Returns the file's version.
+/// `write=transient` mount), committed only if the path holds what `expect` says. Returns the
+/// file's version.
 async fn send_parts_through_cluster(
     gw: &Gateway,
     path: &str,
     files: &[PathBuf],
+    expect: pagestore_protocol::frame::Expect,
 ) -> S3Result<String> {
     use tokio::io::AsyncReadExt;
+    let options = pagestore_client::WriteOptions {
+        expect,
+        ..Default::default()
+    };
     let mut w = gw
         .client
-        .create(path, pagestore_client::WriteOptions::default())
+        .create(path, options)
         .await
         .map_err(super::errors::client_error)?;
     let mut at = 0u64;

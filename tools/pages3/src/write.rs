@@ -522,7 +522,11 @@ impl Gateway {
 
     /// What a write-back commit of `path` must find there for `cond` to hold, from the object
     /// there now (a condition that already fails is answered here).
-    async fn cached_expect(&self, path: &str, cond: &WriteCondition) -> S3Result<Expect> {
+    pub(super) async fn cached_expect(
+        &self,
+        path: &str,
+        cond: &WriteCondition,
+    ) -> S3Result<Expect> {
         if *cond == WriteCondition::None {
             return Ok(Expect::Any);
         }
