@@ -75,6 +75,9 @@ pub enum Error {
     /// The path is not acceptable (relative, `..`).
     #[error("bad path: {0}")]
     BadPath(String),
+    /// An argument other than the path is not acceptable (attributes over their limits).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
     /// The object changed since it was opened; open it again.
     #[error("{0}")]
     Changed(String),
@@ -161,7 +164,7 @@ impl From<Error> for std::io::Error {
             Error::NotFound(_) => K::NotFound,
             Error::IsDir(_) => K::IsADirectory,
             Error::NotDir(_) => K::NotADirectory,
-            Error::BadPath(_) | Error::BadRange(_) => K::InvalidInput,
+            Error::BadPath(_) | Error::BadRange(_) | Error::Invalid(_) => K::InvalidInput,
             Error::Changed(_) => K::StaleNetworkFileHandle,
             Error::Unavailable { .. } => K::Other,
             Error::Config { .. } => K::InvalidInput,

@@ -30,7 +30,8 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use pagestore_protocol::{
     frame::{
-        ChangeOp, Expect, FileId, FileState, Key, RequestBody, ResponseBody, WriteBackSummary,
+        self, Attr, ChangeOp, Expect, FileId, FileState, Key, RequestBody, ResponseBody,
+        WriteBackSummary,
     },
     ring::{self, path_hash, MemberId},
     writeback::{fresh_tag, unix_ms, WritePolicy, WRITE_SLOP},
@@ -70,6 +71,11 @@ pub struct WriteOptions {
     /// conditional create or replace is atomic. A first commit that finds otherwise fails
     /// with [`Error::Precondition`] and changes nothing.
     pub expect: Expect,
+    /// The object's attributes (Content-Type, user metadata...; [`Attr`] names them), kept
+    /// with the file by the cluster, answered by [`Client::attributes`] and written with the
+    /// object when it is flushed. At most [`frame::MAX_ATTRS`] within
+    /// [`frame::MAX_ATTRS_BYTES`] ([`Error::Invalid`] otherwise).
+    pub attrs: Vec<Attr>,
 }
 
 impl Default for WriteOptions {
@@ -79,6 +85,7 @@ impl Default for WriteOptions {
             inflight: 8,
             write_wait: DEFAULT_WRITE_WAIT,
             expect: Expect::Any,
+            attrs: Vec::new(),
         }
     }
 }
@@ -132,6 +139,8 @@ impl Client {
     ) -> Result<Writer, Error> {
         crate::ufs::check_path(path)?;
         self.cached_mount(path)?;
+        frame::check_attrs("attributes", &options.attrs)
+            .map_err(|e| Error::Invalid(format!("{path}: {e}")))?;
         let tag = fresh_tag();
         let mut w = Writer {
             client: self.clone(),
@@ -318,31 +327,54 @@ impl Client {
     /// What waits to reach the under storage under `prefix` (a file or a directory), as the
     /// members that keep its records say: the first that answers.
     pub async fn write_back_state(&self, prefix: &str) -> Result<WriteBackSummary, Error> {
-        crate::ufs::check_path(prefix)?;
+        let body = RequestBody::WriteBackState {
+            prefix: prefix.into(),
+        };
+        match self.ask_record_keeper(prefix, body).await? {
+            ResponseBody::WriteBack { summary } => Ok(summary),
+            other => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// The attributes (Content-Type, user metadata...) that the cluster keeps with write-back
+    /// version `version` of the file at `path` ([`WriteOptions::attrs`]), as the members that
+    /// keep its records say: [`Error::NotFound`] when they name another version there. A file
+    /// of the under storage, or a flushed one, has its attributes in the store.
+    pub async fn attributes(&self, path: &str, version: &str) -> Result<Vec<Attr>, Error> {
+        let body = RequestBody::Attributes {
+            path: path.into(),
+            version_tag: version.into(),
+        };
+        match self.ask_record_keeper(path, body).await? {
+            ResponseBody::Attributes { attrs } => Ok(attrs),
+            other => Err(Error::unavailable(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Asks `body` of the members that keep the records of `path` (every node keeps them all;
+    /// the path's first members are asked first): the first answer.
+    async fn ask_record_keeper(
+        &self,
+        path: &str,
+        body: RequestBody,
+    ) -> Result<ResponseBody, Error> {
+        crate::ufs::check_path(path)?;
         let layout = self.layout();
         let ring = layout.membership.ring();
         let members: Vec<_> = ring
-            .replicas_of_hash(path_hash(prefix), 3)
+            .replicas_of_hash(path_hash(path), 3)
             .into_iter()
             .filter(|m| !layout.down.contains(&m.node))
             .filter_map(|m| layout.membership.addr_of(m))
             .collect();
         for addr in members {
-            let body = RequestBody::WriteBackState {
-                prefix: prefix.into(),
-            };
-            match self.ask_with(addr, body, Bytes::new()).await {
-                Attempt::Answer(Ok((ResponseBody::WriteBack { summary }, _))) => {
-                    return Ok(summary)
-                }
-                Attempt::Answer(Ok((other, _))) => {
-                    return Err(Error::unavailable(format!("unexpected answer {other:?}")))
-                }
+            match self.ask_with(addr, body.clone(), Bytes::new()).await {
+                Attempt::Answer(Ok((answer, _))) => return Ok(answer),
                 Attempt::Answer(Err(e)) => return Err(e),
                 Attempt::Failed(_) | Attempt::StoreFailed(_) | Attempt::Unverified(_) => {}
             }
         }
-        Err(Error::unavailable(format!("{prefix}: no member answered")))
+        Err(Error::unavailable(format!("{path}: no member answered")))
     }
 
     /// Sends page `page` of write-back version `tag` (`bytes`) to its write members: as many
@@ -786,6 +818,7 @@ impl Writer {
             mtime_ns: self.mtime_ns,
             last,
             expect: self.options.expect.clone(),
+            attrs: self.options.attrs.clone(),
         };
         let mut open = self.last_open_commit.lock().await;
         self.client.change(&self.path, op.clone()).await?;

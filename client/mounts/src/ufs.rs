@@ -13,9 +13,60 @@ use bytes::Bytes;
 use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use pagestore_protocol::writeback::WritePolicy;
 use pagestore_protocol::{
-    frame::{DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, PathKind},
+    frame::{Attr, DirEntry, ErrorCode, FileId, FileRef, FileState, MountEntry, PathKind},
     source::{Source, SourceError, SourceFuture},
 };
+
+/// The prefix of a user metadata attribute's name in an [`Attr`].
+const META_PREFIX: &str = "x-amz-meta-";
+
+/// Object attributes as the wire and the write-back records carry them ([`Attr`]: lowercase
+/// header names, user metadata as `x-amz-meta-KEY`), from the store's form.
+pub fn wire_attrs(a: &object_store::Attributes) -> Vec<Attr> {
+    use object_store::Attribute as A;
+    let mut out: Vec<Attr> = a
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = match k {
+                A::ContentType => "content-type".to_string(),
+                A::CacheControl => "cache-control".to_string(),
+                A::ContentDisposition => "content-disposition".to_string(),
+                A::ContentEncoding => "content-encoding".to_string(),
+                A::ContentLanguage => "content-language".to_string(),
+                A::Metadata(k) => format!("{META_PREFIX}{}", k.to_ascii_lowercase()),
+                _ => return None,
+            };
+            Some(Attr {
+                name,
+                value: v.as_ref().to_string(),
+            })
+        })
+        .collect();
+    out.sort_by(|x, y| x.name.cmp(&y.name));
+    out
+}
+
+/// [`wire_attrs`] the other way: the store's form of wire attributes (names it does not
+/// know are left out).
+pub fn store_attributes(attrs: &[Attr]) -> object_store::Attributes {
+    use object_store::Attribute as A;
+    let mut out = object_store::Attributes::new();
+    for a in attrs {
+        let key = match a.name.as_str() {
+            "content-type" => A::ContentType,
+            "cache-control" => A::CacheControl,
+            "content-disposition" => A::ContentDisposition,
+            "content-encoding" => A::ContentEncoding,
+            "content-language" => A::ContentLanguage,
+            n => match n.strip_prefix(META_PREFIX) {
+                Some(k) if !k.is_empty() => A::Metadata(k.to_string().into()),
+                _ => continue,
+            },
+        };
+        out.insert(key, a.value.clone().into());
+    }
+    out
+}
 
 /// Errors of the under storage.
 #[derive(Debug)]

@@ -52,7 +52,7 @@ fn to_py_in(e: Error, context: Option<&str>) -> PyErr {
         Error::NotEmpty(_) => (Exc::Other, libc::ENOTEMPTY, None),
         Error::NoSpace(_) => (Exc::Other, libc::ENOSPC, None),
         Error::ReadOnly(_) => (Exc::Other, libc::EROFS, None),
-        Error::BadPath(_) | Error::BadRange(_) | Error::Config { .. } => {
+        Error::BadPath(_) | Error::BadRange(_) | Error::Invalid(_) | Error::Config { .. } => {
             (Exc::Other, libc::EINVAL, None)
         }
         Error::Unavailable { .. } if refused_certificate(&e) => {

@@ -100,6 +100,7 @@ fn again(e: &Error) -> Error {
         Error::IsDir(p) => Error::IsDir(p.clone()),
         Error::NotDir(p) => Error::NotDir(p.clone()),
         Error::BadPath(m) => Error::BadPath(m.clone()),
+        Error::Invalid(m) => Error::Invalid(m.clone()),
         Error::Changed(m) => Error::Changed(m.clone()),
         Error::BadRange(m) => Error::BadRange(m.clone()),
         Error::Forbidden(m) => Error::Forbidden(m.clone()),

@@ -105,12 +105,18 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// asks for such a page when no other member holds one; conditional commits
 /// ([`Expect`], refused with `Precondition`). A version-5 peer would refuse
 /// these bytes as malformed frames.
-pub const PROTOCOL_VERSION: u16 = 6;
+///
+/// Version 7: object attributes of write-back files. `ChangeOp::Commit` and
+/// `RecordEntry::File` carry the file's [`Attr`]s (Content-Type, user
+/// metadata...), which the flusher writes with the object; a new request,
+/// `Attributes`, and its answer, appended after every other, give a
+/// version's attributes from the records.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/6";
+pub const ALPN: &[u8] = b"pagestore/7";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -226,8 +232,16 @@ pub const MAX_URL_LEN: usize = 1024;
 /// Most [`FileRecord`]s one `Replicate` request or `Records` answer carries.
 pub const MAX_RECORD_BATCH: usize = 1000;
 
+/// Most [`Attr`]s a write-back file keeps.
+pub const MAX_ATTRS: usize = 32;
+
+/// Most bytes of a write-back file's [`Attr`] names and values, all
+/// together: S3's 2 KB of user metadata (with the `x-amz-meta-` prefix of
+/// each name) and the content headers.
+pub const MAX_ATTRS_BYTES: usize = 3072;
+
 /// Largest payload of a `Replicate` request or a `Records` answer: 8 MiB
-/// (1000 records with the longest paths and tags fit).
+/// (1000 records with the longest paths, tags and attributes fit).
 pub const MAX_RECORDS_PAYLOAD: u32 = 8 << 20;
 
 // ---------------------------------------------------------------------------
@@ -766,6 +780,15 @@ pub enum RequestBody {
         /// Ring epoch the client routed with.
         epoch: u64,
     },
+    /// The attributes of write-back version `version_tag` of the file at
+    /// `path`, from the node's records ([`ResponseBody::Attributes`];
+    /// `NotFound` when the records name another version there, or none).
+    Attributes {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+        /// The version; at most [`MAX_VERSION_TAG_LEN`] bytes.
+        version_tag: String,
+    },
 }
 
 /// One file of a [`RequestBody::LoadFiles`]: where to find it and which of
@@ -838,6 +861,30 @@ pub enum Route {
     Recovered,
 }
 
+/// One attribute of a write-back file's object, as the under storage keeps
+/// it: `name` is a lowercase HTTP header name, one of `content-type`,
+/// `cache-control`, `content-disposition`, `content-encoding` and
+/// `content-language`, or `x-amz-meta-` and a user metadata key.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Attr {
+    /// The attribute's name.
+    pub name: String,
+    /// Its value.
+    pub value: String,
+}
+
+/// Checks a list of [`Attr`]s against [`MAX_ATTRS`] and [`MAX_ATTRS_BYTES`].
+pub fn check_attrs(what: &str, attrs: &[Attr]) -> Result<(), FrameError> {
+    bounded_count(what, attrs.len(), MAX_ATTRS)?;
+    let bytes: usize = attrs.iter().map(|a| a.name.len() + a.value.len()).sum();
+    if bytes > MAX_ATTRS_BYTES {
+        return Err(FrameError::Limit(format!(
+            "{what} take {bytes} bytes, at most {MAX_ATTRS_BYTES} allowed"
+        )));
+    }
+    Ok(())
+}
+
 /// What a conditional commit requires of its path ([`ChangeOp::Commit`]):
 /// the metadata owner checks it and makes the commit in one step, so of two
 /// writers racing to create a path exactly one succeeds.
@@ -876,6 +923,10 @@ pub enum ChangeOp {
         /// What the path must hold for the version's first commit to take it
         /// (a conditional write; later commits of the version are not checked).
         expect: Expect,
+        /// The object's attributes, kept with the version and written with
+        /// it to the under storage (each commit's replace the last's); at
+        /// most [`MAX_ATTRS`] within [`MAX_ATTRS_BYTES`].
+        attrs: Vec<Attr>,
     },
     /// Renames the file (not a directory) `from` to `to` within one mount.
     /// With `replace` false an existing `to` is an `Exists` error.
@@ -1219,6 +1270,12 @@ pub enum ResponseBody {
         /// Per-file outcome, at most [`MAX_LOAD_FILES`].
         outcomes: Vec<FileOutcome>,
     },
+    /// Answer to `Attributes`.
+    Attributes {
+        /// The version's attributes, at most [`MAX_ATTRS`] within
+        /// [`MAX_ATTRS_BYTES`].
+        attrs: Vec<Attr>,
+    },
 }
 
 /// The write-back state under a prefix ([`ResponseBody::WriteBack`]).
@@ -1539,6 +1596,9 @@ pub enum RecordEntry {
         store_tag: String,
         /// Written to a `transient` mount (never flushed).
         transient: bool,
+        /// The object's attributes (the last commit's); at most
+        /// [`MAX_ATTRS`] within [`MAX_ATTRS_BYTES`].
+        attrs: Vec<Attr>,
     },
     /// A directory made through the cluster.
     Dir {
@@ -1624,10 +1684,12 @@ impl FileRecord {
             RecordEntry::File {
                 version_tag,
                 store_tag,
+                attrs,
                 ..
             } => {
                 bounded_str("FileRecord version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
-                bounded_str("FileRecord store_tag", store_tag, MAX_VERSION_TAG_LEN)
+                bounded_str("FileRecord store_tag", store_tag, MAX_VERSION_TAG_LEN)?;
+                check_attrs("FileRecord attrs", attrs)
             }
             RecordEntry::Dir { .. } => Ok(()),
             RecordEntry::Deleted { prev_tag, .. } => {
@@ -1784,10 +1846,12 @@ impl Request {
                         path,
                         version_tag,
                         expect,
+                        attrs,
                         ..
                     } => {
                         bounded_str("Commit path", path, MAX_PATH_LEN)?;
                         bounded_str("Commit version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                        check_attrs("Commit attrs", attrs)?;
                         if let Expect::Version(v) = expect {
                             bounded_str("Commit expect", v, MAX_VERSION_TAG_LEN)?;
                         }
@@ -1828,6 +1892,11 @@ impl Request {
                     )));
                 }
                 no_payload("LoadFiles", payload_len)
+            }
+            RequestBody::Attributes { path, version_tag } => {
+                bounded_str("Attributes path", path, MAX_PATH_LEN)?;
+                bounded_str("Attributes version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                no_payload("Attributes", payload_len)
             }
         }
     }
@@ -2019,6 +2088,10 @@ impl Response {
                 }
                 no_payload("FilesLoaded", payload_len)
             }
+            ResponseBody::Attributes { attrs } => {
+                check_attrs("Attributes attrs", attrs)?;
+                no_payload("Attributes", payload_len)
+            }
         }
     }
 }
@@ -2065,6 +2138,7 @@ impl ResponseBody {
             (RequestBody::LoadFiles { files, .. }, ResponseBody::FilesLoaded { outcomes }) => {
                 files.len() == outcomes.len()
             }
+            (RequestBody::Attributes { .. }, ResponseBody::Attributes { .. }) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::LoadFiles { .. }
@@ -2480,6 +2554,9 @@ const _: () = {
     // data).
     assert!(std::mem::size_of::<ArchivedShardCounters>() == COUNTERS_PAYLOAD_LEN as usize);
 };
+
+mod legacy;
+pub use legacy::{decode_file_records_v1, encode_file_records_v1};
 
 #[cfg(test)]
 mod tests;

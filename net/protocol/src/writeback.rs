@@ -216,6 +216,9 @@ pub trait WriteBack: Send + Sync + 'static {
     fn pull(&self, after: &str) -> (Vec<crate::frame::FileRecord>, bool);
     /// What waits to reach the under storage under `prefix`, as this node knows it.
     fn summary(&self, prefix: &str) -> crate::frame::WriteBackSummary;
+    /// The attributes of write-back version `version_tag` of the file at `path`, if the
+    /// records name that version there.
+    fn attributes(&self, path: &str, version_tag: &str) -> Option<Vec<crate::frame::Attr>>;
     /// The write replicas in force (at least 1).
     fn write_replicas(&self) -> u8;
     /// The write replicas as configured, before they are clamped to the ring's nodes (what

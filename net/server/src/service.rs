@@ -433,6 +433,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::WriteBackState { .. } => "WriteBackState",
         RequestBody::Hot => "Hot",
         RequestBody::LoadFiles { .. } => "LoadFiles",
+        RequestBody::Attributes { .. } => "Attributes",
     }
 }
 
@@ -640,6 +641,19 @@ impl ShardService {
                 };
                 let summary = wb.summary(&prefix);
                 reply(id, ResponseBody::WriteBack { summary }, Body::Empty)
+            }
+            RequestBody::Attributes { path, version_tag } => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                match wb.attributes(&path, &version_tag) {
+                    Some(attrs) => reply(id, ResponseBody::Attributes { attrs }, Body::Empty),
+                    None => error(
+                        id,
+                        ErrorCode::NotFound,
+                        format!("{path}: no write-back version {version_tag} there"),
+                    ),
+                }
             }
         }
     }

@@ -361,6 +361,7 @@ fn errno(op: &str, path: &str, e: &Error) -> Errno {
             Errno::ENOSPC
         }
         Error::ReadOnly(_) => Errno::EROFS,
+        Error::Invalid(_) => Errno::EINVAL,
     }
 }
 

@@ -78,6 +78,7 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
             )
         }
         ClientError::ReadOnly(m) => S3Error::with_message(S3ErrorCode::AccessDenied, m),
+        ClientError::Invalid(m) => S3Error::with_message(S3ErrorCode::InvalidArgument, m),
     }
 }
 

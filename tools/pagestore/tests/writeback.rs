@@ -14,7 +14,7 @@ use std::{
 use common::{bytes, Cluster};
 use pagestore_client::{Client, ClientOptions, Error, WriteOptions};
 use pagestore_protocol::{
-    frame::{FileState, PathKind},
+    frame::{self, Attr, FileState, PathKind},
     node_id::format_uuid,
     ring::{self, path_hash},
 };
@@ -570,24 +570,75 @@ async fn a_single_node_killed_before_its_flush_keeps_what_it_acknowledged() {
             )
         })
         .collect();
-    for (p, b) in &files {
-        writer.write_file(p, b.clone().into()).await.unwrap();
+    // Each file with its attributes (a Content-Type and user metadata), which the cluster
+    // keeps with it through the restart and the flush writes with the object.
+    let attrs_of = |i: usize| {
+        vec![
+            Attr {
+                name: "content-type".into(),
+                value: "application/x-ckpt".into(),
+            },
+            Attr {
+                name: "x-amz-meta-shard".into(),
+                value: i.to_string(),
+            },
+        ]
+    };
+    let mut versions = Vec::new();
+    for (i, (p, b)) in files.iter().enumerate() {
+        let options = WriteOptions {
+            attrs: attrs_of(i),
+            ..WriteOptions::default()
+        };
+        let mut w = writer.create(p, options).await.unwrap();
+        w.write_at(0, b).await.unwrap();
+        versions.push(w.close().await.unwrap().version);
     }
+    // Attributes past their limits are refused before anything is written.
+    let too_many = WriteOptions {
+        attrs: (0..=frame::MAX_ATTRS)
+            .map(|i| Attr {
+                name: format!("x-amz-meta-k{i}"),
+                value: "v".into(),
+            })
+            .collect(),
+        ..WriteOptions::default()
+    };
+    let e = writer.create("/ck/r1/bad", too_many).await.err().unwrap();
+    assert!(matches!(e, Error::Invalid(_)), "{e}");
     // At 10 MB/s the first flush is still running: nothing of it is in the store yet.
     c.inner.kill(0);
     assert!(!store.join("r1/f2").exists());
     c.start_node(0);
     let reader = c.client(ClientOptions::default()).await;
-    for (p, b) in &files {
+    for (i, (p, b)) in files.iter().enumerate() {
         assert_eq!(&read_all(&reader, p).await, b, "{p} after the restart");
+        let kept = reader.attributes(p, &versions[i]).await.unwrap();
+        assert_eq!(kept, attrs_of(i), "{p}'s attributes after the restart");
     }
+    assert!(matches!(
+        reader
+            .attributes(&files[0].0, "wb1-00000000000000000000000000000001")
+            .await,
+        Err(Error::NotFound(_))
+    ));
     synced(&reader, "/ck", Duration::from_secs(60)).await;
-    for (p, b) in &files {
+    let local = pagestore_client::localfs::LocalStore::new(&store).unwrap();
+    for (i, (p, b)) in files.iter().enumerate() {
         let rel = p.trim_start_matches("/ck/");
         assert_eq!(
             &std::fs::read(store.join(rel)).unwrap(),
             b,
             "{p} in the store"
+        );
+        let kept = local
+            .object_attributes(&object_store::path::Path::from(rel))
+            .await
+            .unwrap();
+        assert_eq!(
+            pagestore_client::ufs::wire_attrs(&kept),
+            attrs_of(i),
+            "{p}'s attributes in the store"
         );
     }
 }

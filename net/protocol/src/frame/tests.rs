@@ -163,6 +163,16 @@ fn sample_requests() -> Vec<Request> {
                 mtime_ns: 1_700_000_000_000_000_000,
                 last: true,
                 expect: Expect::Absent,
+                attrs: vec![
+                    Attr {
+                        name: "content-type".into(),
+                        value: "application/octet-stream".into(),
+                    },
+                    Attr {
+                        name: "x-amz-meta-step".into(),
+                        value: "100".into(),
+                    },
+                ],
             },
         },
         RequestBody::Change {
@@ -220,6 +230,10 @@ fn sample_requests() -> Vec<Request> {
         RequestBody::LoadFiles {
             files: vec![],
             epoch: 0,
+        },
+        RequestBody::Attributes {
+            path: "/ckpt/model.pt".into(),
+            version_tag: crate::writeback::new_tag(7),
         },
     ];
     bodies
@@ -384,6 +398,13 @@ fn sample_responses() -> Vec<Response> {
             ],
         },
         ResponseBody::FilesLoaded { outcomes: vec![] },
+        ResponseBody::Attributes {
+            attrs: vec![Attr {
+                name: "content-type".into(),
+                value: "text/csv".into(),
+            }],
+        },
+        ResponseBody::Attributes { attrs: vec![] },
     ];
     let mut out: Vec<Response> = bodies
         .into_iter()
@@ -691,7 +712,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(6, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(7, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -707,8 +728,9 @@ fn preamble_rejections() {
     // The versions before this one (1: JSON payloads in `Jobs` and
     // `Counters`; 2: no modification times, 56-byte response roots; 3: no
     // write-back, 64-byte response roots; 4: no hot-page replicas; 5: no
-    // `IsDir`, `NotDir`, `Unverified` or `Recovered`) and the next are refused.
-    for version in [1, 2, 3, 4, 5, 7] {
+    // `IsDir`, `NotDir`, `Unverified` or `Recovered`; 6: no attributes of
+    // write-back files) and the next are refused.
+    for version in [1, 2, 3, 4, 5, 6, 8] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -1247,7 +1269,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    50535446060001006000000000000000\
+    50535446070001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1259,7 +1281,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    50535446060001006000000000000000\
+    50535446070001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1272,7 +1294,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, route: Fallback } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    50535446060001006000000000000000\
+    50535446070001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1323,7 +1345,7 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    50535446060002005000000000000000\
+    50535446070002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1334,7 +1356,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    50535446060001009000000000000000\
+    50535446070001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1349,7 +1371,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    50535446060002006000000000000000\
+    50535446070002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
@@ -1397,7 +1419,7 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    50535446060002005000000000000000\
+    50535446070002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
@@ -1410,7 +1432,7 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    50535446060002008000000000000000\
+    50535446070002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
@@ -1509,21 +1531,21 @@ fn documented_sizes() {
             size_of::<ArchivedFileRecord>(),
             align_of::<ArchivedFileRecord>()
         ),
-        (80, 8)
+        (88, 8)
     );
     assert_eq!(
         (
             size_of::<ArchivedRecordEntry>(),
             align_of::<ArchivedRecordEntry>()
         ),
-        (48, 8)
+        (56, 8)
     );
     assert_eq!(
         (
             size_of::<ArchivedChangeOp>(),
             align_of::<ArchivedChangeOp>()
         ),
-        (56, 8)
+        (64, 8)
     );
     assert_eq!(
         (
@@ -1692,6 +1714,7 @@ fn documented_field_offsets() {
                     mtime_ns: -3,
                     last: true,
                     expect: Expect::Version("e".into()),
+                    attrs: Vec::new(),
                 },
             },
             vec![
@@ -1704,6 +1727,7 @@ fn documented_field_offsets() {
                 (56, 1, 1),
                 (60, 1, 2),
                 (64, 1, u64::from(b'e')),
+                (76, 4, 0),
             ],
         ),
         (
@@ -2151,6 +2175,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
                     .collect(),
                 epoch,
             }),
+        (arb_string(120), arb_string(40))
+            .prop_map(|(path, version_tag)| { RequestBody::Attributes { path, version_tag } }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -2199,9 +2225,13 @@ fn arb_change_op() -> impl Strategy<Value = ChangeOp> {
                 Just(Expect::Any),
                 Just(Expect::Absent),
                 arb_string(40).prop_map(Expect::Version)
-            ]
+            ],
+            proptest::collection::vec(
+                (arb_string(20), arb_string(40)).prop_map(|(name, value)| Attr { name, value }),
+                0..4
+            ),
         )
-            .prop_map(|(path, version_tag, size, mtime_ns, last, expect)| {
+            .prop_map(|(path, version_tag, size, mtime_ns, last, expect, attrs)| {
                 ChangeOp::Commit {
                     path,
                     version_tag,
@@ -2209,6 +2239,7 @@ fn arb_change_op() -> impl Strategy<Value = ChangeOp> {
                     mtime_ns,
                     last,
                     expect,
+                    attrs,
                 }
             }),
         (arb_string(120), arb_string(120), any::<bool>())
@@ -2371,6 +2402,11 @@ fn arb_response() -> impl Strategy<Value = Response> {
             0..=8
         )
         .prop_map(|outcomes| ResponseBody::FilesLoaded { outcomes }),
+        proptest::collection::vec(
+            (arb_string(20), arb_string(40)).prop_map(|(name, value)| Attr { name, value }),
+            0..4
+        )
+        .prop_map(|attrs| ResponseBody::Attributes { attrs }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
 }
@@ -3069,6 +3105,18 @@ proptest! {
 
 // -- write-back records ---------------------------------------------------
 
+/// The most attributes a record keeps, with the most bytes.
+fn longest_attrs() -> Vec<Attr> {
+    let each = MAX_ATTRS_BYTES / MAX_ATTRS;
+    (0..MAX_ATTRS)
+        .map(|i| {
+            let name = format!("x-amz-meta-k{i:02}");
+            let value = "v".repeat(each - name.len());
+            Attr { name, value }
+        })
+        .collect()
+}
+
 fn sample_file_records() -> Vec<FileRecord> {
     let tag = crate::writeback::new_tag(0x77);
     vec![
@@ -3083,6 +3131,10 @@ fn sample_file_records() -> Vec<FileRecord> {
                 state: RecordState::Final,
                 store_tag: String::new(),
                 transient: false,
+                attrs: vec![Attr {
+                    name: "content-type".into(),
+                    value: "application/x-ckpt".into(),
+                }],
             },
         },
         FileRecord {
@@ -3111,6 +3163,7 @@ fn sample_file_records() -> Vec<FileRecord> {
                 state: RecordState::Clean,
                 store_tag: "s".repeat(MAX_VERSION_TAG_LEN),
                 transient: true,
+                attrs: longest_attrs(),
             },
         },
     ]
@@ -3397,6 +3450,7 @@ fn record_order_ranks_commits_seals_and_flushes() {
                 state,
                 store_tag: store_tag.clone(),
                 transient: *transient,
+                attrs: Vec::new(),
             },
             _ => unreachable!(),
         },
@@ -3500,7 +3554,7 @@ fn write_back_requests_keep_their_limits() {
     }
 }
 
-/// The layout of a `FileRecord` stated in docs/PROTOCOL.md: its root is the last 80 bytes of
+/// The layout of a `FileRecord` stated in docs/PROTOCOL.md: its root is the last 88 bytes of
 /// its archive.
 #[test]
 fn documented_file_record_layout() {
@@ -3521,6 +3575,7 @@ fn documented_file_record_layout() {
                 state: RecordState::Sealed,
                 store_tag: "s".into(),
                 transient: true,
+                attrs: Vec::new(),
             }),
             vec![
                 (0, 2, u64::from(u16::from_le_bytes(*b"/p"))),
@@ -3534,6 +3589,7 @@ fn documented_file_record_layout() {
                 (64, 1, 2),
                 (68, 1, u64::from(b's')),
                 (76, 1, 1),
+                (84, 4, 0),
             ],
         ),
         (
@@ -3550,7 +3606,7 @@ fn documented_file_record_layout() {
     ];
     for (r, fields) in cases {
         let bytes = encode_file_record(&r).unwrap();
-        let root = &bytes[bytes.len() - 80..];
+        let root = &bytes[bytes.len() - 88..];
         for (at, width, value) in fields {
             assert_eq!(le(root, at, width), value, "{r:?} at {at}");
         }
@@ -3839,7 +3895,7 @@ fn load_files_layouts_are_as_documented() {
 /// pages pointer -56 leads from header 56 to 0), the root (64-159, its files
 /// pointer -68 from header 76 to 8).
 const GOLDEN_LOAD_FILES: &str = "\
-    5053544606000100a000000000000000\
+    5053544607000100a000000000000000\
     00000000000000001817161514131211\
     2827262524232221ffffffffffffffff\
     2f642f78ffffffff7631ffffffffffff\
@@ -3856,7 +3912,7 @@ const GOLDEN_LOAD_FILES: &str = "\
 /// "gone" }] } }`. header_len 112: the two 16-byte outcomes (header 0-31),
 /// then the root (32-111), whose pointer -44 leads from header 44 to 0.
 const GOLDEN_FILES_LOADED: &str = "\
-    50535446060002007000000000000000\
+    50535446070002007000000000000000\
     00000000010000000300000000000000\
     0103000000000000676f6e65ffffffff\
     090000000000000014000000d4ffffff\

@@ -3,10 +3,13 @@
 //! ("The write-back journal") has the layout.
 //!
 //! ```text
-//! file:  "PSWJ" | u32 version (1) | entry*
+//! file:  "PSWJ" | u32 version (2) | entry*
 //! entry: u32 len | u32 crc32(bytes) | bytes (the records of one append, archived together:
 //!        frame::encode_file_records)
 //! ```
+//!
+//! Version 1 archived the records without their attributes (`frame::decode_file_records_v1`
+//! reads them); a version-1 journal is read at start and rewritten as version 2.
 //!
 //! One append is one entry, so the records of one change (a rename's two) come back together
 //! or not at all. A torn last entry (a crash during an append) fails its length or checksum:
@@ -26,7 +29,7 @@ use std::{
 use pagestore_protocol::frame::{self, FileRecord};
 
 const MAGIC: &[u8; 4] = b"PSWJ";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEAD: u64 = 8;
 /// Largest entry a reader accepts: one batch of records at most.
 const MAX_ENTRY: u32 = frame::MAX_RECORDS_PAYLOAD;
@@ -73,14 +76,34 @@ impl Journal {
             return Err(bad(&path, "not a pagestore write-back journal"));
         }
         let version = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
-        if version != VERSION {
-            return Err(bad(
-                &path,
-                format!("journal version {version}; this release reads version {VERSION}"),
-            ));
-        }
-        let found = read_entries(&data[HEAD as usize..]);
+        let decode: Decode = match version {
+            VERSION => frame::decode_file_records,
+            1 => frame::decode_file_records_v1,
+            _ => {
+                return Err(bad(
+                    &path,
+                    format!(
+                        "journal version {version}; this release reads versions 1 to {VERSION}"
+                    ),
+                ))
+            }
+        };
+        let found = read_entries(&data[HEAD as usize..], decode);
         let records = found.records;
+        if version != VERSION && found.damaged.is_empty() {
+            tracing::info!(
+                path = %path.display(),
+                records = records.len(),
+                "write-back journal of version {version}: rewritten as version {VERSION}"
+            );
+            let mut j = Journal {
+                path,
+                file,
+                len: data.len() as u64,
+            };
+            j.compact(records.iter())?;
+            return Ok((j, records));
+        }
         if !found.damaged.is_empty() {
             // Damage inside the file, not a torn append: whole entries follow it. The records
             // of the damaged entries are lost; everything else is kept. The file as it was is
@@ -224,8 +247,11 @@ struct Found {
 /// Bytes of checksums a search for the next whole entry after a damaged length may compute.
 const RESYNC_BUDGET: usize = 256 << 20;
 
+/// How the entries of one journal version archive their records.
+type Decode = fn(&[u8]) -> Result<Vec<FileRecord>, frame::FrameError>;
+
 /// Reads the entry at `at`: `Ok((records, next))`, or why not.
-fn entry_at(data: &[u8], at: usize) -> Result<(Vec<FileRecord>, usize), Bad> {
+fn entry_at(data: &[u8], at: usize, decode: Decode) -> Result<(Vec<FileRecord>, usize), Bad> {
     let Some(head) = data.get(at..at + 8) else {
         return Err(Bad::Incomplete);
     };
@@ -241,7 +267,7 @@ fn entry_at(data: &[u8], at: usize) -> Result<(Vec<FileRecord>, usize), Bad> {
     if crc32fast::hash(body) != crc {
         return Err(Bad::Body(next));
     }
-    frame::decode_file_records(body)
+    decode(body)
         .map(|batch| (batch, next))
         .map_err(|_| Bad::Body(next))
 }
@@ -261,11 +287,11 @@ enum Bad {
 /// the last entry, or only zeros follow); otherwise it is damage, skipped and reported, and
 /// reading goes on with the next whole entry (found by its length, or searched for when the
 /// length itself is damaged).
-fn read_entries(data: &[u8]) -> Found {
+fn read_entries(data: &[u8], decode: Decode) -> Found {
     let mut f = Found::default();
     let mut at = 0usize;
     while at < data.len() {
-        let skip_to = match entry_at(data, at) {
+        let skip_to = match entry_at(data, at, decode) {
             Ok((batch, next)) => {
                 f.records.extend(batch);
                 f.end = next;
@@ -284,7 +310,7 @@ fn read_entries(data: &[u8]) -> Found {
                 if data[at..].iter().all(|b| *b == 0) {
                     break;
                 }
-                match next_whole_entry(data, at + 1) {
+                match next_whole_entry(data, at + 1, decode) {
                     Some(p) => p,
                     None => {
                         // Nothing whole follows: the rest is lost either way.
@@ -301,7 +327,7 @@ fn read_entries(data: &[u8]) -> Found {
 }
 
 /// The first offset from `from` where a whole entry starts, within [`RESYNC_BUDGET`].
-fn next_whole_entry(data: &[u8], from: usize) -> Option<usize> {
+fn next_whole_entry(data: &[u8], from: usize, decode: Decode) -> Option<usize> {
     let mut spent = 0usize;
     for p in from..data.len().saturating_sub(8) {
         let len = u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]]) as usize;
@@ -312,7 +338,7 @@ fn next_whole_entry(data: &[u8], from: usize) -> Option<usize> {
         if spent > RESYNC_BUDGET {
             return None;
         }
-        if entry_at(data, p).is_ok() {
+        if entry_at(data, p, decode).is_ok() {
             return Some(p);
         }
     }
@@ -323,7 +349,7 @@ fn next_whole_entry(data: &[u8], from: usize) -> Option<usize> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use pagestore_protocol::frame::{FileId, RecordEntry, RecordState};
+    use pagestore_protocol::frame::{Attr, FileId, RecordEntry, RecordState};
 
     fn rec(i: u64) -> FileRecord {
         FileRecord {
@@ -337,6 +363,13 @@ mod tests {
                 state: RecordState::Final,
                 store_tag: String::new(),
                 transient: false,
+                // Every other record keeps attributes, to check they come back.
+                attrs: (0..i % 2)
+                    .map(|_| Attr {
+                        name: "x-amz-meta-step".into(),
+                        value: i.to_string(),
+                    })
+                    .collect(),
             },
         }
     }
@@ -515,5 +548,48 @@ mod tests {
             "{e}"
         );
         assert_eq!(std::fs::read(&path).unwrap(), b"something else entirely");
+    }
+
+    #[test]
+    fn a_version_1_journal_is_read_and_rewritten_as_version_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.log");
+        // A journal as the release before attributes wrote it: two appends.
+        let records: Vec<FileRecord> = (1..=4).map(rec).collect();
+        let mut old = Vec::new();
+        old.extend_from_slice(MAGIC);
+        old.extend_from_slice(&1u32.to_le_bytes());
+        for batch in records.chunks(2) {
+            let bytes = frame::encode_file_records_v1(batch).unwrap();
+            old.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            old.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
+            old.extend_from_slice(&bytes);
+        }
+        std::fs::write(&path, &old).unwrap();
+        let without_attrs: Vec<FileRecord> = records
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                if let RecordEntry::File { attrs, .. } = &mut r.entry {
+                    attrs.clear();
+                }
+                r
+            })
+            .collect();
+        let (mut j, got) = Journal::open(dir.path()).unwrap();
+        assert_eq!(got, without_attrs);
+        let data = std::fs::read(&path).unwrap();
+        assert_eq!(
+            &data[4..8],
+            &VERSION.to_le_bytes(),
+            "rewritten as version 2"
+        );
+        // Appends after it are version 2's, attributes included, and all of it reads back.
+        j.append(&[rec(5)]).unwrap();
+        drop(j);
+        let (_, got) = Journal::open(dir.path()).unwrap();
+        let mut want = without_attrs;
+        want.push(rec(5));
+        assert_eq!(got, want);
     }
 }

@@ -29,10 +29,10 @@ use std::{
 use bytes::Bytes;
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use pagestore_client::{ufs::ObjectInfo, Client};
-use pagestore_mounts::ufs::{PartUploads, PutOutcome, UfsError, UfsSource};
+use pagestore_mounts::ufs::{self, PartUploads, PutOutcome, UfsError, UfsSource};
 use pagestore_protocol::{
     frame::{
-        encode_file_records, ChangeOp, ErrorCode, Expect, FileId, FileRecord, FileState,
+        encode_file_records, Attr, ChangeOp, ErrorCode, Expect, FileId, FileRecord, FileState,
         PageAction, PathKind, RecordEntry, RecordState, RequestBody, ResponseBody,
         WriteBackSummary, MAX_RECORD_BATCH,
     },
@@ -790,9 +790,12 @@ impl WriteBackNode {
                 Ok(())
             }
             RecordEntry::File {
-                version_tag, size, ..
+                version_tag,
+                size,
+                attrs,
+                ..
             } => {
-                let store_tag = self.upload(&rec.path, version_tag, *size).await?;
+                let store_tag = self.upload(&rec.path, version_tag, *size, attrs).await?;
                 let mut clean = rec.clone();
                 if let RecordEntry::File {
                     state,
@@ -863,7 +866,15 @@ impl WriteBackNode {
 
     /// Writes the file `path` at write-back version `tag` (`size` bytes) to the under storage,
     /// reading it from the cluster. Returns the store's version of the object written.
-    async fn upload(&self, path: &str, tag: &str, size: u64) -> Result<String, SourceError> {
+    /// Writes version `tag` (`size` bytes) of `path` to the store with its attributes
+    /// `attrs`, reading it from the cluster; the store's version of the object written.
+    async fn upload(
+        &self,
+        path: &str,
+        tag: &str,
+        size: u64,
+        attrs: &[Attr],
+    ) -> Result<String, SourceError> {
         let Some(client) = self.peers() else {
             return Err(SourceError::new(
                 ErrorCode::Unavailable,
@@ -880,6 +891,7 @@ impl WriteBackNode {
             store_tag: String::new(),
         };
         let table = self.ufs.table();
+        let attributes = ufs::store_attributes(attrs);
         let part = self.settings.flush_part.max(5 << 20) as u64;
         let read = |at: u64| {
             let info = &info;
@@ -933,7 +945,7 @@ impl WriteBackNode {
                 read(0).await?
             };
             let outcome = match table
-                .put_if(path, data.clone(), mode, Default::default())
+                .put_if(path, data.clone(), mode, attributes.clone())
                 .await
             {
                 // A store that cannot write conditionally (or would not now): written as
@@ -942,12 +954,7 @@ impl WriteBackNode {
                     tracing::debug!(path, error = %e, "conditional flush refused; writing it plainly");
                     conditional = false;
                     table
-                        .put_if(
-                            path,
-                            data,
-                            object_store::PutMode::Overwrite,
-                            Default::default(),
-                        )
+                        .put_if(path, data, object_store::PutMode::Overwrite, attributes)
                         .await
                 }
                 other => other,
@@ -958,13 +965,15 @@ impl WriteBackNode {
             }
         } else {
             let mut upload = match table
-                .put_multipart_if(path, mode, Default::default())
+                .put_multipart_if(path, mode, attributes.clone())
                 .await
             {
                 Err(e @ UfsError::Store(..)) => {
                     tracing::debug!(path, error = %e, "conditional flush refused; writing it plainly");
                     conditional = false;
-                    table.put_multipart(path).await
+                    table
+                        .put_multipart_if(path, object_store::PutMode::Overwrite, attributes)
+                        .await
                 }
                 other => other,
             }
@@ -1238,6 +1247,17 @@ impl WriteBack for WriteBackNode {
 
     fn summary(&self, prefix: &str) -> WriteBackSummary {
         self.summary_of(&self.table(), prefix)
+    }
+
+    fn attributes(&self, path: &str, version_tag: &str) -> Option<Vec<Attr>> {
+        match self.table().get(path)?.entry {
+            RecordEntry::File {
+                version_tag: ref v,
+                ref attrs,
+                ..
+            } if v == version_tag => Some(attrs.clone()),
+            _ => None,
+        }
     }
 
     fn write_replicas(&self) -> u8 {

@@ -48,6 +48,7 @@ fn file_kind(path: &str, entry: &RecordEntry) -> Option<PathKind> {
         state,
         store_tag,
         transient,
+        ..
     } = entry
     else {
         return None;

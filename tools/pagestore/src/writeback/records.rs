@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use pagestore_protocol::{
     frame::{
-        ChangeOp, ErrorCode, Expect, FileId, FileRecord, RecordEntry, RecordState, WriteBackSummary,
+        Attr, ChangeOp, ErrorCode, Expect, FileId, FileRecord, RecordEntry, RecordState,
+        WriteBackSummary,
     },
     ring,
     writeback::{beneath_file, hlc_ms, is_wb_tag, parent},
@@ -127,8 +128,16 @@ fn approx_len(r: &FileRecord) -> usize {
             RecordEntry::File {
                 version_tag,
                 store_tag,
+                attrs,
                 ..
-            } => version_tag.len() + store_tag.len(),
+            } => {
+                version_tag.len()
+                    + store_tag.len()
+                    + attrs
+                        .iter()
+                        .map(|a| 32 + a.name.len() + a.value.len())
+                        .sum::<usize>()
+            }
             RecordEntry::Dir { .. } => 0,
             RecordEntry::Deleted { prev_tag, .. } => prev_tag.len(),
         }
@@ -395,9 +404,16 @@ impl Records {
                 mtime_ns,
                 last,
                 expect,
+                attrs,
             } => {
-                let plan =
-                    self.plan_commit(path, version_tag, *size, *mtime_ns, *last, transient)?;
+                let plan = self.plan_commit(
+                    path,
+                    version_tag,
+                    (*size, *mtime_ns),
+                    *last,
+                    transient,
+                    attrs,
+                )?;
                 // A version's first commit (the path does not name it yet) meets `expect`.
                 if self.by_file(version_id(version_tag)).is_none() {
                     self.check_expect(path, expect)?;
@@ -445,10 +461,10 @@ impl Records {
         &self,
         path: &str,
         tag: &str,
-        size: u64,
-        mtime_ns: i64,
+        (size, mtime_ns): (u64, i64),
         last: bool,
         transient: bool,
+        attrs: &[Attr],
     ) -> Result<Plan, Refused> {
         if !is_wb_tag(tag) {
             return Err(refused(
@@ -469,6 +485,7 @@ impl Records {
             state,
             store_tag: String::new(),
             transient,
+            attrs: attrs.to_vec(),
         };
         match self.by_file(id) {
             // The version's file (wherever a rename put it) is updated.
@@ -546,6 +563,7 @@ impl Records {
                     mtime_ns,
                     state,
                     transient,
+                    attrs,
                     ..
                 } => {
                     if *state == RecordState::Clean {
@@ -565,6 +583,7 @@ impl Records {
                         },
                         store_tag: String::new(),
                         transient: *transient,
+                        attrs: attrs.clone(),
                     };
                     Ok(Plan::Records(vec![
                         unstamped(to, moved),
@@ -611,17 +630,18 @@ impl Records {
         (size, mtime_ns): (u64, i64),
         fresh_tag: &str,
     ) -> Vec<FileRecord> {
-        let (version_tag, transient) = match self.known(from) {
+        let (version_tag, transient, attrs) = match self.known(from) {
             Known::Record(FileRecord {
                 entry:
                     RecordEntry::File {
                         version_tag,
                         transient,
+                        attrs,
                         ..
                     },
                 ..
-            }) => (version_tag.clone(), *transient),
-            _ => (fresh_tag.to_string(), false),
+            }) => (version_tag.clone(), *transient, attrs.clone()),
+            _ => (fresh_tag.to_string(), false, Vec::new()),
         };
         vec![
             unstamped(
@@ -633,6 +653,7 @@ impl Records {
                     state: RecordState::Clean,
                     store_tag: store_tag.to_string(),
                     transient,
+                    attrs,
                 },
             ),
             unstamped(

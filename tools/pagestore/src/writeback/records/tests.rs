@@ -44,6 +44,29 @@ fn commit_with(path: &str, t: u128, size: u64, last: bool, expect: Expect) -> Ch
         mtime_ns: 7,
         last,
         expect,
+        attrs: Vec::new(),
+    }
+}
+
+/// `op` (a commit) with the attributes `content-type: ctype`.
+fn typed(mut op: ChangeOp, ctype: &str) -> ChangeOp {
+    if let ChangeOp::Commit { attrs, .. } = &mut op {
+        *attrs = vec![Attr {
+            name: "content-type".into(),
+            value: ctype.into(),
+        }];
+    }
+    op
+}
+
+/// The content type the record of `path` keeps.
+fn ctype_of(t: &Records, path: &str) -> Option<String> {
+    match &t.get(path)?.entry {
+        RecordEntry::File { attrs, .. } => attrs
+            .iter()
+            .find(|a| a.name == "content-type")
+            .map(|a| a.value.clone()),
+        _ => None,
     }
 }
 
@@ -148,6 +171,7 @@ fn a_commit_makes_the_file_and_its_directories_and_the_last_one_closes_it() {
         mtime_ns: 0,
         last: true,
         expect: Expect::Any,
+        attrs: Vec::new(),
     };
     assert_eq!(t.plan(&bad, false).unwrap_err().code, ErrorCode::BadRequest);
 }
@@ -191,7 +215,20 @@ fn a_file_cannot_hold_a_new_file_beneath_it() {
 #[test]
 fn a_rename_moves_the_version_and_keeps_its_pages() {
     let mut t = Records::new();
-    change(&mut t, commit("/ck/.tmp", 1, 100, true), 1 << 16).unwrap();
+    // Each commit of a version replaces its attributes.
+    change(
+        &mut t,
+        typed(commit("/ck/.tmp", 1, 60, false), "text/x"),
+        1 << 15,
+    )
+    .unwrap();
+    assert_eq!(ctype_of(&t, "/ck/.tmp").as_deref(), Some("text/x"));
+    change(
+        &mut t,
+        typed(commit("/ck/.tmp", 1, 100, true), "application/x-ckpt"),
+        1 << 16,
+    )
+    .unwrap();
     change(&mut t, commit("/ck/model", 2, 50, true), 2 << 16).unwrap();
     // Without replace an existing target is refused.
     let no = ChangeOp::Rename {
@@ -209,6 +246,11 @@ fn a_rename_moves_the_version_and_keeps_its_pages() {
     assert_eq!(
         state_of(&t, "/ck/model"),
         Some((tag(1), RecordState::Final, 100))
+    );
+    // The attributes move with the version.
+    assert_eq!(
+        ctype_of(&t, "/ck/model").as_deref(),
+        Some("application/x-ckpt")
     );
     assert!(matches!(
         t.get("/ck/.tmp").unwrap().entry,
@@ -516,6 +558,7 @@ fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
                     size,
                     mtime_ns,
                     transient,
+                    attrs,
                     state: RecordState::Final | RecordState::Sealed,
                     ..
                 } = r.entry
@@ -531,6 +574,7 @@ fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
                         state: RecordState::Clean,
                         store_tag: format!("s{i}"),
                         transient,
+                        attrs,
                     },
                     ..r
                 };
