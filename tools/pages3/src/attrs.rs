@@ -6,7 +6,8 @@
 use std::{collections::HashMap, sync::Mutex};
 
 use object_store::{Attribute, Attributes};
-use pagestore_client::ufs::ObjectInfo;
+use pagestore_client::ufs::{self, ObjectInfo};
+use pagestore_protocol::frame::FileState;
 use s3s::{S3Error, S3ErrorCode, S3Result};
 
 use super::Gateway;
@@ -131,7 +132,11 @@ impl AttrCache {
 
 impl Gateway {
     /// The attributes kept with the object `info` (none where the gateway has no mount table
-    /// or the store keeps none, or the lookup fails: a read is not refused for them).
+    /// or the store keeps none, or the lookup fails: a read is not refused for them). A file
+    /// written through the cluster has them from the cluster's records (before its flush the
+    /// store holds an older object there, or none; a gateway without store credentials can
+    /// read no other); an object of the store, or a flushed file the records no longer name,
+    /// from the store.
     pub(super) async fn attributes_of(&self, info: &ObjectInfo) -> Attributes {
         // A directory marker (see `Markers`) has none: the store has no such object.
         if info.path.ends_with('/') {
@@ -140,10 +145,25 @@ impl Gateway {
         if let Some(a) = self.attr_cache.get(&info.path, &info.version) {
             return a;
         }
-        let Some(table) = self.client.ufs_table() else {
-            return Attributes::new();
-        };
-        match table.object_attributes(&info.path).await {
+        let mut found = Err("an object of the store".to_string());
+        if info.state != FileState::Stored {
+            found = self
+                .client
+                .attributes(&info.path, &info.version)
+                .await
+                .map(|a| ufs::store_attributes(&a))
+                .map_err(|e| e.to_string());
+        }
+        if found.is_err() && matches!(info.state, FileState::Stored | FileState::Clean) {
+            let Some(table) = self.client.ufs_table() else {
+                return Attributes::new();
+            };
+            found = table
+                .object_attributes(&info.path)
+                .await
+                .map_err(|e| e.to_string());
+        }
+        match found {
             Ok(a) => {
                 self.attr_cache.set(&info.path, &info.version, a.clone());
                 a

@@ -141,9 +141,13 @@ pub(super) async fn copy_object(
         None
     };
     if gw.cached(&dst) {
-        // Written through the cluster, as a PutObject would be.
+        // Written through the cluster, as a PutObject would be, with the source's attributes
+        // or the new ones.
         let body = object_blob(gw.client.clone(), info.clone(), 0, info.size);
-        let attributes = replaced.unwrap_or_default();
+        let attributes = match replaced {
+            Some(a) => a,
+            None => gw.attributes_of(&info).await,
+        };
         let new = gw
             .write_object(
                 &dst,

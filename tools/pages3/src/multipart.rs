@@ -153,7 +153,8 @@ pub(super) async fn complete_multipart_upload(
         if gw.cached(&path) {
             // The condition is checked again, atomically, when the cluster commits the file.
             let expect = gw.cached_expect(&path, &cond).await?;
-            let version = send_parts_through_cluster(gw, &path, &files, expect).await?;
+            let version =
+                send_parts_through_cluster(gw, &path, &files, expect, &attributes).await?;
             return Ok::<_, S3Error>((None, Some(version)));
         }
         let ufs = gw.writable()?;
@@ -292,17 +293,19 @@ pub(super) async fn list_multipart_uploads(
 }
 
 /// Writes staged part files, in order, as one file through the cluster (a `write=back` or
-/// `write=transient` mount), committed only if the path holds what `expect` says. Returns the
-/// file's version.
+/// `write=transient` mount) with the upload's `attributes`, committed only if the path holds
+/// what `expect` says. Returns the file's version.
 async fn send_parts_through_cluster(
     gw: &Gateway,
     path: &str,
     files: &[PathBuf],
     expect: pagestore_protocol::frame::Expect,
+    attributes: &Attributes,
 ) -> S3Result<String> {
     use tokio::io::AsyncReadExt;
     let options = pagestore_client::WriteOptions {
         expect,
+        attrs: pagestore_client::ufs::wire_attrs(attributes),
         ..Default::default()
     };
     let mut w = gw

@@ -460,8 +460,8 @@ impl Gateway {
     /// was complete and matched its digests. A condition (`If-None-Match: *`, `If-Match`) is
     /// checked here first (412, or 404 for If-Match on a missing key) and again by the path's
     /// metadata owner when the file is committed, atomically with the commit. The object's
-    /// attributes (Content-Type, user metadata) are not kept for such files
-    /// (docs/OPERATIONS.md).
+    /// attributes (Content-Type, user metadata) are kept with the file by the cluster and
+    /// written with it to the store when it is flushed.
     async fn write_object_cached(
         &self,
         path: &str,
@@ -479,13 +479,11 @@ impl Gateway {
                 return Err(e);
             }
         };
-        if !attributes.is_empty() {
-            tracing::debug!(%path, "attributes of a write-back object are not kept");
-        }
         let result: S3Result<(ObjectInfo, String)> = async {
             let mut digests = Digests::from_headers(headers)?;
             let options = pagestore_client::WriteOptions {
                 expect,
+                attrs: pagestore_client::ufs::wire_attrs(&attributes),
                 ..Default::default()
             };
             let mut w = self

@@ -1910,8 +1910,23 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
     let gw = Gateway::start(&c, "gw-wb", &["--access-key", KEY, "--secret-key", SECRET]);
     let s3 = gw.object_store("ck");
     let small = bytes(70, 100_000);
+    // With a Content-Type and user metadata, which the cluster keeps with the file and the
+    // flush writes with the object.
+    let mut attributes = object_store::Attributes::new();
+    attributes.insert(object_store::Attribute::ContentType, "text/x-ckpt".into());
+    attributes.insert(
+        object_store::Attribute::Metadata("step".into()),
+        "100".into(),
+    );
     let put = s3
-        .put(&StorePath::from("run/small.bin"), small.clone().into())
+        .put_opts(
+            &StorePath::from("run/small.bin"),
+            small.clone().into(),
+            object_store::PutOptions {
+                attributes: attributes.clone(),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let md5 = format!("{:032x}", md5_of(&small));
@@ -1927,6 +1942,16 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         .await
         .unwrap();
     assert!(got == small, "a write-back PutObject read back at once");
+    let served = |a: &object_store::Attributes| {
+        let get = |k| a.get(&k).map(|v| v.as_ref().to_string());
+        (
+            get(object_store::Attribute::ContentType),
+            get(object_store::Attribute::Metadata("step".into())),
+        )
+    };
+    let want = (Some("text/x-ckpt".to_string()), Some("100".to_string()));
+    let got = s3.get(&StorePath::from("run/small.bin")).await.unwrap();
+    assert_eq!(served(&got.attributes), want, "attributes before the flush");
     let head = s3.head(&StorePath::from("run/small.bin")).await.unwrap();
     assert_eq!(
         head.e_tag.as_deref().map(|t| t.trim_matches('"')),
@@ -1936,7 +1961,13 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
     // A multipart upload of 3 parts (5 MiB, 5 MiB, 1 MiB + 7).
     let big = bytes(71, 11 * MIB + 7);
     let mut up = s3
-        .put_multipart(&StorePath::from("run/big.bin"))
+        .put_multipart_opts(
+            &StorePath::from("run/big.bin"),
+            object_store::PutMultipartOptions {
+                attributes: attributes.clone(),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     for part in [&big[..5 * MIB], &big[5 * MIB..10 * MIB], &big[10 * MIB..]] {
@@ -1951,6 +1982,12 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         .await
         .unwrap();
     assert!(got == big, "a write-back multipart upload read back");
+    let got = s3.get(&StorePath::from("run/big.bin")).await.unwrap();
+    assert_eq!(
+        served(&got.attributes),
+        want,
+        "attributes of the multipart upload"
+    );
 
     // Conditional PutObject: create-only takes a new key once; compare-and-swap takes the
     // version there now only. The path's metadata owner checks and commits in one step.
@@ -2017,6 +2054,17 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
     );
     assert_eq!(std::fs::read(store.join("run/small.bin")).unwrap(), small);
     assert_eq!(std::fs::read(store.join("run/big.bin")).unwrap(), big);
+    // The store's objects carry the attributes, and the gateway serves them after the flush.
+    let local = pagestore_client::localfs::LocalStore::new(&store).unwrap();
+    for key in ["run/small.bin", "run/big.bin"] {
+        let kept = local
+            .object_attributes(&StorePath::from(key))
+            .await
+            .unwrap();
+        assert_eq!(served(&kept), want, "{key} in the store");
+        let got = s3.get(&StorePath::from(key)).await.unwrap();
+        assert_eq!(served(&got.attributes), want, "{key} after the flush");
+    }
     s3.delete(&StorePath::from("run/small.bin")).await.unwrap();
     assert!(s3.head(&StorePath::from("run/small.bin")).await.is_err());
     let out = c.pagectl(&["sync", "/ck"]);
