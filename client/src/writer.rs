@@ -293,11 +293,19 @@ impl Client {
     /// Deletes the file `path` of a `back` or `transient` mount (the under storage's copy too,
     /// once the cluster's flusher gets to it).
     pub async fn remove_file(&self, path: &str) -> Result<(), Error> {
+        self.remove_file_if(path, Expect::Any).await
+    }
+
+    /// [`Client::remove_file`] only if the path holds what `expect` says ([`Expect::Version`]:
+    /// that version of the file), checked and deleted in one step by the path's metadata
+    /// owner; otherwise [`Error::Precondition`] and nothing changes.
+    pub async fn remove_file_if(&self, path: &str, expect: Expect) -> Result<(), Error> {
         crate::ufs::check_path(path)?;
         self.cached_mount(path)?;
         let op = ChangeOp::Delete {
             path: path.into(),
             dir: false,
+            expect,
         };
         self.change(path, op).await.map(|_| ())
     }
@@ -320,6 +328,7 @@ impl Client {
         let op = ChangeOp::Delete {
             path: path.into(),
             dir: true,
+            expect: Expect::Any,
         };
         self.change(path, op).await.map(|_| ())
     }

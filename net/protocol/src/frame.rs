@@ -110,7 +110,8 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// `RecordEntry::File` carry the file's [`Attr`]s (Content-Type, user
 /// metadata...), which the flusher writes with the object; a new request,
 /// `Attributes`, and its answer, appended after every other, give a
-/// version's attributes from the records.
+/// version's attributes from the records. `ChangeOp::Delete` carries an
+/// [`Expect`] (a conditional delete).
 pub const PROTOCOL_VERSION: u16 = 7;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
@@ -945,6 +946,10 @@ pub enum ChangeOp {
         path: String,
         /// A directory (rmdir) rather than a file (unlink).
         dir: bool,
+        /// What the path must hold for the deletion to be made (a conditional
+        /// delete: [`Expect::Version`] of the file there; [`Expect::Any`] for
+        /// a directory).
+        expect: Expect,
     },
     /// Makes the directory `path` (`Exists` when there is one already).
     MakeDir {
@@ -1860,8 +1865,11 @@ impl Request {
                         bounded_str("Rename from", from, MAX_PATH_LEN)?;
                         bounded_str("Rename to", to, MAX_PATH_LEN)?;
                     }
-                    ChangeOp::Delete { path, .. } => {
-                        bounded_str("Delete path", path, MAX_PATH_LEN)?
+                    ChangeOp::Delete { path, expect, .. } => {
+                        bounded_str("Delete path", path, MAX_PATH_LEN)?;
+                        if let Expect::Version(v) = expect {
+                            bounded_str("Delete expect", v, MAX_VERSION_TAG_LEN)?;
+                        }
                     }
                     ChangeOp::MakeDir { path, .. } => {
                         bounded_str("MakeDir path", path, MAX_PATH_LEN)?

@@ -203,12 +203,9 @@ impl Gateway {
         path: KeyPath,
         cond: Option<&ETagCondition>,
     ) -> S3Result<()> {
-        if let (KeyPath::Object(p), Some(_)) = (&path, cond) {
+        if let (KeyPath::Object(p), Some(cond)) = (&path, cond) {
             if self.cached(p) {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::NotImplemented,
-                    "a conditional delete (If-Match) on a write-back bucket: the cluster cannot yet compare and delete atomically",
-                ));
+                return self.delete_cached_if(p, cond).await;
             }
         }
         let writable = match &path {
@@ -267,6 +264,37 @@ impl Gateway {
         }
         self.client.invalidate(&path, Some(info.file_id)).await;
         Ok(())
+    }
+
+    /// [`Gateway::delete_key`] with `If-Match` on a `write=back` or `write=transient` bucket:
+    /// the ETag is compared with the object there now (412, or 404 when there is none), and
+    /// the path's metadata owner deletes it only if it still holds that version, in one step.
+    async fn delete_cached_if(&self, path: &str, cond: &ETagCondition) -> S3Result<()> {
+        let missing = || {
+            S3Error::with_message(
+                S3ErrorCode::NoSuchKey,
+                "If-Match: the specified key does not exist",
+            )
+        };
+        let info = match self.client.stat(path).await {
+            Ok(i) => i,
+            Err(ClientError::NotFound(_) | ClientError::IsDir(_) | ClientError::NotDir(_)) => {
+                return Err(missing())
+            }
+            Err(e) => return Err(client_error(e)),
+        };
+        if WriteCondition::Match(cond.clone())
+            .mode(Some((&info.version, &self.tags_of(&info))))
+            .is_err()
+        {
+            return Err(precondition_failed("If-Match: the object has another ETag"));
+        }
+        let expect = pagestore_protocol::frame::Expect::Version(info.version.clone());
+        match self.client.remove_file_if(path, expect).await {
+            Ok(()) => Ok(()),
+            Err(ClientError::NotFound(_)) => Err(missing()),
+            Err(e) => Err(client_error(e)),
+        }
     }
 
     /// The store's write mode for `cond` on `path` now: the current object is looked up (its

@@ -2031,6 +2031,15 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
     let got = s3.get(&cond).await.unwrap().bytes().await.unwrap();
     assert_eq!(&got[..], &[3u8; 10][..]);
 
+    // Conditional deletes (If-Match on DeleteObject, ETags in DeleteObjects): the metadata
+    // owner deletes only the version the ETag names.
+    let env = [
+        ("EP", gw.endpoint.clone()),
+        ("KEY", KEY.to_string()),
+        ("SECRET", SECRET.to_string()),
+    ];
+    run_python("wb-deletes", WB_DELETES_SCRIPT, &env, &[&gw]);
+
     // A key beneath an object, or an object where keys lie beneath, is a 409 as on a store
     // written through: the flush could never write it to a file system store.
     for key in ["run/big.bin/under", "run"] {
@@ -2079,6 +2088,44 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         [3u8; 10]
     );
 }
+
+/// Conditional deletes on the write-back bucket `ck` (see the test above).
+const WB_DELETES_SCRIPT: &str = r#"
+import os, boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+EP, KEY, SECRET = (os.environ[k] for k in ("EP", "KEY", "SECRET"))
+s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                  config=Config(s3={"addressing_style": "path"}, region_name="us-east-1",
+                                retries={"max_attempts": 1, "mode": "standard"}))
+def check(ok, *what):
+    if not ok:
+        raise SystemExit("FAILED: " + " ".join(map(str, what)))
+def err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code")
+    return None
+def exists(key):
+    return err(lambda: s3.head_object(Bucket="ck", Key=key)) is None
+s3.put_object(Bucket="ck", Key="del/a", Body=b"a")
+e = s3.head_object(Bucket="ck", Key="del/a")["ETag"]
+check(err(lambda: s3.delete_object(Bucket="ck", Key="del/a", IfMatch='"nope"')) == (412, "PreconditionFailed"))
+check(exists("del/a"), "kept after a failed If-Match")
+check(err(lambda: s3.delete_object(Bucket="ck", Key="del/none", IfMatch=e)) == (404, "NoSuchKey"))
+s3.delete_object(Bucket="ck", Key="del/a", IfMatch=e)
+check(not exists("del/a"), "deleted with its ETag")
+s3.put_object(Bucket="ck", Key="del/d1", Body=b"1")
+s3.put_object(Bucket="ck", Key="del/d2", Body=b"2")
+r = s3.delete_objects(Bucket="ck", Delete={"Objects": [
+    {"Key": "del/d1", "ETag": '"nope"'},
+    {"Key": "del/d2", "ETag": s3.head_object(Bucket="ck", Key="del/d2")["ETag"]}]})
+check([x["Key"] for x in r.get("Deleted", [])] == ["del/d2"], r)
+check([(x["Key"], x["Code"]) for x in r.get("Errors", [])] == [("del/d1", "PreconditionFailed")], r)
+check(exists("del/d1") and not exists("del/d2"))
+print("ALL OK")
+"#;
 
 fn md5_of(b: &[u8]) -> u128 {
     use s3s::crypto::{Checksum as _, Md5};

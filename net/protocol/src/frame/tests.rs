@@ -185,7 +185,8 @@ fn sample_requests() -> Vec<Request> {
         RequestBody::Change {
             op: ChangeOp::Delete {
                 path: "/ckpt/old".into(),
-                dir: true,
+                dir: false,
+                expect: Expect::Version(crate::writeback::new_tag(9)),
             },
         },
         RequestBody::Change {
@@ -1750,9 +1751,16 @@ fn documented_field_offsets() {
                 op: ChangeOp::Delete {
                     path: "d".into(),
                     dir: true,
+                    expect: Expect::Version("e".into()),
                 },
             },
-            vec![(16, 1, 2), (20, 1, u64::from(b'd')), (28, 1, 1)],
+            vec![
+                (16, 1, 2),
+                (20, 1, u64::from(b'd')),
+                (28, 1, 1),
+                (32, 1, 2),
+                (36, 1, u64::from(b'e')),
+            ],
         ),
         (
             RequestBody::Change {
@@ -2244,7 +2252,12 @@ fn arb_change_op() -> impl Strategy<Value = ChangeOp> {
             }),
         (arb_string(120), arb_string(120), any::<bool>())
             .prop_map(|(from, to, replace)| ChangeOp::Rename { from, to, replace }),
-        (arb_string(120), any::<bool>()).prop_map(|(path, dir)| ChangeOp::Delete { path, dir }),
+        (
+            arb_string(120),
+            any::<bool>(),
+            prop_oneof![Just(Expect::Any), arb_string(40).prop_map(Expect::Version)]
+        )
+            .prop_map(|(path, dir, expect)| ChangeOp::Delete { path, dir, expect }),
         (arb_string(120), any::<i64>())
             .prop_map(|(path, mtime_ns)| ChangeOp::MakeDir { path, mtime_ns }),
     ]
@@ -3520,6 +3533,7 @@ fn write_back_requests_keep_their_limits() {
                 op: ChangeOp::Delete {
                     path: "/a".into(),
                     dir: false,
+                    expect: Expect::Any,
                 },
             },
             1,

@@ -564,8 +564,17 @@ impl WriteBackNode {
                     ));
                 }
             }
-            ChangeOp::Delete { path, dir } if unknown(path) => {
-                match (stat(path.clone()).await?, dir) {
+            ChangeOp::Delete { path, dir, expect } if unknown(path) => {
+                let found = stat(path.clone()).await?;
+                if *expect != Expect::Any {
+                    let current = match &found {
+                        Some(PathKind::File { version_tag, .. }) => Some(version_tag.as_str()),
+                        _ => None,
+                    };
+                    records::expect_met(path, expect, current)
+                        .map_err(|m| SourceError::new(ErrorCode::Precondition, m))?;
+                }
+                match (found, dir) {
                     (None, _) => {
                         return Err(SourceError::new(
                             ErrorCode::NotFound,
@@ -594,7 +603,9 @@ impl WriteBackNode {
                     (Some(PathKind::File { .. }), false) => {}
                 }
             }
-            ChangeOp::Delete { path, dir: true } => {
+            ChangeOp::Delete {
+                path, dir: true, ..
+            } => {
                 // A directory made through the cluster: the store may hold objects beneath it
                 // that no record deletes.
                 match self.ufs.table().list_entries(path).await {

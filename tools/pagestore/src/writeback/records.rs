@@ -421,7 +421,12 @@ impl Records {
                 Ok(plan)
             }
             ChangeOp::Rename { from, to, replace } => self.plan_rename(from, to, *replace),
-            ChangeOp::Delete { path, dir } => self.plan_delete(path, *dir),
+            ChangeOp::Delete { path, dir, expect } => {
+                // A conditional delete takes only the version it names (a path that is no
+                // file fails it too).
+                self.check_expect(path, expect)?;
+                self.plan_delete(path, *dir)
+            }
             ChangeOp::MakeDir { path, mtime_ns } => {
                 self.refuse_beneath_file(path)?;
                 match self.known(path) {

@@ -103,12 +103,19 @@ fn a_conditional_commit_takes_the_path_only_as_it_expects() {
     assert!(t
         .plan(&commit_if("/ck/none", 5, Expect::Version(tag(1))), false)
         .is_ok());
-    // A deleted path holds no file: no version matches, Absent does.
-    let rm = ChangeOp::Delete {
+    // A conditional delete takes only the version there now.
+    let rm_if = |v: u128| ChangeOp::Delete {
         path: "/ck/a".into(),
         dir: false,
+        expect: Expect::Version(tag(v)),
     };
-    change(&mut t, rm, 4 << 16).unwrap();
+    let e = t.plan(&rm_if(1), false).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Precondition);
+    assert!(t.get("/ck/a").is_some_and(is_live));
+    // A deleted path holds no file: no version matches, Absent does.
+    change(&mut t, rm_if(3), 4 << 16).unwrap();
+    let e = t.plan(&rm_if(3), false).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Precondition);
     let e = t
         .plan(&commit_if("/ck/a", 6, Expect::Version(tag(3))), false)
         .unwrap_err();
@@ -206,6 +213,7 @@ fn a_file_cannot_hold_a_new_file_beneath_it() {
     let del = ChangeOp::Delete {
         path: "/b/foo/bar".into(),
         dir: false,
+        expect: Expect::Any,
     };
     change(&mut t, del, 3 << 16).unwrap();
     assert_eq!(t.file_ancestor("/b/foo/bar/xyzzy"), None);
@@ -363,11 +371,13 @@ fn deletes_and_directories() {
     let rmdir = ChangeOp::Delete {
         path: "/ck/d".into(),
         dir: true,
+        expect: Expect::Any,
     };
     assert_eq!(t.plan(&rmdir, false).unwrap_err().code, ErrorCode::NotEmpty);
     let unlink_dir = ChangeOp::Delete {
         path: "/ck/d".into(),
         dir: false,
+        expect: Expect::Any,
     };
     assert_eq!(
         t.plan(&unlink_dir, false).unwrap_err().code,
@@ -376,6 +386,7 @@ fn deletes_and_directories() {
     let rmdir_file = ChangeOp::Delete {
         path: "/ck/d/f".into(),
         dir: true,
+        expect: Expect::Any,
     };
     assert_eq!(
         t.plan(&rmdir_file, false).unwrap_err().code,
@@ -386,6 +397,7 @@ fn deletes_and_directories() {
         ChangeOp::Delete {
             path: "/ck/d/f".into(),
             dir: false,
+            expect: Expect::Any,
         },
         3 << 16,
     )
@@ -421,7 +433,7 @@ fn deletes_and_directories() {
     );
     // Deleting what the records do not know is recorded (the store is the caller's to check).
     assert!(matches!(
-        t.plan(&ChangeOp::Delete { path: "/ck/stored".into(), dir: false }, false),
+        t.plan(&ChangeOp::Delete { path: "/ck/stored".into(), dir: false, expect: Expect::Any }, false),
         Ok(Plan::Records(v)) if matches!(v[0].entry, RecordEntry::Deleted { pending: true, .. })
     ));
 }
@@ -487,6 +499,7 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
         ChangeOp::Delete {
             path: "/ck/f".into(),
             dir: false,
+            expect: Expect::Any,
         },
         2_000 << 16,
     )
@@ -544,6 +557,7 @@ fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
             Step::Delete(p, dir) => ChangeOp::Delete {
                 path: PATHS[*p].into(),
                 dir: *dir,
+                expect: Expect::Any,
             },
             Step::MakeDir(p) => ChangeOp::MakeDir {
                 path: PATHS[*p].into(),
