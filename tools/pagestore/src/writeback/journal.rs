@@ -90,20 +90,6 @@ impl Journal {
         };
         let found = read_entries(&data[HEAD as usize..], decode);
         let records = found.records;
-        if version != VERSION && found.damaged.is_empty() {
-            tracing::info!(
-                path = %path.display(),
-                records = records.len(),
-                "write-back journal of version {version}: rewritten as version {VERSION}"
-            );
-            let mut j = Journal {
-                path,
-                file,
-                len: data.len() as u64,
-            };
-            j.compact(records.iter())?;
-            return Ok((j, records));
-        }
         if !found.damaged.is_empty() {
             // Damage inside the file, not a torn append: whole entries follow it. The records
             // of the damaged entries are lost; everything else is kept. The file as it was is
@@ -128,6 +114,14 @@ impl Journal {
                 "write-back journal: damaged entries skipped (their records are lost); \
                  the records around them are kept and the journal rewritten"
             );
+        } else if version != VERSION {
+            tracing::info!(
+                path = %path.display(),
+                records = records.len(),
+                "write-back journal of version {version}: rewritten as version {VERSION}"
+            );
+        }
+        if !found.damaged.is_empty() || version != VERSION {
             let mut j = Journal {
                 path,
                 file,
