@@ -1952,6 +1952,13 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
     let want = (Some("text/x-ckpt".to_string()), Some("100".to_string()));
     let got = s3.get(&StorePath::from("run/small.bin")).await.unwrap();
     assert_eq!(served(&got.attributes), want, "attributes before the flush");
+    let out = c.pagectl(&["stat", "/ck/run/small.bin"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("attr     content-type: text/x-ckpt")
+            && text.contains("attr     x-amz-meta-step: 100"),
+        "{text}"
+    );
     let head = s3.head(&StorePath::from("run/small.bin")).await.unwrap();
     assert_eq!(
         head.e_tag.as_deref().map(|t| t.trim_matches('"')),

@@ -1056,6 +1056,14 @@ async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
             if state != FileState::Stored && !store_tag.is_empty() {
                 println!("  store    {store_tag}");
             }
+            // A file written through the cluster: the object attributes it keeps.
+            if state != FileState::Stored {
+                if let Ok(attrs) = client.attributes(path, &version_tag).await {
+                    for a in attrs {
+                        println!("  attr     {}: {}", a.name, a.value);
+                    }
+                }
+            }
             if matches!(state, FileState::Writing | FileState::Dirty) {
                 if let Ok(s) = client.write_back_state(path).await {
                     if !s.last_error.is_empty() {
