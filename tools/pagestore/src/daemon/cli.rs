@@ -178,7 +178,8 @@ pub struct Flags {
     /// flushes beyond it (default half the cache size).
     #[arg(long, value_name = "SIZE")]
     pub dirty_limit: Option<Size>,
-    /// Files this node flushes to the under storage at once (default 4).
+    /// Files this node flushes to the under storage at once (default 32; large files 4 at a
+    /// time, by the memory their flushes hold).
     #[arg(long, value_name = "N")]
     pub flush_parallel: Option<usize>,
     /// Seal and flush a file whose writer has been silent this long (default 120).

@@ -443,7 +443,10 @@ impl Settings {
             rules,
             write_replicas,
             dirty_limit,
-            flush_parallel: self.flush_parallel.unwrap_or(4).max(1),
+            flush_parallel: self
+                .flush_parallel
+                .unwrap_or(crate::writeback::WriteBackSettings::default().flush_parallel)
+                .max(1),
             write_lease,
             spread,
         })

@@ -17,7 +17,7 @@ pub mod overlay;
 pub mod records;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -56,7 +56,7 @@ pub struct WriteBackSettings {
     pub write_replicas: u8,
     /// A version whose writer has been silent this long is sealed and flushed without it.
     pub lease: Duration,
-    /// Files one node flushes at once.
+    /// Files one node flushes at once, within [`WriteBackSettings::flush_memory`].
     pub flush_parallel: usize,
     /// Bytes of one part of a multipart flush (and of a flush read).
     pub flush_part: usize,
@@ -75,7 +75,7 @@ impl Default for WriteBackSettings {
         WriteBackSettings {
             write_replicas: 2,
             lease: Duration::from_secs(120),
-            flush_parallel: 4,
+            flush_parallel: 32,
             flush_part: 16 << 20,
             orphan_grace: Duration::from_secs(600),
             keep_deleted: Duration::from_secs(24 * 3600),
@@ -86,6 +86,36 @@ impl Default for WriteBackSettings {
 
 /// Parts of one file's multipart flush sent to the under storage at once.
 pub const FLUSH_PARTS: usize = 4;
+
+/// Large files one node flushes at once: the flushes in progress hold at most the bytes of
+/// this many large files' flushes ([`WriteBackSettings::flush_memory`]); small files take
+/// their own size of it, so many flush at once.
+pub const FLUSH_LARGE_FILES: u64 = 4;
+
+impl WriteBackSettings {
+    /// Bytes one file's flush holds at most: its size, or for a large file the parts in
+    /// flight and the one being read from the cluster.
+    fn flush_cost(&self, size: u64) -> u64 {
+        size.min((FLUSH_PARTS as u64 + 1) * self.part())
+    }
+
+    /// The bytes the flushes in progress on one node may hold together:
+    /// [`FLUSH_LARGE_FILES`] large files' worth (320 MiB with 16 MiB parts).
+    pub fn flush_memory(&self) -> u64 {
+        FLUSH_LARGE_FILES * self.flush_cost(u64::MAX)
+    }
+
+    /// Whether a flush that holds `cost` bytes may start beside `running` flushes that hold
+    /// `held` bytes: within the parallelism and the memory (one flush always may).
+    fn may_start(&self, running: usize, held: u64, cost: u64) -> bool {
+        running < self.flush_parallel.max(1) && (running == 0 || held + cost <= self.flush_memory())
+    }
+
+    /// Bytes of one part of a multipart flush (at least S3's 5 MiB).
+    fn part(&self) -> u64 {
+        self.flush_part.max(5 << 20) as u64
+    }
+}
 
 /// Why the write-back side could not start.
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +187,8 @@ pub struct WriteBackNode {
     initial_nodes: usize,
     /// One change at a time is planned and applied here.
     change_lock: tokio::sync::Mutex<()>,
-    flushing: Mutex<HashSet<String>>,
+    /// The paths being flushed, and the bytes each flush may hold.
+    flushing: Mutex<HashMap<String, u64>>,
     backoff: Mutex<HashMap<String, (Instant, Duration)>>,
     last_error: Mutex<String>,
     stats: FlushStats,
@@ -212,7 +243,7 @@ impl WriteBackNode {
             peers: OnceLock::new(),
             initial_nodes: initial_nodes.max(1),
             change_lock: tokio::sync::Mutex::new(()),
-            flushing: Mutex::new(HashSet::new()),
+            flushing: Mutex::new(HashMap::new()),
             backoff: Mutex::new(HashMap::new()),
             last_error: Mutex::new(String::new()),
             stats: FlushStats::default(),
@@ -720,7 +751,9 @@ impl WriteBackNode {
         }
     }
 
-    /// Starts flushes of the records this node flushes, up to the parallelism.
+    /// Starts flushes of the records this node flushes, in order, up to the parallelism and
+    /// within the memory the flushes may hold (a record that does not fit waits, and so do
+    /// the ones after it).
     fn flush_round(self: &Arc<Self>) {
         let now = unix_ms();
         let lease = self.settings.lease.as_millis() as u64;
@@ -744,12 +777,17 @@ impl WriteBackNode {
             }
             {
                 let mut f = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
-                if f.len() >= self.settings.flush_parallel.max(1) {
-                    return;
-                }
-                if !f.insert(rec.path.clone()) {
+                if f.contains_key(&rec.path) {
                     continue;
                 }
+                let cost = match &rec.entry {
+                    RecordEntry::File { size, .. } => self.settings.flush_cost(*size),
+                    _ => 0,
+                };
+                if !self.settings.may_start(f.len(), f.values().sum(), cost) {
+                    return;
+                }
+                f.insert(rec.path.clone(), cost);
             }
             let me = self.clone();
             tokio::spawn(async move {
@@ -903,7 +941,7 @@ impl WriteBackNode {
         };
         let table = self.ufs.table();
         let attributes = ufs::store_attributes(attrs);
-        let part = self.settings.flush_part.max(5 << 20) as u64;
+        let part = self.settings.part();
         let read = |at: u64| {
             let info = &info;
             async move {
@@ -1302,5 +1340,34 @@ impl WriteBackNode {
                 SourceError::new(ErrorCode::Internal, format!("write-back task failed: {e}"))
             })?
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_small_files_flush_at_once_and_large_ones_four_at_a_time() {
+        let s = WriteBackSettings::default();
+        const MIB: u64 = 1 << 20;
+        // A large file's flush holds its parts in flight and the one being read.
+        assert_eq!(s.flush_cost(10 << 30), 5 * 16 * MIB);
+        assert_eq!(s.flush_memory(), 4 * 5 * 16 * MIB);
+        let large = s.flush_cost(u64::MAX);
+        for running in 0..4u64 {
+            assert!(s.may_start(running as usize, running * large, large));
+        }
+        assert!(!s.may_start(4, 4 * large, large));
+        // 4 MiB files (a checkpoint sharded by rank): as many as the parallelism.
+        let small = s.flush_cost(4 * MIB);
+        assert_eq!(small, 4 * MIB);
+        for running in 0..s.flush_parallel {
+            assert!(s.may_start(running, running as u64 * small, small));
+        }
+        assert!(!s.may_start(s.flush_parallel, s.flush_parallel as u64 * small, small));
+        // A large file waits while small ones fill the memory, and one flush always starts.
+        assert!(!s.may_start(30, 30 * 10 * MIB, large));
+        assert!(s.may_start(0, 0, u64::MAX));
     }
 }
