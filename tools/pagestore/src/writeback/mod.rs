@@ -84,6 +84,17 @@ impl Default for WriteBackSettings {
     }
 }
 
+/// Whether the store's object at `path` (`found`: what a stat of it answered) meets the
+/// condition `expect` of a change the records cannot judge; `Precondition` otherwise.
+fn store_meets(path: &str, expect: &Expect, found: Option<&PathKind>) -> Result<(), SourceError> {
+    let current = match found {
+        Some(PathKind::File { version_tag, .. }) => Some(version_tag.as_str()),
+        _ => None,
+    };
+    records::expect_met(path, expect, current)
+        .map_err(|m| SourceError::new(ErrorCode::Precondition, m))
+}
+
 /// Parts of one file's multipart flush sent to the under storage at once.
 pub const FLUSH_PARTS: usize = 4;
 
@@ -569,12 +580,7 @@ impl WriteBackNode {
         {
             let first = self.table().by_file(version_id(version_tag)).is_none();
             if *expect != Expect::Any && first && unknown(path) {
-                let current = match stat(path.clone()).await? {
-                    Some(PathKind::File { version_tag, .. }) => Some(version_tag),
-                    _ => None,
-                };
-                records::expect_met(path, expect, current.as_deref())
-                    .map_err(|m| SourceError::new(ErrorCode::Precondition, m))?;
+                store_meets(path, expect, stat(path.clone()).await?.as_ref())?;
             }
         }
         match op {
@@ -597,14 +603,7 @@ impl WriteBackNode {
             }
             ChangeOp::Delete { path, dir, expect } if unknown(path) => {
                 let found = stat(path.clone()).await?;
-                if *expect != Expect::Any {
-                    let current = match &found {
-                        Some(PathKind::File { version_tag, .. }) => Some(version_tag.as_str()),
-                        _ => None,
-                    };
-                    records::expect_met(path, expect, current)
-                        .map_err(|m| SourceError::new(ErrorCode::Precondition, m))?;
-                }
+                store_meets(path, expect, found.as_ref())?;
                 match (found, dir) {
                     (None, _) => {
                         return Err(SourceError::new(
