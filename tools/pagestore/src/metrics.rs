@@ -445,6 +445,18 @@ const WRITE_BACK: &[WriteBackFamily] = &[
         "Dirty pages dropped because no record holds them (a writer that never committed).",
         |w| w.orphans_dropped,
     ),
+    (
+        "pagestore_writeback_records_forgotten_total",
+        Kind::Counter,
+        "Records forgotten --write-records-keep after their change: files flushed, deletions applied.",
+        |w| w.forgotten,
+    ),
+    (
+        "pagestore_writeback_records_limit",
+        Kind::Gauge,
+        "Records past which changes that add a path are refused (--write-records-max).",
+        |w| w.records_limit,
+    ),
 ];
 
 const FLUSH_LAG: (&str, &str) = (

@@ -795,3 +795,93 @@ async fn a_rename_cut_by_a_crash_leaves_the_file_at_exactly_one_of_its_names() {
         );
     }
 }
+
+/// A flushed file's record is forgotten `--write-records-keep` after its last write: the file is
+/// then the store's object (the same bytes, under the store's version). And a node keeps at most
+/// `--write-records-max` records: past it, a change that adds a path is refused with "no space"
+/// (nothing half-made), while the paths it keeps still take new versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_files_records_are_forgotten_and_the_records_kept_are_bounded() {
+    use pagestore_protocol::writeback::is_wb_tag;
+    let (c, store) = cluster(
+        2,
+        &[
+            "--write-replicas",
+            "2",
+            "--write-records-keep",
+            "3",
+            "--write-records-max",
+            "3",
+        ],
+        "",
+    );
+    let a = c.client(ClientOptions::default()).await;
+    let b = c.client(ClientOptions::default()).await;
+    let write = |path: &'static str, body: Vec<u8>| {
+        let a = a.clone();
+        async move {
+            let mut w = a.create(path, WriteOptions::default()).await?;
+            w.write_at(0, &body).await?;
+            w.close().await
+        }
+    };
+    for i in 0..3 {
+        let path = ["/ck/f0", "/ck/f1", "/ck/f2"][i];
+        write(path, bytes(i as u64, 1000 + i)).await.unwrap();
+    }
+    match write("/ck/f3", b"one too many".to_vec()).await {
+        Err(Error::NoSpace(m)) => assert!(m.contains("--write-records-max"), "{m}"),
+        other => panic!("a fourth path past --write-records-max 3: {other:?}"),
+    }
+    assert!(matches!(b.stat("/ck/f3").await, Err(Error::NotFound(_))));
+    // A kept path takes a new version.
+    write("/ck/f0", b"f0 again".to_vec()).await.unwrap();
+    assert_eq!(read_all(&b, "/ck/f0").await, b"f0 again");
+    let before = b.stat("/ck/f1").await.unwrap();
+    assert!(is_wb_tag(&before.version), "{before:?}");
+
+    // Flushed, then forgotten: served as the store's object, byte-exact, by every client.
+    synced(&a, "/ck", Duration::from_secs(30)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = b.stat("/ck/f1").await.unwrap();
+        if now.version != before.version {
+            assert!(!is_wb_tag(&now.version), "{now:?}");
+            assert_eq!(now.size, before.size);
+            break;
+        }
+        assert!(Instant::now() < deadline, "/ck/f1 still a write-back file");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for cl in [&a, &b] {
+        assert_eq!(read_all(cl, "/ck/f0").await, b"f0 again");
+        assert_eq!(read_all(cl, "/ck/f1").await, bytes(1, 1001));
+        assert_eq!(read_all(cl, "/ck/f2").await, bytes(2, 1002));
+    }
+    assert_eq!(std::fs::read(store.join("f1")).unwrap(), bytes(1, 1001));
+    let text = pagestore_testkit::local_cluster::http_get(
+        c.nodes[0].admin.as_deref().unwrap(),
+        "/metrics",
+    )
+    .unwrap()
+    .1;
+    let forgotten: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pagestore_writeback_records_forgotten_total"))
+        .and_then(|rest| rest.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0);
+    assert!(forgotten >= 3, "{text}");
+
+    // Room again for new paths.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match write("/ck/f3", b"now it fits".to_vec()).await {
+            Ok(_) => break,
+            Err(Error::NoSpace(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(read_all(&b, "/ck/f3").await, b"now it fits");
+}

@@ -185,6 +185,16 @@ pub struct Flags {
     /// Seal and flush a file whose writer has been silent this long (default 120).
     #[arg(long, value_name = "SECS")]
     pub write_lease: Option<f64>,
+    /// Forget a write-back file's record this long after its last write once it is flushed
+    /// (the store's object from then on), and a deletion's once the store applied it
+    /// (default 86400).
+    #[arg(long, value_name = "SECS")]
+    pub write_records_keep: Option<f64>,
+    /// Write-back records (files, directories, deletions) a node keeps, at most: past it,
+    /// changes that add a path fail with "no space" until flushed ones are forgotten
+    /// (default 1000000, about 0.8 KB of memory each with 60-byte paths).
+    #[arg(long, value_name = "N")]
+    pub write_records_max: Option<usize>,
     /// Members a hot page is served by, counting its owner, on distinct nodes (default 3, at
     /// most the nodes; 1 turns hot-page replicas off).
     #[arg(long, value_name = "N")]
@@ -248,6 +258,8 @@ impl Flags {
             dirty_limit: self.dirty_limit,
             flush_parallel: self.flush_parallel,
             write_lease: self.write_lease,
+            write_records_keep: self.write_records_keep,
+            write_records_max: self.write_records_max,
             hot_replicas: self.hot_replicas,
             hot_threshold: self.hot_threshold,
             hot_cool: self.hot_cool,

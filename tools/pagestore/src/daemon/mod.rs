@@ -223,6 +223,8 @@ fn writeback_settings(c: &Resolved) -> WriteBackSettings {
         write_replicas: c.write_replicas,
         lease: c.write_lease,
         flush_parallel: c.flush_parallel,
+        keep_records: c.write_records_keep,
+        max_records: c.write_records_max,
         ..WriteBackSettings::default()
     }
 }

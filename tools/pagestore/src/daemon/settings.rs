@@ -110,11 +110,18 @@ pub struct Settings {
     /// Bytes of dirty pages (written through the cluster, not flushed yet) the node holds
     /// (default half the cache size); writers wait for flushes beyond it.
     pub dirty_limit: Option<Size>,
-    /// Files the node flushes to the under storage at once (default 4).
+    /// Files the node flushes to the under storage at once (default 32; large files four at a
+    /// time, by the memory their flushes hold).
     pub flush_parallel: Option<usize>,
     /// Seconds after which a file whose writer went silent is sealed and flushed without it,
     /// 5 to 86400 (default 120).
     pub write_lease: Option<f64>,
+    /// Seconds a flushed file's record (and an applied deletion's) is kept after the change
+    /// that made it, 1 to 31536000 (default 86400); a forgotten file is the store's object.
+    pub write_records_keep: Option<f64>,
+    /// Write-back records a node keeps, at most (default 1000000): past it, changes that add
+    /// a path are refused until flushed ones are forgotten.
+    pub write_records_max: Option<usize>,
     /// Members a hot page is served by, counting its owner, on distinct nodes (default 3, at
     /// most the nodes; 1: hot-page replicas off).
     pub hot_replicas: Option<u8>,
@@ -343,6 +350,8 @@ impl Settings {
             dirty_limit: flags.dirty_limit.or(self.dirty_limit),
             flush_parallel: flags.flush_parallel.or(self.flush_parallel),
             write_lease: flags.write_lease.or(self.write_lease),
+            write_records_keep: flags.write_records_keep.or(self.write_records_keep),
+            write_records_max: flags.write_records_max.or(self.write_records_max),
             hot_replicas: flags.hot_replicas.or(self.hot_replicas),
             hot_threshold: flags.hot_threshold.or(self.hot_threshold),
             hot_cool: flags.hot_cool.or(self.hot_cool),
@@ -400,6 +409,24 @@ impl Settings {
                 )))
             }
         };
+        let write_records_keep = match self.write_records_keep {
+            None => crate::writeback::WriteBackSettings::default().keep_records,
+            Some(v) if (1.0..=31_536_000.0).contains(&v) => Duration::from_secs_f64(v),
+            Some(v) => {
+                return Err(invalid(format!(
+                    "--write-records-keep {v}: use 1 to 31536000 seconds"
+                )))
+            }
+        };
+        let write_records_max = match self.write_records_max {
+            None => crate::writeback::WriteBackSettings::default().max_records,
+            Some(0) => {
+                return Err(invalid(
+                    "--write-records-max 0: at least 1 (the records of files written through the cluster)",
+                ))
+            }
+            Some(n) => n,
+        };
         let spread = self.spread()?;
         let write_replicas = match self.write_replicas {
             None => 2,
@@ -448,6 +475,8 @@ impl Settings {
                 .unwrap_or(crate::writeback::WriteBackSettings::default().flush_parallel)
                 .max(1),
             write_lease,
+            write_records_keep,
+            write_records_max,
             spread,
         })
     }
@@ -662,6 +691,10 @@ pub struct Resolved {
     pub flush_parallel: usize,
     /// Silence after which an open file is sealed and flushed.
     pub write_lease: Duration,
+    /// How long settled write-back records are kept.
+    pub write_records_keep: Duration,
+    /// Write-back records kept, at most.
+    pub write_records_max: usize,
     /// Hot-page replicas.
     pub spread: SpreadConfig,
 }

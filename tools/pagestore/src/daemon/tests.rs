@@ -395,3 +395,34 @@ fn hot_page_replicas_default_on_and_take_flags_over_the_file() {
     bad(&["--hot-cool", "0.5"], "1 to 86400");
     assert!(cli(&["--hot-replicas", "300"]).is_err());
 }
+
+#[test]
+fn write_back_records_are_kept_a_day_and_a_million_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = |s: Settings| with_data_mount(&dir, s);
+    let d = base(Settings::default()).resolve().unwrap();
+    assert_eq!(
+        (d.write_records_keep, d.write_records_max),
+        (Duration::from_secs(86400), 1_000_000)
+    );
+    let file =
+        Settings::from_toml("write_records_keep = 3600\nwrite_records_max = 5000\n").unwrap();
+    let r = base(file.clone()).resolve().unwrap();
+    assert_eq!(
+        (r.write_records_keep, r.write_records_max),
+        (Duration::from_secs(3600), 5000)
+    );
+    let both = file.overridden_by(flags(&["--write-records-keep", "1.5"]));
+    let r = base(both).resolve().unwrap();
+    assert_eq!(
+        (r.write_records_keep, r.write_records_max),
+        (Duration::from_millis(1500), 5000)
+    );
+    let bad = |args: &[&str], want: &str| {
+        let e = base(flags(args)).resolve().unwrap_err().to_string();
+        assert!(e.contains(want), "{args:?}: {e}");
+    };
+    bad(&["--write-records-keep", "0.5"], "1 to 31536000");
+    bad(&["--write-records-keep", "NaN"], "--write-records-keep");
+    bad(&["--write-records-max", "0"], "--write-records-max 0");
+}

@@ -63,8 +63,13 @@ pub struct WriteBackSettings {
     /// Dirty pages no record holds (a writer that never committed) are dropped this long after
     /// they were written.
     pub orphan_grace: Duration,
-    /// How long deletions already applied to the under storage are remembered.
-    pub keep_deleted: Duration,
+    /// How long records that need no more work are remembered after the change that made
+    /// them: deletions applied to the under storage, files flushed to it. (A forgotten file is
+    /// the store's object, under the store's version.)
+    pub keep_records: Duration,
+    /// Records a node keeps, at most, before it refuses changes that add a path (`Full`)
+    /// until settled ones are forgotten: the bound on the memory the records take.
+    pub max_records: usize,
     /// How often the node pulls every record from a peer, and checks its dirty pages against
     /// the records.
     pub sync_interval: Duration,
@@ -78,7 +83,8 @@ impl Default for WriteBackSettings {
             flush_parallel: 32,
             flush_part: 16 << 20,
             orphan_grace: Duration::from_secs(600),
-            keep_deleted: Duration::from_secs(24 * 3600),
+            keep_records: Duration::from_secs(24 * 3600),
+            max_records: 1_000_000,
             sync_interval: Duration::from_secs(30),
         }
     }
@@ -158,6 +164,8 @@ pub struct FlushStats {
     pub flushing: AtomicU64,
     /// Dirty pages dropped because no record holds them.
     pub orphans_dropped: AtomicU64,
+    /// Settled records forgotten ([`WriteBackSettings::keep_records`]).
+    pub forgotten: AtomicU64,
 }
 
 /// A snapshot for `/metrics`.
@@ -179,6 +187,10 @@ pub struct WriteBackMetrics {
     pub seals: u64,
     /// Orphan dirty pages dropped.
     pub orphans_dropped: u64,
+    /// Settled records forgotten.
+    pub forgotten: u64,
+    /// [`WriteBackSettings::max_records`].
+    pub records_limit: u64,
     /// Journal bytes.
     pub journal_bytes: u64,
 }
@@ -203,6 +215,8 @@ pub struct WriteBackNode {
     backoff: Mutex<HashMap<String, (Instant, Duration)>>,
     last_error: Mutex<String>,
     stats: FlushStats,
+    /// Records forgotten since the journal was last compacted.
+    forgotten: AtomicU64,
     wake: tokio::sync::Notify,
     /// Where this node's futures run (the shards call in from their own threads).
     runtime: tokio::runtime::Handle,
@@ -232,6 +246,7 @@ impl WriteBackNode {
         })?;
         let hlc = Hlc::new();
         let mut table = Records::new();
+        table.set_limit(settings.max_records);
         for r in kept {
             hlc.observe(r.hlc);
             table.apply(r);
@@ -258,6 +273,7 @@ impl WriteBackNode {
             backoff: Mutex::new(HashMap::new()),
             last_error: Mutex::new(String::new()),
             stats: FlushStats::default(),
+            forgotten: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             runtime,
         }))
@@ -346,16 +362,20 @@ impl WriteBackNode {
         for r in &fresh {
             self.hlc.observe(r.hlc);
         }
-        let to_journal = fresh.clone();
-        let journal = self.journal.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut j = journal.lock().unwrap_or_else(|p| p.into_inner());
-            j.append(&to_journal)
+        let node = self
+            .this
+            .upgrade()
+            .ok_or_else(|| SourceError::new(ErrorCode::Unavailable, "the node is stopping"))?;
+        let applied = tokio::task::spawn_blocking(move || {
+            // The journal's lock is held until the table has the records too: a compaction
+            // writes the table under that lock, and must never drop a record the journal took.
+            let mut j = node.journal.lock().unwrap_or_else(|p| p.into_inner());
+            j.append(&fresh)?;
+            Ok::<_, std::io::Error>(node.table_mut().apply_batch(fresh))
         })
         .await
         .map_err(store_error)?
         .map_err(|e| SourceError::new(ErrorCode::Io, format!("write-back journal: {e}")))?;
-        let applied = self.table_mut().apply_batch(fresh);
         self.act_on(&applied, drops).await;
         self.wake.notify_one();
         Ok(applied)
@@ -1136,6 +1156,7 @@ impl WriteBackNode {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
             self.ping_peers().await;
+            self.forget_settled();
             if last_pull.elapsed() >= self.settings.sync_interval {
                 last_pull = Instant::now();
                 self.pull_all(false).await;
@@ -1197,18 +1218,20 @@ impl WriteBackNode {
                 }
             }
         }
-        let forgotten = self
-            .table_mut()
-            .forget_old(now, self.settings.keep_deleted.as_millis() as u64);
+        let forgotten = self.forgotten.swap(0, Ordering::Relaxed);
         let (len, need) = {
             let j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
             (j.len(), self.table().approx_bytes() as u64)
         };
         if forgotten > 0 || len > 2 * need + (1 << 20) {
-            let snapshot: Vec<FileRecord> = self.table().iter().cloned().collect();
-            let journal = self.journal.clone();
+            let Some(node) = self.this.upgrade() else {
+                return;
+            };
             let r = tokio::task::spawn_blocking(move || {
-                let mut j = journal.lock().unwrap_or_else(|p| p.into_inner());
+                // The table is read under the journal's lock: every record the journal took
+                // is in it (see `keep`).
+                let mut j = node.journal.lock().unwrap_or_else(|p| p.into_inner());
+                let snapshot: Vec<FileRecord> = node.table().iter().cloned().collect();
                 j.compact(snapshot.iter())
             })
             .await;
@@ -1220,10 +1243,27 @@ impl WriteBackNode {
         }
     }
 
+    /// Forgets the records that need no more work and are older than
+    /// [`WriteBackSettings::keep_records`] (scanned under the read lock, so that requests
+    /// reading the records wait only for the removals).
+    fn forget_settled(&self) {
+        let (now, keep) = (unix_ms(), self.settings.keep_records.as_millis() as u64);
+        let old = self.table().settled(now, keep);
+        if old.is_empty() {
+            return;
+        }
+        let n = self.table_mut().forget(&old, now, keep);
+        self.forgotten.fetch_add(n as u64, Ordering::Relaxed);
+        self.stats.forgotten.fetch_add(n as u64, Ordering::Relaxed);
+        tracing::debug!(records = n, "forgot settled write-back records");
+    }
+
     /// A snapshot for `/metrics`.
     pub fn metrics(&self) -> WriteBackMetrics {
         let s = &self.stats;
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        // The journal's lock is never taken while the table's is held (see `keep`).
+        let journal_bytes = self.journal.lock().unwrap_or_else(|p| p.into_inner()).len();
         let t = self.table();
         WriteBackMetrics {
             records: t.len() as u64,
@@ -1234,7 +1274,9 @@ impl WriteBackNode {
             errors: g(&s.errors),
             seals: g(&s.seals),
             orphans_dropped: g(&s.orphans_dropped),
-            journal_bytes: self.journal.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            forgotten: g(&s.forgotten),
+            records_limit: self.settings.max_records as u64,
+            journal_bytes,
         }
     }
 

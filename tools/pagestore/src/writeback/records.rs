@@ -116,10 +116,25 @@ pub struct Records {
     implied: BTreeMap<String, u32>,
     /// Bytes the records take in their encoded form, roughly (for compaction).
     approx_bytes: usize,
+    /// Records past which a change that adds a path is refused (`Full`); `None`: no bound.
+    limit: Option<usize>,
 }
 
 fn is_live(r: &FileRecord) -> bool {
     !matches!(r.entry, RecordEntry::Deleted { .. })
+}
+
+/// Whether `r` needs no more work and was made `keep_ms` or longer before `now_ms`: a deletion
+/// the store has applied, or a file flushed to it.
+fn settled(r: &FileRecord, now_ms: u64, keep_ms: u64) -> bool {
+    matches!(
+        r.entry,
+        RecordEntry::Deleted { pending: false, .. }
+            | RecordEntry::File {
+                state: RecordState::Clean,
+                ..
+            }
+    ) && now_ms.saturating_sub(hlc_ms(r.hlc)) >= keep_ms
 }
 
 fn approx_len(r: &FileRecord) -> usize {
@@ -178,6 +193,12 @@ impl Records {
     /// An empty table.
     pub fn new() -> Records {
         Records::default()
+    }
+
+    /// Refuses changes that would add a path once `limit` records are kept ([`Records::plan`]):
+    /// the bound on the memory the records take. Records from peers are always taken.
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = Some(limit);
     }
 
     /// Number of records (deletions included).
@@ -396,6 +417,28 @@ impl Records {
     /// path's mount keeps files on the cluster only. The caller checks what only the under
     /// storage knows (an object or directory there).
     pub fn plan(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {
+        let plan = self.plan_unbounded(op, transient)?;
+        let adds = |p: &str| !self.by_path.contains_key(p);
+        let adds_paths = match &plan {
+            Plan::Records(recs) => recs.iter().any(|r| adds(&r.path)),
+            Plan::CopyInStore { from, to } => adds(from) || adds(to),
+            Plan::Nothing => false,
+        };
+        match self.limit {
+            Some(limit) if adds_paths && self.len() >= limit => Err(refused(
+                ErrorCode::Full,
+                format!(
+                    "the cluster keeps {} write-back records, its limit \
+                     (--write-records-max): new paths wait until flushed files' records are \
+                     forgotten (--write-records-keep)",
+                    self.len()
+                ),
+            )),
+            _ => Ok(plan),
+        }
+    }
+
+    fn plan_unbounded(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {
         match op {
             ChangeOp::Commit {
                 path,
@@ -800,24 +843,42 @@ impl Records {
         s
     }
 
-    /// Forgets what no longer needs remembering at `now_ms`: deletions the store has applied,
-    /// older than `keep_ms` (every node forgets them by the same rule). Returns how many.
+    /// Forgets what no longer needs remembering at `now_ms`: deletions the store has applied
+    /// and files flushed to it, made more than `keep_ms` before (every node forgets them by the
+    /// same rule). A forgotten file is the store's object from then on, under the store's
+    /// version. Returns how many records went.
     pub fn forget_old(&mut self, now_ms: u64, keep_ms: u64) -> usize {
-        let old: Vec<String> = self
-            .by_path
+        let old = self.settled(now_ms, keep_ms);
+        self.forget(&old, now_ms, keep_ms)
+    }
+
+    /// The paths [`Records::forget_old`] would forget (a scan that needs no write access).
+    pub fn settled(&self, now_ms: u64, keep_ms: u64) -> Vec<String> {
+        self.by_path
             .values()
-            .filter(|r| {
-                matches!(r.entry, RecordEntry::Deleted { pending: false, .. })
-                    && now_ms.saturating_sub(hlc_ms(r.hlc)) >= keep_ms
-            })
+            .filter(|r| settled(r, now_ms, keep_ms))
             .map(|r| r.path.clone())
-            .collect();
-        for p in &old {
+            .collect()
+    }
+
+    /// Forgets the records of `paths` that are still settled at `now_ms` (see
+    /// [`Records::forget_old`]). Returns how many.
+    pub fn forget(&mut self, paths: &[String], now_ms: u64, keep_ms: u64) -> usize {
+        let mut n = 0;
+        for p in paths {
+            if !self
+                .by_path
+                .get(p)
+                .is_some_and(|r| settled(r, now_ms, keep_ms))
+            {
+                continue;
+            }
             if let Some(r) = self.by_path.remove(p) {
                 self.unindex(&r);
+                n += 1;
             }
         }
-        old.len()
+        n
     }
 
     /// Takes in a peer's records (`theirs`): those that rank higher than ours. Returns them.

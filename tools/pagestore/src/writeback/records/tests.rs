@@ -518,6 +518,97 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
     assert_eq!(t.known("/ck"), Known::Unknown);
 }
 
+/// Marks `path`'s file flushed (clean at store version `store`), as its flusher does.
+fn flushed(t: &mut Records, path: &str, store: &str) {
+    let mut clean = t.get(path).unwrap().clone();
+    if let RecordEntry::File {
+        state, store_tag, ..
+    } = &mut clean.entry
+    {
+        *state = RecordState::Clean;
+        *store_tag = store.into();
+    }
+    assert!(t.apply(clean));
+}
+
+#[test]
+fn flushed_files_are_forgotten_after_they_are_kept_long_enough_dirty_ones_never() {
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/a", 1, 1, true), 1_000 << 16).unwrap();
+    change(&mut t, commit("/ck/b", 2, 1, true), 1_000 << 16).unwrap();
+    change(&mut t, commit("/ck/c", 3, 1, false), 1_000 << 16).unwrap();
+    flushed(&mut t, "/ck/a", "s1");
+    assert_eq!(t.forget_old(1_005, 10), 0, "not kept long enough yet");
+    // Only the flushed file goes: the closed one waiting for its flush and the open one stay,
+    // however old.
+    assert_eq!(t.forget_old(1_000_000, 10), 1);
+    assert_eq!(t.known("/ck/a"), Known::Unknown);
+    assert!(t.by_file(version_id(&tag(1))).is_none());
+    assert_eq!(state_of(&t, "/ck/b"), Some((tag(2), RecordState::Final, 1)));
+    assert_eq!(state_of(&t, "/ck/c"), Some((tag(3), RecordState::Open, 1)));
+    // The path is the store's again: a new commit there takes it as any new path.
+    change(&mut t, commit_if("/ck/a", 4, Expect::Absent), 2_000 << 16).unwrap();
+    check_indexes(&t);
+}
+
+#[test]
+fn a_full_table_refuses_new_paths_and_takes_changes_to_kept_ones() {
+    let mut t = Records::new();
+    t.set_limit(2);
+    change(&mut t, commit("/ck/a", 1, 1, true), 1_000 << 16).unwrap();
+    change(&mut t, commit("/ck/b", 2, 1, true), 1_000 << 16).unwrap();
+    let full = |r: Result<Applied, Refused>| {
+        let e = r.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Full, "{e:?}");
+        assert!(e.message.contains("--write-records-max"), "{e:?}");
+    };
+    full(change(&mut t, commit("/ck/c", 3, 1, true), 1_100 << 16));
+    full(change(
+        &mut t,
+        ChangeOp::MakeDir {
+            path: "/ck/d".into(),
+            mtime_ns: 0,
+        },
+        1_100 << 16,
+    ));
+    full(change(
+        &mut t,
+        ChangeOp::Rename {
+            from: "/ck/a".into(),
+            to: "/ck/c".into(),
+            replace: false,
+        },
+        1_100 << 16,
+    ));
+    // Paths it keeps take new versions and deletions.
+    change(&mut t, commit("/ck/a", 4, 7, true), 1_200 << 16).unwrap();
+    assert_eq!(state_of(&t, "/ck/a"), Some((tag(4), RecordState::Final, 7)));
+    let del = ChangeOp::Delete {
+        path: "/ck/b".into(),
+        dir: false,
+        expect: Expect::Any,
+    };
+    change(&mut t, del, 1_200 << 16).unwrap();
+    // Records from peers are taken whatever the bound (their nodes bound their own changes).
+    let mut theirs = t.get("/ck/a").unwrap().clone();
+    theirs.path = "/ck/e".into();
+    theirs.hlc = 1_300 << 16;
+    assert!(t.apply(theirs));
+    assert_eq!(t.len(), 3);
+    // Once flushed files' records are forgotten, new paths fit again.
+    flushed(&mut t, "/ck/a", "s4");
+    flushed(&mut t, "/ck/e", "s4");
+    let mut done = t.get("/ck/b").unwrap().clone();
+    done.entry = RecordEntry::Deleted {
+        prev_tag: tag(2),
+        pending: false,
+    };
+    t.apply(done);
+    assert_eq!(t.forget_old(10_000, 10), 3);
+    change(&mut t, commit("/ck/c", 3, 1, true), 10_000 << 16).unwrap();
+    check_indexes(&t);
+}
+
 // -- convergence --------------------------------------------------------------------------
 
 const PATHS: [&str; 5] = ["/m/a", "/m/b", "/m/d/c", "/m/d", "/m/e"];
