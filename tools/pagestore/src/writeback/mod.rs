@@ -215,8 +215,6 @@ pub struct WriteBackNode {
     backoff: Mutex<HashMap<String, (Instant, Duration)>>,
     last_error: Mutex<String>,
     stats: FlushStats,
-    /// Records forgotten since the journal was last compacted.
-    forgotten: AtomicU64,
     wake: tokio::sync::Notify,
     /// Where this node's futures run (the shards call in from their own threads).
     runtime: tokio::runtime::Handle,
@@ -273,7 +271,6 @@ impl WriteBackNode {
             backoff: Mutex::new(HashMap::new()),
             last_error: Mutex::new(String::new()),
             stats: FlushStats::default(),
-            forgotten: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             runtime,
         }))
@@ -1218,12 +1215,13 @@ impl WriteBackNode {
                 }
             }
         }
-        let forgotten = self.forgotten.swap(0, Ordering::Relaxed);
         let (len, need) = {
             let j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
             (j.len(), self.table().approx_bytes() as u64)
         };
-        if forgotten > 0 || len > 2 * need + (1 << 20) {
+        // Forgotten records leave the journal with the next compaction; until then a restart
+        // brings them back, and they are forgotten again by the same rule.
+        if len > 2 * need + (1 << 20) {
             let Some(node) = self.this.upgrade() else {
                 return;
             };
@@ -1253,7 +1251,6 @@ impl WriteBackNode {
             return;
         }
         let n = self.table_mut().forget(&old, now, keep);
-        self.forgotten.fetch_add(n as u64, Ordering::Relaxed);
         self.stats.forgotten.fetch_add(n as u64, Ordering::Relaxed);
         tracing::debug!(records = n, "forgot settled write-back records");
     }
