@@ -288,6 +288,20 @@ pub enum SettingsError {
     Etcd(#[from] EtcdError),
 }
 
+/// A duration given in seconds (`flag`'s value `v`, `None`: `default`), within `lo..=hi`.
+fn seconds(
+    flag: &str,
+    v: Option<f64>,
+    (lo, hi): (f64, f64),
+    default: Duration,
+) -> Result<Duration, SettingsError> {
+    match v {
+        None => Ok(default),
+        Some(v) if (lo..=hi).contains(&v) => Ok(Duration::from_secs_f64(v)),
+        Some(v) => Err(invalid(format!("{flag} {v}: use {lo} to {hi} seconds"))),
+    }
+}
+
 fn invalid(msg: impl Into<String>) -> SettingsError {
     SettingsError::Invalid(msg.into())
 }
@@ -400,24 +414,18 @@ impl Settings {
                 "--dirty-limit {dirty_limit} is more than the cache ({cache_size} bytes): dirty pages live in the cache"
             )));
         }
-        let write_lease = match self.write_lease {
-            None => Duration::from_secs(120),
-            Some(v) if (5.0..=86400.0).contains(&v) => Duration::from_secs_f64(v),
-            Some(v) => {
-                return Err(invalid(format!(
-                    "--write-lease {v}: use 5 to 86400 seconds"
-                )))
-            }
-        };
-        let write_records_keep = match self.write_records_keep {
-            None => crate::writeback::WriteBackSettings::default().keep_records,
-            Some(v) if (1.0..=31_536_000.0).contains(&v) => Duration::from_secs_f64(v),
-            Some(v) => {
-                return Err(invalid(format!(
-                    "--write-records-keep {v}: use 1 to 31536000 seconds"
-                )))
-            }
-        };
+        let write_lease = seconds(
+            "--write-lease",
+            self.write_lease,
+            (5.0, 86400.0),
+            Duration::from_secs(120),
+        )?;
+        let write_records_keep = seconds(
+            "--write-records-keep",
+            self.write_records_keep,
+            (1.0, 31_536_000.0),
+            crate::writeback::WriteBackSettings::default().keep_records,
+        )?;
         let write_records_max = match self.write_records_max {
             None => crate::writeback::WriteBackSettings::default().max_records,
             Some(0) => {
@@ -502,11 +510,7 @@ impl Settings {
                 )))
             }
         };
-        let cool = match self.hot_cool {
-            None => d.cool,
-            Some(v) if (1.0..=86400.0).contains(&v) => Duration::from_secs_f64(v),
-            Some(v) => return Err(invalid(format!("--hot-cool {v}: use 1 to 86400 seconds"))),
-        };
+        let cool = seconds("--hot-cool", self.hot_cool, (1.0, 86400.0), d.cool)?;
         Ok(SpreadConfig {
             spread,
             threshold,

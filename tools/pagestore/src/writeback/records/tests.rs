@@ -506,16 +506,22 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
     .unwrap();
     // Pending in the store: kept however old.
     assert_eq!(t.forget_old(1_000_000, 10), 0);
-    let mut done = t.get("/ck/f").unwrap().clone();
-    done.entry = RecordEntry::Deleted {
-        prev_tag: tag(1),
-        pending: false,
-    };
-    t.apply(done);
+    deletion_applied(&mut t, "/ck/f", 1);
     assert_eq!(t.forget_old(2_005, 10), 0);
     assert_eq!(t.forget_old(2_010, 10), 1);
     assert!(t.is_empty());
     assert_eq!(t.known("/ck"), Known::Unknown);
+}
+
+/// Marks the deletion of `path` (which held version `v`) applied to the store, as its
+/// flusher does.
+fn deletion_applied(t: &mut Records, path: &str, v: u128) {
+    let mut done = t.get(path).unwrap().clone();
+    done.entry = RecordEntry::Deleted {
+        prev_tag: tag(v),
+        pending: false,
+    };
+    t.apply(done);
 }
 
 /// Marks `path`'s file flushed (clean at store version `store`), as its flusher does.
@@ -598,12 +604,7 @@ fn a_full_table_refuses_new_paths_and_takes_changes_to_kept_ones() {
     // Once flushed files' records are forgotten, new paths fit again.
     flushed(&mut t, "/ck/a", "s4");
     flushed(&mut t, "/ck/e", "s4");
-    let mut done = t.get("/ck/b").unwrap().clone();
-    done.entry = RecordEntry::Deleted {
-        prev_tag: tag(2),
-        pending: false,
-    };
-    t.apply(done);
+    deletion_applied(&mut t, "/ck/b", 2);
     assert_eq!(t.forget_old(10_000, 10), 3);
     change(&mut t, commit("/ck/c", 3, 1, true), 10_000 << 16).unwrap();
     check_indexes(&t);
