@@ -251,15 +251,17 @@ async fn a_hot_page_is_served_by_every_node_copied_once_from_its_owner_and_dropp
     }
     // Every reader reads the file whole, again and again, until told to stop.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
     for cl in &clients {
         for _ in 0..READERS_PER_CLIENT {
-            let (cl, stop, want) = (cl.clone(), stop.clone(), file.clone());
+            let (cl, stop, done, want) = (cl.clone(), stop.clone(), done.clone(), file.clone());
             tasks.push(tokio::spawn(async move {
                 let mut n = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     assert!(read_all(&cl, "/data/tokenizer.bin").await == want);
                     n += 1;
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 n
             }));
@@ -274,6 +276,7 @@ async fn a_hot_page_is_served_by_every_node_copied_once_from_its_owner_and_dropp
     // The spread is in place now: what each node serves from here on shows how evenly readers
     // are spread (before it, the owners served every read, for as long as the page took to turn
     // hot, which depends on how loaded the machine is).
+    let reads_from = done.load(std::sync::atomic::Ordering::Relaxed);
     let spread_from = per_node(&clients[0]).await;
     let hedges_from: u64 = clients.iter().map(|c| c.stats().hedges).sum();
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -319,7 +322,18 @@ async fn a_hot_page_is_served_by_every_node_copied_once_from_its_owner_and_dropp
     assert_eq!(sum(|n| n.hot_turned), pages as u64, "{by_node:?}");
     assert_eq!(sum(|n| n.replica_copies), 2 * pages as u64, "{by_node:?}");
     assert_eq!(sum(|n| n.replica_copy_failures), 0);
-    assert!(sum(|n| n.replica_hot_reads) > reads, "{by_node:?}");
+    // Once spread, two of every three page reads go to a copy: 4/3 per file read (two pages
+    // each; 1.14-1.2 measured, the counters not being read at one instant). Asked: over 3/4.
+    let hot_reads_window = sum(|n| n.replica_hot_reads)
+        - spread_from
+            .values()
+            .map(|n| n.replica_hot_reads)
+            .sum::<u64>();
+    assert!(
+        4 * hot_reads_window > 3 * (reads - reads_from),
+        "{hot_reads_window} page reads at copies for {} file reads once spread: {by_node:?}",
+        reads - reads_from
+    );
     // Once spread, served by every node about evenly (the target: max/mean at most
     // 1.25), but for reads hedged to an owner in that time (served twice).
     let window: Vec<u64> = by_node
