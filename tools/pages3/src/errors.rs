@@ -73,7 +73,7 @@ pub(super) fn client_error(e: ClientError) -> S3Error {
             S3Error::with_message(
                 S3ErrorCode::SlowDown,
                 format!(
-                    "the cache cluster cannot take the data now (its write-back buffer is full); retry later (incident {id})"
+                    "the cache cluster cannot take the data now (its write-back buffer, or its record of write-back files, is full); retry later (incident {id})"
                 ),
             )
         }

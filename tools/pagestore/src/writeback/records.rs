@@ -843,16 +843,10 @@ impl Records {
         s
     }
 
-    /// Forgets what no longer needs remembering at `now_ms`: deletions the store has applied
-    /// and files flushed to it, made more than `keep_ms` before (every node forgets them by the
-    /// same rule). A forgotten file is the store's object from then on, under the store's
-    /// version. Returns how many records went.
-    pub fn forget_old(&mut self, now_ms: u64, keep_ms: u64) -> usize {
-        let old = self.settled(now_ms, keep_ms);
-        self.forget(&old, now_ms, keep_ms)
-    }
-
-    /// The paths [`Records::forget_old`] would forget (a scan that needs no write access).
+    /// The records that need no more work at `now_ms`, made more than `keep_ms` before:
+    /// deletions the store has applied and files flushed to it (a scan that needs no write
+    /// access; [`Records::forget`] takes them out). Every node forgets them by the same rule; a
+    /// forgotten file is the store's object from then on, under the store's version.
     pub fn settled(&self, now_ms: u64, keep_ms: u64) -> Vec<String> {
         self.by_path
             .values()
@@ -862,7 +856,7 @@ impl Records {
     }
 
     /// Forgets the records of `paths` that are still settled at `now_ms` (see
-    /// [`Records::forget_old`]). Returns how many.
+    /// [`Records::settled`]). Returns how many.
     pub fn forget(&mut self, paths: &[String], now_ms: u64, keep_ms: u64) -> usize {
         let mut n = 0;
         for p in paths {

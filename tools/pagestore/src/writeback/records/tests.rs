@@ -505,12 +505,18 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
     )
     .unwrap();
     // Pending in the store: kept however old.
-    assert_eq!(t.forget_old(1_000_000, 10), 0);
+    assert_eq!(forget_old(&mut t, 1_000_000, 10), 0);
     deletion_applied(&mut t, "/ck/f", 1);
-    assert_eq!(t.forget_old(2_005, 10), 0);
-    assert_eq!(t.forget_old(2_010, 10), 1);
+    assert_eq!(forget_old(&mut t, 2_005, 10), 0);
+    assert_eq!(forget_old(&mut t, 2_010, 10), 1);
     assert!(t.is_empty());
     assert_eq!(t.known("/ck"), Known::Unknown);
+}
+
+/// Forgets what is settled at `now_ms`, as a node's sweep does. Returns how many went.
+fn forget_old(t: &mut Records, now_ms: u64, keep_ms: u64) -> usize {
+    let old = t.settled(now_ms, keep_ms);
+    t.forget(&old, now_ms, keep_ms)
 }
 
 /// Marks the deletion of `path` (which held version `v`) applied to the store, as its
@@ -544,10 +550,10 @@ fn flushed_files_are_forgotten_after_they_are_kept_long_enough_dirty_ones_never(
     change(&mut t, commit("/ck/b", 2, 1, true), 1_000 << 16).unwrap();
     change(&mut t, commit("/ck/c", 3, 1, false), 1_000 << 16).unwrap();
     flushed(&mut t, "/ck/a", "s1");
-    assert_eq!(t.forget_old(1_005, 10), 0, "not kept long enough yet");
+    assert_eq!(forget_old(&mut t, 1_005, 10), 0, "not kept long enough yet");
     // Only the flushed file goes: the closed one waiting for its flush and the open one stay,
     // however old.
-    assert_eq!(t.forget_old(1_000_000, 10), 1);
+    assert_eq!(forget_old(&mut t, 1_000_000, 10), 1);
     assert_eq!(t.known("/ck/a"), Known::Unknown);
     assert!(t.by_file(version_id(&tag(1))).is_none());
     assert_eq!(state_of(&t, "/ck/b"), Some((tag(2), RecordState::Final, 1)));
@@ -605,7 +611,7 @@ fn a_full_table_refuses_new_paths_and_takes_changes_to_kept_ones() {
     flushed(&mut t, "/ck/a", "s4");
     flushed(&mut t, "/ck/e", "s4");
     deletion_applied(&mut t, "/ck/b", 2);
-    assert_eq!(t.forget_old(10_000, 10), 3);
+    assert_eq!(forget_old(&mut t, 10_000, 10), 3);
     change(&mut t, commit("/ck/c", 3, 1, true), 10_000 << 16).unwrap();
     check_indexes(&t);
 }
