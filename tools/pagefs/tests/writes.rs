@@ -19,6 +19,7 @@ use std::{
     io::Read,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
     time::Instant,
 };
 
@@ -49,6 +50,29 @@ fn cluster(cache: &str, extra: &[&str]) -> (Cluster, PathBuf) {
         .map(|a| a.to_string())
         .collect();
     (Cluster::start(dir, s), store)
+}
+
+/// The disk the clusters' caches are allocated on (whole, at start) is shared: the 1 GB
+/// checkpoint test runs alone, the others together.
+static DISK: RwLock<()> = RwLock::new(());
+
+fn disk_alone() -> RwLockWriteGuard<'static, ()> {
+    DISK.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn disk_shared() -> RwLockReadGuard<'static, ()> {
+    DISK.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Bytes free for unprivileged use in the filesystem holding `p`.
+fn free_bytes(p: &Path) -> u64 {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path and `st` a statvfs the call fills in.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; both pointers are valid for the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    assert_eq!(rc, 0, "statvfs {}", p.display());
+    st.f_bavail * st.f_frsize
 }
 
 fn sha256_stream(mut r: impl Read) -> String {
@@ -129,11 +153,39 @@ print(h.hexdigest())
 fn a_1gb_checkpoint_saved_to_a_temp_name_and_renamed_reads_back_everywhere_before_and_after_sync() {
     // 1 GB (PAGEFS_CHECKPOINT_MB, default 1024) on two of three nodes: about 700 MB of
     // dirty pages each.
-    let mb: usize = std::env::var("PAGEFS_CHECKPOINT_MB")
+    let _disk = disk_alone();
+    let mut mb: usize = std::env::var("PAGEFS_CHECKPOINT_MB")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024);
-    let (c, store) = cluster("1600M", &["--dirty-limit", "1400M"]);
+    // Each node's cache is allocated whole at start: three caches, then the store's copy. A
+    // node holds about 2/3 of the checkpoint dirty (two replicas on three nodes; 1 MiB pages,
+    // so within a few percent): the dirty limit leaves a quarter more, the cache 128 MiB more.
+    // Where the disk cannot take that the checkpoint shrinks to fit, and says so.
+    let need = |mb: usize| (3 * (mb * 5 / 6 + 128) + mb + 256) as u64 * MIB as u64;
+    let free = free_bytes(Path::new(
+        &std::env::var("PAGESTORE_TEST_DIR").unwrap_or_else(|_| "/var/tmp".into()),
+    ));
+    while need(mb) > free && mb > 256 {
+        mb /= 2;
+    }
+    if need(mb) > free {
+        panic!(
+            "{} MiB free for the test's caches and store: a {mb} MiB checkpoint needs {}",
+            free >> 20,
+            need(mb) >> 20
+        );
+    }
+    eprintln!(
+        "checkpoint of {mb} MiB ({} MiB free, {} MiB needed)",
+        free >> 20,
+        need(mb) >> 20
+    );
+    let dirty = format!("{}M", mb * 5 / 6);
+    let (c, store) = cluster(
+        &format!("{}M", mb * 5 / 6 + 128),
+        &["--dirty-limit", &dirty],
+    );
     let writer = Mount::start(&c, &[]);
     let reader = Mount::start(&c, &[]);
     let size = mb * MIB + 12_345;
@@ -248,6 +300,7 @@ fn tree(root: &Path, dirs: bool) -> Vec<(String, String)> {
 
 #[test]
 fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
+    let _disk = disk_shared();
     let (c, store) = cluster("512M", &[]);
     let m = Mount::start(&c, &[]);
     let local = tempfile::tempdir().unwrap();
@@ -399,6 +452,7 @@ print("open-missing", e(open, f"{ck}/missing/x", "w"))
 
 #[test]
 fn errnos_random_writes_close_to_open_and_write_through() {
+    let _disk = disk_shared();
     let (c, store) = cluster("512M", &[]);
     let a = Mount::start(&c, &[]);
     let b = Mount::start(&c, &[]);
@@ -536,6 +590,7 @@ fn errnos_random_writes_close_to_open_and_write_through() {
 
 #[test]
 fn read_only_mounts_and_stores_without_credentials_stay_read_only() {
+    let _disk = disk_shared();
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(root.path().join("bucket")).unwrap();
     std::fs::write(root.path().join("bucket/obj"), b"in s3").unwrap();
