@@ -159,10 +159,12 @@ fn a_1gb_checkpoint_saved_to_a_temp_name_and_renamed_reads_back_everywhere_befor
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024);
     // Each node's cache is allocated whole at start: three caches, then the store's copy. A
-    // node holds about 2/3 of the checkpoint dirty (two replicas on three nodes; 1 MiB pages,
-    // so within a few percent): the dirty limit leaves a quarter more, the cache 128 MiB more.
-    // Where the disk cannot take that the checkpoint shrinks to fit, and says so.
-    let need = |mb: usize| (3 * (mb * 5 / 6 + 128) + mb + 256) as u64 * MIB as u64;
+    // node holds about 2/3 of the checkpoint dirty (two replicas on three nodes) until the
+    // file is closed, but the limit is per shard, and a shard's share of the ring may be well
+    // above the mean: the dirty limit is twice the mean, the cache 128 MiB more. Where the
+    // disk cannot take that the checkpoint shrinks to fit, and says so.
+    let dirty_mb = |mb: usize| mb * 4 / 3;
+    let need = |mb: usize| (3 * (dirty_mb(mb) + 128) + mb + 256) as u64 * MIB as u64;
     let free = free_bytes(Path::new(
         &std::env::var("PAGESTORE_TEST_DIR").unwrap_or_else(|_| "/var/tmp".into()),
     ));
@@ -181,9 +183,9 @@ fn a_1gb_checkpoint_saved_to_a_temp_name_and_renamed_reads_back_everywhere_befor
         free >> 20,
         need(mb) >> 20
     );
-    let dirty = format!("{}M", mb * 5 / 6);
+    let dirty = format!("{}M", dirty_mb(mb));
     let (c, store) = cluster(
-        &format!("{}M", mb * 5 / 6 + 128),
+        &format!("{}M", dirty_mb(mb) + 128),
         &["--dirty-limit", &dirty],
     );
     let writer = Mount::start(&c, &[]);
