@@ -118,6 +118,9 @@ pub struct Writer {
     /// the writer of an idle open file for gone.
     keepalive: Option<JoinHandle<()>>,
     closed: bool,
+    /// The position of the version's first answered commit (0 before it): sent with every
+    /// later commit ([`ChangeOp::Commit`]'s `since`).
+    since: u64,
 }
 
 impl Drop for Writer {
@@ -158,6 +161,7 @@ impl Client {
             last_open_commit: Arc::new(tokio::sync::Mutex::new(None)),
             keepalive: None,
             closed: false,
+            since: 0,
         };
         if w.options.visible_at_open {
             w.commit(false).await?;
@@ -820,7 +824,7 @@ impl Writer {
     }
 
     async fn commit(&mut self, last: bool) -> Result<(), Error> {
-        let op = ChangeOp::Commit {
+        let mut op = ChangeOp::Commit {
             path: self.path.clone(),
             version_tag: self.tag.clone(),
             size: self.size,
@@ -828,9 +832,17 @@ impl Writer {
             last,
             expect: self.options.expect.clone(),
             attrs: self.options.attrs.clone(),
+            since: self.since,
         };
         let mut open = self.last_open_commit.lock().await;
-        self.client.change(&self.path, op.clone()).await?;
+        let hlc = self.client.change(&self.path, op.clone()).await?;
+        if self.since == 0 {
+            // Later commits (and the keepalive's repeats) say when the cluster first took it.
+            self.since = hlc.max(1);
+            if let ChangeOp::Commit { since, .. } = &mut op {
+                *since = self.since;
+            }
+        }
         if last {
             *open = None;
             drop(open);

@@ -112,12 +112,16 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// `Attributes`, and its answer, appended after every other, give a
 /// version's attributes from the records. `ChangeOp::Delete` carries an
 /// [`Expect`] (a conditional delete).
-pub const PROTOCOL_VERSION: u16 = 7;
+///
+/// Version 8: `ChangeOp::Commit` carries `since`, the cluster time of the
+/// version's first answered commit, so that a writer silent until its
+/// flushed version's record was forgotten cannot bring that version back.
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/7";
+pub const ALPN: &[u8] = b"pagestore/8";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -928,6 +932,12 @@ pub enum ChangeOp {
         /// it to the under storage (each commit's replace the last's); at
         /// most [`MAX_ATTRS`] within [`MAX_ATTRS_BYTES`].
         attrs: Vec<Attr>,
+        /// 0 until a commit of the version has been answered; from then on
+        /// the position (`Applied`'s `hlc`) of the first answered one. A
+        /// later commit of a version no record names, first answered at
+        /// least the node's `--write-records-keep` before, is refused with
+        /// `Changed`: its record may have been forgotten once flushed.
+        since: u64,
     },
     /// Renames the file (not a directory) `from` to `to` within one mount.
     /// With `replace` false an existing `to` is an `Exists` error.

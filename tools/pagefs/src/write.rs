@@ -69,7 +69,7 @@ pub(crate) enum Body {
     /// Not opened yet, or its opening failed: the next opener opens it.
     Unopened,
     /// Written through the cluster.
-    Cluster(Writer),
+    Cluster(Box<Writer>),
     /// Staged in a local file (unlinked: it goes when the last reference does).
     Staged(File),
     /// Closed through the cluster: what a stat now answers (reads go to the cluster).
@@ -186,7 +186,7 @@ impl WriteFile {
                 // A copy of the content is not committed yet.
                 let dirty = how == Start::Keep;
                 tokio::spawn(keepalive(Arc::downgrade(self), st.generation + 1));
-                (Body::Cluster(w), size, dirty)
+                (Body::Cluster(Box::new(w)), size, dirty)
             }
             Writes::Store => {
                 let file = staging_file(staging).map_err(|e| io_errno("open", &path, &e))?;

@@ -885,3 +885,74 @@ async fn flushed_files_records_are_forgotten_and_the_records_kept_are_bounded() 
     }
     assert_eq!(read_all(&b, "/ck/f3").await, b"now it fits");
 }
+
+/// A writer stopped (as a suspended process is: it sends nothing, not even the commits that
+/// keep its open version alive) is sealed after `--write-lease`; its file is flushed, and its
+/// record forgotten after `--write-records-keep`. When the writer wakes up and writes and
+/// commits again, it is refused (`Changed`): its version does not come back over the store's
+/// object, which keeps the bytes flushed.
+#[test]
+fn a_writer_stopped_until_its_flushed_file_is_forgotten_cannot_bring_its_version_back() {
+    use pagestore_protocol::writeback::is_wb_tag;
+    let (c, store) = cluster(
+        2,
+        &[
+            "--write-replicas",
+            "2",
+            "--write-lease",
+            "5",
+            "--write-records-keep",
+            "3",
+        ],
+        "",
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = rt.block_on(c.client(ClientOptions::default()));
+    // The stopped writer: its runtime runs only when this test drives it.
+    let stopped = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_a, mut w) = stopped.block_on(async {
+        let a = c.client(ClientOptions::default()).await;
+        let mut w = a.create("/ck/late", WriteOptions::default()).await.unwrap();
+        w.write_at(0, b"what was flushed").await.unwrap();
+        w.flush().await.unwrap();
+        (a, w)
+    });
+    let first = rt.block_on(b.stat("/ck/late")).unwrap();
+    assert!(is_wb_tag(&first.version), "{first:?}");
+    // Sealed, flushed, forgotten: the path is the store's object.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = rt.block_on(b.stat("/ck/late")).unwrap();
+        if !is_wb_tag(&now.version) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still a write-back file: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        std::fs::read(store.join("late")).unwrap(),
+        b"what was flushed"
+    );
+    // The writer wakes up.
+    let late = stopped.block_on(async {
+        w.write_at(0, b"written too late").await?;
+        w.flush().await
+    });
+    match late {
+        Err(Error::Changed(m)) => assert!(m.contains("--write-records-keep"), "{m}"),
+        other => panic!("a late commit of a forgotten version: {other:?}"),
+    }
+    let now = rt.block_on(b.stat("/ck/late")).unwrap();
+    assert!(!is_wb_tag(&now.version), "{now:?}");
+    assert_eq!(rt.block_on(read_all(&b, "/ck/late")), b"what was flushed");
+    assert_eq!(
+        std::fs::read(store.join("late")).unwrap(),
+        b"what was flushed"
+    );
+}

@@ -534,10 +534,18 @@ impl WriteBackNode {
         }
         let transient = policy == pagestore_protocol::writeback::WritePolicy::Transient;
         let _one = self.change_lock.lock().await;
-        let plan = self.table().plan(&op, transient).map_err(refused)?;
+        let keep = self.settings.keep_records.as_millis() as u64;
+        let plan = {
+            let t = self.table();
+            t.refuse_forgotten(&op, unix_ms(), keep)
+                .and_then(|()| t.plan(&op, transient))
+                .map_err(refused)?
+        };
         let records = match plan {
             Plan::Nothing => {
-                return Ok(self.table().get(&path).map_or(0, |r| r.hlc));
+                // A position still: a writer's later commits send it as `since`.
+                let at = self.table().get(&path).map(|r| r.hlc);
+                return Ok(at.unwrap_or_else(|| self.hlc.now()));
             }
             Plan::Records(records) => {
                 self.check_store(&op).await?;

@@ -438,6 +438,44 @@ impl Records {
         }
     }
 
+    /// Refuses (`Changed`) a commit of a version no record names and that its writer had
+    /// committed before (`since`, the position of the first answered commit) at least
+    /// `keep_ms` before `now_ms`: a record is forgotten only `keep_ms` after its last change,
+    /// which comes after that first commit, so such a version's record may have been
+    /// forgotten once flushed, and taking the commit would bring back a version the cluster
+    /// has let go (over whatever the path holds now). A version committed more recently than
+    /// that cannot have been forgotten, and is planned as usual.
+    pub fn refuse_forgotten(
+        &self,
+        op: &ChangeOp,
+        now_ms: u64,
+        keep_ms: u64,
+    ) -> Result<(), Refused> {
+        let ChangeOp::Commit {
+            path,
+            version_tag,
+            since,
+            ..
+        } = op
+        else {
+            return Ok(());
+        };
+        let id = version_id(version_tag);
+        let known = self.by_file(id).is_some() || self.deleted.contains_key(&id);
+        if *since == 0 || known || now_ms.saturating_sub(hlc_ms(*since)) < keep_ms {
+            return Ok(());
+        }
+        Err(refused(
+            ErrorCode::Changed,
+            format!(
+                "{path}: this version was first committed {} s ago and the cluster keeps no \
+                 record of it any more (flushed, then forgotten after --write-records-keep): \
+                 it takes no more changes; open the file again",
+                now_ms.saturating_sub(hlc_ms(*since)) / 1000
+            ),
+        ))
+    }
+
     fn plan_unbounded(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {
         match op {
             ChangeOp::Commit {
@@ -448,6 +486,8 @@ impl Records {
                 last,
                 expect,
                 attrs,
+                // Checked by `refuse_forgotten`.
+                since: _,
             } => {
                 let plan = self.plan_commit(
                     path,

@@ -45,6 +45,7 @@ fn commit_with(path: &str, t: u128, size: u64, last: bool, expect: Expect) -> Ch
         last,
         expect,
         attrs: Vec::new(),
+        since: 0,
     }
 }
 
@@ -179,6 +180,7 @@ fn a_commit_makes_the_file_and_its_directories_and_the_last_one_closes_it() {
         last: true,
         expect: Expect::Any,
         attrs: Vec::new(),
+        since: 0,
     };
     assert_eq!(t.plan(&bad, false).unwrap_err().code, ErrorCode::BadRequest);
 }
@@ -561,6 +563,74 @@ fn flushed_files_are_forgotten_after_they_are_kept_long_enough_dirty_ones_never(
     // The path is the store's again: a new commit there takes it as any new path.
     change(&mut t, commit_if("/ck/a", 4, Expect::Absent), 2_000 << 16).unwrap();
     check_indexes(&t);
+}
+
+/// `op` (a commit) sent by a writer whose first commit was answered at position `since`.
+fn later(mut op: ChangeOp, at: u64) -> ChangeOp {
+    if let ChangeOp::Commit { since, .. } = &mut op {
+        *since = at;
+    }
+    op
+}
+
+#[test]
+fn a_writer_cannot_bring_back_a_version_whose_record_was_forgotten() {
+    let mut t = Records::new();
+    let keep = 10_000;
+    change(&mut t, commit("/ck/a", 1, 1, false), 1_000 << 16).unwrap();
+    change(&mut t, commit("/ck/d", 2, 1, false), 1_000 << 16).unwrap();
+    // Sealed (its writer silent), flushed, then forgotten; /ck/d deleted, then forgotten.
+    change(&mut t, commit("/ck/a", 1, 1, true), 2_000 << 16).unwrap();
+    flushed(&mut t, "/ck/a", "s1");
+    change(
+        &mut t,
+        ChangeOp::Delete {
+            path: "/ck/d".into(),
+            dir: false,
+            expect: Expect::Any,
+        },
+        2_000 << 16,
+    )
+    .unwrap();
+    deletion_applied(&mut t, "/ck/d", 2);
+    // While the records are kept, a late commit changes nothing (or is refused as closed).
+    let late_a = later(commit("/ck/a", 1, 5, false), 1_000 << 16);
+    let late_d = later(commit("/ck/d", 2, 5, false), 1_000 << 16);
+    assert_eq!(t.refuse_forgotten(&late_a, 30_000, keep), Ok(()));
+    assert_eq!(t.plan(&late_a, false).unwrap_err().code, ErrorCode::Changed);
+    assert_eq!(t.plan(&late_d, false), Ok(Plan::Nothing));
+    assert_eq!(forget_old(&mut t, 30_000, keep), 2);
+    assert!(t.is_empty());
+    // Forgotten: the table alone would take them as new files; their `since` says they are
+    // too old to be new.
+    for op in [&late_a, &late_d] {
+        assert!(matches!(t.plan(op, false), Ok(Plan::Records(_))));
+        let e = t.refuse_forgotten(op, 30_000, keep).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Changed, "{op:?}");
+        assert!(e.message.contains("--write-records-keep"), "{}", e.message);
+    }
+    // A first commit, one first answered less than the keep ago (a node that missed the
+    // record), and a version the records know, are planned as usual.
+    for op in [
+        commit("/ck/a", 3, 1, false),
+        later(commit("/ck/n", 4, 1, false), 25_000 << 16),
+        later(commit("/ck/n", 4, 1, false), 20_001 << 16),
+    ] {
+        assert_eq!(t.refuse_forgotten(&op, 30_000, keep), Ok(()), "{op:?}");
+    }
+    change(&mut t, commit("/ck/k", 5, 1, false), 29_000 << 16).unwrap();
+    let kept = later(commit("/ck/k", 5, 2, false), 1 << 16);
+    assert_eq!(t.refuse_forgotten(&kept, 30_000, keep), Ok(()));
+    assert_eq!(
+        t.refuse_forgotten(
+            &later(commit("/ck/k", 6, 2, false), 20_000 << 16),
+            30_000,
+            keep
+        )
+        .unwrap_err()
+        .code,
+        ErrorCode::Changed
+    );
 }
 
 #[test]
