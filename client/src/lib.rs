@@ -16,6 +16,7 @@
 pub mod client;
 pub mod handle;
 pub mod pool;
+mod spill;
 pub mod spread;
 pub mod timing;
 pub mod tls;

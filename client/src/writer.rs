@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 
 use crate::{
     client::{Attempt, Error},
+    spill::Spill,
     ufs::ObjectInfo,
     Client,
 };
@@ -76,6 +77,11 @@ pub struct WriteOptions {
     /// object when it is flushed. At most [`frame::MAX_ATTRS`] within
     /// [`frame::MAX_ATTRS_BYTES`] ([`Error::Invalid`] otherwise).
     pub attrs: Vec<Attr>,
+    /// A directory for the pages a random writer leaves between fsyncs (default none): with
+    /// one, a page beyond the `inflight` kept in memory goes to an unlinked file there and is
+    /// sent once, at the next flush or close; without, it is sent at once and read back from
+    /// its write members at its next write (a whole page each way for a small write).
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for WriteOptions {
@@ -86,6 +92,7 @@ impl Default for WriteOptions {
             write_wait: DEFAULT_WRITE_WAIT,
             expect: Expect::Any,
             attrs: Vec::new(),
+            spill_dir: None,
         }
     }
 }
@@ -104,6 +111,8 @@ pub struct Writer {
     options: WriteOptions,
     /// Pages being filled here, not sent yet.
     open: BTreeMap<u64, BytesMut>,
+    /// Pages left in the spill file, not sent yet (with [`WriteOptions::spill_dir`]).
+    spill: Option<Spill>,
     /// Pages the write members hold, with the length they hold.
     sent: HashMap<u64, u32>,
     /// Pages being sent.
@@ -145,16 +154,22 @@ impl Client {
         frame::check_attrs("attributes", &options.attrs)
             .map_err(|e| Error::Invalid(format!("{path}: {e}")))?;
         let tag = fresh_tag();
+        let page_size = u64::from(self.page_size());
+        let spill = options
+            .spill_dir
+            .as_deref()
+            .map(|d| Spill::new(d, page_size));
         let mut w = Writer {
             client: self.clone(),
             path: path.to_string(),
             file_id: ring::file_id(path, &tag),
             tag,
-            page_size: u64::from(self.page_size()),
+            page_size,
             size: 0,
             mtime_ns: now_ns(),
             options,
             open: BTreeMap::new(),
+            spill,
             sent: HashMap::new(),
             sending: BTreeMap::new(),
             holders: Arc::default(),
@@ -604,6 +619,14 @@ impl Writer {
             let page = at / ps;
             let in_page = (at % ps) as usize;
             let n = (ps as usize - in_page).min(data.len() - done);
+            if let Some(s) = self.spill.as_mut().filter(|s| s.held(page).is_some()) {
+                // Written where it falls in the spill file; sent at the next flush.
+                s.write(page, in_page, &data[done..done + n])
+                    .map_err(|e| spill_error(&self.path, &e))?;
+                done += n;
+                self.size = self.size.max(at + n as u64);
+                continue;
+            }
             let mut buf = self.take_page(page).await?;
             put_at(&mut buf, in_page, &data[done..done + n]);
             // A page is sent once a write fills it up to its end, as a sequential writer
@@ -618,12 +641,21 @@ impl Writer {
                 self.send(page).await?;
             }
         }
-        // Too many pages filled here: send the oldest.
+        // Too many pages filled here: spill the oldest, or send it.
         while self.open.len() > self.options.inflight.max(1) {
             let Some((&page, _)) = self.open.iter().next() else {
                 break;
             };
-            self.send(page).await?;
+            match (&mut self.spill, self.open.remove(&page)) {
+                (Some(s), Some(buf)) => {
+                    s.put(page, &buf).map_err(|e| spill_error(&self.path, &e))?;
+                }
+                (None, Some(buf)) => {
+                    self.open.insert(page, buf);
+                    self.send(page).await?;
+                }
+                (_, None) => break,
+            }
         }
         self.mtime_ns = now_ns();
         Ok(())
@@ -633,6 +665,11 @@ impl Writer {
     async fn take_page(&mut self, page: u64) -> Result<BytesMut, Error> {
         if let Some(b) = self.open.remove(&page) {
             return Ok(b);
+        }
+        if let Some(s) = &mut self.spill {
+            if let Some(b) = s.take(page).map_err(|e| spill_error(&self.path, &e))? {
+                return Ok(b);
+            }
         }
         self.wait_sent(page).await?;
         let Some(&len) = self.sent.get(&page) else {
@@ -714,8 +751,16 @@ impl Writer {
             let page = at / ps;
             let from = (at - page * ps) as usize;
             let to = (end.min((page + 1) * ps) - page * ps) as usize;
+            let spilled = self.spill.as_ref().and_then(|s| s.held(page));
             if let Some(b) = self.open.get(&page) {
                 copy_held(&mut out, b, from, to);
+            } else if let (Some(held), Some(s)) = (spilled, &mut self.spill) {
+                let n = to.min(held as usize).saturating_sub(from);
+                let b = s
+                    .read(page, from, from + n)
+                    .map_err(|e| spill_error(&self.path, &e))?;
+                out.extend_from_slice(&b);
+                out.resize(out.len() + (to - from - n), 0);
             } else {
                 self.wait_sent(page).await?;
                 match self.sent.get(&page) {
@@ -754,6 +799,9 @@ impl Writer {
             let beyond: Vec<u64> = self.open.range(keep..).map(|(&p, _)| p).collect();
             for p in beyond {
                 self.open.remove(&p);
+            }
+            if let Some(s) = &mut self.spill {
+                s.drop_from(keep);
             }
             for p in self
                 .sending
@@ -809,7 +857,8 @@ impl Writer {
                 .get(&page)
                 .map(|(l, _)| *l)
                 .or_else(|| self.sent.get(&page).copied());
-            if !self.open.contains_key(&page) && held == Some(want as u32) {
+            let spilled = self.spill.as_ref().is_some_and(|s| s.held(page).is_some());
+            if !self.open.contains_key(&page) && !spilled && held == Some(want as u32) {
                 continue;
             }
             let mut buf = self.take_page(page).await?;
@@ -880,6 +929,15 @@ impl Writer {
             return Err(Error::Changed(format!("{}: closed", self.path)));
         }
         Ok(())
+    }
+}
+
+fn spill_error(path: &str, e: &std::io::Error) -> Error {
+    let m = format!("{path}: the writer's spill file: {e}");
+    if e.raw_os_error() == Some(28) {
+        Error::NoSpace(m)
+    } else {
+        Error::unavailable(m)
     }
 }
 

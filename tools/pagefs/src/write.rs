@@ -175,11 +175,11 @@ impl WriteFile {
                     Start::Create | Start::Truncate => {
                         let options = WriteOptions {
                             visible_at_open: true,
-                            ..WriteOptions::default()
+                            ..spilling(staging)
                         };
                         client.create(&path, options).await
                     }
-                    Start::Keep => client.open_write(&path, WriteOptions::default()).await,
+                    Start::Keep => client.open_write(&path, spilling(staging)).await,
                 }
                 .map_err(|e| errno("open", &path, &e))?;
                 let size = w.size();
@@ -445,6 +445,15 @@ async fn keepalive(file: Weak<WriteFile>, generation: u64) {
                 return;
             }
         }
+    }
+}
+
+/// A cluster writer's options: pages a random writer leaves between fsyncs wait in an unlinked
+/// file of the staging directory, not sent and read back at each change.
+fn spilling(staging: &Path) -> WriteOptions {
+    WriteOptions {
+        spill_dir: Some(staging.to_path_buf()),
+        ..WriteOptions::default()
     }
 }
 

@@ -689,13 +689,13 @@ fn fio_reads_and_verified_writes_through_the_mount() {
     let (c, store) = cluster("512M", &[]);
     let m = Mount::start(&c, &[]);
     let src = store.join("data/fio.bin");
-    // Files of 6 pages: random writes over more pages than a writer keeps open (8) cost a
-    // page read and write each (OPERATIONS.md, "Write-back").
+    // Files of 24 pages: a writer keeps 8 in memory, random writes leave the others in its
+    // spill file until the fsync or close.
     let job = |file: &Path, extra: &[&str]| -> Vec<String> {
         let mut v = vec![
             "--name=pagefs".to_string(),
             format!("--filename={}", file.display()),
-            "--size=6M".into(),
+            "--size=24M".into(),
             "--verify=crc32c".into(),
         ];
         v.extend(extra.iter().map(|s| s.to_string()));
@@ -730,7 +730,7 @@ fn fio_reads_and_verified_writes_through_the_mount() {
             format!("--filename={}", m.path("/data/fio.bin").display()),
             format!("--rw={rw}"),
             format!("--bs={bs}"),
-            "--size=6M".into(),
+            "--size=24M".into(),
             "--io_size=4M".into(),
             "--readonly".into(),
             "--ioengine=io_uring".into(),
@@ -778,7 +778,7 @@ fn fio_reads_and_verified_writes_through_the_mount() {
         let mounted = m.path(&format!("/ck/fio/{name}"));
         assert_eq!(
             std::fs::metadata(&mounted).unwrap().len(),
-            6 << 20,
+            24 << 20,
             "{name}"
         );
         assert_eq!(

@@ -956,3 +956,72 @@ fn a_writer_stopped_until_its_flushed_file_is_forgotten_cannot_bring_its_version
         b"what was flushed"
     );
 }
+
+/// A random writer with a spill directory: pages beyond the ones kept in memory wait in the
+/// spill file, and what it reads back before its flush, what other clients read after it, and
+/// what the store holds after the flush are all equal to the same writes made on a local
+/// buffer, truncations and extensions included. Nothing is left in the spill directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_writer_spills_pages_to_a_local_file_and_loses_none() {
+    let (c, store) = cluster(2, &["--write-replicas", "2"], "");
+    let a = c.client(ClientOptions::default()).await;
+    let b = c.client(ClientOptions::default()).await;
+    let spill = tempfile::tempdir().unwrap();
+    let ps = a.page_size() as usize;
+    let options = WriteOptions {
+        spill_dir: Some(spill.path().to_path_buf()),
+        inflight: 2,
+        ..WriteOptions::default()
+    };
+    let mut w = a.create("/ck/spilled", options).await.unwrap();
+    let mut want = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for i in 0..400u64 {
+        match i {
+            // A truncation into a spilled page, then an extension past it.
+            150 => {
+                let size = (5 * ps + 123) as u64;
+                w.set_len(size).await.unwrap();
+                want.truncate(size as usize);
+            }
+            250 => {
+                let size = (11 * ps + 7) as u64;
+                w.set_len(size).await.unwrap();
+                want.resize(size as usize, 0);
+            }
+            // A flush in the middle: the spilled pages go, and the next writes spill again.
+            300 => w.flush().await.unwrap(),
+            _ => {
+                let at = next(12 * ps as u64) as usize;
+                let len = 1 + next(9000) as usize;
+                let data = bytes(i, len);
+                w.write_at(at as u64, &data).await.unwrap();
+                if want.len() < at + len {
+                    want.resize(at + len, 0);
+                }
+                want[at..at + len].copy_from_slice(&data);
+            }
+        }
+        if i % 50 == 49 {
+            let got = w.read_at(0, want.len() as u64 + 10).await.unwrap();
+            assert!(got[..] == want[..], "read back by the writer at step {i}");
+        }
+    }
+    w.close().await.unwrap();
+    assert!(
+        read_all(&b, "/ck/spilled").await == want,
+        "read by another client"
+    );
+    synced(&a, "/ck", Duration::from_secs(30)).await;
+    assert!(
+        std::fs::read(store.join("spilled")).unwrap() == want,
+        "the store"
+    );
+    assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
+}
