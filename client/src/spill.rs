@@ -12,7 +12,7 @@ use std::{
     collections::BTreeMap,
     fs::File,
     io,
-    os::unix::fs::FileExt,
+    os::unix::fs::{FileExt, OpenOptionsExt},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
 };
@@ -111,10 +111,12 @@ fn unlinked_file(dir: &Path) -> io::Result<File> {
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!(".pagestore-spill-{}-{n}", std::process::id()));
+        // Readable by this user only, for the moment it has a name.
         match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&path)
         {
             Ok(f) => {
