@@ -5,16 +5,15 @@
 //! file, each page it leaves is sent to its write members and read back from them at its next
 //! write (a whole page each way for a small write). With one, the page goes to this file
 //! instead, later writes to it are written into the file where they fall, and the page is sent
-//! once, at the next flush or close. The file is unlinked as soon as it is made, so it goes
-//! with the writer (or the process); its holes read as zeros.
+//! once, at the next flush or close. The file has no name (`tempfile::tempfile_in`, as pagefs's
+//! staging files), so it goes with the writer (or the process); its holes read as zeros.
 
 use std::{
     collections::BTreeMap,
     fs::File,
     io,
-    os::unix::fs::{FileExt, OpenOptionsExt},
+    os::unix::fs::FileExt,
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU64, Ordering},
 };
 
 use bytes::BytesMut;
@@ -43,13 +42,16 @@ impl Spill {
         self.pages.get(&page).copied()
     }
 
+    /// The file, made (in `dir`, which is made if needed) at the first page spilled.
     fn file(&mut self) -> io::Result<&File> {
-        if self.file.is_none() {
-            self.file = Some(unlinked_file(&self.dir)?);
-        }
-        self.file
-            .as_ref()
-            .ok_or_else(|| io::Error::other("spill file"))
+        let f = match self.file.take() {
+            Some(f) => f,
+            None => {
+                std::fs::create_dir_all(&self.dir)?;
+                tempfile::tempfile_in(&self.dir)?
+            }
+        };
+        Ok(self.file.insert(f))
     }
 
     /// Keeps `bytes` as the whole content of `page`.
@@ -101,31 +103,6 @@ impl Spill {
     /// Forgets the pages from `keep` on (a truncation).
     pub(crate) fn drop_from(&mut self, keep: u64) {
         self.pages.retain(|&p, _| p < keep);
-    }
-}
-
-/// A new file in `dir` (made if needed), unlinked at once.
-fn unlinked_file(dir: &Path) -> io::Result<File> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    std::fs::create_dir_all(dir)?;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(".pagestore-spill-{}-{n}", std::process::id()));
-        // Readable by this user only, for the moment it has a name.
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(f) => {
-                std::fs::remove_file(&path)?;
-                return Ok(f);
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
     }
 }
 

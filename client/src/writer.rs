@@ -646,15 +646,12 @@ impl Writer {
             let Some((&page, _)) = self.open.iter().next() else {
                 break;
             };
-            match (&mut self.spill, self.open.remove(&page)) {
-                (Some(s), Some(buf)) => {
+            if let Some(s) = &mut self.spill {
+                if let Some(buf) = self.open.remove(&page) {
                     s.put(page, &buf).map_err(|e| spill_error(&self.path, &e))?;
                 }
-                (None, Some(buf)) => {
-                    self.open.insert(page, buf);
-                    self.send(page).await?;
-                }
-                (_, None) => break,
+            } else {
+                self.send(page).await?;
             }
         }
         self.mtime_ns = now_ns();
@@ -934,7 +931,7 @@ impl Writer {
 
 fn spill_error(path: &str, e: &std::io::Error) -> Error {
     let m = format!("{path}: the writer's spill file: {e}");
-    if e.raw_os_error() == Some(28) {
+    if e.kind() == std::io::ErrorKind::StorageFull {
         Error::NoSpace(m)
     } else {
         Error::unavailable(m)
