@@ -18,7 +18,9 @@
 //! that an idle writer is not taken for gone. A writer that stops without closing leaves what
 //! it committed (the cluster seals the version once its writer has been silent for the lease,
 //! then flushes it) and pages it never committed (dropped once no page of them has been written
-//! on a node for its grace period).
+//! on a node for its grace period). A writer whose first commit comes after a node went
+//! [`UNCOMMITTED_KEPT`] without a page fails it ([`Error::Changed`]) rather than name pages
+//! that node may have dropped.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -56,6 +58,12 @@ pub const KEEPALIVE: Duration = Duration::from_secs(30);
 /// How long a page or a commit is retried while too few of its members can be reached (a
 /// member the client gave up on for a moment, a busy machine) before the write fails.
 pub const UNREACHABLE_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a node may go without a page of a version that no commit names yet before the
+/// writer gives the version up. A node drops such pages 10 minutes (its `orphan_grace`) after
+/// the newest of them was written there, and a first commit that came later would name pages
+/// no node holds; the 2 minutes between leave room for the records to reach every node.
+pub const UNCOMMITTED_KEPT: Duration = Duration::from_secs(8 * 60);
 
 /// Settings of a [`Writer`].
 #[derive(Clone, Debug)]
@@ -128,8 +136,45 @@ pub struct Writer {
     keepalive: Option<JoinHandle<()>>,
     closed: bool,
     /// The position of the version's first answered commit (0 before it): sent with every
-    /// later commit ([`ChangeOp::Commit`]'s `since`).
+    /// later commit and page ([`ChangeOp::Commit`]'s `since`).
     since: u64,
+    /// Before the first commit: when each node was last sent a page.
+    uncommitted: Arc<Mutex<Uncommitted>>,
+}
+
+/// When each node was last sent a page of a version no commit names yet, and whether one of
+/// them went [`UNCOMMITTED_KEPT`] without one: it may have dropped the version's pages
+/// (see [`UNCOMMITTED_KEPT`]). Pure, so that the rule is tested without waiting minutes.
+#[derive(Debug, Default)]
+struct Uncommitted {
+    last_sent: HashMap<u128, Instant>,
+    /// A node and how long it went without a page, the first time one went too long.
+    lapsed: Option<(u128, Duration)>,
+}
+
+impl Uncommitted {
+    /// A send to `nodes` that started at `at`.
+    fn sent(&mut self, nodes: impl IntoIterator<Item = u128>, at: Instant) {
+        for node in nodes {
+            let last = self.last_sent.entry(node).or_insert(at);
+            let quiet = at.saturating_duration_since(*last);
+            if quiet >= UNCOMMITTED_KEPT && self.lapsed.is_none() {
+                self.lapsed = Some((node, quiet));
+            }
+            *last = (*last).max(at);
+        }
+    }
+
+    /// A node that may have dropped the version's pages by `now`, and how long it went
+    /// without one.
+    fn lapsed(&self, now: Instant) -> Option<(u128, Duration)> {
+        self.lapsed.or_else(|| {
+            self.last_sent
+                .iter()
+                .map(|(&n, &t)| (n, now.saturating_duration_since(t)))
+                .find(|&(_, quiet)| quiet >= UNCOMMITTED_KEPT)
+        })
+    }
 }
 
 impl Drop for Writer {
@@ -177,6 +222,7 @@ impl Client {
             keepalive: None,
             closed: false,
             since: 0,
+            uncommitted: Arc::default(),
         };
         if w.options.visible_at_open {
             w.commit(false).await?;
@@ -416,7 +462,7 @@ impl Client {
     /// readers, and to the flusher, under the same version.
     pub(crate) async fn send_page(
         &self,
-        tag: &str,
+        (tag, since): (&str, u64),
         file_id: u128,
         page: u64,
         bytes: &Bytes,
@@ -427,7 +473,7 @@ impl Client {
         let mut pause = Duration::from_millis(50);
         loop {
             match self
-                .send_page_once(tag, file_id, page, bytes, holders)
+                .send_page_once((tag, since), file_id, page, bytes, holders)
                 .await
             {
                 Err(Error::NoSpace(m)) if started.elapsed() < wait => {
@@ -450,7 +496,7 @@ impl Client {
 
     async fn send_page_once(
         &self,
-        tag: &str,
+        (tag, since): (&str, u64),
         file_id: u128,
         page: u64,
         bytes: &Bytes,
@@ -482,6 +528,7 @@ impl Client {
             version_tag: tag.to_string(),
             len: bytes.len() as u32,
             epoch: ring.epoch(),
+            since,
         };
         // The members the page still needs are sent it at once (with R = 2 a page costs one
         // round trip, not two); the next candidates stand in for those that fail.
@@ -709,18 +756,27 @@ impl Writer {
         }
         let bytes = buf.freeze();
         let len = bytes.len() as u32;
-        let (client, tag, id, wait, holders) = (
+        let (client, tag, since, id, wait, holders) = (
             self.client.clone(),
             self.tag.clone(),
+            self.since,
             self.file_id,
             self.options.write_wait,
             self.holders.clone(),
         );
+        let uncommitted = (since == 0).then(|| self.uncommitted.clone());
         let task = tokio::spawn(async move {
+            let started = Instant::now();
             let mut held = take_holders(&holders, page);
             let sent = client
-                .send_page(&tag, id, page, &bytes, wait, &mut held)
+                .send_page((&tag, since), id, page, &bytes, wait, &mut held)
                 .await;
+            if let Some(u) = uncommitted {
+                let nodes = held.iter().map(|m| m.node);
+                u.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .sent(nodes, started);
+            }
             holders
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -870,6 +926,22 @@ impl Writer {
     }
 
     async fn commit(&mut self, last: bool) -> Result<(), Error> {
+        if self.since == 0 {
+            let lapsed = self
+                .uncommitted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .lapsed(Instant::now());
+            if let Some((node, quiet)) = lapsed {
+                return Err(Error::Changed(format!(
+                    "{}: node {node:032x} was sent no page of this file for {} s before its \
+                     first commit, and a node drops uncommitted pages after 10 minutes: the \
+                     file's pages may be gone; write it again",
+                    self.path,
+                    quiet.as_secs()
+                )));
+            }
+        }
         let mut op = ChangeOp::Commit {
             path: self.path.clone(),
             version_tag: self.tag.clone(),
@@ -883,8 +955,10 @@ impl Writer {
         let mut open = self.last_open_commit.lock().await;
         let hlc = self.client.change(&self.path, op.clone()).await?;
         if self.since == 0 {
-            // Later commits (and the keepalive's repeats) say when the cluster first took it.
+            // Later commits and pages (and the keepalive's repeats) say when the cluster
+            // first took it.
             self.since = hlc.max(1);
+            *self.uncommitted.lock().unwrap_or_else(|p| p.into_inner()) = Uncommitted::default();
             if let ChangeOp::Commit { since, .. } = &mut op {
                 *since = self.since;
             }
@@ -978,5 +1052,37 @@ mod tests {
             put_at(&mut buf, at, src);
             assert_eq!(&buf[..], &model[..], "{start:?} at {at} with {src:?}");
         }
+    }
+
+    /// A version is given up once any node it sent pages to went [`UNCOMMITTED_KEPT`] without
+    /// one, whether that gap is still open at the commit or was closed by a later page (the
+    /// node may have dropped the earlier ones meanwhile); gaps on other nodes do not count.
+    #[test]
+    fn uncommitted_pages_are_given_up_after_a_node_went_too_long_without_one() {
+        let t0 = Instant::now();
+        let min = |m: u64| Duration::from_secs(60 * m);
+        let kept = UNCOMMITTED_KEPT;
+        let mut u = Uncommitted::default();
+        assert_eq!(
+            u.lapsed(t0 + min(60)),
+            None,
+            "nothing sent, nothing to lose"
+        );
+        u.sent([1, 2], t0);
+        // Node 1 gets a page every 5 minutes; node 2 only the first.
+        for m in [5, 10, 15] {
+            u.sent([1], t0 + min(m));
+        }
+        assert_eq!(u.lapsed(t0 + kept - Duration::from_secs(1)), None);
+        assert_eq!(u.lapsed(t0 + kept), Some((2, kept)));
+        // Node 2 is sent a page again: the gap stays on record.
+        u.sent([2], t0 + min(16));
+        assert_eq!(u.lapsed(t0 + min(16)), Some((2, min(16))));
+        // Sends that end out of order keep the latest start.
+        let mut u = Uncommitted::default();
+        u.sent([3], t0 + min(4));
+        u.sent([3], t0);
+        assert_eq!(u.lapsed(t0 + min(4) + kept - Duration::from_secs(1)), None);
+        assert_eq!(u.lapsed(t0 + min(4) + kept), Some((3, kept)));
     }
 }

@@ -116,12 +116,15 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// Version 8: `ChangeOp::Commit` carries `since`, the cluster time of the
 /// version's first answered commit, so that a writer silent until its
 /// flushed version's record was forgotten cannot bring that version back.
-pub const PROTOCOL_VERSION: u16 = 8;
+///
+/// Version 9: `WriteDirty` carries the same `since`, so that such a writer's
+/// pages are refused too (they were taken, and dropped only as orphans).
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/8";
+pub const ALPN: &[u8] = b"pagestore/9";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -735,6 +738,11 @@ pub enum RequestBody {
         len: u32,
         /// Ring epoch the client routed with.
         epoch: u64,
+        /// As `ChangeOp::Commit`'s `since`: 0 until a commit of the version
+        /// has been answered, then the position of the first answered one.
+        /// A page of a version no record names whose `since` is the node's
+        /// `--write-records-keep` old or more is refused with `Changed`.
+        since: u64,
     },
     /// A change of the namespace of a `back` or `transient` mount
     /// ([`ResponseBody::Applied`]): the node records it durably, hands it

@@ -202,8 +202,10 @@ pub fn parent(path: &str) -> Option<&str> {
 /// run there. Calls must be cheap from any thread.
 pub trait WriteBack: Send + Sync + 'static {
     /// Whether pages of write-back version `file_id` may still be written: no record says the
-    /// version was closed by its writer, sealed, flushed or deleted.
-    fn takes_pages(&self, file_id: u128) -> bool;
+    /// version was closed by its writer, sealed, flushed or deleted, and, when no record names
+    /// it, its writer's `since` (the position of its first answered commit, 0 before it) is
+    /// not so old that its record may have been forgotten.
+    fn takes_pages(&self, file_id: u128, since: u64) -> bool;
     /// A namespace change asked by a client: ordered, kept durably on this node, handed to the
     /// other nodes; the answer is its position in the cluster's order, once the cluster's
     /// write replicas hold it.

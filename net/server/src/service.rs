@@ -592,8 +592,14 @@ impl ShardService {
             },
             RequestBody::Jobs => self.jobs(id, payload),
             RequestBody::WriteDirty {
-                key, version_tag, ..
-            } => self.write_dirty(id, key, &version_tag, payload).await,
+                key,
+                version_tag,
+                since,
+                ..
+            } => {
+                self.write_dirty(id, key, &version_tag, since, payload)
+                    .await
+            }
             RequestBody::Change { op } => {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
@@ -659,7 +665,7 @@ impl ShardService {
     }
 
     /// A page of a write-back version, kept dirty and durable before the answer.
-    async fn write_dirty(&self, id: u64, key: Key, tag: &str, payload: &[u8]) -> Reply {
+    async fn write_dirty(&self, id: u64, key: Key, tag: &str, since: u64, payload: &[u8]) -> Reply {
         let Some(wb) = self.writeback() else {
             return no_writeback(id);
         };
@@ -674,11 +680,13 @@ impl ShardService {
         if !self.view.is_write_member(&key, wb.write_replicas()) {
             return self.not_owner(id);
         }
-        if self.sealed.borrow().contains(&file) || !wb.takes_pages(file) {
+        if self.sealed.borrow().contains(&file) || !wb.takes_pages(file, since) {
             return error(
                 id,
                 ErrorCode::Changed,
-                "this write-back version takes no more pages: it was closed, sealed or deleted; open the file for writing again",
+                "this write-back version takes no more pages: it was closed, sealed or deleted \
+                 (or flushed, and its record forgotten after --write-records-keep); open the \
+                 file for writing again",
             );
         }
         // Whatever the memory tier holds for this page is not what the disk will hold.

@@ -889,8 +889,9 @@ async fn flushed_files_records_are_forgotten_and_the_records_kept_are_bounded() 
 /// A writer stopped (as a suspended process is: it sends nothing, not even the commits that
 /// keep its open version alive) is sealed after `--write-lease`; its file is flushed, and its
 /// record forgotten after `--write-records-keep`. When the writer wakes up and writes and
-/// commits again, it is refused (`Changed`): its version does not come back over the store's
-/// object, which keeps the bytes flushed.
+/// commits again, its first page is refused (`Changed`), and so is a commit that names no new
+/// page: its version does not come back over the store's object, which keeps the bytes
+/// flushed, and no node takes its pages.
 #[test]
 fn a_writer_stopped_until_its_flushed_file_is_forgotten_cannot_bring_its_version_back() {
     use pagestore_protocol::writeback::is_wb_tag;
@@ -939,14 +940,26 @@ fn a_writer_stopped_until_its_flushed_file_is_forgotten_cannot_bring_its_version
         std::fs::read(store.join("late")).unwrap(),
         b"what was flushed"
     );
-    // The writer wakes up.
+    // The writer wakes up. A commit alone (its pages are all sent) is refused by the
+    // metadata owner...
+    match stopped.block_on(w.flush()) {
+        Err(Error::Changed(m)) => assert!(
+            m.contains("--write-records-keep") && m.contains("first committed"),
+            "{m}"
+        ),
+        other => panic!("a late commit of a forgotten version: {other:?}"),
+    }
+    // ...and a page by its write members, before any commit.
     let late = stopped.block_on(async {
         w.write_at(0, b"written too late").await?;
         w.flush().await
     });
     match late {
-        Err(Error::Changed(m)) => assert!(m.contains("--write-records-keep"), "{m}"),
-        other => panic!("a late commit of a forgotten version: {other:?}"),
+        Err(Error::Changed(m)) => assert!(
+            m.contains("--write-records-keep") && m.contains("takes no more pages"),
+            "{m}"
+        ),
+        other => panic!("a late page of a forgotten version: {other:?}"),
     }
     let now = rt.block_on(b.stat("/ck/late")).unwrap();
     assert!(!is_wb_tag(&now.version), "{now:?}");

@@ -1328,8 +1328,10 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 impl WriteBack for WriteBackNode {
-    fn takes_pages(&self, file_id: u128) -> bool {
-        self.table().takes_pages(file_id)
+    fn takes_pages(&self, file_id: u128, since: u64) -> bool {
+        let keep = self.settings.keep_records.as_millis() as u64;
+        let t = self.table();
+        t.takes_pages(file_id) && !t.may_be_forgotten(file_id, since, unix_ms(), keep)
     }
 
     fn change(&self, op: ChangeOp) -> SourceFuture<u64> {

@@ -460,9 +460,7 @@ impl Records {
         else {
             return Ok(());
         };
-        let id = version_id(version_tag);
-        let known = self.by_file(id).is_some() || self.deleted.contains_key(&id);
-        if *since == 0 || known || now_ms.saturating_sub(hlc_ms(*since)) < keep_ms {
+        if !self.may_be_forgotten(version_id(version_tag), *since, now_ms, keep_ms) {
             return Ok(());
         }
         Err(refused(
@@ -474,6 +472,14 @@ impl Records {
                 now_ms.saturating_sub(hlc_ms(*since)) / 1000
             ),
         ))
+    }
+
+    /// Whether version `file_id`, which its writer first committed at position `since` (0:
+    /// not yet), may be one whose record was forgotten: no record or deletion names it and
+    /// `since` lies `keep_ms` or more before `now_ms` (see [`Records::refuse_forgotten`]).
+    pub fn may_be_forgotten(&self, file_id: u128, since: u64, now_ms: u64, keep_ms: u64) -> bool {
+        let known = self.by_file(file_id).is_some() || self.deleted.contains_key(&file_id);
+        since != 0 && !known && now_ms.saturating_sub(hlc_ms(since)) >= keep_ms
     }
 
     fn plan_unbounded(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {

@@ -599,8 +599,24 @@ fn a_writer_cannot_bring_back_a_version_whose_record_was_forgotten() {
     assert_eq!(t.refuse_forgotten(&late_a, 30_000, keep), Ok(()));
     assert_eq!(t.plan(&late_a, false).unwrap_err().code, ErrorCode::Changed);
     assert_eq!(t.plan(&late_d, false), Ok(Plan::Nothing));
+    // Their pages: /ck/a's version is closed, /ck/d's deleted; neither is taken for forgotten.
+    let (id_a, id_d) = (version_id(&tag(1)), version_id(&tag(2)));
+    for id in [id_a, id_d] {
+        assert!(!t.takes_pages(id));
+        assert!(!t.may_be_forgotten(id, 1_000 << 16, 30_000, keep));
+    }
     assert_eq!(forget_old(&mut t, 30_000, keep), 2);
     assert!(t.is_empty());
+    // Forgotten, their pages would be taken as those of writers before their first commit;
+    // `since` (the same as the commits') says otherwise. Since 0 (no commit answered yet) or
+    // less than the keep ago, they are taken.
+    for id in [id_a, id_d] {
+        assert!(t.takes_pages(id));
+        assert!(t.may_be_forgotten(id, 1_000 << 16, 30_000, keep));
+        assert!(t.may_be_forgotten(id, 20_000 << 16, 30_000, keep));
+        assert!(!t.may_be_forgotten(id, 0, 30_000, keep));
+        assert!(!t.may_be_forgotten(id, 20_001 << 16, 30_000, keep));
+    }
     // Forgotten: the table alone would take them as new files; their `since` says they are
     // too old to be new.
     for op in [&late_a, &late_d] {
