@@ -76,7 +76,7 @@ pub fn is_sigv2(uri: &Uri, headers: &HeaderMap) -> bool {
 
 /// The first value of the query parameter `name` (not percent-decoded: the values checked here
 /// are numbers).
-fn query_value<'a>(uri: &'a Uri, name: &str) -> Option<&'a str> {
+pub(super) fn query_value<'a>(uri: &'a Uri, name: &str) -> Option<&'a str> {
     uri.query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         (k == name).then_some(v)

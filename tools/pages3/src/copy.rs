@@ -21,18 +21,24 @@ use super::{
     multipart::check_part_number,
     read::object_blob,
     write::BodyReader,
-    Gateway,
+    Gateway, SourceBucket, SOURCE_STAND_IN,
 };
 
-/// The bucket and key of `x-amz-copy-source` (versions and access points are refused).
-fn source(src: &CopySource) -> S3Result<(String, String)> {
+/// The bucket and key of `x-amz-copy-source` (versions and access points are refused);
+/// `real`: the bucket that [`SOURCE_STAND_IN`] stands for in a copy the gateway's route
+/// forwarded (a mount name S3 would refuse as a bucket).
+fn source(src: &CopySource, real: Option<&SourceBucket>) -> S3Result<(String, String)> {
     match src {
         CopySource::Bucket {
             bucket,
             key,
             version_id,
         } if version_id.as_deref().is_none_or(|v| v == "null") => {
-            Ok((bucket.to_string(), key.to_string()))
+            let bucket = match real {
+                Some(SourceBucket(real)) if &**bucket == SOURCE_STAND_IN => real.clone(),
+                _ => bucket.to_string(),
+            };
+            Ok((bucket, key.to_string()))
         }
         CopySource::Bucket { .. } => Err(S3Error::with_message(
             S3ErrorCode::NotImplemented,
@@ -49,10 +55,10 @@ impl Gateway {
     /// The copy's source, stat-ed, with the `x-amz-copy-source-if-*` conditions checked.
     async fn copy_source(
         &self,
-        src: &CopySource,
+        (src, real): (&CopySource, Option<&SourceBucket>),
         conds: &ReadConditions<'_>,
     ) -> S3Result<ObjectInfo> {
-        let (bucket, key) = source(src)?;
+        let (bucket, key) = source(src, real)?;
         let info = self.stat_object(&bucket, &key).await?;
         check_copy_source(conds, &self.tags_of(&info), self.modified(&info))?;
         Ok(info)
@@ -68,7 +74,9 @@ pub(super) async fn copy_object(
     gw: &Gateway,
     req: S3Request<CopyObjectInput>,
 ) -> S3Result<S3Response<CopyObjectOutput>> {
-    let input = req.input;
+    let real = req.extensions.get::<SourceBucket>().cloned();
+    let src = (&req.input.copy_source, real.as_ref());
+    let input = &req.input;
     let conds = ReadConditions {
         if_match: input.copy_source_if_match.as_ref(),
         if_none_match: input.copy_source_if_none_match.as_ref(),
@@ -81,7 +89,7 @@ pub(super) async fn copy_object(
         checks::check_written_key_len(&input.key)?;
         gw.may_write(&dir)?;
         gw.require_bucket(&input.bucket).await?;
-        let info = gw.copy_source(&input.copy_source, &conds).await?;
+        let info = gw.copy_source(src, &conds).await?;
         if info.size != 0 {
             return Err(invalid(format!(
                 "{:?}: a key ending in / is a directory marker and takes only an empty object",
@@ -101,7 +109,7 @@ pub(super) async fn copy_object(
     let dst = gw.write_path(&input.bucket, &input.key)?;
     gw.may_write(&dst)?;
     gw.require_bucket(&input.bucket).await?;
-    let info = gw.copy_source(&input.copy_source, &conds).await?;
+    let info = gw.copy_source(src, &conds).await?;
     let result = |info: &ObjectInfo| {
         S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
@@ -236,12 +244,13 @@ pub(super) async fn upload_part_copy(
     gw: &Gateway,
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+    let real = req.extensions.get::<SourceBucket>().cloned();
     let input = req.input;
     let dst = gw.write_path(&input.bucket, &input.key)?;
     check_part_number(input.part_number)?;
     let info = gw
         .copy_source(
-            &input.copy_source,
+            (&input.copy_source, real.as_ref()),
             &ReadConditions {
                 if_match: input.copy_source_if_match.as_ref(),
                 if_none_match: input.copy_source_if_none_match.as_ref(),

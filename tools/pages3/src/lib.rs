@@ -144,7 +144,7 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
         allow_sigv2: options.allow_sigv2,
     };
     // Serves, unsigned and never reachable from the network, the GETs whose Range header S3
-    // ignores (see `IgnoredRange`).
+    // ignores and the copies whose source bucket S3 would refuse (see `Routes`).
     let mut inner = S3ServiceBuilder::new(gateway.clone());
     inner.set_validation(BucketNames);
     let inner = inner.build();
@@ -158,7 +158,7 @@ pub fn service(client: Arc<Client>, options: Options) -> Result<S3Service, Strin
         anonymous: options.anonymous,
     });
     b.set_access(Access { policy });
-    b.set_route(IgnoredRange { inner, policy });
+    b.set_route(Routes { inner, policy });
     b.set_validation(BucketNames);
     Ok(b.build())
 }
@@ -374,65 +374,133 @@ fn is_auth_param(k: &str) -> bool {
     k.starts_with("X-Amz-") || matches!(k, "Signature" | "AWSAccessKeyId" | "Expires")
 }
 
-/// GET and HEAD of an object with a Range header S3 ignores (one it cannot parse, such as
-/// `bytes=5-3`, or several ranges): answered with the whole object, as S3 does, where s3s
-/// would refuse the request. After the usual checks the request goes, without its signature and
-/// its Range header, to an unsigned service over the same gateway.
-struct IgnoredRange {
+/// Requests s3s would refuse but S3 serves, answered through an unsigned service over the same
+/// gateway (never reachable from the network) once they passed the usual checks, without their
+/// signature:
+///
+/// - GET and HEAD of an object with a Range header S3 ignores (one it cannot parse, such as
+///   `bytes=5-3`, or several ranges): forwarded without it, so answered with the whole object,
+///   as S3 does.
+/// - CopyObject and UploadPartCopy whose `x-amz-copy-source` names a bucket S3 would not allow
+///   (a mount named `/w` or `/Data`: s3s checks the header against S3's bucket rules before
+///   pages3 sees it): forwarded naming [`SOURCE_STAND_IN`] instead, with the real bucket in a
+///   [`SourceBucket`] extension, which only this route sets.
+struct Routes {
     inner: S3Service,
     policy: Policy,
 }
 
+/// Which of [`Routes`]' requests a request is (kept in its extensions by `is_match`).
+#[derive(Clone, Debug)]
+enum Routed {
+    IgnoredRange,
+    CopySource {
+        /// The source's bucket, decoded.
+        bucket: String,
+        /// The header with [`SOURCE_STAND_IN`] in place of the bucket.
+        header: String,
+    },
+}
+
+/// The bucket a copy forwarded by [`Routes`] names in `x-amz-copy-source`: a valid S3 name
+/// that stands for the [`SourceBucket`] beside it.
+pub(crate) const SOURCE_STAND_IN: &str = "pages3-copy-source";
+
+/// The real source bucket of a copy forwarded by [`Routes`] (see [`SOURCE_STAND_IN`]).
+#[derive(Clone, Debug)]
+pub(crate) struct SourceBucket(pub(crate) String);
+
+/// A copy's source bucket that is a mount name S3 would refuse, and the header naming
+/// [`SOURCE_STAND_IN`] in its place; `None` for any other header (s3s parses those itself).
+fn nonstandard_source(header: &str) -> Option<Routed> {
+    let path = header.strip_prefix('/').unwrap_or(header);
+    let (bucket, rest) = path.split_once('/')?;
+    let bucket = String::from_utf8(keys::percent_decode(bucket.as_bytes())).ok()?;
+    if bucket.starts_with("arn:") || s3s::path::check_bucket_name(&bucket) || !valid_bucket(&bucket)
+    {
+        return None;
+    }
+    Some(Routed::CopySource {
+        bucket,
+        header: format!("{SOURCE_STAND_IN}/{rest}"),
+    })
+}
+
+fn routed(method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<Routed> {
+    if method == Method::PUT {
+        let source = headers.get("x-amz-copy-source")?.to_str().ok()?;
+        return nonstandard_source(source);
+    }
+    if method != Method::GET && method != Method::HEAD {
+        return None;
+    }
+    let range = headers.get(hyper::header::RANGE)?;
+    if range
+        .to_str()
+        .is_ok_and(|r| s3s::dto::Range::parse(r).is_ok())
+    {
+        return None;
+    }
+    let (bucket, key) = uri.path().trim_start_matches('/').split_once('/')?;
+    let whole = !bucket.is_empty()
+        && !key.is_empty()
+        && uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|kv| !kv.is_empty())
+            .all(|kv| {
+                let k = kv.split_once('=').map_or(kv, |p| p.0);
+                GET_OBJECT_PARAMS.contains(&k) || k.starts_with("response-") || is_auth_param(k)
+            });
+    whole.then_some(Routed::IgnoredRange)
+}
+
 #[async_trait::async_trait]
-impl S3Route for IgnoredRange {
+impl S3Route for Routes {
     fn is_match(
         &self,
         method: &Method,
         uri: &Uri,
         headers: &HeaderMap,
-        _: &mut Extensions,
+        extensions: &mut Extensions,
     ) -> bool {
-        if method != Method::GET && method != Method::HEAD {
-            return false;
+        match routed(method, uri, headers) {
+            Some(r) => {
+                extensions.insert(r);
+                true
+            }
+            None => false,
         }
-        let Some(range) = headers.get(hyper::header::RANGE) else {
-            return false;
-        };
-        if range
-            .to_str()
-            .is_ok_and(|r| s3s::dto::Range::parse(r).is_ok())
-        {
-            return false;
-        }
-        let Some((bucket, key)) = uri.path().trim_start_matches('/').split_once('/') else {
-            return false;
-        };
-        !bucket.is_empty()
-            && !key.is_empty()
-            && uri
-                .query()
-                .unwrap_or("")
-                .split('&')
-                .filter(|kv| !kv.is_empty())
-                .all(|kv| {
-                    let k = kv.split_once('=').map_or(kv, |p| p.0);
-                    GET_OBJECT_PARAMS.contains(&k) || k.starts_with("response-") || is_auth_param(k)
-                })
     }
 
     async fn check_access(&self, req: &mut S3Request<Body>) -> S3Result<()> {
+        let op = match req.extensions.get::<Routed>() {
+            Some(Routed::CopySource { .. })
+                if checks::query_value(&req.uri, "uploadId").is_some() =>
+            {
+                "UploadPartCopy"
+            }
+            Some(Routed::CopySource { .. }) => "CopyObject",
+            _ => "GetObject",
+        };
         checks::check_request(
             self.policy,
             req.credentials.is_some(),
             &req.method,
             &req.uri,
             &req.headers,
-            "GetObject",
+            op,
             SystemTime::now(),
         )
     }
 
     async fn call(&self, req: S3Request<Body>) -> S3Result<S3Response<Body>> {
+        let routed = req
+            .extensions
+            .get::<Routed>()
+            .cloned()
+            .ok_or_else(|| internal("a routed request without its route".into()))?;
         let query: Vec<&str> = req
             .uri
             .query()
@@ -449,18 +517,29 @@ impl S3Route for IgnoredRange {
             .method(req.method.clone())
             .uri(target);
         for (name, value) in &req.headers {
-            if name != hyper::header::AUTHORIZATION && name != hyper::header::RANGE {
+            let dropped = name == hyper::header::AUTHORIZATION
+                || match routed {
+                    Routed::IgnoredRange => name == hyper::header::RANGE,
+                    Routed::CopySource { .. } => name == "x-amz-copy-source",
+                };
+            if !dropped {
                 forward = forward.header(name, value);
             }
         }
+        if let Routed::CopySource { bucket, header } = routed {
+            forward = forward
+                .header("x-amz-copy-source", header)
+                .extension(SourceBucket(bucket));
+        }
         let forward = forward
             .body(Body::empty())
-            .map_err(|e| internal(format!("forwarding a GET without its Range: {e}")))?;
-        let resp = self
-            .inner
-            .call(forward)
-            .await
-            .map_err(|e| internal(format!("GET without its Range: {:?}", StdError::from(e))))?;
+            .map_err(|e| internal(format!("forwarding a request s3s would refuse: {e}")))?;
+        let resp = self.inner.call(forward).await.map_err(|e| {
+            internal(format!(
+                "a request s3s would refuse: {:?}",
+                StdError::from(e)
+            ))
+        })?;
         let (parts, body) = resp.into_parts();
         let mut out = S3Response::with_headers(body, parts.headers);
         out.status = Some(parts.status);

@@ -1,6 +1,7 @@
 //! Unit tests of the gateway's key mapping, listing order, tokens and read pieces.
 
 #![allow(clippy::unwrap_used)]
+use hyper::{HeaderMap, Method};
 use pagestore_protocol::frame::DirEntry;
 use s3s::S3ErrorCode;
 
@@ -131,4 +132,49 @@ fn markers_are_remembered_listed_under_their_parent_and_forgotten() {
     assert_eq!(m.get("/data/a"), None);
     assert_eq!(m.children("/data"), vec!["ab".to_string()]);
     assert_eq!(m.children("/data/a"), vec!["b".to_string()]);
+}
+
+/// `x-amz-copy-source` headers that s3s refuses for their bucket, though it names a mount
+/// (shorter than 3 characters, upper case, an underscore), are taken by the gateway's route
+/// with a stand-in bucket that s3s parses; headers s3s parses itself, and names no mount can
+/// have, are left to s3s.
+#[test]
+fn copy_sources_naming_mounts_s3_would_refuse_are_routed_with_a_stand_in() {
+    let routed = |h: &str| match super::nonstandard_source(h) {
+        Some(super::Routed::CopySource { bucket, header }) => Some((bucket, header)),
+        _ => None,
+    };
+    let stand_in = |rest: &str| format!("{}/{rest}", super::SOURCE_STAND_IN);
+    assert_eq!(
+        routed("ck/run/a.bin"),
+        Some(("ck".into(), stand_in("run/a.bin")))
+    );
+    assert_eq!(
+        routed("/w/a%20b.bin?versionId=null"),
+        Some(("w".into(), stand_in("a%20b.bin?versionId=null")))
+    );
+    assert_eq!(routed("My_Data/x"), Some(("My_Data".into(), stand_in("x"))));
+    assert_eq!(routed("%63k/x"), Some(("ck".into(), stand_in("x"))));
+    for left in [
+        "data/x",
+        "/data/x?versionId=3",
+        "arn:aws:s3:us-east-1:1:accesspoint/a/object/k",
+        "ck",
+        "%2Fck/x",
+        "../x",
+        "%00/x",
+    ] {
+        assert_eq!(routed(left), None, "{left}");
+    }
+    // A copy s3s would take, and every other PUT, are not routed.
+    let put = |source: Option<&str>| {
+        let mut h = HeaderMap::new();
+        if let Some(v) = source {
+            h.insert("x-amz-copy-source", v.parse().unwrap());
+        }
+        super::routed(&Method::PUT, &"/ck/dst".parse().unwrap(), &h).is_some()
+    };
+    assert!(put(Some("ck/src")));
+    assert!(!put(Some("data/src")));
+    assert!(!put(None));
 }
