@@ -8,7 +8,7 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use common::{bytes, Cluster};
-use pagestore_client::{ufs::MountTable, Client, ClientOptions};
+use pagestore_client::{ufs::MountTable, Client, ClientOptions, WriteOptions};
 use pagestore_testkit::{sha256_hex, S3Server};
 
 const KEY: &str = "AKIDPAGESTORETEST";
@@ -136,4 +136,53 @@ async fn a_cluster_over_s3_reads_byte_exact_and_falls_back_to_s3() {
     }
     let s = client.stats();
     assert!(s.fallbacks > 0 && s.ufs_bytes > 0, "{s:?}");
+}
+
+/// Write-back over S3: a file larger than a flush part (16 MiB) reaches the store as a
+/// multipart upload, which S3 cannot complete conditionally, so the flusher checks just before
+/// completing it that the path still names its version and the object is still what it found.
+/// Each version, the first and one written over it, is byte-exact in S3 once flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_mount_over_s3_flushes_large_files_as_multipart_uploads() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("ckpt").join("run")).unwrap();
+    let s3 = S3Server::start(root.path(), KEY, SECRET).unwrap();
+    let url = format!(
+        "s3://ckpt/run?endpoint={}&region=us-east-1&access_key_id={KEY}&secret_access_key={SECRET}&write=back",
+        s3.endpoint()
+    );
+    let (dir, mut settings) = common::settings();
+    settings.mounts = vec![format!("/ck={url}")];
+    let c = Cluster::start(dir, settings);
+    let client = c.client(ClientOptions::default()).await;
+    for (seed, len) in [(7, 40 * MIB + 5), (8, 17 * MIB)] {
+        let data = bytes(seed, len);
+        let mut w = client
+            .create("/ck/model.bin", WriteOptions::default())
+            .await
+            .unwrap();
+        w.write_at(0, &data).await.unwrap();
+        w.close().await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = client.write_back_state("/ck").await.unwrap();
+            if s.files_dirty == 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "not flushed: {s:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let stored = std::fs::read(root.path().join("ckpt/run/model.bin")).unwrap();
+        assert_eq!(
+            sha256_hex(&stored),
+            sha256_hex(&data),
+            "version {seed} in S3"
+        );
+        let got = client.read("/ck/model.bin", 0..u64::MAX).await.unwrap();
+        assert_eq!(
+            sha256_hex(&got),
+            sha256_hex(&data),
+            "version {seed} read back"
+        );
+    }
 }

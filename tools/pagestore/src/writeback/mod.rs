@@ -231,6 +231,54 @@ fn store_error(e: impl std::fmt::Display) -> SourceError {
     SourceError::new(ErrorCode::Io, e.to_string())
 }
 
+/// Whether a flush of version `tag` of `path`, about to make its object appear in a store
+/// that cannot do it conditionally, is still the one to do: `record`, the path's record now,
+/// names `tag`, and `found`, the store's version of the object now (`None`: none), is what
+/// `expected` (the write's condition, from what the flush found when it started) asks for.
+/// `Changed` otherwise: the flush is given up (the upload aborted) and tried again later if
+/// its version still needs it.
+fn still_current(
+    path: &str,
+    tag: &str,
+    record: Option<&FileRecord>,
+    expected: &object_store::PutMode,
+    found: Option<&str>,
+) -> Result<(), SourceError> {
+    let named = matches!(
+        record.map(|r| &r.entry),
+        Some(RecordEntry::File { version_tag, .. }) if version_tag == tag
+    );
+    if !named {
+        return Err(SourceError::new(
+            ErrorCode::Changed,
+            format!("{path}: a newer change replaced the version being flushed; not written"),
+        ));
+    }
+    let unchanged = match (expected, found) {
+        (object_store::PutMode::Create, None) => true,
+        (object_store::PutMode::Update(v), Some(now)) => {
+            v.e_tag.as_deref().map(|t| t.trim_matches('"')) == Some(now)
+        }
+        (object_store::PutMode::Overwrite, _) => true,
+        _ => false,
+    };
+    if !unchanged {
+        return Err(raced(path));
+    }
+    Ok(())
+}
+
+/// The store's object at `path` changed while a flush wrote it.
+fn raced(path: &str) -> SourceError {
+    SourceError::new(
+        ErrorCode::Changed,
+        format!(
+            "{path}: the store's object changed while it was flushed (another node flushing \
+             it at the same time); flushing again later"
+        ),
+    )
+}
+
 impl WriteBackNode {
     /// Opens the journal in `dir` (creating it) and restores the records it holds.
     pub fn open(
@@ -1004,15 +1052,6 @@ impl WriteBackNode {
             Err(UfsError::NotFound(_)) => object_store::PutMode::Create,
             Err(e) => return Err(store_error(e)),
         };
-        let raced = || {
-            SourceError::new(
-                ErrorCode::Changed,
-                format!(
-                    "{path}: the store's object changed while it was flushed (another node \
-                     flushing it at the same time); flushing again later"
-                ),
-            )
-        };
         let mut conditional = true;
         let written = if size <= part {
             let data = if size == 0 {
@@ -1037,11 +1076,11 @@ impl WriteBackNode {
             };
             match outcome.map_err(store_error)? {
                 PutOutcome::Written(v) => v,
-                PutOutcome::ConditionFailed => return Err(raced()),
+                PutOutcome::ConditionFailed => return Err(raced(path)),
             }
         } else {
             let mut upload = match table
-                .put_multipart_if(path, mode, attributes.clone())
+                .put_multipart_if(path, mode.clone(), attributes.clone())
                 .await
             {
                 Err(e @ UfsError::Store(..)) => {
@@ -1072,6 +1111,22 @@ impl WriteBackNode {
             }
             .await;
             drop(parts);
+            // A store that cannot complete the upload conditionally: just before the object
+            // appears, the path must still name this version and the store still hold what
+            // the flush found, else another flush (or a newer version's) came meanwhile and
+            // this one would overwrite it. That leaves the moment between this check and the
+            // completion, not the whole upload, to a flusher racing this one.
+            let result = match result {
+                Ok(()) if !conditional => {
+                    let found = match table.stat(path).await {
+                        Ok(now) => Some(now.version),
+                        Err(UfsError::NotFound(_)) => None,
+                        Err(e) => return Err(store_error(e)),
+                    };
+                    still_current(path, tag, self.table().get(path), &mode, found.as_deref())
+                }
+                other => other,
+            };
             if let Err(e) = result {
                 let _ = upload.abort().await;
                 return Err(e);
@@ -1081,7 +1136,7 @@ impl WriteBackNode {
                 Err(
                     object_store::Error::Precondition { .. }
                     | object_store::Error::AlreadyExists { .. },
-                ) => return Err(raced()),
+                ) => return Err(raced(path)),
                 Err(e) => return Err(store_error(UfsError::Store(path.to_string(), e))),
             }
         };
@@ -1093,7 +1148,7 @@ impl WriteBackNode {
                 if v == now {
                     Ok(v)
                 } else {
-                    Err(raced())
+                    Err(raced(path))
                 }
             }
             None => Ok(table.stat(path).await.map_err(store_error)?.version),
@@ -1425,5 +1480,59 @@ mod tests {
         // A large file waits while small ones fill the memory, and one flush always starts.
         assert!(!s.may_start(30, 30 * 10 * MIB, large));
         assert!(s.may_start(0, 0, u64::MAX));
+    }
+
+    /// A flush about to complete an unconditional upload goes on only if the path still names
+    /// its version and the store still holds what the flush found.
+    #[test]
+    fn an_unconditional_flush_completes_only_over_what_it_found() {
+        let file = |tag: &str| FileRecord {
+            path: "/ck/a".into(),
+            hlc: 1,
+            origin: FileId::from_u128(1),
+            entry: RecordEntry::File {
+                version_tag: tag.into(),
+                size: 1,
+                mtime_ns: 0,
+                state: RecordState::Final,
+                store_tag: String::new(),
+                transient: false,
+                attrs: Vec::new(),
+            },
+        };
+        let update = |t: &str| {
+            object_store::PutMode::Update(object_store::UpdateVersion {
+                e_tag: Some(format!("\"{t}\"")),
+                version: None,
+            })
+        };
+        let create = object_store::PutMode::Create;
+        let ok = |r: Option<&FileRecord>, mode: &object_store::PutMode, found: Option<&str>| {
+            match still_current("/ck/a", "wb1-v1", r, mode, found) {
+                Ok(()) => true,
+                Err(e) => {
+                    assert_eq!(e.code, ErrorCode::Changed, "{e:?}");
+                    false
+                }
+            }
+        };
+        let v1 = file("wb1-v1");
+        assert!(ok(Some(&v1), &create, None));
+        assert!(ok(Some(&v1), &update("s1"), Some("s1")));
+        // Another flush wrote the object meanwhile, or removed it.
+        assert!(!ok(Some(&v1), &create, Some("s2")));
+        assert!(!ok(Some(&v1), &update("s1"), Some("s2")));
+        assert!(!ok(Some(&v1), &update("s1"), None));
+        // A newer version (or a deletion) replaced the one being flushed.
+        assert!(!ok(Some(&file("wb1-v2")), &update("s1"), Some("s1")));
+        let deleted = FileRecord {
+            entry: RecordEntry::Deleted {
+                prev_tag: "wb1-v1".into(),
+                pending: true,
+            },
+            ..v1.clone()
+        };
+        assert!(!ok(Some(&deleted), &create, None));
+        assert!(!ok(None, &create, None));
     }
 }
