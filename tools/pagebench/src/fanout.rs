@@ -369,14 +369,32 @@ where
     Ok(())
 }
 
-/// Every shard's counters, by node address.
-async fn counters(client: &Client) -> Vec<(NodeInfo, ShardCounters)> {
-    client
-        .shard_counters()
-        .await
-        .into_iter()
-        .filter_map(|(n, _, c)| c.map(|c| (n, c)))
-        .collect()
+/// Every shard's counters, by node address. A shard that does not answer (a loaded machine can
+/// make a counters request time out) is asked again a few times; counting it as zero would turn
+/// the pass's figures into nonsense, so in the end that is an error.
+async fn counters(client: &Client) -> Result<Vec<(NodeInfo, ShardCounters)>> {
+    let mut missing = Vec::new();
+    for attempt in 0..5u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+        }
+        let answers = client.shard_counters().await;
+        missing = answers
+            .iter()
+            .filter(|(_, _, c)| c.is_none())
+            .map(|(n, shard, _)| format!("{} shard {shard}", n.addr))
+            .collect();
+        if missing.is_empty() {
+            return Ok(answers
+                .into_iter()
+                .filter_map(|(n, _, c)| c.map(|c| (n, c)))
+                .collect());
+        }
+    }
+    bail!(
+        "the counters of {} did not come after 5 tries",
+        missing.join(", ")
+    )
 }
 
 /// `after - before` of a counter, per node (in the membership's order).
@@ -510,12 +528,12 @@ fn client_delta(
 }
 
 impl Counted {
-    async fn start(cluster: &LocalCluster, clients: &[Arc<Client>]) -> Counted {
-        Counted {
-            before: counters(&clients[0]).await,
+    async fn start(cluster: &LocalCluster, clients: &[Arc<Client>]) -> Result<Counted> {
+        Ok(Counted {
+            before: counters(&clients[0]).await?,
             clients: clients.iter().map(|c| c.stats()).collect(),
             server_cpu: node_cpu(cluster),
-        }
+        })
     }
 
     async fn finish(
@@ -524,11 +542,11 @@ impl Counted {
         cluster: &LocalCluster,
         clients: &[Arc<Client>],
         nodes: &[NodeInfo],
-    ) {
+    ) -> Result<()> {
         let s1 = node_cpu(cluster);
         p.server_cpu_seconds = s1.iter().map(|(_, c)| c).sum::<f64>()
             - self.server_cpu.iter().map(|(_, c)| c).sum::<f64>();
-        let after = counters(&clients[0]).await;
+        let after = counters(&clients[0]).await?;
         let before = &self.before;
         p.store_bytes = per_node(nodes, before, &after, |c| c.ufs_bytes)
             .iter()
@@ -549,6 +567,7 @@ impl Counted {
         p.member_failures = d(|s| s.member_failures);
         p.silent_gives_up = d(|s| s.silent_gives_up);
         p.store_errors = d(|s| s.store_errors);
+        Ok(())
     }
 }
 
@@ -590,7 +609,7 @@ async fn hot_page(
     }
     tokio::time::sleep(warm_up).await;
     *counted.lock().await = Some((
-        Counted::start(cluster, clients).await,
+        Counted::start(cluster, clients).await?,
         crate::local::cpu_seconds(),
     ));
     let mut bytes = 0;
@@ -607,7 +626,7 @@ async fn hot_page(
         bytes,
         crate::local::cpu_seconds() - cpu0,
     );
-    c.finish(&mut p, cluster, clients, nodes).await;
+    c.finish(&mut p, cluster, clients, nodes).await?;
     Ok(p)
 }
 
@@ -626,7 +645,7 @@ async fn fan_out(
     name: String,
 ) -> Result<Pass> {
     let qd = o.reader_qd().max(4);
-    let counted = Counted::start(cluster, clients).await;
+    let counted = Counted::start(cluster, clients).await?;
     let c0 = crate::local::cpu_seconds();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
@@ -649,7 +668,7 @@ async fn fan_out(
     }
     let client_cpu = crate::local::cpu_seconds() - c0;
     let mut p = pass(name, n, setup, &done, n as u64 * info.size, client_cpu);
-    counted.finish(&mut p, cluster, clients, nodes).await;
+    counted.finish(&mut p, cluster, clients, nodes).await?;
     Ok(p)
 }
 
@@ -684,7 +703,7 @@ async fn same_shard(
         .context("owner's process")?;
     let pages = Arc::new(pages);
     let deadline = Duration::from_secs_f64(o.seconds.max(0.2));
-    let before = counters(client).await;
+    let before = counters(client).await?;
     let cpu0 = proc_cpu(pid);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
@@ -707,7 +726,7 @@ async fn same_shard(
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = proc_cpu(pid) - cpu0;
-    let after = counters(client).await;
+    let after = counters(client).await?;
     let mem_hits: u64 = per_node(nodes, &before, &after, |c| c.memory_hits)
         .iter()
         .sum();
