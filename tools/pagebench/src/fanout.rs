@@ -378,23 +378,33 @@ async fn counters(client: &Client) -> Result<Vec<(NodeInfo, ShardCounters)>> {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
         }
-        let answers = client.shard_counters().await;
-        missing = answers
-            .iter()
-            .filter(|(_, _, c)| c.is_none())
-            .map(|(n, shard, _)| format!("{} shard {shard}", n.addr))
-            .collect();
-        if missing.is_empty() {
-            return Ok(answers
-                .into_iter()
-                .filter_map(|(n, _, c)| c.map(|c| (n, c)))
-                .collect());
+        match all_answered(client.shard_counters().await) {
+            Ok(counters) => return Ok(counters),
+            Err(m) => missing = m,
         }
     }
     bail!(
         "the counters of {} did not come after 5 tries",
         missing.join(", ")
     )
+}
+
+/// The counters of every shard, or the shards that did not answer.
+fn all_answered(
+    answers: Vec<(NodeInfo, u16, Option<ShardCounters>)>,
+) -> std::result::Result<Vec<(NodeInfo, ShardCounters)>, Vec<String>> {
+    let missing: Vec<String> = answers
+        .iter()
+        .filter(|(_, _, c)| c.is_none())
+        .map(|(n, shard, _)| format!("{} shard {shard}", n.addr))
+        .collect();
+    if !missing.is_empty() {
+        return Err(missing);
+    }
+    Ok(answers
+        .into_iter()
+        .filter_map(|(n, _, c)| c.map(|c| (n, c)))
+        .collect())
 }
 
 /// `after - before` of a counter, per node (in the membership's order).
@@ -887,5 +897,36 @@ fn clients_own_reads(p: &Pass) -> String {
 fn say(o: &Opts, line: String) {
     if !o.json {
         println!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_count_only_when_every_shard_answered() {
+        let node = |id: u128, port: u16| NodeInfo {
+            id,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            shards: 2,
+        };
+        let some = |ufs_bytes| {
+            Some(ShardCounters {
+                ufs_bytes,
+                ..ShardCounters::default()
+            })
+        };
+        let all = vec![(node(1, 7400), 0, some(5)), (node(2, 7410), 1, some(7))];
+        let got = all_answered(all).map_err(|m| m.join(", "));
+        let bytes: Vec<u64> = got
+            .as_ref()
+            .map_or(vec![], |v| v.iter().map(|(_, c)| c.ufs_bytes).collect());
+        assert_eq!(bytes, vec![5, 7], "{got:?}");
+        let partial = vec![(node(1, 7400), 0, some(5)), (node(2, 7410), 1, None)];
+        assert_eq!(
+            all_answered(partial).map(|v| v.len()),
+            Err(vec!["127.0.0.1:7410 shard 1".to_string()])
+        );
     }
 }
