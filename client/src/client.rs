@@ -1406,25 +1406,50 @@ impl Client {
 
     /// Every entry of directory `path`, sorted by name.
     pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>, Error> {
+        let mut out: Vec<DirEntry> = Vec::new();
+        self.list_pages(path, |page| out.extend_from_slice(page))
+            .await?;
+        Ok(out)
+    }
+
+    /// [`Client::list`] a page at a time: `each` gets the entries of every page of the listing
+    /// as it arrives (sorted by name, each entry once), so that a caller can start on the first
+    /// entries of a large directory while the rest are listed. A member that stops answering
+    /// mid-listing is followed by the next one from where it stopped. An error may come after
+    /// some pages were given.
+    pub async fn list_pages(
+        &self,
+        path: &str,
+        mut each: impl FnMut(&[DirEntry]),
+    ) -> Result<(), Error> {
         check_path(path)?;
         let path = match path.trim_end_matches('/') {
             "" => "/",
             p => p,
         };
+        // The last name given to `each`, and whether any entry was.
+        let mut last: Option<String> = None;
         for addr in self.metadata_members(path) {
-            let mut out: Vec<DirEntry> = Vec::new();
             loop {
                 let body = RequestBody::List {
                     path: path.into(),
-                    start_after: out.last().map(|e| e.name.clone()).unwrap_or_default(),
+                    start_after: last.clone().unwrap_or_default(),
                 };
                 match self.ask(addr, body).await {
                     Attempt::Answer(r) => match r.map_err(|e| named(e, path))? {
                         (ResponseBody::Listing { entries, more }, _) => {
-                            let progressed = !entries.is_empty();
-                            out.extend(entries);
-                            if !more || !progressed {
-                                return self.listed(path, out).await;
+                            // Only entries after the last one given (a member answers in name
+                            // order; this keeps each entry once whatever it sends).
+                            let from = last
+                                .as_deref()
+                                .map_or(0, |l| entries.partition_point(|e| e.name.as_str() <= l));
+                            let fresh = &entries[from.min(entries.len())..];
+                            if let Some(e) = fresh.last() {
+                                last = Some(e.name.clone());
+                                each(fresh);
+                            }
+                            if !more || fresh.is_empty() {
+                                return self.listed(path, last.is_none()).await;
                             }
                         }
                         (other, _) => {
@@ -1443,18 +1468,24 @@ impl Client {
         let ufs = self.ufs()?;
         bump(&self.stats.metadata_fallbacks, 1);
         let v = ufs.list_entries(path).await?;
-        self.listed(path, v).await
+        let from = last
+            .as_deref()
+            .map_or(0, |l| v.partition_point(|e| e.name.as_str() <= l));
+        if from < v.len() {
+            each(&v[from..]);
+        }
+        self.listed(path, last.is_none() && v.is_empty()).await
     }
 
     /// An empty listing of something that is not a directory is an error.
-    async fn listed(&self, path: &str, v: Vec<DirEntry>) -> Result<Vec<DirEntry>, Error> {
-        if v.is_empty() {
+    async fn listed(&self, path: &str, empty: bool) -> Result<(), Error> {
+        if empty {
             match self.stat_path(path).await? {
                 PathKind::Dir => {}
                 PathKind::File { .. } => return Err(Error::NotDir(path.to_string())),
             }
         }
-        Ok(v)
+        Ok(())
     }
 
     /// Reads `len` bytes at `offset` of page `page` of `info` (fewer at the end of the file):

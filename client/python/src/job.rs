@@ -54,16 +54,12 @@ pub fn start(
     let id = opts.id.clone();
     let c = client.clone();
     let handle = p.spawn(async move {
-        let t0 = std::time::Instant::now();
         let files = match (paths, prefix) {
-            (Some(paths), _) => load::resolve_manifest(&c, paths).await,
-            (None, Some(prefix)) => load::walk(&c, &prefix).await?,
-            (None, None) => Vec::new(),
+            (Some(paths), _) => load::JobFiles::Manifest(paths),
+            (None, Some(prefix)) => load::JobFiles::Known(load::walk(&c, &prefix).await?),
+            (None, None) => load::JobFiles::Known(Vec::new()),
         };
-        let resolve = t0.elapsed().as_secs_f64();
-        let mut r = load::run_job(c, files, &opts).await;
-        r.resolve_secs = resolve;
-        Ok(r)
+        Ok(load::run_job(c, files, &opts).await)
     });
     let _ = py;
     Ok(PreloadJob {
@@ -86,11 +82,8 @@ fn report_dict<'py>(py: Python<'py>, id: &str, r: &JobReport) -> PyResult<Bound<
     d.set_item("bytes_loaded", r.bytes_loaded)?;
     d.set_item("pages_loaded", r.pages_loaded)?;
     d.set_item("pages_present", r.pages_present)?;
-    d.set_item(
-        "time_to_first_page",
-        r.first_page_secs.map(|s| s + r.resolve_secs),
-    )?;
-    d.set_item("total_secs", r.total_secs + r.resolve_secs)?;
+    d.set_item("time_to_first_page", r.first_page_secs)?;
+    d.set_item("total_secs", r.total_secs)?;
     d.set_item("resolve_secs", r.resolve_secs)?;
     d.set_item("pages_verified", r.pages_verified)?;
     d.set_item("repaired", r.repaired)?;

@@ -99,11 +99,14 @@ pub struct JobReport {
     pub bytes_loaded: u64,
     /// Bytes of the files in the job.
     pub bytes_total: u64,
-    /// Seconds from the start of the job to the first page cached (loaded or found present).
+    /// Seconds from the job's submission ([`LoadOptions::submitted`]) to the first page cached
+    /// (loaded or found present).
     pub first_page_secs: Option<f64>,
-    /// Seconds the whole job took.
+    /// Seconds from the job's submission to its end.
     pub total_secs: f64,
-    /// Seconds spent resolving the manifest or prefix to files.
+    /// Seconds from the job's submission until its files were resolved: a prefix is walked
+    /// before the loading starts; a manifest's directories are listed while its first files
+    /// load.
     pub resolve_secs: f64,
     /// With `verify`: pages compared with the under storage.
     pub pages_verified: u64,
@@ -263,37 +266,94 @@ pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadErro
 /// its files would cost more than their stats).
 pub const LIST_FROM: usize = 16;
 
-/// The files of a manifest, each with what its directory's listing says of it where the
-/// manifest names at least [`LIST_FROM`] files of that directory, so that a job of many small
-/// files asks one listing per directory instead of a stat per file. A file the listing does
-/// not hold, or a directory that cannot be listed, is left to its stat (which then says what is
-/// wrong).
-pub async fn resolve_manifest(client: &Client, paths: Vec<String>) -> Vec<Target> {
-    let mut per_dir: HashMap<&str, usize> = HashMap::new();
-    for p in &paths {
-        *per_dir.entry(parent(p)).or_default() += 1;
-    }
-    let dirs: Vec<String> = per_dir
-        .into_iter()
-        .filter(|(_, n)| *n >= LIST_FROM)
-        .map(|(d, _)| d.to_string())
-        .collect();
-    let listings = list_all(client, dirs).await;
-    let mut known: HashMap<String, ObjectInfo> = HashMap::new();
-    for (dir, r) in listings {
-        for e in r.into_iter().flatten() {
-            if let Some(info) = ObjectInfo::listed(child(&dir, &e.name), &e) {
-                known.insert(info.path.clone(), info);
-            }
+/// A manifest of at least this many files starts loading its first [`HEAD_START`] files at
+/// once, each stat'ed, while the directories of the rest are listed: a store lists a directory
+/// of 10,000 files in tens of milliseconds, and of 100,000 in about a second, before the first
+/// entry comes back.
+pub const HEAD_START_FROM: usize = 1000;
+
+/// See [`HEAD_START_FROM`]. Fewer than the stats after which a node lists the directory of the
+/// files asked about (16), so that these stats do not make a node list it as well.
+pub const HEAD_START: usize = 8;
+
+/// The files of a job: all known before it starts (a walked prefix), or the paths of a
+/// manifest, looked up while the job runs ([`resolve_manifest`]).
+pub enum JobFiles {
+    /// Files already resolved.
+    Known(Vec<Target>),
+    /// A manifest's paths.
+    Manifest(Vec<String>),
+}
+
+impl JobFiles {
+    fn len(&self) -> usize {
+        match self {
+            JobFiles::Known(v) => v.len(),
+            JobFiles::Manifest(v) => v.len(),
         }
     }
-    paths
+}
+
+/// The files of a manifest, sent to `found` in batches as they are resolved, each with what its
+/// directory's listing says of it where the manifest names at least [`LIST_FROM`] files of that
+/// directory, so that a job of many small files asks one listing per directory instead of a
+/// stat per file. A listing's files are sent page by page as the listing comes, so the job
+/// loads the first while the rest are listed; a large manifest's first [`HEAD_START`] files go
+/// first, unlisted ([`HEAD_START_FROM`]). A file the listing does not hold, or one of a
+/// directory that cannot be listed, is sent unlisted, for its stat (which then says what is
+/// wrong). Every path of `paths` is sent exactly once (a path named twice, twice).
+pub async fn resolve_manifest(
+    client: &Client,
+    mut paths: Vec<String>,
+    found: &tokio::sync::mpsc::UnboundedSender<Vec<Target>>,
+) {
+    let send = |batch: Vec<Target>| {
+        if !batch.is_empty() {
+            // The receiver gone means the job is gone: nothing is left to do either way.
+            let _ = found.send(batch);
+        }
+    };
+    if paths.len() >= HEAD_START_FROM {
+        send(paths.drain(..HEAD_START).map(Target::path).collect());
+    }
+    // Per directory, the names wanted in it and the manifest's paths of each.
+    let mut per_dir: HashMap<String, HashMap<String, Vec<String>>> = HashMap::new();
+    for p in paths {
+        let name = p.rsplit_once('/').map_or("", |(_, n)| n).to_string();
+        per_dir
+            .entry(parent(&p).to_string())
+            .or_default()
+            .entry(name)
+            .or_default()
+            .push(p);
+    }
+    let (listed, few): (Vec<_>, Vec<_>) = per_dir
         .into_iter()
-        .map(|path| Target {
-            listed: known.get(&path).cloned(),
-            path,
+        .partition(|(_, names)| names.values().map(Vec::len).sum::<usize>() >= LIST_FROM);
+    send(
+        few.into_iter()
+            .flat_map(|(_, names)| names.into_values().flatten())
+            .map(Target::path)
+            .collect(),
+    );
+    stream::iter(listed)
+        .for_each_concurrent(16, |(dir, mut wanted)| async move {
+            // Whatever the listing's outcome, what it did not describe is stat'ed.
+            let _ = client
+                .list_pages(&dir, |page| {
+                    let mut batch = Vec::new();
+                    for e in page {
+                        for path in wanted.remove(&e.name).into_iter().flatten() {
+                            let listed = ObjectInfo::listed(path.clone(), e);
+                            batch.push(Target { path, listed });
+                        }
+                    }
+                    send(batch);
+                })
+                .await;
+            send(wanted.into_values().flatten().map(Target::path).collect());
         })
-        .collect()
+        .await;
 }
 
 struct Progress {
@@ -358,9 +418,11 @@ fn clipped(text: &str, max: usize) -> String {
 /// Loads every file of `files` (see the module docs), printing progress to standard error
 /// (with [`LoadOptions::progress`]): a line rewritten in place on a terminal, a plain line every
 /// few seconds otherwise.
-pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions) -> JobReport {
+pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -> JobReport {
     let start = Instant::now();
     let started = unix_now();
+    // The time between the submission and now (walking a prefix) counts in the report.
+    let before = (started - opts.submitted).max(0.0);
     let total_files = files.len() as u64;
     let progress = Arc::new(Progress {
         files_done: AtomicU64::new(0),
@@ -391,21 +453,70 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
         files: total_files,
         ..JobReport::default()
     }));
-    if opts.verify {
-        // File by file: each is checked against the under storage page by page.
-        stream::iter(files)
-            .for_each_concurrent(opts.parallel.max(1), |file| {
-                let (client, progress, report) = (client.clone(), progress.clone(), report.clone());
-                async move {
-                    let r = load_one(&client, &file, opts.verify).await;
-                    let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
-                    count_file(r, &file.path, &progress, &mut rep, start);
-                    progress.files_done.fetch_add(1, Ordering::Relaxed);
-                }
+    // The files come in batches as they are resolved, and load as they come.
+    let (found, batches) = tokio::sync::mpsc::unbounded_channel::<Vec<Target>>();
+    // A manifest is resolved on a task of its own: grouping a large manifest's paths takes a
+    // while, and the loading must not wait for it.
+    let resolving = match files {
+        JobFiles::Known(v) => {
+            let _ = found.send(v);
+            drop(found);
+            None
+        }
+        JobFiles::Manifest(paths) => {
+            let client = client.clone();
+            Some(tokio::spawn(async move {
+                resolve_manifest(&client, paths, &found).await;
+                // `found` is dropped here: the loading ends with the last batch.
+                start.elapsed().as_secs_f64()
+            }))
+        }
+    };
+    let loading = async {
+        if opts.verify {
+            // File by file: each is checked against the under storage page by page.
+            let files = stream::unfold(batches, |mut b| async move {
+                b.recv().await.map(|batch| (stream::iter(batch), b))
             })
-            .await;
-    } else {
-        load_batched(&client, files, opts, &progress, &report, start).await;
+            .flatten();
+            files
+                .for_each_concurrent(opts.parallel.max(1), |file| {
+                    let (client, progress, report) =
+                        (client.clone(), progress.clone(), report.clone());
+                    async move {
+                        let r = load_one(&client, &file, opts.verify).await;
+                        let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+                        count_file(r, &file.path, &progress, &mut rep, start);
+                        progress.files_done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .await;
+        } else {
+            // Whatever came while the last batch loaded loads next, as one batch.
+            let mut batches = batches;
+            while let Some(mut batch) = batches.recv().await {
+                while let Ok(more) = batches.try_recv() {
+                    batch.extend(more);
+                }
+                load_batched(&client, batch, opts, &progress, &report, start).await;
+            }
+        }
+    };
+    loading.await;
+    let resolving_secs = match resolving {
+        Some(task) => task.await.unwrap_or(0.0),
+        None => 0.0,
+    };
+    // Every file is counted, loaded or failed: one the resolving never handed over (it
+    // cannot, short of a panic) fails the job rather than passing unseen.
+    let unseen = total_files.saturating_sub(progress.files_done.load(Ordering::Relaxed));
+    if unseen > 0 {
+        progress.failed.fetch_add(unseen, Ordering::Relaxed);
+        let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+        rep.failures.push((
+            opts.source.clone(),
+            format!("{unseen} files were never resolved"),
+        ));
     }
     ticker.abort();
     let _ = first.await;
@@ -419,7 +530,11 @@ pub async fn run_job(client: Arc<Client>, files: Vec<Target>, opts: &LoadOptions
         tracing::warn!("no node took the job's final record");
     }
     out.show(&progress, total_files, start, true);
-    final_report(&report, &progress, start)
+    let mut r = final_report(&report, &progress, start);
+    r.first_page_secs = r.first_page_secs.map(|f| f + before);
+    r.total_secs += before;
+    r.resolve_secs = before + resolving_secs;
+    r
 }
 
 /// Every 250 ms shows the progress (every 5 s without a terminal) and, every 2 s, reports

@@ -841,6 +841,88 @@ async fn jobs_over_many_small_files_ask_one_listing_per_directory_not_a_stat_per
     assert_eq!((h1 - h0, m_1 - m_0), (43, 0), "every page was preloaded");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_manifest_loads_as_its_directory_is_listed_each_file_once() {
+    use pagestore_tools::load::{HEAD_START, HEAD_START_FROM};
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("big")).unwrap();
+    let n = HEAD_START_FROM + 200;
+    let files: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| (format!("big/{i:05}"), bytes(20_000 + i as u64, 1 + i % 300)))
+        .collect();
+    for (name, b) in &files {
+        std::fs::write(data.join(name), b).unwrap();
+    }
+    // Every file (the first HEAD_START stat'ed at once, the rest from the listing as its pages
+    // come), and one the directory does not hold.
+    let manifest = dir.path().join("manifest.txt");
+    let mut text: String = files.iter().map(|(f, _)| format!("/data/{f}\n")).collect();
+    text.push_str("/data/big/missing\n");
+    std::fs::write(&manifest, text).unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    // Small pages, so that every file's page stays cached (1,200 pages of 1 MiB would not).
+    s.page_size = "64K".into();
+    let c = Cluster::start(dir, s);
+
+    let m0 = metadata_requests(&c);
+    let out = c.pagectl(&["load", "--manifest", manifest.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "a missing file fails the job: {text}{err}"
+    );
+    assert!(text.contains(&format!("loaded {n} pages")), "{text}");
+    assert!(
+        text.contains(&format!("1 of {} files failed", n + 1)),
+        "{text}"
+    );
+    assert!(text.contains("time to first page 0."), "{text}");
+    assert!(err.contains("/data/big/missing"), "{err}");
+    // The head's stats, the listing's pages (a few hundred entries each) and the missing
+    // file's stat: not a stat per file.
+    let m1 = metadata_requests(&c);
+    assert!(
+        m1 - m0 <= HEAD_START as u64 + 8,
+        "{} metadata requests for {n} files",
+        m1 - m0
+    );
+
+    // Loaded once each, and what readers read.
+    let client = c.client(ClientOptions::default()).await;
+    let (h0, m_0) = c.hits_and_misses(&client).await;
+    let sample: Vec<_> = files.iter().step_by(37).collect();
+    for (name, b) in &sample {
+        let got = client
+            .read(&format!("/data/{name}"), 0..u64::MAX)
+            .await
+            .unwrap();
+        assert!(got[..] == b[..], "{name}");
+    }
+    let (h1, m_1) = c.hits_and_misses(&client).await;
+    assert_eq!((h1 - h0, m_1 - m_0), (sample.len() as u64, 0));
+
+    // With --verify the files go one by one, as they are resolved, each compared with the store.
+    let out = c.pagectl(&["load", "--manifest", manifest.to_str().unwrap(), "--verify"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{n} pages were cached already")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "verify: {n} pages compared with the under storage; 0 files repaired"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("1 of {} files failed", n + 1)),
+        "{text}"
+    );
+}
+
 /// Requests served by every shard of every node so far (`pagestore_requests_total`).
 fn requests_served(c: &Cluster) -> u64 {
     use pagestore_testkit::local_cluster::http_get;

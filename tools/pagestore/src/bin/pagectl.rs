@@ -543,6 +543,7 @@ async fn load(
     use pagestore_tools::load;
     let t0 = std::time::Instant::now();
     let mut opts = opts.clone();
+    opts.submitted = load::unix_now();
     opts.source = match (&manifest, &prefix) {
         (Some(m), _) => format!("manifest {m}"),
         (_, Some(p)) => format!("prefix {p}"),
@@ -561,19 +562,27 @@ async fn load(
                 String::from_utf8(b.to_vec())
                     .map_err(|_| anyhow::anyhow!("manifest {m}: not UTF-8"))?
             };
-            load::resolve_manifest(client, load::parse_manifest(&text)?).await
+            let paths = load::parse_manifest(&text)?;
+            eprintln!(
+                "job {}: {} files (their directories are listed as they load); see pagectl jobs",
+                opts.id,
+                paths.len()
+            );
+            load::JobFiles::Manifest(paths)
         }
-        (None, Some(p)) => load::walk(client, &p).await?,
+        (None, Some(p)) => {
+            let files = load::walk(client, &p).await?;
+            eprintln!(
+                "job {}: {} files (listed in {:.2} s); see pagectl jobs",
+                opts.id,
+                files.len(),
+                t0.elapsed().as_secs_f64()
+            );
+            load::JobFiles::Known(files)
+        }
         _ => anyhow::bail!("load needs exactly one of --manifest FILE or --prefix PATH"),
     };
-    let resolve = t0.elapsed().as_secs_f64();
-    eprintln!(
-        "job {}: {} files (resolved in {resolve:.2} s); see pagectl jobs",
-        opts.id,
-        paths.len()
-    );
-    let mut r = load::run_job(client.clone(), paths, opts).await;
-    r.resolve_secs = resolve;
+    let r = load::run_job(client.clone(), paths, opts).await;
     println!(
         "loaded {} pages ({:.1} MB) from the under storage, {} pages were cached already; \
          {} of {} files failed",
@@ -586,8 +595,8 @@ async fn load(
     println!(
         "time to first page {}; to completion {:.2} s ({:.1} MB/s over {:.1} MB)",
         r.first_page_secs
-            .map_or("-".into(), |s| format!("{:.3} s", s + resolve)),
-        r.total_secs + resolve,
+            .map_or("-".into(), |s| format!("{s:.3} s")),
+        r.total_secs,
         r.bytes_total as f64 / 1e6 / r.total_secs.max(1e-3),
         r.bytes_total as f64 / 1e6
     );
