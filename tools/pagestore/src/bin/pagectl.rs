@@ -834,18 +834,24 @@ async fn print_last_job(client: &Client) {
 }
 
 async fn free(client: &Arc<Client>, path: &str) -> anyhow::Result<()> {
+    use futures_util::{StreamExt, TryStreamExt};
     let files = pagestore_tools::load::walk(client, path).await?;
-    let mut pages = 0;
-    for f in &files {
-        let info = match &f.listed {
-            Some(info) => info.clone(),
-            None => client.stat(&f.path).await.with_context(|| f.path.clone())?,
-        };
-        pages += client
-            .invalidate_checked(&f.path, Some(info.file_id))
-            .await
-            .with_context(|| f.path.clone())?;
-    }
+    // Each file asks every shard: 16 files at a time, not one (a directory of 100,000 files
+    // took 20 s one by one); the first error ends the command, naming its file.
+    let pages: u64 = futures_util::stream::iter(&files)
+        .map(|f| async move {
+            let info = match &f.listed {
+                Some(info) => info.clone(),
+                None => client.stat(&f.path).await.with_context(|| f.path.clone())?,
+            };
+            client
+                .invalidate_checked(&f.path, Some(info.file_id))
+                .await
+                .with_context(|| f.path.clone())
+        })
+        .buffer_unordered(16)
+        .try_fold(0, |sum, n| async move { Ok(sum + n) })
+        .await?;
     println!(
         "freed {pages} cached pages of {} files under {path}",
         files.len()
