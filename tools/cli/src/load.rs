@@ -273,7 +273,8 @@ pub const LIST_FROM: usize = 16;
 pub const HEAD_START_FROM: usize = 1000;
 
 /// See [`HEAD_START_FROM`]. Fewer than the stats after which a node lists the directory of the
-/// files asked about (16), so that these stats do not make a node list it as well.
+/// files asked about (`pagestore_server::loader::LIST_AFTER_STATS`, 16; the cluster tests
+/// check it), so that these stats do not make a node list it as well.
 pub const HEAD_START: usize = 8;
 
 /// The files of a job: all known before it starts (a walked prefix), or the paths of a
