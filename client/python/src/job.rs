@@ -56,7 +56,7 @@ pub fn start(
     let handle = p.spawn(async move {
         let files = match (paths, prefix) {
             (Some(paths), _) => load::JobFiles::Manifest(paths),
-            (None, Some(prefix)) => load::JobFiles::Known(load::walk(&c, &prefix).await?),
+            (None, Some(prefix)) => load::prefix_files(&c, &prefix).await?,
             (None, None) => load::JobFiles::Known(Vec::new()),
         };
         Ok(load::run_job(c, files, &opts).await)

@@ -8,7 +8,7 @@ use std::{
     collections::{HashMap, VecDeque},
     io::IsTerminal,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -16,7 +16,7 @@ use std::{
 
 use futures_util::{stream, StreamExt};
 use pagestore_client::{ufs::ObjectInfo, Client, Error, JobRecord, JobState};
-use pagestore_protocol::frame::{DirEntry, MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN};
+use pagestore_protocol::frame::{MAX_JOB_CLIENT_LEN, MAX_JOB_SOURCE_LEN};
 
 /// How to run a job.
 #[derive(Clone, Debug)]
@@ -104,9 +104,8 @@ pub struct JobReport {
     pub first_page_secs: Option<f64>,
     /// Seconds from the job's submission to its end.
     pub total_secs: f64,
-    /// Seconds from the job's submission until its files were resolved: a prefix is walked
-    /// before the loading starts; a manifest's directories are listed while its first files
-    /// load.
+    /// Seconds from the job's submission until its files were resolved (a prefix walked, a
+    /// manifest's directories listed), which happens while the first files load.
     pub resolve_secs: f64,
     /// With `verify`: pages compared with the under storage.
     pub pages_verified: u64,
@@ -205,60 +204,199 @@ fn parent(path: &str) -> &str {
     }
 }
 
-/// The listings of `dirs`, 16 at a time, each with its directory (in no particular order).
-async fn list_all(
-    client: &Client,
-    dirs: Vec<String>,
-) -> Vec<(String, Result<Vec<DirEntry>, Error>)> {
-    stream::iter(dirs)
-        .map(|d| async move {
-            let r = client.list(&d).await;
-            (d, r)
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await
+/// Where a job's resolved files go: the job's queue, with a tally of what was sent.
+struct Found {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<Target>>,
+    tally: Arc<Tally>,
 }
 
-/// Every file under `prefix` (a directory, or one file), walking directories concurrently;
-/// each file with what its directory's listing said of it, so that the job stats nothing.
-pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadError> {
-    let root = match prefix.trim_end_matches('/') {
+/// How many files were handed to a job, and whether that is all of them.
+#[derive(Default)]
+struct Tally {
+    files: AtomicU64,
+    done: AtomicBool,
+}
+
+impl Tally {
+    /// A tally of `files` already complete (the files of a manifest are known from the start).
+    fn complete(files: usize) -> Tally {
+        Tally {
+            files: AtomicU64::new(files as u64),
+            done: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Found {
+    fn new(tx: tokio::sync::mpsc::UnboundedSender<Vec<Target>>, tally: Arc<Tally>) -> Found {
+        Found { tx, tally }
+    }
+
+    fn send(&self, batch: Vec<Target>) {
+        if !batch.is_empty() {
+            self.tally
+                .files
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            // The receiver gone means the job is gone: nothing is left to do either way.
+            let _ = self.tx.send(batch);
+        }
+    }
+}
+
+impl Drop for Found {
+    fn drop(&mut self) {
+        // Nothing more can be sent: the tally is final.
+        self.tally.done.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Directories a walk lists at once.
+const WALK_LISTINGS: usize = 16;
+
+/// `prefix` as the directory (or file) a walk starts from.
+fn walk_root(prefix: &str) -> String {
+    match prefix.trim_end_matches('/') {
         "" => "/".to_string(),
         p => p.to_string(),
-    };
-    let top = match client.list(&root).await {
-        Err(Error::NotDir(_)) => return Ok(vec![Target::path(root)]),
-        Err(e) => return Err(e.into()),
-        Ok(entries) => entries,
-    };
-    let mut files = Vec::new();
-    let mut dirs = VecDeque::new();
-    let mut listed = vec![(root, Ok(top))];
-    loop {
-        for (dir, r) in listed {
-            let entries = r.map_err(|source| LoadError::Listing {
-                dir: dir.clone(),
-                source,
-            })?;
-            for e in entries {
-                let p = child(&dir, &e.name);
+    }
+}
+
+/// Lists directory `dir` a page at a time, sending each page's files to `found` as the page
+/// comes, each with what the listing says of it (so the job stats nothing; an entry without a
+/// version is stat'ed when it is loaded). `on_page` is called as each page arrives. Returns
+/// the subdirectories, and how the listing ended.
+async fn list_dir(
+    client: &Client,
+    dir: &str,
+    found: &Found,
+    mut on_page: impl FnMut(),
+) -> (Vec<String>, Result<(), Error>) {
+    let mut subdirs = Vec::new();
+    let r = client
+        .list_pages(dir, |page| {
+            on_page();
+            let mut batch = Vec::with_capacity(page.len());
+            for e in page {
+                let path = child(dir, &e.name);
                 if e.is_dir {
-                    dirs.push_back(p);
+                    subdirs.push(path);
                 } else {
-                    // An entry without a version is stat'ed when it is loaded.
-                    let listed = ObjectInfo::listed(p.clone(), &e);
-                    files.push(Target { path: p, listed });
+                    let listed = ObjectInfo::listed(path.clone(), e);
+                    batch.push(Target { path, listed });
                 }
             }
+            found.send(batch);
+        })
+        .await;
+    (subdirs, r)
+}
+
+/// Sends every file under `root` to `found` (`root` itself where it names a file), listing
+/// [`WALK_LISTINGS`] directories at once and each a page at a time, so that the first files
+/// go out while the rest are listed. `opened`, if given, is told as soon as the root's first
+/// page came or its listing ended: `None`, or the root's error where its listing failed before
+/// giving anything (no such path, refused), which is then not among the failures. Returns the
+/// directories that could not be listed, with why.
+async fn walk_into(
+    client: &Client,
+    root: &str,
+    found: &Found,
+    mut opened: Option<tokio::sync::oneshot::Sender<Option<Error>>>,
+) -> Vec<(String, Error)> {
+    let mut failures = Vec::new();
+    let (subdirs, r) = list_dir(client, root, found, || {
+        if let Some(o) = opened.take() {
+            let _ = o.send(None);
         }
-        if dirs.is_empty() {
+    })
+    .await;
+    match r {
+        Ok(()) => {}
+        Err(Error::NotDir(_)) => found.send(vec![Target::path(root.to_string())]),
+        Err(e) => match opened.take() {
+            Some(o) => {
+                let _ = o.send(Some(e));
+                return failures;
+            }
+            None => failures.push((root.to_string(), e)),
+        },
+    }
+    if let Some(o) = opened.take() {
+        let _ = o.send(None);
+    }
+    let mut queue: VecDeque<String> = subdirs.into();
+    let mut listing = futures_util::stream::FuturesUnordered::new();
+    loop {
+        while listing.len() < WALK_LISTINGS {
+            let Some(dir) = queue.pop_front() else { break };
+            listing.push(async move {
+                let (subdirs, r) = list_dir(client, &dir, found, || {}).await;
+                (dir, subdirs, r)
+            });
+        }
+        let Some((dir, subdirs, r)) = listing.next().await else {
             break;
+        };
+        queue.extend(subdirs);
+        if let Err(e) = r {
+            failures.push((dir, e));
         }
-        listed = list_all(client, dirs.drain(..).collect()).await;
+    }
+    failures
+}
+
+/// Every file under `prefix` (a directory, or one file), sorted by path, each with what its
+/// directory's listing said of it, so that a job stats nothing. A directory that cannot be
+/// listed fails the whole walk.
+pub async fn walk(client: &Client, prefix: &str) -> Result<Vec<Target>, LoadError> {
+    let root = walk_root(prefix);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let found = Found::new(tx, Arc::default());
+    let failures = walk_into(client, &root, &found, None).await;
+    drop(found);
+    if let Some((dir, source)) = failures.into_iter().next() {
+        return Err(if dir == root {
+            LoadError::Cluster(source)
+        } else {
+            LoadError::Listing { dir, source }
+        });
+    }
+    let mut files = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        files.extend(batch);
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(files)
+}
+
+/// The files under `prefix` (a directory, or one file) as a job's, listed while the job loads
+/// them: the walk starts here, on a task of its own, and this returns as soon as the prefix's
+/// first listing page came, so that a prefix that cannot be listed (no such path, refused) is
+/// an error before any job starts. A directory below it that cannot be listed fails the job
+/// (after everything else loaded), named in its failures.
+pub async fn prefix_files(client: &Arc<Client>, prefix: &str) -> Result<JobFiles, LoadError> {
+    let root = walk_root(prefix);
+    let (tx, batches) = tokio::sync::mpsc::unbounded_channel();
+    let tally = Arc::new(Tally::default());
+    let found = Found::new(tx, tally.clone());
+    let (opened_tx, opened) = tokio::sync::oneshot::channel();
+    let c = client.clone();
+    let task = tokio::spawn(async move {
+        let failures = walk_into(&c, &root, &found, Some(opened_tx)).await;
+        drop(found);
+        (failures, Instant::now())
+    });
+    match opened.await {
+        Ok(None) => Ok(JobFiles::Prefix(Walk {
+            batches,
+            tally,
+            task,
+        })),
+        Ok(Some(e)) => Err(LoadError::Cluster(e)),
+        Err(_) => Err(LoadError::Cluster(Error::unavailable(format!(
+            "{prefix}: the listing stopped before its first page"
+        )))),
+    }
 }
 
 /// A manifest's files are looked up in one listing of their directory where the manifest names
@@ -277,22 +415,24 @@ pub const HEAD_START_FROM: usize = 1000;
 /// check it), so that these stats do not make a node list it as well.
 pub const HEAD_START: usize = 8;
 
-/// The files of a job: all known before it starts (a walked prefix), or the paths of a
-/// manifest, looked up while the job runs ([`resolve_manifest`]).
+/// The files of a job: all known before it starts, the paths of a manifest, looked up while
+/// the job runs ([`resolve_manifest`]), or the files under a prefix, listed while the job runs
+/// ([`prefix_files`]).
 pub enum JobFiles {
     /// Files already resolved.
     Known(Vec<Target>),
     /// A manifest's paths.
     Manifest(Vec<String>),
+    /// A prefix being walked.
+    Prefix(Walk),
 }
 
-impl JobFiles {
-    fn len(&self) -> usize {
-        match self {
-            JobFiles::Known(v) => v.len(),
-            JobFiles::Manifest(v) => v.len(),
-        }
-    }
+/// A prefix's walk under way ([`prefix_files`]): its files as they are listed, and the task
+/// listing them, which ends with the directories that could not be listed and when it ended.
+pub struct Walk {
+    batches: tokio::sync::mpsc::UnboundedReceiver<Vec<Target>>,
+    tally: Arc<Tally>,
+    task: tokio::task::JoinHandle<(Vec<(String, Error)>, Instant)>,
 }
 
 /// The files of a manifest, sent to `found` in batches as they are resolved, each with what its
@@ -303,17 +443,8 @@ impl JobFiles {
 /// first, unlisted ([`HEAD_START_FROM`]). A file the listing does not hold, or one of a
 /// directory that cannot be listed, is sent unlisted, for its stat (which then says what is
 /// wrong). Every path of `paths` is sent exactly once (a path named twice, twice).
-pub async fn resolve_manifest(
-    client: &Client,
-    mut paths: Vec<String>,
-    found: &tokio::sync::mpsc::UnboundedSender<Vec<Target>>,
-) {
-    let send = |batch: Vec<Target>| {
-        if !batch.is_empty() {
-            // The receiver gone means the job is gone: nothing is left to do either way.
-            let _ = found.send(batch);
-        }
-    };
+async fn resolve_manifest(client: &Client, mut paths: Vec<String>, found: &Found) {
+    let send = |batch: Vec<Target>| found.send(batch);
     if paths.len() >= HEAD_START_FROM {
         send(paths.drain(..HEAD_START).map(Target::path).collect());
     }
@@ -365,18 +496,22 @@ struct Progress {
     pages_present: AtomicU64,
     failed: AtomicU64,
     first_page: Mutex<Option<f64>>,
+    /// The files handed to the job so far, and whether that is all of them.
+    total: Arc<Tally>,
+}
+
+impl Progress {
+    /// The job's files so far, and whether that is all of them (a prefix's walk may go on).
+    fn total(&self) -> (u64, bool) {
+        let done = self.total.done.load(Ordering::Relaxed);
+        (self.total.files.load(Ordering::Relaxed), done)
+    }
 }
 
 /// The progress record of a job as nodes keep it (`pagectl jobs`, `/v1/jobs`). `state`:
 /// running, done or failed (some files failed). The source and client names are cut to the
 /// record's limits, so that the nodes take it.
-fn job_record(
-    opts: &LoadOptions,
-    p: &Progress,
-    total_files: u64,
-    started: f64,
-    state: JobState,
-) -> JobRecord {
+fn job_record(opts: &LoadOptions, p: &Progress, started: f64, state: JobState) -> JobRecord {
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let first = *p.first_page.lock().unwrap_or_else(|e| e.into_inner());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -397,7 +532,7 @@ fn job_record(
         elapsed_secs: updated - opts.submitted,
         resolve_secs: started - opts.submitted,
         first_page_secs: first.map(|f| f + started - opts.submitted),
-        files_total: total_files,
+        files_total: p.total().0,
         files_done: g(&p.files_done),
         files_failed: g(&p.failed),
         bytes_done: g(&p.bytes_done),
@@ -422,9 +557,34 @@ fn clipped(text: &str, max: usize) -> String {
 pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -> JobReport {
     let start = Instant::now();
     let started = unix_now();
-    // The time between the submission and now (walking a prefix) counts in the report.
+    // The time between the submission and now (reading a manifest, a prefix's first listing
+    // page) counts in the report.
     let before = (started - opts.submitted).max(0.0);
-    let total_files = files.len() as u64;
+    // The files come in batches as they are resolved, and load as they come. A manifest is
+    // resolved on a task of its own (grouping a large manifest's paths takes a while, and the
+    // loading must not wait for it); a prefix's walk is under way already.
+    let (batches, total, resolving) = match files {
+        JobFiles::Known(v) => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let total = Arc::new(Tally::default());
+            Found::new(tx, total.clone()).send(v);
+            (rx, total, None)
+        }
+        JobFiles::Manifest(paths) => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let total = Arc::new(Tally::complete(paths.len()));
+            let found = Found::new(tx, Arc::default());
+            let client = client.clone();
+            let task = tokio::spawn(async move {
+                resolve_manifest(&client, paths, &found).await;
+                // `found` is dropped here: the loading ends with the last batch.
+                drop(found);
+                (Vec::new(), Instant::now())
+            });
+            (rx, total, Some(task))
+        }
+        JobFiles::Prefix(walk) => (walk.batches, walk.tally, Some(walk.task)),
+    };
     let progress = Arc::new(Progress {
         files_done: AtomicU64::new(0),
         bytes_done: AtomicU64::new(0),
@@ -433,10 +593,11 @@ pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -
         pages_present: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         first_page: Mutex::new(None),
+        total,
     });
     // The first record goes out while the loading starts (it is awaited before the last one,
     // so that a node never keeps "running" after "done").
-    let first = job_record(opts, &progress, total_files, started, JobState::Running);
+    let first = job_record(opts, &progress, started, JobState::Running);
     let first = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -448,31 +609,9 @@ pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -
             }
         })
     };
-    let out = ProgressOut::new(total_files, opts.progress);
-    let ticker = spawn_ticker(&progress, &client, opts, &out, total_files, start, started);
-    let report = Arc::new(Mutex::new(JobReport {
-        files: total_files,
-        ..JobReport::default()
-    }));
-    // The files come in batches as they are resolved, and load as they come.
-    let (found, batches) = tokio::sync::mpsc::unbounded_channel::<Vec<Target>>();
-    // A manifest is resolved on a task of its own: grouping a large manifest's paths takes a
-    // while, and the loading must not wait for it.
-    let resolving = match files {
-        JobFiles::Known(v) => {
-            let _ = found.send(v);
-            drop(found);
-            None
-        }
-        JobFiles::Manifest(paths) => {
-            let client = client.clone();
-            Some(tokio::spawn(async move {
-                resolve_manifest(&client, paths, &found).await;
-                // `found` is dropped here: the loading ends with the last batch.
-                start.elapsed().as_secs_f64()
-            }))
-        }
-    };
+    let out = ProgressOut::new(progress.total().0, opts.progress);
+    let ticker = spawn_ticker(&progress, &client, opts, &out, start, started);
+    let report = Arc::new(Mutex::new(JobReport::default()));
     let loading = async {
         if opts.verify {
             // File by file: each is checked against the under storage page by page.
@@ -504,20 +643,32 @@ pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -
         }
     };
     loading.await;
-    let resolving_secs = match resolving {
-        Some(task) => task.await.unwrap_or(0.0),
-        None => 0.0,
+    let (unlisted, resolved) = match resolving {
+        Some(task) => task.await.unwrap_or_else(|_| (Vec::new(), Instant::now())),
+        None => (Vec::new(), start),
     };
-    // Every file is counted, loaded or failed: one the resolving never handed over (it
-    // cannot, short of a panic) fails the job rather than passing unseen.
-    let unseen = total_files.saturating_sub(progress.files_done.load(Ordering::Relaxed));
-    if unseen > 0 {
-        progress.failed.fetch_add(unseen, Ordering::Relaxed);
+    {
         let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
-        rep.failures.push((
-            opts.source.clone(),
-            format!("{unseen} files were never resolved"),
-        ));
+        // A directory that could not be listed fails the job: its files are unknown.
+        for (dir, e) in unlisted {
+            progress.failed.fetch_add(1, Ordering::Relaxed);
+            if rep.failures.len() < 20 {
+                rep.failures.push((dir, format!("cannot be listed: {e}")));
+            }
+        }
+        // Every file is counted, loaded or failed: one the resolving never handed over (it
+        // cannot, short of a panic) fails the job rather than passing unseen.
+        let unseen = progress
+            .total()
+            .0
+            .saturating_sub(progress.files_done.load(Ordering::Relaxed));
+        if unseen > 0 {
+            progress.failed.fetch_add(unseen, Ordering::Relaxed);
+            rep.failures.push((
+                opts.source.clone(),
+                format!("{unseen} files were never resolved"),
+            ));
+        }
     }
     ticker.abort();
     let _ = first.await;
@@ -526,15 +677,15 @@ pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -
     } else {
         JobState::Done
     };
-    let record = job_record(opts, &progress, total_files, started, state);
+    let record = job_record(opts, &progress, started, state);
     if client.report_job(&record).await == 0 {
         tracing::warn!("no node took the job's final record");
     }
-    out.show(&progress, total_files, start, true);
+    out.show(&progress, start, true);
     let mut r = final_report(&report, &progress, start);
     r.first_page_secs = r.first_page_secs.map(|f| f + before);
     r.total_secs += before;
-    r.resolve_secs = before + resolving_secs;
+    r.resolve_secs = before + resolved.saturating_duration_since(start).as_secs_f64();
     r
 }
 
@@ -545,7 +696,6 @@ fn spawn_ticker(
     client: &Arc<Client>,
     opts: &LoadOptions,
     out: &ProgressOut,
-    total_files: u64,
     start: Instant,
     started: f64,
 ) -> tokio::task::JoinHandle<()> {
@@ -559,10 +709,10 @@ fn spawn_ticker(
             tokio::time::sleep(every).await;
             tick += 1;
             if tick % print_every == 0 {
-                out.show(&progress, total_files, start, false);
+                out.show(&progress, start, false);
             }
             if tick % 8 == 0 {
-                let r = job_record(&opts, &progress, total_files, started, JobState::Running);
+                let r = job_record(&opts, &progress, started, JobState::Running);
                 client.report_job(&r).await;
             }
         }
@@ -614,6 +764,7 @@ fn final_report(report: &Mutex<JobReport>, progress: &Progress, start: Instant) 
     // copies them once at the end.
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let mut rep = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    rep.files = progress.total().0;
     rep.failed = g(&progress.failed);
     rep.pages_loaded = g(&progress.pages_loaded);
     rep.pages_present = g(&progress.pages_present);
@@ -656,21 +807,26 @@ impl ProgressOut {
         }
     }
 
-    fn show(&self, p: &Progress, total: u64, start: Instant, last: bool) {
+    fn show(&self, p: &Progress, start: Instant, last: bool) {
         if !self.shown {
             return;
         }
+        // While a prefix is walked, the total is what was listed so far.
+        let (total, complete) = p.total();
+        let more = if complete { "" } else { "+" };
         let done = p.files_done.load(Ordering::Relaxed);
         let bytes = p.bytes_done.load(Ordering::Relaxed);
         let rate = bytes as f64 / start.elapsed().as_secs_f64().max(1e-3);
         let failed = p.failed.load(Ordering::Relaxed);
         let amounts = format!(
-            "{:.1} MB  {:.1} MB/s  failed {failed}",
+            "{}{:.1} MB  {:.1} MB/s  failed {failed}",
+            if complete { "" } else { "(listing) " },
             bytes as f64 / 1e6,
             rate / 1e6
         );
         match &self.bar {
             Some(bar) => {
+                bar.set_length(total);
                 bar.set_position(done);
                 bar.set_message(amounts);
                 if last {
@@ -679,14 +835,15 @@ impl ProgressOut {
             }
             None => {
                 let secs = start.elapsed().as_secs_f64().max(1e-3);
-                let eta = if done > 0 && done < total {
+                let eta = if complete && done > 0 && done < total {
                     format!("{:.0}s", secs * (total - done) as f64 / done as f64)
                 } else {
                     "-".into()
                 };
                 let (mb, mbs) = (bytes as f64 / 1e6, rate / 1e6);
                 eprintln!(
-                    "files {done}/{total}  {mb:.1} MB  {mbs:.1} MB/s  ETA {eta}  failed {failed}"
+                    "files {done}/{total}{more}  {mb:.1} MB  {mbs:.1} MB/s  ETA {eta}  failed \
+                     {failed}"
                 );
             }
         }
@@ -864,6 +1021,27 @@ mod tests {
     }
 
     #[test]
+    fn what_a_walk_hands_over_is_tallied_and_final_once_it_ends() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let tally = Arc::new(Tally::default());
+        let found = Found::new(tx, tally.clone());
+        found.send(vec![
+            Target::path("/m/a".into()),
+            Target::path("/m/b".into()),
+        ]);
+        // An empty page sends nothing.
+        found.send(Vec::new());
+        found.send(vec![Target::path("/m/c".into())]);
+        assert_eq!(tally.files.load(Ordering::Relaxed), 3);
+        assert!(!tally.done.load(Ordering::Relaxed), "the walk goes on");
+        drop(found);
+        assert!(tally.done.load(Ordering::Relaxed));
+        let sizes: Vec<usize> =
+            std::iter::from_fn(|| rx.try_recv().ok().map(|b| b.len())).collect();
+        assert_eq!(sizes, [2, 1]);
+    }
+
+    #[test]
     fn records_fit_their_limits_and_silent_running_jobs_are_lost() {
         let opts = LoadOptions {
             source: format!("manifest /{}", "é".repeat(MAX_JOB_SOURCE_LEN)),
@@ -877,8 +1055,9 @@ mod tests {
             pages_present: AtomicU64::new(6),
             failed: AtomicU64::new(1),
             first_page: Mutex::new(Some(0.5)),
+            total: Arc::new(Tally::complete(9)),
         };
-        let r = job_record(&opts, &p, 9, opts.submitted + 1.0, JobState::Running);
+        let r = job_record(&opts, &p, opts.submitted + 1.0, JobState::Running);
         assert!(r.source.len() <= MAX_JOB_SOURCE_LEN && r.source.starts_with("manifest /é"));
         assert_eq!(
             (r.files_total, r.files_done, r.files_failed, r.bytes_done),

@@ -541,7 +541,6 @@ async fn load(
     opts: &pagestore_tools::load::LoadOptions,
 ) -> anyhow::Result<()> {
     use pagestore_tools::load;
-    let t0 = std::time::Instant::now();
     let mut opts = opts.clone();
     opts.submitted = load::unix_now();
     opts.source = match (&manifest, &prefix) {
@@ -571,14 +570,12 @@ async fn load(
             load::JobFiles::Manifest(paths)
         }
         (None, Some(p)) => {
-            let files = load::walk(client, &p).await?;
+            let files = load::prefix_files(client, &p).await?;
             eprintln!(
-                "job {}: {} files (listed in {:.2} s); see pagectl jobs",
-                opts.id,
-                files.len(),
-                t0.elapsed().as_secs_f64()
+                "job {}: the files under {p} (listed as they load); see pagectl jobs",
+                opts.id
             );
-            load::JobFiles::Known(files)
+            files
         }
         _ => anyhow::bail!("load needs exactly one of --manifest FILE or --prefix PATH"),
     };
