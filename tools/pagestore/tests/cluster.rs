@@ -267,6 +267,46 @@ async fn unknown_paths_short_reads_and_seeks_behave_like_posix() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_whose_member_dies_midway_goes_on_from_where_it_stopped() {
+    // More entries than three pages of a listing.
+    let n = pagestore_protocol::frame::MAX_LIST_ENTRIES * 2 + 500;
+    let names: Vec<String> = (0..n).map(|i| format!("f{i:05}")).collect();
+    let mut c = cluster_with_data(false, |root| {
+        std::fs::create_dir_all(root.join("big")).unwrap();
+        for name in &names {
+            std::fs::write(root.join("big").join(name), b"x").unwrap();
+        }
+    });
+    let client = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(1),
+            ..ClientOptions::default()
+        })
+        .await;
+    let owner = metadata_node(&c, &client, "/data/big");
+    let before = client.stats();
+    let (mut got, mut pages) = (Vec::new(), 0);
+    client
+        .list_pages("/data/big", |page| {
+            pages += 1;
+            got.extend(page.iter().map(|e| e.name.clone()));
+            if pages == 1 {
+                // The member answering the listing dies after its first page.
+                assert!(page.len() < n, "the first page is not the whole listing");
+                c.inner.kill(owner);
+            }
+        })
+        .await
+        .unwrap();
+    // The rest came from the under storage, from where the member stopped: every entry once,
+    // in order.
+    assert!(pages >= 2, "{pages} pages");
+    assert_eq!(got, names);
+    let s = client.stats();
+    assert_eq!(s.metadata_fallbacks - before.metadata_fallbacks, 1, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_read_costs_speed_not_correctness() {
     let content = bytes(11, 120 * MIB + 17);
     let mut c = cluster_with_data(false, |root| {
