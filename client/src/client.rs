@@ -15,11 +15,12 @@ use std::{
 };
 
 use crate::{
+    chunks::Chunks,
     pool::{ClientError, Pool, PoolOptions},
     spread::HotMap,
     timing::{HedgeBudget, Latency},
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{future::OptionFuture, stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
     frame::{
@@ -531,7 +532,7 @@ struct PageRead<'a> {
 /// Where a read goes after an answer.
 enum Step {
     /// The read's result.
-    Done(Result<Bytes, Error>),
+    Done(Result<Chunks, Error>),
     /// The next member.
     Next,
     /// The under storage, skipping the members left (they would read the same store).
@@ -553,7 +554,7 @@ enum HedgeTarget {
 
 /// A hedge's answer.
 enum HedgeDone {
-    Member(Route, SocketAddr, Attempt<(ResponseBody, Bytes)>),
+    Member(Route, SocketAddr, Attempt<(ResponseBody, Chunks)>),
     Store(Result<Bytes, Error>),
 }
 
@@ -562,7 +563,7 @@ enum HedgedStat {
     /// The store answered first (or after the member failed): the result.
     Store(Result<PathKind, Error>),
     /// The store failed (it is not asked again), and what the member did.
-    StoreFailed(Error, Attempt<(ResponseBody, Bytes)>),
+    StoreFailed(Error, Attempt<(ResponseBody, Chunks)>),
 }
 
 /// A stat's hedge in flight.
@@ -1059,7 +1060,7 @@ impl Client {
     }
 
     /// Sends `body` to `addr` and classifies the outcome.
-    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
+    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Chunks)> {
         self.ask_with(addr, body, Bytes::new()).await
     }
 
@@ -1069,7 +1070,7 @@ impl Client {
         addr: SocketAddr,
         body: RequestBody,
         payload: Bytes,
-    ) -> Attempt<(ResponseBody, Bytes)> {
+    ) -> Attempt<(ResponseBody, Chunks)> {
         let Some(probe) = self.usable(addr) else {
             return Attempt::Failed(format!("{addr} is backed off after failures"));
         };
@@ -1095,7 +1096,7 @@ impl Client {
             _ => self.options.call_timeout,
         };
         let reply = tokio::select! {
-                r = self.pool.request_within(addr, &req, payload, timeout) => r,
+                r = self.pool.request_chunks_within(addr, &req, payload, timeout) => r,
                 why = self.silence(addr, sent) => {
                     let why = match why {
                         Ok(silent) => {
@@ -1196,7 +1197,7 @@ impl Client {
         payload: Bytes,
     ) -> Result<(ResponseBody, Bytes), Error> {
         match self.ask_with(addr, body, payload).await {
-            Attempt::Answer(r) => r,
+            Attempt::Answer(r) => r.map(|(body, payload)| (body, self.pool.join(&payload))),
             Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
                 Err(Error::unavailable(why))
             }
@@ -1322,7 +1323,7 @@ impl Client {
         addr: SocketAddr,
         body: RequestBody,
         path: &str,
-    ) -> Result<Attempt<(ResponseBody, Bytes)>, HedgedStat> {
+    ) -> Result<Attempt<(ResponseBody, Chunks)>, HedgedStat> {
         // The store's answer about the path (a file, a directory, none), as opposed to the
         // store failing.
         let answered = |r: &Result<PathKind, Error>| {
@@ -1499,11 +1500,24 @@ impl Client {
         offset: u32,
         len: u32,
     ) -> Result<Bytes, Error> {
+        let c = self.read_page_chunks(info, page, offset, len).await?;
+        Ok(self.pool.join(&c))
+    }
+
+    /// [`Client::read_page`] with the bytes as the chunks they arrived in (no copy): for
+    /// readers that copy them into buffers of their own.
+    pub async fn read_page_chunks(
+        &self,
+        info: &ObjectInfo,
+        page: u64,
+        offset: u32,
+        len: u32,
+    ) -> Result<Chunks, Error> {
         let layout = self.layout();
         let ps = u64::from(layout.page_size);
         let page_start = page.saturating_mul(ps);
         if page_start >= info.size {
-            return Ok(Bytes::new());
+            return Ok(Chunks::new());
         }
         let file = FileRef {
             file_id: FileId::from_u128(info.file_id),
@@ -1722,7 +1736,7 @@ impl Client {
         if let Some(e) = store_failed {
             return Err(e);
         }
-        self.store_read(info, range).await
+        self.store_read(info, range).await.map(Chunks::from)
     }
 
     /// Reads `range` of `info` from the under storage, as the cluster could not (counted as a
@@ -1746,7 +1760,7 @@ impl Client {
         p: &PageRead<'_>,
         addr: SocketAddr,
         route: Route,
-        answer: Attempt<(ResponseBody, Bytes)>,
+        answer: Attempt<(ResponseBody, Chunks)>,
     ) -> Step {
         let info = p.info;
         match answer {
@@ -1825,7 +1839,7 @@ impl Client {
     ) -> Step {
         match done {
             HedgeDone::Member(route, addr, answer) => self.judge(p, addr, route, answer),
-            HedgeDone::Store(Ok(b)) => Step::Done(Ok(b)),
+            HedgeDone::Store(Ok(b)) => Step::Done(Ok(Chunks::from(b))),
             HedgeDone::Store(Err(e)) => {
                 *store_failed = Some(e);
                 Step::Next
@@ -1981,7 +1995,7 @@ impl Client {
                 let (_, payload) = r?;
                 bump(&self.stats.cluster_bytes, payload.len() as u64);
                 bump(&self.stats.owner_reads, 1);
-                Ok(payload)
+                Ok(self.pool.join(&payload))
             }
             Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
                 Err(Error::unavailable(why))
@@ -1990,18 +2004,31 @@ impl Client {
     }
 
     /// Reads up to `len` bytes at `offset` of `info` (fewer at the end of the file, none past
-    /// it), fetching the covered pages in parallel.
+    /// it), fetching the covered pages in parallel; the bytes are copied once, into the buffer
+    /// returned.
     pub async fn read_at(&self, info: &ObjectInfo, offset: u64, len: u64) -> Result<Bytes, Error> {
+        let c = self.read_at_chunks(info, offset, len).await?;
+        Ok(self.pool.join(&c))
+    }
+
+    /// [`Client::read_at`] with the bytes as the chunks they arrived in (no copy): for readers
+    /// that copy them into buffers of their own.
+    pub async fn read_at_chunks(
+        &self,
+        info: &ObjectInfo,
+        offset: u64,
+        len: u64,
+    ) -> Result<Chunks, Error> {
         let end = offset.saturating_add(len).min(info.size);
         if offset >= end {
-            return Ok(Bytes::new());
+            return Ok(Chunks::new());
         }
         let ps = u64::from(self.page_size());
         let (first, last) = (offset / ps, (end - 1) / ps);
         if first == last {
             let off = (offset - first * ps) as u32;
             return self
-                .read_page(info, first, off, (end - offset) as u32)
+                .read_page_chunks(info, first, off, (end - offset) as u32)
                 .await;
         }
         let parts = stream::iter(first..=last)
@@ -2010,7 +2037,7 @@ impl Client {
                 let e = end.min((p + 1) * ps);
                 async move {
                     let b = self
-                        .read_page(info, p, (s - p * ps) as u32, (e - s) as u32)
+                        .read_page_chunks(info, p, (s - p * ps) as u32, (e - s) as u32)
                         .await?;
                     // A short page inside the file means the object is not what was opened.
                     if b.len() as u64 != e - s {
@@ -2026,12 +2053,12 @@ impl Client {
                 }
             })
             .buffered(self.options.parallel.max(1));
-        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        let mut out = Chunks::new();
         let mut parts = std::pin::pin!(parts);
         while let Some(b) = parts.try_next().await? {
-            out.extend_from_slice(&b);
+            out.append(b);
         }
-        Ok(out.freeze())
+        Ok(out)
     }
 
     /// Reads `range` of the file at `path` (clipped at its end).
