@@ -15,12 +15,11 @@ use std::{
 };
 
 use crate::{
-    chunks::Chunks,
     pool::{ClientError, Pool, PoolOptions},
     spread::HotMap,
     timing::{HedgeBudget, Latency},
 };
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{future::OptionFuture, stream, StreamExt, TryStreamExt};
 use pagestore_protocol::{
     frame::{
@@ -532,7 +531,7 @@ struct PageRead<'a> {
 /// Where a read goes after an answer.
 enum Step {
     /// The read's result.
-    Done(Result<Chunks, Error>),
+    Done(Result<Bytes, Error>),
     /// The next member.
     Next,
     /// The under storage, skipping the members left (they would read the same store).
@@ -554,7 +553,7 @@ enum HedgeTarget {
 
 /// A hedge's answer.
 enum HedgeDone {
-    Member(Route, SocketAddr, Attempt<(ResponseBody, Chunks)>),
+    Member(Route, SocketAddr, Attempt<(ResponseBody, Bytes)>),
     Store(Result<Bytes, Error>),
 }
 
@@ -563,7 +562,7 @@ enum HedgedStat {
     /// The store answered first (or after the member failed): the result.
     Store(Result<PathKind, Error>),
     /// The store failed (it is not asked again), and what the member did.
-    StoreFailed(Error, Attempt<(ResponseBody, Chunks)>),
+    StoreFailed(Error, Attempt<(ResponseBody, Bytes)>),
 }
 
 /// A stat's hedge in flight.
@@ -1060,7 +1059,7 @@ impl Client {
     }
 
     /// Sends `body` to `addr` and classifies the outcome.
-    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Chunks)> {
+    async fn ask(&self, addr: SocketAddr, body: RequestBody) -> Attempt<(ResponseBody, Bytes)> {
         self.ask_with(addr, body, Bytes::new()).await
     }
 
@@ -1070,7 +1069,7 @@ impl Client {
         addr: SocketAddr,
         body: RequestBody,
         payload: Bytes,
-    ) -> Attempt<(ResponseBody, Chunks)> {
+    ) -> Attempt<(ResponseBody, Bytes)> {
         let Some(probe) = self.usable(addr) else {
             return Attempt::Failed(format!("{addr} is backed off after failures"));
         };
@@ -1096,7 +1095,7 @@ impl Client {
             _ => self.options.call_timeout,
         };
         let reply = tokio::select! {
-                r = self.pool.request_chunks_within(addr, &req, payload, timeout) => r,
+                r = self.pool.request_within(addr, &req, payload, timeout) => r,
                 why = self.silence(addr, sent) => {
                     let why = match why {
                         Ok(silent) => {
@@ -1197,7 +1196,7 @@ impl Client {
         payload: Bytes,
     ) -> Result<(ResponseBody, Bytes), Error> {
         match self.ask_with(addr, body, payload).await {
-            Attempt::Answer(r) => r.map(|(body, payload)| (body, self.pool.join(&payload))),
+            Attempt::Answer(r) => r,
             Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
                 Err(Error::unavailable(why))
             }
@@ -1323,7 +1322,7 @@ impl Client {
         addr: SocketAddr,
         body: RequestBody,
         path: &str,
-    ) -> Result<Attempt<(ResponseBody, Chunks)>, HedgedStat> {
+    ) -> Result<Attempt<(ResponseBody, Bytes)>, HedgedStat> {
         // The store's answer about the path (a file, a directory, none), as opposed to the
         // store failing.
         let answered = |r: &Result<PathKind, Error>| {
@@ -1500,24 +1499,11 @@ impl Client {
         offset: u32,
         len: u32,
     ) -> Result<Bytes, Error> {
-        let c = self.read_page_chunks(info, page, offset, len).await?;
-        Ok(self.pool.join(&c))
-    }
-
-    /// [`Client::read_page`] with the bytes as the chunks they arrived in (no copy): for
-    /// readers that copy them into buffers of their own.
-    pub async fn read_page_chunks(
-        &self,
-        info: &ObjectInfo,
-        page: u64,
-        offset: u32,
-        len: u32,
-    ) -> Result<Chunks, Error> {
         let layout = self.layout();
         let ps = u64::from(layout.page_size);
         let page_start = page.saturating_mul(ps);
         if page_start >= info.size {
-            return Ok(Chunks::new());
+            return Ok(Bytes::new());
         }
         let file = FileRef {
             file_id: FileId::from_u128(info.file_id),
@@ -1736,7 +1722,7 @@ impl Client {
         if let Some(e) = store_failed {
             return Err(e);
         }
-        self.store_read(info, range).await.map(Chunks::from)
+        self.store_read(info, range).await
     }
 
     /// Reads `range` of `info` from the under storage, as the cluster could not (counted as a
@@ -1760,7 +1746,7 @@ impl Client {
         p: &PageRead<'_>,
         addr: SocketAddr,
         route: Route,
-        answer: Attempt<(ResponseBody, Chunks)>,
+        answer: Attempt<(ResponseBody, Bytes)>,
     ) -> Step {
         let info = p.info;
         match answer {
@@ -1839,7 +1825,7 @@ impl Client {
     ) -> Step {
         match done {
             HedgeDone::Member(route, addr, answer) => self.judge(p, addr, route, answer),
-            HedgeDone::Store(Ok(b)) => Step::Done(Ok(Chunks::from(b))),
+            HedgeDone::Store(Ok(b)) => Step::Done(Ok(b)),
             HedgeDone::Store(Err(e)) => {
                 *store_failed = Some(e);
                 Step::Next
@@ -1995,7 +1981,7 @@ impl Client {
                 let (_, payload) = r?;
                 bump(&self.stats.cluster_bytes, payload.len() as u64);
                 bump(&self.stats.owner_reads, 1);
-                Ok(self.pool.join(&payload))
+                Ok(payload)
             }
             Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
                 Err(Error::unavailable(why))
@@ -2004,31 +1990,18 @@ impl Client {
     }
 
     /// Reads up to `len` bytes at `offset` of `info` (fewer at the end of the file, none past
-    /// it), fetching the covered pages in parallel; the bytes are copied once, into the buffer
-    /// returned.
+    /// it), fetching the covered pages in parallel.
     pub async fn read_at(&self, info: &ObjectInfo, offset: u64, len: u64) -> Result<Bytes, Error> {
-        let c = self.read_at_chunks(info, offset, len).await?;
-        Ok(self.pool.join(&c))
-    }
-
-    /// [`Client::read_at`] with the bytes as the chunks they arrived in (no copy): for readers
-    /// that copy them into buffers of their own.
-    pub async fn read_at_chunks(
-        &self,
-        info: &ObjectInfo,
-        offset: u64,
-        len: u64,
-    ) -> Result<Chunks, Error> {
         let end = offset.saturating_add(len).min(info.size);
         if offset >= end {
-            return Ok(Chunks::new());
+            return Ok(Bytes::new());
         }
         let ps = u64::from(self.page_size());
         let (first, last) = (offset / ps, (end - 1) / ps);
         if first == last {
             let off = (offset - first * ps) as u32;
             return self
-                .read_page_chunks(info, first, off, (end - offset) as u32)
+                .read_page(info, first, off, (end - offset) as u32)
                 .await;
         }
         let parts = stream::iter(first..=last)
@@ -2037,7 +2010,7 @@ impl Client {
                 let e = end.min((p + 1) * ps);
                 async move {
                     let b = self
-                        .read_page_chunks(info, p, (s - p * ps) as u32, (e - s) as u32)
+                        .read_page(info, p, (s - p * ps) as u32, (e - s) as u32)
                         .await?;
                     // A short page inside the file means the object is not what was opened.
                     if b.len() as u64 != e - s {
@@ -2053,12 +2026,12 @@ impl Client {
                 }
             })
             .buffered(self.options.parallel.max(1));
-        let mut out = Chunks::new();
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
         let mut parts = std::pin::pin!(parts);
         while let Some(b) = parts.try_next().await? {
-            out.append(b);
+            out.extend_from_slice(&b);
         }
-        Ok(out)
+        Ok(out.freeze())
     }
 
     /// Reads `range` of the file at `path` (clipped at its end).

@@ -9,12 +9,13 @@ use std::{
     task::{Context, Poll},
 };
 
+use bytes::Bytes;
 use tokio::{
     io::{AsyncRead, AsyncSeek, ReadBuf},
     task::JoinHandle,
 };
 
-use crate::{client::Error, ufs::ObjectInfo, Chunks, Client};
+use crate::{client::Error, ufs::ObjectInfo, Client};
 
 /// Tells a sequential reader from a random one, for readers that fetch whole pages and read
 /// ahead (pagefs, the Python `Reader`). A read belongs to a sequential run when it starts where
@@ -68,8 +69,8 @@ pub struct FileHandle {
     client: Arc<Client>,
     info: Arc<ObjectInfo>,
     pos: u64,
-    current: Option<(u64, Chunks)>,
-    pending: BTreeMap<u64, JoinHandle<Result<Chunks, Error>>>,
+    current: Option<(u64, Bytes)>,
+    pending: BTreeMap<u64, JoinHandle<Result<Bytes, Error>>>,
 }
 
 impl FileHandle {
@@ -105,7 +106,7 @@ impl FileHandle {
         let len = self.client.page_size();
         self.pending.insert(
             page,
-            tokio::spawn(async move { client.read_page_chunks(&info, page, 0, len).await }),
+            tokio::spawn(async move { client.read_page(&info, page, 0, len).await }),
         );
     }
 
@@ -167,10 +168,7 @@ impl AsyncRead for FileHandle {
                         )));
                     }
                     let n = (bytes.len() - off).min(buf.remaining());
-                    // The page's bytes are copied once, from the chunks they arrived in.
-                    for piece in bytes.pieces(off..off + n) {
-                        buf.put_slice(piece);
-                    }
+                    buf.put_slice(&bytes[off..off + n]);
                     this.pos += n as u64;
                     return Poll::Ready(Ok(()));
                 }

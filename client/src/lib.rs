@@ -1,7 +1,6 @@
 //! `pagestore-client`: what a reader needs to use the cache, on tokio (no engine, no glommio).
 //!
 //! - [`pool`]: QUIC connections to shard endpoints (quinn), one request per stream.
-//! - [`chunks`]: a reply's payload as the pieces it arrived in, copied once by the reader.
 //! - [`ufs`], [`localfs`], [`etcd`]: the mounts and membership, re-exported from
 //!   `pagestore-mounts` (a client reads the under storage itself when the cache cannot answer).
 //! - [`client`]: the cluster client: `stat`, `list`, `read`, parallel page fetches from the
@@ -14,7 +13,6 @@
 //! - [`writer`]: writing through the cluster to `back` and `transient` mounts, and their
 //!   namespace changes (rename, delete, directories).
 
-pub mod chunks;
 pub mod client;
 pub mod handle;
 pub mod pool;
@@ -26,7 +24,6 @@ pub mod writer;
 
 pub use pagestore_mounts::{etcd, localfs, ufs};
 
-pub use chunks::Chunks;
 pub use client::{
     BoxError, Client, ClientOptions, ClusterSource, Error, LoadOutcome, ShardStat, StatsSnapshot,
 };

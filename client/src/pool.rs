@@ -2,15 +2,12 @@
 //! sending one request per bidirectional stream.
 
 use bytes::Bytes;
-use pagestore_protocol::frame::{FrameError, Preamble, PREAMBLE_LEN};
 use std::{
     collections::HashMap,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
-
-use crate::Chunks;
 
 /// Why a call failed. Every variant means the request may not have been served; none is a
 /// protocol answer (those come back in the reply).
@@ -200,7 +197,7 @@ pub struct Pool {
     options: PoolOptions,
 }
 
-/// Replies at least this large are joined into a kept buffer ([`ReplyBuffers`]).
+/// Replies at least this large are read into a kept buffer ([`ReplyBuffers`]).
 const KEEP_FROM: usize = 256 << 10;
 /// Bytes of free reply buffers kept at most.
 const KEEP_AT_MOST: usize = 64 << 20;
@@ -254,36 +251,6 @@ impl AsRef<[u8]> for KeptReply {
 impl Drop for KeptReply {
     fn drop(&mut self) {
         self.home.give(std::mem::take(&mut self.bytes));
-    }
-}
-
-/// A reply as read from its stream: the preamble and header in one buffer, the payload as the
-/// chunks it arrived in.
-struct Reply {
-    head: Vec<u8>,
-    payload: Chunks,
-}
-
-impl Reply {
-    /// What arrived of a reply that is not a whole frame (decoding it says what is wrong).
-    fn partial(head: Vec<u8>) -> Reply {
-        Reply {
-            head,
-            payload: Chunks::new(),
-        }
-    }
-
-    /// The response, checked against the lengths its preamble announced.
-    fn decode(&self) -> Result<pagestore_protocol::frame::Response, FrameError> {
-        let preamble = Preamble::decode_prefix(&self.head)?;
-        let got = self.head.len() + self.payload.len();
-        if got != preamble.frame_len() {
-            return Err(FrameError::Truncated {
-                needed: preamble.frame_len(),
-                got,
-            });
-        }
-        pagestore_protocol::frame::decode_response(&preamble, &self.head[preamble.header_range()])
     }
 }
 
@@ -348,33 +315,25 @@ impl Pool {
         }
     }
 
-    /// Sends `request` (a frame made by hand: for tools and tests) then `payload` on a new
-    /// stream to `addr` and returns the whole reply as it came, undecoded.
+    /// Sends `request` then `payload` on a new stream to `addr` and returns the whole reply.
     pub async fn call(
         &self,
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
     ) -> Result<Bytes, ClientError> {
-        let r = self
-            .call_within(addr, request, payload, self.options.timeout)
-            .await?;
-        let mut whole = r.head;
-        for p in r.payload.parts() {
-            whole.extend_from_slice(p);
-        }
-        Ok(whole.into())
+        self.call_within(addr, request, payload, self.options.timeout)
+            .await
     }
 
-    /// Sends `request` then `payload` on a new stream to `addr` and returns the reply, within
-    /// `timeout`.
-    async fn call_within(
+    /// [`Pool::call`] with its own time allowance instead of [`PoolOptions::timeout`].
+    pub async fn call_within(
         &self,
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
         timeout: Duration,
-    ) -> Result<Reply, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         match tokio::time::timeout(timeout, self.call_inner(addr, request, payload)).await {
             Ok(r) => r,
             Err(_) => {
@@ -406,7 +365,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
-    ) -> Result<Reply, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         // A cached connection may belong to an earlier life of the member (it restarted): when
         // it turns out closed, try once more on a fresh connection.
         if let Some(conn) = self.cached(addr) {
@@ -426,7 +385,7 @@ impl Pool {
         addr: SocketAddr,
         request: &[u8],
         payload: Bytes,
-    ) -> Result<Reply, ClientError> {
+    ) -> Result<Bytes, ClientError> {
         // A stream error on a closed connection says only "connection lost": name the reason
         // when the node refused this client.
         let xfer = |e: TransferFailure| match conn.close_reason() {
@@ -455,66 +414,53 @@ impl Pool {
         }
         send.finish().map_err(|e| xfer(e.into()))?;
         drop(writer);
-        // Replies are frames: the preamble says how long the header and the payload are. The
-        // preamble and header are read into one buffer (the header is decoded in place); the
-        // payload is kept as the chunks quinn hands over, uncopied.
-        let mut head = vec![0u8; PREAMBLE_LEN];
+        // Replies are frames: the preamble says how long the whole frame is, so the buffer is
+        // allocated once at its final size (no regrowth, no extra copies).
+        let mut buf = vec![0u8; pagestore_protocol::frame::PREAMBLE_LEN];
         let mut got = 0;
-        while got < head.len() {
+        while got < buf.len() {
             match recv
-                .read(&mut head[got..])
+                .read(&mut buf[got..])
                 .await
                 .map_err(|e| xfer(e.into()))?
             {
                 Some(n) => got += n,
                 None => {
-                    head.truncate(got);
-                    return Ok(Reply::partial(head));
+                    buf.truncate(got);
+                    return Ok(buf.into());
                 }
             }
         }
-        let Ok(preamble) = Preamble::decode_prefix(&head) else {
-            // Not a frame: read what there is (bounded) and let the caller judge it.
-            while let Some(chunk) = recv
-                .read_chunk(self.options.max_reply.saturating_sub(head.len()), true)
-                .await
-                .map_err(|e| xfer(e.into()))?
-            {
-                head.extend_from_slice(&chunk.bytes);
-                if head.len() >= self.options.max_reply {
-                    break;
-                }
-            }
-            return Ok(Reply::partial(head));
-        };
-        if preamble.frame_len() > self.options.max_reply {
+        // Not a frame: read what there is (bounded) and let the caller judge it.
+        let total = pagestore_protocol::frame::Preamble::decode_prefix(&buf)
+            .map_or(self.options.max_reply, |p| p.frame_len());
+        if total > self.options.max_reply {
             return Err(ClientError::TooLarge(addr, self.options.max_reply));
         }
-        let header_end = preamble.header_range().end;
-        head.reserve_exact(header_end - head.len());
-        while head.len() < header_end {
-            match recv
-                .read_chunk(header_end - head.len(), true)
-                .await
-                .map_err(|e| xfer(e.into()))?
-            {
-                Some(chunk) => head.extend_from_slice(&chunk.bytes),
-                None => return Ok(Reply::partial(head)),
-            }
+        // quinn's chunks are appended as they come: one copy per byte, and no zero-fill first.
+        // A large reply goes into a kept buffer (see `ReplyBuffers`).
+        let kept = total >= KEEP_FROM;
+        if kept {
+            let mut b = self.buffers.take(total);
+            b.extend_from_slice(&buf);
+            buf = b;
+        } else {
+            buf.reserve_exact(total - got);
         }
-        let want = preamble.payload_len as usize;
-        let mut payload = Chunks::new();
-        while payload.len() < want {
+        while got < total {
             match recv
-                .read_chunk(want - payload.len(), true)
+                .read_chunk(total - got, true)
                 .await
                 .map_err(|e| xfer(e.into()))?
             {
-                Some(chunk) => payload.push(chunk.bytes),
+                Some(chunk) => {
+                    buf.extend_from_slice(&chunk.bytes);
+                    got += chunk.bytes.len();
+                }
                 None => break,
             }
         }
-        if payload.len() == want
+        if got == total
             && recv
                 .read(&mut [0u8; 1])
                 .await
@@ -523,27 +469,18 @@ impl Pool {
         {
             return Err(ClientError::Protocol(addr, ProtocolFailure::TrailingBytes));
         }
-        Ok(Reply { head, payload })
-    }
-
-    /// `chunks` in one buffer: the chunk itself where there is one, else one copy (into a kept
-    /// buffer for large ones, see [`ReplyBuffers`]).
-    pub fn join(&self, chunks: &Chunks) -> Bytes {
-        if chunks.parts().len() <= 1 || chunks.len() < KEEP_FROM {
-            return chunks.to_bytes();
-        }
-        let mut b = self.buffers.take(chunks.len());
-        for p in chunks.parts() {
-            b.extend_from_slice(p);
-        }
-        Bytes::from_owner(KeptReply {
-            bytes: b,
-            home: self.buffers.clone(),
+        Ok(if kept {
+            Bytes::from_owner(KeptReply {
+                bytes: buf,
+                home: self.buffers.clone(),
+            })
+        } else {
+            buf.into()
         })
     }
 
     /// Sends one request frame (and its payload) and decodes the response frame. Returns the
-    /// response and its payload in one buffer ([`Pool::join`]).
+    /// response and its payload bytes: a view into the buffer the reply was read into (no copy).
     pub async fn request(
         &self,
         addr: SocketAddr,
@@ -562,39 +499,12 @@ impl Pool {
         payload: Bytes,
         timeout: Duration,
     ) -> Result<(pagestore_protocol::frame::Response, Bytes), ClientError> {
-        let (response, body) = self
-            .request_chunks_within(addr, request, payload, timeout)
-            .await?;
-        Ok((response, self.join(&body)))
-    }
-
-    /// [`Pool::request`] with the payload as the chunks it arrived in (no copy).
-    pub async fn request_chunks(
-        &self,
-        addr: SocketAddr,
-        request: &pagestore_protocol::frame::Request,
-        payload: Bytes,
-    ) -> Result<(pagestore_protocol::frame::Response, Chunks), ClientError> {
-        self.request_chunks_within(addr, request, payload, self.options.timeout)
-            .await
-    }
-
-    /// [`Pool::request_chunks`] with its own time allowance instead of
-    /// [`PoolOptions::timeout`].
-    pub async fn request_chunks_within(
-        &self,
-        addr: SocketAddr,
-        request: &pagestore_protocol::frame::Request,
-        payload: Bytes,
-        timeout: Duration,
-    ) -> Result<(pagestore_protocol::frame::Response, Chunks), ClientError> {
         let proto = |f: ProtocolFailure| ClientError::Protocol(addr, f);
         let mut head = Vec::with_capacity(128);
         pagestore_protocol::frame::encode_request(request, payload.len() as u32, &mut head)
             .map_err(|e| proto(ProtocolFailure::Encode(e)))?;
-        let reply = self.call_within(addr, &head, payload, timeout).await?;
-        let response = reply
-            .decode()
+        let raw = self.call_within(addr, &head, payload, timeout).await?;
+        let (response, range) = pagestore_protocol::frame::decode_response_frame(&raw)
             .map_err(|e| proto(ProtocolFailure::Decode(e)))?;
         if response.request_id != request.request_id && response.request_id != 0 {
             return Err(proto(ProtocolFailure::WrongRequest {
@@ -608,7 +518,8 @@ impl Pool {
                 request: format!("{:?}", request.body),
             }));
         }
-        Ok((response, reply.payload))
+        let body = raw.slice(range);
+        Ok((response, body))
     }
 
     /// Closes every connection.

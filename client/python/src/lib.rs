@@ -398,7 +398,7 @@ impl Cluster {
             match r {
                 Ok(b) => {
                     total += b.len() as u64;
-                    out.append(reader::bytes_of(py, b.len(), b.pieces(0..b.len()))?)?;
+                    out.append(PyBytes::new(py, &b))?;
                 }
                 Err(e) => out.append(to_py(e).into_value(py))?,
             }

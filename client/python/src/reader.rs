@@ -11,10 +11,11 @@ use std::{
     time::Instant,
 };
 
+use bytes::Bytes;
 use futures_util::{stream, StreamExt};
-use pyo3::{exceptions::PyValueError, ffi, prelude::*, types::PyBytes};
+use pyo3::{exceptions::PyValueError, prelude::*, types::PyBytes};
 
-use pagestore_client::{ufs::ObjectInfo, Chunks, Client, Error, ReadRun};
+use pagestore_client::{ufs::ObjectInfo, Client, Error, ReadRun};
 
 use crate::{process, to_py, ClusterRef, Process};
 
@@ -48,8 +49,8 @@ async fn read_exact(
     info: &ObjectInfo,
     offset: u64,
     len: u64,
-) -> Result<Chunks, Error> {
-    let b = client.read_at_chunks(info, offset, len).await?;
+) -> Result<Bytes, Error> {
+    let b = client.read_at(info, offset, len).await?;
     if b.len() as u64 != len {
         return Err(short(info, offset, b.len(), len));
     }
@@ -69,50 +70,26 @@ pub fn read_into_bytes<'py>(
     let b = p
         .block_on(py, read_exact(client, info, offset, len))
         .map_err(to_py)?;
-    let out = bytes_of(py, b.len(), b.pieces(0..b.len()))?;
+    let out = PyBytes::new(py, &b);
     p.reads.record(t0, len);
     Ok(out)
 }
 
-/// `pieces` (in order, `n` bytes in all) as one Python `bytes`, copied once: the object is
-/// created uninitialised and filled here (PyO3's `PyBytes::new_with` zero-fills it first, a
-/// second pass over every byte).
-pub fn bytes_of<'py, 'a>(
-    py: Python<'py>,
-    n: usize,
-    pieces: impl Iterator<Item = &'a [u8]>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let len = ffi::Py_ssize_t::try_from(n).map_err(|_| PyValueError::new_err("read too large"))?;
-    // SAFETY: the GIL is held (`py`). PyBytes_FromStringAndSize(NULL, len) returns a new
-    // reference to a bytes object of `len` bytes not yet written, or NULL with a Python
-    // exception set, which `from_owned_ptr_or_err` turns into the error.
-    let obj = unsafe {
-        Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), len))?
-    };
-    let obj = obj.cast_into::<PyBytes>()?;
-    // SAFETY: PyBytes_AsString of a bytes object points at its `len` bytes, valid while `obj`
-    // lives; nothing else has seen the object yet, so this is the only access to them, and
-    // every byte is written below before the object is handed out.
-    let buf = unsafe {
-        std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(obj.as_ptr()).cast::<u8>(), n)
-    };
-    let mut at = 0;
-    for piece in pieces {
-        let end = at + piece.len();
-        if end > n {
-            break;
+/// `chunks` (in order, `n` bytes in all) as one Python `bytes`. One chunk (a read within one
+/// page: every aligned read of at most a page) is copied once; several are copied once each into
+/// a `bytes` that PyO3 zero-fills first.
+fn joined<'py>(py: Python<'py>, chunks: &[Bytes], n: usize) -> PyResult<Bound<'py, PyBytes>> {
+    if let [one] = chunks {
+        return Ok(PyBytes::new(py, one));
+    }
+    PyBytes::new_with(py, n, |buf| {
+        let mut at = 0;
+        for c in chunks {
+            buf[at..at + c.len()].copy_from_slice(c);
+            at += c.len();
         }
-        buf[at..end].copy_from_slice(piece);
-        at = end;
-    }
-    if at != n {
-        // Not reached: callers count `n` from the pieces. Never hand out unwritten bytes.
-        buf[at..].fill(0);
-        return Err(PyValueError::new_err(format!(
-            "internal error: {at} bytes gathered for a read of {n}"
-        )));
-    }
-    Ok(obj)
+        Ok(())
+    })
 }
 
 /// `e` again (the typed kind and message; an underlying error is not kept): the error of a
@@ -145,7 +122,7 @@ pub async fn cat_ranges(
     starts: Vec<Option<i64>>,
     ends: Vec<Option<i64>>,
     parallel: usize,
-) -> Vec<Result<Chunks, Error>> {
+) -> Vec<Result<Bytes, Error>> {
     let mut unique = paths.clone();
     unique.sort_unstable();
     unique.dedup();
@@ -194,8 +171,8 @@ struct State {
     /// Sequential or random: whether reads get whole pages and the read-ahead.
     run: ReadRun,
     /// Whole pages fetched ahead of a sequential reader, and the page it is in.
-    pages: BTreeMap<u64, tokio::task::JoinHandle<Result<Chunks, Error>>>,
-    current: Option<(u64, Chunks)>,
+    pages: BTreeMap<u64, tokio::task::JoinHandle<Result<Bytes, Error>>>,
+    current: Option<(u64, Bytes)>,
 }
 
 /// An open file of the cluster (`Cluster.open`): seekable, pinned to one version, with
@@ -259,7 +236,7 @@ impl State {
             p.spawn(async move {
                 let ps = u64::from(client.page_size());
                 let want = (info.size - page * ps).min(ps);
-                let b = client.read_page_chunks(&info, page, 0, ps as u32).await?;
+                let b = client.read_page(&info, page, 0, ps as u32).await?;
                 if b.len() as u64 != want {
                     return Err(short(&info, page * ps, b.len(), want));
                 }
@@ -282,7 +259,7 @@ impl State {
         info: &Arc<ObjectInfo>,
         p: &Process,
         page: u64,
-    ) -> Result<Chunks, Error> {
+    ) -> Result<Bytes, Error> {
         if let Some((n, b)) = &self.current {
             if *n == page {
                 return Ok(b.clone());
@@ -290,7 +267,7 @@ impl State {
         }
         self.start(info, p, page);
         let Some(h) = self.pages.remove(&page) else {
-            return Ok(Chunks::new());
+            return Ok(Bytes::new());
         };
         let b = h
             .await
@@ -299,14 +276,14 @@ impl State {
         Ok(b)
     }
 
-    /// The `len` bytes at `self.pos` (the caller clipped them to the file), as ranges of the
+    /// The `len` bytes at `self.pos` (the caller clipped them to the file), as slices of the
     /// pages that hold them: nothing is copied here.
     async fn gather(
         &mut self,
         info: &Arc<ObjectInfo>,
         p: &Process,
         len: u64,
-    ) -> Result<Vec<(Chunks, std::ops::Range<usize>)>, Error> {
+    ) -> Result<Vec<Bytes>, Error> {
         let pos = self.pos;
         let ps = u64::from(self.client.page_size());
         // Whole pages and the read-ahead only for a sequential run (see `ReadRun`); any other
@@ -320,8 +297,7 @@ impl State {
                 .spawn(async move { read_exact(&client, &info, pos, len).await })
                 .await
                 .map_err(|e| Error::unavailable(format!("read ended: {e}")))??;
-            let all = 0..b.len();
-            return Ok(vec![(b, all)]);
+            return Ok(vec![b]);
         }
         let (first, last) = (pos / ps, (pos + len - 1) / ps);
         let ahead = self.client.options().readahead as u64;
@@ -346,7 +322,7 @@ impl State {
             if n as u64 != want {
                 return Err(short(info, at, n, want));
             }
-            chunks.push((b, off..off + n));
+            chunks.push(b.slice(off..off + n));
             at += n as u64;
         }
         Ok(chunks)
@@ -376,8 +352,7 @@ impl Reader {
         } else {
             p.block_on(py, st.gather(info, p, len)).map_err(to_py)?
         };
-        let pieces = chunks.iter().flat_map(|(c, r)| c.pieces(r.clone()));
-        let out = bytes_of(py, n, pieces)?;
+        let out = joined(py, &chunks, n)?;
         st.pos += len;
         if len > 0 {
             p.reads.record(t0, len);
