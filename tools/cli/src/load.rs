@@ -643,12 +643,24 @@ pub async fn run_job(client: Arc<Client>, files: JobFiles, opts: &LoadOptions) -
         }
     };
     loading.await;
-    let (unlisted, resolved) = match resolving {
-        Some(task) => task.await.unwrap_or_else(|_| (Vec::new(), Instant::now())),
-        None => (Vec::new(), start),
+    // The resolving task's end: the directories it could not list, and when it ended. One that
+    // died (a panic) may not have handed over every file, and the count would not show it.
+    let (unlisted, resolved, died) = match resolving {
+        Some(task) => match task.await {
+            Ok((unlisted, at)) => (unlisted, at, None),
+            Err(e) => (Vec::new(), Instant::now(), Some(e.to_string())),
+        },
+        None => (Vec::new(), start, None),
     };
     {
         let mut rep = report.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = died {
+            progress.failed.fetch_add(1, Ordering::Relaxed);
+            rep.failures.push((
+                opts.source.clone(),
+                format!("resolving the job's files stopped: {why}"),
+            ));
+        }
         // A directory that could not be listed fails the job: its files are unknown.
         for (dir, e) in unlisted {
             progress.failed.fetch_add(1, Ordering::Relaxed);
