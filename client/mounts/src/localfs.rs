@@ -402,6 +402,14 @@ fn meta_of(location: &Path, st: &std::fs::Metadata) -> ObjectMeta {
     }
 }
 
+/// One entry of a directory's listing.
+enum Listed {
+    /// A subdirectory that holds an object.
+    Dir(Path),
+    /// A regular file.
+    File(ObjectMeta),
+}
+
 fn meta_of_stat(location: Path, st: &libc::stat) -> ObjectMeta {
     let ns = |s: i64, n: i64| (s as i128) * 1_000_000_000 + n as i128;
     let last_modified = chrono::DateTime::from_timestamp(
@@ -857,48 +865,100 @@ impl LocalStore {
         Ok((Arc::new(file), meta_of(location, &st)))
     }
 
-    fn list_dir(root: &OwnedFd, prefix: &Path) -> Result<(Vec<Path>, Vec<ObjectMeta>)> {
+    /// The names in the directory `prefix` and a descriptor of it to stat them through;
+    /// `None` when nothing (or no directory, or a symlink) is there: an empty listing.
+    fn open_listing(root: &OwnedFd, prefix: &Path) -> Result<Option<(Vec<Vec<u8>>, OwnedFd)>> {
         let fd = match open_beneath(root, prefix.as_ref(), libc::O_RDONLY | libc::O_DIRECTORY) {
             Ok(fd) => fd,
-            // Nothing (or no directory, or a symlink) there: an empty listing.
             Err(e)
                 if matches!(
                     e.raw_os_error(),
                     Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
                 ) =>
             {
-                return Ok((Vec::new(), Vec::new()))
+                return Ok(None)
             }
             Err(e) => return Err(to_error(prefix, e)),
         };
         let probe = fd.try_clone().map_err(|e| to_error(prefix, e))?;
         let names = read_names(fd).map_err(|e| to_error(prefix, e))?;
+        Ok(Some((names, probe)))
+    }
+
+    /// What the listing of `prefix` shows for `name` (a listable name read from `probe`, the
+    /// directory): a directory that holds an object, a regular file, or nothing (gone since
+    /// the directory was read, a symlink, a special file, a directory without objects).
+    fn list_entry(
+        root: &OwnedFd,
+        probe: &OwnedFd,
+        prefix: &Path,
+        name: &str,
+    ) -> Result<Option<Listed>> {
+        let Ok(part) = PathPart::parse(name) else {
+            return Ok(None);
+        };
+        let st = match stat_at(probe, name) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(to_error(prefix, e)),
+        };
+        let child = prefix.clone().join(part);
+        Ok(if is_dir(st.st_mode) {
+            // Only directories that hold an object somewhere beneath them are listed.
+            holds_object(root, child.as_ref()).then_some(Listed::Dir(child))
+        } else if is_reg(st.st_mode) {
+            Some(Listed::File(meta_of_stat(child, &st)))
+        } else {
+            None
+        })
+    }
+
+    fn list_dir(root: &OwnedFd, prefix: &Path) -> Result<(Vec<Path>, Vec<ObjectMeta>)> {
         let (mut dirs, mut files) = (Vec::new(), Vec::new());
-        for raw in &names {
-            let Some(name) = listable(raw) else {
-                continue;
-            };
-            let Ok(part) = PathPart::parse(name) else {
-                continue;
-            };
-            let st = match stat_at(&probe, name) {
-                Ok(st) => st,
-                // Gone since the directory was read.
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-                Err(e) => return Err(to_error(prefix, e)),
-            };
-            let child = prefix.clone().join(part);
-            if is_dir(st.st_mode) {
-                // Only directories that hold an object somewhere beneath them are listed.
-                if holds_object(root, child.as_ref()) {
-                    dirs.push(child);
-                }
-            } else if is_reg(st.st_mode) {
-                files.push(meta_of_stat(child, &st));
+        let Some((names, probe)) = Self::open_listing(root, prefix)? else {
+            return Ok((dirs, files));
+        };
+        for name in names.iter().filter_map(|raw| listable(raw)) {
+            match Self::list_entry(root, &probe, prefix, name)? {
+                Some(Listed::Dir(d)) => dirs.push(d),
+                Some(Listed::File(f)) => files.push(f),
+                None => {}
             }
-            // Symlinks and special files are not objects: not listed.
         }
         Ok((dirs, files))
+    }
+
+    /// The first `max` entries (at least one) of what `list_with_delimiter(prefix)` gives, in
+    /// name order, and whether names follow them: the directory's names are read and sorted,
+    /// but only those entries are examined, so the head of a directory of 100,000 files comes
+    /// in a fraction of the time its whole listing takes. Every name that follows is greater
+    /// than the last entry's.
+    pub async fn list_head(
+        &self,
+        prefix: &Path,
+        max: usize,
+    ) -> Result<(Vec<Path>, Vec<ObjectMeta>, bool)> {
+        let (root, prefix, max) = (self.root.clone(), prefix.clone(), max.max(1));
+        blocking(move || {
+            let (mut dirs, mut files) = (Vec::new(), Vec::new());
+            let Some((names, probe)) = Self::open_listing(&root, &prefix)? else {
+                return Ok((dirs, files, false));
+            };
+            let mut names: Vec<&str> = names.iter().filter_map(|raw| listable(raw)).collect();
+            names.sort_unstable();
+            for name in names {
+                if dirs.len() + files.len() == max {
+                    return Ok((dirs, files, true));
+                }
+                match Self::list_entry(&root, &probe, &prefix, name)? {
+                    Some(Listed::Dir(d)) => dirs.push(d),
+                    Some(Listed::File(f)) => files.push(f),
+                    None => {}
+                }
+            }
+            Ok((dirs, files, false))
+        })
+        .await
     }
 
     fn list_all(root: &OwnedFd, prefix: &Path) -> Result<Vec<ObjectMeta>> {

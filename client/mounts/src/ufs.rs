@@ -1181,24 +1181,7 @@ impl MountTable {
     async fn scan(&self, dir: &str) -> Result<Vec<DirEntry>, UfsError> {
         let dir = dir.trim_end_matches('/');
         let dir = if dir.is_empty() { "/" } else { dir };
-        let mut out = Vec::new();
-        let subdir = |name: String| DirEntry {
-            name,
-            is_dir: true,
-            size: 0,
-            version_tag: String::new(),
-            mtime_ns: 0,
-        };
-        // Mount points below this directory show as directories.
-        for prefix in self.prefixes() {
-            let parent = prefix.rsplit_once('/').map_or("", |(p, _)| p);
-            let parent = if parent.is_empty() { "/" } else { parent };
-            if !prefix.is_empty() && parent == dir {
-                out.push(subdir(
-                    prefix.rsplit('/').next().unwrap_or_default().to_string(),
-                ));
-            }
-        }
+        let mut out = self.mount_points_in(dir);
         match self.resolve(dir) {
             Ok((m, p)) => {
                 let prefix = if p.as_ref().is_empty() {
@@ -1211,23 +1194,74 @@ impl MountTable {
                     .list_with_delimiter(prefix)
                     .await
                     .map_err(|e| UfsError::Store(dir.to_string(), e))?;
-                for d in r.common_prefixes {
-                    out.push(subdir(d.filename().unwrap_or_default().to_string()));
-                }
-                for o in r.objects {
-                    out.push(DirEntry {
-                        name: o.location.filename().unwrap_or_default().to_string(),
-                        is_dir: false,
-                        size: o.size,
-                        version_tag: listed_version(&o),
-                        mtime_ns: mtime_ns(&o.last_modified),
-                    });
-                }
+                out.extend(store_entries(r.common_prefixes, r.objects));
             }
             Err(UfsError::NotFound(_)) if !out.is_empty() => {}
             Err(e) => return Err(e),
         }
         Ok(out)
+    }
+
+    /// The mount points directly below the logical directory `dir` (no trailing slash, `/`
+    /// for the root), as directory entries.
+    fn mount_points_in(&self, dir: &str) -> Vec<DirEntry> {
+        let mut out = Vec::new();
+        for prefix in self.prefixes() {
+            let parent = prefix.rsplit_once('/').map_or("", |(p, _)| p);
+            let parent = if parent.is_empty() { "/" } else { parent };
+            if !prefix.is_empty() && parent == dir {
+                out.push(subdir(
+                    prefix.rsplit('/').next().unwrap_or_default().to_string(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Whether [`MountTable::list_head`] can give the head of `dir`'s listing sooner than
+    /// [`MountTable::list_entries`] gives all of it: where `dir` is in a `file://` mount.
+    pub fn has_list_head(&self, dir: &str) -> bool {
+        self.resolve(dir).is_ok_and(|(m, _)| m.local.is_some())
+    }
+
+    /// The first entries (at most `max`, at least one) of what [`MountTable::list_entries`]
+    /// gives for `dir`, and whether more may follow them, without examining the rest of a
+    /// large directory (`file://` mounts; elsewhere the whole listing is made and cut).
+    pub async fn list_head(
+        &self,
+        dir: &str,
+        max: usize,
+    ) -> Result<(Vec<DirEntry>, bool), UfsError> {
+        let max = max.max(1);
+        let dir = dir.trim_end_matches('/');
+        let dir = if dir.is_empty() { "/" } else { dir };
+        let local = match self.resolve(dir) {
+            Ok((m, p)) => m.local.clone().map(|l| (l, p)),
+            Err(_) => None,
+        };
+        let Some((local, p)) = local else {
+            let mut all = self.list_entries(dir).await?;
+            let more = all.len() > max;
+            all.truncate(max);
+            return Ok((all, more));
+        };
+        let (dirs, files, more) = local
+            .list_head(&p, max)
+            .await
+            .map_err(|e| UfsError::Store(dir.to_string(), e))?;
+        let listed = store_entries(dirs, files);
+        // Every name after the head is greater than its last: mount points beyond it come in
+        // the pages after.
+        let last = listed.iter().map(|e| e.name.clone()).max();
+        let mut out = self.mount_points_in(dir);
+        out.extend(listed);
+        let mut out = sorted_entries(out);
+        if let Some(last) = last.filter(|_| more) {
+            out.retain(|e| e.name <= last);
+        }
+        let more = more || out.len() > max;
+        out.truncate(max);
+        Ok((out, more))
     }
 
     /// What `path` names: an object, or a directory (a mount point, a parent of one, or a
@@ -1285,17 +1319,7 @@ impl MountTable {
     /// with their size, version tag and modification time, so that a reader of a listing needs
     /// no `stat` of what it listed.
     pub async fn list_entries(&self, dir: &str) -> Result<Vec<DirEntry>, UfsError> {
-        let mut v: Vec<DirEntry> = self
-            .scan(dir)
-            .await?
-            .into_iter()
-            .filter(|e| !e.name.is_empty())
-            .collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name).then(b.is_dir.cmp(&a.is_dir)));
-        // A name that is both a file and a directory (possible in object stores) shows once, as
-        // the directory.
-        v.dedup_by(|b, a| a.name == b.name);
-        Ok(v)
+        Ok(sorted_entries(self.scan(dir).await?))
     }
 
     /// The mounts with credentials removed from their URLs (safe to show and to send).
@@ -1308,6 +1332,41 @@ impl MountTable {
             })
             .collect()
     }
+}
+
+/// A subdirectory's entry.
+fn subdir(name: String) -> DirEntry {
+    DirEntry {
+        name,
+        is_dir: true,
+        size: 0,
+        version_tag: String::new(),
+        mtime_ns: 0,
+    }
+}
+
+/// The entries of a store listing's common prefixes and objects.
+fn store_entries(dirs: Vec<StorePath>, files: Vec<object_store::ObjectMeta>) -> Vec<DirEntry> {
+    let dirs = dirs
+        .into_iter()
+        .map(|d| subdir(d.filename().unwrap_or_default().to_string()));
+    let files = files.into_iter().map(|o| DirEntry {
+        name: o.location.filename().unwrap_or_default().to_string(),
+        is_dir: false,
+        size: o.size,
+        version_tag: listed_version(&o),
+        mtime_ns: mtime_ns(&o.last_modified),
+    });
+    dirs.chain(files).collect()
+}
+
+/// `v` without unnamed entries, sorted by name; a name that is both a file and a directory
+/// (possible in object stores) shows once, as the directory.
+fn sorted_entries(mut v: Vec<DirEntry>) -> Vec<DirEntry> {
+    v.retain(|e| !e.name.is_empty());
+    v.sort_by(|a, b| a.name.cmp(&b.name).then(b.is_dir.cmp(&a.is_dir)));
+    v.dedup_by(|b, a| a.name == b.name);
+    v
 }
 
 /// Removes the user information (`user:password@`) of every URL in `text` (error messages
@@ -1424,6 +1483,17 @@ impl Source for UfsSource {
         let table = self.table();
         let path = path.to_string();
         Box::pin(async move { Ok(table.list_entries(&path).await?) })
+    }
+
+    fn list_head(&self, path: &str, max: usize) -> Option<SourceFuture<(Vec<DirEntry>, bool)>> {
+        let table = self.table();
+        if !table.has_list_head(path) {
+            return None;
+        }
+        let path = path.to_string();
+        Some(Box::pin(
+            async move { Ok(table.list_head(&path, max).await?) },
+        ))
     }
 
     fn mounts(&self) -> Vec<MountEntry> {

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+use std::os::unix::ffi::OsStrExt;
+
 use pagestore_mounts::ufs::{parse_mount, Entry, MountTable, PutOutcome, UfsError};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -101,6 +103,64 @@ fn listing_shows_objects_directories_and_mount_points() {
             t.list("/data/episodes").await.unwrap(),
             vec![Entry::File("e1.bin".into(), 100_000)]
         );
+    });
+}
+
+#[test]
+fn the_head_of_a_listing_is_the_start_of_the_whole_listing() {
+    let d = tempfile::tempdir().unwrap();
+    let a = d.path().join("a");
+    let b = d.path().join("b");
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(b.join("x"), b"in b").unwrap();
+    // Files, directories that hold objects (listed), and what a listing leaves out: an empty
+    // directory, a symlink, a FIFO, a name that is not UTF-8; among them the name of a mount
+    // point below the directory ("m050").
+    for i in 0..120u32 {
+        let name = format!("m{i:03}");
+        match i % 6 {
+            0 => {
+                std::fs::create_dir_all(a.join(&name)).unwrap();
+                std::fs::write(a.join(&name).join("obj"), b"o").unwrap();
+            }
+            1 => std::fs::create_dir_all(a.join(&name)).unwrap(),
+            2 => std::os::unix::fs::symlink("m000", a.join(&name)).unwrap(),
+            3 => {
+                let c = std::ffi::CString::new(a.join(&name).as_os_str().as_encoded_bytes());
+                let c = c.unwrap();
+                // SAFETY: `c` is a NUL-terminated path that lives through the call.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }
+            _ => std::fs::write(a.join(&name), vec![1u8; i as usize]).unwrap(),
+        }
+    }
+    std::fs::write(a.join(std::ffi::OsStr::from_bytes(b"m0\xff")), b"x").unwrap();
+    let mounts = vec![
+        parse_mount(&format!("/data=file://{}", a.display())).unwrap(),
+        parse_mount(&format!("/data/m050=file://{}", b.display())).unwrap(),
+    ];
+    let t = MountTable::new(&mounts).unwrap();
+    rt().block_on(async {
+        let all = t.list_entries("/data").await.unwrap();
+        assert_eq!(all.len(), 61, "{all:?}");
+        assert!(t.has_list_head("/data"));
+        for max in [1, 2, 7, 8, 9, 10, 50, 60, 61, 62, 500] {
+            let (head, more) = t.list_head("/data", max).await.unwrap();
+            assert!(
+                !head.is_empty() && head.len() <= max,
+                "{max}: {}",
+                head.len()
+            );
+            assert_eq!(head, all[..head.len()], "max {max}");
+            if head.len() < all.len() {
+                assert!(more, "max {max}: entries left out, and no more");
+            }
+            if max >= all.len() + 2 {
+                assert!(!more && head == all, "max {max}");
+            }
+        }
+        // Nothing there: an empty head, as the listing is empty.
+        assert_eq!(t.list_head("/data/none", 5).await.unwrap(), (vec![], false));
     });
 }
 

@@ -49,6 +49,14 @@ pub trait Source: Send + Sync + 'static {
     fn stat(&self, path: &str) -> SourceFuture<PathKind>;
     /// Every entry of directory `path`, sorted by name.
     fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>>;
+    /// The head of directory `path`'s listing: its first entries in name order (at most
+    /// `max`, at least one), the same as [`Source::list`] starts with, and whether more may
+    /// follow. `None` (the default) where the source cannot give it sooner than the whole
+    /// listing; a node then lists the whole directory before it answers the first page.
+    fn list_head(&self, path: &str, max: usize) -> Option<SourceFuture<(Vec<DirEntry>, bool)>> {
+        let _ = (path, max);
+        None
+    }
     /// The mount table, credentials removed.
     fn mounts(&self) -> Vec<MountEntry>;
     /// The whole of page `page` of `file` (at exactly `file.version_tag`) from the ring member

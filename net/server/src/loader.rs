@@ -128,6 +128,9 @@ type FlightResult = Result<(Bytes, bool), SourceError>;
 /// A cached answer and when it was fetched.
 type Timed<T> = (Instant, T);
 
+/// Where a directory's listing goes when the store has given it.
+type ListingWaiter = futures_channel::oneshot::Sender<Result<Rc<Vec<DirEntry>>, SourceError>>;
+
 enum Flight {
     /// The load is running; these wait for it.
     Loading(Vec<futures_channel::oneshot::Sender<FlightResult>>),
@@ -150,8 +153,9 @@ pub struct Loader {
     /// Per directory: store stats of its files since the instant (counted for the TTL), to
     /// list the directory once instead ([`LIST_AFTER_STATS`]).
     dir_stats: RefCell<HashMap<String, Timed<u32>>>,
-    /// Directories being listed for their files' stats.
-    listing: RefCell<HashSet<String>>,
+    /// Directories being listed from the store, each with the requests waiting for its
+    /// listing.
+    listing: RefCell<HashMap<String, Vec<ListingWaiter>>>,
     recent: RefCell<RecentLoads>,
     stats: LoaderStats,
 }
@@ -185,7 +189,7 @@ impl Loader {
             paths: RefCell::new(HashMap::new()),
             lists: RefCell::new(HashMap::new()),
             dir_stats: RefCell::new(HashMap::new()),
-            listing: RefCell::new(HashSet::new()),
+            listing: RefCell::new(HashMap::new()),
             recent: RefCell::new(RecentLoads::default()),
             stats: LoaderStats::default(),
         })
@@ -501,7 +505,7 @@ impl Loader {
     /// Counts a store stat of a file of `path`'s directory; once [`LIST_AFTER_STATS`] were
     /// asked within the TTL, lists the directory (one store request, cached like a `List`)
     /// and answers `path` from it if it holds it.
-    async fn stat_through_listing(&self, path: &str) -> Option<PathKind> {
+    async fn stat_through_listing(self: &Rc<Self>, path: &str) -> Option<PathKind> {
         let (dir, _) = split_parent(path)?;
         // A fresh listing that did not answer (a name it lacks, an entry without a version)
         // would not answer if listed again.
@@ -521,27 +525,23 @@ impl Loader {
             c.1 += 1;
             c.1 >= LIST_AFTER_STATS
         };
-        if !due || !self.listing.borrow_mut().insert(dir.to_string()) {
+        // A listing in flight is not waited for: the stat goes to the store.
+        if !due || self.listing.borrow().contains_key(dir) {
             return None;
         }
-        let listed = self.on_tokio(self.source.list(dir)).await;
-        self.listing.borrow_mut().remove(dir);
+        let listed = self.whole_listing(dir).await;
         // Counted afresh either way: a directory that cannot be listed is tried again only
         // after as many stats again.
         self.dir_stats.borrow_mut().remove(dir);
-        let all = listed.ok()?;
+        listed.ok()?;
         self.stats
             .dir_listings
             .set(self.stats.dir_listings.get() + 1);
-        self.trim_metadata();
-        self.lists
-            .borrow_mut()
-            .insert(dir.to_string(), (Instant::now(), Rc::new(all)));
         self.stat_from_listing(path)
     }
 
     /// What `path` names, from the TTL cache or the store. `NotFound` answers are cached too.
-    pub async fn stat(&self, path: &str) -> Result<PathKind, SourceError> {
+    pub async fn stat(self: &Rc<Self>, path: &str) -> Result<PathKind, SourceError> {
         if let Some((at, r)) = self.paths.borrow().get(path) {
             if at.elapsed() < self.options.metadata_ttl {
                 self.stats
@@ -592,9 +592,13 @@ impl Loader {
     }
 
     /// One page of directory `path`'s listing: entries after `start_after`, and whether more
-    /// follow.
+    /// follow. A listing cached within the TTL answers; otherwise the first page of a large
+    /// directory comes from the head of its listing where the source gives one
+    /// ([`Source::list_head`]) while the whole listing is made for the pages after it, and
+    /// every other page waits for the whole listing (one per directory in flight, however many
+    /// ask).
     pub async fn list(
-        &self,
+        self: &Rc<Self>,
         path: &str,
         start_after: &str,
     ) -> Result<(Vec<DirEntry>, bool), SourceError> {
@@ -604,26 +608,90 @@ impl Loader {
             .get(path)
             .filter(|(at, _)| at.elapsed() < self.options.metadata_ttl)
             .map(|(_, l)| l.clone());
-        let all = match cached {
-            Some(l) => {
-                self.stats
-                    .metadata_hits
-                    .set(self.stats.metadata_hits.get() + 1);
-                l
+        if let Some(all) = cached {
+            self.stats
+                .metadata_hits
+                .set(self.stats.metadata_hits.get() + 1);
+            return Ok(listing_page(&all, start_after));
+        }
+        self.stats
+            .metadata_misses
+            .set(self.stats.metadata_misses.get() + 1);
+        if start_after.is_empty() && !self.listing.borrow().contains_key(path) {
+            let head = self.source.list_head(path, crate::frame::MAX_LIST_ENTRIES);
+            if let Some(head) = head {
+                let (entries, more) = self.on_tokio(head).await?;
+                if !more {
+                    // The head is the whole listing.
+                    let all = Rc::new(entries);
+                    self.keep_listing(path, all.clone());
+                    return Ok(listing_page(&all, ""));
+                }
+                // The pages after this one wait for the whole listing, started now; nobody
+                // waits for it yet.
+                drop(self.listing_of(path));
+                let (page, cut) = listing_page(&entries, "");
+                return Ok((page, more || cut));
             }
-            None => {
-                self.stats
-                    .metadata_misses
-                    .set(self.stats.metadata_misses.get() + 1);
-                let l = Rc::new(self.on_tokio(self.source.list(path)).await?);
-                self.trim_metadata();
-                self.lists
-                    .borrow_mut()
-                    .insert(path.to_string(), (Instant::now(), l.clone()));
-                l
+        }
+        let all = self.whole_listing(path).await?;
+        Ok(listing_page(&all, start_after))
+    }
+
+    /// Caches `all` as `path`'s listing.
+    fn keep_listing(&self, path: &str, all: Rc<Vec<DirEntry>>) {
+        self.trim_metadata();
+        self.lists
+            .borrow_mut()
+            .insert(path.to_string(), (Instant::now(), all));
+    }
+
+    /// `path`'s whole listing from the store, then cached: joins the listing in flight, or
+    /// starts one.
+    async fn whole_listing(self: &Rc<Self>, path: &str) -> Result<Rc<Vec<DirEntry>>, SourceError> {
+        self.listing_of(path).await.unwrap_or_else(|_| {
+            Err(SourceError::new(
+                ErrorCode::Unavailable,
+                "the listing was abandoned (shard stopping)",
+            ))
+        })
+    }
+
+    /// Where `path`'s listing will be sent once the store gave it. The first to ask starts
+    /// the listing, on a task of its own: it ends and is cached even if everyone who asked
+    /// went away.
+    fn listing_of(
+        self: &Rc<Self>,
+        path: &str,
+    ) -> futures_channel::oneshot::Receiver<Result<Rc<Vec<DirEntry>>, SourceError>> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let first = match self.listing.borrow_mut().entry(path.to_string()) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                o.get_mut().push(tx);
+                false
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(vec![tx]);
+                true
             }
         };
-        Ok(listing_page(&all, start_after))
+        if first {
+            // Spawned only after the map's borrow ends: glommio may start running the task
+            // right away.
+            let (me, path) = (self.clone(), path.to_string());
+            glommio::spawn_local(async move {
+                let listed = me.on_tokio(me.source.list(&path)).await.map(Rc::new);
+                if let Ok(all) = &listed {
+                    me.keep_listing(&path, all.clone());
+                }
+                let waiters = me.listing.borrow_mut().remove(&path).unwrap_or_default();
+                for tx in waiters {
+                    let _ = tx.send(listed.clone());
+                }
+            })
+            .detach();
+        }
+        rx
     }
 }
 

@@ -72,6 +72,12 @@ struct FakeState {
     owner_reads: AtomicU64,
     /// Copies from the owner fail while set.
     fail_owner: AtomicBool,
+    /// Whether the fake gives the heads of listings (`Source::list_head`), and how many it gave.
+    gives_heads: AtomicBool,
+    heads: AtomicU64,
+    /// Delay of each whole listing, in milliseconds, and the whole listings that ended.
+    list_delay_ms: AtomicU64,
+    lists_done: AtomicU64,
 }
 
 impl FakeState {
@@ -203,13 +209,33 @@ impl Source for FakeSource {
         let path = path.to_string();
         Box::pin(async move {
             s.lists.fetch_add(1, Ordering::SeqCst);
-            s.dirs
-                .lock()
-                .unwrap()
-                .get(&path)
-                .cloned()
-                .ok_or_else(|| SourceError::new(ErrorCode::NotFound, format!("{path} not found")))
+            let delay = s.list_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            let r =
+                s.dirs.lock().unwrap().get(&path).cloned().ok_or_else(|| {
+                    SourceError::new(ErrorCode::NotFound, format!("{path} not found"))
+                });
+            s.lists_done.fetch_add(1, Ordering::SeqCst);
+            r
         })
+    }
+
+    fn list_head(&self, path: &str, max: usize) -> Option<SourceFuture<(Vec<DirEntry>, bool)>> {
+        if !self.0.gives_heads.load(Ordering::SeqCst) {
+            return None;
+        }
+        let s = self.0.clone();
+        let path = path.to_string();
+        Some(Box::pin(async move {
+            s.heads.fetch_add(1, Ordering::SeqCst);
+            let dirs = s.dirs.lock().unwrap();
+            let all = dirs.get(&path).ok_or_else(|| {
+                SourceError::new(ErrorCode::NotFound, format!("{path} not found"))
+            })?;
+            Ok((all[..all.len().min(max)].to_vec(), all.len() > max))
+        }))
     }
 
     fn mounts(&self) -> Vec<MountEntry> {
@@ -1302,6 +1328,109 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
         )
         .await;
         assert_error(&body, ErrorCode::NotFound);
+        pool.close();
+    });
+}
+
+/// Asks for one page of `path`'s listing.
+async fn list_page(pool: &Pool, addr: SocketAddr, path: &str, after: &str) -> ResponseBody {
+    let body = RequestBody::List {
+        path: path.into(),
+        start_after: after.into(),
+    };
+    ask(pool, addr, body).await.0
+}
+
+fn listing(body: ResponseBody) -> (Vec<DirEntry>, bool) {
+    match body {
+        ResponseBody::Listing { entries, more } => (entries, more),
+        other => panic!("not a listing: {other:?}"),
+    }
+}
+
+#[test]
+fn a_large_directory_answers_its_first_page_from_its_head_and_the_rest_from_one_listing() {
+    let h = Harness::start(Setup::default());
+    h.fake.gives_heads.store(true, Ordering::SeqCst);
+    h.fake.list_delay_ms.store(1500, Ordering::SeqCst);
+    let entries: Vec<DirEntry> = (0..2500u64)
+        .map(|i| DirEntry {
+            name: format!("f{i:05}"),
+            is_dir: false,
+            size: i,
+            version_tag: format!("{i:032x}"),
+            mtime_ns: MTIME_NS,
+        })
+        .collect();
+    h.fake.set_dir("/big", entries.clone());
+    let small = entries[..10].to_vec();
+    h.fake.set_dir("/small", small.clone());
+    h.fake.set_dir("/going", entries.clone());
+    let addr = h.addr(0);
+    h.rt.block_on(async {
+        let pool = h.pool();
+        // The first page does not wait for the whole listing (1.5 s in the store).
+        let (first, more) = listing(list_page(&pool, addr, "/big", "").await);
+        assert!(more && !first.is_empty());
+        assert_eq!(first, entries[..first.len()]);
+        assert_eq!(h.fake.heads.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            h.fake.lists_done.load(Ordering::SeqCst),
+            0,
+            "the first page waited for the whole listing"
+        );
+        // The pages after it wait for the one whole listing the first page started, however
+        // many ask at once.
+        let after = first.last().unwrap().name.clone();
+        let (a, b, c) = tokio::join!(
+            list_page(&pool, addr, "/big", &after),
+            list_page(&pool, addr, "/big", &after),
+            list_page(&pool, addr, "/big", &after)
+        );
+        assert!(a == b && b == c, "one page, three answers");
+        let mut got = first;
+        let mut next = listing(a);
+        loop {
+            let more = next.1;
+            got.extend(next.0);
+            if !more {
+                break;
+            }
+            let last = got.last().unwrap().name.clone();
+            next = listing(list_page(&pool, addr, "/big", &last).await);
+        }
+        assert!(
+            got == entries,
+            "{} entries, not each once in order",
+            got.len()
+        );
+        assert_eq!(h.fake.lists(), 1, "the directory was listed more than once");
+
+        // A head that holds the whole directory is its listing: nothing more is asked.
+        for _ in 0..2 {
+            assert_eq!(
+                listing(list_page(&pool, addr, "/small", "").await),
+                (small.clone(), false)
+            );
+        }
+        assert_eq!(h.fake.heads.load(Ordering::SeqCst), 2);
+        assert_eq!(h.fake.lists(), 1);
+
+        // The whole listing fails (the directory went away after its head): the pages that
+        // wait for it get the error.
+        let (first, more) = listing(list_page(&pool, addr, "/going", "").await);
+        assert!(more);
+        h.fake.dirs.lock().unwrap().remove("/going");
+        let last = first.last().unwrap().name.clone();
+        assert_error(
+            &list_page(&pool, addr, "/going", &last).await,
+            ErrorCode::NotFound,
+        );
+        // And a directory the store does not have fails at its head.
+        assert_error(
+            &list_page(&pool, addr, "/nope", "").await,
+            ErrorCode::NotFound,
+        );
         pool.close();
     });
 }

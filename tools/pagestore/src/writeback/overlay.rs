@@ -159,6 +159,20 @@ impl Source for WbSource {
         })
     }
 
+    /// The store's head where no record lies beneath the directory (records are merged into
+    /// whole listings only).
+    fn list_head(&self, path: &str, max: usize) -> Option<SourceFuture<(Vec<DirEntry>, bool)>> {
+        let dir = path.trim_end_matches('/');
+        let dir = if dir.is_empty() { "/" } else { dir };
+        let t = self.wb.table();
+        let (records, implied) = t.children(dir);
+        if !records.is_empty() || !implied.is_empty() || !matches!(t.known(dir), Known::Unknown) {
+            return None;
+        }
+        drop(t);
+        self.ufs.list_head(dir, max)
+    }
+
     fn list(&self, path: &str) -> SourceFuture<Vec<DirEntry>> {
         let dir = if path.trim_end_matches('/').is_empty() {
             "/".to_string()
