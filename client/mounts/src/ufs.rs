@@ -1210,7 +1210,7 @@ impl MountTable {
             let parent = prefix.rsplit_once('/').map_or("", |(p, _)| p);
             let parent = if parent.is_empty() { "/" } else { parent };
             if !prefix.is_empty() && parent == dir {
-                out.push(subdir(
+                out.push(DirEntry::dir(
                     prefix.rsplit('/').next().unwrap_or_default().to_string(),
                 ));
             }
@@ -1334,22 +1334,11 @@ impl MountTable {
     }
 }
 
-/// A subdirectory's entry.
-fn subdir(name: String) -> DirEntry {
-    DirEntry {
-        name,
-        is_dir: true,
-        size: 0,
-        version_tag: String::new(),
-        mtime_ns: 0,
-    }
-}
-
 /// The entries of a store listing's common prefixes and objects.
 fn store_entries(dirs: Vec<StorePath>, files: Vec<object_store::ObjectMeta>) -> Vec<DirEntry> {
     let dirs = dirs
         .into_iter()
-        .map(|d| subdir(d.filename().unwrap_or_default().to_string()));
+        .map(|d| DirEntry::dir(d.filename().unwrap_or_default().to_string()));
     let files = files.into_iter().map(|o| DirEntry {
         name: o.location.filename().unwrap_or_default().to_string(),
         is_dir: false,

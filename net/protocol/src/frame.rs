@@ -1055,6 +1055,19 @@ pub struct DirEntry {
     pub mtime_ns: i64,
 }
 
+impl DirEntry {
+    /// The entry of a subdirectory named `name`.
+    pub fn dir(name: String) -> DirEntry {
+        DirEntry {
+            name,
+            is_dir: true,
+            size: 0,
+            version_tag: String::new(),
+            mtime_ns: 0,
+        }
+    }
+}
+
 /// One node of a [`ResponseBody::ClusterInfo`].
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct NodeEntry {

@@ -226,7 +226,7 @@ impl Source for WbSource {
                         );
                     }
                     RecordEntry::Dir { .. } => {
-                        by_name.insert(name.clone(), dir_entry(name));
+                        by_name.insert(name.clone(), DirEntry::dir(name));
                     }
                     RecordEntry::Deleted { .. } => {
                         // Gone, unless it is still a directory (of the store, or by records
@@ -241,7 +241,7 @@ impl Source for WbSource {
             for name in implied {
                 by_name
                     .entry(name.clone())
-                    .or_insert_with(|| dir_entry(name));
+                    .or_insert_with(|| DirEntry::dir(name));
             }
             Ok(by_name.into_values().collect())
         })
@@ -249,16 +249,6 @@ impl Source for WbSource {
 
     fn mounts(&self) -> Vec<MountEntry> {
         self.ufs.mounts()
-    }
-}
-
-fn dir_entry(name: String) -> DirEntry {
-    DirEntry {
-        name,
-        is_dir: true,
-        size: 0,
-        version_tag: String::new(),
-        mtime_ns: 0,
     }
 }
 
