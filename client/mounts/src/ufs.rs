@@ -234,9 +234,91 @@ struct Mount {
     store: Arc<dyn ObjectStore>,
     /// The store itself for `file://` mounts (file modes for `pagefs`).
     local: Option<Arc<LocalStore>>,
+    /// For `s3://` mounts: the bucket, listed a page at a time for the heads of listings.
+    paged: Option<Paged>,
     emulate: Emulation,
     /// How the mount takes writes (the URL's `write` parameter).
     write: WritePolicy,
+}
+
+/// A bucket that lists a page at a time ([`MountTable::list_head`]).
+struct Paged {
+    store: Arc<dyn object_store::list::PaginatedListStore>,
+    /// The mount's key prefix in the bucket ("" for the whole bucket), without slashes around it.
+    prefix: String,
+}
+
+impl Paged {
+    /// The head of the listing of the directory `dir` (relative to the mount): one store
+    /// request for at most `max` keys and common prefixes. The store answers in key order,
+    /// listings are in name order, and the two differ where a name continues with a byte below
+    /// `/` (`a-b` is before `a/`, the key of directory `a`): what the request returned is cut
+    /// before the first name a directory the store has yet to list could have. `None` when
+    /// that leaves nothing (the whole listing is made instead).
+    async fn head(
+        &self,
+        dir: &StorePath,
+        max: usize,
+    ) -> Option<object_store::Result<(Vec<DirEntry>, bool)>> {
+        let prefix = [self.prefix.as_str(), dir.as_ref()]
+            .iter()
+            .filter(|p| !p.is_empty())
+            .fold(String::new(), |acc, p| acc + p + "/");
+        let opts = object_store::list::PaginatedListOptions {
+            delimiter: Some(std::borrow::Cow::Borrowed("/")),
+            max_keys: Some(max),
+            ..Default::default()
+        };
+        let page = match self
+            .store
+            .list_paginated((!prefix.is_empty()).then_some(prefix.as_str()), opts)
+            .await
+        {
+            Ok(page) => page,
+            Err(e) => return Some(Err(e)),
+        };
+        let more = page.page_token.is_some();
+        // The last key the store returned, relative to the directory (a common prefix's key
+        // ends with its `/`).
+        let relative = |key: &str| key.strip_prefix(prefix.as_str()).map(str::to_string);
+        let last = page
+            .result
+            .objects
+            .iter()
+            .filter_map(|o| relative(o.location.as_ref()))
+            .chain(
+                page.result
+                    .common_prefixes
+                    .iter()
+                    .filter_map(|p| relative(&format!("{}/", p.as_ref()))),
+            )
+            .max();
+        let mut entries = sorted_entries(store_entries(
+            page.result.common_prefixes,
+            page.result.objects,
+        ));
+        if more {
+            let cut = last.as_deref().map(name_cut)?;
+            entries.retain(|e| e.name.as_str() < cut);
+            if entries.is_empty() {
+                return None;
+            }
+        }
+        Some(Ok((entries, more)))
+    }
+}
+
+/// Where a head of a listing must end when the store's keys went up to `last` (relative to
+/// the directory): before the shortest start of `last` that is followed by a byte below `/`, or
+/// before `last` itself. Every key the store has yet to list is greater than `last`, but a
+/// directory `d` that it has yet to list (key `d/`) sorts before `last` by name when `last`
+/// starts with `d` followed by such a byte (`d-x`, `d.x`); names of files it has yet to list
+/// are greater than `last`, and so is every other directory's name.
+fn name_cut(last: &str) -> &str {
+    let b = last.as_bytes();
+    let end = (1..b.len()).find(|&k| b[k] < b'/').unwrap_or(b.len());
+    // `end` is 1.. or the length: a byte below `/` is ASCII, so it is a character boundary.
+    &last[..end]
 }
 
 /// The mount table: logical prefix -> object store.
@@ -401,6 +483,19 @@ type Query = std::collections::HashMap<String, String>;
 
 /// `s3://bucket/prefix?region=..&endpoint=..`: keys from the URL or `AWS_*`, or anonymous.
 fn s3_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let (s3, prefix) = s3_bucket(url, u, q)?;
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(
+        s3,
+        prefix.as_str(),
+    )))
+}
+
+/// The bucket of an `s3://` URL and the mount's key prefix in it (no slashes around it).
+fn s3_bucket(
+    url: &str,
+    u: &url::Url,
+    q: &Query,
+) -> Result<(object_store::aws::AmazonS3, String), UfsError> {
     let bucket = u
         .host_str()
         .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
@@ -437,10 +532,7 @@ fn s3_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, 
         }
     }
     let s3 = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-    Ok(Arc::new(object_store::prefix::PrefixStore::new(
-        s3,
-        u.path().trim_matches('/'),
-    )))
+    Ok((s3, u.path().trim_matches('/').to_string()))
 }
 
 /// `gs://bucket/prefix`: a service account key (file or JSON), or anonymous.
@@ -816,6 +908,7 @@ impl MountTable {
             }
             let u = url::Url::parse(url)
                 .map_err(|e| UfsError::Config(format!("{}: {e}", redact(url))))?;
+            let mut paged = None;
             let (store, local): (Arc<dyn ObjectStore>, _) = if u.scheme() == "file" {
                 let (fs, real) = open_local(url, &u)?;
                 if let Some(roots) = roots {
@@ -830,6 +923,15 @@ impl MountTable {
                 }
                 let fs = Arc::new(fs);
                 (fs.clone(), Some(fs))
+            } else if u.scheme() == "s3" {
+                let q: Query = u.query_pairs().into_owned().collect();
+                let (s3, key_prefix) = s3_bucket(&redact(url), &u, &q)?;
+                let store = object_store::prefix::PrefixStore::new(s3.clone(), key_prefix.as_str());
+                paged = Some(Paged {
+                    store: Arc::new(s3),
+                    prefix: key_prefix,
+                });
+                (Arc::new(store), None)
             } else {
                 (store_for(url)?, None)
             };
@@ -844,6 +946,7 @@ impl MountTable {
                 url: url.clone(),
                 store,
                 local,
+                paged,
                 emulate: Emulation::parse(url)?,
                 write,
             });
@@ -1219,9 +1322,11 @@ impl MountTable {
     }
 
     /// Whether [`MountTable::list_head`] can give the head of `dir`'s listing sooner than
-    /// [`MountTable::list_entries`] gives all of it: where `dir` is in a `file://` mount.
+    /// [`MountTable::list_entries`] gives all of it: where `dir` is in a `file://` or an
+    /// `s3://` mount.
     pub fn has_list_head(&self, dir: &str) -> bool {
-        self.resolve(dir).is_ok_and(|(m, _)| m.local.is_some())
+        self.resolve(dir)
+            .is_ok_and(|(m, _)| m.local.is_some() || m.paged.is_some())
     }
 
     /// The first entries (at most `max`, at least one) of what [`MountTable::list_entries`]
@@ -1235,21 +1340,26 @@ impl MountTable {
         let max = max.max(1);
         let dir = dir.trim_end_matches('/');
         let dir = if dir.is_empty() { "/" } else { dir };
-        let local = match self.resolve(dir) {
-            Ok((m, p)) => m.local.clone().map(|l| (l, p)),
+        let head = match self.resolve(dir) {
+            Ok((m, p)) => match (&m.local, &m.paged) {
+                (Some(local), _) => Some(
+                    local
+                        .list_head(&p, max)
+                        .await
+                        .map(|(dirs, files, more)| (store_entries(dirs, files), more)),
+                ),
+                (None, Some(paged)) => paged.head(&p, max).await,
+                (None, None) => None,
+            },
             Err(_) => None,
         };
-        let Some((local, p)) = local else {
+        let Some(head) = head else {
             let mut all = self.list_entries(dir).await?;
             let more = all.len() > max;
             all.truncate(max);
             return Ok((all, more));
         };
-        let (dirs, files, more) = local
-            .list_head(&p, max)
-            .await
-            .map_err(|e| UfsError::Store(dir.to_string(), e))?;
-        let listed = store_entries(dirs, files);
+        let (listed, more) = head.map_err(|e| UfsError::Store(dir.to_string(), e))?;
         // Every name after the head is greater than its last: mount points beyond it come in
         // the pages after.
         let last = listed.iter().map(|e| e.name.clone()).max();
@@ -1487,5 +1597,26 @@ impl Source for UfsSource {
 
     fn mounts(&self) -> Vec<MountEntry> {
         self.table().public_mounts()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_cut;
+
+    #[test]
+    fn a_head_ends_before_the_first_name_an_unlisted_directory_could_have() {
+        // Keys up to `a-b` listed: directory `a` (key `a/`) may follow, so names from `a` on wait.
+        assert_eq!(name_cut("a-b"), "a");
+        assert_eq!(name_cut("ab.c-d"), "ab");
+        assert_eq!(name_cut("x.y"), "x");
+        // A directory's key: names before it are final, its own included.
+        assert_eq!(name_cut("a/"), "a/");
+        assert!("a" < name_cut("a/"));
+        // A file: a directory of the same name may follow.
+        assert_eq!(name_cut("f00"), "f00");
+        // Bytes above `/` (and UTF-8) never cut earlier.
+        assert_eq!(name_cut("é0Z_~"), "é0Z_~");
+        assert_eq!(name_cut("-"), "-");
     }
 }
