@@ -18,7 +18,8 @@
 //! that an idle writer is not taken for gone. A writer that stops without closing leaves what
 //! it committed (the cluster seals the version once its writer has been silent for the lease,
 //! then flushes it) and pages it never committed (dropped once no page of them has been written
-//! on a node for its grace period). A writer whose first commit comes after a node went
+//! on a node for its grace period). A writer given up before any commit ([`Writer::discard`],
+//! or dropped unclosed) has its members drop its pages at once. A writer whose first commit comes after a node went
 //! [`UNCOMMITTED_KEPT`] without a page fails it ([`Error::Changed`]) rather than name pages
 //! that node may have dropped.
 
@@ -135,6 +136,12 @@ pub struct Writer {
     /// the writer of an idle open file for gone.
     keepalive: Option<JoinHandle<()>>,
     closed: bool,
+    /// A commit of the version was sent (answered or not): it is no longer given up with
+    /// [`RequestBody::Discard`], since the cluster may name it.
+    commit_tried: bool,
+    /// The runtime the writer was made on: a writer dropped without a commit gives its pages
+    /// up from a task there.
+    runtime: Option<tokio::runtime::Handle>,
     /// The position of the version's first answered commit (0 before it): sent with every
     /// later commit and page ([`ChangeOp::Commit`]'s `since`).
     since: u64,
@@ -182,6 +189,70 @@ impl Drop for Writer {
         if let Some(k) = self.keepalive.take() {
             k.abort();
         }
+        // A writer dropped before any commit (an aborted upload, a failed copy) gives its
+        // pages up now rather than leave them to the nodes' orphan grace (10 minutes, during
+        // which they count against the dirty limit).
+        if self.closed || self.commit_tried {
+            return;
+        }
+        let Some(runtime) = self.runtime.clone() else {
+            return;
+        };
+        let (client, tag, members) = self.give_up();
+        if members.is_empty() {
+            return;
+        }
+        let path = self.path.clone();
+        runtime.spawn(async move {
+            if let Err(e) = discard_on(&client, &tag, &members).await {
+                tracing::debug!(%path, error = %e, "giving up a dropped writer's pages");
+            }
+        });
+    }
+}
+
+/// Asks each of `members` to drop the pages of version `tag`. Returns the pages dropped, or
+/// the first failure (pages left behind are dropped after the members' orphan grace).
+async fn discard_on(client: &Client, tag: &str, members: &[MemberId]) -> Result<u64, Error> {
+    let layout = client.layout();
+    let body = RequestBody::Discard {
+        version_tag: tag.to_string(),
+    };
+    let asks = members.iter().map(|&m| {
+        let body = body.clone();
+        let addr = layout.membership.addr_of(m);
+        async move {
+            let Some(addr) = addr else {
+                return Err(Error::unavailable(format!(
+                    "member {:032x}/{} has left the ring",
+                    m.node, m.shard
+                )));
+            };
+            match client.ask_with(addr, body, Bytes::new()).await {
+                Attempt::Answer(Ok((ResponseBody::Removed { pages }, _))) => Ok(u64::from(pages)),
+                Attempt::Answer(Ok((other, _))) => Err(Error::unavailable(format!(
+                    "{addr}: unexpected answer {other:?} to Discard"
+                ))),
+                Attempt::Answer(Err(e)) => Err(e),
+                Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
+                    Err(Error::unavailable(format!("{addr}: {why}")))
+                }
+            }
+        }
+    });
+    let mut dropped = 0;
+    let mut first_err = None;
+    for answer in futures_util::future::join_all(asks).await {
+        match answer {
+            Ok(n) => dropped += n,
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        None => Ok(dropped),
+        Some(e) => Err(e),
     }
 }
 
@@ -221,6 +292,8 @@ impl Client {
             last_open_commit: Arc::new(tokio::sync::Mutex::new(None)),
             keepalive: None,
             closed: false,
+            commit_tried: false,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             since: 0,
             uncommitted: Arc::default(),
         };
@@ -898,6 +971,61 @@ impl Writer {
         Ok(info)
     }
 
+    /// Gives the file up before any commit: nothing of it becomes visible, and the write
+    /// members drop the pages sent so far at once (rather than after their orphan grace), so
+    /// the room those pages took under the dirty limit is free again. Sends in progress are
+    /// stopped. Returns the pages the members dropped. [`Error::Changed`] once a commit was
+    /// tried ([`Writer::flush`], [`Writer::close`], [`WriteOptions::visible_at_open`]): the
+    /// cluster may name the version, and a committed file is deleted instead. A writer dropped
+    /// without a commit does the same, unwaited.
+    pub async fn discard(mut self) -> Result<u64, Error> {
+        if self.commit_tried || self.closed {
+            return Err(Error::Changed(format!(
+                "{}: a commit of this file was sent, so it is not discarded; delete it instead",
+                self.path
+            )));
+        }
+        let (client, tag, members) = self.give_up();
+        self.closed = true;
+        discard_on(&client, &tag, &members).await
+    }
+
+    /// Stops the sends in progress and forgets the pages here; returns what a discard needs:
+    /// the client, the version and every member that may hold one of its pages (those sent
+    /// to, and every candidate of a page whose send was stopped).
+    fn give_up(&mut self) -> (Arc<Client>, String, Vec<MemberId>) {
+        let mut members: Vec<MemberId> = Vec::new();
+        let stopped: Vec<u64> = std::mem::take(&mut self.sending)
+            .into_iter()
+            .map(|(page, (_, task))| {
+                task.abort();
+                page
+            })
+            .collect();
+        if !stopped.is_empty() {
+            let layout = self.client.layout();
+            let want = usize::from(layout.write_replicas()) + WRITE_SLOP;
+            for page in stopped {
+                members.extend(layout.membership.ring().replicas(self.file_id, page, want));
+            }
+        }
+        for held in self
+            .holders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .flat_map(|(_, h)| h)
+        {
+            members.push(held);
+        }
+        members.sort_by_key(|m| (m.node, m.shard));
+        members.dedup();
+        self.open.clear();
+        self.sent.clear();
+        self.spill = None;
+        (self.client.clone(), self.tag.clone(), members)
+    }
+
     /// Sends every page the file needs at its size: the open ones, zeros for holes, and again
     /// any page held with another length than the size now gives it; then waits for them all.
     async fn settle(&mut self) -> Result<(), Error> {
@@ -953,6 +1081,7 @@ impl Writer {
             since: self.since,
         };
         let mut open = self.last_open_commit.lock().await;
+        self.commit_tried = true;
         let hlc = self.client.change(&self.path, op.clone()).await?;
         if self.since == 0 {
             // Later commits and pages (and the keepalive's repeats) say when the cluster

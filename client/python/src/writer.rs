@@ -142,7 +142,8 @@ impl FileWriter {
         })
     }
 
-    /// Drops the writer without committing what was not committed yet (fsspec's discard).
+    /// Drops the writer without committing what was not committed yet (fsspec's discard); a
+    /// file never committed has its pages dropped from the cluster at once.
     fn abort(&self) {
         if let Ok(mut g) = self.inner.try_lock() {
             g.take();

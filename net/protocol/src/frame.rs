@@ -119,12 +119,16 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 ///
 /// Version 9: `WriteDirty` carries the same `since`, so that such a writer's
 /// pages are refused too (they were taken, and dropped only as orphans).
-pub const PROTOCOL_VERSION: u16 = 9;
+///
+/// Version 10: a new request, `Discard`, appended after every other: a
+/// writer gives up a version it never committed, and the member drops its
+/// pages at once instead of after the orphan grace.
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/9";
+pub const ALPN: &[u8] = b"pagestore/10";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -800,6 +804,16 @@ pub enum RequestBody {
         /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
         path: String,
         /// The version; at most [`MAX_VERSION_TAG_LEN`] bytes.
+        version_tag: String,
+    },
+    /// A writer gives up write-back version `version_tag`, which it never
+    /// committed ([`ResponseBody::Removed`]: the pages the shard dropped).
+    /// The shard takes no more pages of it and drops the ones it holds;
+    /// `Changed` when a record names the version (a committed file is
+    /// deleted, not discarded).
+    Discard {
+        /// A write-back version tag ([`crate::writeback::is_wb_tag`]); at
+        /// most [`MAX_VERSION_TAG_LEN`] bytes.
         version_tag: String,
     },
 }
@@ -1914,6 +1928,10 @@ impl Request {
                 no_payload("PullRecords", payload_len)
             }
             RequestBody::FilePages { .. } => no_payload("FilePages", payload_len),
+            RequestBody::Discard { version_tag } => {
+                bounded_str("Discard version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                no_payload("Discard", payload_len)
+            }
             RequestBody::WriteBackState { prefix } => {
                 bounded_str("WriteBackState prefix", prefix, MAX_PATH_LEN)?;
                 no_payload("WriteBackState", payload_len)
@@ -2171,7 +2189,10 @@ impl ResponseBody {
                 true
             }
             (RequestBody::PullRecords { .. }, ResponseBody::Records { .. }) => true,
-            (RequestBody::FilePages { .. }, ResponseBody::Removed { .. }) => true,
+            (
+                RequestBody::FilePages { .. } | RequestBody::Discard { .. },
+                ResponseBody::Removed { .. },
+            ) => true,
             (RequestBody::WriteBackState { .. }, ResponseBody::WriteBack { .. }) => true,
             (RequestBody::Hot, ResponseBody::Hot) => true,
             (RequestBody::LoadFiles { files, .. }, ResponseBody::FilesLoaded { outcomes }) => {

@@ -206,6 +206,10 @@ pub trait WriteBack: Send + Sync + 'static {
     /// it, its writer's `since` (the position of its first answered commit, 0 before it) is
     /// not so old that its record may have been forgotten.
     fn takes_pages(&self, file_id: u128, since: u64) -> bool;
+    /// Whether a record this node holds names write-back version `file_id` (a committed
+    /// file, or one deleted after its commit): such a version's pages are not given up at a
+    /// writer's `Discard`.
+    fn names(&self, file_id: u128) -> bool;
     /// A namespace change asked by a client: ordered, kept durably on this node, handed to the
     /// other nodes; the answer is its position in the cluster's order, once the cluster's
     /// write replicas hold it.

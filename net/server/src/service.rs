@@ -394,6 +394,7 @@ fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
         RequestBody::WritePage { .. }
         | RequestBody::Invalidate { .. }
         | RequestBody::WriteDirty { .. }
+        | RequestBody::Discard { .. }
         | RequestBody::Change { .. } => Role::Writer,
         // What nodes tell each other: the namespace records and what to do with a version's
         // pages.
@@ -430,6 +431,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::Replicate => "Replicate",
         RequestBody::PullRecords { .. } => "PullRecords",
         RequestBody::FilePages { .. } => "FilePages",
+        RequestBody::Discard { .. } => "Discard",
         RequestBody::WriteBackState { .. } => "WriteBackState",
         RequestBody::Hot => "Hot",
         RequestBody::LoadFiles { .. } => "LoadFiles",
@@ -641,6 +643,7 @@ impl ShardService {
             RequestBody::FilePages { file_id, action } => {
                 self.file_pages(id, file_id.as_u128(), action).await
             }
+            RequestBody::Discard { version_tag } => self.discard(id, &version_tag).await,
             RequestBody::WriteBackState { prefix } => {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
@@ -709,6 +712,42 @@ impl ShardService {
         }
         match r {
             Ok(()) => reply(id, ResponseBody::Written, Body::Empty),
+            Err(e) => engine_error(id, &e),
+        }
+    }
+
+    /// A writer gives up a version it never committed: the puts of it in progress end, and
+    /// its pages here are dropped at once (not after the orphan grace), so the room they took
+    /// under the dirty limit is free again. A version a record names is committed: deleting
+    /// its path is the way to drop it.
+    async fn discard(&self, id: u64, tag: &str) -> Reply {
+        let Some(wb) = self.writeback() else {
+            return no_writeback(id);
+        };
+        if !is_wb_tag(tag) {
+            return error(
+                id,
+                ErrorCode::BadRequest,
+                "Discard needs a write-back version tag",
+            );
+        }
+        let file = ring::file_id("", tag);
+        if wb.names(file) {
+            return error(
+                id,
+                ErrorCode::Changed,
+                "this write-back version was committed and is not discarded: delete its path \
+                 instead",
+            );
+        }
+        if let Err(e) = self.page_action(file, PageAction::Seal).await {
+            return engine_error(id, &e);
+        }
+        match self.page_action(file, PageAction::Drop).await {
+            Ok(n) => {
+                tracing::debug!(pages = n, "dropped the pages of a discarded version");
+                reply(id, ResponseBody::Removed { pages: n as u32 }, Body::Empty)
+            }
             Err(e) => engine_error(id, &e),
         }
     }

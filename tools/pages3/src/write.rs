@@ -539,7 +539,7 @@ impl Gateway {
                 Ok(info)
             }
             Err(e) => {
-                // What was sent and never committed is dropped by the cluster later.
+                // The writer, dropped before its commit, had its pages dropped.
                 body.drain().await;
                 Err(e)
             }

@@ -706,7 +706,16 @@ async fn a_store_down_for_30_s_keeps_the_dirty_data_writers_wait_then_everything
         }
     }
     let refused = match refused {
-        Some(e) => e,
+        // Given up: its members drop its pages at once, not after their orphan grace.
+        Some(e) => {
+            let dropped = w.discard().await.unwrap();
+            assert!(
+                dropped > 0,
+                "the refused writer's pages were dropped: {dropped}"
+            );
+            e
+        }
+        // A close that fails before its commit drops the writer, which gives its pages up.
         None => w.close().await.map(|_| ()).unwrap_err(),
     };
     assert!(matches!(refused, Error::NoSpace(_)), "{refused}");
@@ -723,12 +732,118 @@ async fn a_store_down_for_30_s_keeps_the_dirty_data_writers_wait_then_everything
         let on_disk = std::fs::read(root.path().join("bucket/ckpt").join(rel)).unwrap();
         assert_eq!(&on_disk, b, "{p} in the store");
     }
+    // Flushed pages are clean, and the given-up file left none behind.
+    dirty_settles_at(&c, 0).await;
     // With room again, a write of the same size goes through.
     writer
         .write_file("/ck/out/after", bytes(91, 20 * MIB).into())
         .await
         .unwrap();
     synced(&writer, "/ck", Duration::from_secs(60)).await;
+}
+
+/// Bytes of dirty pages over every shard of every node, from their `/metrics`.
+fn dirty_bytes(c: &Cluster) -> u64 {
+    use pagestore_testkit::local_cluster::http_get;
+    let mut n = 0;
+    for node in &c.nodes {
+        let (_, metrics) = http_get(node.admin.as_deref().unwrap(), "/metrics").unwrap();
+        for line in metrics
+            .lines()
+            .filter(|l| l.starts_with("pagestore_shard_dirty_bytes{"))
+        {
+            n += line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
+        }
+    }
+    n
+}
+
+/// Waits (up to 20 s) until the nodes hold exactly `want` bytes of dirty pages.
+async fn dirty_settles_at(c: &Cluster, want: u64) {
+    let start = Instant::now();
+    loop {
+        let n = dirty_bytes(c);
+        if n == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the nodes hold {n} bytes of dirty pages, {want} expected"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A writer that gives its file up before committing it (an aborted upload, a failed copy)
+/// leaves nothing behind: its write members drop its pages at once, not after their orphan
+/// grace, so the room they took under the dirty limit is free again; a dropped writer does the
+/// same. A committed version is not discarded, by the writer or by a request naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_given_up_before_its_commit_leaves_nothing_behind_at_once() {
+    let (c, _store) = cluster(2, &[], "");
+    let writer = c.client(ClientOptions::default()).await;
+    let ps = writer.page_size() as usize;
+    // Five whole pages are sent as they fill; the partial sixth stays in the writer.
+    let data = bytes(7, 5 * ps + 100);
+    let held = 2 * 5 * ps as u64; // two write replicas of five pages
+
+    let mut w = writer
+        .create("/ck/gone", WriteOptions::default())
+        .await
+        .unwrap();
+    w.write_at(0, &data).await.unwrap();
+    dirty_settles_at(&c, held).await;
+    assert_eq!(w.discard().await.unwrap(), 10, "pages dropped");
+    assert_eq!(dirty_bytes(&c), 0, "nothing left once discard answered");
+    assert!(matches!(
+        writer.stat("/ck/gone").await,
+        Err(Error::NotFound(_))
+    ));
+
+    let mut w = writer
+        .create("/ck/dropped", WriteOptions::default())
+        .await
+        .unwrap();
+    w.write_at(0, &data).await.unwrap();
+    dirty_settles_at(&c, held).await;
+    drop(w);
+    dirty_settles_at(&c, 0).await;
+    assert!(matches!(
+        writer.stat("/ck/dropped").await,
+        Err(Error::NotFound(_))
+    ));
+
+    // Committed (fsync): the writer refuses to discard it, and so does every shard asked
+    // directly; the file reads whole.
+    let mut w = writer
+        .create("/ck/kept", WriteOptions::default())
+        .await
+        .unwrap();
+    w.write_at(0, &data).await.unwrap();
+    w.flush().await.unwrap();
+    let tag = w.version().to_string();
+    assert!(matches!(w.discard().await, Err(Error::Changed(_))));
+    for node in &c.nodes {
+        for shard in 0..c.shards {
+            let addr = std::net::SocketAddr::new(node.base.ip(), node.base.port() + shard);
+            let body = frame::RequestBody::Discard {
+                version_tag: tag.clone(),
+            };
+            let answer = writer.call(addr, body, Default::default()).await;
+            assert!(matches!(answer, Err(Error::Changed(_))), "{answer:?}");
+            let body = frame::RequestBody::Discard {
+                version_tag: "not-a-tag".into(),
+            };
+            let answer = writer.call(addr, body, Default::default()).await;
+            assert!(
+                answer
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("write-back version tag")),
+                "{answer:?}"
+            );
+        }
+    }
+    assert_eq!(read_all(&writer, "/ck/kept").await, data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

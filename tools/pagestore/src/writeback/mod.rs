@@ -1389,6 +1389,10 @@ impl WriteBack for WriteBackNode {
         t.takes_pages(file_id) && !t.may_be_forgotten(file_id, since, unix_ms(), keep)
     }
 
+    fn names(&self, file_id: u128) -> bool {
+        self.table().names(file_id)
+    }
+
     fn change(&self, op: ChangeOp) -> SourceFuture<u64> {
         self.on_runtime(move |me| async move { me.plan_and_commit(op).await })
     }

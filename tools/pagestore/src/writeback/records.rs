@@ -370,6 +370,11 @@ impl Records {
             .max_by_key(|r| r.order())
     }
 
+    /// Whether a live record, or a deletion, names version `file_id`.
+    pub fn names(&self, file_id: u128) -> bool {
+        self.by_file(file_id).is_some() || self.deleted.contains_key(&file_id)
+    }
+
     /// Whether pages of version `file_id` may still be written: its record is open, or it has
     /// none yet (a writer before its first commit) and was not deleted.
     pub fn takes_pages(&self, file_id: u128) -> bool {
@@ -478,8 +483,7 @@ impl Records {
     /// not yet), may be one whose record was forgotten: no record or deletion names it and
     /// `since` lies `keep_ms` or more before `now_ms` (see [`Records::refuse_forgotten`]).
     pub fn may_be_forgotten(&self, file_id: u128, since: u64, now_ms: u64, keep_ms: u64) -> bool {
-        let known = self.by_file(file_id).is_some() || self.deleted.contains_key(&file_id);
-        since != 0 && !known && now_ms.saturating_sub(hlc_ms(since)) >= keep_ms
+        since != 0 && !self.names(file_id) && now_ms.saturating_sub(hlc_ms(since)) >= keep_ms
     }
 
     fn plan_unbounded(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {
