@@ -812,18 +812,8 @@ async fn a_write_through_the_client_is_read_back_at_once_despite_the_ttl() {
 /// Path metadata requests the nodes answered (from their cache or the store): stats and
 /// listing pages, summed over every node's `/metrics`.
 fn metadata_requests(c: &Cluster) -> u64 {
-    use pagestore_testkit::local_cluster::http_get;
-    let mut n = 0;
-    for node in &c.nodes {
-        let (_, metrics) = http_get(node.admin.as_deref().unwrap(), "/metrics").unwrap();
-        for line in metrics.lines().filter(|l| {
-            l.starts_with("pagestore_metadata_cache_hits_total")
-                || l.starts_with("pagestore_metadata_cache_misses_total")
-        }) {
-            n += line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
-        }
-    }
-    n
+    common::metric_total(c, "pagestore_metadata_cache_hits_total")
+        + common::metric_total(c, "pagestore_metadata_cache_misses_total")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -744,18 +744,7 @@ async fn a_store_down_for_30_s_keeps_the_dirty_data_writers_wait_then_everything
 
 /// Bytes of dirty pages over every shard of every node, from their `/metrics`.
 fn dirty_bytes(c: &Cluster) -> u64 {
-    use pagestore_testkit::local_cluster::http_get;
-    let mut n = 0;
-    for node in &c.nodes {
-        let (_, metrics) = http_get(node.admin.as_deref().unwrap(), "/metrics").unwrap();
-        for line in metrics
-            .lines()
-            .filter(|l| l.starts_with("pagestore_shard_dirty_bytes{"))
-        {
-            n += line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
-        }
-    }
-    n
+    common::metric_total(c, "pagestore_shard_dirty_bytes{")
 }
 
 /// Waits (up to 20 s) until the nodes hold exactly `want` bytes of dirty pages.
@@ -785,33 +774,31 @@ async fn a_file_given_up_before_its_commit_leaves_nothing_behind_at_once() {
     let ps = writer.page_size() as usize;
     // Five whole pages are sent as they fill; the partial sixth stays in the writer.
     let data = bytes(7, 5 * ps + 100);
-    let held = 2 * 5 * ps as u64; // two write replicas of five pages
+    // Two write replicas of five pages.
+    let held = 2 * 5 * ps as u64;
+    // A writer whose sent pages the members all hold, and no commit.
+    let half_written = |path: &'static str| {
+        let (writer, data, c) = (&writer, &data, &c);
+        async move {
+            let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
+            w.write_at(0, data).await.unwrap();
+            dirty_settles_at(c, held).await;
+            w
+        }
+    };
 
-    let mut w = writer
-        .create("/ck/gone", WriteOptions::default())
-        .await
-        .unwrap();
-    w.write_at(0, &data).await.unwrap();
-    dirty_settles_at(&c, held).await;
+    let w = half_written("/ck/gone").await;
     assert_eq!(w.discard().await.unwrap(), 10, "pages dropped");
     assert_eq!(dirty_bytes(&c), 0, "nothing left once discard answered");
-    assert!(matches!(
-        writer.stat("/ck/gone").await,
-        Err(Error::NotFound(_))
-    ));
-
-    let mut w = writer
-        .create("/ck/dropped", WriteOptions::default())
-        .await
-        .unwrap();
-    w.write_at(0, &data).await.unwrap();
-    dirty_settles_at(&c, held).await;
+    let w = half_written("/ck/dropped").await;
     drop(w);
     dirty_settles_at(&c, 0).await;
-    assert!(matches!(
-        writer.stat("/ck/dropped").await,
-        Err(Error::NotFound(_))
-    ));
+    for p in ["/ck/gone", "/ck/dropped"] {
+        assert!(
+            matches!(writer.stat(p).await, Err(Error::NotFound(_))),
+            "{p}"
+        );
+    }
 
     // Committed (fsync): the writer refuses to discard it, and so does every shard asked
     // directly; the file reads whole.
