@@ -142,8 +142,7 @@ impl FileWriter {
         })
     }
 
-    /// Drops the writer without committing what was not committed yet (fsspec's discard); a
-    /// file never committed has its pages dropped from the cluster at once.
+    /// Drops the writer without committing what was not committed yet (fsspec's discard).
     fn abort(&self) {
         if let Ok(mut g) = self.inner.try_lock() {
             g.take();
