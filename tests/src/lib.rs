@@ -1,8 +1,8 @@
 //! Test support for pagestore (dev-only, never published): real servers started in-process, a
 //! cluster of real `pagestored` processes with an etcd helper ([`local_cluster`]), a faulty disk
 //! for the engine ([`faulty`]), the deterministic data generator ([`data`]), the cluster
-//! fixture the binaries' integration tests share ([`fixture`]) and the Python environment the
-//! Python-driven tests share ([`python`]).
+//! fixture the binaries' integration tests share ([`fixture`]), the Python environment the
+//! Python-driven tests share ([`python`]) and an Azure Blob Storage server ([`azurite`]).
 //!
 //! [`S3Server`] serves a local directory over the S3 protocol (the `s3s` server framework with
 //! its `s3s-fs` file-system backend), with SigV4 authentication, on a loopback port of its own.
@@ -14,6 +14,7 @@
 //! backend computes their MD5 etag when asked), so a test can rewrite an object on disk to
 //! simulate a change at the origin.
 
+pub mod azurite;
 pub mod data;
 pub mod faulty;
 pub mod fixture;

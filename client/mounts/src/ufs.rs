@@ -234,7 +234,8 @@ struct Mount {
     store: Arc<dyn ObjectStore>,
     /// The store itself for `file://` mounts (file modes for `pagefs`).
     local: Option<Arc<LocalStore>>,
-    /// For `s3://` mounts: the bucket, listed a page at a time for the heads of listings.
+    /// For `s3://` and `az://` mounts: the bucket, listed a page at a time for the heads of
+    /// listings.
     paged: Option<Paged>,
     emulate: Emulation,
     /// How the mount takes writes (the URL's `write` parameter).
@@ -484,10 +485,45 @@ type Query = std::collections::HashMap<String, String>;
 /// `s3://bucket/prefix?region=..&endpoint=..`: keys from the URL or `AWS_*`, or anonymous.
 fn s3_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
     let (s3, prefix) = s3_bucket(url, u, q)?;
-    Ok(Arc::new(object_store::prefix::PrefixStore::new(
-        s3,
-        prefix.as_str(),
-    )))
+    Ok(with_prefix(s3, &prefix))
+}
+
+/// `store` with the mount's key `prefix` applied.
+fn with_prefix<S: ObjectStore>(store: S, prefix: &str) -> Arc<dyn ObjectStore> {
+    Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
+}
+
+/// A mount's store (its key prefix applied) and its bucket, listed a page at a time.
+type PagedMount = (Arc<dyn ObjectStore>, Paged);
+
+/// For the mounts of stores that list a page at a time (`s3://`, `az://`): the store with the
+/// mount's key prefix applied, and the bucket itself for the heads of listings. `None` for the
+/// other schemes.
+fn paged_mount(url: &str, u: &url::Url) -> Result<Option<PagedMount>, UfsError> {
+    fn both<S>(bucket: S, prefix: String) -> PagedMount
+    where
+        S: ObjectStore + object_store::list::PaginatedListStore + Clone,
+    {
+        let store = with_prefix(bucket.clone(), &prefix);
+        let paged = Paged {
+            store: Arc::new(bucket),
+            prefix,
+        };
+        (store, paged)
+    }
+    let q: Query = u.query_pairs().into_owned().collect();
+    let shown = redact(url);
+    Ok(match u.scheme() {
+        "s3" => {
+            let (bucket, prefix) = s3_bucket(&shown, u, &q)?;
+            Some(both(bucket, prefix))
+        }
+        "az" | "abfs" => {
+            let (container, prefix) = azure_container(&shown, u, &q)?;
+            Some(both(container, prefix))
+        }
+        _ => None,
+    })
 }
 
 /// The bucket of an `s3://` URL and the mount's key prefix in it (no slashes around it).
@@ -566,14 +602,21 @@ fn gcs_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>,
         }
     };
     let gcs = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-    Ok(Arc::new(object_store::prefix::PrefixStore::new(
-        gcs,
-        u.path().trim_matches('/'),
-    )))
+    Ok(with_prefix(gcs, u.path().trim_matches('/')))
 }
 
 /// `az://container/prefix?account=..`: an account key, a SAS token, or anonymous.
 fn azure_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let (az, prefix) = azure_container(url, u, q)?;
+    Ok(with_prefix(az, &prefix))
+}
+
+/// The container of an `az://` URL and the mount's key prefix in it (no slashes around it).
+fn azure_container(
+    url: &str,
+    u: &url::Url,
+    q: &Query,
+) -> Result<(object_store::azure::MicrosoftAzure, String), UfsError> {
     let container = u
         .host_str()
         .ok_or_else(|| UfsError::Config(format!("{url}: no container")))?;
@@ -615,10 +658,7 @@ fn azure_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore
         }
     };
     let az = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-    Ok(Arc::new(object_store::prefix::PrefixStore::new(
-        az,
-        u.path().trim_matches('/'),
-    )))
+    Ok((az, u.path().trim_matches('/').to_string()))
 }
 
 /// Opens the directory of a `file://` URL as a [`LocalStore`]; also returns the directory's
@@ -923,15 +963,9 @@ impl MountTable {
                 }
                 let fs = Arc::new(fs);
                 (fs.clone(), Some(fs))
-            } else if u.scheme() == "s3" {
-                let q: Query = u.query_pairs().into_owned().collect();
-                let (s3, key_prefix) = s3_bucket(&redact(url), &u, &q)?;
-                let store = object_store::prefix::PrefixStore::new(s3.clone(), key_prefix.as_str());
-                paged = Some(Paged {
-                    store: Arc::new(s3),
-                    prefix: key_prefix,
-                });
-                (Arc::new(store), None)
+            } else if let Some((store, bucket)) = paged_mount(url, &u)? {
+                paged = Some(bucket);
+                (store, None)
             } else {
                 (store_for(url)?, None)
             };
@@ -1322,8 +1356,8 @@ impl MountTable {
     }
 
     /// Whether [`MountTable::list_head`] can give the head of `dir`'s listing sooner than
-    /// [`MountTable::list_entries`] gives all of it: where `dir` is in a `file://` or an
-    /// `s3://` mount.
+    /// [`MountTable::list_entries`] gives all of it: where `dir` is in a `file://`, an
+    /// `s3://` or an `az://` mount.
     pub fn has_list_head(&self, dir: &str) -> bool {
         self.resolve(dir)
             .is_ok_and(|(m, _)| m.local.is_some() || m.paged.is_some())
@@ -1331,7 +1365,8 @@ impl MountTable {
 
     /// The first entries (at most `max`, at least one) of what [`MountTable::list_entries`]
     /// gives for `dir`, and whether more may follow them, without examining the rest of a
-    /// large directory (`file://` mounts; elsewhere the whole listing is made and cut).
+    /// large directory (`file://`, `s3://` and `az://` mounts; elsewhere the whole listing is
+    /// made and cut).
     pub async fn list_head(
         &self,
         dir: &str,

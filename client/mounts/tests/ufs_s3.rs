@@ -149,54 +149,6 @@ async fn listing_shows_files_and_subdirectories_under_the_prefix_only() {
 }
 
 #[tokio::test]
-async fn the_head_of_a_listing_is_the_start_of_the_whole_listing() {
-    let f = Fixture::new();
-    // Names where the store's key order and the listing's name order differ: directory `a`
-    // (key `a/`) comes after `a-b` and `a.txt` in key order, before them by name; then enough
-    // files for heads of many sizes.
-    let names = f.object_path("names");
-    for (path, data) in [
-        ("a/x", &b"x"[..]),
-        ("a-b", b"ab"),
-        ("a-c/y", b"y"),
-        ("a.txt", b"t"),
-        ("a0", b"0"),
-        ("ab/z", b"z"),
-        ("b", b"b"),
-        ("b.d/w", b"w"),
-        ("b.d.e", b"e"),
-    ] {
-        let p = names.join(path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, data).unwrap();
-    }
-    for i in 0..40 {
-        std::fs::write(names.join(format!("f{i:02}")), vec![b'f'; i]).unwrap();
-    }
-    let t = f.table();
-    let all = t.list_entries("/data/names").await.unwrap();
-    assert_eq!(all.len(), 49, "{all:?}");
-    assert!(t.has_list_head("/data/names"));
-    for max in 1..=52 {
-        let (head, more) = t.list_head("/data/names", max).await.unwrap();
-        assert!(!head.is_empty() && head.len() <= max, "{max}: {head:?}");
-        assert_eq!(head, all[..head.len()], "max {max}");
-        if head.len() < all.len() {
-            assert!(more, "max {max}: entries left out, and no more");
-        }
-    }
-    let (head, more) = t.list_head("/data/names", 60).await.unwrap();
-    assert!(!more && head == all);
-    // The mount's root, and a directory with nothing below it.
-    let (root, _) = t.list_head("/data", 10).await.unwrap();
-    assert_eq!(root, t.list_entries("/data").await.unwrap());
-    assert_eq!(
-        t.list_head("/data/nothing-here", 5).await.unwrap(),
-        (vec![], false)
-    );
-}
-
-#[tokio::test]
 async fn a_listed_version_is_the_one_a_stat_gives_or_none() {
     let f = Fixture::new();
     let t = f.table();
