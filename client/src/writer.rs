@@ -19,9 +19,9 @@
 //! it committed (the cluster seals the version once its writer has been silent for the lease,
 //! then flushes it) and pages it never committed (dropped once no page of them has been written
 //! on a node for its grace period). A writer given up before any commit ([`Writer::discard`],
-//! or dropped unclosed) has its members drop its pages at once. A writer whose first commit comes after a node went
-//! [`UNCOMMITTED_KEPT`] without a page fails it ([`Error::Changed`]) rather than name pages
-//! that node may have dropped.
+//! or dropped unclosed) has its members drop its pages at once. A writer whose first commit
+//! comes after a node went [`UNCOMMITTED_KEPT`] without a page fails it ([`Error::Changed`])
+//! rather than name pages that node may have dropped.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -228,15 +228,11 @@ async fn discard_on(client: &Client, tag: &str, members: &[MemberId]) -> Result<
                     m.node, m.shard
                 )));
             };
-            match client.ask_with(addr, body, Bytes::new()).await {
-                Attempt::Answer(Ok((ResponseBody::Removed { pages }, _))) => Ok(u64::from(pages)),
-                Attempt::Answer(Ok((other, _))) => Err(Error::unavailable(format!(
+            match client.call(addr, body, Bytes::new()).await? {
+                (ResponseBody::Removed { pages }, _) => Ok(u64::from(pages)),
+                (other, _) => Err(Error::unavailable(format!(
                     "{addr}: unexpected answer {other:?} to Discard"
                 ))),
-                Attempt::Answer(Err(e)) => Err(e),
-                Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
-                    Err(Error::unavailable(format!("{addr}: {why}")))
-                }
             }
         }
     });
