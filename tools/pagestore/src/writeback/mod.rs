@@ -43,7 +43,7 @@ use pagestore_protocol::{
 use pagestore_server::node::Node;
 
 use journal::Journal;
-use records::{version_id, Applied, Plan, Records, Refused};
+use records::{version_id, Applied, Plan, Rank, Records, Refused};
 
 /// The longest pause between two flush attempts of one file (they start at 1 s and double).
 pub const MAX_FLUSH_BACKOFF: Duration = Duration::from_secs(10);
@@ -397,13 +397,21 @@ impl WriteBackNode {
     /// caches. `drops`: drop the pages of versions the records leave to no file (only for a
     /// change's records taken together, never for a page of a pull). Returns what applying did.
     async fn keep(&self, records: Vec<FileRecord>, drops: bool) -> Result<Applied, SourceError> {
-        let fresh: Vec<FileRecord> = {
+        let ranked: Vec<(Rank, FileRecord)> = {
             let t = self.table();
             records
                 .into_iter()
-                .filter(|r| t.get(&r.path).is_none_or(|old| old.order() < r.order()))
+                .map(|r| (t.rank(&r), r))
+                .filter(|(rank, _)| *rank != Rank::Below)
                 .collect()
         };
+        let mut fresh = Vec::with_capacity(ranked.len());
+        for (rank, r) in ranked {
+            if rank == Rank::Restamp && !self.store_holds(&r).await {
+                continue;
+            }
+            fresh.push(r);
+        }
         if fresh.is_empty() {
             return Ok(Applied::default());
         }
@@ -427,6 +435,23 @@ impl WriteBackNode {
         self.act_on(&applied, drops).await;
         self.wake.notify_one();
         Ok(applied)
+    }
+
+    /// Whether the store holds the object a flushed record names (a [`Rank::Restamp`] is
+    /// taken only then; a store that cannot be asked keeps the record this node has).
+    async fn store_holds(&self, rec: &FileRecord) -> bool {
+        let RecordEntry::File { store_tag, .. } = &rec.entry else {
+            return false;
+        };
+        let now = self.ufs.table().stat(&rec.path).await;
+        let holds = now.as_ref().is_ok_and(|m| &m.version == store_tag);
+        tracing::info!(
+            path = %rec.path,
+            %store_tag,
+            holds,
+            "a version reached the store twice; the record that names the store's object stays"
+        );
+        holds
     }
 
     /// What applied records mean for this node's shards: flushed versions become ordinary
@@ -1484,6 +1509,63 @@ mod tests {
         // A large file waits while small ones fill the memory, and one flush always starts.
         assert!(!s.may_start(30, 30 * 10 * MIB, large));
         assert!(s.may_start(0, 0, u64::MAX));
+    }
+
+    /// A version that reached the store twice has two flushed records of the same rank: a
+    /// node keeps the one that names the object the store holds, whichever came first, and
+    /// still after a restart.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn of_two_flushes_of_a_version_the_record_naming_the_stores_object_stays() {
+        let store = tempfile::tempdir().unwrap();
+        let journal = tempfile::tempdir().unwrap();
+        std::fs::write(store.path().join("f"), b"x").unwrap();
+        let url = format!("file://{}", store.path().display());
+        let mounts = ufs::MountTable::new(&[("/ck".to_string(), url)]).unwrap();
+        let ufs = Arc::new(UfsSource::new(Arc::new(mounts)));
+        let held = ufs.table().stat("/ck/f").await.unwrap().version;
+        let open = || {
+            let settings = WriteBackSettings::default();
+            let rt = tokio::runtime::Handle::current();
+            WriteBackNode::open(journal.path(), 1, settings, ufs.clone(), 2, rt).unwrap()
+        };
+        let flushed = |store_tag: &str| FileRecord {
+            path: "/ck/f".into(),
+            hlc: 7,
+            origin: FileId::from_u128(2),
+            entry: RecordEntry::File {
+                version_tag: pagestore_protocol::writeback::new_tag(9),
+                size: 1,
+                mtime_ns: 0,
+                state: RecordState::Clean,
+                store_tag: store_tag.into(),
+                transient: false,
+                attrs: Vec::new(),
+            },
+        };
+        let tag_of = |wb: &WriteBackNode| match &wb.table().get("/ck/f").unwrap().entry {
+            RecordEntry::File { store_tag, .. } => store_tag.clone(),
+            e => panic!("{e:?}"),
+        };
+        let wb = open();
+        // The first flush's record; its object was overwritten by the second flush.
+        let taken = wb.keep(vec![flushed("first")], false).await.unwrap();
+        assert_eq!(taken.taken, ["/ck/f"]);
+        // A record that names neither the store's object nor a higher rank is not taken.
+        let taken = wb.keep(vec![flushed("another")], false).await.unwrap();
+        assert!(taken.taken.is_empty());
+        assert_eq!(tag_of(&wb), "first");
+        // The one naming the store's object replaces it, and the first does not come back.
+        let taken = wb.keep(vec![flushed(&held)], false).await.unwrap();
+        assert_eq!(taken.taken, ["/ck/f"]);
+        assert!(wb
+            .keep(vec![flushed("first")], false)
+            .await
+            .unwrap()
+            .taken
+            .is_empty());
+        assert_eq!(tag_of(&wb), held);
+        drop(wb);
+        assert_eq!(tag_of(&open()), held, "after a restart");
     }
 
     /// A flush about to complete an unconditional upload goes on only if the path still names

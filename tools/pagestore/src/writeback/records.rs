@@ -102,6 +102,42 @@ pub struct Applied {
     pub sealed: Vec<u128>,
 }
 
+/// How a record stands against the one its path has ([`Records::rank`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rank {
+    /// It ranks higher (or the path has none): it is taken.
+    Above,
+    /// It ranks lower or is the same: it is not.
+    Below,
+    /// The same flush of the same version, but another object in the store: the version
+    /// reached the store twice (two nodes that both took themselves for its flusher, one after
+    /// the other, or a flusher that died between its upload and handing on its record). The
+    /// store holds one of the two objects; the record that names it is the one to keep, and
+    /// only the store can tell which.
+    Restamp,
+}
+
+/// Whether `new` is a [`Rank::Restamp`] of `old` (their ranks are equal).
+fn restamps(old: &FileRecord, new: &FileRecord) -> bool {
+    match (&old.entry, &new.entry) {
+        (
+            RecordEntry::File {
+                version_tag: a,
+                state: RecordState::Clean,
+                store_tag: sa,
+                ..
+            },
+            RecordEntry::File {
+                version_tag: b,
+                state: RecordState::Clean,
+                store_tag: sb,
+                ..
+            },
+        ) => a == b && sa != sb && !sb.is_empty(),
+        _ => false,
+    }
+}
+
 /// The records one node keeps.
 #[derive(Default, Debug)]
 pub struct Records {
@@ -263,13 +299,26 @@ impl Records {
         out
     }
 
-    /// Takes in `rec` if it ranks above the record its path has (or the path has none).
-    /// Returns whether it did.
+    /// How `rec` stands against the record its path has.
+    pub fn rank(&self, rec: &FileRecord) -> Rank {
+        let Some(old) = self.by_path.get(&rec.path) else {
+            return Rank::Above;
+        };
+        match old.order().cmp(&rec.order()) {
+            std::cmp::Ordering::Less => Rank::Above,
+            std::cmp::Ordering::Greater => Rank::Below,
+            std::cmp::Ordering::Equal if restamps(old, rec) => Rank::Restamp,
+            std::cmp::Ordering::Equal => Rank::Below,
+        }
+    }
+
+    /// Takes in `rec` if it ranks above the record its path has (or the path has none), or
+    /// if it is a [`Rank::Restamp`] of it: the caller takes a restamp only once the store
+    /// showed it holds the restamp's object, and the journal replays what was taken in the
+    /// order it was taken. Returns whether it took it.
     pub fn apply(&mut self, rec: FileRecord) -> bool {
-        if let Some(old) = self.by_path.get(&rec.path) {
-            if old.order() >= rec.order() {
-                return false;
-            }
+        if matches!(self.rank(&rec), Rank::Below) {
+            return false;
         }
         if let Some(old) = self.by_path.remove(&rec.path) {
             self.unindex(&old);

@@ -516,6 +516,41 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
 }
 
 /// Forgets what is settled at `now_ms`, as a node's sweep does. Returns how many went.
+/// Only a second flush of the same version, naming another store object, ranks as a restamp;
+/// a commit, a seal or a flush of another version at the same rank never does.
+#[test]
+fn only_a_second_flush_of_a_version_is_a_restamp() {
+    let mut t = Records::new();
+    change(&mut t, commit("/a/f", 1, 5, true), 10).unwrap();
+    let committed = t.get("/a/f").unwrap().clone();
+    let with = |state: RecordState, version: u128, store: &str| {
+        let mut r = committed.clone();
+        if let RecordEntry::File {
+            state: s,
+            store_tag,
+            version_tag,
+            ..
+        } = &mut r.entry
+        {
+            *s = state;
+            *store_tag = store.into();
+            *version_tag = tag(version);
+        }
+        r
+    };
+    assert_eq!(t.rank(&committed), Rank::Below);
+    assert_eq!(t.rank(&with(RecordState::Clean, 1, "s1")), Rank::Above);
+    flushed(&mut t, "/a/f", "s1");
+    assert_eq!(t.rank(&with(RecordState::Clean, 1, "s1")), Rank::Below);
+    assert_eq!(t.rank(&with(RecordState::Clean, 1, "s2")), Rank::Restamp);
+    assert_eq!(t.rank(&with(RecordState::Clean, 1, "")), Rank::Below);
+    assert_eq!(t.rank(&with(RecordState::Clean, 2, "s2")), Rank::Below);
+    assert_eq!(t.rank(&with(RecordState::Sealed, 1, "s2")), Rank::Below);
+    assert!(t.apply(with(RecordState::Clean, 1, "s2")));
+    assert_eq!(t.rank(&with(RecordState::Clean, 1, "s1")), Rank::Restamp);
+    check_indexes(&t);
+}
+
 fn forget_old(t: &mut Records, now_ms: u64, keep_ms: u64) -> usize {
     let old = t.settled(now_ms, keep_ms);
     t.forget(&old, now_ms, keep_ms)
