@@ -347,10 +347,11 @@ impl Client {
     /// Sends a namespace change to the members that keep the records of `path` (its metadata
     /// owner first), and returns the change's position in the cluster's order.
     pub(crate) async fn change(&self, path: &str, op: ChangeOp) -> Result<u64, Error> {
-        // A commit is the same change when sent again (a repeated one is already in force):
-        // retried while no member can be reached. Other changes are sent once (a rename that
-        // a member applied without its answer arriving would fail when sent again).
-        if !matches!(op, ChangeOp::Commit { .. }) {
+        // A commit (or a file's new time) is the same change when sent again (a repeated one
+        // is already in force): retried while no member can be reached. Other changes are sent
+        // once (a rename that a member applied without its answer arriving would fail when
+        // sent again).
+        if !matches!(op, ChangeOp::Commit { .. } | ChangeOp::SetTime { .. }) {
             return self.change_once(path, op).await;
         }
         let started = Instant::now();
@@ -440,6 +441,26 @@ impl Client {
             path: path.into(),
             dir: false,
             expect,
+        };
+        self.change(path, op).await.map(|_| ())
+    }
+
+    /// Sets the modification time of the file `path` of a `back` or `transient` mount, which
+    /// must hold write-back version `version_tag` ([`Error::Changed`] otherwise, as once a newer
+    /// version replaced it; [`Error::NotFound`] for a file only in the under storage, whose
+    /// time is the store's). The file's bytes and state stay as they are.
+    pub async fn set_time(
+        &self,
+        path: &str,
+        version_tag: &str,
+        mtime_ns: i64,
+    ) -> Result<(), Error> {
+        crate::ufs::check_path(path)?;
+        self.cached_mount(path)?;
+        let op = ChangeOp::SetTime {
+            path: path.into(),
+            version_tag: version_tag.into(),
+            mtime_ns,
         };
         self.change(path, op).await.map(|_| ())
     }
@@ -694,6 +715,12 @@ impl Writer {
     /// The file's size now.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Sets the file's modification time (nanoseconds since the Unix epoch), sent with the
+    /// next commit; a later write or truncation sets it to that moment again, as on a disk.
+    pub fn set_mtime(&mut self, mtime_ns: i64) {
+        self.mtime_ns = mtime_ns;
     }
 
     /// The write-back version this writer writes.

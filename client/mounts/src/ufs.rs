@@ -208,6 +208,15 @@ pub fn system_time(ns: i64) -> std::time::SystemTime {
     }
 }
 
+/// `t` in nanoseconds since the Unix epoch (negative before it), clamped to what an `i64`
+/// holds: the inverse of [`system_time`].
+pub fn unix_ns_of(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::SystemTime::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
+    }
+}
+
 /// A store's modification time in nanoseconds since the Unix epoch, clamped to what an `i64`
 /// holds (years 1677 to 2262).
 pub fn mtime_ns(t: &chrono::DateTime<chrono::Utc>) -> i64 {

@@ -123,12 +123,16 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// Version 10: a new request, `Discard`, appended after every other: a
 /// writer gives up a version it never committed, and the member drops its
 /// pages at once instead of after the orphan grace.
-pub const PROTOCOL_VERSION: u16 = 10;
+///
+/// Version 11: a new change, `ChangeOp::SetTime`, after every other: the
+/// modification time of a file written through the cluster is set (utimes,
+/// `touch`, `cp -p`) without a new version.
+pub const PROTOCOL_VERSION: u16 = 11;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/10";
+pub const ALPN: &[u8] = b"pagestore/11";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -987,6 +991,20 @@ pub enum ChangeOp {
     MakeDir {
         /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
         path: String,
+        /// Modification time, nanoseconds since the Unix epoch.
+        mtime_ns: i64,
+    },
+    /// Sets the modification time of the file `path` holds, which must be
+    /// write-back version `version_tag` (`Changed` otherwise; `NotFound`
+    /// where no record names the path: a file only in the under storage
+    /// has the store's time). Nothing else of the file changes, whatever
+    /// its state: a closed or flushed version stays so.
+    SetTime {
+        /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
+        path: String,
+        /// The version the path must hold; at most [`MAX_VERSION_TAG_LEN`]
+        /// bytes.
+        version_tag: String,
         /// Modification time, nanoseconds since the Unix epoch.
         mtime_ns: i64,
     },
@@ -1918,6 +1936,12 @@ impl Request {
                     }
                     ChangeOp::MakeDir { path, .. } => {
                         bounded_str("MakeDir path", path, MAX_PATH_LEN)?
+                    }
+                    ChangeOp::SetTime {
+                        path, version_tag, ..
+                    } => {
+                        bounded_str("SetTime path", path, MAX_PATH_LEN)?;
+                        bounded_str("SetTime version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
                     }
                 }
                 no_payload("Change", payload_len)

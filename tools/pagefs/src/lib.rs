@@ -52,7 +52,7 @@ use fuser::{
 };
 use futures_util::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use pagestore_client::{
-    ufs::{system_time, MountTable, ObjectInfo},
+    ufs::{system_time, unix_ns_of, MountTable, ObjectInfo},
     Client, Error, ReadRun,
 };
 use pagestore_protocol::frame::{FileState, PathKind};
@@ -1350,8 +1350,10 @@ impl Filesystem for PageFs {
         });
     }
 
-    /// Only the size is kept (truncate, ftruncate); modes, owners and times are accepted and
-    /// not kept (stores have none to set); everything is EROFS where the path takes no writes.
+    /// The size is kept (truncate, ftruncate), and so is the modification time of a file
+    /// written through the cluster (utimensat, `touch`, `cp -p`); modes, owners, access times
+    /// and the times of files only in the store are accepted and not kept (stores have none
+    /// to set); everything is EROFS where the path takes no writes.
     fn setattr(
         &self,
         _req: &Request,
@@ -1361,7 +1363,7 @@ impl Filesystem for PageFs {
         _gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -1371,6 +1373,10 @@ impl Filesystem for PageFs {
         reply: ReplyAttr,
     ) {
         let sh = self.shared.clone();
+        let mtime = mtime.map(|t| match t {
+            TimeOrNow::Now => pagestore_protocol::writeback::unix_ns(),
+            TimeOrNow::SpecificTime(t) => unix_ns_of(t),
+        });
         let writer = match fh.and_then(|fh| self.handle(fh)) {
             Some(Open::Write {
                 file, writes: true, ..
@@ -1378,14 +1384,21 @@ impl Filesystem for PageFs {
             _ => sh.live_writer(ino.0),
         };
         if let Some(w) = writer {
-            let Some(size) = size else {
+            if size.is_none() && mtime.is_none() {
                 return reply.attr(&Duration::ZERO, &sh.writer_attr(&w));
-            };
+            }
             self.rt.spawn(async move {
-                match w.truncate(size).await {
-                    Ok(()) => reply.attr(&Duration::ZERO, &sh.writer_attr(&w)),
-                    Err(e) => reply.error(e),
+                if let Some(size) = size {
+                    if let Err(e) = w.truncate(size).await {
+                        return reply.error(e);
+                    }
                 }
+                if let Some(t) = mtime {
+                    if let Err(e) = w.set_mtime(t).await {
+                        return reply.error(e);
+                    }
+                }
+                reply.attr(&Duration::ZERO, &sh.writer_attr(&w))
             });
             return;
         }
@@ -1402,6 +1415,11 @@ impl Filesystem for PageFs {
                     write::truncate_path(&sh.client, &sh.options.staging_dir, &path, how, size)
                         .await
                 {
+                    return reply.error(e);
+                }
+            }
+            if let (Some(t), Writes::Cluster) = (mtime, how) {
+                if let Err(e) = write::set_time(&sh.client, &path, t).await {
                     return reply.error(e);
                 }
             }

@@ -34,6 +34,7 @@ use pagestore_client::{
     writer::{WriteOptions, KEEPALIVE},
     Client, Error, Writer,
 };
+use pagestore_protocol::frame::{FileState, PathKind};
 use tracing::{info, warn};
 
 use crate::{errno, lock};
@@ -251,6 +252,26 @@ impl WriteFile {
             Err(e) => st.failed = Some(e),
         }
         r
+    }
+
+    /// Sets the file's modification time, committed with the next fsync or close (a file of
+    /// a `write=through` mount takes the store's time when it is sent: the time is shown while
+    /// the file is open here only).
+    pub(crate) async fn set_mtime(&self, mtime_ns: i64) -> Result<(), Errno> {
+        let mut st = self.state.lock().await;
+        if let Some(e) = st.failed {
+            return Err(e);
+        }
+        match &mut st.body {
+            Body::Cluster(w) => {
+                w.set_mtime(mtime_ns);
+                st.dirty = true;
+            }
+            Body::Staged(_) => {}
+            _ => return Err(Errno::EBADF),
+        }
+        lock(&self.attrs).1 = mtime_ns;
+        Ok(())
     }
 
     /// Cuts or extends the file to `size` bytes.
@@ -544,6 +565,29 @@ pub(crate) async fn upload(
         started.elapsed()
     );
     Ok(info)
+}
+
+/// Sets the modification time of the file at `path` without a descriptor (utimensat), where
+/// the cluster keeps it: a file written through the cluster, flushed or not. A file only in
+/// the under storage, or a directory, keeps the store's time (accepted: stores have none to
+/// set). A newer version that replaces the file meanwhile is stat'ed and set in its turn.
+pub(crate) async fn set_time(client: &Arc<Client>, path: &str, mtime_ns: i64) -> Result<(), Errno> {
+    let mut tries = 0;
+    loop {
+        let version = match client.stat_path(path).await {
+            Ok(PathKind::File {
+                version_tag, state, ..
+            }) if state != FileState::Stored => version_tag,
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(errno("setattr", path, &e)),
+        };
+        tries += 1;
+        match client.set_time(path, &version, mtime_ns).await {
+            // Replaced, deleted, or flushed and forgotten since the stat: look again.
+            Err(Error::Changed(_) | Error::NotFound(_)) if tries < 3 => continue,
+            r => return r.map_err(|e| errno("setattr", path, &e)),
+        }
+    }
 }
 
 /// Cuts or extends the file at `path` to `size` bytes without a descriptor (truncate(2)).

@@ -308,6 +308,14 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
     let local = tempfile::tempdir().unwrap();
     let src = local.path().join("src.bin");
     std::fs::write(&src, bytes(1, 3 * MIB + 333)).unwrap();
+    // A time to the nanosecond, which `cp -p` copies.
+    let src_time = std::time::UNIX_EPOCH + std::time::Duration::new(1_500_000_000, 123_456_789);
+    std::fs::File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_modified(src_time)
+        .unwrap();
     let disk = local.path().join("disk");
     std::fs::create_dir(&disk).unwrap();
     let mounted = m.path("/ck/cu");
@@ -370,6 +378,11 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         &["rm", "-r", "a"],
         &["sh", "-c", "echo hello > h.txt && echo more >> h.txt"],
         &["sh", "-c", "cat bmoved/g1 > g1cat && cmp g1cat bmoved/g1"],
+        // Times: futimens on the open copy (cp -p), utimensat on closed files (touch -d).
+        &["cp", "-p", "{src}", "fp"],
+        &["touch", "-d", "@1400000000.5", "h.txt"],
+        &["touch", "-m", "-d", "@1300000000.25", "bmoved/g1"],
+        &["touch", "-d", "@1200000000", "nothing-here-either"],
         &["mkdir", "empty"],
         &["mkdir", "empty2"],
         &["rmdir", "empty2"],
@@ -380,10 +393,27 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         assert_eq!(on_mount.code(), on_disk.code(), "{cmd:?}");
     }
     assert_eq!(tree(&mounted, true), tree(&disk, true));
+    let timed = ["fp", "h.txt", "bmoved/g1", "nothing-here-either"];
+    let times = |root: &Path| -> Vec<std::time::SystemTime> {
+        timed
+            .iter()
+            .map(|f| std::fs::metadata(root.join(f)).unwrap().modified().unwrap())
+            .collect()
+    };
+    let want = times(&disk);
+    assert_eq!(want[0], src_time);
+    assert_eq!(times(&mounted), want, "{timed:?}");
     // And the store gets the same files (object stores keep no empty directories).
     let out = c.pagectl(&["sync", "/ck"]);
     assert!(out.status.success(), "pagectl sync: {out:?}");
     assert_eq!(tree(&store.join("ck/cu"), false), tree(&disk, false));
+    // The times are the cluster's, flushed or not: another mount sees them too.
+    let other = Mount::start(&c, &[]);
+    assert_eq!(
+        times(&other.path("/ck/cu")),
+        want,
+        "{timed:?} after the flush"
+    );
 }
 
 /// Random writes, overwrites past the end, truncations and reads on a read-write handle,

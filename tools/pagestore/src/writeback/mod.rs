@@ -268,6 +268,18 @@ fn still_current(
     Ok(())
 }
 
+/// Whether `rec` is a closed (or sealed) file record of write-back version `tag`.
+fn waits_for_flush(rec: &FileRecord, tag: &str) -> bool {
+    matches!(
+        &rec.entry,
+        RecordEntry::File {
+            version_tag,
+            state: RecordState::Final | RecordState::Sealed,
+            ..
+        } if version_tag == tag
+    )
+}
+
 /// The store's object at `path` changed while a flush wrote it.
 fn raced(path: &str) -> SourceError {
     SourceError::new(
@@ -583,7 +595,8 @@ impl WriteBackNode {
         let path = match &op {
             ChangeOp::Commit { path, .. }
             | ChangeOp::Delete { path, .. }
-            | ChangeOp::MakeDir { path, .. } => path.clone(),
+            | ChangeOp::MakeDir { path, .. }
+            | ChangeOp::SetTime { path, .. } => path.clone(),
             ChangeOp::Rename { from, .. } => from.clone(),
         };
         let table = self.ufs.table();
@@ -945,7 +958,13 @@ impl WriteBackNode {
                 ..
             } => {
                 let store_tag = self.upload(&rec.path, version_tag, *size, attrs).await?;
-                let mut clean = rec.clone();
+                // The record as it is now if it still names the version and waits for its
+                // flush: a change of the file's time meanwhile (`SetTime`) leaves the bytes as
+                // they were, and its flush is this one.
+                let mut clean = match self.table().get(&rec.path) {
+                    Some(now) if waits_for_flush(now, version_tag) => now.clone(),
+                    _ => rec.clone(),
+                };
                 if let RecordEntry::File {
                     state,
                     store_tag: st,

@@ -588,7 +588,53 @@ impl Records {
                     )])),
                 }
             }
+            ChangeOp::SetTime {
+                path,
+                version_tag,
+                mtime_ns,
+            } => self.plan_set_time(path, version_tag, *mtime_ns),
         }
+    }
+
+    /// A new modification time for the file `path` holds, if it holds `tag`: the same record
+    /// with the time changed (its state, store version and attributes as they are).
+    fn plan_set_time(&self, path: &str, tag: &str, mtime_ns: i64) -> Result<Plan, Refused> {
+        let Some(r) = self.get(path) else {
+            return Err(refused(
+                ErrorCode::NotFound,
+                format!(
+                    "{path}: no file written through the cluster is here (a file only in the                      under storage has the store's modification time)"
+                ),
+            ));
+        };
+        let RecordEntry::File {
+            version_tag,
+            mtime_ns: now,
+            ..
+        } = &r.entry
+        else {
+            return Err(match r.entry {
+                RecordEntry::Dir { .. } => refused(
+                    ErrorCode::IsDir,
+                    format!("{path}: a directory; only a file's modification time is set"),
+                ),
+                _ => refused(ErrorCode::NotFound, format!("{path}: no such file")),
+            });
+        };
+        if version_tag != tag {
+            return Err(refused(
+                ErrorCode::Changed,
+                format!("{path}: holds another version now ({version_tag})"),
+            ));
+        }
+        if *now == mtime_ns {
+            return Ok(Plan::Nothing);
+        }
+        let mut entry = r.entry.clone();
+        if let RecordEntry::File { mtime_ns: m, .. } = &mut entry {
+            *m = mtime_ns;
+        }
+        Ok(Plan::Records(vec![unstamped(path, entry)]))
     }
 
     /// Whether `path` holds what a conditional commit expects, as far as the records know (a

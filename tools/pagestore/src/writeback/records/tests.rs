@@ -516,6 +516,55 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
 }
 
 /// Forgets what is settled at `now_ms`, as a node's sweep does. Returns how many went.
+/// A file's new time changes its record's time only: its version, size, state and store
+/// version stay, closed or flushed; another version, a directory or an unknown path refuse.
+#[test]
+fn a_new_time_changes_nothing_else_of_the_file() {
+    let mut t = Records::new();
+    let set = |path: &str, v: u128, at: i64| ChangeOp::SetTime {
+        path: path.into(),
+        version_tag: tag(v),
+        mtime_ns: at,
+    };
+    let time_of = |t: &Records, path: &str| match &t.get(path).unwrap().entry {
+        RecordEntry::File { mtime_ns, .. } => *mtime_ns,
+        e => panic!("{e:?}"),
+    };
+    change(&mut t, commit("/a/f", 1, 5, true), 10).unwrap();
+    change(&mut t, set("/a/f", 1, -7), 20).unwrap();
+    assert_eq!(state_of(&t, "/a/f"), Some((tag(1), RecordState::Final, 5)));
+    assert_eq!(time_of(&t, "/a/f"), -7);
+    // The same time again is no change.
+    assert!(matches!(
+        t.plan(&set("/a/f", 1, -7), false),
+        Ok(Plan::Nothing)
+    ));
+    flushed(&mut t, "/a/f", "s1");
+    change(&mut t, set("/a/f", 1, 1_500_000_000), 30).unwrap();
+    assert_eq!(time_of(&t, "/a/f"), 1_500_000_000);
+    match &t.get("/a/f").unwrap().entry {
+        RecordEntry::File {
+            state, store_tag, ..
+        } => assert_eq!((*state, store_tag.as_str()), (RecordState::Clean, "s1")),
+        e => panic!("{e:?}"),
+    }
+    let code = |t: &Records, op: ChangeOp| t.plan(&op, false).err().map(|r| r.code);
+    assert_eq!(code(&t, set("/a/f", 2, 9)), Some(ErrorCode::Changed));
+    assert_eq!(code(&t, set("/a/g", 1, 9)), Some(ErrorCode::NotFound));
+    assert_eq!(code(&t, set("/a", 1, 9)), Some(ErrorCode::NotFound));
+    change(
+        &mut t,
+        ChangeOp::MakeDir {
+            path: "/d".into(),
+            mtime_ns: 0,
+        },
+        40,
+    )
+    .unwrap();
+    assert_eq!(code(&t, set("/d", 1, 9)), Some(ErrorCode::IsDir));
+    check_indexes(&t);
+}
+
 /// Only a second flush of the same version, naming another store object, ranks as a restamp;
 /// a commit, a seal or a flush of another version at the same rank never does.
 #[test]
@@ -748,6 +797,7 @@ enum Step {
     Delete(usize, bool),
     MakeDir(usize),
     Clean(usize),
+    SetTime(usize, i64),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -757,6 +807,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0..PATHS.len(), any::<bool>()).prop_map(|(p, d)| Step::Delete(p, d)),
         (0..PATHS.len()).prop_map(Step::MakeDir),
         (0..PATHS.len()).prop_map(Step::Clean),
+        (0..PATHS.len(), 0i64..3).prop_map(|(p, t)| Step::SetTime(p, t)),
     ]
 }
 
@@ -781,6 +832,14 @@ fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
             Step::MakeDir(p) => ChangeOp::MakeDir {
                 path: PATHS[*p].into(),
                 mtime_ns: 0,
+            },
+            Step::SetTime(p, at) => match t.get(PATHS[*p]).map(|r| &r.entry) {
+                Some(RecordEntry::File { version_tag, .. }) => ChangeOp::SetTime {
+                    path: PATHS[*p].into(),
+                    version_tag: version_tag.clone(),
+                    mtime_ns: *at,
+                },
+                _ => continue,
             },
             Step::Clean(p) => {
                 let Some(r) = t.get(PATHS[*p]).cloned() else {
