@@ -33,7 +33,7 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use pagestore_protocol::{
     frame::{
-        self, Attr, ChangeOp, Expect, FileId, FileState, Key, RequestBody, ResponseBody,
+        self, Attr, ChangeOp, Expect, FileId, FileState, Key, PathKind, RequestBody, ResponseBody,
         WriteBackSummary,
     },
     ring::{self, path_hash, MemberId},
@@ -463,6 +463,29 @@ impl Client {
             mtime_ns,
         };
         self.change(path, op).await.map(|_| ())
+    }
+
+    /// Sets the modification time of whatever file `path` holds now, where the cluster keeps
+    /// its time: a file written through the cluster, flushed or not (its version is stat'ed,
+    /// and a newer version that replaces it meanwhile is set in its turn). `Ok(false)`: the
+    /// path is a directory or a file only in the under storage, whose time is the store's, and
+    /// nothing was set.
+    pub async fn touch(&self, path: &str, mtime_ns: i64) -> Result<bool, Error> {
+        let mut tries = 0;
+        loop {
+            let version = match self.stat_path(path).await? {
+                PathKind::File {
+                    version_tag, state, ..
+                } if state != FileState::Stored => version_tag,
+                _ => return Ok(false),
+            };
+            tries += 1;
+            match self.set_time(path, &version, mtime_ns).await {
+                // Replaced, deleted, or flushed and forgotten since the stat: look again.
+                Err(Error::Changed(_) | Error::NotFound(_)) if tries < 3 => continue,
+                r => return r.map(|()| true),
+            }
+        }
     }
 
     /// Makes the directory `path` in a `back` or `transient` mount.

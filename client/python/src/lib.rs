@@ -456,6 +456,16 @@ impl Cluster {
             .map_err(to_py)
     }
 
+    /// Sets the modification time (nanoseconds since the Unix epoch) of the file `path` holds,
+    /// where the cluster keeps it: a file written through the cluster. False when the path is
+    /// a directory or a file only in the under storage (whose time is the store's).
+    fn set_mtime(&self, py: Python<'_>, path: &str, mtime_ns: i64) -> PyResult<bool> {
+        let client = self.client(py)?;
+        let p = process()?;
+        p.block_on(py, async { client.touch(path, mtime_ns).await })
+            .map_err(to_py)
+    }
+
     /// Makes the directory `path` (a `write=back` or `write=transient` mount).
     fn make_dir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
         let client = self.client(py)?;

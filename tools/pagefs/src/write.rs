@@ -34,7 +34,6 @@ use pagestore_client::{
     writer::{WriteOptions, KEEPALIVE},
     Client, Error, Writer,
 };
-use pagestore_protocol::frame::{FileState, PathKind};
 use tracing::{info, warn};
 
 use crate::{errno, lock};
@@ -570,23 +569,11 @@ pub(crate) async fn upload(
 /// Sets the modification time of the file at `path` without a descriptor (utimensat), where
 /// the cluster keeps it: a file written through the cluster, flushed or not. A file only in
 /// the under storage, or a directory, keeps the store's time (accepted: stores have none to
-/// set). A newer version that replaces the file meanwhile is stat'ed and set in its turn.
+/// set).
 pub(crate) async fn set_time(client: &Arc<Client>, path: &str, mtime_ns: i64) -> Result<(), Errno> {
-    let mut tries = 0;
-    loop {
-        let version = match client.stat_path(path).await {
-            Ok(PathKind::File {
-                version_tag, state, ..
-            }) if state != FileState::Stored => version_tag,
-            Ok(_) => return Ok(()),
-            Err(e) => return Err(errno("setattr", path, &e)),
-        };
-        tries += 1;
-        match client.set_time(path, &version, mtime_ns).await {
-            // Replaced, deleted, or flushed and forgotten since the stat: look again.
-            Err(Error::Changed(_) | Error::NotFound(_)) if tries < 3 => continue,
-            r => return r.map_err(|e| errno("setattr", path, &e)),
-        }
+    match client.touch(path, mtime_ns).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(errno("setattr", path, &e)),
     }
 }
 

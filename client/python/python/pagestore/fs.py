@@ -23,6 +23,7 @@ import errno
 import io
 import os
 import tempfile
+import time
 
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path
@@ -315,10 +316,15 @@ class PagestoreFileSystem(AbstractFileSystem):
                 raise
 
     def touch(self, path, truncate=True, **kwargs):
+        """Creates ``path`` empty (``truncate``, or where nothing is), else sets its modification
+        time to now: kept for files written through the cluster; a file only in the under
+        storage has the store's time, which cannot be set (``NotImplementedError``)."""
+        path = self._strip_protocol(path)
         if truncate or not self.exists(path):
             self.pipe_file(path, b"")
-        else:
-            raise NotImplementedError("touch without truncate: pagestore keeps no times to set")
+        elif not self.cluster.set_mtime(path, time.time_ns()):
+            raise NotImplementedError(
+                f"{path}: only in the under storage, whose modification time cannot be set")
 
     def sync(self, path="/", timeout=None):
         """Waits until nothing under ``path`` waits for the store (see :func:`pagestore.sync`)."""

@@ -93,6 +93,27 @@ def test_a_file_is_visible_from_open_and_whole_at_close(fs):
     assert fs.cat_file("/ck/vis/touched") == b""
 
 
+def test_touch_without_truncate_sets_the_time_of_a_file_written_here(fs):
+    fs.pipe_file("/ck/times/f", b"kept")
+    before = fs.info("/ck/times/f")
+    # A time well apart from the write's: a second's resolution of "now" cannot hide it.
+    pagestore_cluster = fs.cluster
+    assert pagestore_cluster.set_mtime("/ck/times/f", 1_400_000_000 * 10**9)
+    assert fs.info("/ck/times/f")["mtime"] == 1_400_000_000
+    fs.touch("/ck/times/f", truncate=False)
+    after = fs.info("/ck/times/f")
+    assert after["mtime"] >= before["mtime"] and after["version"] == before["version"]
+    assert fs.cat_file("/ck/times/f") == b"kept"
+    # Flushed, it keeps its time too.
+    pagestore.sync("pagestore://ck/times", timeout=60)
+    assert fs.info("/ck/times/f")["mtime"] == after["mtime"]
+    # A file only in the under storage: its time is the store's.
+    with open(os.path.join(DATA, "store-only"), "wb") as f:
+        f.write(b"s")
+    with pytest.raises(NotImplementedError):
+        fs.touch("/data/store-only", truncate=False)
+
+
 def test_exclusive_create(fs):
     fs.pipe_file("/ck/x/there", b"old")
     with pytest.raises(FileExistsError) as e:
