@@ -1383,33 +1383,28 @@ impl Filesystem for PageFs {
             }) => Some(file),
             _ => sh.live_writer(ino.0),
         };
-        if let Some(w) = writer {
+        if let Some(w) = &writer {
             if size.is_none() && mtime.is_none() {
-                return reply.attr(&Duration::ZERO, &sh.writer_attr(&w));
+                return reply.attr(&Duration::ZERO, &sh.writer_attr(w));
             }
-            self.rt.spawn(async move {
-                if let Some(size) = size {
-                    if let Err(e) = w.truncate(size).await {
-                        return reply.error(e);
-                    }
-                }
-                if let Some(t) = mtime {
-                    if let Err(e) = w.set_mtime(t).await {
-                        return reply.error(e);
-                    }
-                }
-                reply.attr(&Duration::ZERO, &sh.writer_attr(&w))
-            });
-            return;
         }
-        let Some(path) = self.path(ino) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let how = sh.writes(&path);
-        if how == Writes::No {
-            return reply.error(Errno::EROFS);
-        }
+        let path = self.path(ino);
         self.rt.spawn(async move {
+            if let Some(w) = writer {
+                match w.change_if_open(size, mtime).await {
+                    Some(Ok(())) => return reply.attr(&Duration::ZERO, &sh.writer_attr(&w)),
+                    Some(Err(e)) => return reply.error(e),
+                    // Closed meanwhile: the path's file is changed instead.
+                    None => {}
+                }
+            }
+            let Some(path) = path else {
+                return reply.error(Errno::ENOENT);
+            };
+            let how = sh.writes(&path);
+            if how == Writes::No {
+                return reply.error(Errno::EROFS);
+            }
             if let Some(size) = size {
                 if let Err(e) =
                     write::truncate_path(&sh.client, &sh.options.staging_dir, &path, how, size)

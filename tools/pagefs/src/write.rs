@@ -253,24 +253,36 @@ impl WriteFile {
         r
     }
 
-    /// Sets the file's modification time, committed with the next fsync or close (a file of
-    /// a `write=through` mount takes the store's time when it is sent: the time is shown while
-    /// the file is open here only).
-    pub(crate) async fn set_mtime(&self, mtime_ns: i64) -> Result<(), Errno> {
+    /// truncate(2) and utimensat(2) through this writer while it is open: the new size, and the
+    /// modification time committed with the next fsync or close (a file of a `write=through`
+    /// mount takes the store's time when it is sent: the time is shown while it is open here
+    /// only). `None` when the writer is no longer open (its last close ran meanwhile, as when
+    /// `tar` sets a file's time just after closing it): the caller changes the path instead.
+    pub(crate) async fn change_if_open(
+        &self,
+        size: Option<u64>,
+        mtime_ns: Option<i64>,
+    ) -> Option<Result<(), Errno>> {
         let mut st = self.state.lock().await;
         if let Some(e) = st.failed {
-            return Err(e);
+            return Some(Err(e));
         }
-        match &mut st.body {
-            Body::Cluster(w) => {
-                w.set_mtime(mtime_ns);
+        if !matches!(st.body, Body::Cluster(_) | Body::Staged(_)) {
+            return None;
+        }
+        if let Some(size) = size {
+            if let Err(e) = self.truncate_locked(&mut st, size).await {
+                return Some(Err(e));
+            }
+        }
+        if let Some(t) = mtime_ns {
+            if let Body::Cluster(w) = &mut st.body {
+                w.set_mtime(t);
                 st.dirty = true;
             }
-            Body::Staged(_) => {}
-            _ => return Err(Errno::EBADF),
+            lock(&self.attrs).1 = t;
         }
-        lock(&self.attrs).1 = mtime_ns;
-        Ok(())
+        Some(Ok(()))
     }
 
     /// Cuts or extends the file to `size` bytes.

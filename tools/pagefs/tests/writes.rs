@@ -316,6 +316,28 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         .unwrap()
         .set_modified(src_time)
         .unwrap();
+    // An archive of small files with their own times, which tar sets as it extracts them.
+    let tarred = local.path().join("tarred");
+    std::fs::create_dir(&tarred).unwrap();
+    for i in 0..12u64 {
+        let f = tarred.join(format!("t{i}"));
+        std::fs::write(&f, bytes(20 + i, 1000 + i as usize)).unwrap();
+        let at = std::time::UNIX_EPOCH + std::time::Duration::new(1_100_000_000 + i * 3600, 0);
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(at)
+            .unwrap();
+    }
+    let archive = format!("{}.tar", src.display());
+    let made = Command::new("tar")
+        .args(["-cf", &archive, "-C"])
+        .arg(local.path())
+        .arg("tarred")
+        .status()
+        .unwrap();
+    assert!(made.success());
     let disk = local.path().join("disk");
     std::fs::create_dir(&disk).unwrap();
     let mounted = m.path("/ck/cu");
@@ -383,6 +405,10 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         &["touch", "-d", "@1400000000.5", "h.txt"],
         &["touch", "-m", "-d", "@1300000000.25", "bmoved/g1"],
         &["touch", "-d", "@1200000000", "nothing-here-either"],
+        &["tar", "-xf", "{src}.tar"],
+        // utimensat by path just after close(2), while the mount may still be closing the file
+        // (as rsync sets a temporary file's time before its rename).
+        &["python3", "-c", UTIME_AFTER_CLOSE],
         &["mkdir", "empty"],
         &["mkdir", "empty2"],
         &["rmdir", "empty2"],
@@ -393,7 +419,11 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         assert_eq!(on_mount.code(), on_disk.code(), "{cmd:?}");
     }
     assert_eq!(tree(&mounted, true), tree(&disk, true));
-    let timed = ["fp", "h.txt", "bmoved/g1", "nothing-here-either"];
+    let mut timed: Vec<String> = ["fp", "h.txt", "bmoved/g1", "nothing-here-either"]
+        .map(String::from)
+        .to_vec();
+    timed.extend((0..12).map(|i| format!("tarred/t{i}")));
+    timed.extend((0..12).map(|i| format!("py{i}")));
     let times = |root: &Path| -> Vec<std::time::SystemTime> {
         timed
             .iter()
@@ -415,6 +445,16 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         "{timed:?} after the flush"
     );
 }
+
+/// Writes files and sets each one's time by path as soon as it is closed.
+const UTIME_AFTER_CLOSE: &str = r#"
+import os
+for i in range(12):
+    with open(f"py{i}", "wb") as f:
+        f.write(bytes([i]) * (4096 * i + 1))
+    t = 1_000_000_000_000_000_000 + i * 1_234_567_891
+    os.utime(f"py{i}", ns=(t, t))
+"#;
 
 /// Random writes, overwrites past the end, truncations and reads on a read-write handle,
 /// done alike on the mount and on a local file; fails if a read differs.
