@@ -583,10 +583,11 @@ pub(crate) async fn upload(
 /// the under storage, or a directory, keeps the store's time (accepted: stores have none to
 /// set).
 pub(crate) async fn set_time(client: &Arc<Client>, path: &str, mtime_ns: i64) -> Result<(), Errno> {
-    match client.touch(path, mtime_ns).await {
-        Ok(_) => Ok(()),
-        Err(e) => Err(errno("setattr", path, &e)),
-    }
+    client
+        .touch(path, mtime_ns)
+        .await
+        .map(|_| ())
+        .map_err(|e| errno("setattr", path, &e))
 }
 
 /// Cuts or extends the file at `path` to `size` bytes without a descriptor (truncate(2)).

@@ -603,7 +603,8 @@ impl Records {
             return Err(refused(
                 ErrorCode::NotFound,
                 format!(
-                    "{path}: no file written through the cluster is here (a file only in the                      under storage has the store's modification time)"
+                    "{path}: no file written through the cluster is here (a file only in the \
+                     under storage has the store's modification time)"
                 ),
             ));
         };

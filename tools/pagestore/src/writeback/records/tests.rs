@@ -515,7 +515,6 @@ fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
     assert_eq!(t.known("/ck"), Known::Unknown);
 }
 
-/// Forgets what is settled at `now_ms`, as a node's sweep does. Returns how many went.
 /// A file's new time changes its record's time only: its version, size, state and store
 /// version stay, closed or flushed; another version, a directory or an unknown path refuse.
 #[test]
@@ -600,6 +599,7 @@ fn only_a_second_flush_of_a_version_is_a_restamp() {
     check_indexes(&t);
 }
 
+/// Forgets what is settled at `now_ms`, as a node's sweep does. Returns how many went.
 fn forget_old(t: &mut Records, now_ms: u64, keep_ms: u64) -> usize {
     let old = t.settled(now_ms, keep_ms);
     t.forget(&old, now_ms, keep_ms)
