@@ -17,11 +17,13 @@
 //! While a committed file is open, its writer repeats its last commit every [`KEEPALIVE`], so
 //! that an idle writer is not taken for gone. A writer that stops without closing leaves what
 //! it committed (the cluster seals the version once its writer has been silent for the lease,
-//! then flushes it) and pages it never committed (dropped once no page of them has been written
-//! on a node for its grace period). A writer given up before any commit ([`Writer::discard`],
-//! or dropped unclosed) has its members drop its pages at once. A writer whose first commit
-//! comes after a node went [`UNCOMMITTED_KEPT`] without a page fails it ([`Error::Changed`])
-//! rather than name pages that node may have dropped.
+//! then flushes it) and pages it never committed: until its first commit, a writer renews its
+//! pages on the members that hold them every [`RENEW_EVERY`] (`Renew`), and a member drops
+//! them once neither a page nor a renewal came for its orphan grace (`--write-orphan-grace`,
+//! 2 minutes by default). A writer given up before any commit ([`Writer::discard`], or dropped
+//! unclosed) has its members drop its pages at once. A writer that finds a member dropped its
+//! pages, or that could not reach one for half the grace, fails its first commit
+//! ([`Error::Changed`]) rather than name pages that member may no longer hold.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -60,11 +62,16 @@ pub const KEEPALIVE: Duration = Duration::from_secs(30);
 /// member the client gave up on for a moment, a busy machine) before the write fails.
 pub const UNREACHABLE_WAIT: Duration = Duration::from_secs(30);
 
-/// How long a node may go without a page of a version that no commit names yet before the
-/// writer gives the version up. A node drops such pages 10 minutes (its `orphan_grace`) after
-/// the newest of them was written there, and a first commit that came later would name pages
-/// no node holds; the 2 minutes between leave room for the records to reach every node.
-pub const UNCOMMITTED_KEPT: Duration = Duration::from_secs(8 * 60);
+/// How often, at most, a writer renews the pages of a version no commit names yet on the
+/// members that hold them (more often when a member's orphan grace is under a minute: a
+/// quarter of it). The first renewal goes a second after the first page, to learn the grace.
+pub const RENEW_EVERY: Duration = Duration::from_secs(15);
+
+/// The orphan grace a writer assumes until a member tells it its own (the nodes' default).
+const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(120);
+
+/// When the first renewal goes, after the writer's first page.
+const FIRST_RENEW: Duration = Duration::from_secs(1);
 
 /// Settings of a [`Writer`].
 #[derive(Clone, Debug)]
@@ -145,49 +152,170 @@ pub struct Writer {
     /// The position of the version's first answered commit (0 before it): sent with every
     /// later commit and page ([`ChangeOp::Commit`]'s `since`).
     since: u64,
-    /// Before the first commit: when each node was last sent a page.
+    /// Before the first commit: which members hold pages, and when each was last heard.
     uncommitted: Arc<Mutex<Uncommitted>>,
+    /// Renews the pages on their members until the first commit ([`RENEW_EVERY`]).
+    renewer: Option<JoinHandle<()>>,
 }
 
-/// When each node was last sent a page of a version no commit names yet, and whether one of
-/// them went [`UNCOMMITTED_KEPT`] without one: it may have dropped the version's pages
-/// (see [`UNCOMMITTED_KEPT`]). Pure, so that the rule is tested without waiting minutes.
+/// Before a version's first commit: the members that may hold its pages, when each was last
+/// sent one or answered a renewal holding some, and whether one may have dropped them (it
+/// went half the orphan grace unheard, or said it holds none after it took one). Pure, so
+/// that the rules are tested without waiting minutes.
 #[derive(Debug, Default)]
 struct Uncommitted {
-    last_sent: HashMap<u128, Instant>,
-    /// A node and how long it went without a page, the first time one went too long.
-    lapsed: Option<(u128, Duration)>,
+    heard: HashMap<MemberId, Instant>,
+    /// When each member first answered that it took a page.
+    took: HashMap<MemberId, Instant>,
+    /// The least orphan grace the members told (none yet: [`DEFAULT_ORPHAN_GRACE`]).
+    grace: Option<Duration>,
+    /// The first member found to have (maybe) dropped the pages.
+    lapsed: Option<Lapse>,
+}
+
+/// Why a member may no longer hold a version's pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lapse {
+    /// It was neither sent a page nor heard from by a renewal for this long.
+    Quiet(MemberId, Duration),
+    /// A renewal found none of its pages there, after it took one.
+    Dropped(MemberId),
 }
 
 impl Uncommitted {
-    /// A send to `nodes` that started at `at`.
-    fn sent(&mut self, nodes: impl IntoIterator<Item = u128>, at: Instant) {
-        for node in nodes {
-            let last = self.last_sent.entry(node).or_insert(at);
+    fn grace(&self) -> Duration {
+        self.grace.unwrap_or(DEFAULT_ORPHAN_GRACE)
+    }
+
+    /// How long a member may go unheard: half its grace, the rest leaving room for the
+    /// first commit to reach it.
+    fn kept(&self) -> Duration {
+        self.grace() / 2
+    }
+
+    /// How long to wait before the next round of renewals.
+    fn renew_every(&self) -> Duration {
+        RENEW_EVERY.min(self.grace() / 4)
+    }
+
+    fn lapse(&mut self, why: Lapse) {
+        self.lapsed.get_or_insert(why);
+    }
+
+    /// A send to `asked` that started at `at`, taken by `took` (when it ended).
+    fn sent(&mut self, asked: &[MemberId], took: &[MemberId], at: Instant, ended: Instant) {
+        let kept = self.kept();
+        for &m in asked {
+            let last = self.heard.entry(m).or_insert(at);
             let quiet = at.saturating_duration_since(*last);
-            if quiet >= UNCOMMITTED_KEPT && self.lapsed.is_none() {
-                self.lapsed = Some((node, quiet));
-            }
             *last = (*last).max(at);
+            if quiet >= kept {
+                self.lapse(Lapse::Quiet(m, quiet));
+            }
+        }
+        for &m in took {
+            self.took.entry(m).or_insert(ended);
         }
     }
 
-    /// A node that may have dropped the version's pages by `now`, and how long it went
-    /// without one.
-    fn lapsed(&self, now: Instant) -> Option<(u128, Duration)> {
+    /// A renewal of member `m` sent at `at` found `pages` there; the node's grace is `grace`.
+    fn renewed(&mut self, m: MemberId, at: Instant, pages: u32, grace: Duration) {
+        self.grace = Some(self.grace.map_or(grace, |g| g.min(grace)));
+        if pages > 0 {
+            if let Some(last) = self.heard.get_mut(&m) {
+                *last = (*last).max(at);
+            }
+            return;
+        }
+        match self.took.get(&m) {
+            // It took a page before this renewal left, and holds none now.
+            Some(&took) if took < at => self.lapse(Lapse::Dropped(m)),
+            // Taken meanwhile: the next renewal finds it.
+            Some(_) => {}
+            // Asked, never took one (a send that failed there): nothing of it to lose.
+            None => {
+                self.heard.remove(&m);
+            }
+        }
+    }
+
+    /// The members to renew.
+    fn members(&self) -> Vec<MemberId> {
+        let mut m: Vec<MemberId> = self.heard.keys().copied().collect();
+        m.sort();
+        m
+    }
+
+    /// Why a member may have dropped the version's pages by `now`, if one may have.
+    fn lapsed(&self, now: Instant) -> Option<Lapse> {
+        let kept = self.kept();
         self.lapsed.or_else(|| {
-            self.last_sent
+            self.heard
                 .iter()
-                .map(|(&n, &t)| (n, now.saturating_duration_since(t)))
-                .find(|&(_, quiet)| quiet >= UNCOMMITTED_KEPT)
+                .map(|(&m, &t)| (m, now.saturating_duration_since(t)))
+                .find(|&(_, quiet)| quiet >= kept)
+                .map(|(m, quiet)| Lapse::Quiet(m, quiet))
         })
+    }
+}
+
+/// Renews version `tag`'s pages on the members `uncommitted` names, until it is aborted (the
+/// first commit, the writer's end) or a member says a record names the version.
+async fn renew_loop(client: Arc<Client>, tag: String, uncommitted: Arc<Mutex<Uncommitted>>) {
+    let lock = |u: &Mutex<Uncommitted>| {
+        let g = u.lock().unwrap_or_else(|p| p.into_inner());
+        (g.members(), g.renew_every())
+    };
+    let mut wait = FIRST_RENEW;
+    loop {
+        tokio::time::sleep(wait).await;
+        let (members, every) = lock(&uncommitted);
+        wait = every;
+        let layout = client.layout();
+        let at = Instant::now();
+        let asks = members.into_iter().map(|m| {
+            let (client, addr) = (&client, layout.membership.addr_of(m));
+            let body = RequestBody::Renew {
+                version_tag: tag.clone(),
+            };
+            async move {
+                let Some(addr) = addr else {
+                    return (m, Err(Error::unavailable("left the ring")));
+                };
+                (
+                    m,
+                    client.call(addr, body, Bytes::new()).await.map(|(b, _)| b),
+                )
+            }
+        });
+        for (m, answer) in futures_util::future::join_all(asks).await {
+            match answer {
+                Ok(ResponseBody::Held { pages, grace_ms }) => uncommitted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .renewed(m, at, pages, Duration::from_millis(grace_ms.max(1))),
+                // Committed meanwhile: its commits keep it alive.
+                Err(Error::Changed(_)) => return,
+                other => tracing::debug!(
+                    node = format_args!("{:032x}", m.node),
+                    shard = m.shard,
+                    answer = ?other,
+                    "renewing an uncommitted file's pages"
+                ),
+            }
+        }
+        let (_, every) = lock(&uncommitted);
+        wait = wait.min(every);
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if let Some(k) = self.keepalive.take() {
-            k.abort();
+        for task in [self.keepalive.take(), self.renewer.take()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
         }
         // A writer dropped before any commit (an aborted upload, a failed copy) gives its
         // pages up now rather than leave them to the nodes' orphan grace (10 minutes, during
@@ -292,6 +420,7 @@ impl Client {
             runtime: tokio::runtime::Handle::try_current().ok(),
             since: 0,
             uncommitted: Arc::default(),
+            renewer: None,
         };
         if w.options.visible_at_open {
             w.commit(false).await?;
@@ -572,7 +701,9 @@ impl Client {
     /// `holders` lists every member that was ever asked to take this page (whether it answered
     /// or not: one that timed out may have stored it): each of them that is not down must take
     /// the new bytes too. A member left holding an earlier copy of a page would serve it to
-    /// readers, and to the flusher, under the same version.
+    /// readers, and to the flusher, under the same version. `took` gets each member that
+    /// answered it stored the page.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send_page(
         &self,
         (tag, since): (&str, u64),
@@ -581,12 +712,13 @@ impl Client {
         bytes: &Bytes,
         wait: Duration,
         holders: &mut Vec<MemberId>,
+        took: &mut Vec<MemberId>,
     ) -> Result<(), Error> {
         let started = Instant::now();
         let mut pause = Duration::from_millis(50);
         loop {
             match self
-                .send_page_once((tag, since), file_id, page, bytes, holders)
+                .send_page_once((tag, since), file_id, page, bytes, holders, took)
                 .await
             {
                 Err(Error::NoSpace(m)) if started.elapsed() < wait => {
@@ -614,6 +746,7 @@ impl Client {
         page: u64,
         bytes: &Bytes,
         holders: &mut Vec<MemberId>,
+        took: &mut Vec<MemberId>,
     ) -> Result<(), Error> {
         let layout = self.layout();
         let ring = layout.membership.ring();
@@ -665,7 +798,10 @@ impl Client {
             .await;
             for (m, addr, answer) in answers {
                 match answer {
-                    Attempt::Answer(Ok((ResponseBody::Written, _))) => stored += 1,
+                    Attempt::Answer(Ok((ResponseBody::Written, _))) => {
+                        stored += 1;
+                        took.push(m);
+                    }
                     Attempt::Answer(Ok((other, _))) => {
                         last_err = Some(Error::unavailable(format!("unexpected answer {other:?}")))
                     }
@@ -884,17 +1020,24 @@ impl Writer {
             self.holders.clone(),
         );
         let uncommitted = (since == 0).then(|| self.uncommitted.clone());
+        if since == 0 && self.renewer.is_none() {
+            let renew = renew_loop(self.client.clone(), tag.clone(), self.uncommitted.clone());
+            self.renewer = Some(tokio::spawn(renew));
+        }
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let mut held = take_holders(&holders, page);
+            let mut took = Vec::new();
             let sent = client
-                .send_page((&tag, since), id, page, &bytes, wait, &mut held)
+                .send_page((&tag, since), id, page, &bytes, wait, &mut held, &mut took)
                 .await;
             if let Some(u) = uncommitted {
-                let nodes = held.iter().map(|m| m.node);
-                u.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .sent(nodes, started);
+                u.lock().unwrap_or_else(|p| p.into_inner()).sent(
+                    &held,
+                    &took,
+                    started,
+                    Instant::now(),
+                );
             }
             holders
                 .lock()
@@ -1040,6 +1183,9 @@ impl Writer {
     /// the client, the version and every member that may hold one of its pages (those sent
     /// to, and every candidate of a page whose send was stopped).
     fn give_up(&mut self) -> (Arc<Client>, String, Vec<MemberId>) {
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
         let mut members: Vec<MemberId> = Vec::new();
         let stopped: Vec<u64> = std::mem::take(&mut self.sending)
             .into_iter()
@@ -1106,13 +1252,33 @@ impl Writer {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .lapsed(Instant::now());
-            if let Some((node, quiet)) = lapsed {
+            if let Some(lapse) = lapsed {
+                let grace = self
+                    .uncommitted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .grace()
+                    .as_secs_f64();
+                let why = match lapse {
+                    Lapse::Quiet(m, quiet) => format!(
+                        "member {:032x}/{} was neither sent a page of this file nor reached by \
+                         a renewal for {:.0} s before its first commit, and a node drops the \
+                         pages of an uncommitted file {grace:.0} s after its writer was last \
+                         heard: they may be gone",
+                        m.node,
+                        m.shard,
+                        quiet.as_secs_f64()
+                    ),
+                    Lapse::Dropped(m) => format!(
+                        "member {:032x}/{} no longer holds this file's pages: it dropped them \
+                         as a gone writer's (nothing reached it from this writer for its orphan \
+                         grace, {grace:.0} s)",
+                        m.node, m.shard
+                    ),
+                };
                 return Err(Error::Changed(format!(
-                    "{}: node {node:032x} was sent no page of this file for {} s before its \
-                     first commit, and a node drops uncommitted pages after 10 minutes: the \
-                     file's pages may be gone; write it again",
-                    self.path,
-                    quiet.as_secs()
+                    "{}: {why}; write it again",
+                    self.path
                 )));
             }
         }
@@ -1133,6 +1299,9 @@ impl Writer {
             // Later commits and pages (and the keepalive's repeats) say when the cluster
             // first took it.
             self.since = hlc.max(1);
+            if let Some(r) = self.renewer.take() {
+                r.abort();
+            }
             *self.uncommitted.lock().unwrap_or_else(|p| p.into_inner()) = Uncommitted::default();
             if let ChangeOp::Commit { since, .. } = &mut op {
                 *since = self.since;
@@ -1229,35 +1398,73 @@ mod tests {
         }
     }
 
-    /// A version is given up once any node it sent pages to went [`UNCOMMITTED_KEPT`] without
-    /// one, whether that gap is still open at the commit or was closed by a later page (the
-    /// node may have dropped the earlier ones meanwhile); gaps on other nodes do not count.
+    /// Before its first commit, a version is given up once a member that may hold its pages
+    /// went half the orphan grace unheard (no page sent to it, no renewal answered by it with
+    /// pages held), whether that gap is still open at the commit or was closed by a later page
+    /// (the member may have dropped the earlier ones meanwhile); or once a renewal finds a
+    /// member that took a page holding none. Members that never took a page have nothing to
+    /// lose. Gaps on other members do not count.
     #[test]
-    fn uncommitted_pages_are_given_up_after_a_node_went_too_long_without_one() {
+    fn uncommitted_pages_are_given_up_when_a_member_may_have_dropped_them() {
         let t0 = Instant::now();
-        let min = |m: u64| Duration::from_secs(60 * m);
-        let kept = UNCOMMITTED_KEPT;
+        let s = Duration::from_secs;
+        let m = |node: u128| MemberId { node, shard: 0 };
+        let (a, b, c) = (m(1), m(2), m(3));
         let mut u = Uncommitted::default();
         assert_eq!(
-            u.lapsed(t0 + min(60)),
+            u.lapsed(t0 + s(3600)),
             None,
             "nothing sent, nothing to lose"
         );
-        u.sent([1, 2], t0);
-        // Node 1 gets a page every 5 minutes; node 2 only the first.
-        for m in [5, 10, 15] {
-            u.sent([1], t0 + min(m));
+        assert_eq!(u.kept(), DEFAULT_ORPHAN_GRACE / 2);
+        assert_eq!(u.renew_every(), RENEW_EVERY);
+        // Page 0 to a and b (both take it); page 1 asked of c, which never answers.
+        u.sent(&[a, b], &[a, b], t0, t0 + s(1));
+        u.sent(&[c], &[], t0, t0 + s(1));
+        assert_eq!(u.members(), vec![a, b, c]);
+        // Renewals every 15 s keep a and b; c holds none and is no longer renewed.
+        for k in 1..=8 {
+            let at = t0 + s(15 * k);
+            u.renewed(a, at, 1, s(120));
+            u.renewed(b, at, 1, s(120));
+            u.renewed(c, at, 0, s(120));
         }
-        assert_eq!(u.lapsed(t0 + kept - Duration::from_secs(1)), None);
-        assert_eq!(u.lapsed(t0 + kept), Some((2, kept)));
-        // Node 2 is sent a page again: the gap stays on record.
-        u.sent([2], t0 + min(16));
-        assert_eq!(u.lapsed(t0 + min(16)), Some((2, min(16))));
+        assert_eq!(u.members(), vec![a, b]);
+        assert_eq!(
+            u.lapsed(t0 + s(120 + 59)),
+            None,
+            "ten minutes... of renewals"
+        );
+        // b is not reached for half the grace.
+        assert_eq!(u.lapsed(t0 + s(120 + 60)), Some(Lapse::Quiet(b, s(60))));
+        // A member that tells a shorter grace shortens the rules for every member.
+        let mut u = Uncommitted::default();
+        u.sent(&[a], &[a], t0, t0);
+        u.renewed(a, t0 + s(1), 1, s(8));
+        assert_eq!((u.kept(), u.renew_every()), (s(4), s(2)));
+        assert_eq!(u.lapsed(t0 + s(4)), None);
+        assert_eq!(u.lapsed(t0 + s(5)), Some(Lapse::Quiet(a, s(4))));
+        // A gap closed by a later page stays on record.
+        let mut u = Uncommitted::default();
+        u.sent(&[a], &[a], t0, t0);
+        u.sent(&[a], &[a], t0 + s(61), t0 + s(62));
+        assert_eq!(u.lapsed(t0 + s(62)), Some(Lapse::Quiet(a, s(61))));
         // Sends that end out of order keep the latest start.
         let mut u = Uncommitted::default();
-        u.sent([3], t0 + min(4));
-        u.sent([3], t0);
-        assert_eq!(u.lapsed(t0 + min(4) + kept - Duration::from_secs(1)), None);
-        assert_eq!(u.lapsed(t0 + min(4) + kept), Some((3, kept)));
+        u.sent(&[a], &[a], t0 + s(40), t0 + s(41));
+        u.sent(&[a], &[a], t0, t0 + s(42));
+        assert_eq!(u.lapsed(t0 + s(40 + 59)), None);
+        // A member that took a page and holds none at a later renewal dropped it...
+        let mut u = Uncommitted::default();
+        u.sent(&[a, b], &[a, b], t0, t0 + s(1));
+        u.renewed(a, t0 + s(2), 0, s(120));
+        assert_eq!(u.lapsed(t0 + s(2)), Some(Lapse::Dropped(a)));
+        // ...but not one whose first page it took after the renewal left (the renewal
+        // may have been answered before the page was stored).
+        let mut u = Uncommitted::default();
+        u.sent(&[a], &[a], t0, t0 + s(3));
+        u.renewed(a, t0 + s(2), 0, s(120));
+        assert_eq!(u.lapsed(t0 + s(3)), None);
+        assert_eq!(u.members(), vec![a]);
     }
 }

@@ -436,6 +436,11 @@ impl Index {
         self.dirty_by_file.iter().map(|(&f, &n)| (f, n))
     }
 
+    /// The dirty pages of `file_id`.
+    pub fn dirty_pages_of(&self, file_id: u128) -> u32 {
+        self.dirty_by_file.get(&file_id).copied().unwrap_or(0)
+    }
+
     /// Rule pins are refused once this many pages are held.
     pub fn pin_cap(&self) -> u32 {
         self.pin_cap

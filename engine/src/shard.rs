@@ -107,7 +107,8 @@ pub struct DirtyFile {
     pub pages: u32,
     /// Their bytes.
     pub bytes: u64,
-    /// When the newest of them was stored (ms since the Unix epoch).
+    /// When the newest of them was stored, or their writer last renewed them
+    /// ([`Shard::renew_dirty`]), whichever is later (ms since the Unix epoch).
     pub newest_ms: u64,
 }
 
@@ -148,6 +149,10 @@ pub struct Shard {
     /// The most bytes of dirty pages this shard takes.
     dirty_limit: u64,
     sync: SyncState,
+    /// When the writer of each version with dirty pages here last said it is still writing
+    /// it ([`Shard::renew_dirty`]; ms since the Unix epoch). Only versions with dirty pages
+    /// have an entry.
+    renewed: RefCell<HashMap<u128, u64>>,
 }
 
 /// Ends a read when dropped, even if the reading future is cancelled.
@@ -200,6 +205,7 @@ impl Shard {
             rules,
             dirty_limit,
             sync: SyncState::default(),
+            renewed: RefCell::new(HashMap::new()),
         };
         // Restore pages oldest first so the eviction order approximates the old one.
         let mut restored: Vec<(SlotId, SlotHeader)> = Vec::new();
@@ -802,6 +808,7 @@ impl Shard {
     /// Removes every page of a file, dirty ones too: for a write-back version that is gone
     /// (replaced, deleted or abandoned). Returns how many were removed.
     pub async fn discard_file(&self, file_id: u128) -> Result<usize> {
+        self.renewed.borrow_mut().remove(&file_id);
         self.remove_pages(file_id, true).await
     }
 
@@ -868,6 +875,7 @@ impl Shard {
     /// rewritten stays clean in memory and becomes dirty again only after a restart (where the
     /// flusher finds it clean in the under storage again).
     pub async fn mark_clean(&self, file_id: u128) -> Result<usize> {
+        self.renewed.borrow_mut().remove(&file_id);
         let slots: Vec<SlotId> = {
             let mut index = self.index.borrow_mut();
             let keys: Vec<PageKey> = index
@@ -893,13 +901,29 @@ impl Shard {
         }
     }
 
+    /// The writer of write-back version `file_id` is still writing it, at `now_ms`: its dirty
+    /// pages here count as stored then ([`DirtyFile::newest_ms`]), so they are not taken for
+    /// a gone writer's. Returns the dirty pages held of it (0: none, and nothing is noted).
+    pub fn renew_dirty(&self, file_id: u128, now_ms: u64) -> u32 {
+        let pages = self.index.borrow().dirty_pages_of(file_id);
+        if pages > 0 {
+            let mut renewed = self.renewed.borrow_mut();
+            let at = renewed.entry(file_id).or_insert(now_ms);
+            *at = (*at).max(now_ms);
+        }
+        pages
+    }
+
     /// The files this shard holds dirty pages of, in file id order.
     pub fn dirty_files(&self) -> Vec<DirtyFile> {
         let index = self.index.borrow();
+        let mut renewed = self.renewed.borrow_mut();
+        // Versions with no dirty page left here are forgotten.
+        renewed.retain(|&f, _| index.dirty_pages_of(f) > 0);
         index
             .dirty_files()
             .map(|(file_id, pages)| {
-                let (mut bytes, mut newest_ms) = (0, 0);
+                let (mut bytes, mut newest_ms) = (0, renewed.get(&file_id).copied().unwrap_or(0));
                 for k in index.file_keys(file_id) {
                     if let Some(s) = index.lookup(&k).map(|s| index.slot(s)) {
                         if s.dirty {

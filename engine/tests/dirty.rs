@@ -117,6 +117,43 @@ fn dirty_pages_are_never_evicted_nor_removed_until_marked_clean() {
     assert!(!block_on(s.contains(PageKey::new(9, 0))).unwrap());
 }
 
+/// A writer's renewal makes its dirty pages count as stored at the renewal's time (so they
+/// are not taken for a gone writer's), is a no-op for a version with no dirty page here, and
+/// is forgotten once the version's pages are clean or dropped.
+#[test]
+fn a_renewal_refreshes_the_time_of_a_versions_dirty_pages_only() {
+    let dir = tempdir();
+    let e = start(cfg(dir.path(), 16));
+    for p in 0..2 {
+        put_dirty(&e, PageKey::new(5, p), page_bytes(5, p, 1, 5000), 1).unwrap();
+    }
+    put_dirty(&e, PageKey::new(6, 0), page_bytes(6, 0, 1, 5000), 1).unwrap();
+    let stored = shard(&e, |s| s.dirty_files());
+    let at = |files: &[pagestore_engine::DirtyFile], f: u128| {
+        files.iter().find(|d| d.file_id == f).map(|d| d.newest_ms)
+    };
+    let five = at(&stored, 5).unwrap();
+    assert!(five > 0);
+    // Renewed an hour later: file 5's pages count as stored then, file 6's do not move.
+    let later = five + 3_600_000;
+    assert_eq!(shard(&e, move |s| s.renew_dirty(5, later)), 2);
+    // An earlier renewal (answers crossing) does not take the time back.
+    assert_eq!(shard(&e, move |s| s.renew_dirty(5, later - 10)), 2);
+    let renewed = shard(&e, |s| s.dirty_files());
+    assert_eq!(at(&renewed, 5), Some(later));
+    assert_eq!(at(&renewed, 6), at(&stored, 6));
+    // A version this shard holds no dirty page of: nothing held, nothing noted.
+    assert_eq!(shard(&e, move |s| s.renew_dirty(7, later)), 0);
+    put_dirty(&e, PageKey::new(7, 0), page_bytes(7, 0, 1, 5000), 1).unwrap();
+    assert!(at(&shard(&e, |s| s.dirty_files()), 7).unwrap() < later);
+    // Cleaned, then dirty again under the same id: the old renewal is gone.
+    let n = block_on(e.shards()[0].run(|s| async move { s.mark_clean(5).await })).unwrap();
+    assert_eq!(n.unwrap(), 2);
+    put_dirty(&e, PageKey::new(5, 0), page_bytes(5, 0, 2, 5000), 1).unwrap();
+    assert!(at(&shard(&e, |s| s.dirty_files()), 5).unwrap() < later);
+    assert_eq!(shard(&e, move |s| s.renew_dirty(5, later)), 1);
+}
+
 #[test]
 fn dirty_flags_survive_a_restart_and_clean_ones_stay_clean() {
     let dir = tempdir();

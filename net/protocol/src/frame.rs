@@ -127,12 +127,17 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// Version 11: a new change, `ChangeOp::SetTime`, after every other: the
 /// modification time of a file written through the cluster is set (utimes,
 /// `touch`, `cp -p`) without a new version.
-pub const PROTOCOL_VERSION: u16 = 11;
+///
+/// Version 12: a new request, `Renew`, and its answer, `Held`, appended after
+/// every other: a writer that has not committed its version yet says it is
+/// still writing it, so that its pages are not dropped as a gone writer's,
+/// and learns whether the member still holds them.
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/11";
+pub const ALPN: &[u8] = b"pagestore/12";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -820,6 +825,17 @@ pub enum RequestBody {
         /// most [`MAX_VERSION_TAG_LEN`] bytes.
         version_tag: String,
     },
+    /// The writer of write-back version `version_tag`, which it has not
+    /// committed yet, is still writing it ([`ResponseBody::Held`]): the
+    /// shard's dirty pages of it count as written now, so they are not
+    /// dropped as a gone writer's for another orphan grace. Nothing is noted
+    /// when the shard holds none. `Changed` when a record names the version
+    /// (its commits keep it alive).
+    Renew {
+        /// A write-back version tag ([`crate::writeback::is_wb_tag`]); at
+        /// most [`MAX_VERSION_TAG_LEN`] bytes.
+        version_tag: String,
+    },
 }
 
 /// One file of a [`RequestBody::LoadFiles`]: where to find it and which of
@@ -1343,6 +1359,16 @@ pub enum ResponseBody {
         /// The version's attributes, at most [`MAX_ATTRS`] within
         /// [`MAX_ATTRS_BYTES`].
         attrs: Vec<Attr>,
+    },
+    /// Answer to `Renew`.
+    Held {
+        /// The version's dirty pages the shard holds (0: none; the writer
+        /// knows whether it sent it any).
+        pages: u32,
+        /// The node's orphan grace in milliseconds: how long after the
+        /// newest page or renewal it drops the pages of a version no record
+        /// names. A writer renews well within it.
+        grace_ms: u64,
     },
 }
 
@@ -1956,6 +1982,10 @@ impl Request {
                 bounded_str("Discard version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
                 no_payload("Discard", payload_len)
             }
+            RequestBody::Renew { version_tag } => {
+                bounded_str("Renew version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
+                no_payload("Renew", payload_len)
+            }
             RequestBody::WriteBackState { prefix } => {
                 bounded_str("WriteBackState prefix", prefix, MAX_PATH_LEN)?;
                 no_payload("WriteBackState", payload_len)
@@ -2087,6 +2117,7 @@ impl Response {
             ResponseBody::Written => no_payload("Written", payload_len),
             ResponseBody::Loaded { .. } => no_payload("Loaded", payload_len),
             ResponseBody::Removed { .. } => no_payload("Removed", payload_len),
+            ResponseBody::Held { .. } => no_payload("Held", payload_len),
             ResponseBody::Pong { .. } => no_payload("Pong", payload_len),
             ResponseBody::Epoch { .. } => no_payload("Epoch", payload_len),
             ResponseBody::Stat { .. } => no_payload("Stat", payload_len),
@@ -2223,6 +2254,7 @@ impl ResponseBody {
                 files.len() == outcomes.len()
             }
             (RequestBody::Attributes { .. }, ResponseBody::Attributes { .. }) => true,
+            (RequestBody::Renew { .. }, ResponseBody::Held { .. }) => true,
             (
                 RequestBody::ReadPages { .. }
                 | RequestBody::LoadFiles { .. }

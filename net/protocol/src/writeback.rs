@@ -230,6 +230,10 @@ pub trait WriteBack: Send + Sync + 'static {
     /// The write replicas as configured, before they are clamped to the ring's nodes (what
     /// `ClusterInfo` tells clients, who clamp it as the ring they follow changes).
     fn write_setting(&self) -> u8;
+    /// How long after the newest page (or the writer's newest `Renew`) this node drops the
+    /// pages of a write-back version that no record names: a writer gone before its first
+    /// commit.
+    fn orphan_grace(&self) -> std::time::Duration;
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::{
     source::page_version,
     spread::{CopyKey, HotPages, Replicas, SpreadConfig},
     tls::Role,
-    writeback::{is_wb_tag, WriteBack, WRITE_SLOP},
+    writeback::{is_wb_tag, unix_ms, WriteBack, WRITE_SLOP},
 };
 
 /// One shard's view of the ring: which member it is, and the ring it believes in.
@@ -395,6 +395,7 @@ fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
         | RequestBody::Invalidate { .. }
         | RequestBody::WriteDirty { .. }
         | RequestBody::Discard { .. }
+        | RequestBody::Renew { .. }
         | RequestBody::Change { .. } => Role::Writer,
         // What nodes tell each other: the namespace records and what to do with a version's
         // pages.
@@ -436,6 +437,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::Hot => "Hot",
         RequestBody::LoadFiles { .. } => "LoadFiles",
         RequestBody::Attributes { .. } => "Attributes",
+        RequestBody::Renew { .. } => "Renew",
     }
 }
 
@@ -644,6 +646,7 @@ impl ShardService {
                 self.file_pages(id, file_id.as_u128(), action).await
             }
             RequestBody::Discard { version_tag } => self.discard(id, &version_tag).await,
+            RequestBody::Renew { version_tag } => self.renew(id, &version_tag),
             RequestBody::WriteBackState { prefix } => {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
@@ -750,6 +753,33 @@ impl ShardService {
             }
             Err(e) => engine_error(id, &e),
         }
+    }
+
+    /// A writer is still writing a version it has not committed yet: its pages here are not
+    /// a gone writer's. Answers how many this shard holds, and the orphan grace the writer
+    /// must renew within.
+    fn renew(&self, id: u64, tag: &str) -> Reply {
+        let Some(wb) = self.writeback() else {
+            return no_writeback(id);
+        };
+        if !is_wb_tag(tag) {
+            return error(
+                id,
+                ErrorCode::BadRequest,
+                "Renew needs a write-back version tag",
+            );
+        }
+        let file = ring::file_id("", tag);
+        if wb.names(file) {
+            return error(
+                id,
+                ErrorCode::Changed,
+                "this write-back version was committed: its commits keep it, not Renew",
+            );
+        }
+        let pages = self.shard.renew_dirty(file, unix_ms());
+        let grace_ms = u64::try_from(wb.orphan_grace().as_millis()).unwrap_or(u64::MAX);
+        reply(id, ResponseBody::Held { pages, grace_ms }, Body::Empty)
     }
 
     /// What another node says to do with a write-back version's pages on this shard.

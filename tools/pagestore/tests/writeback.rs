@@ -770,6 +770,75 @@ async fn dirty_settles_at(c: &Cluster, want: u64) {
     }
 }
 
+/// Until its first commit, a writer renews its pages on the members that hold them: a writer
+/// idle for longer than the nodes' orphan grace keeps them and commits its file whole. A writer
+/// that stops (killed, or suspended as here: its runtime is not driven) has its pages dropped
+/// once the grace has passed since it was last heard, which frees the room they took under the
+/// dirty limit; if it wakes up, its commit fails with a clear error instead of naming pages
+/// that are gone.
+#[test]
+fn uncommitted_pages_live_as_long_as_their_writer_and_no_longer() {
+    let grace = Duration::from_secs(4);
+    let (c, store) = cluster(
+        2,
+        &["--write-replicas", "2", "--write-orphan-grace", "4"],
+        "",
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let a = rt.block_on(c.client(ClientOptions::default()));
+    let ps = a.page_size() as usize;
+    let data = bytes(3, 3 * ps + 10);
+    // The idle writer: two pages sent (two write replicas each), no commit.
+    let mut idle = rt.block_on(async {
+        let mut w = a.create("/ck/idle", WriteOptions::default()).await.unwrap();
+        w.write_at(0, &data[..2 * ps]).await.unwrap();
+        dirty_settles_at(&c, 4 * ps as u64).await;
+        w
+    });
+    let idle_since = Instant::now();
+    // The stopped writer: three pages sent, and a first renewal answered; then nothing.
+    let stopped = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_b, mut gone) = stopped.block_on(async {
+        let b = c.client(ClientOptions::default()).await;
+        let mut w = b.create("/ck/gone", WriteOptions::default()).await.unwrap();
+        w.write_at(0, &data[..3 * ps]).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        (b, w)
+    });
+    rt.block_on(dirty_settles_at(&c, 10 * ps as u64));
+    // The stopped writer's pages go after the grace (and a reconciliation, every 5 s at
+    // most); the idle writer's stay.
+    rt.block_on(dirty_settles_at(&c, 4 * ps as u64));
+    assert_eq!(
+        common::metric_total(&c, "pagestore_writeback_orphans_dropped_total"),
+        6,
+        "three pages on two members"
+    );
+    // The idle writer, silent for longer than the grace, finishes its file.
+    std::thread::sleep((2 * grace).saturating_sub(idle_since.elapsed()));
+    assert!(idle_since.elapsed() >= 2 * grace);
+    rt.block_on(async {
+        idle.write_at(2 * ps as u64, &data[2 * ps..]).await.unwrap();
+        idle.close().await.unwrap();
+        assert_eq!(read_all(&a, "/ck/idle").await, data);
+        synced(&a, "/ck", Duration::from_secs(60)).await;
+    });
+    assert_eq!(std::fs::read(store.join("idle")).unwrap(), data);
+    // The stopped writer wakes up: its commit is refused, and nothing appears.
+    match stopped.block_on(gone.flush()) {
+        Err(Error::Changed(m)) => assert!(
+            m.starts_with("/ck/gone: member ") && m.ends_with("write it again"),
+            "{m}"
+        ),
+        other => panic!("a commit of dropped pages: {other:?}"),
+    }
+    assert!(rt.block_on(a.stat("/ck/gone")).is_err());
+    assert!(!store.join("gone").exists());
+}
+
 /// A writer that gives its file up before committing it (an aborted upload, a failed copy)
 /// leaves nothing behind: its write members drop its pages at once, not after their orphan
 /// grace, so the room they took under the dirty limit is free again; a dropped writer does the

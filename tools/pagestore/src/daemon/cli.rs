@@ -185,6 +185,10 @@ pub struct Flags {
     /// Seal and flush a file whose writer has been silent this long (default 120).
     #[arg(long, value_name = "SECS")]
     pub write_lease: Option<f64>,
+    /// Drop the pages of a write-back file that was never committed this long after its
+    /// writer last sent or renewed one (a writer gone before its first commit; default 120).
+    #[arg(long, value_name = "SECS")]
+    pub write_orphan_grace: Option<f64>,
     /// Forget a write-back file's record this long after its last write once it is flushed
     /// (the store's object from then on), and a deletion's once the store applied it
     /// (default 86400).
@@ -258,6 +262,7 @@ impl Flags {
             dirty_limit: self.dirty_limit,
             flush_parallel: self.flush_parallel,
             write_lease: self.write_lease,
+            write_orphan_grace: self.write_orphan_grace,
             write_records_keep: self.write_records_keep,
             write_records_max: self.write_records_max,
             hot_replicas: self.hot_replicas,

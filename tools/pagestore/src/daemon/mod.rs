@@ -222,6 +222,7 @@ fn writeback_settings(c: &Resolved) -> WriteBackSettings {
     WriteBackSettings {
         write_replicas: c.write_replicas,
         lease: c.write_lease,
+        orphan_grace: c.write_orphan_grace,
         flush_parallel: c.flush_parallel,
         keep_records: c.write_records_keep,
         max_records: c.write_records_max,

@@ -116,6 +116,9 @@ pub struct Settings {
     /// Seconds after which a file whose writer went silent is sealed and flushed without it,
     /// 5 to 86400 (default 120).
     pub write_lease: Option<f64>,
+    /// Seconds after which the pages of a write-back file that was never committed are
+    /// dropped, counted from its writer's last page or renewal, 1 to 86400 (default 120).
+    pub write_orphan_grace: Option<f64>,
     /// Seconds a flushed file's record (and an applied deletion's) is kept after the change
     /// that made it, 1 to 31536000 (default 86400); a forgotten file is the store's object.
     pub write_records_keep: Option<f64>,
@@ -364,6 +367,7 @@ impl Settings {
             dirty_limit: flags.dirty_limit.or(self.dirty_limit),
             flush_parallel: flags.flush_parallel.or(self.flush_parallel),
             write_lease: flags.write_lease.or(self.write_lease),
+            write_orphan_grace: flags.write_orphan_grace.or(self.write_orphan_grace),
             write_records_keep: flags.write_records_keep.or(self.write_records_keep),
             write_records_max: flags.write_records_max.or(self.write_records_max),
             hot_replicas: flags.hot_replicas.or(self.hot_replicas),
@@ -419,6 +423,12 @@ impl Settings {
             self.write_lease,
             (5.0, 86400.0),
             Duration::from_secs(120),
+        )?;
+        let write_orphan_grace = seconds(
+            "--write-orphan-grace",
+            self.write_orphan_grace,
+            (1.0, 86400.0),
+            crate::writeback::WriteBackSettings::default().orphan_grace,
         )?;
         let write_records_keep = seconds(
             "--write-records-keep",
@@ -483,6 +493,7 @@ impl Settings {
                 .unwrap_or(crate::writeback::WriteBackSettings::default().flush_parallel)
                 .max(1),
             write_lease,
+            write_orphan_grace,
             write_records_keep,
             write_records_max,
             spread,
@@ -695,6 +706,8 @@ pub struct Resolved {
     pub flush_parallel: usize,
     /// Silence after which an open file is sealed and flushed.
     pub write_lease: Duration,
+    /// See [`Settings::write_orphan_grace`].
+    pub write_orphan_grace: Duration,
     /// How long settled write-back records are kept.
     pub write_records_keep: Duration,
     /// Write-back records kept, at most.

@@ -426,3 +426,32 @@ fn write_back_records_are_kept_a_day_and_a_million_unless_told() {
     bad(&["--write-records-keep", "NaN"], "--write-records-keep");
     bad(&["--write-records-max", "0"], "--write-records-max 0");
 }
+
+#[test]
+fn a_never_committed_files_pages_are_dropped_after_two_minutes_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = |s: Settings| with_data_mount(&dir, s);
+    let d = base(Settings::default()).resolve().unwrap();
+    assert_eq!(d.write_orphan_grace, Duration::from_secs(120));
+    let file = Settings::from_toml("write_orphan_grace = 600\n").unwrap();
+    assert_eq!(
+        base(file.clone()).resolve().unwrap().write_orphan_grace,
+        Duration::from_secs(600)
+    );
+    let both = file.overridden_by(flags(&["--write-orphan-grace", "2.5"]));
+    assert_eq!(
+        base(both).resolve().unwrap().write_orphan_grace,
+        Duration::from_millis(2500)
+    );
+    for (arg, want) in [
+        ("0.5", "1 to 86400"),
+        ("90000", "1 to 86400"),
+        ("inf", "--write-orphan-grace"),
+    ] {
+        let e = base(flags(&["--write-orphan-grace", arg]))
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{arg}: {e}");
+    }
+}

@@ -60,8 +60,8 @@ pub struct WriteBackSettings {
     pub flush_parallel: usize,
     /// Bytes of one part of a multipart flush (and of a flush read).
     pub flush_part: usize,
-    /// Dirty pages no record holds (a writer that never committed) are dropped this long after
-    /// they were written.
+    /// Dirty pages no record holds (a writer gone before its first commit) are dropped this
+    /// long after the newest of them was written or renewed by its writer (`Renew`).
     pub orphan_grace: Duration,
     /// How long records that need no more work are remembered after the change that made
     /// them: deletions applied to the under storage, files flushed to it. (A forgotten file is
@@ -82,7 +82,7 @@ impl Default for WriteBackSettings {
             lease: Duration::from_secs(120),
             flush_parallel: 32,
             flush_part: 16 << 20,
-            orphan_grace: Duration::from_secs(600),
+            orphan_grace: Duration::from_secs(120),
             keep_records: Duration::from_secs(24 * 3600),
             max_records: 1_000_000,
             sync_interval: Duration::from_secs(30),
@@ -1259,7 +1259,12 @@ impl WriteBackNode {
     }
 
     async fn sync_loop(self: Arc<Self>) {
-        let mut last_pull = Instant::now();
+        let (mut last_pull, mut last_reconcile) = (Instant::now(), Instant::now());
+        // A gone writer's pages are dropped within a quarter of the grace after it ends.
+        let reconcile_every = self
+            .settings
+            .sync_interval
+            .min(self.settings.orphan_grace / 4);
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
             self.ping_peers().await;
@@ -1267,6 +1272,9 @@ impl WriteBackNode {
             if last_pull.elapsed() >= self.settings.sync_interval {
                 last_pull = Instant::now();
                 self.pull_all(false).await;
+            }
+            if last_reconcile.elapsed() >= reconcile_every {
+                last_reconcile = Instant::now();
                 self.reconcile().await;
             }
         }
@@ -1435,6 +1443,10 @@ impl WriteBack for WriteBackNode {
 
     fn names(&self, file_id: u128) -> bool {
         self.table().names(file_id)
+    }
+
+    fn orphan_grace(&self) -> Duration {
+        self.settings.orphan_grace
     }
 
     fn change(&self, op: ChangeOp) -> SourceFuture<u64> {
