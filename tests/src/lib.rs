@@ -2,7 +2,8 @@
 //! cluster of real `pagestored` processes with an etcd helper ([`local_cluster`]), a faulty disk
 //! for the engine ([`faulty`]), the deterministic data generator ([`data`]), the cluster
 //! fixture the binaries' integration tests share ([`fixture`]), the Python environment the
-//! Python-driven tests share ([`python`]) and an Azure Blob Storage server ([`azurite`]).
+//! Python-driven tests share ([`python`]), an Azure Blob Storage server ([`azurite`]) and a TCP
+//! relay that can hold a request part way ([`gate`]).
 //!
 //! [`S3Server`] serves a local directory over the S3 protocol (the `s3s` server framework with
 //! its `s3s-fs` file-system backend), with SigV4 authentication, on a loopback port of its own.
@@ -18,6 +19,7 @@ pub mod azurite;
 pub mod data;
 pub mod faulty;
 pub mod fixture;
+pub mod gate;
 pub mod local_cluster;
 pub mod openmetrics;
 pub mod python;

@@ -749,6 +749,59 @@ async fn a_store_down_for_30_s_keeps_the_dirty_data_writers_wait_then_everything
     synced(&writer, "/ck", Duration::from_secs(60)).await;
 }
 
+/// A file's time set while the file is being flushed (a `touch` during the upload) is kept, and
+/// costs no second upload: the flusher writes `Clean` over the record as it is when the upload
+/// ends, not as it was when the upload began. The store's requests are held at a gate while
+/// the time is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_set_during_the_flush_is_kept_without_a_second_upload() {
+    use pagestore_testkit::gate::GateProxy;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("bucket")).unwrap();
+    let s3 = S3Server::start(root.path(), KEY, SECRET).unwrap();
+    let gate = GateProxy::start(s3.addr()).unwrap();
+    let (dir, mut s) = common::settings();
+    s.nodes = 1;
+    s.mounts = vec![format!(
+        "/ck=s3://bucket/ckpt?endpoint={}&access_key_id={KEY}&secret_access_key={SECRET}&write=back",
+        gate.endpoint()
+    )];
+    let c = Cluster::start(dir, s);
+    let w = c.client(ClientOptions::default()).await;
+    let data = bytes(31, 3 * MIB);
+    // Committed open first (a first commit asks the store what the path holds), then closed
+    // with the gate shut.
+    let mut f = w.create("/ck/t", WriteOptions::default()).await.unwrap();
+    f.write_at(0, &data).await.unwrap();
+    f.flush().await.unwrap();
+    let before = gate.sent_bytes();
+    gate.shut();
+    f.close().await.unwrap();
+    // The flush has begun: its first request to the store waits at the gate.
+    let start = Instant::now();
+    while gate.held_bytes() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no flush began");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let when = 1_400_000_000_500_000_000;
+    assert!(w.touch("/ck/t", when).await.unwrap());
+    gate.open();
+    synced(&w, "/ck", Duration::from_secs(60)).await;
+    let info = w.stat("/ck/t").await.unwrap();
+    assert_eq!((info.mtime_ns, info.state), (when, FileState::Clean));
+    // One upload: the store was sent the file's bytes once (and some requests' headers).
+    let sent = gate.sent_bytes() - before;
+    assert!(
+        sent >= data.len() as u64 && sent < data.len() as u64 + (256 << 10),
+        "{sent} bytes sent to the store for a file of {}",
+        data.len()
+    );
+    assert_eq!(
+        std::fs::read(root.path().join("bucket/ckpt/t")).unwrap(),
+        data
+    );
+}
+
 /// Bytes of dirty pages over every shard of every node, from their `/metrics`.
 fn dirty_bytes(c: &Cluster) -> u64 {
     common::metric_total(c, "pagestore_shard_dirty_bytes{")
