@@ -449,6 +449,86 @@ async fn conditional_commits_take_a_path_only_as_they_expect() {
     assert_eq!(std::fs::read(store.join("old.bin")).unwrap(), b"new");
 }
 
+/// The metadata owner of a path is killed: the next member takes the path's changes with every
+/// acknowledged record, so conditional changes still take the path only as they expect. A
+/// create-only commit of the committed file is refused, a swap of a wrong version refused and
+/// of the version there taken (then the old version's swap refused); a delete conditional on
+/// a replaced version refused, on the version there taken; a create-only of a deleted path
+/// taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_changes_hold_when_the_paths_metadata_owner_is_killed() {
+    use pagestore_protocol::frame::Expect;
+    let (mut c, _store) = cluster(3, &["--write-replicas", "2"], "");
+    let a = c.client(ClientOptions::default()).await;
+    let absent = || WriteOptions {
+        expect: Expect::Absent,
+        ..WriteOptions::default()
+    };
+    let swap = |v: &str| WriteOptions {
+        expect: Expect::Version(v.to_string()),
+        ..WriteOptions::default()
+    };
+    let mut w = a.create("/ck/m/lock", absent()).await.unwrap();
+    w.write_at(0, b"one").await.unwrap();
+    w.close().await.unwrap();
+    let one = a.stat("/ck/m/lock").await.unwrap().version;
+    a.write_file("/ck/m/gone", b"gone".to_vec().into())
+        .await
+        .unwrap();
+    a.remove_file("/ck/m/gone").await.unwrap();
+    let victim = owner_of(&c, &a, "/ck/m/lock");
+    c.inner.kill(victim);
+
+    let b = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(2),
+            ..ClientOptions::default()
+        })
+        .await;
+    let write = |opts: WriteOptions, data: &'static [u8]| {
+        let b = &b;
+        async move {
+            let mut w = b.create("/ck/m/lock", opts).await?;
+            w.write_at(0, data).await?;
+            w.close().await.map(|_| ())
+        }
+    };
+    let r = write(absent(), b"two").await;
+    assert!(
+        matches!(r, Err(Error::Precondition(_))),
+        "create-only: {r:?}"
+    );
+    let r = write(swap("wb1-0"), b"two").await;
+    assert!(
+        matches!(r, Err(Error::Precondition(_))),
+        "wrong swap: {r:?}"
+    );
+    write(swap(&one), b"three").await.unwrap();
+    assert_eq!(read_all(&b, "/ck/m/lock").await, b"three");
+    let r = write(swap(&one), b"four").await;
+    assert!(
+        matches!(r, Err(Error::Precondition(_))),
+        "stale swap: {r:?}"
+    );
+    let three = b.stat("/ck/m/lock").await.unwrap().version;
+    let r = b.remove_file_if("/ck/m/lock", Expect::Version(one)).await;
+    assert!(
+        matches!(r, Err(Error::Precondition(_))),
+        "stale delete: {r:?}"
+    );
+    b.remove_file_if("/ck/m/lock", Expect::Version(three))
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.stat("/ck/m/lock").await,
+        Err(Error::NotFound(_))
+    ));
+    let mut w = b.create("/ck/m/gone", absent()).await.unwrap();
+    w.write_at(0, b"back").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(read_all(&b, "/ck/m/gone").await, b"back");
+}
+
 /// A node with a memory tier: a page of a file being written that readers read again and
 /// again is served from disk, never from a copy in memory that a rewrite would leave behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
