@@ -719,30 +719,49 @@ impl ShardService {
         }
     }
 
+    /// The write-back side and the file id of version `tag`, named by a writer's `request`
+    /// (`Discard`, `Renew`) about a version it has not committed; the error to answer when the
+    /// node has no write-back, the tag is not a write-back one, or a record names the version
+    /// (a committed file: its path is deleted to drop it, and its commits keep it alive).
+    fn uncommitted_version(
+        &self,
+        id: u64,
+        tag: &str,
+        request: &str,
+    ) -> Result<(Arc<dyn WriteBack>, u128), Reply> {
+        let Some(wb) = self.writeback() else {
+            return Err(no_writeback(id));
+        };
+        if !is_wb_tag(tag) {
+            return Err(error(
+                id,
+                ErrorCode::BadRequest,
+                format!("{request} needs a write-back version tag"),
+            ));
+        }
+        let file = ring::file_id("", tag);
+        if wb.names(file) {
+            return Err(error(
+                id,
+                ErrorCode::Changed,
+                format!(
+                    "this write-back version was committed: {request} does not apply to it \
+                     (delete its path to drop it)"
+                ),
+            ));
+        }
+        Ok((wb, file))
+    }
+
     /// A writer gives up a version it never committed: the puts of it in progress end, and
     /// its pages here are dropped at once (not after the orphan grace), so the room they took
     /// under the dirty limit is free again. A version a record names is committed: deleting
     /// its path is the way to drop it.
     async fn discard(&self, id: u64, tag: &str) -> Reply {
-        let Some(wb) = self.writeback() else {
-            return no_writeback(id);
+        let file = match self.uncommitted_version(id, tag, "Discard") {
+            Ok((_, file)) => file,
+            Err(refused) => return refused,
         };
-        if !is_wb_tag(tag) {
-            return error(
-                id,
-                ErrorCode::BadRequest,
-                "Discard needs a write-back version tag",
-            );
-        }
-        let file = ring::file_id("", tag);
-        if wb.names(file) {
-            return error(
-                id,
-                ErrorCode::Changed,
-                "this write-back version was committed and is not discarded: delete its path \
-                 instead",
-            );
-        }
         if let Err(e) = self.page_action(file, PageAction::Seal).await {
             return engine_error(id, &e);
         }
@@ -759,24 +778,10 @@ impl ShardService {
     /// a gone writer's. Answers how many this shard holds, and the orphan grace the writer
     /// must renew within.
     fn renew(&self, id: u64, tag: &str) -> Reply {
-        let Some(wb) = self.writeback() else {
-            return no_writeback(id);
+        let (wb, file) = match self.uncommitted_version(id, tag, "Renew") {
+            Ok(found) => found,
+            Err(refused) => return refused,
         };
-        if !is_wb_tag(tag) {
-            return error(
-                id,
-                ErrorCode::BadRequest,
-                "Renew needs a write-back version tag",
-            );
-        }
-        let file = ring::file_id("", tag);
-        if wb.names(file) {
-            return error(
-                id,
-                ErrorCode::Changed,
-                "this write-back version was committed: its commits keep it, not Renew",
-            );
-        }
         let pages = self.shard.renew_dirty(file, unix_ms());
         let grace_ms = u64::try_from(wb.orphan_grace().as_millis()).unwrap_or(u64::MAX);
         reply(id, ResponseBody::Held { pages, grace_ms }, Body::Empty)

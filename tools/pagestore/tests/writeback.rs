@@ -1010,7 +1010,7 @@ async fn a_file_given_up_before_its_commit_leaves_nothing_behind_at_once() {
     }
 
     // Committed (fsync): the writer refuses to discard it, and so does every shard asked
-    // directly; the file reads whole.
+    // directly (and to renew it); the file reads whole.
     let mut w = writer
         .create("/ck/kept", WriteOptions::default())
         .await
@@ -1023,6 +1023,12 @@ async fn a_file_given_up_before_its_commit_leaves_nothing_behind_at_once() {
         for shard in 0..c.shards {
             let addr = std::net::SocketAddr::new(node.base.ip(), node.base.port() + shard);
             let body = frame::RequestBody::Discard {
+                version_tag: tag.clone(),
+            };
+            let answer = writer.call(addr, body, Default::default()).await;
+            assert!(matches!(answer, Err(Error::Changed(_))), "{answer:?}");
+            // Nor renewed: its commits keep it alive.
+            let body = frame::RequestBody::Renew {
                 version_tag: tag.clone(),
             };
             let answer = writer.call(addr, body, Default::default()).await;
