@@ -158,28 +158,32 @@ pub struct Writer {
     renewer: Option<JoinHandle<()>>,
 }
 
-/// Before a version's first commit: the members that may hold its pages, when each was last
-/// sent one or answered a renewal holding some, and whether one may have dropped them (it
-/// went half the orphan grace unheard, or said it holds none after it took one). Pure, so
-/// that the rules are tested without waiting minutes.
+/// Before a version's first commit: the members that took each page, when each member was last
+/// sent a page or answered a renewal holding some, and which may have dropped them (it went
+/// half the orphan grace unheard, or said it holds none after it took one). The commit is
+/// refused only when a page may be gone from every member that took it: a member that died
+/// (R >= 2) costs nothing while the page's other members hold it. Pure, so that the rules are
+/// tested without waiting minutes.
 #[derive(Debug, Default)]
 struct Uncommitted {
     heard: HashMap<MemberId, Instant>,
     /// When each member first answered that it took a page.
     took: HashMap<MemberId, Instant>,
+    /// The members that took the last copy sent of each page.
+    pages: HashMap<u64, Vec<MemberId>>,
     /// The least orphan grace the members told (none yet: [`DEFAULT_ORPHAN_GRACE`]).
     grace: Option<Duration>,
-    /// The first member found to have (maybe) dropped the pages.
-    lapsed: Option<Lapse>,
+    /// Members that may have dropped the pages, each with the first reason found.
+    lapsed: HashMap<MemberId, Lapse>,
 }
 
 /// Why a member may no longer hold a version's pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lapse {
     /// It was neither sent a page nor heard from by a renewal for this long.
-    Quiet(MemberId, Duration),
+    Quiet(Duration),
     /// A renewal found none of its pages there, after it took one.
-    Dropped(MemberId),
+    Dropped,
 }
 
 impl Uncommitted {
@@ -198,23 +202,29 @@ impl Uncommitted {
         RENEW_EVERY.min(self.grace() / 4)
     }
 
-    fn lapse(&mut self, why: Lapse) {
-        self.lapsed.get_or_insert(why);
-    }
-
-    /// A send to `asked` that started at `at`, taken by `took` (when it ended).
-    fn sent(&mut self, asked: &[MemberId], took: &[MemberId], at: Instant, ended: Instant) {
+    /// Page `page` was sent to `asked` from `at`, and taken by `took` (when it ended; none
+    /// when the send failed).
+    fn sent(
+        &mut self,
+        page: u64,
+        (asked, took): (&[MemberId], &[MemberId]),
+        at: Instant,
+        ended: Instant,
+    ) {
         let kept = self.kept();
         for &m in asked {
             let last = self.heard.entry(m).or_insert(at);
             let quiet = at.saturating_duration_since(*last);
             *last = (*last).max(at);
             if quiet >= kept {
-                self.lapse(Lapse::Quiet(m, quiet));
+                self.lapsed.entry(m).or_insert(Lapse::Quiet(quiet));
             }
         }
         for &m in took {
             self.took.entry(m).or_insert(ended);
+        }
+        if !took.is_empty() {
+            self.pages.insert(page, took.to_vec());
         }
     }
 
@@ -229,7 +239,9 @@ impl Uncommitted {
         }
         match self.took.get(&m) {
             // It took a page before this renewal left, and holds none now.
-            Some(&took) if took < at => self.lapse(Lapse::Dropped(m)),
+            Some(&took) if took < at => {
+                self.lapsed.entry(m).or_insert(Lapse::Dropped);
+            }
             // Taken meanwhile: the next renewal finds it.
             Some(_) => {}
             // Asked, never took one (a send that failed there): nothing of it to lose.
@@ -246,15 +258,27 @@ impl Uncommitted {
         m
     }
 
-    /// Why a member may have dropped the version's pages by `now`, if one may have.
-    fn lapsed(&self, now: Instant) -> Option<Lapse> {
-        let kept = self.kept();
-        self.lapsed.or_else(|| {
-            self.heard
+    /// Why member `m` may have dropped the version's pages by `now`, if it may have.
+    fn lapse_of(&self, m: MemberId, now: Instant) -> Option<Lapse> {
+        self.lapsed.get(&m).copied().or_else(|| {
+            let quiet = now.saturating_duration_since(*self.heard.get(&m)?);
+            (quiet >= self.kept()).then_some(Lapse::Quiet(quiet))
+        })
+    }
+
+    /// A page that may be gone from every member that took it by `now`, with one of those
+    /// members and why, if there is such a page.
+    fn lost(&self, now: Instant) -> Option<(u64, MemberId, Lapse)> {
+        let mut pages: Vec<(&u64, &Vec<MemberId>)> = self.pages.iter().collect();
+        pages.sort();
+        pages.into_iter().find_map(|(&page, took)| {
+            let lapses: Vec<(MemberId, Lapse)> = took
                 .iter()
-                .map(|(&m, &t)| (m, now.saturating_duration_since(t)))
-                .find(|&(_, quiet)| quiet >= kept)
-                .map(|(m, quiet)| Lapse::Quiet(m, quiet))
+                .map_while(|&m| self.lapse_of(m, now).map(|l| (m, l)))
+                .collect();
+            (lapses.len() == took.len())
+                .then(|| lapses.first().map(|&(m, l)| (page, m, l)))
+                .flatten()
         })
     }
 }
@@ -269,8 +293,7 @@ async fn renew_loop(client: Arc<Client>, tag: String, uncommitted: Arc<Mutex<Unc
     let mut wait = FIRST_RENEW;
     loop {
         tokio::time::sleep(wait).await;
-        let (members, every) = lock(&uncommitted);
-        wait = every;
+        let (members, _) = lock(&uncommitted);
         let layout = client.layout();
         let at = Instant::now();
         let asks = members.into_iter().map(|m| {
@@ -304,8 +327,8 @@ async fn renew_loop(client: Arc<Client>, tag: String, uncommitted: Arc<Mutex<Unc
                 ),
             }
         }
-        let (_, every) = lock(&uncommitted);
-        wait = wait.min(every);
+        // After the answers: the grace they told sets the pace.
+        wait = lock(&uncommitted).1;
     }
 }
 
@@ -318,8 +341,8 @@ impl Drop for Writer {
             task.abort();
         }
         // A writer dropped before any commit (an aborted upload, a failed copy) gives its
-        // pages up now rather than leave them to the nodes' orphan grace (10 minutes, during
-        // which they count against the dirty limit).
+        // pages up now rather than leave them to the nodes' orphan grace (2 minutes by
+        // default, during which they count against the dirty limit).
         if self.closed || self.commit_tried {
             return;
         }
@@ -1032,12 +1055,9 @@ impl Writer {
                 .send_page((&tag, since), id, page, &bytes, wait, &mut held, &mut took)
                 .await;
             if let Some(u) = uncommitted {
-                u.lock().unwrap_or_else(|p| p.into_inner()).sent(
-                    &held,
-                    &took,
-                    started,
-                    Instant::now(),
-                );
+                let ended = Instant::now();
+                let mut u = u.lock().unwrap_or_else(|p| p.into_inner());
+                u.sent(page, (&held, &took), started, ended);
             }
             holders
                 .lock()
@@ -1247,35 +1267,26 @@ impl Writer {
 
     async fn commit(&mut self, last: bool) -> Result<(), Error> {
         if self.since == 0 {
-            let lapsed = self
-                .uncommitted
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .lapsed(Instant::now());
-            if let Some(lapse) = lapsed {
-                let grace = self
-                    .uncommitted
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .grace()
-                    .as_secs_f64();
+            let (lost, grace) = {
+                let u = self.uncommitted.lock().unwrap_or_else(|p| p.into_inner());
+                (u.lost(Instant::now()), u.grace().as_secs_f64())
+            };
+            if let Some((page, m, lapse)) = lost {
+                let member = format!("{:032x}/{}", m.node, m.shard);
                 let why = match lapse {
-                    Lapse::Quiet(m, quiet) => format!(
-                        "member {:032x}/{} was neither sent a page of this file nor reached by \
-                         a renewal for {:.0} s before its first commit, and a node drops the \
-                         pages of an uncommitted file {grace:.0} s after its writer was last \
-                         heard: they may be gone",
-                        m.node,
-                        m.shard,
+                    Lapse::Quiet(quiet) => format!(
+                        "member {member} was neither sent a page of this file nor reached by a \
+                         renewal for {:.0} s before its first commit (a node drops the pages of \
+                         an uncommitted file {grace:.0} s after its writer was last heard)",
                         quiet.as_secs_f64()
                     ),
-                    Lapse::Dropped(m) => format!(
-                        "member {:032x}/{} no longer holds this file's pages: it dropped them \
-                         as a gone writer's (nothing reached it from this writer for its orphan \
-                         grace, {grace:.0} s)",
-                        m.node, m.shard
+                    Lapse::Dropped => format!(
+                        "member {member} dropped this file's pages as a gone writer's (nothing \
+                         reached it from this writer for its orphan grace, {grace:.0} s)"
                     ),
                 };
+                let why =
+                    format!("{why}, and no other member that took page {page} is sure to hold it");
                 return Err(Error::Changed(format!(
                     "{}: {why}; write it again",
                     self.path
@@ -1398,73 +1409,83 @@ mod tests {
         }
     }
 
-    /// Before its first commit, a version is given up once a member that may hold its pages
-    /// went half the orphan grace unheard (no page sent to it, no renewal answered by it with
-    /// pages held), whether that gap is still open at the commit or was closed by a later page
-    /// (the member may have dropped the earlier ones meanwhile); or once a renewal finds a
-    /// member that took a page holding none. Members that never took a page have nothing to
-    /// lose. Gaps on other members do not count.
+    /// Before its first commit, a version is given up once some page may be gone from every
+    /// member that took it: each went half the orphan grace unheard (no page sent to it, no
+    /// renewal answered by it with pages held), whether that gap is still open at the commit or
+    /// was closed by a later page (the member may have dropped the earlier ones meanwhile), or
+    /// a renewal found it holding none after it took one. Members that never took a page have
+    /// nothing to lose, and a page another member still holds is not lost.
     #[test]
-    fn uncommitted_pages_are_given_up_when_a_member_may_have_dropped_them() {
+    fn uncommitted_pages_are_given_up_when_a_page_may_be_gone_from_every_member() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
         let m = |node: u128| MemberId { node, shard: 0 };
         let (a, b, c) = (m(1), m(2), m(3));
         let mut u = Uncommitted::default();
-        assert_eq!(
-            u.lapsed(t0 + s(3600)),
-            None,
-            "nothing sent, nothing to lose"
-        );
+        assert_eq!(u.lost(t0 + s(3600)), None, "nothing sent, nothing to lose");
         assert_eq!(u.kept(), DEFAULT_ORPHAN_GRACE / 2);
         assert_eq!(u.renew_every(), RENEW_EVERY);
-        // Page 0 to a and b (both take it); page 1 asked of c, which never answers.
-        u.sent(&[a, b], &[a, b], t0, t0 + s(1));
-        u.sent(&[c], &[], t0, t0 + s(1));
+        // Page 0 taken by a and b; page 1 asked of c, which never answers, then taken by a.
+        u.sent(0, (&[a, b], &[a, b]), t0, t0 + s(1));
+        u.sent(1, (&[c], &[]), t0, t0 + s(1));
+        u.sent(1, (&[c, a], &[a]), t0, t0 + s(2));
         assert_eq!(u.members(), vec![a, b, c]);
         // Renewals every 15 s keep a and b; c holds none and is no longer renewed.
         for k in 1..=8 {
             let at = t0 + s(15 * k);
-            u.renewed(a, at, 1, s(120));
+            u.renewed(a, at, 2, s(120));
             u.renewed(b, at, 1, s(120));
             u.renewed(c, at, 0, s(120));
         }
         assert_eq!(u.members(), vec![a, b]);
-        assert_eq!(
-            u.lapsed(t0 + s(120 + 59)),
-            None,
-            "ten minutes... of renewals"
-        );
-        // b is not reached for half the grace.
-        assert_eq!(u.lapsed(t0 + s(120 + 60)), Some(Lapse::Quiet(b, s(60))));
+        assert_eq!(u.lost(t0 + s(120 + 59)), None, "two minutes of renewals");
+        // b is not reached any more (its node died): page 0 is still on a.
+        for k in 9..=12 {
+            u.renewed(a, t0 + s(15 * k), 2, s(120));
+        }
+        assert_eq!(u.lost(t0 + s(180)), None);
+        // a is not reached either for half the grace: page 0 may be gone from both.
+        assert_eq!(u.lost(t0 + s(180 + 59)), None);
+        assert_eq!(u.lost(t0 + s(180 + 60)), Some((0, a, Lapse::Quiet(s(60)))));
         // A member that tells a shorter grace shortens the rules for every member.
         let mut u = Uncommitted::default();
-        u.sent(&[a], &[a], t0, t0);
+        u.sent(0, (&[a], &[a]), t0, t0);
         u.renewed(a, t0 + s(1), 1, s(8));
         assert_eq!((u.kept(), u.renew_every()), (s(4), s(2)));
-        assert_eq!(u.lapsed(t0 + s(4)), None);
-        assert_eq!(u.lapsed(t0 + s(5)), Some(Lapse::Quiet(a, s(4))));
+        assert_eq!(u.lost(t0 + s(4)), None);
+        assert_eq!(u.lost(t0 + s(5)), Some((0, a, Lapse::Quiet(s(4)))));
         // A gap closed by a later page stays on record.
         let mut u = Uncommitted::default();
-        u.sent(&[a], &[a], t0, t0);
-        u.sent(&[a], &[a], t0 + s(61), t0 + s(62));
-        assert_eq!(u.lapsed(t0 + s(62)), Some(Lapse::Quiet(a, s(61))));
+        u.sent(0, (&[a], &[a]), t0, t0);
+        u.sent(1, (&[a], &[a]), t0 + s(61), t0 + s(62));
+        assert_eq!(u.lost(t0 + s(62)), Some((0, a, Lapse::Quiet(s(61)))));
         // Sends that end out of order keep the latest start.
         let mut u = Uncommitted::default();
-        u.sent(&[a], &[a], t0 + s(40), t0 + s(41));
-        u.sent(&[a], &[a], t0, t0 + s(42));
-        assert_eq!(u.lapsed(t0 + s(40 + 59)), None);
-        // A member that took a page and holds none at a later renewal dropped it...
+        u.sent(0, (&[a], &[a]), t0 + s(40), t0 + s(41));
+        u.sent(1, (&[a], &[a]), t0, t0 + s(42));
+        assert_eq!(u.lost(t0 + s(40 + 59)), None);
+        // A member that took a page and holds none at a later renewal dropped it: lost when
+        // it was the page's only member, not while another holds it.
         let mut u = Uncommitted::default();
-        u.sent(&[a, b], &[a, b], t0, t0 + s(1));
+        u.sent(0, (&[a, b], &[a, b]), t0, t0 + s(1));
+        u.sent(1, (&[a], &[a]), t0, t0 + s(1));
         u.renewed(a, t0 + s(2), 0, s(120));
-        assert_eq!(u.lapsed(t0 + s(2)), Some(Lapse::Dropped(a)));
-        // ...but not one whose first page it took after the renewal left (the renewal
-        // may have been answered before the page was stored).
+        assert_eq!(u.lost(t0 + s(2)), Some((1, a, Lapse::Dropped)));
         let mut u = Uncommitted::default();
-        u.sent(&[a], &[a], t0, t0 + s(3));
+        u.sent(0, (&[a, b], &[a, b]), t0, t0 + s(1));
         u.renewed(a, t0 + s(2), 0, s(120));
-        assert_eq!(u.lapsed(t0 + s(3)), None);
+        assert_eq!(u.lost(t0 + s(2)), None);
+        // A page sent again to other members is judged by them.
+        u.renewed(b, t0 + s(2), 0, s(120));
+        assert_eq!(u.lost(t0 + s(2)), Some((0, a, Lapse::Dropped)));
+        u.sent(0, (&[c], &[c]), t0 + s(3), t0 + s(4));
+        assert_eq!(u.lost(t0 + s(4)), None);
+        // A member whose first page it took after the renewal left is not taken for one that
+        // dropped it (the renewal may have been answered before the page was stored).
+        let mut u = Uncommitted::default();
+        u.sent(0, (&[a], &[a]), t0, t0 + s(3));
+        u.renewed(a, t0 + s(2), 0, s(120));
+        assert_eq!(u.lost(t0 + s(3)), None);
         assert_eq!(u.members(), vec![a]);
     }
 }
