@@ -724,8 +724,10 @@ impl Client {
     /// `holders` lists every member that was ever asked to take this page (whether it answered
     /// or not: one that timed out may have stored it): each of them that is not down must take
     /// the new bytes too. A member left holding an earlier copy of a page would serve it to
-    /// readers, and to the flusher, under the same version. `took` gets each member that
-    /// answered it stored the page.
+    /// readers, and to the flusher, under the same version. A member first asked during this
+    /// send holds nothing of the page or these same bytes, so the tries again after a failure
+    /// do not wait for it (a member that died meanwhile is replaced by the next candidate).
+    /// `took` gets each member that answered it stored the page.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send_page(
         &self,
@@ -739,9 +741,17 @@ impl Client {
     ) -> Result<(), Error> {
         let started = Instant::now();
         let mut pause = Duration::from_millis(50);
+        let earlier = holders.clone();
         loop {
             match self
-                .send_page_once((tag, since), file_id, page, bytes, holders, took)
+                .send_page_once(
+                    (tag, since),
+                    file_id,
+                    page,
+                    bytes,
+                    (&earlier, holders),
+                    took,
+                )
                 .await
             {
                 Err(Error::NoSpace(m)) if started.elapsed() < wait => {
@@ -768,7 +778,7 @@ impl Client {
         file_id: u128,
         page: u64,
         bytes: &Bytes,
-        holders: &mut Vec<MemberId>,
+        (earlier, holders): (&[MemberId], &mut Vec<MemberId>),
         took: &mut Vec<MemberId>,
     ) -> Result<(), Error> {
         let layout = self.layout();
@@ -784,7 +794,7 @@ impl Client {
         // The members that hold an earlier copy come first: they must all take this one.
         let must: Vec<MemberId> = candidates
             .iter()
-            .filter(|m| holders.contains(m) && up(m))
+            .filter(|m| earlier.contains(m) && up(m))
             .copied()
             .collect();
         let order: Vec<(MemberId, SocketAddr)> = must
