@@ -39,7 +39,7 @@ use pagestore_protocol::{
         WriteBackSummary,
     },
     ring::{self, path_hash, MemberId},
-    writeback::{fresh_tag, unix_ms, WritePolicy, WRITE_SLOP},
+    writeback::{fresh_tag, unix_ms, WritePolicy, DEFAULT_ORPHAN_GRACE, WRITE_SLOP},
 };
 use tokio::task::JoinHandle;
 
@@ -66,9 +66,6 @@ pub const UNREACHABLE_WAIT: Duration = Duration::from_secs(30);
 /// members that hold them (more often when a member's orphan grace is under a minute: a
 /// quarter of it). The first renewal goes a second after the first page, to learn the grace.
 pub const RENEW_EVERY: Duration = Duration::from_secs(15);
-
-/// The orphan grace a writer assumes until a member tells it its own (the nodes' default).
-const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(120);
 
 /// When the first renewal goes, after the writer's first page.
 const FIRST_RENEW: Duration = Duration::from_secs(1);
@@ -272,13 +269,11 @@ impl Uncommitted {
         let mut pages: Vec<(&u64, &Vec<MemberId>)> = self.pages.iter().collect();
         pages.sort();
         pages.into_iter().find_map(|(&page, took)| {
-            let lapses: Vec<(MemberId, Lapse)> = took
-                .iter()
-                .map_while(|&m| self.lapse_of(m, now).map(|l| (m, l)))
-                .collect();
-            (lapses.len() == took.len())
-                .then(|| lapses.first().map(|&(m, l)| (page, m, l)))
-                .flatten()
+            if !took.iter().all(|&m| self.lapse_of(m, now).is_some()) {
+                return None;
+            }
+            let first = *took.first()?;
+            Some((page, first, self.lapse_of(first, now)?))
         })
     }
 }

@@ -236,6 +236,11 @@ pub trait WriteBack: Send + Sync + 'static {
     fn orphan_grace(&self) -> std::time::Duration;
 }
 
+/// The nodes' default orphan grace (`--write-orphan-grace`): how long the dirty pages of a
+/// version no record names outlive its newest page or renewal. A writer assumes it until a
+/// member tells it its own.
+pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -395,6 +395,55 @@ async fn a_page_rewritten_while_a_member_holding_it_is_frozen_is_read_new_from_e
     assert_eq!(std::fs::read(store.join("frozen/ckpt.bin")).unwrap(), new);
 }
 
+/// A page's first send finds its first member dead and its second frozen: the next candidate
+/// takes it, and once the frozen member is back the write completes on two live members. The
+/// dead member, asked in that same send, holds nothing of the page, so the tries again do not
+/// wait for it (they did, and the write failed after 30 s). While only one member can take the
+/// page the write is not acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_write_with_one_member_dead_and_one_frozen_completes_when_the_frozen_one_is_back() {
+    let (mut c, store) = cluster(3, &["--write-replicas", "2"], "");
+    let writer = c.client(ClientOptions::default()).await;
+    let path = "/ck/dead/ckpt.bin";
+    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
+    let file_id = ring::file_id(path, w.version());
+    let node = |m: ring::MemberId| {
+        c.nodes
+            .iter()
+            .position(|n| n.id == format_uuid(m.node))
+            .unwrap()
+    };
+    let members = writer.membership().ring().replicas(file_id, 0, 2);
+    let (dead, frozen) = (node(members[0]), node(members[1]));
+    c.inner.kill(dead);
+    c.signal(frozen, libc::SIGSTOP).unwrap();
+    let data = bytes(23, 120_000);
+    let write = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            w.write_at(0, &data).await?;
+            w.flush().await?;
+            Ok::<_, Error>(w)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !write.is_finished(),
+        "the write was acknowledged while only one member could take it"
+    );
+    c.signal(frozen, libc::SIGCONT).unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(20), write)
+        .await
+        .expect("the write still waits 20 s after the frozen member is back")
+        .unwrap()
+        .unwrap();
+    w.close().await.unwrap();
+    let reader = c.client(ClientOptions::default()).await;
+    assert_eq!(read_all(&reader, path).await, data);
+    synced(&reader, "/ck", Duration::from_secs(30)).await;
+    assert_eq!(std::fs::read(store.join("dead/ckpt.bin")).unwrap(), data);
+}
+
 /// Conditional commits: of two writers creating one path only if absent, exactly one
 /// succeeds (the check and the commit are one step at the path's metadata owner); a
 /// compare-and-swap takes only the version there now, a file the records know or one only the

@@ -82,7 +82,7 @@ impl Default for WriteBackSettings {
             lease: Duration::from_secs(120),
             flush_parallel: 32,
             flush_part: 16 << 20,
-            orphan_grace: Duration::from_secs(120),
+            orphan_grace: pagestore_protocol::writeback::DEFAULT_ORPHAN_GRACE,
             keep_records: Duration::from_secs(24 * 3600),
             max_records: 1_000_000,
             sync_interval: Duration::from_secs(30),
