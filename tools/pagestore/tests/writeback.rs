@@ -69,15 +69,15 @@ fn state_of(k: &PathKind) -> FileState {
 
 /// The index of the node that is `path`'s metadata owner (and so its flusher while alive).
 fn owner_of(c: &Cluster, client: &Client, path: &str) -> usize {
-    let owner = client
-        .membership()
-        .ring()
-        .owner_of_hash(path_hash(path))
-        .unwrap()
-        .node;
+    let owner = client.membership().ring().owner_of_hash(path_hash(path));
+    node_index(c, owner.unwrap().node)
+}
+
+/// The index in `c.nodes` of the node whose id is `node`.
+fn node_index(c: &Cluster, node: u128) -> usize {
     c.nodes
         .iter()
-        .position(|n| n.id == format_uuid(owner))
+        .position(|n| n.id == format_uuid(node))
         .unwrap()
 }
 
@@ -362,11 +362,7 @@ async fn a_page_rewritten_while_a_member_holding_it_is_frozen_is_read_new_from_e
     // Freeze the owner of page 0 (the first member readers ask), then rewrite the page.
     let file_id = ring::file_id(path, w.version());
     let owner = writer.membership().ring().replicas(file_id, 0, 1)[0].node;
-    let frozen = c
-        .nodes
-        .iter()
-        .position(|n| n.id == format_uuid(owner))
-        .unwrap();
+    let frozen = node_index(&c, owner);
     c.signal(frozen, libc::SIGSTOP).unwrap();
     let new = bytes(22, 150_000);
     let rewrite = {
@@ -407,14 +403,11 @@ async fn a_first_write_with_one_member_dead_and_one_frozen_completes_when_the_fr
     let path = "/ck/dead/ckpt.bin";
     let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
     let file_id = ring::file_id(path, w.version());
-    let node = |m: ring::MemberId| {
-        c.nodes
-            .iter()
-            .position(|n| n.id == format_uuid(m.node))
-            .unwrap()
-    };
     let members = writer.membership().ring().replicas(file_id, 0, 2);
-    let (dead, frozen) = (node(members[0]), node(members[1]));
+    let (dead, frozen) = (
+        node_index(&c, members[0].node),
+        node_index(&c, members[1].node),
+    );
     c.inner.kill(dead);
     c.signal(frozen, libc::SIGSTOP).unwrap();
     let data = bytes(23, 120_000);
