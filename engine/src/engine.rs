@@ -172,12 +172,25 @@ fn lock_dir(dir: &std::path::Path) -> Result<File, StartError> {
         .write(true)
         .open(&path)
         .map_err(|e| StartError::io("creating lock file", Some(path.clone()), e))?;
-    // SAFETY: flock on a file descriptor we own; the lock dies with the process.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(StartError::CacheInUse { path });
+    // A flock belongs to the open file, which a process forked elsewhere in this process
+    // shares until it execs (the descriptor is close-on-exec): a lock just released by an
+    // engine that stopped can look held for that moment. So a held lock is tried again for a
+    // short while before the directory counts as in use by another process.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a file descriptor we own; the lock dies with the process.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(StartError::CacheInUse { path });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    Ok(f)
 }
+
+/// How long a start waits for the cache directory's lock (see [`lock_dir`]).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The CPUs this process may run on, in order.
 fn allowed_cpus() -> Vec<usize> {
