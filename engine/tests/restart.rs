@@ -184,3 +184,27 @@ fn a_capacity_larger_than_the_disk_is_refused() {
         Ok(_) => panic!("an exabyte cache started"),
     }
 }
+
+/// A lock that another open file of `pagestore.lock` lets go of while a start waits (a process
+/// forked elsewhere holds the descriptor until it execs) is taken: the start succeeds.
+#[test]
+fn a_lock_released_during_the_start_is_taken() {
+    use std::os::fd::AsRawFd;
+    let dir = tempdir();
+    let cfg = config(dir.path(), 1, 64 * KIB, 4);
+    drop(start(cfg.clone()));
+    let other = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("pagestore.lock"))
+        .unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    let held = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(held, 0);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(other);
+    });
+    let engine = Engine::start(cfg).expect("the lock, released after 100 ms, is taken");
+    release.join().unwrap();
+    drop(engine);
+}

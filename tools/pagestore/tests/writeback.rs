@@ -73,6 +73,19 @@ fn owner_of(c: &Cluster, client: &Client, path: &str) -> usize {
     node_index(c, owner.unwrap().node)
 }
 
+/// Writes `data` at offset 0 of `w` and flushes it, in a task of its own (the test meanwhile
+/// stops or resumes nodes); the writer comes back for its close.
+fn write_and_flush(
+    mut w: pagestore_client::Writer,
+    data: Vec<u8>,
+) -> tokio::task::JoinHandle<Result<pagestore_client::Writer, Error>> {
+    tokio::spawn(async move {
+        w.write_at(0, &data).await?;
+        w.flush().await?;
+        Ok(w)
+    })
+}
+
 /// The index in `c.nodes` of the node whose id is `node`.
 fn node_index(c: &Cluster, node: u128) -> usize {
     c.nodes
@@ -365,14 +378,7 @@ async fn a_page_rewritten_while_a_member_holding_it_is_frozen_is_read_new_from_e
     let frozen = node_index(&c, owner);
     c.signal(frozen, libc::SIGSTOP).unwrap();
     let new = bytes(22, 150_000);
-    let rewrite = {
-        let new = new.clone();
-        tokio::spawn(async move {
-            w.write_at(0, &new).await?;
-            w.flush().await?;
-            Ok::<_, Error>(w)
-        })
-    };
+    let rewrite = write_and_flush(w, new.clone());
     // Long enough for the writer to give the frozen member up (its silence rule) and back it
     // off: the rewrite must not complete on the other members alone.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -401,7 +407,7 @@ async fn a_first_write_with_one_member_dead_and_one_frozen_completes_when_the_fr
     let (mut c, store) = cluster(3, &["--write-replicas", "2"], "");
     let writer = c.client(ClientOptions::default()).await;
     let path = "/ck/dead/ckpt.bin";
-    let mut w = writer.create(path, WriteOptions::default()).await.unwrap();
+    let w = writer.create(path, WriteOptions::default()).await.unwrap();
     let file_id = ring::file_id(path, w.version());
     let members = writer.membership().ring().replicas(file_id, 0, 2);
     let (dead, frozen) = (
@@ -411,14 +417,7 @@ async fn a_first_write_with_one_member_dead_and_one_frozen_completes_when_the_fr
     c.inner.kill(dead);
     c.signal(frozen, libc::SIGSTOP).unwrap();
     let data = bytes(23, 120_000);
-    let write = {
-        let data = data.clone();
-        tokio::spawn(async move {
-            w.write_at(0, &data).await?;
-            w.flush().await?;
-            Ok::<_, Error>(w)
-        })
-    };
+    let write = write_and_flush(w, data.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !write.is_finished(),
