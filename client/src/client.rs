@@ -1400,7 +1400,7 @@ impl Client {
                 state,
                 store_tag,
             }),
-            PathKind::Dir => Err(Error::IsDir(path.to_string())),
+            PathKind::Dir { .. } => Err(Error::IsDir(path.to_string())),
         }
     }
 
@@ -1481,7 +1481,7 @@ impl Client {
     async fn listed(&self, path: &str, empty: bool) -> Result<(), Error> {
         if empty {
             match self.stat_path(path).await? {
-                PathKind::Dir => {}
+                PathKind::Dir { .. } => {}
                 PathKind::File { .. } => return Err(Error::NotDir(path.to_string())),
             }
         }

@@ -595,7 +595,9 @@ impl Client {
     /// Sets the modification time of the file `path` of a `back` or `transient` mount, which
     /// must hold write-back version `version_tag` ([`Error::Changed`] otherwise, as once a newer
     /// version replaced it; [`Error::NotFound`] for a file only in the under storage, whose
-    /// time is the store's). The file's bytes and state stay as they are.
+    /// time is the store's). The file's bytes and state stay as they are. With an empty
+    /// `version_tag`, the time of the directory made through the cluster at `path`
+    /// ([`Error::NotFound`] for a directory of the store, or one implied by paths beneath it).
     pub async fn set_time(
         &self,
         path: &str,
@@ -612,11 +614,12 @@ impl Client {
         self.change(path, op).await.map(|_| ())
     }
 
-    /// Sets the modification time of whatever file `path` holds now, where the cluster keeps
-    /// its time: a file written through the cluster, flushed or not (its version is stat'ed,
-    /// and a newer version that replaces it meanwhile is set in its turn). `Ok(false)`: the
-    /// path is a directory or a file only in the under storage, whose time is the store's, and
-    /// nothing was set.
+    /// Sets the modification time of whatever `path` holds now, where the cluster keeps its
+    /// time: a file written through the cluster, flushed or not (its version is stat'ed, and a
+    /// newer version that replaces it meanwhile is set in its turn), or a directory made
+    /// through the cluster. `Ok(false)`: the path is a file or a directory only in the under
+    /// storage (or a directory implied by the paths beneath it), whose time is the store's,
+    /// and nothing was set.
     pub async fn touch(&self, path: &str, mtime_ns: i64) -> Result<bool, Error> {
         let mut tries = 0;
         loop {
@@ -624,7 +627,15 @@ impl Client {
                 PathKind::File {
                     version_tag, state, ..
                 } if state != FileState::Stored => version_tag,
-                _ => return Ok(false),
+                PathKind::File { .. } => return Ok(false),
+                // Only a directory made through the cluster has a time of its own: one of the
+                // store, or implied by the paths beneath it, has no record to set.
+                PathKind::Dir { .. } => {
+                    return match self.set_time(path, "", mtime_ns).await {
+                        Err(Error::NotFound(_)) => Ok(false),
+                        r => r.map(|()| true),
+                    }
+                }
             };
             tries += 1;
             match self.set_time(path, &version, mtime_ns).await {
@@ -635,13 +646,20 @@ impl Client {
         }
     }
 
-    /// Makes the directory `path` in a `back` or `transient` mount.
+    /// Makes the directory `path` in a `back` or `transient` mount; its modification time is
+    /// now.
     pub async fn make_dir(&self, path: &str) -> Result<(), Error> {
+        self.make_dir_at(path, now_ns()).await
+    }
+
+    /// Makes the directory `path` in a `back` or `transient` mount with the modification time
+    /// `mtime_ns` (nanoseconds since the Unix epoch).
+    pub async fn make_dir_at(&self, path: &str, mtime_ns: i64) -> Result<(), Error> {
         crate::ufs::check_path(path)?;
         self.cached_mount(path)?;
         let op = ChangeOp::MakeDir {
             path: path.into(),
-            mtime_ns: now_ns(),
+            mtime_ns,
         };
         self.change(path, op).await.map(|_| ())
     }

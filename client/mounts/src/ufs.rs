@@ -1427,7 +1427,7 @@ impl MountTable {
         let at_or_above =
             |p: &str| p == dir || p.starts_with(dir) && p[dir.len()..].starts_with('/');
         if dir == "/" || self.prefixes().any(at_or_above) {
-            return Ok(PathKind::Dir);
+            return Ok(PathKind::DIR);
         }
         match self.stat(dir).await {
             Ok(info) => {
@@ -1442,11 +1442,11 @@ impl MountTable {
             }
             Err(UfsError::NotFound(_)) => {}
             // Some stores refuse a HEAD of a directory instead of answering NotFound.
-            Err(UfsError::Store(..)) if self.is_dir(dir).await? => return Ok(PathKind::Dir),
+            Err(UfsError::Store(..)) if self.is_dir(dir).await? => return Ok(PathKind::DIR),
             Err(e) => return Err(e),
         }
         if self.is_dir(dir).await? {
-            Ok(PathKind::Dir)
+            Ok(PathKind::DIR)
         } else {
             Err(UfsError::NotFound(path.to_string()))
         }

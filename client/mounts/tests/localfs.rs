@@ -381,7 +381,7 @@ fn a_mount_this_client_cannot_open_is_unavailable_not_missing() {
         }
         assert!(matches!(
             t.stat_path("/s3").await,
-            Ok(pagestore_protocol::frame::PathKind::Dir)
+            Ok(pagestore_protocol::frame::PathKind::Dir { mtime_ns: 0 })
         ));
         assert!(t.stat("/local/here.txt").await.is_ok());
         // Outside every mount, a path is still simply not there.
@@ -429,8 +429,8 @@ fn directories_without_objects_are_neither_listed_nor_directories() {
             }
             assert!(t.list_entries(p).await.unwrap().is_empty(), "{p}");
         }
-        assert_eq!(t.stat_path("/d/full/a").await.unwrap(), PathKind::Dir);
-        assert_eq!(t.stat_path("/d/emptied").await.unwrap(), PathKind::Dir);
+        assert_eq!(t.stat_path("/d/full/a").await.unwrap(), PathKind::DIR);
+        assert_eq!(t.stat_path("/d/emptied").await.unwrap(), PathKind::DIR);
         // The last object of a directory goes (directories stay behind on disk): the
         // directory goes from listings and stat at once.
         t.delete("/d/emptied/sub/x.txt").await.unwrap();

@@ -240,7 +240,8 @@ impl Cluster {
     }
 
     /// What `path` is: a dict with name, type ("file" or "directory"), size, and for files
-    /// version, mtime (Unix seconds) and file_id.
+    /// version, mtime (Unix seconds) and file_id; a directory made through the cluster has an
+    /// mtime too.
     fn info<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
         let client = self.client(py)?;
         let p = process()?;
@@ -250,9 +251,12 @@ impl Cluster {
         let d = PyDict::new(py);
         d.set_item("name", path)?;
         match kind {
-            pagestore_protocol::frame::PathKind::Dir => {
+            pagestore_protocol::frame::PathKind::Dir { mtime_ns } => {
                 d.set_item("type", "directory")?;
                 d.set_item("size", 0)?;
+                if mtime_ns != 0 {
+                    d.set_item("mtime", mtime_ns as f64 / 1e9)?;
+                }
             }
             pagestore_protocol::frame::PathKind::File {
                 size,
@@ -456,9 +460,9 @@ impl Cluster {
             .map_err(to_py)
     }
 
-    /// Sets the modification time (nanoseconds since the Unix epoch) of the file `path` holds,
-    /// where the cluster keeps it: a file written through the cluster. False when the path is
-    /// a directory or a file only in the under storage (whose time is the store's).
+    /// Sets the modification time (nanoseconds since the Unix epoch) of what `path` holds,
+    /// where the cluster keeps it: a file or a directory made through the cluster. False when
+    /// the path is a file or a directory only in the under storage (whose time is the store's).
     fn set_mtime(&self, py: Python<'_>, path: &str, mtime_ns: i64) -> PyResult<bool> {
         let client = self.client(py)?;
         let p = process()?;

@@ -132,12 +132,17 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// every other: a writer that has not committed its version yet says it is
 /// still writing it, so that its pages are not dropped as a gone writer's,
 /// and learns whether the member still holds them.
-pub const PROTOCOL_VERSION: u16 = 12;
+///
+/// Version 13: `PathKind::Dir` carries the directory's modification time
+/// (`mtime_ns`, 0 where none is known), and `ChangeOp::SetTime` with an
+/// empty `version_tag` sets the time of a directory made through the
+/// cluster.
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/12";
+pub const ALPN: &[u8] = b"pagestore/13";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -1014,12 +1019,17 @@ pub enum ChangeOp {
     /// write-back version `version_tag` (`Changed` otherwise; `NotFound`
     /// where no record names the path: a file only in the under storage
     /// has the store's time). Nothing else of the file changes, whatever
-    /// its state: a closed or flushed version stays so.
+    /// its state: a closed or flushed version stays so. With an empty
+    /// `version_tag` it sets the time of the directory made through the
+    /// cluster at `path` instead (`IsDir` for a non-empty tag there,
+    /// `Changed` for an empty one where a file is; `NotFound` where no
+    /// record makes a directory: one of the store, or implied by the paths
+    /// beneath it, has no time to set).
     SetTime {
         /// Absolute logical path; at most [`MAX_PATH_LEN`] bytes.
         path: String,
-        /// The version the path must hold; at most [`MAX_VERSION_TAG_LEN`]
-        /// bytes.
+        /// The version the path must hold ("" for a directory); at most
+        /// [`MAX_VERSION_TAG_LEN`] bytes.
         version_tag: String,
         /// Modification time, nanoseconds since the Unix epoch.
         mtime_ns: i64,
@@ -1063,7 +1073,18 @@ pub enum PathKind {
         store_tag: String,
     },
     /// A directory (a common prefix, a mount point or one of its parents).
-    Dir,
+    Dir {
+        /// Its modification time, nanoseconds since the Unix epoch, where one
+        /// is known: a directory made through the cluster (`MakeDir`, set
+        /// later by `SetTime`). 0: none is known (object stores keep no
+        /// directories; a common prefix or a mount point has no time).
+        mtime_ns: i64,
+    },
+}
+
+impl PathKind {
+    /// A directory with no known time.
+    pub const DIR: PathKind = PathKind::Dir { mtime_ns: 0 };
 }
 
 /// Where a file's bytes are ([`PathKind::File`]).
@@ -1099,7 +1120,7 @@ pub struct DirEntry {
     /// ("" for directories); at most [`MAX_VERSION_TAG_LEN`] bytes.
     pub version_tag: String,
     /// A file's modification time in the store, nanoseconds since the Unix
-    /// epoch (0 for directories).
+    /// epoch; a directory's as [`PathKind::Dir`] has it (0: none known).
     pub mtime_ns: i64,
 }
 

@@ -160,7 +160,7 @@ impl FakeState {
                 .keys()
                 .any(|p| p.starts_with(&prefix));
         if is_dir {
-            Ok(PathKind::Dir)
+            Ok(PathKind::DIR)
         } else {
             Err(SourceError::new(
                 ErrorCode::NotFound,
@@ -1262,7 +1262,7 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
         assert_eq!(
             ask(&pool, addr, stat("/m")).await.0,
             ResponseBody::PathInfo {
-                kind: PathKind::Dir
+                kind: PathKind::DIR
             }
         );
         let c = h.counters().await;

@@ -7,7 +7,9 @@
 //! - Attributes: from `Client::stat_path` or from a directory listing; the kernel caches them,
 //!   and the entries, for the attribute TTL, and so does this table (a lookup right after a
 //!   readdir costs no request). A file's mtime and ctime are the object's modification time in
-//!   the store; directories (which object stores do not have) show the mount's start time. A
+//!   the store; a directory made through the cluster shows its own time (when it was made, or
+//!   set since: `touch`, `cp -a`), any other directory (object stores have none) the mount's
+//!   start time. A directory's time does not change with the entries made in it. A
 //!   file open for writing here answers with its writer's size and time, never cached by the
 //!   kernel (TTL 0).
 //! - `statfs` (`df`) reports the cluster's cache: its capacity and the bytes cached, summed
@@ -93,14 +95,15 @@ impl Default for FsOptions {
 /// time (nanoseconds since the Unix epoch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    Dir,
+    /// A directory, with its modification time where the cluster keeps one (0: none known).
+    Dir(i64),
     File(u64, i64),
 }
 
 impl From<&PathKind> for Kind {
     fn from(k: &PathKind) -> Kind {
         match k {
-            PathKind::Dir => Kind::Dir,
+            PathKind::Dir { mtime_ns } => Kind::Dir(*mtime_ns),
             PathKind::File { size, mtime_ns, .. } => Kind::File(*size, *mtime_ns),
         }
     }
@@ -589,7 +592,7 @@ impl Shared {
         let writes = path.map_or(Writes::No, |p| self.writes(p));
         let keep: u16 = if writes == Writes::No { 0o555 } else { 0o777 };
         let open = match kind {
-            Kind::Dir => 0o755 & keep,
+            Kind::Dir(_) => 0o755 & keep,
             Kind::File(..) => 0o644 & keep,
         };
         let Some(path) = path.filter(|p| self.local.is_local(p)) else {
@@ -609,7 +612,8 @@ impl Shared {
     fn attr(&self, ino: u64, path: Option<&str>, kind: Kind) -> FileAttr {
         let (perm, uid, gid) = self.perm(path, kind);
         let (kind, size, nlink, time) = match kind {
-            Kind::Dir => (FileType::Directory, 0, 2, self.time),
+            Kind::Dir(0) => (FileType::Directory, 0, 2, self.time),
+            Kind::Dir(mtime_ns) => (FileType::Directory, 0, 2, system_time(mtime_ns)),
             Kind::File(size, mtime_ns) => (FileType::RegularFile, size, 1, system_time(mtime_ns)),
         };
         FileAttr {
@@ -825,7 +829,7 @@ impl Shared {
     async fn stat(&self, path: &str) -> Result<(u64, Kind), Error> {
         let kind = match self.client.stat_path(path).await {
             Ok(k) => Kind::from(&k),
-            Err(Error::NotFound(_)) if lock(&self.made_dirs).contains(path) => Kind::Dir,
+            Err(Error::NotFound(_)) if lock(&self.made_dirs).contains(path) => Kind::Dir(0),
             Err(e) => return Err(e),
         };
         Ok((self.note(path, kind), kind))
@@ -852,7 +856,12 @@ impl Shared {
         let mut t = lock(&self.inodes);
         let parent = t.intern(parent_of(path));
         if let Some(n) = t.node(ino) {
-            n.seen = Some((Kind::Dir, now));
+            // Still a directory, with the time last seen (a listing does not say its own).
+            let kind = match n.seen {
+                Some((Kind::Dir(mtime_ns), _)) => Kind::Dir(mtime_ns),
+                _ => Kind::Dir(0),
+            };
+            n.seen = Some((kind, now));
         }
         let mut items = Vec::with_capacity(entries.len() + 2);
         for (name, ino) in [(".", ino), ("..", parent)] {
@@ -865,7 +874,7 @@ impl Shared {
         let mut names = HashSet::new();
         for e in entries {
             let (kind, ft) = if e.is_dir {
-                (Kind::Dir, FileType::Directory)
+                (Kind::Dir(e.mtime_ns), FileType::Directory)
             } else {
                 (Kind::File(e.size, e.mtime_ns), FileType::RegularFile)
             };
@@ -900,7 +909,7 @@ impl Shared {
             return Ok(true);
         }
         match self.client.stat_path(path).await {
-            Ok(k) => Ok(matches!(k, PathKind::Dir)),
+            Ok(k) => Ok(matches!(k, PathKind::Dir { .. })),
             Err(e) => Err(e),
         }
     }
@@ -998,7 +1007,7 @@ impl Filesystem for PageFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let sh = self.shared.clone();
         if ino == INodeNo::ROOT {
-            return reply.attr(&sh.ttl(), &sh.attr(1, Some("/"), Kind::Dir));
+            return reply.attr(&sh.ttl(), &sh.attr(1, Some("/"), Kind::Dir(0)));
         }
         match fh.and_then(|fh| self.handle(fh)) {
             // An open handle answers for the version it pinned.
@@ -1350,10 +1359,11 @@ impl Filesystem for PageFs {
         });
     }
 
-    /// The size is kept (truncate, ftruncate), and so is the modification time of a file
-    /// written through the cluster (utimensat, `touch`, `cp -p`); modes, owners, access times
-    /// and the times of files only in the store are accepted and not kept (stores have none
-    /// to set); everything is EROFS where the path takes no writes.
+    /// The size is kept (truncate, ftruncate), and so is the modification time of a file or a
+    /// directory made through the cluster (utimensat, `touch`, `cp -p`, `cp -a`); modes,
+    /// owners, access times and the times of files and directories only in the store are
+    /// accepted and not kept (stores have none to set); everything is EROFS where the path
+    /// takes no writes.
     fn setattr(
         &self,
         _req: &Request,
@@ -1452,7 +1462,7 @@ impl Filesystem for PageFs {
                 Start::Truncate
             } else {
                 match sh.client.stat_path(&path).await {
-                    Ok(PathKind::Dir) => return reply.error(Errno::EISDIR),
+                    Ok(PathKind::Dir { .. }) => return reply.error(Errno::EISDIR),
                     Ok(PathKind::File { .. }) if excl => return reply.error(Errno::EEXIST),
                     Ok(PathKind::File { .. }) if trunc => Start::Truncate,
                     Ok(PathKind::File { .. }) => Start::Keep,
@@ -1492,8 +1502,12 @@ impl Filesystem for PageFs {
             return reply.error(Errno::EROFS);
         }
         self.rt.spawn(async move {
+            let mut mtime_ns = 0;
             let made = match how {
-                Writes::Cluster => sh.client.make_dir(&path).await,
+                Writes::Cluster => {
+                    mtime_ns = pagestore_protocol::writeback::unix_ns();
+                    sh.client.make_dir_at(&path, mtime_ns).await
+                }
                 // Object stores have no directories: this one exists here until a file is
                 // written beneath it (then the store shows it) or it is removed.
                 _ => match sh.is_dir(&path).await {
@@ -1507,10 +1521,10 @@ impl Filesystem for PageFs {
             };
             match made {
                 Ok(()) => {
-                    let ino = sh.note(&path, Kind::Dir);
+                    let ino = sh.note(&path, Kind::Dir(mtime_ns));
                     reply.entry(
                         &sh.ttl(),
-                        &sh.attr(ino, Some(&path), Kind::Dir),
+                        &sh.attr(ino, Some(&path), Kind::Dir(mtime_ns)),
                         Generation(0),
                     )
                 }
@@ -1575,7 +1589,7 @@ impl Filesystem for PageFs {
             let made_here = lock(&sh.made_dirs).contains(&path);
             let r = match sh.client.stat_path(&path).await {
                 Ok(PathKind::File { .. }) => Err(Errno::ENOTDIR),
-                Ok(PathKind::Dir) => match how {
+                Ok(PathKind::Dir { .. }) => match how {
                     Writes::Cluster => sh
                         .client
                         .remove_dir(&path)
@@ -1679,7 +1693,7 @@ mod tests {
         assert_eq!(t.fresh(a, Duration::from_secs(5)), None, "never seen");
         let (kind, left) = t
             .fresh(b, Duration::from_secs(5))
-            .unwrap_or((Kind::Dir, Duration::ZERO));
+            .unwrap_or((Kind::Dir(0), Duration::ZERO));
         assert_eq!(kind, Kind::File(7, 1));
         assert!(left > Duration::from_secs(4));
         assert_eq!(

@@ -410,6 +410,8 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         // (as rsync sets a temporary file's time before its rename).
         &["python3", "-c", UTIME_AFTER_CLOSE],
         &["mkdir", "empty"],
+        // A directory's time (tar above set `tarred`'s from the archive).
+        &["touch", "-d", "@1450000000.75", "empty"],
         &["mkdir", "empty2"],
         &["rmdir", "empty2"],
     ];
@@ -419,9 +421,16 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         assert_eq!(on_mount.code(), on_disk.code(), "{cmd:?}");
     }
     assert_eq!(tree(&mounted, true), tree(&disk, true));
-    let mut timed: Vec<String> = ["fp", "h.txt", "bmoved/g1", "nothing-here-either"]
-        .map(String::from)
-        .to_vec();
+    let mut timed: Vec<String> = [
+        "fp",
+        "h.txt",
+        "bmoved/g1",
+        "nothing-here-either",
+        "empty",
+        "tarred",
+    ]
+    .map(String::from)
+    .to_vec();
     timed.extend((0..12).map(|i| format!("tarred/t{i}")));
     timed.extend((0..12).map(|i| format!("py{i}")));
     let times = |root: &Path| -> Vec<std::time::SystemTime> {

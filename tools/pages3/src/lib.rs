@@ -707,7 +707,7 @@ impl Gateway {
             return Ok(true);
         }
         match self.client.stat_path(&dir).await {
-            Ok(PathKind::Dir) => Ok(true),
+            Ok(PathKind::Dir { .. }) => Ok(true),
             Ok(PathKind::File { .. }) => Ok(false),
             Err(ClientError::NotFound(_) | ClientError::NotDir(_)) => Ok(false),
             Err(e) => Err(client_error(e)),

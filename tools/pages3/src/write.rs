@@ -332,7 +332,7 @@ impl Gateway {
             return e;
         };
         let key = key_of(path);
-        if matches!(ufs.stat_path(path).await, Ok(PathKind::Dir)) {
+        if matches!(ufs.stat_path(path).await, Ok(PathKind::Dir { .. })) {
             return conflict(format!(
                 "{key:?} names a directory that holds objects; a key cannot be both an object \
                  and a prefix here"

@@ -14,7 +14,7 @@ use std::{
 use common::{bytes, Cluster};
 use pagestore_client::{Client, ClientOptions, Error, WriteOptions};
 use pagestore_protocol::{
-    frame::{self, Attr, FileState, PathKind},
+    frame::{self, Attr, DirEntry, FileState, PathKind},
     node_id::format_uuid,
     ring::{self, path_hash},
 };
@@ -63,7 +63,7 @@ async fn synced(c: &Client, prefix: &str, limit: Duration) {
 fn state_of(k: &PathKind) -> FileState {
     match k {
         PathKind::File { state, .. } => *state,
-        PathKind::Dir => panic!("a directory"),
+        PathKind::Dir { .. } => panic!("a directory"),
     }
 }
 
@@ -321,6 +321,30 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
         writer.remove_dir("/ck/sizes").await,
         Err(Error::NotEmpty(_))
     ));
+    // A directory made through the cluster keeps its time, and takes a new one; one implied by
+    // the files beneath it, or the mount's, has none to set.
+    let (made, set) = (1_500_000_000_123_456_789, 1_700_000_000_000_000_001);
+    writer.make_dir_at("/ck/dated", made).await.unwrap();
+    let dir_time = |entries: Vec<DirEntry>| {
+        let e = entries.iter().find(|e| e.name == "dated").unwrap();
+        (e.is_dir, e.mtime_ns)
+    };
+    assert_eq!(
+        reader.stat_path("/ck/dated").await.unwrap(),
+        PathKind::Dir { mtime_ns: made }
+    );
+    assert_eq!(dir_time(reader.list("/ck").await.unwrap()), (true, made));
+    assert!(writer.touch("/ck/dated", set).await.unwrap());
+    assert_eq!(
+        reader.stat_path("/ck/dated").await.unwrap(),
+        PathKind::Dir { mtime_ns: set }
+    );
+    assert_eq!(dir_time(reader.list("/ck").await.unwrap()), (true, set));
+    for implied in ["/ck/sizes", "/ck"] {
+        assert!(!writer.touch(implied, set).await.unwrap(), "{implied}");
+        assert_eq!(reader.stat_path(implied).await.unwrap(), PathKind::DIR);
+    }
+    writer.remove_dir("/ck/dated").await.unwrap();
     writer.remove_dir("/ck/empty").await.unwrap();
     assert!(matches!(
         reader.stat_path("/ck/empty").await,

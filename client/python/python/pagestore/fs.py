@@ -105,7 +105,11 @@ class PagestoreFileSystem(AbstractFileSystem):
             if not detail:
                 out.append(full)
             elif is_dir:
-                out.append({"name": full, "type": "directory", "size": 0})
+                d = {"name": full, "type": "directory", "size": 0}
+                if mtime:
+                    # A directory made through the cluster keeps its time.
+                    d["mtime"] = mtime
+                out.append(d)
             else:
                 out.append({"name": full, "type": "file", "size": size, "version": version,
                             "mtime": mtime})
@@ -137,8 +141,10 @@ class PagestoreFileSystem(AbstractFileSystem):
         import datetime
 
         info = self.info(path)
-        if info["type"] != "file":
-            raise IsADirectoryError(errno.EISDIR, "a directory has no modification time", path)
+        if "mtime" not in info:
+            raise IsADirectoryError(
+                errno.EISDIR, "a directory not made through the cluster has no modification time",
+                path)
         return datetime.datetime.fromtimestamp(info["mtime"], tz=datetime.timezone.utc)
 
     def checksum(self, path):
@@ -317,8 +323,9 @@ class PagestoreFileSystem(AbstractFileSystem):
 
     def touch(self, path, truncate=True, **kwargs):
         """Creates ``path`` empty (``truncate``, or where nothing is), else sets its modification
-        time to now: kept for files written through the cluster; a file only in the under
-        storage has the store's time, which cannot be set (``NotImplementedError``)."""
+        time to now: kept for files and directories made through the cluster; a file or a
+        directory only in the under storage has the store's time (or none), which cannot be set
+        (``NotImplementedError``)."""
         path = self._strip_protocol(path)
         if truncate or not self.exists(path):
             self.pipe_file(path, b"")

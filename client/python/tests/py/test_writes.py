@@ -6,6 +6,7 @@ errors)."""
 import errno
 import os
 import subprocess
+import time
 import zlib
 
 import fsspec
@@ -129,6 +130,18 @@ def test_exclusive_create(fs):
 def test_mv_rm_mkdir_rmdir(fs):
     fs.makedirs("/ck/ns/a/b", exist_ok=True)
     assert fs.isdir("/ck/ns/a") and fs.isdir("/ck/ns/a/b")
+    # A directory made through the cluster keeps its time, and takes a new one; the mount's
+    # own directory has none.
+    assert fs.modified("/ck/ns/a").timestamp() == pytest.approx(time.time(), abs=120)
+    fs.touch("/ck/ns/a", truncate=False)
+    fs.cluster.set_mtime("/ck/ns/a/b", 1_500_000_000_250_000_000)
+    assert fs.modified("/ck/ns/a/b").timestamp() == pytest.approx(1_500_000_000.25, abs=1e-3)
+    [b] = [e for e in fs.ls("/ck/ns/a") if e["name"] == "/ck/ns/a/b"]
+    assert b["type"] == "directory" and b["mtime"] == pytest.approx(1_500_000_000.25, abs=1e-3)
+    with pytest.raises(IsADirectoryError):
+        fs.modified("/ck")
+    with pytest.raises(NotImplementedError):
+        fs.touch("/ck", truncate=False)
     with pytest.raises(FileExistsError):
         fs.makedirs("/ck/ns/a/b")
     fs.makedirs("/ck/ns/a/b", exist_ok=True)

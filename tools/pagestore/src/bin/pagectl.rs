@@ -1047,7 +1047,12 @@ async fn head(client: &Arc<Client>, path: &str, lines: usize) -> anyhow::Result<
 
 async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
     match client.stat_path(path).await? {
-        PathKind::Dir => println!("{path}: directory"),
+        PathKind::Dir { mtime_ns: 0 } => println!("{path}: directory"),
+        PathKind::Dir { mtime_ns } => println!(
+            "{path}: directory\n  modified {}.{:09} (Unix time)",
+            mtime_ns.div_euclid(1_000_000_000),
+            mtime_ns.rem_euclid(1_000_000_000)
+        ),
         PathKind::File {
             size,
             version_tag,

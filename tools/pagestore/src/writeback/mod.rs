@@ -700,7 +700,7 @@ impl WriteBackNode {
         match op {
             // Writes go on while the store is down: these checks are made when it answers.
             ChangeOp::Commit { path, .. } if unknown(path) => {
-                if let Ok(Some(PathKind::Dir)) = stat(path.clone()).await {
+                if let Ok(Some(PathKind::Dir { .. })) = stat(path.clone()).await {
                     return Err(SourceError::new(
                         ErrorCode::IsDir,
                         format!("{path}: is a directory"),
@@ -725,7 +725,7 @@ impl WriteBackNode {
                             format!("{path}: no such file or directory"),
                         ))
                     }
-                    (Some(PathKind::Dir), false) => {
+                    (Some(PathKind::Dir { .. }), false) => {
                         return Err(SourceError::new(
                             ErrorCode::IsDir,
                             format!("{path}: is a directory"),
@@ -738,7 +738,7 @@ impl WriteBackNode {
                         ))
                     }
                     // A directory of the store holds an object (it would not exist otherwise).
-                    (Some(PathKind::Dir), true) => {
+                    (Some(PathKind::Dir { .. }), true) => {
                         return Err(SourceError::new(
                             ErrorCode::NotEmpty,
                             format!("{path}: directory not empty"),
@@ -791,7 +791,7 @@ impl WriteBackNode {
         let table = self.ufs.table();
         match table.stat_path(from).await {
             Ok(PathKind::File { .. }) => {}
-            Ok(PathKind::Dir) => {
+            Ok(PathKind::Dir { .. }) => {
                 return Err(SourceError::new(
                     ErrorCode::BadRequest,
                     format!("{from}: renaming directories is not supported"),

@@ -123,7 +123,7 @@ impl Source for WbSource {
     fn stat(&self, path: &str) -> SourceFuture<PathKind> {
         let known = match self.wb.table().known(path) {
             Known::Record(r) => Some(r.clone()),
-            Known::Implied => return Box::pin(async { Ok(PathKind::Dir) }),
+            Known::Implied => return Box::pin(async { Ok(PathKind::DIR) }),
             Known::Unknown => None,
         };
         let Some(rec) = known else {
@@ -133,7 +133,9 @@ impl Source for WbSource {
         let store = self.ufs.stat(&path);
         Box::pin(async move {
             match &rec.entry {
-                RecordEntry::Dir { .. } => Ok(PathKind::Dir),
+                RecordEntry::Dir { mtime_ns } => Ok(PathKind::Dir {
+                    mtime_ns: *mtime_ns,
+                }),
                 RecordEntry::Deleted { .. } => Err(not_found(&path)),
                 RecordEntry::File {
                     state: RecordState::Clean,
@@ -225,8 +227,10 @@ impl Source for WbSource {
                             },
                         );
                     }
-                    RecordEntry::Dir { .. } => {
-                        by_name.insert(name.clone(), DirEntry::dir(name));
+                    RecordEntry::Dir { mtime_ns } => {
+                        let mut e = DirEntry::dir(name.clone());
+                        e.mtime_ns = *mtime_ns;
+                        by_name.insert(name, e);
                     }
                     RecordEntry::Deleted { .. } => {
                         // Gone, unless it is still a directory (of the store, or by records

@@ -597,42 +597,43 @@ impl Records {
     }
 
     /// A new modification time for the file `path` holds, if it holds `tag`: the same record
-    /// with the time changed (its state, store version and attributes as they are).
+    /// with the time changed (its state, store version and attributes as they are). An empty
+    /// `tag` names the directory made through the cluster at `path`.
     fn plan_set_time(&self, path: &str, tag: &str, mtime_ns: i64) -> Result<Plan, Refused> {
-        let Some(r) = self.get(path) else {
-            return Err(refused(
+        let not_here = || {
+            refused(
                 ErrorCode::NotFound,
                 format!(
-                    "{path}: no file written through the cluster is here (a file only in the \
-                     under storage has the store's modification time)"
+                    "{path}: nothing made through the cluster is here (a file or directory only \
+                     in the under storage has the store's modification time, or none)"
                 ),
-            ));
+            )
         };
-        let RecordEntry::File {
-            version_tag,
-            mtime_ns: now,
-            ..
-        } = &r.entry
-        else {
-            return Err(match r.entry {
-                RecordEntry::Dir { .. } => refused(
+        let Some(r) = self.get(path) else {
+            return Err(not_here());
+        };
+        let now = match &r.entry {
+            RecordEntry::File { version_tag, .. } if version_tag != tag => {
+                return Err(refused(
+                    ErrorCode::Changed,
+                    format!("{path}: holds another version now ({version_tag})"),
+                ))
+            }
+            RecordEntry::Dir { .. } if !tag.is_empty() => {
+                return Err(refused(
                     ErrorCode::IsDir,
-                    format!("{path}: a directory; only a file's modification time is set"),
-                ),
-                _ => refused(ErrorCode::NotFound, format!("{path}: no such file")),
-            });
+                    format!("{path}: a directory now, not version {tag}"),
+                ))
+            }
+            RecordEntry::File { mtime_ns, .. } | RecordEntry::Dir { mtime_ns } => *mtime_ns,
+            RecordEntry::Deleted { .. } => return Err(not_here()),
         };
-        if version_tag != tag {
-            return Err(refused(
-                ErrorCode::Changed,
-                format!("{path}: holds another version now ({version_tag})"),
-            ));
-        }
-        if *now == mtime_ns {
+        if now == mtime_ns {
             return Ok(Plan::Nothing);
         }
         let mut entry = r.entry.clone();
-        if let RecordEntry::File { mtime_ns: m, .. } = &mut entry {
+        if let RecordEntry::File { mtime_ns: m, .. } | RecordEntry::Dir { mtime_ns: m } = &mut entry
+        {
             *m = mtime_ns;
         }
         Ok(Plan::Records(vec![unstamped(path, entry)]))

@@ -564,6 +564,69 @@ fn a_new_time_changes_nothing_else_of_the_file() {
     check_indexes(&t);
 }
 
+/// A directory made through the cluster takes a new time (an empty version names it); a
+/// version there, a directory only implied by the paths beneath it, a file, and a removed
+/// directory refuse.
+#[test]
+fn a_directory_made_through_the_cluster_takes_a_new_time() {
+    let mut t = Records::new();
+    let set = |path: &str, version_tag: String, mtime_ns: i64| ChangeOp::SetTime {
+        path: path.into(),
+        version_tag,
+        mtime_ns,
+    };
+    let mkdir = ChangeOp::MakeDir {
+        path: "/ck/d".into(),
+        mtime_ns: 5,
+    };
+    change(&mut t, mkdir, 10).unwrap();
+    change(&mut t, commit("/ck/a/f", 1, 5, true), 11).unwrap();
+    change(
+        &mut t,
+        set("/ck/d", String::new(), 1_600_000_000_000_000_000),
+        20,
+    )
+    .unwrap();
+    assert_eq!(
+        t.get("/ck/d").map(|r| &r.entry),
+        Some(&RecordEntry::Dir {
+            mtime_ns: 1_600_000_000_000_000_000
+        })
+    );
+    assert!(matches!(
+        t.plan(
+            &set("/ck/d", String::new(), 1_600_000_000_000_000_000),
+            false
+        ),
+        Ok(Plan::Nothing)
+    ));
+    let code = |t: &Records, op: ChangeOp| t.plan(&op, false).err().map(|r| r.code);
+    assert_eq!(code(&t, set("/ck/d", tag(1), 9)), Some(ErrorCode::IsDir));
+    assert_eq!(
+        code(&t, set("/ck/a", String::new(), 9)),
+        Some(ErrorCode::NotFound)
+    );
+    assert_eq!(
+        code(&t, set("/ck", String::new(), 9)),
+        Some(ErrorCode::NotFound)
+    );
+    assert_eq!(
+        code(&t, set("/ck/a/f", String::new(), 9)),
+        Some(ErrorCode::Changed)
+    );
+    let rmdir = ChangeOp::Delete {
+        path: "/ck/d".into(),
+        dir: true,
+        expect: Expect::Any,
+    };
+    change(&mut t, rmdir, 30).unwrap();
+    assert_eq!(
+        code(&t, set("/ck/d", String::new(), 9)),
+        Some(ErrorCode::NotFound)
+    );
+    check_indexes(&t);
+}
+
 /// Only a second flush of the same version, naming another store object, ranks as a restamp;
 /// a commit, a seal or a flush of another version at the same rank never does.
 #[test]
@@ -837,6 +900,11 @@ fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
                 Some(RecordEntry::File { version_tag, .. }) => ChangeOp::SetTime {
                     path: PATHS[*p].into(),
                     version_tag: version_tag.clone(),
+                    mtime_ns: *at,
+                },
+                Some(RecordEntry::Dir { .. }) => ChangeOp::SetTime {
+                    path: PATHS[*p].into(),
+                    version_tag: String::new(),
                     mtime_ns: *at,
                 },
                 _ => continue,
