@@ -11,7 +11,11 @@
 //! A client's change is planned here ([`Records::plan`]): checked against the records, then
 //! turned into the records that express it, which the caller stamps, applies and hands on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    borrow::Borrow,
+    collections::{hash_map::Entry, BTreeMap, BTreeSet, HashMap},
+    ops::Bound,
+};
 
 use pagestore_protocol::{
     frame::{
@@ -138,16 +142,65 @@ fn restamps(old: &FileRecord, new: &FileRecord) -> bool {
     }
 }
 
+/// A record as [`Records`] keeps it: ordered, and found, by its path, so that the path is kept
+/// once (a map from paths to records would keep it twice).
+#[derive(Debug)]
+struct ByPath(FileRecord);
+
+impl Borrow<str> for ByPath {
+    fn borrow(&self) -> &str {
+        &self.0.path
+    }
+}
+
+impl PartialEq for ByPath {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.path == other.0.path
+    }
+}
+
+impl Eq for ByPath {}
+
+impl PartialOrd for ByPath {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByPath {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.path.cmp(&other.0.path)
+    }
+}
+
+/// The paths whose records name one version: nearly always one, kept without a vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Paths {
+    One(Box<str>),
+    Many(Vec<Box<str>>),
+}
+
+impl Paths {
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        let (one, many) = match self {
+            Paths::One(p) => (Some(&**p), &[][..]),
+            Paths::Many(v) => (None, &v[..]),
+        };
+        one.into_iter().chain(many.iter().map(|p| &**p))
+    }
+}
+
 /// The records one node keeps.
 #[derive(Default, Debug)]
 pub struct Records {
-    by_path: BTreeMap<String, FileRecord>,
+    /// Every record, in path order.
+    by_path: BTreeSet<ByPath>,
     /// File id of each live file record's version -> its paths (one, except while a node
     /// takes the records of a rename in another order than they were made).
-    by_file: HashMap<u128, Vec<String>>,
+    by_file: HashMap<u128, Paths>,
     /// File id of each deleted record's version -> its paths (a version deleted while open
     /// takes no more pages).
-    deleted: HashMap<u128, Vec<String>>,
+    deleted: HashMap<u128, Paths>,
     /// Directory -> live records (files and directories) beneath it at any depth.
     implied: BTreeMap<String, u32>,
     /// Bytes the records take in their encoded form, roughly (for compaction).
@@ -194,18 +247,48 @@ fn approx_len(r: &FileRecord) -> usize {
         }
 }
 
-fn multi_insert(m: &mut HashMap<u128, Vec<String>>, id: u128, path: &str) {
-    let v = m.entry(id).or_default();
-    if !v.iter().any(|p| p == path) {
-        v.push(path.to_string());
+fn multi_insert(m: &mut HashMap<u128, Paths>, id: u128, path: &str) {
+    match m.entry(id) {
+        Entry::Vacant(e) => {
+            e.insert(Paths::One(path.into()));
+        }
+        Entry::Occupied(mut e) => match e.get_mut() {
+            Paths::One(p) if &**p == path => {}
+            Paths::One(p) => {
+                let first = std::mem::take(p);
+                e.insert(Paths::Many(vec![first, path.into()]));
+            }
+            Paths::Many(v) => {
+                if !v.iter().any(|p| &**p == path) {
+                    v.push(path.into());
+                }
+            }
+        },
     }
 }
 
-fn multi_remove(m: &mut HashMap<u128, Vec<String>>, id: u128, path: &str) {
-    if let Some(v) = m.get_mut(&id) {
-        v.retain(|p| p != path);
-        if v.is_empty() {
-            m.remove(&id);
+fn multi_remove(m: &mut HashMap<u128, Paths>, id: u128, path: &str) {
+    let Entry::Occupied(mut e) = m.entry(id) else {
+        return;
+    };
+    match e.get_mut() {
+        Paths::One(p) if &**p == path => {
+            e.remove();
+        }
+        Paths::One(_) => {}
+        Paths::Many(v) => {
+            v.retain(|p| &**p != path);
+            match v.len() {
+                0 => {
+                    e.remove();
+                }
+                1 => {
+                    if let Some(last) = v.pop() {
+                        e.insert(Paths::One(last));
+                    }
+                }
+                _ => {}
+            }
         }
     }
 }
@@ -254,7 +337,7 @@ impl Records {
 
     /// Every record, in path order.
     pub fn iter(&self) -> impl Iterator<Item = &FileRecord> {
-        self.by_path.values()
+        self.by_path.iter().map(|r| &r.0)
     }
 
     /// Takes in the records of one change (or any set of records) and says what it did to
@@ -265,7 +348,7 @@ impl Records {
         let mut touched = Vec::new();
         let mut out = Applied::default();
         for rec in batch {
-            let before = self.by_path.get(&rec.path).and_then(|r| match &r.entry {
+            let before = self.get(&rec.path).and_then(|r| match &r.entry {
                 RecordEntry::File { version_tag, .. } => Some(version_id(version_tag)),
                 _ => None,
             });
@@ -275,7 +358,7 @@ impl Records {
             }
             out.taken.push(path.clone());
             touched.extend(before);
-            if let Some(r) = self.by_path.get(&path) {
+            if let Some(r) = self.get(&path) {
                 if let RecordEntry::File {
                     version_tag, state, ..
                 } = &r.entry
@@ -301,7 +384,7 @@ impl Records {
 
     /// How `rec` stands against the record its path has.
     pub fn rank(&self, rec: &FileRecord) -> Rank {
-        let Some(old) = self.by_path.get(&rec.path) else {
+        let Some(old) = self.get(&rec.path) else {
             return Rank::Above;
         };
         match old.order().cmp(&rec.order()) {
@@ -320,11 +403,11 @@ impl Records {
         if matches!(self.rank(&rec), Rank::Below) {
             return false;
         }
-        if let Some(old) = self.by_path.remove(&rec.path) {
-            self.unindex(&old);
+        if let Some(old) = self.by_path.take(rec.path.as_str()) {
+            self.unindex(&old.0);
         }
         self.index(&rec);
-        self.by_path.insert(rec.path.clone(), rec);
+        self.by_path.insert(ByPath(rec));
         true
     }
 
@@ -371,12 +454,12 @@ impl Records {
 
     /// The record of `path`, if any.
     pub fn get(&self, path: &str) -> Option<&FileRecord> {
-        self.by_path.get(path)
+        self.by_path.get(path).map(|r| &r.0)
     }
 
     /// What the records say `path` is.
     pub fn known(&self, path: &str) -> Known<'_> {
-        match self.by_path.get(path) {
+        match self.get(path) {
             Some(r) if is_live(r) => Known::Record(r),
             // A deleted path that is still a directory (records beneath it) is one.
             Some(_) if self.implied.contains_key(path) => Known::Implied,
@@ -415,7 +498,7 @@ impl Records {
         self.by_file
             .get(&file_id)?
             .iter()
-            .filter_map(|p| self.by_path.get(p))
+            .filter_map(|p| self.get(p))
             .max_by_key(|r| r.order())
     }
 
@@ -448,9 +531,10 @@ impl Records {
         };
         let records = self
             .by_path
-            .range(prefix.clone()..)
-            .take_while(|(p, _)| p.starts_with(prefix.as_str()))
-            .filter_map(|(p, r)| direct(p).map(|name| (name, r)))
+            .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+            .map(|r| &r.0)
+            .take_while(|r| r.path.starts_with(prefix.as_str()))
+            .filter_map(|r| direct(&r.path).map(|name| (name, r)))
             .collect();
         let implied = self
             .implied
@@ -472,7 +556,7 @@ impl Records {
     /// storage knows (an object or directory there).
     pub fn plan(&self, op: &ChangeOp, transient: bool) -> Result<Plan, Refused> {
         let plan = self.plan_unbounded(op, transient)?;
-        let adds = |p: &str| !self.by_path.contains_key(p);
+        let adds = |p: &str| !self.by_path.contains(p);
         let adds_paths = match &plan {
             Plan::Records(recs) => recs.iter().any(|r| adds(&r.path)),
             Plan::CopyInStore { from, to } => adds(from) || adds(to),
@@ -924,11 +1008,10 @@ impl Records {
 
     /// The records after `after` in path order, at most `max`, and whether more follow.
     pub fn after(&self, after: &str, max: usize) -> (Vec<FileRecord>, bool) {
-        use std::ops::Bound;
         let mut it = self
             .by_path
             .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
-            .map(|(_, r)| r.clone());
+            .map(|r| r.0.clone());
         let out: Vec<FileRecord> = it.by_ref().take(max).collect();
         let more = it.next().is_some();
         (out, more)
@@ -939,8 +1022,7 @@ impl Records {
     /// least `lease_ms` old at `now_ms` (its writer went silent: seal it first).
     pub fn flushable(&self, now_ms: u64, lease_ms: u64) -> Vec<&FileRecord> {
         let mut v: Vec<&FileRecord> = self
-            .by_path
-            .values()
+            .iter()
             .filter(|r| match &r.entry {
                 RecordEntry::File {
                     state, transient, ..
@@ -967,7 +1049,7 @@ impl Records {
         let mut s = WriteBackSummary::default();
         let under = |p: &str| p == prefix || p.starts_with(&dir) || prefix == "/";
         let mut oldest: Option<u64> = None;
-        for r in self.by_path.values().filter(|r| under(&r.path)) {
+        for r in self.iter().filter(|r| under(&r.path)) {
             match &r.entry {
                 RecordEntry::File {
                     state,
@@ -995,8 +1077,7 @@ impl Records {
     /// access; [`Records::forget`] takes them out). Every node forgets them by the same rule; a
     /// forgotten file is the store's object from then on, under the store's version.
     pub fn settled(&self, now_ms: u64, keep_ms: u64) -> Vec<String> {
-        self.by_path
-            .values()
+        self.iter()
             .filter(|r| settled(r, now_ms, keep_ms))
             .map(|r| r.path.clone())
             .collect()
@@ -1007,15 +1088,11 @@ impl Records {
     pub fn forget(&mut self, paths: &[String], now_ms: u64, keep_ms: u64) -> usize {
         let mut n = 0;
         for p in paths {
-            if !self
-                .by_path
-                .get(p)
-                .is_some_and(|r| settled(r, now_ms, keep_ms))
-            {
+            if !self.get(p).is_some_and(|r| settled(r, now_ms, keep_ms)) {
                 continue;
             }
-            if let Some(r) = self.by_path.remove(p) {
-                self.unindex(&r);
+            if let Some(r) = self.by_path.take(p.as_str()) {
+                self.unindex(&r.0);
                 n += 1;
             }
         }

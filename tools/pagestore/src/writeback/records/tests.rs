@@ -957,12 +957,18 @@ fn history(steps: &[Step]) -> (Records, Vec<Vec<FileRecord>>) {
 fn check_indexes(t: &Records) {
     let mut implied: BTreeMap<String, u32> = BTreeMap::new();
     let mut by_file: HashMap<u128, Vec<String>> = HashMap::new();
+    let mut deleted: HashMap<u128, Vec<String>> = HashMap::new();
     for r in t.iter() {
-        if let RecordEntry::File { version_tag, .. } = &r.entry {
-            by_file
+        match &r.entry {
+            RecordEntry::File { version_tag, .. } => by_file
                 .entry(version_id(version_tag))
                 .or_default()
-                .push(r.path.clone());
+                .push(r.path.clone()),
+            RecordEntry::Deleted { prev_tag, .. } if !prev_tag.is_empty() => deleted
+                .entry(version_id(prev_tag))
+                .or_default()
+                .push(r.path.clone()),
+            _ => {}
         }
         if is_live(r) {
             for a in ancestors(&r.path) {
@@ -971,12 +977,25 @@ fn check_indexes(t: &Records) {
         }
     }
     assert_eq!(t.implied, implied, "implied directories");
-    assert_eq!(t.by_file.len(), by_file.len(), "version index");
-    for (id, paths) in &mut by_file {
-        let mut got = t.by_file.get(id).cloned().unwrap_or_default();
-        got.sort();
-        paths.sort();
-        assert_eq!(&got, paths, "version index");
+    for (index, want, what) in [
+        (&t.by_file, &mut by_file, "version index"),
+        (&t.deleted, &mut deleted, "deleted versions"),
+    ] {
+        assert_eq!(index.len(), want.len(), "{what}");
+        for (id, paths) in want.iter_mut() {
+            let kept = index.get(id);
+            // Several paths only in a vector, one without.
+            assert!(
+                !matches!(kept, Some(Paths::Many(v)) if v.len() < 2),
+                "{what}: {kept:?}"
+            );
+            let mut got: Vec<String> = kept
+                .map(|p| p.iter().map(String::from).collect())
+                .unwrap_or_default();
+            got.sort();
+            paths.sort();
+            assert_eq!(&got, paths, "{what}");
+        }
     }
 }
 
