@@ -474,7 +474,7 @@ impl Client {
         data: Bytes,
     ) -> Result<ObjectInfo, Error> {
         let mut w = self.create(path, WriteOptions::default()).await?;
-        w.write_at(0, &data).await?;
+        w.write_bytes(0, data).await?;
         w.close().await
     }
 
@@ -959,6 +959,24 @@ impl Writer {
 
     /// Writes `data` at `offset` (beyond the end: the gap reads as zeros).
     pub async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.write_from(offset, data, None).await
+    }
+
+    /// [`Writer::write_at`] for bytes the caller hands over: each whole page of `data` (a page
+    /// it covers from its first byte to its last) is sent as it is, without being copied into
+    /// a page buffer first. The rest is written as `write_at` writes it.
+    pub async fn write_bytes(&mut self, offset: u64, data: Bytes) -> Result<(), Error> {
+        self.write_from(offset, &data, Some(&data)).await
+    }
+
+    /// `data` at `offset`; `whole`: the same bytes, owned, whose whole pages are sent as they
+    /// are.
+    async fn write_from(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        whole: Option<&Bytes>,
+    ) -> Result<(), Error> {
         self.check_open()?;
         let ps = self.page_size;
         let mut done = 0usize;
@@ -971,6 +989,14 @@ impl Writer {
                 // Written where it falls in the spill file; sent at the next flush.
                 s.write(page, in_page, &data[done..done + n])
                     .map_err(|e| spill_error(&self.path, &e))?;
+                done += n;
+                self.size = self.size.max(at + n as u64);
+                continue;
+            }
+            if let Some(b) = whole.filter(|_| n as u64 == ps) {
+                // The whole page is these bytes: whatever it held here goes.
+                self.open.remove(&page);
+                self.send_bytes(page, b.slice(done..done + n)).await?;
                 done += n;
                 self.size = self.size.max(at + n as u64);
                 continue;
@@ -1048,6 +1074,11 @@ impl Writer {
         let Some(buf) = self.open.remove(&page) else {
             return Ok(());
         };
+        self.send_bytes(page, buf.freeze()).await
+    }
+
+    /// Starts sending `bytes` as page `page` (at most `inflight` sends at once).
+    async fn send_bytes(&mut self, page: u64, bytes: Bytes) -> Result<(), Error> {
         self.wait_sent(page).await?;
         while self.sending.len() >= self.options.inflight.max(1) {
             let Some((&oldest, _)) = self.sending.iter().next() else {
@@ -1055,7 +1086,6 @@ impl Writer {
             };
             self.wait_sent(oldest).await?;
         }
-        let bytes = buf.freeze();
         let len = bytes.len() as u32;
         let (client, tag, since, id, wait, holders) = (
             self.client.clone(),

@@ -18,7 +18,7 @@
 //! `pagestored` over loopback with `--write-replicas R`, over `write=back` mounts of the same
 //! two stores:
 //!
-//! - **client**: the writers through the client library ([`Client::create`], `write_at`,
+//! - **client**: the writers through the client library ([`Client::create`], `write_bytes`,
 //!   `close`): the time each writer is blocked (create to close, durable on R nodes), the
 //!   throughput, the CPU seconds per GB of this process (the writers and their client) and of
 //!   the nodes; then the flush: from the first close until `write_back_state` shows nothing
@@ -651,7 +651,7 @@ fn client_leg(
                     let t0 = Instant::now();
                     let mut f: Writer = client.create(&path, WriteOptions::default()).await?;
                     for (at, b) in writes {
-                        f.write_at(at, &b).await?;
+                        f.write_bytes(at, b).await?;
                     }
                     f.close().await?;
                     Ok::<_, anyhow::Error>((t0, Instant::now()))

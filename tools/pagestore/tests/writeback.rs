@@ -210,6 +210,13 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
         read_back <= 3,
         "{read_back} page reads for 60 small writes into 3 pages"
     );
+    // Owned bytes over the middle page and halves of its neighbours: the middle page is sent
+    // as given (its changed copy in memory goes), the halves land in the pages in memory.
+    let over = bytes(4, 2 * ps);
+    rmodel[ps / 2..ps / 2 + 2 * ps].copy_from_slice(&over);
+    let before = page_reads(&writer);
+    w.write_bytes((ps / 2) as u64, over.into()).await.unwrap();
+    assert_eq!(page_reads(&writer), before, "nothing read back");
     // From the pages in memory now, and zeros in a hole past the old end.
     let far = bytes(6, 100);
     w.write_at((3 * ps + ps / 2) as u64, &far).await.unwrap();
