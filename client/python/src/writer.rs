@@ -15,6 +15,7 @@ use bytes::Bytes;
 use pyo3::{
     exceptions::{PyOSError, PyTimeoutError, PyValueError},
     prelude::*,
+    pybacked::PyBackedBytes,
     types::PyDict,
 };
 
@@ -87,14 +88,17 @@ impl FileWriter {
         self.path.clone()
     }
 
-    /// Writes `data` at `offset` (pages that fill are sent at once).
-    fn write_at(&self, py: Python<'_>, offset: u64, data: &[u8]) -> PyResult<()> {
+    /// Writes `data` at `offset` (pages that fill are sent at once). The bytes of a `bytes`
+    /// object are not copied for the pages they cover whole: those are sent as they are, and
+    /// the object is kept until they are.
+    fn write_at(&self, py: Python<'_>, offset: u64, data: PyBackedBytes) -> PyResult<()> {
         self.check()?;
+        let data = Bytes::from_owner(data);
         let inner = self.inner.clone();
         let path = &self.path;
         self.finish(py, async move {
             match inner.lock().await.as_mut() {
-                Some(w) => w.write_at(offset, data).await,
+                Some(w) => w.write_bytes(offset, data).await,
                 None => Err(closed(path)),
             }
         })

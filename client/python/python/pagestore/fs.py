@@ -471,18 +471,33 @@ class PagestoreWriteFile(_WriteFileBase):
         if self.closed:
             raise ValueError("write to a closed file")
         n = len(memoryview(b).cast("B"))
-        self._buf += b
         self._pos += n
-        if len(self._buf) >= self._block:
+        if type(b) is bytes and n >= self._block:
+            # A large bytes object goes to the writer as it is, after what is buffered: the
+            # pages it covers whole are sent without a copy.
             self._hand_over()
+            self._w.write_at(self._sent, b)
+            self._sent += n
+            return n
+        self._buf += b
+        if len(self._buf) >= self._block:
+            self._hand_over(whole_blocks=True)
         return n
 
-    def _hand_over(self):
-        if self._buf:
-            data = bytes(self._buf)
-            self._buf.clear()
-            self._w.write_at(self._sent, data)
-            self._sent += len(data)
+    def _hand_over(self, whole_blocks=False):
+        """Hands the buffer to the writer; with ``whole_blocks``, only up to the last block
+        boundary it reaches (the rest waits for more), so that what is handed over covers whole
+        pages, which the writer sends without copying them again."""
+        n = len(self._buf)
+        if whole_blocks:
+            n -= (self._sent + n) % self._block
+        if n <= 0:
+            return
+        with memoryview(self._buf) as m:
+            data = bytes(m[:n])
+        del self._buf[:n]
+        self._w.write_at(self._sent, data)
+        self._sent += n
 
     def flush(self):
         if not self.closed:

@@ -75,6 +75,20 @@ def test_write_back_files_of_every_edge_size_read_back_before_and_after_sync(fs)
     assert sorted(fs.ls("/ck/edge", detail=False)) == sorted(want)
 
 
+def test_large_and_small_writes_of_every_type_interleave_in_order(fs):
+    # Large bytes objects go to the writer as they are (their whole pages without a copy);
+    # smaller writes, bytearrays and memoryviews are buffered. Each lands where it was written.
+    pieces = [b"head", content(1, 2 * PAGE + 5), bytearray(content(2, PAGE + 3)),
+              memoryview(content(3, PAGE)), content(4, 7), content(5, PAGE), b"", content(6, 3),
+              content(7, 3 * PAGE - 1), bytearray(b"tail")]
+    want = b"".join(bytes(p) for p in pieces)
+    with fs.open("/ck/mix/f.bin", "wb") as f:
+        for p in pieces:
+            assert f.write(p) == len(p)
+        assert f.tell() == len(want)
+    assert fs.cat_file("/ck/mix/f.bin") == want
+
+
 def test_a_file_is_visible_from_open_and_whole_at_close(fs):
     with fs.open("/ck/vis/a.bin", "wb") as f:
         assert fs.exists("/ck/vis/a.bin") and fs.info("/ck/vis/a.bin")["size"] == 0
