@@ -630,6 +630,7 @@ impl Client {
                 PathKind::File { .. } => return Ok(false),
                 // Only a directory made through the cluster has a time of its own: one of the
                 // store, or implied by the paths beneath it, has no record to set.
+                PathKind::Dir { .. } if !self.write_policy(path).is_cached() => return Ok(false),
                 PathKind::Dir { .. } => {
                     return match self.set_time(path, "", mtime_ns).await {
                         Err(Error::NotFound(_)) => Ok(false),

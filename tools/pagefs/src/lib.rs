@@ -1502,12 +1502,13 @@ impl Filesystem for PageFs {
             return reply.error(Errno::EROFS);
         }
         self.rt.spawn(async move {
-            let mut mtime_ns = 0;
+            // The cluster keeps a directory's time; elsewhere it has none (0).
+            let mtime_ns = match how {
+                Writes::Cluster => pagestore_protocol::writeback::unix_ns(),
+                _ => 0,
+            };
             let made = match how {
-                Writes::Cluster => {
-                    mtime_ns = pagestore_protocol::writeback::unix_ns();
-                    sh.client.make_dir_at(&path, mtime_ns).await
-                }
+                Writes::Cluster => sh.client.make_dir_at(&path, mtime_ns).await,
                 // Object stores have no directories: this one exists here until a file is
                 // written beneath it (then the store shows it) or it is removed.
                 _ => match sh.is_dir(&path).await {

@@ -1045,14 +1045,21 @@ async fn head(client: &Arc<Client>, path: &str, lines: usize) -> anyhow::Result<
     Ok(())
 }
 
+/// A time in nanoseconds since the Unix epoch as `pagectl stat` prints it.
+fn unix_time(ns: i64) -> String {
+    format!(
+        "{}.{:09} (Unix time)",
+        ns.div_euclid(1_000_000_000),
+        ns.rem_euclid(1_000_000_000)
+    )
+}
+
 async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
     match client.stat_path(path).await? {
         PathKind::Dir { mtime_ns: 0 } => println!("{path}: directory"),
-        PathKind::Dir { mtime_ns } => println!(
-            "{path}: directory\n  modified {}.{:09} (Unix time)",
-            mtime_ns.div_euclid(1_000_000_000),
-            mtime_ns.rem_euclid(1_000_000_000)
-        ),
+        PathKind::Dir { mtime_ns } => {
+            println!("{path}: directory\n  modified {}", unix_time(mtime_ns))
+        }
         PathKind::File {
             size,
             version_tag,
@@ -1062,10 +1069,9 @@ async fn stat(client: &Client, path: &str) -> anyhow::Result<()> {
             store_tag,
         } => {
             println!(
-                "{path}: file\n  size     {size}\n  version  {version_tag}\n  modified {}.{:09} \
-                 (Unix time)\n  file id  {:032x}\n  pages    {}\n  state    {}",
-                mtime_ns.div_euclid(1_000_000_000),
-                mtime_ns.rem_euclid(1_000_000_000),
+                "{path}: file\n  size     {size}\n  version  {version_tag}\n  modified {}\n  \
+                 file id  {:032x}\n  pages    {}\n  state    {}",
+                unix_time(mtime_ns),
                 file_id.as_u128(),
                 size.div_ceil(u64::from(client.page_size())),
                 describe_state(state)
