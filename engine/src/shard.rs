@@ -452,6 +452,41 @@ impl Shard {
     /// (nothing is stored), [`EngineError::CacheFull`] when no slot can be freed, and the errors
     /// of [`Shard::put`].
     pub async fn put_dirty(&self, key: &PageKey, data: &[u8], version: u64) -> Result<()> {
+        self.put_dirty_bytes(key, PageBytes::Slice(data), version)
+            .await
+    }
+
+    /// Like [`Shard::put_dirty`], for bytes already in a DMA buffer (from
+    /// [`Shard::alloc_buffer`]): the first `len` bytes are the page, written without another
+    /// copy.
+    ///
+    /// # Errors
+    ///
+    /// As [`Shard::put_dirty`], and [`EngineError::BufferTooShort`] when `len` exceeds the
+    /// buffer.
+    pub async fn put_dirty_buffer(
+        &self,
+        key: &PageKey,
+        buf: DmaBuffer,
+        len: usize,
+        version: u64,
+    ) -> Result<()> {
+        if len > buf.len() {
+            return Err(EngineError::BufferTooShort {
+                len,
+                capacity: buf.len(),
+            });
+        }
+        self.put_dirty_bytes(key, PageBytes::Dma(buf, len), version)
+            .await
+    }
+
+    async fn put_dirty_bytes(
+        &self,
+        key: &PageKey,
+        data: PageBytes<'_>,
+        version: u64,
+    ) -> Result<()> {
         if data.len() > self.geo.page_size as usize {
             return Err(EngineError::PageTooLarge {
                 len: data.len(),
@@ -489,8 +524,7 @@ impl Shard {
             shard: self,
             key: *key,
         };
-        self.store(key, PageBytes::Slice(data), version, NO_RULE, true)
-            .await?;
+        self.store(key, data, version, NO_RULE, true).await?;
         drop(fill);
         self.durable().await?;
         let c = &self.counters;

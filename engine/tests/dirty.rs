@@ -117,6 +117,60 @@ fn dirty_pages_are_never_evicted_nor_removed_until_marked_clean() {
     assert!(!block_on(s.contains(PageKey::new(9, 0))).unwrap());
 }
 
+/// A dirty page handed over in a DMA buffer (as a node receives a written page) is stored as
+/// it is: dirty, byte-exact (the buffer's bytes past the page are not part of it), under the
+/// same dirty limit, and refused when the buffer is shorter than the page it is said to hold.
+#[test]
+fn a_dirty_page_in_a_dma_buffer_is_stored_as_any_dirty_page() {
+    let dir = tempdir();
+    let e = start(EngineConfig {
+        dirty_limit: Some(u64::from(PAGE)),
+        ..cfg(dir.path(), 8)
+    });
+    let want = page_bytes(3, 0, 1, 10_000);
+    let w = want.clone();
+    let (first, second, too_short) = block_on(e.shards()[0].run(move |s| async move {
+        let mut buf = s.alloc_buffer(w.len());
+        buf.as_bytes_mut()[..w.len()].copy_from_slice(&w);
+        buf.as_bytes_mut()[w.len()..].fill(0xEE);
+        let first = s
+            .put_dirty_buffer(&PageKey::new(3, 0), buf, w.len(), 1)
+            .await;
+        // Past the dirty limit: refused, nothing stored.
+        let big = s.alloc_buffer(PAGE as usize);
+        let second = s
+            .put_dirty_buffer(&PageKey::new(3, 1), big, PAGE as usize, 1)
+            .await;
+        let small = s.alloc_buffer(100);
+        let too_short = s
+            .put_dirty_buffer(&PageKey::new(3, 2), small, 5000, 1)
+            .await;
+        (first, second, too_short)
+    }))
+    .unwrap();
+    first.unwrap();
+    assert!(
+        matches!(second, Err(EngineError::DirtyFull { .. })),
+        "{second:?}"
+    );
+    assert!(
+        matches!(
+            too_short,
+            Err(EngineError::BufferTooShort {
+                len: 5000,
+                capacity: 4096
+            })
+        ),
+        "{too_short:?}"
+    );
+    let s = &e.shards()[0];
+    let got = block_on(s.get(PageKey::new(3, 0), 0, u32::MAX)).unwrap();
+    assert_eq!(got.unwrap(), want);
+    let st = block_on(s.stats()).unwrap();
+    assert_eq!((st.dirty_pages, st.dirty_bytes, st.pages), (1, 10_000, 1));
+    assert_eq!(shard(&e, |s| s.dirty_files())[0].file_id, 3);
+}
+
 /// A writer's renewal makes its dirty pages count as stored at the renewal's time (so they
 /// are not taken for a gone writer's), is a no-op for a version with no dirty page here, and
 /// is forgotten once the version's pages are clean or dropped.

@@ -2492,6 +2492,30 @@ pub fn decode_request_frame(buf: &[u8]) -> Result<(Request, Range<usize>), Frame
     Ok((decode_request(&preamble, header)?, payload))
 }
 
+/// Decodes a request whose payload was received apart from its head (into
+/// a buffer of its own, as a shard receives a page to write into memory
+/// aligned for the disk): `head` holds exactly the preamble and the header,
+/// and `payload_len` payload bytes arrived after them. Fails as
+/// [`decode_request_frame`] would on the same bytes laid end to end.
+pub fn decode_request_head(head: &[u8], payload_len: usize) -> Result<Request, FrameError> {
+    let preamble = Preamble::decode_prefix(head)?;
+    let head_len = preamble.payload_range().start;
+    let got = head.len() + payload_len;
+    if head.len() != head_len || got < preamble.frame_len() {
+        return Err(FrameError::Truncated {
+            needed: preamble.frame_len(),
+            got,
+        });
+    }
+    if got > preamble.frame_len() {
+        return Err(FrameError::Mismatch(format!(
+            "{} bytes follow the end of the frame",
+            got - preamble.frame_len()
+        )));
+    }
+    decode_request(&preamble, &head[preamble.header_range()])
+}
+
 /// Decodes a buffer holding exactly one whole response frame; see
 /// [`decode_request_frame`].
 pub fn decode_response_frame(buf: &[u8]) -> Result<(Response, Range<usize>), FrameError> {

@@ -29,7 +29,8 @@ use std::{
 
 use crate::tls::{peer_role, Role};
 use bytes::BytesMut;
-use pagestore_engine::{event::Event, PageData};
+use pagestore_engine::{event::Event, DmaBuffer, PageData};
+use pagestore_protocol::frame::{Preamble, PREAMBLE_LEN};
 use quinn_proto::{
     ConnectionHandle, DatagramEvent, Dir, Event as QEvent, Incoming, ReadError, ServerConfig,
     StreamEvent, StreamId, VarInt, WriteError,
@@ -135,17 +136,44 @@ pub struct Peer {
     pub role: Role,
 }
 
+/// One request as the endpoint received it (everything the client wrote on the stream).
+pub struct Received {
+    /// The frame: preamble, header and payload; only the first two where the payload came
+    /// `apart`.
+    pub frame: Vec<u8>,
+    /// The payload, received into a buffer the service gave for it
+    /// ([`Service::payload_buffer`]), and how many payload bytes arrived: not the buffer's
+    /// length, and more than it holds when the peer sent more than its frame announced (those
+    /// bytes are dropped; the frame is malformed).
+    pub apart: Option<(DmaBuffer, usize)>,
+}
+
 /// What a shard does with one request. Runs on the shard's executor.
 pub trait Service: 'static {
-    /// Answers one complete request (everything the client wrote on the stream) from `peer`.
-    fn call(self: Rc<Self>, request: Vec<u8>, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>>;
+    /// Answers one complete request from `peer`.
+    fn call(self: Rc<Self>, request: Received, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>>;
 
     /// The most bytes (frame head and body) the reply to `request` can hold: reserved from the
     /// node's reply budget before the request is served (see
     /// [`EndpointOptions::reply_budget`]). A reply that turns out larger is charged in full
     /// once it is ready.
-    fn reply_bound(&self, request: &[u8]) -> usize;
+    fn reply_bound(&self, request: &Received) -> usize;
+
+    /// A buffer to receive a payload of `len` bytes into, instead of after the frame's head in
+    /// the request buffer: a page to be written goes straight into memory aligned for the
+    /// disk, so the shard writes it without copying it again. Asked only for payloads of
+    /// [`APART_MIN`] bytes or more, once the frame's head has arrived and the request is
+    /// charged for the buffer (`len` rounded up to 4096). `None` (the default): after the
+    /// head. The buffer must hold at least `len` bytes.
+    fn payload_buffer(&self, len: usize) -> Option<DmaBuffer> {
+        let _ = len;
+        None
+    }
 }
+
+/// Payloads shorter than this always follow their frame's head in the request buffer: a
+/// separate buffer saves the copy of a large page, not of a small one.
+pub const APART_MIN: usize = 64 << 10;
 
 /// Settings of one endpoint.
 #[derive(Clone)]
@@ -320,6 +348,9 @@ pub struct EndpointStats {
     pub stalled: Cell<u64>,
     /// Times a request had to wait for the node's request budget.
     pub budget_waits: Cell<u64>,
+    /// Requests whose payload was received into a buffer of the service's
+    /// ([`Service::payload_buffer`]) instead of the request buffer.
+    pub payloads_apart: Cell<u64>,
 }
 
 /// A running endpoint (owned by the shard that started it).
@@ -359,7 +390,7 @@ enum StreamState {
     /// reply budget). `waiting`: counted as a wait for the node's budget already. `bound`: its
     /// [`Service::reply_bound`], worked out once (0: not yet).
     Queued {
-        request: Vec<u8>,
+        request: Received,
         charge: Charge,
         waiting: bool,
         bound: usize,
@@ -546,7 +577,10 @@ impl Drop for ReplyCharge {
 /// A request being received. Its buffer grows with what arrived, never from a length the peer
 /// claims, and only within what was charged for it beforehand.
 struct Partial {
+    /// The frame's bytes; only its head where the payload goes `apart`.
     buf: Vec<u8>,
+    /// Where the payload goes.
+    payload: PayloadPlace,
     charge: Charge,
     /// When bytes last arrived, or when the request last stopped waiting for budget.
     last: Instant,
@@ -554,9 +588,112 @@ struct Partial {
     waiting: bool,
 }
 
+/// Where a request's payload is received.
+enum PayloadPlace {
+    /// Not decided: the frame's head is arriving, and no byte past its first `.0` bytes (the
+    /// preamble until that is read, then the whole head) is taken before it is.
+    Head(usize),
+    /// After the head, in the request buffer.
+    InBuffer,
+    /// Into a buffer of its own from the service ([`Service::payload_buffer`]); `arrived`
+    /// payload bytes came, of which those past the buffer's end were dropped.
+    Apart { buf: DmaBuffer, arrived: usize },
+}
+
 impl Partial {
+    fn new(charge: Charge, now: Instant) -> Partial {
+        Partial {
+            buf: Vec::new(),
+            payload: PayloadPlace::Head(PREAMBLE_LEN),
+            charge,
+            last: now,
+            waiting: false,
+        }
+    }
+
     fn held(&self) -> usize {
         self.charge.own + self.charge.node
+    }
+
+    /// Bytes of the request that arrived.
+    fn received(&self) -> usize {
+        match &self.payload {
+            PayloadPlace::Apart { arrived, .. } => self.buf.len() + arrived,
+            _ => self.buf.len(),
+        }
+    }
+
+    /// Decides where the payload goes once the bytes the head needs have arrived: apart, in a
+    /// buffer from `service`, when it is large, the preamble is valid and the request can be
+    /// charged for that buffer within `max`; after the head otherwise (a malformed preamble
+    /// included: the service answers it). Waits, like [`Partial::charge_more`] (whose `Err` it
+    /// returns), while the charge cannot cover the buffer.
+    fn place_payload(
+        &mut self,
+        max: usize,
+        conn_max: usize,
+        service: &dyn Service,
+        stats: &EndpointStats,
+    ) -> Result<(), bool> {
+        let PayloadPlace::Head(wanted) = self.payload else {
+            return Ok(());
+        };
+        if self.buf.len() < wanted {
+            return Ok(());
+        }
+        let Ok(preamble) = Preamble::decode_prefix(&self.buf) else {
+            self.payload = PayloadPlace::InBuffer;
+            return Ok(());
+        };
+        let head = preamble.payload_range().start;
+        if self.buf.len() < head {
+            self.payload = PayloadPlace::Head(head);
+            return Ok(());
+        }
+        let len = preamble.payload_len as usize;
+        let needed = self.buf.capacity().max(head) + len.next_multiple_of(4096);
+        if len < APART_MIN || needed > max {
+            self.payload = PayloadPlace::InBuffer;
+            return Ok(());
+        }
+        while self.held() < needed {
+            self.charge_more(max, conn_max)?;
+        }
+        self.payload = match service.payload_buffer(len) {
+            Some(buf) if buf.len() >= len => {
+                stats.payloads_apart.set(stats.payloads_apart.get() + 1);
+                PayloadPlace::Apart { buf, arrived: 0 }
+            }
+            _ => PayloadPlace::InBuffer,
+        };
+        Ok(())
+    }
+
+    /// Keeps bytes that arrived.
+    fn take(&mut self, bytes: &[u8]) {
+        match &mut self.payload {
+            PayloadPlace::Apart { buf, arrived } => {
+                let dst = buf.as_bytes_mut();
+                let start = (*arrived).min(dst.len());
+                let end = (*arrived + bytes.len()).min(dst.len());
+                dst[start..end].copy_from_slice(&bytes[..end - start]);
+                *arrived += bytes.len();
+            }
+            _ => self.buf.extend_from_slice(bytes),
+        }
+    }
+
+    /// The request as received, once the peer has finished it.
+    fn into_received(self) -> (Received, Charge) {
+        let apart = match self.payload {
+            PayloadPlace::Apart { buf, arrived } => Some((buf, arrived)),
+            _ => None,
+        };
+        let request = Received {
+            frame: self.buf,
+            apart,
+        };
+        (request, self.charge)
     }
 
     /// Charges more bytes to this request. While it is small, its charge doubles within the
@@ -1118,18 +1255,14 @@ impl Driver {
             }
         }
         while let Some(id) = c.conn.streams().accept(Dir::Bi) {
-            let partial = Partial {
-                buf: Vec::new(),
-                charge: Charge {
-                    own: 0,
-                    node: 0,
-                    filled: 0,
-                    conn: c.charge.clone(),
-                    budget: self.budget.clone(),
-                },
-                last: now,
-                waiting: false,
+            let charge = Charge {
+                own: 0,
+                node: 0,
+                filled: 0,
+                conn: c.charge.clone(),
+                budget: self.budget.clone(),
             };
+            let partial = Partial::new(charge, now);
             c.streams.insert(id, StreamState::Reading(partial));
             readable.push(id);
             work = true;
@@ -1143,7 +1276,7 @@ impl Driver {
         };
         for id in readable {
             if matches!(c.streams.get(&id), Some(StreamState::Reading(_))) {
-                read_stream(c, id, &limits, now, &self.stats);
+                read_stream(c, id, &*self.service, &limits, now, &self.stats);
             }
             let Some((request, charge, reply_charge)) = take_queued(
                 c,
@@ -1274,7 +1407,7 @@ fn take_queued(
     budget: &Arc<RequestBudget>,
     limits: &ReadLimits,
     stats: &EndpointStats,
-) -> Option<(Vec<u8>, Charge, ReplyCharge)> {
+) -> Option<(Received, Charge, ReplyCharge)> {
     let Some(StreamState::Queued {
         request,
         waiting,
@@ -1322,6 +1455,7 @@ fn take_queued(
 fn read_stream(
     c: &mut Conn,
     id: StreamId,
+    service: &dyn Service,
     limits: &ReadLimits,
     now: Instant,
     stats: &EndpointStats,
@@ -1345,9 +1479,22 @@ fn read_stream(
             }
         };
         loop {
+            if let Err(node) = p.place_payload(max, limits.max_buffered, service, stats) {
+                starved = Some(node);
+                break;
+            }
             let room = p.held().min(p.buf.capacity()).saturating_sub(p.buf.len());
-            let want = if room > 0 {
-                room
+            let want = if let PayloadPlace::Apart { buf, arrived } = &p.payload {
+                // Past the buffer's end, bytes are only counted (the frame is malformed).
+                buf.len()
+                    .checked_sub(*arrived)
+                    .filter(|n| *n > 0)
+                    .unwrap_or(usize::MAX)
+            } else if room > 0 {
+                match p.payload {
+                    PayloadPlace::Head(wanted) => room.min(wanted - p.buf.len()),
+                    _ => room,
+                }
             } else if p.buf.len() >= max {
                 // Full size: any further byte makes the request too large.
                 usize::MAX
@@ -1365,11 +1512,11 @@ fn read_stream(
             };
             match chunks.next(want) {
                 Ok(Some(chunk)) => {
-                    if p.buf.len() + chunk.bytes.len() > max {
+                    if p.received() + chunk.bytes.len() > max {
                         fail = true;
                         break;
                     }
-                    p.buf.extend_from_slice(&chunk.bytes);
+                    p.take(&chunk.bytes);
                     p.charge.filled += chunk.bytes.len();
                     p.charge
                         .conn
@@ -1399,9 +1546,10 @@ fn read_stream(
     }
     if fin {
         if let Some(StreamState::Reading(p)) = c.streams.remove(&id) {
+            let (request, charge) = p.into_received();
             let queued = StreamState::Queued {
-                request: p.buf,
-                charge: p.charge,
+                request,
+                charge,
                 waiting: false,
                 bound: 0,
             };
@@ -1511,6 +1659,7 @@ mod tests {
         buf.resize(len, fill);
         Partial {
             buf,
+            payload: PayloadPlace::InBuffer,
             charge: Charge {
                 own: 0,
                 node: held,

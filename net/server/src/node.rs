@@ -158,6 +158,9 @@ pub struct EndpointCounters {
     pub budget_waits: u64,
     /// Streams reset because a request was too large or malformed.
     pub rejected: u64,
+    /// Requests whose payload (a page to write) was received straight into a buffer aligned
+    /// for the disk.
+    pub payloads_apart: u64,
 }
 
 /// Miss-path counters of one shard (see [`crate::loader::LoaderStats`]).
@@ -599,6 +602,7 @@ fn endpoint_counters(net: Option<&ShardNet>) -> EndpointCounters {
             stalled: s.stalled.get(),
             budget_waits: s.budget_waits.get(),
             rejected: s.rejected.get(),
+            payloads_apart: s.payloads_apart.get(),
         }
     })
 }

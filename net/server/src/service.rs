@@ -5,18 +5,19 @@ use std::{
     cell::{Cell, RefCell},
     collections::{HashMap, HashSet},
     future::Future,
+    ops::Range,
     pin::Pin,
     rc::Rc,
     sync::Arc,
 };
 
-use pagestore_engine::{EngineError, PageKey, Shard};
+use pagestore_engine::{DmaBuffer, EngineError, PageKey, Shard};
 
 use crate::{
-    endpoint::{Body, Peer, Reply, Service},
+    endpoint::{Body, Peer, Received, Reply, Service},
     frame::{
         self, ErrorCode, FileId, FileRef, FrameError, Key, NodeEntry, PageAction, PageStatus,
-        RequestBody, Response, ResponseBody, Route,
+        Request, RequestBody, Response, ResponseBody, Route,
     },
     hot::HotTracker,
     loader::Loader,
@@ -445,21 +446,51 @@ fn page_key(k: &Key) -> PageKey {
     PageKey::new(k.file_id.as_u128(), k.page)
 }
 
+/// A request's payload: after its head in the request buffer, or apart, the first `.1` bytes of
+/// a buffer aligned for the disk ([`Service::payload_buffer`]).
+enum Payload<'a> {
+    Slice(&'a [u8]),
+    Apart(DmaBuffer, usize),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Slice(s) => s,
+            Payload::Apart(b, n) => b.as_bytes().get(..*n).unwrap_or_default(),
+        }
+    }
+}
+
+/// Decodes a request as received: its payload's range in the frame, or `None` where it came
+/// apart.
+fn decode_received(r: &Received) -> Result<(Request, Option<Range<usize>>), FrameError> {
+    match &r.apart {
+        None => frame::decode_request_frame(&r.frame).map(|(req, range)| (req, Some(range))),
+        Some((_, arrived)) => frame::decode_request_head(&r.frame, *arrived).map(|req| (req, None)),
+    }
+}
+
 impl Service for ShardService {
-    fn call(self: Rc<Self>, request: Vec<u8>, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>> {
+    fn call(self: Rc<Self>, request: Received, peer: Peer) -> Pin<Box<dyn Future<Output = Reply>>> {
         Box::pin(async move {
             let start = std::time::Instant::now();
-            let reply = self.handle(&request, peer).await;
-            crate::endpoint::recycle_request_buffer(request);
+            let reply = self.handle(&request.frame, request.apart, peer).await;
+            crate::endpoint::recycle_request_buffer(request.frame);
             let micros = start.elapsed().as_micros().max(1) as u64;
             self.latency.borrow_mut().saturating_record(micros);
             reply
         })
     }
 
-    fn reply_bound(&self, request: &[u8]) -> usize {
+    fn payload_buffer(&self, len: usize) -> Option<DmaBuffer> {
+        // A page to write; anything longer is answered with an error anyway.
+        (len <= self.shard.page_size() as usize).then(|| self.shard.alloc_buffer(len))
+    }
+
+    fn reply_bound(&self, request: &Received) -> usize {
         let page = self.shard.page_size();
-        let body = match frame::decode_request_frame(request) {
+        let body = match decode_received(request) {
             Ok((r, _)) => match r.body {
                 RequestBody::ReadRange { len, .. } | RequestBody::Fetch { len, .. } => {
                     u64::from(len.min(page))
@@ -484,14 +515,19 @@ impl Service for ShardService {
 }
 
 impl ShardService {
-    async fn handle(&self, raw: &[u8], peer: Peer) -> Reply {
-        let (req, payload) = match frame::decode_request_frame(raw) {
-            Ok(x) => x,
-            Err(e) => return bad_frame(&e),
+    async fn handle(&self, raw: &[u8], apart: Option<(DmaBuffer, usize)>, peer: Peer) -> Reply {
+        let (req, payload) = match apart {
+            None => match frame::decode_request_frame(raw) {
+                Ok((req, range)) => (req, Payload::Slice(&raw[range])),
+                Err(e) => return bad_frame(&e),
+            },
+            Some((buf, arrived)) => match frame::decode_request_head(raw, arrived) {
+                Ok(req) => (req, Payload::Apart(buf, arrived)),
+                Err(e) => return bad_frame(&e),
+            },
         };
         let id = req.request_id;
-        let payload = &raw[payload];
-        let needed = role_needed(&req.body, payload);
+        let needed = role_needed(&req.body, payload.bytes());
         if !peer.role.allows(needed) {
             self.forbidden.set(self.forbidden.get() + 1);
             tracing::warn!(peer = %peer.addr, role = %peer.role, request = request_name(&req.body),
@@ -512,7 +548,8 @@ impl ShardService {
     }
 
     /// The answer to one decoded, authorized request: a table of the request kinds.
-    async fn answer(&self, id: u64, body: RequestBody, payload: &[u8]) -> Reply {
+    async fn answer(&self, id: u64, body: RequestBody, payload: Payload<'_>) -> Reply {
+        let bytes = payload.bytes();
         match body {
             RequestBody::Ping { nonce } => reply(id, ResponseBody::Pong { nonce }, Body::Empty),
             RequestBody::RingEpoch => reply(
@@ -535,7 +572,14 @@ impl ShardService {
                 if let Some(m) = &self.memory {
                     m.borrow_mut().remove_page(key.file_id.as_u128(), key.page);
                 }
-                match self.shard.put(&page_key(&key), payload, version).await {
+                let key = page_key(&key);
+                let put = match payload {
+                    Payload::Apart(buf, len) => {
+                        self.shard.put_buffer(&key, buf, len, version).await
+                    }
+                    Payload::Slice(data) => self.shard.put(&key, data, version).await,
+                };
+                match put {
                     Ok(_) => reply(id, ResponseBody::Written, Body::Empty),
                     Err(e) => engine_error(id, &e),
                 }
@@ -594,7 +638,7 @@ impl ShardService {
                 Ok(payload) => reply(id, ResponseBody::Hot, Body::Bytes(payload)),
                 Err(e) => error(id, ErrorCode::Internal, format!("hot report: {e}")),
             },
-            RequestBody::Jobs => self.jobs(id, payload),
+            RequestBody::Jobs => self.jobs(id, bytes),
             RequestBody::WriteDirty {
                 key,
                 version_tag,
@@ -617,7 +661,7 @@ impl ShardService {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
                 };
-                let records = match frame::decode_file_records(payload) {
+                let records = match frame::decode_file_records(bytes) {
                     Ok(r) => r,
                     Err(e) => {
                         return error(
@@ -671,7 +715,14 @@ impl ShardService {
     }
 
     /// A page of a write-back version, kept dirty and durable before the answer.
-    async fn write_dirty(&self, id: u64, key: Key, tag: &str, since: u64, payload: &[u8]) -> Reply {
+    async fn write_dirty(
+        &self,
+        id: u64,
+        key: Key,
+        tag: &str,
+        since: u64,
+        payload: Payload<'_>,
+    ) -> Reply {
         let Some(wb) = self.writeback() else {
             return no_writeback(id);
         };
@@ -700,10 +751,11 @@ impl ShardService {
             m.borrow_mut().remove_page(file, key.page);
         }
         *self.dirty_inflight.borrow_mut().entry(file).or_insert(0) += 1;
-        let r = self
-            .shard
-            .put_dirty(&page_key(&key), payload, page_version(tag))
-            .await;
+        let (key, version) = (page_key(&key), page_version(tag));
+        let r = match payload {
+            Payload::Apart(buf, len) => self.shard.put_dirty_buffer(&key, buf, len, version).await,
+            Payload::Slice(data) => self.shard.put_dirty(&key, data, version).await,
+        };
         {
             let mut inflight = self.dirty_inflight.borrow_mut();
             if let Some(n) = inflight.get_mut(&file) {

@@ -137,6 +137,7 @@ fn counters(node: &Node) -> EndpointCounters {
             stalled: a.stalled + c.stalled,
             budget_waits: a.budget_waits + c.budget_waits,
             rejected: a.rejected + c.rejected,
+            payloads_apart: a.payloads_apart + c.payloads_apart,
         })
 }
 
@@ -622,6 +623,141 @@ fn a_stalled_request_is_reset_and_its_bytes_freed() {
         assert!(matches!(resp.body, ResponseBody::Data { .. }), "{resp:?}");
         assert_eq!(&reply[range], &page_bytes(100, 0)[..10]);
     });
+}
+
+/// Sends `parts` on one stream, pausing between them so that they arrive apart, finishes it
+/// and returns the answer's head and payload.
+async fn send_in_parts(conn: &quinn::Connection, parts: &[&[u8]]) -> (ResponseBody, Vec<u8>) {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    for part in parts {
+        send.write_all(part).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    send.finish().unwrap();
+    let reply = recv.read_to_end(1 << 20).await.unwrap();
+    let (resp, range) = frame::decode_response_frame(&reply).unwrap();
+    (resp.body, reply[range].to_vec())
+}
+
+/// The head of a `WritePage` of page `page` of file 400, announcing `len` payload bytes.
+fn write_page_head(page: u64, len: u32) -> Vec<u8> {
+    let req = Request {
+        request_id: page,
+        body: RequestBody::WritePage {
+            key: Key {
+                file_id: FileId::from_u128(400),
+                page,
+            },
+            version: 1,
+            len,
+            epoch: 0,
+        },
+    };
+    let mut head = Vec::new();
+    frame::encode_request(&req, len, &mut head).unwrap();
+    head
+}
+
+/// A written page is received straight into a buffer aligned for the disk (counted), whatever
+/// pieces its frame arrives in, and stored byte-exact; a frame whose payload is shorter or
+/// longer than it announced is answered with a clear error and stores nothing, and the node
+/// holds no request bytes afterwards. Small payloads follow the head as before. A page whose
+/// bytes stop arriving is reset after the stall timeout and its buffer's charge given back.
+#[test]
+fn written_pages_are_received_apart_and_bad_lengths_are_answered_clearly() {
+    let ca = ClusterCa::generate("bounds").unwrap();
+    let t = start_node(
+        &ca,
+        false,
+        Limits {
+            request_stall_timeout: Duration::from_secs(1),
+            ..Limits::default()
+        },
+    );
+    let addr = t.node.addrs()[0];
+    let writer = ca.issue("writer", tls::Role::Writer).unwrap();
+    let stored = |page: u64| {
+        futures_lite::future::block_on(t.node.engine().unwrap().shards()[0].get(
+            PageKey::new(400, page),
+            0,
+            PAGE,
+        ))
+        .unwrap()
+    };
+    tokio().block_on(async {
+        let mut ep = endpoint(&ca, "127.0.0.1:0");
+        ep.set_default_client_config(client_config(&ca, Some(&writer)));
+        let conn = ep.connect(addr, tls::SERVER_NAME).unwrap().await.unwrap();
+        // The preamble in two pieces, the rest of the head with the payload's first bytes.
+        let page = page_bytes(400, 0);
+        let head = write_page_head(0, PAGE);
+        let (a, b) = head.split_at(7);
+        let mut rest = b.to_vec();
+        rest.extend_from_slice(&page[..1000]);
+        let got = send_in_parts(&conn, &[a, &rest, &page[1000..]]).await;
+        assert_eq!(got.0, ResponseBody::Written);
+        assert_eq!(counters(&t.node).payloads_apart, 1);
+        assert!(stored(0).unwrap() == page, "page 0 not stored byte-exact");
+
+        // One byte short of what the frame announced.
+        let page1 = page_bytes(400, 1);
+        let (body, _) = send_in_parts(
+            &conn,
+            &[&write_page_head(1, PAGE), &page1[..PAGE as usize - 1]],
+        )
+        .await;
+        let ResponseBody::Error { code, message } = body else {
+            panic!("{body:?}")
+        };
+        assert_eq!(code, frame::ErrorCode::BadRequest);
+        assert!(message.contains("truncated frame"), "{message}");
+        // More than it announced: the bytes past the buffer are dropped, and counted.
+        let mut long = page1.clone();
+        long.extend_from_slice(&[9; 5000]);
+        let (body, _) = send_in_parts(&conn, &[&write_page_head(1, PAGE), &long]).await;
+        let ResponseBody::Error { code, message } = body else {
+            panic!("{body:?}")
+        };
+        assert_eq!(code, frame::ErrorCode::BadRequest);
+        assert!(message.contains("5000 bytes follow"), "{message}");
+        assert!(stored(1).is_none(), "a malformed page was stored");
+        assert_eq!(counters(&t.node).payloads_apart, 3);
+
+        // Longer than a page: never apart, refused as before.
+        let big = vec![1u8; 2 * PAGE as usize];
+        let (body, _) = send_in_parts(&conn, &[&write_page_head(2, 2 * PAGE), &big]).await;
+        assert!(matches!(body, ResponseBody::Error { .. }), "{body:?}");
+        // A small page follows its head.
+        let small = page_bytes(400, 3);
+        let (body, _) = send_in_parts(&conn, &[&write_page_head(3, 1000), &small[..1000]]).await;
+        assert_eq!(body, ResponseBody::Written);
+        assert_eq!(counters(&t.node).payloads_apart, 3);
+        assert!(stored(3).unwrap() == small[..1000]);
+
+        // A head and part of its page, then nothing.
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(&write_page_head(4, PAGE)).await.unwrap();
+        send.write_all(&page_bytes(400, 4)[..1000]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            t.node.partial_bytes() >= PAGE as usize,
+            "the page's buffer is not charged"
+        );
+        assert_eq!(counters(&t.node).payloads_apart, 4);
+        let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
+            .await
+            .expect("a stalled page was not reset within 5 s");
+        assert!(
+            matches!(
+                r,
+                Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(_)))
+            ),
+            "{r:?}"
+        );
+        assert_eq!(counters(&t.node).stalled, 1);
+    });
+    assert_eq!(t.node.partial_bytes(), 0);
+    assert_eq!(counters(&t.node).rejected, 0);
 }
 
 #[test]

@@ -362,6 +362,13 @@ const PER_SHARD: &[ShardFamily] = &[
         "Request streams reset because the request was too large or malformed.",
         |s| s.endpoint.rejected,
     ),
+    (
+        "pagestore_payloads_apart_total",
+        Kind::Counter,
+        "Written pages received straight into memory aligned for the disk (not copied again \
+         before the write).",
+        |s| s.endpoint.payloads_apart,
+    ),
 ];
 
 /// One node-wide write-back family: name, kind, help, value (label `node`).

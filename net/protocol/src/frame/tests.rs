@@ -525,7 +525,58 @@ fn every_request_round_trips() {
         // Two-step decoding, as a stream reader does it.
         let two_step = decode_request(&preamble, &frame[preamble.header_range()]).unwrap();
         assert_eq!(two_step, req);
+        // The head alone, its payload received apart.
+        let head = &frame[..payload.start];
+        assert_eq!(decode_request_head(head, payload.len()).unwrap(), req);
     }
+}
+
+#[test]
+fn a_head_decoded_apart_from_its_payload_needs_exactly_the_announced_payload() {
+    let req = Request {
+        request_id: 9,
+        body: RequestBody::WriteDirty {
+            key: Key {
+                file_id: FileId::from_u128(3),
+                page: 1,
+            },
+            version_tag: "wb:1".into(),
+            len: 8192,
+            epoch: 2,
+            since: 5,
+        },
+    };
+    let mut frame = Vec::new();
+    encode_request(&req, 8192, &mut frame).unwrap();
+    let head_len = frame.len();
+    assert_eq!(decode_request_head(&frame, 8192).unwrap(), req);
+    // Fewer payload bytes than announced, or more.
+    assert!(matches!(
+        decode_request_head(&frame, 8191),
+        Err(FrameError::Truncated { needed, got }) if needed == head_len + 8192 && got == needed - 1
+    ));
+    assert!(matches!(
+        decode_request_head(&frame, 8193),
+        Err(FrameError::Mismatch(m)) if m.contains("1 bytes follow")
+    ));
+    // A head cut short, or with bytes of the payload in it.
+    assert!(matches!(
+        decode_request_head(&frame[..head_len - 1], 8193),
+        Err(FrameError::Truncated { .. })
+    ));
+    let mut long = frame.clone();
+    long.push(0);
+    assert!(matches!(
+        decode_request_head(&long, 8191),
+        Err(FrameError::Truncated { .. })
+    ));
+    assert!(matches!(
+        decode_request_head(&frame[..10], 8192),
+        Err(FrameError::Truncated {
+            needed: PREAMBLE_LEN,
+            got: 10
+        })
+    ));
 }
 
 #[test]
