@@ -703,6 +703,7 @@ impl Shared {
 
     /// `path` is gone (unlinked, removed): a later lookup finds what is there then.
     fn forget_path(&self, path: &str) {
+        self.entries_changed(path);
         let mut t = lock(&self.inodes);
         if let Some(ino) = t.by_path.remove(path) {
             if let Some(n) = t.node(ino) {
@@ -711,8 +712,24 @@ impl Shared {
         }
     }
 
+    /// An entry was made or removed at `path`: its directory's attributes are asked for again
+    /// (a directory made through the cluster takes the change's time, as a disk's does).
+    fn entries_changed(&self, path: &str) {
+        let Some(dir) = pagestore_protocol::writeback::parent(path) else {
+            return;
+        };
+        let mut t = lock(&self.inodes);
+        if let Some(ino) = t.by_path.get(dir).copied() {
+            if let Some(n) = t.node(ino) {
+                n.seen = None;
+            }
+        }
+    }
+
     /// `from` is now `to`: its inode (and its writer here) moves with it.
     fn renamed(&self, from: &str, to: &str) {
+        self.entries_changed(from);
+        self.entries_changed(to);
         let moved = {
             let mut t = lock(&self.inodes);
             let to_arc: Arc<str> = Arc::from(to);
@@ -1478,6 +1495,8 @@ impl Filesystem for PageFs {
                 }
                 return reply.error(e);
             }
+            // Made, or perhaps made (a truncating create asks nothing first).
+            sh.entries_changed(&path);
             let attr = sh.writer_attr(&w);
             let (fh, flags) = sh.write_handle(w, true, append);
             reply.created(&Duration::ZERO, &attr, Generation(0), FileHandle(fh), flags);
@@ -1522,6 +1541,7 @@ impl Filesystem for PageFs {
             };
             match made {
                 Ok(()) => {
+                    sh.entries_changed(&path);
                     let ino = sh.note(&path, Kind::Dir(mtime_ns));
                     reply.entry(
                         &sh.ttl(),

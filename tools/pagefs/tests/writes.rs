@@ -414,6 +414,8 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         &["touch", "-d", "@1450000000.75", "empty"],
         &["mkdir", "empty2"],
         &["rmdir", "empty2"],
+        // A directory's time moves when an entry is made, renamed or removed in it.
+        &["sh", "-c", DIR_TIME_MOVES],
     ];
     for cmd in cmds {
         let on_disk = run_in(&disk, cmd, &src);
@@ -454,6 +456,13 @@ fn coreutils_on_a_write_back_mount_do_what_they_do_on_a_local_disk() {
         "{timed:?} after the flush"
     );
 }
+
+/// Sets a directory's time back, changes an entry in it and checks that its time moved, for a
+/// create, a rename, a removal and a mkdir (exit status 0 when every one moved it).
+const DIR_TIME_MOVES: &str = "mkdir moving && \
+    back() { touch -d @1450000000 moving; }; moved() { test $(stat -c %Y moving) -gt 1450000000; } && \
+    back && touch moving/f && moved && back && mv moving/f moving/g && moved && \
+    back && rm moving/g && moved && back && mkdir moving/d && moved";
 
 /// Writes files and sets each one's time by path as soon as it is closed.
 const UTIME_AFTER_CLOSE: &str = r#"

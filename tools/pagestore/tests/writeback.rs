@@ -347,6 +347,24 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
         PathKind::Dir { mtime_ns: set }
     );
     assert_eq!(dir_time(reader.list("/ck").await.unwrap()), (true, set));
+    // An entry made in it, then removed: its time moves to each change's, as on a disk.
+    let before = pagestore_protocol::writeback::unix_ns();
+    writer
+        .write_file("/ck/dated/f", vec![1u8; 10].into())
+        .await
+        .unwrap();
+    let PathKind::Dir { mtime_ns: made_in } = reader.stat_path("/ck/dated").await.unwrap() else {
+        panic!("/ck/dated is no directory")
+    };
+    assert!(made_in >= before, "{made_in} < {before}");
+    writer.remove_file("/ck/dated/f").await.unwrap();
+    let PathKind::Dir {
+        mtime_ns: removed_in,
+    } = reader.stat_path("/ck/dated").await.unwrap()
+    else {
+        panic!("/ck/dated is no directory")
+    };
+    assert!(removed_in > made_in, "{removed_in} <= {made_in}");
     for implied in ["/ck/sizes", "/ck", "/data"] {
         assert!(!writer.touch(implied, set).await.unwrap(), "{implied}");
         assert_eq!(reader.stat_path(implied).await.unwrap(), PathKind::DIR);

@@ -639,6 +639,9 @@ impl WriteBackNode {
             }
             Plan::CopyInStore { from, to } => self.store_rename(&op, &from, &to).await?,
         };
+        let records = self
+            .table()
+            .with_parent_times(records, pagestore_protocol::writeback::unix_ns());
         self.commit_change(records).await
     }
 

@@ -545,6 +545,43 @@ impl Records {
         (records, implied)
     }
 
+    /// A planned change's `records` with a new modification time, `now_ns`, for each
+    /// directory made through the cluster that they create, remove or rename an entry in, as a
+    /// disk's directory takes one. A record makes an entry where it is live and its path holds
+    /// nothing live now; it removes one where it is a deletion and its path holds something
+    /// (a live record, or, with no record, the store's object the change was checked against).
+    /// A rewrite of a file, a new time set, and directories the records do not make (the
+    /// store's, implied ones, a mount's own) take none; nor does a directory the change itself
+    /// makes, moves or removes.
+    pub fn with_parent_times(&self, mut records: Vec<FileRecord>, now_ns: i64) -> Vec<FileRecord> {
+        let mut dirs: Vec<&str> = Vec::new();
+        for r in &records {
+            let now = self.get(&r.path);
+            let changes_entry = if is_live(r) {
+                !now.is_some_and(is_live)
+            } else {
+                now.is_none_or(is_live)
+            };
+            let Some(dir) = parent(&r.path).filter(|_| changes_entry) else {
+                continue;
+            };
+            if dirs.contains(&dir) || records.iter().any(|x| x.path == dir) {
+                continue;
+            }
+            if let Some(RecordEntry::Dir { mtime_ns }) = self.get(dir).map(|d| &d.entry) {
+                if *mtime_ns != now_ns {
+                    dirs.push(dir);
+                }
+            }
+        }
+        let times: Vec<FileRecord> = dirs
+            .into_iter()
+            .map(|d| unstamped(d, RecordEntry::Dir { mtime_ns: now_ns }))
+            .collect();
+        records.extend(times);
+        records
+    }
+
     /// Whether any live record lies beneath `dir`.
     pub fn has_children(&self, dir: &str) -> bool {
         self.implied.contains_key(dir.trim_end_matches('/'))

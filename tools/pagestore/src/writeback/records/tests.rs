@@ -627,6 +627,83 @@ fn a_directory_made_through_the_cluster_takes_a_new_time() {
     check_indexes(&t);
 }
 
+/// A directory made through the cluster takes the change's time when an entry is made,
+/// removed or renamed in it; a rewrite, a new time set on a file, a directory the change
+/// itself makes, and directories the records do not make take none.
+#[test]
+fn a_directory_takes_a_new_time_when_its_entries_change() {
+    let mut t = Records::new();
+    let mut hlc = 10;
+    // Plans `op`, adds the directories' times at `now`, applies; the directories whose
+    // records the change set.
+    let mut step = |t: &mut Records, op: ChangeOp, now: i64| -> Vec<String> {
+        let Plan::Records(v) = t.plan(&op, false).unwrap() else {
+            panic!("{op:?}: no records")
+        };
+        let v = t.with_parent_times(v, now);
+        let dirs = v
+            .iter()
+            .filter(|r| r.entry == RecordEntry::Dir { mtime_ns: now })
+            .map(|r| r.path.clone())
+            .collect();
+        hlc += 1;
+        t.apply_batch(stamp(v, hlc, 1));
+        dirs
+    };
+    let mkdir = |p: &str| ChangeOp::MakeDir {
+        path: p.into(),
+        mtime_ns: 5,
+    };
+    let time_of = |t: &Records, p: &str| match t.get(p).map(|r| &r.entry) {
+        Some(RecordEntry::Dir { mtime_ns }) => *mtime_ns,
+        other => panic!("{p}: {other:?}"),
+    };
+    // /ck is the mount's (no record): a directory made in it moves no time.
+    assert!(step(&mut t, mkdir("/ck/d"), 100).is_empty());
+    assert_eq!(step(&mut t, mkdir("/ck/d/e"), 200), ["/ck/d"]);
+    assert_eq!(time_of(&t, "/ck/d"), 200);
+    // A new file; the same file's later commit (a rewrite) moves nothing.
+    assert_eq!(step(&mut t, commit("/ck/d/f", 1, 3, false), 300), ["/ck/d"]);
+    assert!(step(&mut t, commit("/ck/d/f", 1, 9, true), 400).is_empty());
+    assert!(step(&mut t, commit("/ck/d/f", 2, 9, true), 450).is_empty());
+    assert_eq!(time_of(&t, "/ck/d"), 300);
+    // A file's new time moves nothing.
+    let set = ChangeOp::SetTime {
+        path: "/ck/d/f".into(),
+        version_tag: tag(2),
+        mtime_ns: 1,
+    };
+    assert!(step(&mut t, set, 500).is_empty());
+    // A rename moves both directories' times, once each.
+    let rename = |from: &str, to: &str| ChangeOp::Rename {
+        from: from.into(),
+        to: to.into(),
+        replace: true,
+    };
+    let mut both = step(&mut t, rename("/ck/d/f", "/ck/d/e/g"), 600);
+    both.sort();
+    assert_eq!(both, ["/ck/d", "/ck/d/e"]);
+    assert_eq!(
+        step(&mut t, rename("/ck/d/e/g", "/ck/d/e/h"), 700),
+        ["/ck/d/e"]
+    );
+    // Removing a file, then the directory: each moves its parent's time.
+    let rm = |p: &str, dir: bool| ChangeOp::Delete {
+        path: p.into(),
+        dir,
+        expect: Expect::Any,
+    };
+    assert_eq!(step(&mut t, rm("/ck/d/e/h", false), 800), ["/ck/d/e"]);
+    assert_eq!(time_of(&t, "/ck/d/e"), 800);
+    assert_eq!(step(&mut t, rm("/ck/d/e", true), 900), ["/ck/d"]);
+    assert_eq!(time_of(&t, "/ck/d"), 900);
+    // A directory only implied by the files beneath it takes no time.
+    assert!(step(&mut t, commit("/ck/i/f", 3, 1, true), 1000).is_empty());
+    assert!(step(&mut t, commit("/ck/i/g", 4, 1, true), 1100).is_empty());
+    assert!(t.get("/ck/i").is_none());
+    check_indexes(&t);
+}
+
 /// Only a second flush of the same version, naming another store object, ranks as a restamp;
 /// a commit, a seal or a flush of another version at the same rank never does.
 #[test]
