@@ -652,7 +652,9 @@ impl Partial {
         }
         let len = preamble.payload_len as usize;
         let needed = self.buf.capacity().max(head) + len.next_multiple_of(4096);
-        if len < APART_MIN || needed > max {
+        // (Bytes past the head are never taken before this point; were any, the payload
+        // would have begun in the request buffer.)
+        if len < APART_MIN || needed > max || self.buf.len() > head {
             self.payload = PayloadPlace::InBuffer;
             return Ok(());
         }
@@ -1492,7 +1494,9 @@ fn read_stream(
                     .unwrap_or(usize::MAX)
             } else if room > 0 {
                 match p.payload {
-                    PayloadPlace::Head(wanted) => room.min(wanted - p.buf.len()),
+                    PayloadPlace::Head(wanted) => {
+                        room.min(wanted.saturating_sub(p.buf.len()).max(1))
+                    }
                     _ => room,
                 }
             } else if p.buf.len() >= max {
