@@ -64,6 +64,17 @@ enum PageBytes<'a> {
 }
 
 impl PageBytes<'_> {
+    /// The first `len` bytes of `buf`; `BufferTooShort` when it holds fewer.
+    fn dma(buf: DmaBuffer, len: usize) -> Result<PageBytes<'static>> {
+        if len > buf.len() {
+            return Err(EngineError::BufferTooShort {
+                len,
+                capacity: buf.len(),
+            });
+        }
+        Ok(PageBytes::Dma(buf, len))
+    }
+
     fn len(&self) -> usize {
         match self {
             PageBytes::Slice(s) => s.len(),
@@ -471,13 +482,7 @@ impl Shard {
         len: usize,
         version: u64,
     ) -> Result<()> {
-        if len > buf.len() {
-            return Err(EngineError::BufferTooShort {
-                len,
-                capacity: buf.len(),
-            });
-        }
-        self.put_dirty_bytes(key, PageBytes::Dma(buf, len), version)
+        self.put_dirty_bytes(key, PageBytes::dma(buf, len)?, version)
             .await
     }
 
@@ -609,13 +614,7 @@ impl Shard {
         len: usize,
         version: u64,
     ) -> Result<PutOutcome> {
-        if len > buf.len() {
-            return Err(EngineError::BufferTooShort {
-                len,
-                capacity: buf.len(),
-            });
-        }
-        self.put_bytes(key, PageBytes::Dma(buf, len), version, NO_RULE)
+        self.put_bytes(key, PageBytes::dma(buf, len)?, version, NO_RULE)
             .await
     }
 

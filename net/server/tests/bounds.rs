@@ -560,17 +560,36 @@ fn connection_beyond_the_per_address_limit_is_refused() {
     });
 }
 
-#[test]
-fn a_stalled_request_is_reset_and_its_bytes_freed() {
-    let ca = ClusterCa::generate("bounds").unwrap();
-    let t = start_node(
-        &ca,
+/// A node whose requests stall after 1 s.
+fn quick_stall_node(ca: &ClusterCa) -> TestNode {
+    start_node(
+        ca,
         false,
         Limits {
             request_stall_timeout: Duration::from_secs(1),
             ..Limits::default()
         },
+    )
+}
+
+/// Waits (5 s at most) for the node to reset the request stream whose answer `recv` reads.
+async fn assert_reset_within_5s(recv: &mut quinn::RecvStream) {
+    let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
+        .await
+        .expect("a stalled request was not reset within 5 s");
+    assert!(
+        matches!(
+            r,
+            Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(_)))
+        ),
+        "{r:?}"
     );
+}
+
+#[test]
+fn a_stalled_request_is_reset_and_its_bytes_freed() {
+    let ca = ClusterCa::generate("bounds").unwrap();
+    let t = quick_stall_node(&ca);
     let addr = t.node.addrs()[0];
     tokio().block_on(async {
         let ep = endpoint(&ca, "127.0.0.1:0");
@@ -583,16 +602,7 @@ fn a_stalled_request_is_reset_and_its_bytes_freed() {
             "the request's bytes are not counted"
         );
         let started = Instant::now();
-        let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
-            .await
-            .expect("a stalled request was not reset within 5 s");
-        assert!(
-            matches!(
-                r,
-                Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(_)))
-            ),
-            "{r:?}"
-        );
+        assert_reset_within_5s(&mut recv).await;
         assert!(started.elapsed() >= Duration::from_millis(500));
         assert_eq!(
             t.node.partial_bytes(),
@@ -666,14 +676,7 @@ fn write_page_head(page: u64, len: u32) -> Vec<u8> {
 #[test]
 fn written_pages_are_received_apart_and_bad_lengths_are_answered_clearly() {
     let ca = ClusterCa::generate("bounds").unwrap();
-    let t = start_node(
-        &ca,
-        false,
-        Limits {
-            request_stall_timeout: Duration::from_secs(1),
-            ..Limits::default()
-        },
-    );
+    let t = quick_stall_node(&ca);
     let addr = t.node.addrs()[0];
     let writer = ca.issue("writer", tls::Role::Writer).unwrap();
     let stored = |page: u64| {
@@ -744,16 +747,7 @@ fn written_pages_are_received_apart_and_bad_lengths_are_answered_clearly() {
             "the page's buffer is not charged"
         );
         assert_eq!(counters(&t.node).payloads_apart, 4);
-        let r = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20))
-            .await
-            .expect("a stalled page was not reset within 5 s");
-        assert!(
-            matches!(
-                r,
-                Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(_)))
-            ),
-            "{r:?}"
-        );
+        assert_reset_within_5s(&mut recv).await;
         assert_eq!(counters(&t.node).stalled, 1);
     });
     assert_eq!(t.node.partial_bytes(), 0);
