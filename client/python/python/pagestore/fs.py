@@ -452,15 +452,15 @@ class _WriteFileBase(io.RawIOBase):
         return f"<{type(self).__name__} {self.path!r} mode {self.mode!r}>"
 
 
-# A ``bytes`` object this large (or a block) is handed to the writer as it is, not buffered.
+# A write this large (or a block) is handed to the writer, not buffered.
 _HAND_OVER_MIN = 256 << 10
 
 
 class PagestoreWriteFile(_WriteFileBase):
     """A file being written through the cluster (a write=back or write=transient mount):
     ``write`` buffers up to ``block_size`` bytes and hands full buffers to the writer, which
-    sends each page to its write replicas as it fills (a ``bytes`` object of 256 KiB or more
-    goes to the writer as it is); ``flush`` hands over the buffer (it
+    sends each page to its write replicas as it fills (a write of 256 KiB or more goes to the
+    writer at once, a ``bytes`` object as it is); ``flush`` hands over the buffer (it
     commits nothing); ``commit`` makes everything written so far durable and visible (fsync);
     ``close`` commits the file for good (errors as ``OSError`` with errno: ENOSPC when the
     cluster has no room for dirty data, EROFS, EIO). The file exists (empty) from ``open`` on."""
@@ -477,12 +477,13 @@ class PagestoreWriteFile(_WriteFileBase):
             raise ValueError("write to a closed file")
         n = len(memoryview(b).cast("B"))
         self._pos += n
-        if type(b) is bytes and n >= min(self._block, _HAND_OVER_MIN):
-            # A large bytes object goes to the writer as it is, after what is buffered: the
-            # pages it covers whole are sent without a copy, the rest copied once into the
-            # writer's pages (not twice, into the buffer and out of it).
+        if n >= min(self._block, _HAND_OVER_MIN):
+            # A large write goes to the writer after what is buffered, a bytes object as it is
+            # (anything else copied once into one, not twice, into the buffer and out of it):
+            # the pages it covers whole are sent without a copy, the rest copied once into the
+            # writer's pages.
             self._hand_over()
-            self._w.write_at(self._sent, b)
+            self._w.write_at(self._sent, b if type(b) is bytes else bytes(b))
             self._sent += n
             return n
         self._buf += b

@@ -76,15 +76,16 @@ def test_write_back_files_of_every_edge_size_read_back_before_and_after_sync(fs)
 
 
 def test_large_and_small_writes_of_every_type_interleave_in_order(fs):
-    # Bytes objects of 256 KiB or more go to the writer as they are (their whole pages
-    # without a copy); smaller writes, bytearrays and memoryviews are buffered. Each lands
-    # where it was written.
+    # Writes of 256 KiB or more go to the writer at once (bytes objects as they are, their
+    # whole pages without a copy); smaller writes are buffered. Each lands where it was
+    # written.
     k = 1 << 10
     pieces = [b"head", content(1, 2 * PAGE + 5), bytearray(content(2, PAGE + 3)),
               memoryview(content(3, PAGE)), content(4, 7), content(5, PAGE), b"", content(6, 3),
               content(7, 3 * PAGE - 1), content(8, 300 * k), content(9, 256 * k),
               content(10, 256 * k - 1), bytearray(content(11, 300 * k)), content(12, 700 * k),
-              bytearray(b"tail")]
+              memoryview(content(13, 256 * k)), bytearray(content(14, 256 * k - 1)),
+              memoryview(bytearray(content(15, 2 * PAGE + 1))), bytearray(b"tail")]
     want = b"".join(bytes(p) for p in pieces)
     with fs.open("/ck/mix/f.bin", "wb") as f:
         for p in pieces:
