@@ -4,9 +4,9 @@
 
 use pagestore_protocol::frame::{
     decode_counters, decode_hot_report, decode_job_record, decode_job_records, decode_request,
-    decode_request_frame, decode_response, decode_response_frame, encode_counters,
-    encode_hot_report, encode_job_record, encode_job_records, encode_request, encode_response,
-    Preamble, RequestBody, ResponseBody, PREAMBLE_LEN,
+    decode_request_frame, decode_request_head, decode_response, decode_response_frame,
+    encode_counters, encode_hot_report, encode_job_record, encode_job_records, encode_request,
+    encode_response, Preamble, RequestBody, ResponseBody, PREAMBLE_LEN,
 };
 
 /// Frame decoders of `pagestore_protocol::frame`: anything that decodes must re-encode, and
@@ -38,6 +38,15 @@ pub fn decode_frame(data: &[u8]) {
         let header = &rest[..rest.len().min(preamble.header_len as usize)];
         let _ = decode_request(&preamble, header);
         let _ = decode_response(&preamble, header);
+        // A shard that received the payload apart from the head decodes the same request,
+        // or fails as the whole frame does.
+        let head = data.len().min(preamble.payload_range().start);
+        let apart = decode_request_head(&data[..head], data.len() - head);
+        let whole = decode_request_frame(data).map(|(request, _)| request);
+        assert_eq!(apart.is_ok(), whole.is_ok(), "{apart:?} / {whole:?}");
+        if let (Ok(a), Ok(w)) = (apart, whole) {
+            assert_eq!(a, w);
+        }
     }
 }
 
