@@ -39,7 +39,7 @@ use pagestore_protocol::{
         WriteBackSummary,
     },
     ring::{self, path_hash, MemberId},
-    writeback::{fresh_tag, unix_ms, WritePolicy, DEFAULT_ORPHAN_GRACE, WRITE_SLOP},
+    writeback::{fresh_tag, unix_ns, WritePolicy, DEFAULT_ORPHAN_GRACE, WRITE_SLOP},
 };
 use tokio::task::JoinHandle;
 
@@ -908,8 +908,9 @@ fn put_at(buf: &mut BytesMut, at: usize, src: &[u8]) {
     }
 }
 
+/// The wall clock in nanoseconds, as pagefs and the nodes take it for the times they set.
 fn now_ns() -> i64 {
-    (unix_ms() as i64).saturating_mul(1_000_000)
+    unix_ns()
 }
 
 impl Writer {
