@@ -424,7 +424,7 @@ impl Client {
             tag,
             page_size,
             size: 0,
-            mtime_ns: now_ns(),
+            mtime_ns: unix_ns(),
             options,
             open: BTreeMap::new(),
             spill,
@@ -650,7 +650,7 @@ impl Client {
     /// Makes the directory `path` in a `back` or `transient` mount; its modification time is
     /// now.
     pub async fn make_dir(&self, path: &str) -> Result<(), Error> {
-        self.make_dir_at(path, now_ns()).await
+        self.make_dir_at(path, unix_ns()).await
     }
 
     /// Makes the directory `path` in a `back` or `transient` mount with the modification time
@@ -908,11 +908,6 @@ fn put_at(buf: &mut BytesMut, at: usize, src: &[u8]) {
     }
 }
 
-/// The wall clock in nanoseconds, as pagefs and the nodes take it for the times they set.
-fn now_ns() -> i64 {
-    unix_ns()
-}
-
 impl Writer {
     /// The path written.
     pub fn path(&self) -> &str {
@@ -1030,7 +1025,7 @@ impl Writer {
                 self.send(page).await?;
             }
         }
-        self.mtime_ns = now_ns();
+        self.mtime_ns = unix_ns();
         Ok(())
     }
 
@@ -1211,7 +1206,7 @@ impl Writer {
             }
         }
         self.size = size;
-        self.mtime_ns = now_ns();
+        self.mtime_ns = unix_ns();
         Ok(())
     }
 

@@ -153,16 +153,7 @@ fn a_dirty_page_in_a_dma_buffer_is_stored_as_any_dirty_page() {
         matches!(second, Err(EngineError::DirtyFull { .. })),
         "{second:?}"
     );
-    assert!(
-        matches!(
-            too_short,
-            Err(EngineError::BufferTooShort {
-                len: 5000,
-                capacity: 4096
-            })
-        ),
-        "{too_short:?}"
-    );
+    assert_5000_in_one_block_refused(&too_short);
     let s = &e.shards()[0];
     let got = block_on(s.get(PageKey::new(3, 0), 0, u32::MAX)).unwrap();
     assert_eq!(got.unwrap(), want);

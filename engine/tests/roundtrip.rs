@@ -282,16 +282,7 @@ fn put_buffer_stores_bytes_from_a_dma_buffer_without_a_copy() {
     }))
     .unwrap();
     assert_eq!(stored, PutOutcome::Stored);
-    assert!(
-        matches!(
-            too_short,
-            Err(EngineError::BufferTooShort {
-                len: 5000,
-                capacity: 4096
-            })
-        ),
-        "{too_short:?}"
-    );
+    assert_5000_in_one_block_refused(&too_short);
     let got = block_on(s.get(PageKey::new(4, 0), 0, u32::MAX))
         .unwrap()
         .unwrap();

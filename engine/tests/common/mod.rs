@@ -41,3 +41,20 @@ pub fn tempdir() -> tempfile::TempDir {
     let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
     tempfile::tempdir_in(base).expect("tempdir")
 }
+
+/// Asserts that `r` is the engine's refusal of a page of 5,000 bytes said to be in a
+/// one-block (4,096-byte) DMA buffer.
+pub fn assert_5000_in_one_block_refused<T: std::fmt::Debug>(
+    r: &Result<T, pagestore_engine::EngineError>,
+) {
+    assert!(
+        matches!(
+            r,
+            Err(pagestore_engine::EngineError::BufferTooShort {
+                len: 5000,
+                capacity: 4096
+            })
+        ),
+        "{r:?}"
+    );
+}

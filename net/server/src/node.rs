@@ -158,8 +158,8 @@ pub struct EndpointCounters {
     pub budget_waits: u64,
     /// Streams reset because a request was too large or malformed.
     pub rejected: u64,
-    /// Requests whose payload (a page to write) was received straight into a buffer aligned
-    /// for the disk.
+    /// Requests whose payload (of 64 KiB up to a page: a page to write, or a large batch of
+    /// replicated records) was received straight into a buffer aligned for the disk.
     pub payloads_apart: u64,
 }
 

@@ -365,8 +365,9 @@ const PER_SHARD: &[ShardFamily] = &[
     (
         "pagestore_payloads_apart_total",
         Kind::Counter,
-        "Written pages received straight into memory aligned for the disk (not copied again \
-         before the write).",
+        "Request payloads of 64 KiB up to a page (written pages, and large batches of \
+         replicated records) received straight into memory aligned for the disk: a written \
+         page is not copied again before the write.",
         |s| s.endpoint.payloads_apart,
     ),
 ];

@@ -13,7 +13,7 @@
 
 use std::{
     borrow::Borrow,
-    collections::{hash_map::Entry, BTreeMap, BTreeSet, HashMap},
+    collections::{hash_map::Entry, BTreeMap, BTreeSet, HashMap, HashSet},
     ops::Bound,
 };
 
@@ -554,6 +554,8 @@ impl Records {
     /// store's, implied ones, a mount's own) take none; nor does a directory the change itself
     /// makes, moves or removes.
     pub fn with_parent_times(&self, mut records: Vec<FileRecord>, now_ns: i64) -> Vec<FileRecord> {
+        // A directory rename plans a record per path beneath it: look them up, not through.
+        let planned: HashSet<&str> = records.iter().map(|r| r.path.as_str()).collect();
         let mut dirs: Vec<&str> = Vec::new();
         for r in &records {
             let now = self.get(&r.path);
@@ -565,7 +567,7 @@ impl Records {
             let Some(dir) = parent(&r.path).filter(|_| changes_entry) else {
                 continue;
             };
-            if dirs.contains(&dir) || records.iter().any(|x| x.path == dir) {
+            if planned.contains(dir) || dirs.contains(&dir) {
                 continue;
             }
             if let Some(RecordEntry::Dir { mtime_ns }) = self.get(dir).map(|d| &d.entry) {
