@@ -138,7 +138,7 @@ fn skewed() -> S3Error {
 
 /// The checks of every request after its signature was verified (`signed`): Signature Version
 /// 2 refused or held to the clock, presigned lifetimes, the anonymous policy, browser POST
-/// uploads refused.
+/// uploads refused, ACL and expected-owner headers (`acl`).
 pub fn check_request(
     policy: Policy,
     signed: bool,
@@ -220,21 +220,26 @@ pub fn check_request(
             }
         }
     }
-    if signed {
-        return Ok(());
+    if !signed {
+        let read = matches!(method.as_str(), "GET" | "HEAD");
+        match (policy.anonymous, read) {
+            (true, true) => {}
+            (true, false) => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::AccessDenied,
+                    "Unsigned requests may only read; sign writes with the gateway's credentials",
+                ))
+            }
+            (false, _) => {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::AccessDenied,
+                    "Signature is required (this gateway does not serve anonymous requests)",
+                ))
+            }
+        }
     }
-    let read = matches!(method.as_str(), "GET" | "HEAD");
-    match (policy.anonymous, read) {
-        (true, true) => Ok(()),
-        (true, false) => Err(S3Error::with_message(
-            S3ErrorCode::AccessDenied,
-            "Unsigned requests may only read; sign writes with the gateway's credentials",
-        )),
-        (false, _) => Err(S3Error::with_message(
-            S3ErrorCode::AccessDenied,
-            "Signature is required (this gateway does not serve anonymous requests)",
-        )),
-    }
+    super::acl::check_headers(op, headers)?;
+    super::acl::check_expected_owner(headers)
 }
 
 /// Whether a request header asks for server-side encryption (SSE-S3, SSE-KMS, SSE-C, also for

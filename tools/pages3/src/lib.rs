@@ -21,10 +21,12 @@
 //! ETags), `read` GetObject, `write` PutObject and DeleteObject(s) (and sweeps staged files of
 //! `file://` stores), `multipart` the multipart uploads staged on local disk (part MD5s, `md5-N`
 //! ETags, repeated completions, ListMultipartUploads), `copy` CopyObject, UploadPartCopy and
-//! GetObjectAttributes. This file holds the service (authentication, access checks, routing,
+//! GetObjectAttributes, `acl` the ACLs (every one the owner's full control; any other asked
+//! for is refused) and expected-owner headers. This file holds the service (authentication, access checks, routing,
 //! bucket names, request ids), HeadObject and ListBuckets, and the [`S3`] implementation, a
 //! table of the operations that calls into those modules.
 
+mod acl;
 mod attrs;
 pub mod checks;
 mod cond;
@@ -58,13 +60,15 @@ use s3s::{
         CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
         CopyObjectOutput, CreateBucketInput, CreateBucketOutput, CreateMultipartUploadInput,
         CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput, DeleteObjectInput,
-        DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag, GetBucketLocationInput,
-        GetBucketLocationOutput, GetBucketVersioningInput, GetBucketVersioningOutput,
+        DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag, GetBucketAclInput,
+        GetBucketAclOutput, GetBucketLocationInput, GetBucketLocationOutput,
+        GetBucketVersioningInput, GetBucketVersioningOutput, GetObjectAclInput, GetObjectAclOutput,
         GetObjectAttributesInput, GetObjectAttributesOutput, GetObjectInput, GetObjectOutput,
         HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput,
         ListBucketsOutput, ListMultipartUploadsInput, ListMultipartUploadsOutput,
         ListObjectVersionsInput, ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput,
-        ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, Owner,
+        ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput,
+        PutBucketAclInput, PutBucketAclOutput, PutObjectAclInput, PutObjectAclOutput,
         PutObjectInput, PutObjectOutput, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
         UploadPartInput, UploadPartOutput,
     },
@@ -684,14 +688,6 @@ impl Gateway {
     }
 }
 
-/// The owner of every bucket and object (one gateway, one set of credentials).
-fn owner() -> Owner {
-    Owner {
-        display_name: Some("pagestore".into()),
-        id: Some("pagestore".into()),
-    }
-}
-
 /// `Last-Modified` of an object: its modification time in the store.
 fn modified(mtime_ns: i64) -> Timestamp {
     Timestamp::from(pagestore_client::ufs::system_time(mtime_ns))
@@ -819,7 +815,7 @@ impl S3 for Gateway {
             .collect();
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(owner()),
+            owner: Some(acl::owner()),
             continuation_token: next,
             prefix: input.prefix,
         }))
@@ -995,6 +991,62 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
         self.require_bucket(&req.input.bucket).await?;
         Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
+    /// GetBucketAcl: the owner's full control, the only ACL here (`acl`).
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        self.require_bucket(&req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketAclOutput {
+            grants: Some(acl::grants()),
+            owner: Some(acl::owner()),
+        }))
+    }
+
+    /// PutBucketAcl: accepted only for the ACL every bucket has; any other is 400
+    /// AccessControlListNotSupported (`acl`).
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        acl::check_put(
+            req.input.access_control_policy.as_ref(),
+            acl::has_acl_headers(&req.headers),
+        )?;
+        self.require_bucket(&req.input.bucket).await?;
+        Ok(S3Response::new(PutBucketAclOutput {}))
+    }
+
+    /// GetObjectAcl: the owner's full control, for an object that exists.
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let input = &req.input;
+        keys::check_version_id(input.version_id.as_deref())?;
+        self.stat_object(&input.bucket, &input.key).await?;
+        Ok(S3Response::new(GetObjectAclOutput {
+            grants: Some(acl::grants()),
+            owner: Some(acl::owner()),
+            request_charged: None,
+        }))
+    }
+
+    /// PutObjectAcl: as PutBucketAcl, for an object that exists.
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let input = &req.input;
+        acl::check_put(
+            input.access_control_policy.as_ref(),
+            acl::has_acl_headers(&req.headers),
+        )?;
+        keys::check_version_id(input.version_id.as_deref())?;
+        self.stat_object(&input.bucket, &input.key).await?;
+        Ok(S3Response::new(PutObjectAclOutput::default()))
     }
 
     async fn put_object(

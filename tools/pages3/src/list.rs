@@ -276,7 +276,7 @@ impl Gateway {
             storage_class: Some(ObjectStorageClass::from_static(
                 ObjectStorageClass::STANDARD,
             )),
-            owner: owner.then(super::owner),
+            owner: owner.then(super::acl::owner),
             ..Object::default()
         }
     }

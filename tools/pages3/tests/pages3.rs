@@ -1718,7 +1718,8 @@ async fn pages3_refuses_what_s3_refuses() {
 }
 
 /// Buckets over a mount of the namespace's root: boto3 makes, lists, fills, empties and removes
-/// them (what S3 conformance suites and `aws s3 mb` do); versions of unversioned buckets.
+/// them (what S3 conformance suites and `aws s3 mb` do); versions of unversioned buckets; ACLs
+/// and expected owners.
 const BUCKETS_SCRIPT: &str = r#"
 import os
 import boto3
@@ -1753,6 +1754,35 @@ s3.put_object(Bucket="fresh-bucket", Key="a/b.txt", Body=b"bee")
 s3.put_object(Bucket="fresh-bucket", Key="c.txt", Body=b"sea")
 check(open(os.path.join(ROOT, "fresh-bucket/a/b.txt"), "rb").read() == b"bee")
 check(err(lambda: s3.delete_bucket(Bucket="fresh-bucket")) == (409, "BucketNotEmpty"))
+# ACLs: the owner has full control of everything, and only that ACL can be set; any other is
+# refused (never taken and ignored), and the write that asked for it does not happen.
+full = lambda acl: (acl["Owner"]["ID"], [(g["Grantee"]["ID"], g["Grantee"]["Type"], g["Permission"])
+                                        for g in acl["Grants"]])
+OWNER = ("pagestore", [("pagestore", "CanonicalUser", "FULL_CONTROL")])
+check(full(s3.get_bucket_acl(Bucket="fresh-bucket")) == OWNER)
+check(full(s3.get_object_acl(Bucket="fresh-bucket", Key="a/b.txt")) == OWNER)
+s3.put_bucket_acl(Bucket="fresh-bucket", ACL="private")
+s3.put_object(Bucket="fresh-bucket", Key="c.txt", Body=b"sea", ACL="bucket-owner-full-control")
+s3.put_object_acl(Bucket="fresh-bucket", Key="c.txt", AccessControlPolicy={
+    "Owner": {"ID": "pagestore"},
+    "Grants": [{"Grantee": {"ID": "pagestore", "Type": "CanonicalUser"}, "Permission": "FULL_CONTROL"}]})
+NO_ACL = (400, "AccessControlListNotSupported")
+ALL_USERS = 'uri="http://acs.amazonaws.com/groups/global/AllUsers"'
+check(err(lambda: s3.put_bucket_acl(Bucket="fresh-bucket", ACL="public-read")) == NO_ACL)
+check(err(lambda: s3.put_object_acl(Bucket="fresh-bucket", Key="c.txt", GrantRead=ALL_USERS)) == NO_ACL)
+check(err(lambda: s3.put_object(Bucket="fresh-bucket", Key="p.txt", Body=b"p", ACL="public-read")) == NO_ACL)
+check(err(lambda: s3.copy_object(Bucket="fresh-bucket", Key="p.txt", ACL="public-read-write",
+                                 CopySource={"Bucket": "fresh-bucket", "Key": "c.txt"})) == NO_ACL)
+check(err(lambda: s3.create_multipart_upload(Bucket="fresh-bucket", Key="p.txt", ACL="authenticated-read")) == NO_ACL)
+check(err(lambda: s3.create_bucket(Bucket="public-bucket", ACL="public-read")) == NO_ACL)
+check(err(lambda: s3.head_object(Bucket="fresh-bucket", Key="p.txt"))[0] == 404)
+check("public-bucket" not in names(), names())
+check(err(lambda: s3.get_object_acl(Bucket="fresh-bucket", Key="nothing")) == (404, "NoSuchKey"))
+check(err(lambda: s3.get_bucket_acl(Bucket="no-such-bucket")) == (404, "NoSuchBucket"))
+# A request meant for another owner's bucket is refused.
+check(err(lambda: s3.list_objects_v2(Bucket="fresh-bucket", ExpectedBucketOwner="123456789012")) == (403, "AccessDenied"))
+check(err(lambda: s3.put_object(Bucket="fresh-bucket", Key="p.txt", Body=b"p", ExpectedBucketOwner="x")) == (403, "AccessDenied"))
+check(s3.list_objects_v2(Bucket="fresh-bucket", ExpectedBucketOwner="pagestore")["KeyCount"] == 2)
 # Versions of an unversioned bucket: one each, "null", the latest.
 check(s3.get_bucket_versioning(Bucket="fresh-bucket").get("Status") is None)
 v = s3.list_object_versions(Bucket="fresh-bucket")
