@@ -124,10 +124,25 @@ pub fn effective_replicas(setting: u8, nodes: usize) -> usize {
 /// A hybrid logical clock: values are `milliseconds << 16 | counter`, strictly increasing on
 /// one node and never behind any value the node has seen from another, so that every change
 /// made after another (anywhere) sorts after it.
+///
+/// It also keeps up with the fastest clock it has seen: a value from a node whose wall clock
+/// runs ahead of this one's (by up to [`MAX_LEAD_MS`]) makes this clock run that far ahead too,
+/// from then on, not only until its own wall clock passes the value. Without that, a change a
+/// fast node stamped just before it died (and that this node never saw) could outrank a change
+/// this node made after taking the dead node's paths over, whenever the clocks differ by more
+/// than the time the takeover took: the one this node acknowledged would lose to one nobody
+/// acknowledged.
 #[derive(Debug, Default)]
 pub struct Hlc {
     last: std::sync::atomic::AtomicU64,
+    /// How many milliseconds the fastest clock seen runs ahead of this node's wall clock.
+    lead_ms: std::sync::atomic::AtomicU64,
 }
+
+/// The most a peer's clock may run ahead of this node's and still be followed (a value further
+/// ahead is still never sorted behind, as any value seen, but the lead it shows is not kept:
+/// such a clock is wrong, and following it would age every record by it).
+pub const MAX_LEAD_MS: u64 = 10 * 60 * 1000;
 
 impl Hlc {
     /// A clock that has seen nothing yet.
@@ -138,7 +153,8 @@ impl Hlc {
     /// The next value at wall clock `now_ms`.
     pub fn tick(&self, now_ms: u64) -> u64 {
         use std::sync::atomic::Ordering;
-        let wall = now_ms << 16;
+        let lead = self.lead_ms.load(Ordering::Relaxed);
+        let wall = now_ms.saturating_add(lead) << 16;
         let mut cur = self.last.load(Ordering::Relaxed);
         loop {
             let next = wall.max(cur + 1);
@@ -152,10 +168,28 @@ impl Hlc {
         }
     }
 
-    /// Takes in a value seen from another node (later ticks sort after it).
-    pub fn observe(&self, hlc: u64) {
-        self.last
-            .fetch_max(hlc, std::sync::atomic::Ordering::AcqRel);
+    /// Takes in a value seen from another node at wall clock `now_ms`: later ticks sort after
+    /// it, and run as far ahead of the wall clock as it did (up to [`MAX_LEAD_MS`]). Returns
+    /// the lead when this value made it larger.
+    pub fn observe_at(&self, hlc: u64, now_ms: u64) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        self.last.fetch_max(hlc, Ordering::AcqRel);
+        let ahead = hlc_ms(hlc).saturating_sub(now_ms);
+        if ahead == 0 || ahead > MAX_LEAD_MS {
+            return None;
+        }
+        let before = self.lead_ms.fetch_max(ahead, Ordering::AcqRel);
+        (ahead > before).then_some(ahead)
+    }
+
+    /// [`Hlc::observe_at`] now.
+    pub fn observe(&self, hlc: u64) -> Option<u64> {
+        self.observe_at(hlc, unix_ms())
+    }
+
+    /// How far ahead of the wall clock this clock runs (milliseconds).
+    pub fn lead_ms(&self) -> u64 {
+        self.lead_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The next value now.
@@ -304,8 +338,38 @@ mod tests {
         let d = c.tick(999);
         assert!(a < b && b < d);
         assert_eq!(hlc_ms(a), 1000);
-        c.observe(5000 << 16);
+        c.observe_at(5000 << 16, 1001);
         assert!(c.tick(1001) > 5000 << 16);
+    }
+
+    /// A fast node (its clock 30 s ahead) stamps changes; this node sees one of them, then
+    /// (the fast node dead, its paths taken over 2 s later) stamps a change: it sorts after
+    /// every value the fast node could have stamped before it died, seen here or not.
+    #[test]
+    fn the_clock_keeps_up_with_the_fastest_clock_seen() {
+        let skew = 30_000;
+        let fast = Hlc::new();
+        let here = Hlc::new();
+        let t0 = 1_000_000;
+        let seen = fast.tick(t0 + skew);
+        assert_eq!(here.observe_at(seen, t0 + 1), Some(skew - 1));
+        // The fast node's last stamp, 500 ms later, never reached this node.
+        let unseen = fast.tick(t0 + 500 + skew);
+        let takeover = here.tick(t0 + 2_500);
+        assert!(takeover > unseen, "{takeover} <= {unseen}");
+        assert_eq!(here.lead_ms(), skew - 1);
+        // Values from slower clocks, or the same lead again, change nothing.
+        assert_eq!(here.observe_at(5 << 16, t0 + 3_000), None);
+        assert_eq!(
+            here.observe_at(fast.tick(t0 + 3_000 + skew), t0 + 3_001),
+            None
+        );
+        assert_eq!(here.lead_ms(), skew - 1);
+        // A clock too far ahead is never sorted behind, but not followed.
+        let wild = (t0 + 3_000 + MAX_LEAD_MS + 1) << 16;
+        assert_eq!(here.observe_at(wild, t0 + 3_000), None);
+        assert_eq!(here.lead_ms(), skew - 1);
+        assert!(here.tick(t0 + 3_001) > wild);
     }
 
     #[test]

@@ -104,6 +104,9 @@ fn store_meets(path: &str, expect: &Expect, found: Option<&PathKind>) -> Result<
 /// Settled records taken out of the table under one hold of its write lock.
 const FORGET_BATCH: usize = 4096;
 
+/// A peer's clock this far ahead of this node's (milliseconds) is logged when first seen.
+const CLOCK_LEAD_WARN_MS: u64 = 1_000;
+
 /// Parts of one file's multipart flush sent to the under storage at once.
 pub const FLUSH_PARTS: usize = 4;
 
@@ -428,7 +431,15 @@ impl WriteBackNode {
             return Ok(Applied::default());
         }
         for r in &fresh {
-            self.hlc.observe(r.hlc);
+            if let Some(lead) = self.hlc.observe(r.hlc) {
+                if lead >= CLOCK_LEAD_WARN_MS {
+                    tracing::warn!(
+                        lead_ms = lead,
+                        origin = ?r.origin,
+                        "a peer's clock runs ahead of this node's; this node's change stamps follow it (check the nodes' time sync)"
+                    );
+                }
+            }
         }
         let node = self
             .this

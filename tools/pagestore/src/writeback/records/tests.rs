@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use pagestore_protocol::writeback::new_tag;
+use pagestore_protocol::writeback::{new_tag, Hlc};
 use proptest::prelude::*;
 
 fn tag(n: u128) -> String {
@@ -924,6 +924,63 @@ fn a_full_table_refuses_new_paths_and_takes_changes_to_kept_ones() {
     assert_eq!(forget_old(&mut t, 10_000, 10), 3);
     change(&mut t, commit("/ck/c", 3, 1, true), 10_000 << 16).unwrap();
     check_indexes(&t);
+}
+
+/// The records `op` plans on `t`, stamped as node `origin`'s change at `hlc`.
+fn planned(t: &Records, op: ChangeOp, hlc: u64, origin: u128) -> Vec<FileRecord> {
+    match t.plan(&op, false).unwrap() {
+        Plan::Records(v) => stamp(v, hlc, origin),
+        other => panic!("{op:?}: {other:?}"),
+    }
+}
+
+/// Clock skew at a takeover. Node A, whose clock runs 30 s ahead, makes changes of `/ck/a`
+/// that every node takes as they are made. Its next change reaches node X only, and A dies
+/// before acknowledging it. Node N takes A's paths over 2 s later and commits a client's
+/// change of `/ck/a` (acknowledged). When N and X pull each other's records, both keep the
+/// acknowledged change: N's clock had followed A's, so N's stamp sorts after anything A
+/// stamped before it died, seen by N or not.
+#[test]
+fn an_acknowledged_change_outranks_one_a_fast_owner_stamped_and_died() {
+    let (skew, t0) = (30_000, 1_000_000);
+    let (a_clock, n_clock) = (Hlc::new(), Hlc::new());
+    let (mut a, mut x, mut n) = (Records::new(), Records::new(), Records::new());
+    let (id_a, id_n) = (1, 3);
+    let seen = planned(
+        &a,
+        commit("/ck/a", 1, 5, true),
+        a_clock.tick(t0 + skew),
+        id_a,
+    );
+    for t in [&mut a, &mut x, &mut n] {
+        t.apply_batch(seen.clone());
+    }
+    for r in &seen {
+        n_clock.observe_at(r.hlc, t0 + 1);
+    }
+    let unacked = planned(
+        &a,
+        commit("/ck/a", 2, 6, true),
+        a_clock.tick(t0 + 500 + skew),
+        id_a,
+    );
+    a.apply_batch(unacked.clone());
+    x.apply_batch(unacked);
+    assert_eq!(state_of(&x, "/ck/a"), Some((tag(2), RecordState::Final, 6)));
+    let acked = planned(
+        &n,
+        commit("/ck/a", 3, 7, true),
+        n_clock.tick(t0 + 2_500),
+        id_n,
+    );
+    n.apply_batch(acked);
+    let pull = |t: &Records| t.after("", 1_000).0;
+    let (from_x, from_n) = (pull(&x), pull(&n));
+    n.merge(from_x);
+    x.merge(from_n);
+    for t in [&n, &x] {
+        assert_eq!(state_of(t, "/ck/a"), Some((tag(3), RecordState::Final, 7)));
+    }
 }
 
 // -- convergence --------------------------------------------------------------------------
