@@ -541,3 +541,88 @@ fn a_node_refuses_a_mount_table_clients_could_not_receive() {
         .to_string();
     assert!(e.contains("MAX_MOUNT_TABLE_BYTES = 16384"), "{e}");
 }
+
+/// Small reads of a `file://` store run on the calling task's thread, so they finish while
+/// every blocking-pool thread is taken; a large read (and a stat) goes to the pool and waits
+/// for one.
+#[test]
+fn small_reads_run_on_the_callers_thread_and_large_ones_in_the_blocking_pool() {
+    use object_store::{path::Path as StorePath, GetOptions, GetRange, ObjectStore};
+    use pagestore_mounts::localfs::LocalStore;
+    use std::time::Duration;
+
+    let d = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(d.path().join("f.bin"), &data).unwrap();
+    let store = std::sync::Arc::new(LocalStore::new(d.path()).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let loc = StorePath::from("f.bin");
+    let ranged = |r: std::ops::Range<u64>| GetOptions {
+        range: Some(GetRange::Bounded(r)),
+        ..GetOptions::default()
+    };
+    rt.block_on(async {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let blocker = tokio::task::spawn_blocking(move || held.recv().unwrap());
+        let quick = async {
+            let got = store
+                .get_opts(&loc, ranged(4096..4096 + 65536))
+                .await
+                .unwrap();
+            assert_eq!(got.bytes().await.unwrap(), data[4096..4096 + 65536]);
+        };
+        tokio::time::timeout(Duration::from_secs(20), quick)
+            .await
+            .expect("a small read waited for the blocking pool");
+        let (s2, l2, whole) = (store.clone(), loc.clone(), ranged(0..data.len() as u64));
+        let large = tokio::spawn(async move { s2.get_opts(&l2, whole).await.map(|_| ()) });
+        let (s3, l3) = (store.clone(), loc.clone());
+        let head = tokio::spawn(async move {
+            let o = GetOptions {
+                head: true,
+                ..GetOptions::default()
+            };
+            s3.get_opts(&l3, o).await.map(|r| r.meta.size)
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !large.is_finished(),
+            "a large read ran while the pool was taken"
+        );
+        assert!(!head.is_finished(), "a stat ran while the pool was taken");
+        release.send(()).unwrap();
+        blocker.await.unwrap();
+        large.await.unwrap().unwrap();
+        assert_eq!(head.await.unwrap().unwrap(), data.len() as u64);
+        let all = store
+            .get_opts(&loc, ranged(0..data.len() as u64))
+            .await
+            .unwrap();
+        assert_eq!(all.bytes().await.unwrap(), data[..]);
+    });
+}
+
+/// Three slow inline reads in a row send a store's reads to the blocking pool for the back-off;
+/// a fast read between slow ones starts the count again.
+#[test]
+fn slow_reads_in_a_row_turn_inline_reads_off_for_a_while() {
+    use pagestore_mounts::localfs::InlineGate;
+    let g = InlineGate::default();
+    let slow = InlineGate::SLOW * 2;
+    let fast = InlineGate::SLOW / 2;
+    let back_off = InlineGate::BACK_OFF.as_millis() as u64;
+    assert!(g.allows(0));
+    g.took(slow, 10);
+    g.took(slow, 11);
+    g.took(fast, 12);
+    g.took(slow, 13);
+    g.took(slow, 14);
+    assert!(g.allows(15), "a fast read in between restarts the count");
+    g.took(slow, 16);
+    assert!(!g.allows(16) && !g.allows(16 + back_off - 1));
+    assert!(g.allows(16 + back_off));
+}
