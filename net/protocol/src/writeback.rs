@@ -192,6 +192,13 @@ impl Hlc {
         self.lead_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The wall clock now as this clock runs it (ahead by the lead): the time to measure the
+    /// age of a stamp against, so that following a fast clock does not make stamps look
+    /// younger than they are.
+    pub fn now_ms(&self) -> u64 {
+        unix_ms().saturating_add(self.lead_ms())
+    }
+
     /// The next value now.
     pub fn now(&self) -> u64 {
         self.tick(unix_ms())
@@ -358,6 +365,9 @@ mod tests {
         let takeover = here.tick(t0 + 2_500);
         assert!(takeover > unseen, "{takeover} <= {unseen}");
         assert_eq!(here.lead_ms(), skew - 1);
+        // Ages are measured on the clock as it runs: ahead by the lead.
+        let (before, now, after) = (unix_ms(), here.now_ms(), unix_ms());
+        assert!((before + skew - 1..=after + skew - 1).contains(&now));
         // Values from slower clocks, or the same lead again, change nothing.
         assert_eq!(here.observe_at(5 << 16, t0 + 3_000), None);
         assert_eq!(

@@ -634,7 +634,7 @@ impl WriteBackNode {
         let keep = self.settings.keep_records.as_millis() as u64;
         let plan = {
             let t = self.table();
-            t.refuse_forgotten(&op, unix_ms(), keep)
+            t.refuse_forgotten(&op, self.hlc.now_ms(), keep)
                 .and_then(|()| t.plan(&op, transient))
                 .map_err(refused)?
         };
@@ -882,7 +882,7 @@ impl WriteBackNode {
     /// within the memory the flushes may hold (a record that does not fit waits, and so do
     /// the ones after it).
     fn flush_round(self: &Arc<Self>) {
-        let now = unix_ms();
+        let now = self.hlc.now_ms();
         let lease = self.settings.lease.as_millis() as u64;
         let work: Vec<FileRecord> = self
             .table()
@@ -1315,6 +1315,7 @@ impl WriteBackNode {
         let Some(node) = self.node() else {
             return;
         };
+        // Dirty pages carry this node's wall-clock time, not change stamps.
         let now = unix_ms();
         let grace = self.settings.orphan_grace.as_millis() as u64;
         if let Ok(files) = node.dirty_files().await {
@@ -1379,7 +1380,10 @@ impl WriteBackNode {
     /// for short removals (1M records: the scan about 50 ms; taking out 100,000 at once held
     /// the lock 120 ms, so a batch about 5 ms).
     fn forget_settled(&self) {
-        let (now, keep) = (unix_ms(), self.settings.keep_records.as_millis() as u64);
+        let (now, keep) = (
+            self.hlc.now_ms(),
+            self.settings.keep_records.as_millis() as u64,
+        );
         let old = self.table().settled(now, keep);
         if old.is_empty() {
             return;
@@ -1415,7 +1419,7 @@ impl WriteBackNode {
     }
 
     fn summary_of(&self, t: &Records, prefix: &str) -> WriteBackSummary {
-        let mut s = t.summary(prefix, unix_ms());
+        let mut s = t.summary(prefix, self.hlc.now_ms());
         s.files_flushing = self.stats.flushing.load(Ordering::Relaxed);
         s.flush_errors = self.stats.errors.load(Ordering::Relaxed);
         s.bytes_flushed = self.stats.bytes.load(Ordering::Relaxed);
@@ -1452,7 +1456,7 @@ impl WriteBack for WriteBackNode {
     fn takes_pages(&self, file_id: u128, since: u64) -> bool {
         let keep = self.settings.keep_records.as_millis() as u64;
         let t = self.table();
-        t.takes_pages(file_id) && !t.may_be_forgotten(file_id, since, unix_ms(), keep)
+        t.takes_pages(file_id) && !t.may_be_forgotten(file_id, since, self.hlc.now_ms(), keep)
     }
 
     fn names(&self, file_id: u128) -> bool {
