@@ -77,35 +77,32 @@ fn not_supported(what: &str) -> S3Error {
     )
 }
 
-/// One grantee as a grant header or an ACL body names it.
-#[derive(Debug, PartialEq)]
-enum Who {
-    Id(String),
-    Other(String),
+/// Whether a request's grants, each told as "is it the owner's full control", are exactly the
+/// owner's full control (at least one grant, every one of them the owner's full control).
+fn owner_only(grants: impl IntoIterator<Item = bool>) -> bool {
+    let mut any = false;
+    for g in grants {
+        if !g {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
-/// Whether these grants are exactly the owner's full control.
-fn owner_only(grants: &[(Who, String)]) -> bool {
-    !grants.is_empty()
-        && grants
-            .iter()
-            .all(|(who, perm)| *who == Who::Id(OWNER_ID.into()) && perm == Permission::FULL_CONTROL)
-}
-
-/// The grantees of a grant header's value: `id="…"`, `emailAddress="…"` or `uri="…"`, comma
-/// separated.
-fn grantees(value: &str) -> Vec<Who> {
+/// For each grantee of a grant header's value (`id="…"`, `emailAddress="…"` or `uri="…"`,
+/// comma separated), whether it is the owner.
+fn owners(value: &str) -> impl Iterator<Item = bool> + '_ {
     value
         .split(',')
         .map(str::trim)
         .filter(|g| !g.is_empty())
         .map(|g| match g.split_once('=') {
-            Some((k, v)) if k.trim().eq_ignore_ascii_case("id") => {
-                Who::Id(v.trim().trim_matches('"').to_string())
+            Some((k, v)) => {
+                k.trim().eq_ignore_ascii_case("id") && v.trim().trim_matches('"') == OWNER_ID
             }
-            _ => Who::Other(g.to_string()),
+            None => false,
         })
-        .collect()
 }
 
 /// The ACL headers of a request: refused unless they ask for what every ACL here is (or there
@@ -127,10 +124,10 @@ pub(super) fn check_headers(op: &str, headers: &HeaderMap) -> S3Result<()> {
             let v = v
                 .to_str()
                 .map_err(|_| not_supported(&format!("{name} is not text")))?;
-            given.extend(grantees(v).into_iter().map(|w| (w, perm.to_string())));
+            given.extend(owners(v).map(|owner| owner && *perm == Permission::FULL_CONTROL));
         }
     }
-    if !given.is_empty() && !owner_only(&given) {
+    if !given.is_empty() && !owner_only(given) {
         return Err(not_supported(
             "grant headers other than the owner's full control",
         ));
@@ -158,11 +155,13 @@ pub(super) fn check_expected_owner(headers: &HeaderMap) -> S3Result<()> {
     Ok(())
 }
 
-/// The body of a PutBucketAcl or PutObjectAcl, with the canned ACL and grant headers the
-/// request had (checked already by [`check_headers`]): a body must give the owner full control
-/// and nobody anything else, and something must be given. S3 refuses a body together with a
-/// canned ACL or grant headers; so does this.
-pub(super) fn check_put(policy: Option<&AccessControlPolicy>, has_headers: bool) -> S3Result<()> {
+/// The ACL of a PutBucketAcl or PutObjectAcl: its body, or its canned ACL and grant headers
+/// (those checked already by [`check_headers`]). A body must give the owner full control and
+/// nobody anything else, and something must be given. S3 refuses a body together with a canned
+/// ACL or grant headers; so does this.
+pub(super) fn check_put(policy: Option<&AccessControlPolicy>, headers: &HeaderMap) -> S3Result<()> {
+    let has_headers = headers.contains_key("x-amz-acl")
+        || GRANT_HEADERS.iter().any(|(h, _)| headers.contains_key(*h));
     let Some(policy) = policy else {
         if has_headers {
             return Ok(());
@@ -186,33 +185,17 @@ pub(super) fn check_put(policy: Option<&AccessControlPolicy>, has_headers: bool)
             ));
         }
     }
-    let given: Vec<(Who, String)> = policy
-        .grants
-        .iter()
-        .flatten()
-        .map(|g| {
-            let who = match &g.grantee {
-                Some(Grantee {
-                    id: Some(id),
-                    uri: None,
-                    email_address: None,
-                    ..
-                }) => Who::Id(id.clone()),
-                other => Who::Other(format!("{other:?}")),
-            };
-            let perm = g.permission.as_ref().map(|p| p.as_str()).unwrap_or("");
-            (who, perm.to_string())
-        })
-        .collect();
-    if !owner_only(&given) {
+    let given = policy.grants.iter().flatten().map(|g| {
+        let owner = matches!(
+            &g.grantee,
+            Some(Grantee { id: Some(id), uri: None, email_address: None, .. }) if id == OWNER_ID
+        );
+        owner && g.permission.as_ref().map(|p| p.as_str()) == Some(Permission::FULL_CONTROL)
+    });
+    if !owner_only(given) {
         return Err(not_supported("grants other than the owner's full control"));
     }
     Ok(())
-}
-
-/// Whether a PutBucketAcl or PutObjectAcl carried an ACL in headers.
-pub(super) fn has_acl_headers(headers: &HeaderMap) -> bool {
-    headers.contains_key("x-amz-acl") || GRANT_HEADERS.iter().any(|(h, _)| headers.contains_key(*h))
 }
 
 #[cfg(test)]
@@ -294,22 +277,23 @@ mod tests {
 
     #[test]
     fn an_acl_body_must_be_the_owners_full_control() {
-        assert!(check_put(Some(&body(grants(), OWNER_ID)), false).is_ok());
-        assert!(check_put(None, true).is_ok());
+        let (none, canned) = (HeaderMap::new(), headers(&[("x-amz-acl", "private")]));
+        assert!(check_put(Some(&body(grants(), OWNER_ID)), &none).is_ok());
+        assert!(check_put(None, &canned).is_ok());
         assert_eq!(
-            code(check_put(None, false)).as_deref(),
+            code(check_put(None, &none)).as_deref(),
             Some("MissingSecurityHeader")
         );
         assert_eq!(
-            code(check_put(Some(&body(grants(), OWNER_ID)), true)).as_deref(),
+            code(check_put(Some(&body(grants(), OWNER_ID)), &canned)).as_deref(),
             Some("UnexpectedContent")
         );
         assert_eq!(
-            code(check_put(Some(&body(grants(), "someone")), false)).as_deref(),
+            code(check_put(Some(&body(grants(), "someone")), &none)).as_deref(),
             Some("AccessDenied")
         );
         assert_eq!(
-            code(check_put(Some(&body(vec![], OWNER_ID)), false)).as_deref(),
+            code(check_put(Some(&body(vec![], OWNER_ID)), &none)).as_deref(),
             Some("AccessControlListNotSupported")
         );
         let mut more = grants();
@@ -324,13 +308,13 @@ mod tests {
             permission: Some(Permission::from_static(Permission::READ)),
         });
         assert_eq!(
-            code(check_put(Some(&body(more, OWNER_ID)), false)).as_deref(),
+            code(check_put(Some(&body(more, OWNER_ID)), &none)).as_deref(),
             Some("AccessControlListNotSupported")
         );
         let mut read_only = grants();
         read_only[0].permission = Some(Permission::from_static(Permission::READ));
         assert_eq!(
-            code(check_put(Some(&body(read_only, OWNER_ID)), false)).as_deref(),
+            code(check_put(Some(&body(read_only, OWNER_ID)), &none)).as_deref(),
             Some("AccessControlListNotSupported")
         );
     }

@@ -21,10 +21,10 @@
 //! ETags), `read` GetObject, `write` PutObject and DeleteObject(s) (and sweeps staged files of
 //! `file://` stores), `multipart` the multipart uploads staged on local disk (part MD5s, `md5-N`
 //! ETags, repeated completions, ListMultipartUploads), `copy` CopyObject, UploadPartCopy and
-//! GetObjectAttributes, `acl` the ACLs (every one the owner's full control; any other asked
-//! for is refused) and expected-owner headers. This file holds the service (authentication, access checks, routing,
-//! bucket names, request ids), HeadObject and ListBuckets, and the [`S3`] implementation, a
-//! table of the operations that calls into those modules.
+//! GetObjectAttributes, `acl` the ACLs (every one the owner's full control; any other asked for
+//! is refused) and expected-owner headers. This file holds the service (authentication, access
+//! checks, routing, bucket names, request ids), HeadObject and ListBuckets, and the [`S3`]
+//! implementation, a table of the operations that calls into those modules.
 
 mod acl;
 mod attrs;
@@ -1011,10 +1011,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<PutBucketAclInput>,
     ) -> S3Result<S3Response<PutBucketAclOutput>> {
-        acl::check_put(
-            req.input.access_control_policy.as_ref(),
-            acl::has_acl_headers(&req.headers),
-        )?;
+        acl::check_put(req.input.access_control_policy.as_ref(), &req.headers)?;
         self.require_bucket(&req.input.bucket).await?;
         Ok(S3Response::new(PutBucketAclOutput {}))
     }
@@ -1040,10 +1037,7 @@ impl S3 for Gateway {
         req: S3Request<PutObjectAclInput>,
     ) -> S3Result<S3Response<PutObjectAclOutput>> {
         let input = &req.input;
-        acl::check_put(
-            input.access_control_policy.as_ref(),
-            acl::has_acl_headers(&req.headers),
-        )?;
+        acl::check_put(input.access_control_policy.as_ref(), &req.headers)?;
         keys::check_version_id(input.version_id.as_deref())?;
         self.stat_object(&input.bucket, &input.key).await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
