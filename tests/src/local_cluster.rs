@@ -80,7 +80,31 @@ pub struct NodeProc {
     pub admin: Option<String>,
     /// Its UUID.
     pub id: String,
+    /// Environment variables its process is started with (beside `PAGESTORE_LOG`), e.g. a
+    /// wall clock set apart with libfaketime ([`faketime`]).
+    pub env: Vec<(String, String)>,
     args: Vec<String>,
+}
+
+/// The environment that runs a process with its wall clock `offset` ahead (`"+3m"`) or behind
+/// (`"-2m"`) this machine's, through libfaketime (Debian's `faketime` package); monotonic
+/// clocks are left alone, so timers and timeouts run as usual. Errors when the library is not
+/// installed.
+pub fn faketime(offset: &str) -> Result<Vec<(String, String)>, String> {
+    let lib = format!(
+        "/usr/lib/{}-linux-gnu/faketime/libfaketimeMT.so.1",
+        std::env::consts::ARCH
+    );
+    if !Path::new(&lib).exists() {
+        return Err(format!(
+            "{lib} is missing: install libfaketime (apt-get install faketime)"
+        ));
+    }
+    Ok(vec![
+        ("LD_PRELOAD".into(), lib),
+        ("FAKETIME".into(), offset.into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ])
 }
 
 /// The running cluster. Dropping it kills every node.
@@ -188,6 +212,7 @@ impl LocalCluster {
                 cache_dir,
                 admin: None,
                 id,
+                env: Vec::new(),
                 args,
             });
         }
@@ -221,6 +246,7 @@ impl LocalCluster {
                 "PAGESTORE_LOG",
                 std::env::var("PAGESTORE_LOG").unwrap_or_else(|_| "error".into()),
             )
+            .envs(n.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

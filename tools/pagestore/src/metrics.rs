@@ -471,6 +471,11 @@ const FLUSH_LAG: (&str, &str) = (
     "pagestore_writeback_flush_lag_seconds",
     "Age of the oldest change not in the under storage yet (0: none).",
 );
+const CLOCK_LEAD: (&str, &str) = (
+    "pagestore_writeback_clock_lead_seconds",
+    "How far ahead of this node's wall clock its change stamps run: the lead of the fastest \
+     node clock it has seen (0: none faster; over a second, check the nodes' time sync).",
+);
 
 /// The request service-time histogram (labels `node`, `shard`).
 const LATENCY: (&str, &str) = (
@@ -659,7 +664,7 @@ pub fn names() -> Vec<&'static str> {
     v.extend(PER_JOB.iter().map(|f| f.0));
     v.extend(PER_RULE.iter().map(|f| f.0));
     v.extend(WRITE_BACK.iter().map(|f| f.0));
-    v.push(FLUSH_LAG.0);
+    v.extend([FLUSH_LAG.0, CLOCK_LEAD.0]);
     v
 }
 
@@ -890,7 +895,8 @@ impl Snapshot {
             FLUSH_LAG,
             &self.node,
             w.summary.oldest_dirty_ms as f64 / 1e3,
-        )
+        )?;
+        node_gauge(e, CLOCK_LEAD, &self.node, w.clock_lead_ms as f64 / 1e3)
     }
 }
 

@@ -619,6 +619,112 @@ async fn conditional_changes_hold_when_the_paths_metadata_owner_is_killed() {
     assert_eq!(read_all(&b, "/ck/m/gone").await, b"back");
 }
 
+/// This node's `pagestore_writeback_clock_lead_seconds`.
+fn clock_lead(c: &Cluster, i: usize) -> f64 {
+    let admin = c.nodes[i].admin.as_deref().unwrap();
+    let text = pagestore_testkit::local_cluster::http_get(admin, "/metrics")
+        .unwrap()
+        .1;
+    text.lines()
+        .find_map(|l| l.strip_prefix("pagestore_writeback_clock_lead_seconds{"))
+        .and_then(|rest| rest.split_whitespace().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no clock lead in {text}"))
+}
+
+/// Nodes whose wall clocks disagree by minutes (libfaketime: node 0 three minutes fast, node 1
+/// two minutes slow, node 2 right). Every node's change stamps follow the fastest clock it has
+/// seen, so when node 0, the metadata owner of a file, stamps a delete of it that no other node
+/// takes (both are down) and dies, the file written again once the others are back (and
+/// acknowledged) is what everyone reads, and what the store holds, once node 0 is back with the
+/// unacknowledged delete in its journal. With stamps on each node's own clock, the new write
+/// (stamped three minutes behind node 0's clock) would lose to the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_delete_by_a_fast_clocked_owner_that_died_loses_to_a_later_write() {
+    use pagestore_testkit::local_cluster::faketime;
+    let (dir, mut s) = common::settings();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    s.nodes = 3;
+    s.mounts = vec![format!("/ck=file://{}?write=back", store.display())];
+    s.extra = vec!["--write-replicas".into(), "2".into()];
+    s.start = Some(0);
+    let mut c = Cluster::start(dir, s);
+    c.nodes[0].env = faketime("+3m").unwrap();
+    c.nodes[1].env = faketime("-2m").unwrap();
+    for i in 0..3 {
+        c.start_node(i);
+    }
+    let a = c.client(ClientOptions::default()).await;
+    let path = (0..)
+        .map(|i| format!("/ck/clocks/f{i}"))
+        .find(|p| owner_of(&c, &a, p) == 0)
+        .unwrap();
+    a.write_file(&path, b"one".to_vec().into()).await.unwrap();
+    // Every node took node 0's change, and its stamps now run on node 0's clock.
+    let leads: Vec<f64> = (0..3).map(|i| clock_lead(&c, i)).collect();
+    assert!(leads[0] < 1.0, "{leads:?}");
+    assert!((leads[1] - 300.0).abs() < 20.0, "{leads:?}");
+    assert!((leads[2] - 180.0).abs() < 20.0, "{leads:?}");
+
+    // The owner takes a delete alone: the others are down, so it is never acknowledged.
+    c.inner.kill(1);
+    c.inner.kill(2);
+    let r = tokio::time::timeout(Duration::from_secs(10), a.remove_file(&path)).await;
+    assert!(
+        !matches!(r, Ok(Ok(()))),
+        "a delete no other node took: {r:?}"
+    );
+    c.inner.kill(0);
+    c.start_node(1);
+    c.start_node(2);
+
+    // The path's next owner takes it over; a write there is acknowledged.
+    let b = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(2),
+            ..ClientOptions::default()
+        })
+        .await;
+    b.write_file(&path, b"two, acknowledged".to_vec().into())
+        .await
+        .unwrap();
+    assert_eq!(read_all(&b, &path).await, b"two, acknowledged");
+
+    // Node 0 comes back (as fast as it was), owner of the path again, with its delete.
+    c.start_node(0);
+    let direct = Client::connect(
+        &pagestore_client::ClusterSource::Addr(c.nodes[0].base),
+        pagestore_client::tls::client_config(&c.ca_dir).unwrap(),
+        None,
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kind = loop {
+        match direct.stat_path(&path).await {
+            Ok(k) => break k,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{path} on the returned owner: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(matches!(kind, PathKind::File { size: 17, .. }), "{kind:?}");
+    let reader = c.client(ClientOptions::default()).await;
+    assert_eq!(read_all(&reader, &path).await, b"two, acknowledged");
+    synced(&reader, "/ck", Duration::from_secs(60)).await;
+    let rel = path.trim_start_matches("/ck/");
+    assert_eq!(
+        std::fs::read(store.join(rel)).unwrap(),
+        b"two, acknowledged"
+    );
+    assert_eq!(read_all(&reader, &path).await, b"two, acknowledged");
+}
+
 /// A node with a memory tier: a page of a file being written that readers read again and
 /// again is served from disk, never from a copy in memory that a rewrite would leave behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

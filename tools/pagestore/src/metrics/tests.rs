@@ -71,6 +71,7 @@ fn full() -> Snapshot {
                 ..Default::default()
             },
             flushed_bytes: 9,
+            clock_lead_ms: 2500,
             ..Default::default()
         }),
     }
@@ -105,6 +106,10 @@ fn every_family_renders_as_valid_openmetrics() {
     assert_eq!(
         get("pagestore_writeback_flushed_bytes_total", "node=\"n1\""),
         9.0
+    );
+    assert_eq!(
+        get("pagestore_writeback_clock_lead_seconds", "node=\"n1\""),
+        2.5
     );
     assert_eq!(get("pagestore_ring_nodes_down", "node=\"n1\""), 1.0);
     assert_eq!(

@@ -199,6 +199,8 @@ pub struct WriteBackMetrics {
     pub records_limit: u64,
     /// Journal bytes.
     pub journal_bytes: u64,
+    /// How far ahead of the wall clock the change stamps run ([`Hlc::lead_ms`]).
+    pub clock_lead_ms: u64,
 }
 
 /// A node's write-back side (see the module docs).
@@ -1415,6 +1417,7 @@ impl WriteBackNode {
             forgotten: g(&s.forgotten),
             records_limit: self.settings.max_records as u64,
             journal_bytes,
+            clock_lead_ms: self.hlc.lead_ms(),
         }
     }
 
