@@ -74,6 +74,26 @@ pub fn is_sigv2(uri: &Uri, headers: &HeaderMap) -> bool {
     header || query_value(uri, "Signature").is_some()
 }
 
+/// The URI a Signature Version 2 request to a bucket itself (path `/bucket`, no key) is
+/// verified with: `/bucket/`. SigV2 clients (botocore, s3cmd, minio-go) sign a bucket's
+/// resource as `/bucket/` whatever path they send, as S3 takes it; s3s signs the path as sent,
+/// so without this every SigV2 CreateBucket, ListObjects or DeleteBucket failed with
+/// SignatureDoesNotMatch (even where SigV2 is refused: the refusal comes after the signature).
+/// `None`: the URI stays as it is.
+pub fn sigv2_bucket_uri(uri: &Uri, headers: &HeaderMap) -> Option<Uri> {
+    let bucket = uri.path().strip_prefix('/')?;
+    if bucket.is_empty() || bucket.contains('/') || !is_sigv2(uri, headers) {
+        return None;
+    }
+    let path_and_query = match uri.query() {
+        Some(q) => format!("/{bucket}/?{q}"),
+        None => format!("/{bucket}/"),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    Uri::from_parts(parts).ok()
+}
+
 /// The first value of the query parameter `name` (not percent-decoded: the values checked here
 /// are numbers).
 pub(super) fn query_value<'a>(uri: &'a Uri, name: &str) -> Option<&'a str> {
@@ -774,6 +794,41 @@ mod tests {
         let long = vec!["a".repeat(200); 6].join("/");
         let e = check_key_len(&long).unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::KeyTooLongError);
+    }
+
+    #[test]
+    fn sigv2_requests_to_a_bucket_are_verified_with_its_resource_as_clients_sign_it() {
+        let mut v2 = HeaderMap::new();
+        v2.insert("authorization", "AWS KEY:c2ln".parse().unwrap());
+        let uri = |s: &str| s.parse::<Uri>().unwrap();
+        let fixed = |u: &str, h: &HeaderMap| sigv2_bucket_uri(&uri(u), h).map(|u| u.to_string());
+        assert_eq!(fixed("/b", &v2).as_deref(), Some("/b/"));
+        assert_eq!(
+            fixed("/b?list-type=2&prefix=a%2F", &v2).as_deref(),
+            Some("/b/?list-type=2&prefix=a%2F")
+        );
+        assert_eq!(
+            fixed(
+                "/b?Signature=x&Expires=1&AWSAccessKeyId=KEY",
+                &HeaderMap::new()
+            )
+            .as_deref(),
+            Some("/b/?Signature=x&Expires=1&AWSAccessKeyId=KEY")
+        );
+        // Keys, the bucket list, paths that have the slash, and SigV4 stay as they are.
+        for u in ["/b/", "/b/k", "/", "/b/k/"] {
+            assert_eq!(fixed(u, &v2), None, "{u}");
+        }
+        let mut v4 = HeaderMap::new();
+        v4.insert(
+            "authorization",
+            "AWS4-HMAC-SHA256 Credential=KEY/20261206/us-east-1/s3/aws4_request, \
+             SignedHeaders=host, Signature=00"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(fixed("/b", &v4), None);
+        assert_eq!(fixed("/b", &HeaderMap::new()), None);
     }
 
     #[test]

@@ -210,7 +210,10 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
     type Error = HttpError;
     type Future = FrontFuture;
 
-    fn call(&self, req: hyper::Request<Incoming>) -> FrontFuture {
+    fn call(&self, mut req: hyper::Request<Incoming>) -> FrontFuture {
+        if let Some(uri) = checks::sigv2_bucket_uri(req.uri(), req.headers()) {
+            *req.uri_mut() = uri;
+        }
         let chunked = checks::is_aws_chunked(req.headers());
         let with_body = has_body(req.headers());
         let stall = self.stall;

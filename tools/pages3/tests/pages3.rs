@@ -1385,6 +1385,8 @@ check(local("objs/small.txt") == small, "sigv2 refused: nothing written")
 v2 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
                   config=cfg.merge(Config(signature_version="s3")))
 check(err(lambda: v2.get_object(Bucket="data", Key="objs/small.txt")) == (400, "InvalidRequest"), "boto3 sigv2")
+# Requests to a bucket itself too (boto3 signs its resource as "/data/" and sends "/data").
+check(err(lambda: v2.list_objects(Bucket="data")) == (400, "InvalidRequest"), "boto3 sigv2 bucket")
 url = v2.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "objs/small.txt"}, ExpiresIn=60)
 u = urllib.parse.urlsplit(url)
 st, body = send(EP, "GET", u.path + "?" + u.query, {"host": u.netloc})
@@ -1398,6 +1400,9 @@ check(st == 403 and b"RequestTimeTooSkewed" in body, "sigv2 replay", st, body)
 check(local("v2/obj") == b"first", "replay kept the object")
 v2b = boto3.client("s3", endpoint_url=EP_V2, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
                    config=cfg.merge(Config(signature_version="s3")))
+keys = [o["Key"] for o in v2b.list_objects(Bucket="data", Prefix="v2/")["Contents"]]
+check(keys == ["v2/obj"], "sigv2 bucket listing", keys)
+check(v2b.head_bucket(Bucket="data")["ResponseMetadata"]["HTTPStatusCode"] == 200, "sigv2 head bucket")
 url = v2b.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "v2/obj"}, ExpiresIn=8 * 86400)
 u = urllib.parse.urlsplit(url)
 st, body = send(EP_V2, "GET", u.path + "?" + u.query, {"host": u.netloc})
