@@ -488,8 +488,9 @@ impl Digests {
     }
 
     /// Compares the digests of everything fed with the expected ones (`trailers`: the
-    /// aws-chunked trailers, once the body has ended), and returns the body's MD5 in hex.
-    pub fn verify(self, trailers: Option<&HeaderMap>) -> S3Result<String> {
+    /// aws-chunked trailers, once the body has ended), and returns the body's MD5 in hex and
+    /// the checksums the request named, verified.
+    pub fn verify(self, trailers: Option<&HeaderMap>) -> S3Result<(String, Checksums)> {
         let md5 = self.md5.finalize();
         if self.md5_expected.is_some_and(|want| md5[..] != want[..]) {
             return Err(S3Error::with_message(
@@ -505,6 +506,7 @@ impl Digests {
             got.checksum_sha256,
             got.checksum_crc64nvme,
         ];
+        let mut verified = Checksums::default();
         for (i, (name, len)) in ALGORITHMS.iter().enumerate() {
             let header = format!("x-amz-checksum-{name}");
             let mut want = self.expected[i].clone();
@@ -533,8 +535,31 @@ impl Digests {
             if computed.as_deref() != Some(&want[..]) {
                 return Err(bad_checksum(name));
             }
+            verified.0[i] = got[i].clone();
         }
-        Ok(hex(&md5))
+        Ok((hex(&md5), verified))
+    }
+}
+
+/// The checksums (base64, as S3 gives them) of an object written in one piece that its writer
+/// named and the gateway verified, by algorithm: CRC32, CRC32C, SHA-1, SHA-256, CRC64NVME.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checksums(pub [Option<String>; 5]);
+
+impl Checksums {
+    /// As S3's `Checksum` element (`None`: no checksum kept).
+    pub fn to_checksum(&self) -> Option<s3s::dto::Checksum> {
+        let [crc32, crc32c, sha1, sha256, crc64nvme] = self.0.clone();
+        (self.0.iter().any(Option::is_some)).then(|| s3s::dto::Checksum {
+            checksum_crc32: crc32,
+            checksum_crc32c: crc32c,
+            checksum_sha1: sha1,
+            checksum_sha256: sha256,
+            checksum_crc64nvme: crc64nvme,
+            checksum_type: Some(s3s::dto::ChecksumType::from_static(
+                s3s::dto::ChecksumType::FULL_OBJECT,
+            )),
+        })
     }
 }
 

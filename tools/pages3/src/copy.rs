@@ -284,8 +284,8 @@ pub(super) async fn upload_part_copy(
     }))
 }
 
-/// GetObjectAttributes: the ETag, the size and the storage class, as asked (objects have no
-/// parts or checksums here).
+/// GetObjectAttributes: the ETag, the size, the storage class and the checksum (of an object
+/// this gateway wrote in one piece with one), as asked (objects have no parts here).
 pub(super) async fn get_object_attributes(
     gw: &Gateway,
     req: S3Request<GetObjectAttributesInput>,
@@ -307,6 +307,9 @@ pub(super) async fn get_object_attributes(
             .then(|| info.size.try_into().unwrap_or(i64::MAX)),
         storage_class: asked(ObjectAttributes::STORAGE_CLASS)
             .then(|| StorageClass::from_static(StorageClass::STANDARD)),
+        checksum: asked(ObjectAttributes::CHECKSUM)
+            .then(|| gw.checksums_of(&info)?.to_checksum())
+            .flatten(),
         last_modified: Some(Timestamp::from(gw.modified(&info))),
         ..GetObjectAttributesOutput::default()
     }))

@@ -78,7 +78,7 @@ use s3s::{
     Body, HttpError, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError, S3,
 };
 
-use checks::{ChunkedCheck, Digests, Policy};
+use checks::{Checksums, ChunkedCheck, Digests, Policy};
 use cond::{check_read, ReadConditions, Tags};
 use errors::{client_error, internal, invalid, no_such_bucket};
 use keys::{decode_token, encode_token, etag, key_path, segment_is_safe, KeyPath};
@@ -656,6 +656,27 @@ impl Gateway {
         self.tags_at(&info.path, &info.version)
     }
 
+    /// The checksums the writer of the object `info` named, verified, while this gateway
+    /// remembers the version it wrote (see `Aliases`).
+    fn checksums_of(&self, info: &ObjectInfo) -> Option<Checksums> {
+        self.aliases.checksums(&info.path, &info.version)
+    }
+
+    /// The checksums to answer a HeadObject or GetObject of the whole object `info` with:
+    /// only when the request asks for them (`x-amz-checksum-mode: ENABLED`, as S3 answers).
+    fn checksums_for_read(
+        &self,
+        info: &ObjectInfo,
+        mode: Option<&s3s::dto::ChecksumMode>,
+        whole: bool,
+    ) -> [Option<String>; 5] {
+        let asked = mode.is_some_and(|m| m.as_str() == s3s::dto::ChecksumMode::ENABLED);
+        match self.checksums_of(info) {
+            Some(c) if asked && whole => c.0,
+            _ => Default::default(),
+        }
+    }
+
     /// The ETags of version `version` of the object at `path` (see [`Gateway::tags_of`]).
     fn tags_at(&self, path: &str, version: &str) -> Tags {
         let store = etag(version);
@@ -943,7 +964,14 @@ impl S3 for Gateway {
             .await?;
         let modified = self.modified(&info);
         let a = self.served_attributes(&info).await;
+        let [crc32, crc32c, sha1, sha256, crc64nvme] =
+            self.checksums_for_read(&info, input.checksum_mode.as_ref(), input.range.is_none());
         Ok(S3Response::new(HeadObjectOutput {
+            checksum_crc32: crc32,
+            checksum_crc32c: crc32c,
+            checksum_sha1: sha1,
+            checksum_sha256: sha256,
+            checksum_crc64nvme: crc64nvme,
             accept_ranges: Some("bytes".into()),
             content_length: Some(info.size.try_into().unwrap_or(i64::MAX)),
             content_type: Some(a.content_type()),

@@ -28,7 +28,7 @@ use s3s::{
 use tokio::io::AsyncWriteExt;
 
 use super::{
-    checks::{hex, Digests},
+    checks::{hex, Checksums, Digests},
     cond::WriteCondition,
     errors::{internal, invalid, io_failure, store_error, upload_error},
     write::{BodyReader, WRITE_CHUNK},
@@ -61,23 +61,44 @@ pub(super) fn multipart_etag(part_tags: &[&str]) -> String {
 /// GET and listings report that ETag while the object keeps that version, and while this
 /// gateway runs.
 #[derive(Default)]
-pub(super) struct Aliases(Mutex<HashMap<String, (String, String)>>);
+pub(super) struct Aliases(Mutex<HashMap<String, Alias>>);
+
+/// What [`Aliases`] keeps of an object: the version, its S3 ETag, and the checksums its
+/// writer named.
+struct Alias {
+    version: String,
+    etag: String,
+    checksums: Checksums,
+}
 
 impl Aliases {
+    /// The S3 ETag of version `version` of `path`, if this gateway wrote it.
     pub(super) fn get(&self, path: &str, version: &str) -> Option<String> {
-        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(path)
-            .filter(|(v, _)| v == version)
-            .map(|(_, a)| a.clone())
+        self.with(path, version, |a| a.etag.clone())
     }
 
-    pub(super) fn set(&self, path: &str, version: &str, alias: &str) {
+    /// The checksums the writer of version `version` of `path` named, if this gateway wrote it.
+    pub(super) fn checksums(&self, path: &str, version: &str) -> Option<Checksums> {
+        self.with(path, version, |a| a.checksums.clone())
+    }
+
+    fn with<T>(&self, path: &str, version: &str, f: impl FnOnce(&Alias) -> T) -> Option<T> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(path).filter(|a| a.version == version).map(f)
+    }
+
+    pub(super) fn set(&self, path: &str, version: &str, etag: &str, checksums: Checksums) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= MAX_ALIASES && !m.contains_key(path) {
-            // Forgetting only changes what later reads report (the store's tag).
+            // Forgetting only changes what later reads report (the store's tag, no checksum).
             m.clear();
         }
-        m.insert(path.to_string(), (version.to_string(), alias.to_string()));
+        let alias = Alias {
+            version: version.to_string(),
+            etag: etag.to_string(),
+            checksums,
+        };
+        m.insert(path.to_string(), alias);
     }
 
     pub(super) fn forget(&self, path: &str) {
@@ -176,7 +197,7 @@ pub(super) async fn complete_multipart_upload(
     gw.client.invalidate(&path, old).await;
     // The version this upload wrote (not a stat's: another writer may have come since).
     match version {
-        Some(v) => gw.aliases.set(&path, &v, &tag),
+        Some(v) => gw.aliases.set(&path, &v, &tag, Checksums::default()),
         None => gw.aliases.forget(&path),
     }
     Ok(answer(tag))
@@ -611,7 +632,9 @@ impl Uploads {
             }
             file.flush().await.map_err(fail)?;
             // S3's part ETag: the MD5 of the part.
-            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())
+            digests
+                .verify(trailers.and_then(TrailingHeaders::take).as_ref())
+                .map(|(md5, _)| md5)
         }
         .await;
         drop(file);

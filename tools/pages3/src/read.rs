@@ -209,9 +209,16 @@ pub(super) async fn get_object(
         remaining: usize::try_from(len).unwrap_or(usize::MAX),
     };
     let a = gw.served_attributes(&info).await;
+    let [crc32, crc32c, sha1, sha256, crc64nvme] =
+        gw.checksums_for_read(&info, input.checksum_mode.as_ref(), len == info.size);
     // response-* parameters override what is kept, as in S3.
     let or = |asked: &Option<String>, kept: Option<String>| asked.clone().or(kept);
     Ok(S3Response::new(GetObjectOutput {
+        checksum_crc32: crc32,
+        checksum_crc32c: crc32c,
+        checksum_sha1: sha1,
+        checksum_sha256: sha256,
+        checksum_crc64nvme: crc64nvme,
         cache_control: or(&input.response_cache_control, a.cache_control.clone()),
         content_disposition: or(
             &input.response_content_disposition,

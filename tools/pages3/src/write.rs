@@ -26,7 +26,7 @@ use s3s::{
 
 use super::{
     attrs::Asked,
-    checks::{self, Digests},
+    checks::{self, Checksums, Digests},
     cond::{precondition_failed, WriteCondition},
     errors::{client_error, conflict, invalid, store_error, upload_error},
     keys::{key_path, percent_decode, KeyPath},
@@ -106,9 +106,16 @@ pub(super) async fn put_object(
             attributes,
         )
         .await?;
+    let sums = gw.checksums_of(&info).unwrap_or_default();
+    let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.0;
     Ok(S3Response::new(PutObjectOutput {
         e_tag: Some(gw.tags_of(&info).reported),
         size: Some(info.size.try_into().unwrap_or(i64::MAX)),
+        checksum_crc32: crc32,
+        checksum_crc32c: crc32c,
+        checksum_sha1: sha1,
+        checksum_sha256: sha256,
+        checksum_crc64nvme: crc64nvme,
         ..PutObjectOutput::default()
     }))
 }
@@ -407,8 +414,8 @@ impl Gateway {
         let mut upload = None;
         // Two parts upload at once, each on its own, while the body's next part arrives.
         let mut pending = PartUploads::new(2);
-        // The MD5 of the body and the version the write gave the object.
-        let result: Result<(String, Option<String>), S3Error> = async {
+        // The MD5 and checksums of the body and the version the write gave the object.
+        let result: Result<((String, Checksums), Option<String>), S3Error> = async {
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
                 buf.extend_from_slice(&chunk);
@@ -458,7 +465,7 @@ impl Gateway {
             Ok((md5, version))
         }
         .await;
-        let (md5, version) = match result {
+        let ((md5, checksums), version) = match result {
             Ok(v) => v,
             Err(e) => {
                 drop(pending);
@@ -474,7 +481,7 @@ impl Gateway {
         // is reported with it (see `Aliases`). The version is the write's own answer, not a
         // stat's, which may already see another writer's object.
         match version {
-            Some(v) => self.aliases.set(path, &v, &md5),
+            Some(v) => self.aliases.set(path, &v, &md5, checksums),
             None => self.aliases.forget(path),
         }
         ufs.stat(path).await.map_err(store_error)
@@ -507,7 +514,7 @@ impl Gateway {
                 return Err(e);
             }
         };
-        let result: S3Result<(ObjectInfo, String)> = async {
+        let result: S3Result<(ObjectInfo, (String, Checksums))> = async {
             let mut digests = Digests::from_headers(headers)?;
             let options = pagestore_client::WriteOptions {
                 expect,
@@ -534,8 +541,8 @@ impl Gateway {
         }
         .await;
         match result {
-            Ok((info, md5)) => {
-                self.aliases.set(path, &info.version, &md5);
+            Ok((info, (md5, checksums))) => {
+                self.aliases.set(path, &info.version, &md5, checksums);
                 Ok(info)
             }
             Err(e) => {

@@ -1438,6 +1438,23 @@ st, body = put_v4(EP, KEY, SECRET, "/data/digest/ok", new, {"content-md5": md5(n
 check(st == 200 and local("digest/ok") == new, "right digests", st, body)
 r = s3.put_object(Bucket="data", Key="digest/boto", Body=new, ContentMD5=md5(new), ChecksumSHA256=sha(new))
 check(local("digest/boto") == new)
+# The checksum a PutObject named is kept with the version it wrote: answered by the write, by
+# HeadObject and whole-object GetObject when asked (x-amz-checksum-mode), by
+# GetObjectAttributes; not by a ranged read, nor once the object is replaced.
+sums = lambda d: {k: v for k, v in d.items() if k.startswith("Checksum") and k != "ChecksumType"}
+check(sums(r) == {"ChecksumSHA256": sha(new)}, "put answers its checksum", r)
+check(sums(s3.head_object(Bucket="data", Key="digest/boto")) == {}, "head without checksum mode")
+h = s3.head_object(Bucket="data", Key="digest/boto", ChecksumMode="ENABLED")
+check(sums(h) == {"ChecksumSHA256": sha(new)}, "head", h)
+g = s3.get_object(Bucket="data", Key="digest/boto", ChecksumMode="ENABLED")
+check(g["Body"].read() == new and sums(g) == {"ChecksumSHA256": sha(new)}, "get", g)
+g = s3.get_object(Bucket="data", Key="digest/boto", ChecksumMode="ENABLED", Range="bytes=0-3")
+check(g["Body"].read() == new[:4] and sums(g) == {}, "ranged get", g)
+a = s3.get_object_attributes(Bucket="data", Key="digest/boto", ObjectAttributes=["Checksum", "ObjectSize"])
+check(sums(a["Checksum"]) == {"ChecksumSHA256": sha(new)} and a["ObjectSize"] == len(new), "attributes", a)
+s3.put_object(Bucket="data", Key="digest/boto", Body=b"replaced", ChecksumAlgorithm="CRC32")
+h = s3.head_object(Bucket="data", Key="digest/boto", ChecksumMode="ENABLED")
+check(sums(h) == {"ChecksumCRC32": crc(b"replaced")}, "head after a replace", h)
 big = os.urandom(20 * 1024 * 1024 + 5)
 check(err(lambda: s3.put_object(Bucket="data", Key="digest/big", Body=big, ChecksumSHA256=sha(b"x"))) == (400, "BadDigest"))
 check(not exists("digest/big"), "large object with a wrong digest not stored")
@@ -1446,6 +1463,8 @@ check(err(lambda: s3.upload_part(Bucket="data", Key="digest/mp", UploadId=uid, P
 e1 = s3.upload_part(Bucket="data", Key="digest/mp", UploadId=uid, PartNumber=1, Body=new, ContentMD5=md5(new))["ETag"]
 s3.complete_multipart_upload(Bucket="data", Key="digest/mp", UploadId=uid, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}]})
 check(local("digest/mp") == new)
+a = s3.get_object_attributes(Bucket="data", Key="digest/mp", ObjectAttributes=["Checksum", "ObjectSize"])
+check("Checksum" not in a and a["ObjectSize"] == len(new), "multipart: no checksum kept", a)
 
 # --- 4. aws-chunked bodies: complete ones pass, cut or mislabelled ones are refused.
 st, body = put_chunked(EP, KEY, SECRET, "/data/chunked/ok", [b"hello ", b"world"])
