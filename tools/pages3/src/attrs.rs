@@ -219,3 +219,54 @@ mod tests {
         assert_eq!(*e.code(), S3ErrorCode::MetadataTooLarge);
     }
 }
+
+/// GetObjectAttributes' answer gives the `ETag` unquoted (S3 does, unlike every other answer
+/// and listing); s3s writes every ETag quoted, so the quotes are taken out of its XML here.
+/// Other bodies (an error, a stream) are left as they are.
+pub(super) fn unquote_etag(body: &mut s3s::Body) {
+    let Some(xml) = body.bytes() else { return };
+    if let Some(fixed) = without_etag_quotes(&xml) {
+        *body = s3s::Body::from(fixed);
+    }
+}
+
+fn without_etag_quotes(xml: &[u8]) -> Option<Vec<u8>> {
+    const OPEN: &[u8] = b"<ETag>\"";
+    const CLOSE: &[u8] = b"\"</ETag>";
+    let start = xml.windows(OPEN.len()).position(|w| w == OPEN)?;
+    let value = start + OPEN.len();
+    let end = value + xml[value..].windows(CLOSE.len()).position(|w| w == CLOSE)?;
+    let mut out = Vec::with_capacity(xml.len());
+    out.extend_from_slice(&xml[..start]);
+    out.extend_from_slice(b"<ETag>");
+    out.extend_from_slice(&xml[value..end]);
+    out.extend_from_slice(b"</ETag>");
+    out.extend_from_slice(&xml[end + CLOSE.len()..]);
+    Some(out)
+}
+
+#[cfg(test)]
+mod etag_tests {
+    use super::without_etag_quotes;
+
+    #[test]
+    fn the_attributes_etag_loses_its_quotes_and_nothing_else_changes() {
+        let xml = b"<?xml version=\"1.0\"?><GetObjectAttributesOutput><ETag>\"acbd-2\"</ETag>\
+                    <ObjectSize>3</ObjectSize></GetObjectAttributesOutput>";
+        assert_eq!(
+            without_etag_quotes(xml).as_deref(),
+            Some(
+                &b"<?xml version=\"1.0\"?><GetObjectAttributesOutput><ETag>acbd-2</ETag>\
+                   <ObjectSize>3</ObjectSize></GetObjectAttributesOutput>"[..]
+            )
+        );
+        for none in [
+            &b"<GetObjectAttributesOutput><ObjectSize>3</ObjectSize></GetObjectAttributesOutput>"[..],
+            b"<ETag>unquoted</ETag>",
+            b"<ETag>\"cut",
+            b"",
+        ] {
+            assert_eq!(without_etag_quotes(none), None);
+        }
+    }
+}

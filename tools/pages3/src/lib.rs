@@ -228,11 +228,16 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Front {
         let s3 = self.s3.clone();
         let wrong_region = checks::malformed_region(req.uri(), req.headers());
         let region = self.region.clone();
+        let attributes = req.method() == hyper::Method::GET
+            && checks::query_value(req.uri(), "attributes").is_some();
         Box::pin(async move {
             let mut resp = match wrong_region {
                 Some(asked) => region_error(&asked, &region),
                 None => s3.call(req).await?,
             };
+            if attributes && resp.status() == hyper::StatusCode::OK {
+                attrs::unquote_etag(resp.body_mut());
+            }
             finish_response(
                 &mut resp,
                 &multipart::random_id()[..16].to_ascii_uppercase(),
