@@ -127,8 +127,21 @@ fn err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
-/// `count` consecutive free UDP ports on 127.0.0.1.
+/// The lowest port the kernel hands a socket bound to port 0 (`ip_local_port_range`; 32768
+/// when it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// `count` consecutive free UDP ports on 127.0.0.1, below the ephemeral range: a client socket
+/// (every QUIC client binds one to port 0) can then never take a node's port between this
+/// probe and the node's start, or while a test has the node stopped.
 fn free_ports(count: u16) -> Result<u16, String> {
+    let (low, high) = (10_000u16, ephemeral_low().max(12_000));
+    let span = u64::from(high - low - count.min(high - low - 1));
     let mut x = (u64::from(std::process::id()) << 20)
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -138,7 +151,7 @@ fn free_ports(count: u16) -> Result<u16, String> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let base = 20_000 + (x % 30_000) as u16;
+        let base = low + (x % span) as u16;
         let held: Vec<_> = (0..count)
             .map_while(|i| UdpSocket::bind(("127.0.0.1", base + i)).ok())
             .collect();
