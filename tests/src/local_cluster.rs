@@ -141,7 +141,9 @@ fn ephemeral_low() -> u16 {
 /// probe and the node's start, or while a test has the node stopped.
 fn free_ports(count: u16) -> Result<u16, String> {
     let (low, high) = (10_000u16, ephemeral_low().max(12_000));
-    let span = u64::from(high - low - count.min(high - low - 1));
+    let span = u64::from(high - low)
+        .saturating_sub(u64::from(count))
+        .max(1);
     let mut x = (u64::from(std::process::id()) << 20)
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -667,8 +667,9 @@ impl Gateway {
         self.aliases.checksums(&info.path, &info.version)
     }
 
-    /// The checksums to answer a HeadObject or GetObject of the whole object `info` with:
-    /// only when the request asks for them (`x-amz-checksum-mode: ENABLED`, as S3 answers).
+    /// The checksums to answer a HeadObject or GetObject of `info` with: only for a request of
+    /// the whole object (`whole`: no Range) that asks for them (`x-amz-checksum-mode:
+    /// ENABLED`), as S3 answers.
     fn checksums_for_read(
         &self,
         info: &ObjectInfo,

@@ -210,7 +210,7 @@ pub(super) async fn get_object(
     };
     let a = gw.served_attributes(&info).await;
     let [crc32, crc32c, sha1, sha256, crc64nvme] =
-        gw.checksums_for_read(&info, input.checksum_mode.as_ref(), len == info.size);
+        gw.checksums_for_read(&info, input.checksum_mode.as_ref(), input.range.is_none());
     // response-* parameters override what is kept, as in S3.
     let or = |asked: &Option<String>, kept: Option<String>| asked.clone().or(kept);
     Ok(S3Response::new(GetObjectOutput {
