@@ -400,7 +400,8 @@ const ALGORITHMS: [(&str, usize); 5] = [
 
 /// Checks a body against the digests its request names (`Content-MD5`, `x-amz-checksum-*` as
 /// headers, or as aws-chunked trailers announced by `x-amz-trailer`): `InvalidDigest` for a
-/// digest that is not one, `BadDigest` for a mismatch.
+/// `Content-MD5` that is not an MD5, `BadDigest` for a mismatch and for an `x-amz-checksum-*`
+/// value that is not one of its algorithm (it cannot match; the conformance suite expects it).
 pub struct Digests {
     /// The body's MD5 (always computed: S3's ETag of an object or part written in one piece).
     md5: Md5,
@@ -417,6 +418,13 @@ fn invalid_digest(what: &str) -> S3Error {
     S3Error::with_message(
         S3ErrorCode::InvalidDigest,
         format!("{what} is not a valid base64-encoded digest of the right length"),
+    )
+}
+
+fn malformed_checksum(what: &str) -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::BadDigest,
+        format!("{what} is not a base64-encoded checksum of its algorithm's length"),
     )
 }
 
@@ -450,7 +458,7 @@ impl Digests {
                     .ok()
                     .and_then(base64_decode)
                     .filter(|d| d.len() == *len)
-                    .ok_or_else(|| invalid_digest(&header))?;
+                    .ok_or_else(|| malformed_checksum(&header))?;
                 expected[i] = Some(d);
             }
             trailer[i] = announced.contains(&header);
@@ -524,7 +532,7 @@ impl Digests {
                     .ok()
                     .and_then(base64_decode)
                     .filter(|d| d.len() == *len)
-                    .ok_or_else(|| invalid_digest(&header))?;
+                    .ok_or_else(|| malformed_checksum(&header))?;
                 if want.as_ref().is_some_and(|w| *w != d) {
                     return Err(bad_checksum(name));
                 }
@@ -726,6 +734,30 @@ pub(super) fn hex(b: &[u8]) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_malformed_md5_is_invalid_a_malformed_checksum_does_not_match() {
+        let code = |name: &str, value: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(
+                hyper::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+            Digests::from_headers(&m).err().map(|e| e.code().clone())
+        };
+        assert_eq!(
+            code("content-md5", "AAAA"),
+            Some(S3ErrorCode::InvalidDigest)
+        );
+        for (name, _) in ALGORITHMS {
+            let header = format!("x-amz-checksum-{name}");
+            assert_eq!(code(&header, "bad"), Some(S3ErrorCode::BadDigest), "{name}");
+            assert_eq!(code(&header, "AAAA"), Some(S3ErrorCode::BadDigest), "{name}");
+        }
+        // Well-formed values are taken (they are compared with the body later).
+        assert!(code("content-md5", "1B2M2Y8AsgTpgAmY7PhCfg==").is_none());
+        assert!(code("x-amz-checksum-crc32", "AAAAAA==").is_none());
+    }
 
     #[test]
     fn regions_that_are_no_region_are_found_in_both_signatures() {
