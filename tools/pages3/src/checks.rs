@@ -398,6 +398,76 @@ const ALGORITHMS: [(&str, usize); 5] = [
     ("crc64nvme", 8),
 ];
 
+/// The index in the algorithms a request may name of the S3 `ChecksumAlgorithm` `name`
+/// (`CRC32`, `CRC32C`, `SHA1`, `SHA256`, `CRC64NVME`; any case).
+pub fn algorithm_index(name: &str) -> Option<usize> {
+    ALGORITHMS
+        .iter()
+        .position(|(n, _)| n.eq_ignore_ascii_case(name))
+}
+
+/// S3's name of algorithm `i` (`CRC32` ...).
+pub fn algorithm_name(i: usize) -> String {
+    ALGORITHMS
+        .get(i)
+        .map_or_else(String::new, |(n, _)| n.to_ascii_uppercase())
+}
+
+/// A hasher of algorithm `i` alone.
+pub fn hasher_of(i: usize) -> ChecksumHasher {
+    let mut h = ChecksumHasher::default();
+    enable(&mut h, i);
+    h
+}
+
+/// Makes `h` compute algorithm `i` (a new digest; one it computes already starts again).
+fn enable(h: &mut ChecksumHasher, i: usize) {
+    match i {
+        0 => h.crc32 = Some(Default::default()),
+        1 => h.crc32c = Some(Default::default()),
+        2 => h.sha1 = Some(s3s::crypto::Sha1::new()),
+        3 => h.sha256 = Some(s3s::crypto::Sha256::new()),
+        _ => h.crc64nvme = Some(Default::default()),
+    }
+}
+
+/// Algorithm `i`'s value (base64) in `c`.
+pub fn value_at(c: s3s::dto::Checksum, i: usize) -> Option<String> {
+    match i {
+        0 => c.checksum_crc32,
+        1 => c.checksum_crc32c,
+        2 => c.checksum_sha1,
+        3 => c.checksum_sha256,
+        _ => c.checksum_crc64nvme,
+    }
+}
+
+/// A multipart object's `COMPOSITE` checksum by algorithm `i`: the digest of its parts'
+/// digests one after another, in base64, then `-` and the number of parts. `None` if a part's
+/// value is not base64.
+pub fn composite(i: usize, parts: &[&str]) -> Option<String> {
+    let mut h = hasher_of(i);
+    for p in parts {
+        h.update(&base64_decode(p)?);
+    }
+    Some(format!("{}-{}", value_at(h.finalize(), i)?, parts.len()))
+}
+
+/// Whether `given`, a whole object's checksum named by a CompleteMultipartUpload (a composite
+/// one with or without its `-N`), is `computed` (a composite one of `parts` parts ends in
+/// `-N`).
+pub fn same_object_checksum(given: &str, computed: &str, parts: usize) -> bool {
+    let (value, count) = match given.trim().rsplit_once('-') {
+        Some((v, n)) => (v, Some(n)),
+        None => (given.trim(), None),
+    };
+    let computed = computed.rsplit_once('-').map_or(computed, |(v, _)| v);
+    let want = base64_decode(value);
+    want.is_some()
+        && want == base64_decode(computed)
+        && count.is_none_or(|n| n.parse() == Ok(parts))
+}
+
 /// Checks a body against the digests its request names (`Content-MD5`, `x-amz-checksum-*` as
 /// headers, or as aws-chunked trailers announced by `x-amz-trailer`): `InvalidDigest` for a
 /// `Content-MD5` that is not an MD5, `BadDigest` for a mismatch and for an `x-amz-checksum-*`
@@ -412,6 +482,9 @@ pub struct Digests {
     expected: [Option<Vec<u8>>; 5],
     /// Algorithms whose value comes in a trailer.
     trailer: [bool; 5],
+    /// Algorithms computed whether or not the request names them (a part of a multipart
+    /// upload created with that algorithm).
+    always: [bool; 5],
 }
 
 fn invalid_digest(what: &str) -> S3Error {
@@ -464,21 +537,10 @@ impl Digests {
             trailer[i] = announced.contains(&header);
         }
         let mut sums = ChecksumHasher::default();
-        let on = |i: usize| expected[i].is_some() || trailer[i];
-        if on(0) {
-            sums.crc32 = Some(Default::default());
-        }
-        if on(1) {
-            sums.crc32c = Some(Default::default());
-        }
-        if on(2) {
-            sums.sha1 = Some(s3s::crypto::Sha1::new());
-        }
-        if on(3) {
-            sums.sha256 = Some(s3s::crypto::Sha256::new());
-        }
-        if on(4) {
-            sums.crc64nvme = Some(Default::default());
+        for i in 0..ALGORITHMS.len() {
+            if expected[i].is_some() || trailer[i] {
+                enable(&mut sums, i);
+            }
         }
         Ok(Digests {
             md5: Md5::new(),
@@ -486,7 +548,20 @@ impl Digests {
             sums,
             expected,
             trailer,
+            always: [false; 5],
         })
+    }
+
+    /// Computes algorithm `i` too (its value comes back from [`Digests::verify`] whether or not
+    /// the request named it).
+    pub fn also_compute(&mut self, i: usize) {
+        if i >= ALGORITHMS.len() || self.always[i] {
+            return;
+        }
+        self.always[i] = true;
+        if self.expected[i].is_none() && !self.trailer[i] {
+            enable(&mut self.sums, i);
+        }
     }
 
     /// Feeds body bytes.
@@ -497,7 +572,7 @@ impl Digests {
 
     /// Compares the digests of everything fed with the expected ones (`trailers`: the
     /// aws-chunked trailers, once the body has ended), and returns the body's MD5 in hex and
-    /// the checksums the request named, verified.
+    /// the checksums the request named, verified (and those [`Digests::also_compute`] added).
     pub fn verify(self, trailers: Option<&HeaderMap>) -> S3Result<(String, Checksums)> {
         let md5 = self.md5.finalize();
         if self.md5_expected.is_some_and(|want| md5[..] != want[..]) {
@@ -538,40 +613,74 @@ impl Digests {
                 }
                 want = Some(d);
             }
-            let Some(want) = want else { continue };
+            let Some(want) = want else {
+                if self.always[i] {
+                    verified.values[i] = got[i].clone();
+                }
+                continue;
+            };
             let computed = got[i].as_deref().and_then(base64_decode);
             if computed.as_deref() != Some(&want[..]) {
                 return Err(bad_checksum(name));
             }
-            verified.0[i] = got[i].clone();
+            verified.values[i] = got[i].clone();
         }
         Ok((hex(&md5), verified))
     }
 }
 
-/// The checksums (base64, as S3 gives them) of an object written in one piece that its writer
-/// named and the gateway verified, by algorithm: CRC32, CRC32C, SHA-1, SHA-256, CRC64NVME.
+/// The checksums (base64, as S3 gives them) of an object or part that its writer named and the
+/// gateway verified or computed, by algorithm: CRC32, CRC32C, SHA-1, SHA-256, CRC64NVME.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Checksums(pub [Option<String>; 5]);
+pub struct Checksums {
+    /// By algorithm, in that order.
+    pub values: [Option<String>; 5],
+    /// The checksum of a multipart object's parts' checksums (S3's `COMPOSITE`, `...-N`), not
+    /// of its bytes (`FULL_OBJECT`).
+    pub composite: bool,
+}
 
 impl Checksums {
+    /// Algorithm `i`'s `value` alone.
+    pub fn one(i: usize, value: String, composite: bool) -> Checksums {
+        let mut c = Checksums {
+            composite,
+            ..Checksums::default()
+        };
+        if let Some(v) = c.values.get_mut(i) {
+            *v = Some(value);
+        }
+        c
+    }
+
+    /// S3's `ChecksumType` of these checksums (`None`: none kept).
+    pub fn checksum_type(&self) -> Option<s3s::dto::ChecksumType> {
+        self.values.iter().any(Option::is_some).then(|| {
+            s3s::dto::ChecksumType::from_static(if self.composite {
+                s3s::dto::ChecksumType::COMPOSITE
+            } else {
+                s3s::dto::ChecksumType::FULL_OBJECT
+            })
+        })
+    }
+
     /// As S3's `Checksum` element (`None`: no checksum kept).
     pub fn to_checksum(&self) -> Option<s3s::dto::Checksum> {
-        let [crc32, crc32c, sha1, sha256, crc64nvme] = self.0.clone();
-        (self.0.iter().any(Option::is_some)).then(|| s3s::dto::Checksum {
+        let [crc32, crc32c, sha1, sha256, crc64nvme] = self.values.clone();
+        let checksum_type = Some(self.checksum_type()?);
+        Some(s3s::dto::Checksum {
             checksum_crc32: crc32,
             checksum_crc32c: crc32c,
             checksum_sha1: sha1,
             checksum_sha256: sha256,
             checksum_crc64nvme: crc64nvme,
-            checksum_type: Some(s3s::dto::ChecksumType::from_static(
-                s3s::dto::ChecksumType::FULL_OBJECT,
-            )),
+            checksum_type,
         })
     }
 }
 
-fn bad_checksum(name: &str) -> S3Error {
+/// 400 BadDigest: the `name` checksum named is not the one computed.
+pub fn bad_checksum(name: &str) -> S3Error {
     S3Error::with_message(
         S3ErrorCode::BadDigest,
         format!(
@@ -752,7 +861,11 @@ mod tests {
         for (name, _) in ALGORITHMS {
             let header = format!("x-amz-checksum-{name}");
             assert_eq!(code(&header, "bad"), Some(S3ErrorCode::BadDigest), "{name}");
-            assert_eq!(code(&header, "AAAA"), Some(S3ErrorCode::BadDigest), "{name}");
+            assert_eq!(
+                code(&header, "AAAA"),
+                Some(S3ErrorCode::BadDigest),
+                "{name}"
+            );
         }
         // Well-formed values are taken (they are compared with the body later).
         assert!(code("content-md5", "1B2M2Y8AsgTpgAmY7PhCfg==").is_none());

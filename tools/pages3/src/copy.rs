@@ -6,8 +6,9 @@ use pagestore_client::ufs::{ObjectInfo, UfsError};
 use s3s::{
     dto::{
         CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopyPartResult, CopySource, ETag,
-        GetObjectAttributesInput, GetObjectAttributesOutput, MetadataDirective, ObjectAttributes,
-        StorageClass, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
+        GetObjectAttributesInput, GetObjectAttributesOutput, GetObjectAttributesParts,
+        MetadataDirective, ObjectAttributes, ObjectPart, StorageClass, Timestamp,
+        UploadPartCopyInput, UploadPartCopyOutput,
     },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
 };
@@ -21,7 +22,7 @@ use super::{
     multipart::check_part_number,
     read::object_blob,
     write::BodyReader,
-    Gateway, SourceBucket, SOURCE_STAND_IN,
+    Gateway, SourceBucket, MAX_KEYS, SOURCE_STAND_IN,
 };
 
 /// The bucket and key of `x-amz-copy-source` (versions and access points are refused);
@@ -263,7 +264,7 @@ pub(super) async fn upload_part_copy(
     let mut headers = HeaderMap::new();
     headers.insert(hyper::header::CONTENT_LENGTH, (end - start).into());
     let body = object_blob(gw.client.clone(), info, start, end);
-    let tag = gw
+    let (tag, sums) = gw
         .uploads
         .put_part(
             &input.upload_id,
@@ -274,18 +275,24 @@ pub(super) async fn upload_part_copy(
             None,
         )
         .await?;
+    let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.values;
     Ok(S3Response::new(UploadPartCopyOutput {
         copy_part_result: Some(CopyPartResult {
             e_tag: Some(ETag::Strong(tag)),
             last_modified: Some(Timestamp::from(std::time::SystemTime::now())),
-            ..CopyPartResult::default()
+            checksum_crc32: crc32,
+            checksum_crc32c: crc32c,
+            checksum_sha1: sha1,
+            checksum_sha256: sha256,
+            checksum_crc64nvme: crc64nvme,
         }),
         ..UploadPartCopyOutput::default()
     }))
 }
 
-/// GetObjectAttributes: the ETag, the size, the storage class and the checksum (of an object
-/// this gateway wrote in one piece with one), as asked (objects have no parts here).
+/// GetObjectAttributes: the ETag, the size, the storage class, the checksum (of an object this
+/// gateway wrote with one) and the parts (of a multipart object this gateway completed, a page
+/// of `MaxParts` after `PartNumberMarker`), as asked.
 pub(super) async fn get_object_attributes(
     gw: &Gateway,
     req: S3Request<GetObjectAttributesInput>,
@@ -310,8 +317,64 @@ pub(super) async fn get_object_attributes(
         checksum: asked(ObjectAttributes::CHECKSUM)
             .then(|| gw.checksums_of(&info)?.to_checksum())
             .flatten(),
+        object_parts: asked(ObjectAttributes::OBJECT_PARTS)
+            .then(|| object_parts(gw, &info, input))
+            .transpose()?
+            .flatten(),
         last_modified: Some(Timestamp::from(gw.modified(&info))),
         ..GetObjectAttributesOutput::default()
+    }))
+}
+
+/// A page of the parts of `info` (`None`: not a multipart object this gateway knows).
+fn object_parts(
+    gw: &Gateway,
+    info: &ObjectInfo,
+    input: &GetObjectAttributesInput,
+) -> S3Result<Option<GetObjectAttributesParts>> {
+    let max = match input.max_parts {
+        None => MAX_KEYS,
+        Some(n) if n < 0 => return Err(invalid(format!("max-parts {n} is negative"))),
+        Some(n) => (n as usize).min(MAX_KEYS),
+    };
+    let marker = input.part_number_marker.unwrap_or(0);
+    if marker < 0 {
+        return Err(invalid(format!("part-number-marker {marker} is negative")));
+    }
+    let Some(page) = gw
+        .aliases
+        .parts_page(&info.path, &info.version, marker, max)
+    else {
+        return Ok(None);
+    };
+    let next = page
+        .parts
+        .last()
+        .map(|p| p.number)
+        .filter(|_| page.truncated);
+    let parts = page
+        .parts
+        .into_iter()
+        .map(|p| {
+            let [crc32, crc32c, sha1, sha256, crc64nvme] = p.checksums.values;
+            ObjectPart {
+                part_number: Some(p.number),
+                size: Some(p.size.try_into().unwrap_or(i64::MAX)),
+                checksum_crc32: crc32,
+                checksum_crc32c: crc32c,
+                checksum_sha1: sha1,
+                checksum_sha256: sha256,
+                checksum_crc64nvme: crc64nvme,
+            }
+        })
+        .collect();
+    Ok(Some(GetObjectAttributesParts {
+        total_parts_count: Some(i32::try_from(page.total).unwrap_or(i32::MAX)),
+        part_number_marker: Some(marker),
+        next_part_number_marker: next,
+        max_parts: Some(max as i32),
+        is_truncated: Some(page.truncated),
+        parts: Some(parts),
     }))
 }
 

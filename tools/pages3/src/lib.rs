@@ -27,6 +27,7 @@
 //! implementation, a table of the operations that calls into those modules.
 
 mod acl;
+mod aliases;
 mod attrs;
 pub mod checks;
 mod cond;
@@ -57,7 +58,7 @@ use s3s::{
     auth::{S3Auth, SecretKey},
     dto::{
         AbortMultipartUploadInput, AbortMultipartUploadOutput, Bucket, BucketLocationConstraint,
-        CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
+        ChecksumType, CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
         CopyObjectOutput, CreateBucketInput, CreateBucketOutput, CreateMultipartUploadInput,
         CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput, DeleteObjectInput,
         DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag, GetBucketAclInput,
@@ -78,11 +79,12 @@ use s3s::{
     Body, HttpError, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError, S3,
 };
 
+use aliases::Aliases;
 use checks::{Checksums, ChunkedCheck, Digests, Policy};
 use cond::{check_read, ReadConditions, Tags};
 use errors::{client_error, internal, invalid, no_such_bucket};
 use keys::{decode_token, encode_token, etag, key_path, segment_is_safe, KeyPath};
-use multipart::{check_part_number, Aliases, Uploads};
+use multipart::{check_part_number, Uploads};
 use pagestore_cli::http_guard::{self, Limits, StallBody};
 use write::{sweep_staged, BodyReader};
 
@@ -667,19 +669,22 @@ impl Gateway {
         self.aliases.checksums(&info.path, &info.version)
     }
 
-    /// The checksums to answer a HeadObject or GetObject of `info` with: only for a request of
-    /// the whole object (`whole`: no Range) that asks for them (`x-amz-checksum-mode:
-    /// ENABLED`), as S3 answers.
+    /// The checksums to answer a HeadObject or GetObject of `info` with, if it asks for them
+    /// (`x-amz-checksum-mode: ENABLED`), as S3 answers: the object's for a request of the whole
+    /// object (`range`: a Range was asked), the part's for a request of one part, else none.
     fn checksums_for_read(
         &self,
         info: &ObjectInfo,
         mode: Option<&s3s::dto::ChecksumMode>,
-        whole: bool,
-    ) -> [Option<String>; 5] {
+        range: bool,
+        part: Option<&aliases::PartOf>,
+    ) -> Checksums {
         let asked = mode.is_some_and(|m| m.as_str() == s3s::dto::ChecksumMode::ENABLED);
-        match self.checksums_of(info) {
-            Some(c) if asked && whole => c.0,
-            _ => Default::default(),
+        match part {
+            _ if !asked => Checksums::default(),
+            Some(p) => p.checksums.clone(),
+            None if range => Checksums::default(),
+            None => self.checksums_of(info).unwrap_or_default(),
         }
     }
 
@@ -957,7 +962,6 @@ impl S3 for Gateway {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = &req.input;
-        read::one_part(input.part_number)?;
         keys::check_version_id(input.version_id.as_deref())?;
         let conds = ReadConditions {
             if_match: input.if_match.as_ref(),
@@ -968,18 +972,33 @@ impl S3 for Gateway {
         let (info, tags) = self
             .stat_for_read(&input.bucket, &input.key, &conds)
             .await?;
+        let part = self.part_of(&info, input.part_number, input.range.is_some())?;
         let modified = self.modified(&info);
         let a = self.served_attributes(&info).await;
-        let [crc32, crc32c, sha1, sha256, crc64nvme] =
-            self.checksums_for_read(&info, input.checksum_mode.as_ref(), input.range.is_none());
+        let sums = self.checksums_for_read(
+            &info,
+            input.checksum_mode.as_ref(),
+            input.range.is_some(),
+            part.as_ref(),
+        );
+        let checksum_type = sums.checksum_type();
+        let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.values;
+        let (start, end) = part.as_ref().map_or((0, info.size), |p| (p.start, p.end));
         Ok(S3Response::new(HeadObjectOutput {
             checksum_crc32: crc32,
             checksum_crc32c: crc32c,
             checksum_sha1: sha1,
             checksum_sha256: sha256,
             checksum_crc64nvme: crc64nvme,
+            checksum_type,
+            parts_count: part
+                .as_ref()
+                .map(|p| i32::try_from(p.count).unwrap_or(i32::MAX)),
+            content_range: part
+                .as_ref()
+                .map(|_| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
             accept_ranges: Some("bytes".into()),
-            content_length: Some(info.size.try_into().unwrap_or(i64::MAX)),
+            content_length: Some((end - start).try_into().unwrap_or(i64::MAX)),
             content_type: Some(a.content_type()),
             cache_control: a.cache_control,
             content_disposition: a.content_disposition,
@@ -1153,11 +1172,23 @@ impl S3 for Gateway {
             metadata: input.metadata.as_ref(),
         }
         .attributes()?;
-        let id = self.uploads.create(path, attributes).await?;
+        let sum = multipart::upload_sum(
+            input.checksum_algorithm.as_ref(),
+            input.checksum_type.as_ref(),
+        )?;
+        let id = self.uploads.create(path, attributes, sum).await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(id),
+            checksum_algorithm: input.checksum_algorithm.filter(|_| sum.is_some()),
+            checksum_type: sum.map(|s| {
+                ChecksumType::from_static(if s.composite {
+                    ChecksumType::COMPOSITE
+                } else {
+                    ChecksumType::FULL_OBJECT
+                })
+            }),
             ..CreateMultipartUploadOutput::default()
         }))
     }
@@ -1169,7 +1200,7 @@ impl S3 for Gateway {
         let input = req.input;
         let path = self.write_path(&input.bucket, &input.key)?;
         check_part_number(input.part_number)?;
-        let tag = self
+        let (tag, sums) = self
             .uploads
             .put_part(
                 &input.upload_id,
@@ -1180,8 +1211,14 @@ impl S3 for Gateway {
                 req.trailing_headers.as_ref(),
             )
             .await?;
+        let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.values;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(ETag::Strong(tag)),
+            checksum_crc32: crc32,
+            checksum_crc32c: crc32c,
+            checksum_sha1: sha1,
+            checksum_sha256: sha256,
+            checksum_crc64nvme: crc64nvme,
             ..UploadPartOutput::default()
         }))
     }

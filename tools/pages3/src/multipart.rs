@@ -17,18 +17,23 @@ use bytes::BytesMut;
 use object_store::{Attributes, PutMode};
 use pagestore_client::ufs::{written_version, PartUploads};
 use s3s::{
+    checksum::ChecksumHasher,
     crypto::{Checksum as _, Md5},
     dto::{
-        CompleteMultipartUploadInput, CompleteMultipartUploadOutput, ETag,
-        ListMultipartUploadsInput, ListMultipartUploadsOutput, ListPartsInput, ListPartsOutput,
-        MultipartUpload, Part, Timestamp,
+        ChecksumAlgorithm, ChecksumType, CompleteMultipartUploadInput,
+        CompleteMultipartUploadOutput, ETag, ListMultipartUploadsInput, ListMultipartUploadsOutput,
+        ListPartsInput, ListPartsOutput, MultipartUpload, Part, Timestamp,
     },
     S3Error, S3ErrorCode, S3Request, S3Response, S3Result, TrailingHeaders,
 };
 use tokio::io::AsyncWriteExt;
 
 use super::{
-    checks::{hex, Checksums, Digests},
+    aliases::PartInfo,
+    checks::{
+        algorithm_index, algorithm_name, bad_checksum, base64_decode, composite, hasher_of, hex,
+        same_object_checksum, value_at, Checksums, Digests,
+    },
     cond::WriteCondition,
     errors::{internal, invalid, io_failure, store_error, upload_error},
     write::{BodyReader, WRITE_CHUNK},
@@ -37,9 +42,6 @@ use super::{
 
 /// Completed uploads remembered for retries of their CompleteMultipartUpload.
 const MAX_DONE: usize = 1000;
-
-/// Store versions remembered with the S3 ETag of the write that made them.
-const MAX_ALIASES: usize = 100_000;
 
 /// S3's ETag of a multipart object: the MD5 of the parts' binary MD5s, `-` and the number of
 /// parts.
@@ -54,59 +56,6 @@ pub(super) fn multipart_etag(part_tags: &[&str]) -> String {
         h.update(&bytes);
     }
     format!("{}-{}", hex(h.finalize().as_ref()), part_tags.len())
-}
-
-/// The ETags this gateway gave objects it wrote (S3's: the MD5 of the bytes for a PutObject,
-/// `md5-N` for a multipart upload), by logical path with the store version they name: HEAD,
-/// GET and listings report that ETag while the object keeps that version, and while this
-/// gateway runs.
-#[derive(Default)]
-pub(super) struct Aliases(Mutex<HashMap<String, Alias>>);
-
-/// What [`Aliases`] keeps of an object: the version, its S3 ETag, and the checksums its
-/// writer named.
-struct Alias {
-    version: String,
-    etag: String,
-    checksums: Checksums,
-}
-
-impl Aliases {
-    /// The S3 ETag of version `version` of `path`, if this gateway wrote it.
-    pub(super) fn get(&self, path: &str, version: &str) -> Option<String> {
-        self.with(path, version, |a| a.etag.clone())
-    }
-
-    /// The checksums the writer of version `version` of `path` named, if this gateway wrote it.
-    pub(super) fn checksums(&self, path: &str, version: &str) -> Option<Checksums> {
-        self.with(path, version, |a| a.checksums.clone())
-    }
-
-    fn with<T>(&self, path: &str, version: &str, f: impl FnOnce(&Alias) -> T) -> Option<T> {
-        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(path).filter(|a| a.version == version).map(f)
-    }
-
-    pub(super) fn set(&self, path: &str, version: &str, etag: &str, checksums: Checksums) {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= MAX_ALIASES && !m.contains_key(path) {
-            // Forgetting only changes what later reads report (the store's tag, no checksum).
-            m.clear();
-        }
-        let alias = Alias {
-            version: version.to_string(),
-            etag: etag.to_string(),
-            checksums,
-        };
-        m.insert(path.to_string(), alias);
-    }
-
-    pub(super) fn forget(&self, path: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(path);
-    }
 }
 
 /// Parts of a multipart upload must be at least this large, except the last (as in S3).
@@ -129,10 +78,13 @@ pub(super) fn check_part_number(n: i32) -> S3Result<()> {
 /// Names of upload directories under the staging directory.
 const UPLOAD_DIR_PREFIX: &str = "upload-";
 
-/// CompleteMultipartUpload: checks the part list, sends the staged parts (under the request's
-/// If-Match / If-None-Match condition, done by the store), then invalidates the cluster's pages
-/// of the object. The answer's ETag is S3's `md5-N` form. A retry of a completed upload with
-/// the same parts answers the same again.
+/// CompleteMultipartUpload: checks the part list (ETags, and the part checksums it names),
+/// sends the staged parts (under the request's If-Match / If-None-Match condition, done by the
+/// store), then invalidates the cluster's pages of the object. The answer's ETag is S3's
+/// `md5-N` form; an upload created with a checksum algorithm answers the object's checksum
+/// (COMPOSITE: of the parts' checksums, checked before anything is sent; FULL_OBJECT: of the
+/// bytes, computed while they are sent and checked before the object is committed). A retry
+/// of a completed upload with the same parts answers the same again.
 pub(super) async fn complete_multipart_upload(
     gw: &Gateway,
     req: S3Request<CompleteMultipartUploadInput>,
@@ -141,66 +93,99 @@ pub(super) async fn complete_multipart_upload(
     let path = gw.write_path(&input.bucket, &input.key)?;
     gw.may_write(&path)?;
     let cond = WriteCondition::of(input.if_match.as_ref(), input.if_none_match.as_ref())?;
-    let wanted: Vec<(i32, Option<String>)> = input
+    let wanted: Vec<Wanted> = input
         .multipart_upload
         .and_then(|m| m.parts)
         .unwrap_or_default()
         .into_iter()
-        .map(|p| {
-            (
-                p.part_number.unwrap_or(0),
-                p.e_tag.map(|t| t.value().trim_matches('"').to_string()),
-            )
+        .map(|p| Wanted {
+            number: p.part_number.unwrap_or(0),
+            etag: p.e_tag.map(|t| t.value().trim_matches('"').to_string()),
+            checksums: [
+                p.checksum_crc32,
+                p.checksum_crc32c,
+                p.checksum_sha1,
+                p.checksum_sha256,
+                p.checksum_crc64nvme,
+            ],
         })
         .collect();
-    let answer = |tag: String| {
+    let whole = WholeSum {
+        values: [
+            input.checksum_crc32.clone(),
+            input.checksum_crc32c.clone(),
+            input.checksum_sha1.clone(),
+            input.checksum_sha256.clone(),
+            input.checksum_crc64nvme.clone(),
+        ],
+        composite: match input.checksum_type.as_ref().map(|t| t.as_str()) {
+            None => None,
+            Some(t) if t.eq_ignore_ascii_case(ChecksumType::COMPOSITE) => Some(true),
+            Some(t) if t.eq_ignore_ascii_case(ChecksumType::FULL_OBJECT) => Some(false),
+            Some(t) => return Err(invalid(format!("x-amz-checksum-type {t:?} is not one"))),
+        },
+    };
+    let answer = |tag: String, sums: &Checksums| {
+        let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.values.clone();
         S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket.clone()),
             key: Some(input.key.clone()),
             e_tag: Some(ETag::Strong(tag)),
             location: Some(format!("/{}/{}", input.bucket, input.key)),
+            checksum_crc32: crc32,
+            checksum_crc32c: crc32c,
+            checksum_sha1: sha1,
+            checksum_sha256: sha256,
+            checksum_crc64nvme: crc64nvme,
+            checksum_type: sums.checksum_type(),
             ..CompleteMultipartUploadOutput::default()
         })
     };
-    let (files, tag, attributes) =
-        match gw
-            .uploads
-            .begin_complete(&input.upload_id, &path, &wanted)?
-        {
-            Begun::Again(tag) => return Ok(answer(tag)),
-            Begun::Started(files, tag, attributes) => (files, tag, attributes),
-        };
+    let c = match gw
+        .uploads
+        .begin_complete(&input.upload_id, &path, &wanted, &whole)?
+    {
+        Begun::Again(tag, sums) => return Ok(answer(tag, &sums)),
+        Begun::Started(c) => c,
+    };
+    let Completing {
+        files,
+        etag: tag,
+        attributes,
+        parts,
+        sum,
+    } = *c;
     let sent = async {
         if gw.cached(&path) {
             // The condition is checked again, atomically, when the cluster commits the file.
             let expect = gw.cached_expect(&path, &cond).await?;
-            let version =
-                send_parts_through_cluster(gw, &path, &files, expect, &attributes).await?;
-            return Ok::<_, S3Error>((None, Some(version)));
+            let (version, sums) =
+                send_parts_through_cluster(gw, &path, &files, expect, &attributes, sum).await?;
+            return Ok::<_, S3Error>((None, Some(version), sums));
         }
         let ufs = gw.writable()?;
         let (mode, old) = gw.write_mode(&path, &cond).await?;
-        let version = send_parts(ufs, &path, &files, mode, attributes).await?;
-        Ok::<_, S3Error>((old, version))
+        let (version, sums) = send_parts(ufs, &path, &files, mode, attributes, sum).await?;
+        Ok::<_, S3Error>((old, version, sums))
     }
     .await;
-    let (old, version) = match sent {
-        Ok(old) => old,
+    let (old, version, sums) = match sent {
+        Ok(sent) => sent,
         Err(e) => {
             gw.uploads.end_complete(&input.upload_id, None).await;
             return Err(gw.write_failed(&path, e).await);
         }
     };
     gw.uploads
-        .end_complete(&input.upload_id, Some((&wanted, &tag)))
+        .end_complete(&input.upload_id, Some((&wanted, &tag, &sums)))
         .await;
     gw.client.invalidate(&path, old).await;
     // The version this upload wrote (not a stat's: another writer may have come since).
     match version {
-        Some(v) => gw.aliases.set(&path, &v, &tag, Checksums::default()),
+        Some(v) => gw.aliases.set(&path, &v, &tag, sums.clone(), parts),
         None => gw.aliases.forget(&path),
     }
-    Ok(answer(tag))
+    Ok(answer(tag, &sums))
 }
 
 /// ListParts: the parts staged so far for an upload under way, in part number order.
@@ -232,12 +217,19 @@ pub(super) async fn list_parts(
         parts: Some(
             parts
                 .into_iter()
-                .map(|p| Part {
-                    part_number: Some(p.number),
-                    e_tag: Some(ETag::Strong(p.etag)),
-                    size: Some(p.size.try_into().unwrap_or(i64::MAX)),
-                    last_modified: Some(Timestamp::from(p.staged)),
-                    ..Part::default()
+                .map(|p| {
+                    let [crc32, crc32c, sha1, sha256, crc64nvme] = p.checksums.values;
+                    Part {
+                        part_number: Some(p.number),
+                        e_tag: Some(ETag::Strong(p.etag)),
+                        size: Some(p.size.try_into().unwrap_or(i64::MAX)),
+                        last_modified: Some(Timestamp::from(p.staged)),
+                        checksum_crc32: crc32,
+                        checksum_crc32c: crc32c,
+                        checksum_sha1: sha1,
+                        checksum_sha256: sha256,
+                        checksum_crc64nvme: crc64nvme,
+                    }
                 })
                 .collect(),
         ),
@@ -315,14 +307,15 @@ pub(super) async fn list_multipart_uploads(
 
 /// Writes staged part files, in order, as one file through the cluster (a `write=back` or
 /// `write=transient` mount) with the upload's `attributes`, committed only if the path holds
-/// what `expect` says. Returns the file's version.
+/// what `expect` says and its checksum is `sum`'s. Returns the file's version and checksums.
 async fn send_parts_through_cluster(
     gw: &Gateway,
     path: &str,
     files: &[PathBuf],
     expect: pagestore_protocol::frame::Expect,
     attributes: &Attributes,
-) -> S3Result<String> {
+    mut sum: ObjectSum,
+) -> S3Result<(String, Checksums)> {
     use tokio::io::AsyncReadExt;
     let options = pagestore_client::WriteOptions {
         expect,
@@ -348,32 +341,38 @@ async fn send_parts_through_cluster(
             if n == 0 {
                 break;
             }
+            sum.update(&buf[..n]);
             w.write_at(at, &buf[..n])
                 .await
                 .map_err(super::errors::client_error)?;
             at += n as u64;
         }
     }
+    // A wrong checksum drops the writer uncommitted: the file never appears.
+    let sums = sum.finish()?;
     let info = w.close().await.map_err(super::errors::client_error)?;
-    Ok(info.version)
+    Ok((info.version, sums))
 }
 
 /// Streams staged part files, in order, to a multipart upload of the under storage, re-cut
-/// into [`WRITE_CHUNK`] parts (which meets every store's minimum part size).
+/// into [`WRITE_CHUNK`] parts (which meets every store's minimum part size), completed only if
+/// the object's checksum is `sum`'s (else aborted). Returns the version written (if the store
+/// tells) and the object's checksums.
 async fn send_parts(
     ufs: &pagestore_client::ufs::MountTable,
     path: &str,
     files: &[PathBuf],
     mode: PutMode,
     attributes: Attributes,
-) -> S3Result<Option<String>> {
+    mut sum: ObjectSum,
+) -> S3Result<(Option<String>, Checksums)> {
     use tokio::io::AsyncReadExt;
     let fail = internal;
     let mut upload = ufs
         .put_multipart_if(path, mode, attributes)
         .await
         .map_err(store_error)?;
-    let result: S3Result<Option<String>> = async {
+    let result: S3Result<(Option<String>, Checksums)> = async {
         // Two parts upload at once, each on its own, while the next is read.
         let mut pending = PartUploads::new(2);
         let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
@@ -393,6 +392,8 @@ async fn send_parts(
                 if n == 0 {
                     break;
                 }
+                let len = buf.len();
+                sum.update(&buf[len - n..]);
                 if buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
                     pending
@@ -410,8 +411,9 @@ async fn send_parts(
                 .map_err(|e| upload_error(path, e))?;
         }
         pending.finish().await.map_err(|e| upload_error(path, e))?;
+        let sums = sum.finish()?;
         let done = upload.complete().await.map_err(|e| upload_error(path, e))?;
-        Ok(written_version(&done))
+        Ok((written_version(&done), sums))
     }
     .await;
     if result.is_err() {
@@ -426,6 +428,7 @@ struct StagedPart {
     etag: String,
     size: u64,
     staged: SystemTime,
+    checksums: Checksums,
 }
 
 struct PartFile {
@@ -433,6 +436,54 @@ struct PartFile {
     size: u64,
     file: PathBuf,
     staged: SystemTime,
+    /// The checksums the part's request named, and the upload's algorithm's.
+    checksums: Checksums,
+}
+
+/// The checksum an upload was created with (`x-amz-checksum-algorithm` and `-type`): every
+/// part's is computed by its algorithm, and the object's is of the parts' checksums
+/// (`composite`, S3's COMPOSITE) or of its bytes (FULL_OBJECT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct UploadSum {
+    pub(super) algorithm: usize,
+    pub(super) composite: bool,
+}
+
+/// The checksum CreateMultipartUpload asks for: S3's defaults (COMPOSITE, but FULL_OBJECT for
+/// CRC64NVME, which has no composite form) and its refusals (no FULL_OBJECT of SHA-1 or
+/// SHA-256, no type without an algorithm) apply.
+pub(super) fn upload_sum(
+    algorithm: Option<&ChecksumAlgorithm>,
+    kind: Option<&ChecksumType>,
+) -> S3Result<Option<UploadSum>> {
+    let Some(a) = algorithm else {
+        return match kind {
+            None => Ok(None),
+            Some(k) => Err(invalid(format!(
+                "x-amz-checksum-type {} needs an x-amz-checksum-algorithm",
+                k.as_str()
+            ))),
+        };
+    };
+    let algorithm = algorithm_index(a.as_str())
+        .ok_or_else(|| invalid(format!("checksum algorithm {:?} is not one", a.as_str())))?;
+    let crc64 = algorithm == algorithm_index(ChecksumAlgorithm::CRC64NVME).unwrap_or(4);
+    let sha = algorithm_name(algorithm).starts_with("SHA");
+    let composite = match kind.map(|k| k.as_str().to_ascii_uppercase()) {
+        None => !crc64,
+        Some(k) if k == ChecksumType::COMPOSITE && !crc64 => true,
+        Some(k) if k == ChecksumType::FULL_OBJECT && !sha => false,
+        Some(k) => {
+            return Err(invalid(format!(
+                "checksum type {k} is not available for {}",
+                algorithm_name(algorithm)
+            )))
+        }
+    };
+    Ok(Some(UploadSum {
+        algorithm,
+        composite,
+    }))
 }
 
 struct Upload {
@@ -445,25 +496,145 @@ struct Upload {
     initiated: SystemTime,
     /// Content-Type and the like, given at CreateMultipartUpload.
     attributes: Attributes,
+    sum: Option<UploadSum>,
 }
 
-/// The part list of a CompleteMultipartUpload: part numbers with the ETags given.
-type PartList = [(i32, Option<String>)];
+/// A part of a CompleteMultipartUpload's list: its number, ETag and the checksums given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Wanted {
+    number: i32,
+    etag: Option<String>,
+    checksums: [Option<String>; 5],
+}
+
+/// The whole object's checksum a CompleteMultipartUpload names (by algorithm) and the type.
+struct WholeSum {
+    values: [Option<String>; 5],
+    /// `x-amz-checksum-type`: COMPOSITE (true) or FULL_OBJECT.
+    composite: Option<bool>,
+}
 
 /// A completed upload, for retries of its CompleteMultipartUpload.
 struct Done {
     path: String,
-    parts: Vec<(i32, Option<String>)>,
+    parts: Vec<Wanted>,
     etag: String,
+    checksums: Checksums,
+}
+
+/// An upload whose parts are being sent.
+struct Completing {
+    /// The part files in order.
+    files: Vec<PathBuf>,
+    /// The object's ETag.
+    etag: String,
+    /// The attributes to keep with the object.
+    attributes: Attributes,
+    parts: Vec<PartInfo>,
+    sum: ObjectSum,
 }
 
 /// What [`Uploads::begin_complete`] found.
 enum Begun {
-    /// The upload is completing now: its part files in order, the object's ETag, and the
-    /// attributes to keep with it.
-    Started(Vec<PathBuf>, String, Attributes),
-    /// The upload was completed before with the same parts: its ETag.
-    Again(String),
+    Started(Box<Completing>),
+    /// The upload was completed before with the same parts: its ETag and checksums.
+    Again(String, Checksums),
+}
+
+/// A multipart object's checksum: known before its bytes are sent (none, or COMPOSITE), or of
+/// its bytes, computed while they are sent (FULL_OBJECT) and compared with the one the client
+/// named before the object is committed.
+enum ObjectSum {
+    Known(Checksums),
+    Full {
+        algorithm: usize,
+        hasher: Box<ChecksumHasher>,
+        given: Option<String>,
+    },
+}
+
+impl ObjectSum {
+    fn update(&mut self, data: &[u8]) {
+        if let ObjectSum::Full { hasher, .. } = self {
+            hasher.update(data);
+        }
+    }
+
+    /// The object's checksums once every byte went through [`ObjectSum::update`]: 400
+    /// BadDigest if the client named another.
+    fn finish(self) -> S3Result<Checksums> {
+        match self {
+            ObjectSum::Known(c) => Ok(c),
+            ObjectSum::Full {
+                algorithm,
+                hasher,
+                given,
+            } => {
+                let value = value_at(hasher.finalize(), algorithm).unwrap_or_default();
+                if given.is_some_and(|g| g.contains('-') || !same_object_checksum(&g, &value, 0)) {
+                    return Err(bad_checksum(&algorithm_name(algorithm)));
+                }
+                Ok(Checksums::one(algorithm, value, false))
+            }
+        }
+    }
+}
+
+/// The object's checksum for an upload created with `sum`, given the parts to complete it
+/// with and what the CompleteMultipartUpload names: COMPOSITE computed (and compared) here,
+/// FULL_OBJECT left to compute while the bytes are sent. 400 InvalidRequest for a checksum
+/// of another algorithm or type than the upload's, BadDigest for one that does not match.
+fn object_sum(sum: Option<UploadSum>, whole: &WholeSum, parts: &[PartInfo]) -> S3Result<ObjectSum> {
+    let named: Vec<usize> = (0..whole.values.len())
+        .filter(|&a| whole.values[a].is_some())
+        .collect();
+    let Some(sum) = sum else {
+        if let Some(&a) = named.first() {
+            return Err(invalid(format!(
+                "the upload was created without a checksum algorithm: a {} checksum of the \
+                 object cannot be checked",
+                algorithm_name(a)
+            )));
+        }
+        return Ok(ObjectSum::Known(Checksums::default()));
+    };
+    let a = sum.algorithm;
+    if let Some(&other) = named.iter().find(|&&n| n != a) {
+        return Err(invalid(format!(
+            "the upload was created with {}, not {}",
+            algorithm_name(a),
+            algorithm_name(other)
+        )));
+    }
+    if whole.composite.is_some_and(|c| c != sum.composite) {
+        return Err(invalid(format!(
+            "the upload was created with checksum type {}",
+            if sum.composite {
+                "COMPOSITE"
+            } else {
+                "FULL_OBJECT"
+            }
+        )));
+    }
+    let given = whole.values[a].clone();
+    if !sum.composite {
+        return Ok(ObjectSum::Full {
+            algorithm: a,
+            hasher: Box::new(hasher_of(a)),
+            given,
+        });
+    }
+    let values: Option<Vec<&str>> = parts
+        .iter()
+        .map(|p| p.checksums.values[a].as_deref())
+        .collect();
+    let value = values
+        .and_then(|v| composite(a, &v))
+        .ok_or_else(|| internal(format!("a part has no {} checksum", algorithm_name(a))))?;
+    if given.is_some_and(|g| !same_object_checksum(&g, &value, parts.len())) {
+        return Err(bad_checksum(&algorithm_name(a)));
+    }
+    Ok(ObjectSum::Known(Checksums::one(a, value, true)))
 }
 
 pub(super) struct Uploads {
@@ -530,7 +701,12 @@ impl Uploads {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(super) async fn create(&self, path: String, attributes: Attributes) -> S3Result<String> {
+    pub(super) async fn create(
+        &self,
+        path: String,
+        attributes: Attributes,
+        sum: Option<UploadSum>,
+    ) -> S3Result<String> {
         let id = random_id();
         let dir = self.dir.join(format!("{UPLOAD_DIR_PREFIX}{id}"));
         tokio::fs::create_dir_all(&dir)
@@ -545,6 +721,7 @@ impl Uploads {
                 completing: false,
                 initiated: SystemTime::now(),
                 attributes,
+                sum,
             },
         );
         Ok(id)
@@ -572,6 +749,7 @@ impl Uploads {
                 etag: p.etag.clone(),
                 size: p.size,
                 staged: p.staged,
+                checksums: p.checksums.clone(),
             })
             .take(max.saturating_add(1))
             .collect();
@@ -588,11 +766,11 @@ impl Uploads {
             .collect()
     }
 
-    /// The upload's directory, if `id` is open for `path` and not completing.
-    fn dir_of(&self, id: &str, path: &str) -> S3Result<PathBuf> {
+    /// The upload's directory and checksum, if `id` is open for `path` and not completing.
+    fn dir_of(&self, id: &str, path: &str) -> S3Result<(PathBuf, Option<UploadSum>)> {
         let open = self.lock();
         match open.get(id) {
-            Some(u) if u.path == path && !u.completing => Ok(u.dir.clone()),
+            Some(u) if u.path == path && !u.completing => Ok((u.dir.clone(), u.sum)),
             Some(u) if u.completing => Err(S3Error::with_message(
                 S3ErrorCode::InvalidRequest,
                 "the upload is being completed",
@@ -601,8 +779,8 @@ impl Uploads {
         }
     }
 
-    /// Stages one part (checked as PutObject checks a body); returns its ETag (without
-    /// quotes).
+    /// Stages one part (checked as PutObject checks a body; the upload's checksum algorithm
+    /// computed too); returns its ETag (without quotes) and checksums.
     pub(super) async fn put_part(
         &self,
         id: &str,
@@ -611,8 +789,11 @@ impl Uploads {
         mut body: BodyReader,
         mut digests: Digests,
         trailers: Option<&TrailingHeaders>,
-    ) -> S3Result<String> {
-        let dir = self.dir_of(id, path)?;
+    ) -> S3Result<(String, Checksums)> {
+        let (dir, sum) = self.dir_of(id, path)?;
+        if let Some(sum) = sum {
+            digests.also_compute(sum.algorithm);
+        }
         let tmp = dir.join(format!("part-{number:05}.{}.tmp", random_id()));
         let what = format!("staging part {number} in {}", tmp.display());
         let fail = |e: io::Error| io_failure(&what, e);
@@ -624,7 +805,7 @@ impl Uploads {
             }
         };
         let mut size = 0u64;
-        let written: S3Result<String> = async {
+        let written: S3Result<(String, Checksums)> = async {
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
                 size += chunk.len() as u64;
@@ -632,14 +813,12 @@ impl Uploads {
             }
             file.flush().await.map_err(fail)?;
             // S3's part ETag: the MD5 of the part.
-            digests
-                .verify(trailers.and_then(TrailingHeaders::take).as_ref())
-                .map(|(md5, _)| md5)
+            digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())
         }
         .await;
         drop(file);
-        let etag = match written {
-            Ok(md5) => md5,
+        let (etag, checksums) = match written {
+            Ok(written) => written,
             Err(e) => {
                 let _ = tokio::fs::remove_file(&tmp).await;
                 body.drain().await;
@@ -659,9 +838,10 @@ impl Uploads {
                         size,
                         file: dest,
                         staged: SystemTime::now(),
+                        checksums: checksums.clone(),
                     },
                 );
-                Ok(etag)
+                Ok((etag, checksums))
             }
             _ => {
                 let _ = std::fs::remove_file(&tmp);
@@ -672,7 +852,13 @@ impl Uploads {
 
     /// Checks the client's part list against the staged parts and marks the upload as
     /// completing; returns the part files in order.
-    fn begin_complete(&self, id: &str, path: &str, wanted: &PartList) -> S3Result<Begun> {
+    fn begin_complete(
+        &self,
+        id: &str,
+        path: &str,
+        wanted: &[Wanted],
+        whole: &WholeSum,
+    ) -> S3Result<Begun> {
         let mut open = self.lock();
         let u = match open.get_mut(id) {
             Some(u) if u.path == path && !u.completing => u,
@@ -686,7 +872,7 @@ impl Uploads {
                 let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
                 return match done.0.get(id) {
                     Some(d) if d.path == path && d.parts == wanted => {
-                        Ok(Begun::Again(d.etag.clone()))
+                        Ok(Begun::Again(d.etag.clone(), d.checksums.clone()))
                     }
                     Some(_) => Err(S3Error::with_message(
                         S3ErrorCode::InvalidPart,
@@ -703,26 +889,41 @@ impl Uploads {
             ));
         }
         let mut files = Vec::with_capacity(wanted.len());
+        let mut parts = Vec::with_capacity(wanted.len());
         let mut prev = 0;
-        for (i, (number, tag)) in wanted.iter().enumerate() {
-            if *number <= prev {
+        for (i, w) in wanted.iter().enumerate() {
+            let number = w.number;
+            if number <= prev {
                 return Err(S3Error::with_message(
                     S3ErrorCode::InvalidPartOrder,
                     "parts must be listed in ascending order of part number",
                 ));
             }
-            prev = *number;
-            let part = u.parts.get(number).ok_or_else(|| {
+            prev = number;
+            let part = u.parts.get(&number).ok_or_else(|| {
                 S3Error::with_message(
                     S3ErrorCode::InvalidPart,
                     format!("part {number} was not uploaded"),
                 )
             })?;
-            if tag.as_deref() != Some(part.etag.as_str()) {
+            if w.etag.as_deref() != Some(part.etag.as_str()) {
                 return Err(S3Error::with_message(
                     S3ErrorCode::InvalidPart,
                     format!("part {number}: the ETag does not match the uploaded part's"),
                 ));
+            }
+            for (a, given) in w.checksums.iter().enumerate() {
+                let Some(given) = given else { continue };
+                let kept = part.checksums.values[a].as_deref().and_then(base64_decode);
+                if kept.is_none() || base64_decode(given) != kept {
+                    return Err(S3Error::with_message(
+                        S3ErrorCode::InvalidPart,
+                        format!(
+                            "part {number}: the {} checksum does not match the uploaded part's",
+                            algorithm_name(a)
+                        ),
+                    ));
+                }
             }
             if i + 1 < wanted.len() && part.size < MIN_PART {
                 return Err(S3Error::with_message(
@@ -734,22 +935,45 @@ impl Uploads {
                 ));
             }
             files.push(part.file.clone());
+            parts.push(PartInfo {
+                number,
+                size: part.size,
+                checksums: match u.sum {
+                    Some(s) => Checksums {
+                        values: std::array::from_fn(|a| {
+                            (a == s.algorithm)
+                                .then(|| part.checksums.values[a].clone())
+                                .flatten()
+                        }),
+                        composite: false,
+                    },
+                    None => Checksums::default(),
+                },
+            });
         }
+        let sum = object_sum(u.sum, whole, &parts)?;
         let tags: Vec<&str> = wanted
             .iter()
-            .filter_map(|(n, _)| u.parts.get(n).map(|p| p.etag.as_str()))
+            .filter_map(|w| u.parts.get(&w.number).map(|p| p.etag.as_str()))
             .collect();
         let etag = multipart_etag(&tags);
         u.completing = true;
-        Ok(Begun::Started(files, etag, u.attributes.clone()))
+        Ok(Begun::Started(Box::new(Completing {
+            files,
+            etag,
+            attributes: u.attributes.clone(),
+            parts,
+            sum,
+        })))
     }
 
-    /// Ends a completion: on success (the parts and the ETag) the upload and its files go and
-    /// the completion is remembered for retries; on failure it can be completed again.
-    async fn end_complete(&self, id: &str, done: Option<(&PartList, &str)>) {
+    /// Ends a completion: on success (the parts, the ETag and the checksums) the upload and
+    /// its files go and the completion is remembered for retries; on failure it can be
+    /// completed again.
+    async fn end_complete(&self, id: &str, done: Option<(&[Wanted], &str, &Checksums)>) {
         let dir = {
             let mut open = self.lock();
-            if let Some((parts, etag)) = done {
+            if let Some((parts, etag, checksums)) = done {
                 let u = open.remove(id);
                 if let Some(u) = &u {
                     let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
@@ -759,6 +983,7 @@ impl Uploads {
                             path: u.path.clone(),
                             parts: parts.to_vec(),
                             etag: etag.to_string(),
+                            checksums: checksums.clone(),
                         },
                     );
                     d.1.push_back(id.to_string());

@@ -18,7 +18,10 @@ use s3s::{
 };
 use tokio::sync::mpsc;
 
-use super::{cond::ReadConditions, errors::client_error, Gateway};
+use super::{
+    aliases::PartOf, cond::ReadConditions, errors::client_error, multipart::check_part_number,
+    Gateway,
+};
 
 /// Pages a GetObject reads ahead of the connection.
 const READ_AHEAD_PAGES: usize = 4;
@@ -122,21 +125,40 @@ async fn read_piece(
     Ok(b)
 }
 
-/// `partNumber` of a GetObject or HeadObject: every object pages3 serves is one part (as a
-/// PutObject's is on S3), so part 1 is the whole object and any other part is 416, as S3
-/// answers a part number past an object's parts (never the whole object under another part's
-/// name: a parallel downloader would assemble it N times).
-pub(super) fn one_part(part_number: Option<i32>) -> S3Result<()> {
-    match part_number {
-        None | Some(1) => Ok(()),
-        Some(n) => {
-            let mut e = S3Error::with_message(
-                S3ErrorCode::Custom("InvalidPartNumber".into()),
-                format!("part {n}: objects served by pages3 have one part"),
-            );
-            e.set_status_code(hyper::StatusCode::RANGE_NOT_SATISFIABLE);
-            Err(e)
+impl Gateway {
+    /// `partNumber` of a GetObject or HeadObject of `info` (`range`: a Range was asked too):
+    /// `None` to read the whole object (no part asked, or part 1 of an object written in one
+    /// piece or not known to this gateway as a multipart one, as S3 answers part 1 of a
+    /// PutObject's); the part's bytes for a multipart object this gateway completed (while it
+    /// remembers it); 400 InvalidPart for a part the object does not have (never the whole
+    /// object under another part's name: a parallel downloader would assemble it N times), as
+    /// S3 answers; 400 for a part number outside 1..=10000 or one asked with a Range.
+    pub(super) fn part_of(
+        &self,
+        info: &ObjectInfo,
+        part_number: Option<i32>,
+        range: bool,
+    ) -> S3Result<Option<PartOf>> {
+        let Some(n) = part_number else {
+            return Ok(None);
+        };
+        if range {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidRequest,
+                "a Range and a partNumber cannot be asked together",
+            ));
         }
+        check_part_number(n)?;
+        let count = match self.aliases.part(&info.path, &info.version, n) {
+            Some(Ok(p)) => return Ok(Some(p)),
+            Some(Err(count)) => count,
+            None if n == 1 => return Ok(None),
+            None => 1,
+        };
+        Err(S3Error::with_message(
+            S3ErrorCode::InvalidPart,
+            format!("the object has no part {n} (it has {count} part(s))"),
+        ))
     }
 }
 
@@ -146,7 +168,6 @@ pub(super) async fn get_object(
     req: S3Request<GetObjectInput>,
 ) -> S3Result<S3Response<GetObjectOutput>> {
     let input = &req.input;
-    one_part(input.part_number)?;
     super::keys::check_version_id(input.version_id.as_deref())?;
     let conds = ReadConditions {
         if_match: input.if_match.as_ref(),
@@ -156,8 +177,9 @@ pub(super) async fn get_object(
     };
     let (info, tags) = gw.stat_for_read(&input.bucket, &input.key, &conds).await?;
     let modified = gw.modified(&info);
+    let part = gw.part_of(&info, input.part_number, input.range.is_some())?;
     let (start, end) = match &input.range {
-        None => (0, info.size),
+        None => part.as_ref().map_or((0, info.size), |p| (p.start, p.end)),
         // No range of an empty object is satisfiable, a suffix range neither (as S3 answers;
         // a 206 could not say `bytes 0--1/0`).
         Some(r) if info.size == 0 => {
@@ -209,8 +231,14 @@ pub(super) async fn get_object(
         remaining: usize::try_from(len).unwrap_or(usize::MAX),
     };
     let a = gw.served_attributes(&info).await;
-    let [crc32, crc32c, sha1, sha256, crc64nvme] =
-        gw.checksums_for_read(&info, input.checksum_mode.as_ref(), input.range.is_none());
+    let sums = gw.checksums_for_read(
+        &info,
+        input.checksum_mode.as_ref(),
+        input.range.is_some(),
+        part.as_ref(),
+    );
+    let checksum_type = sums.checksum_type();
+    let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.values;
     // response-* parameters override what is kept, as in S3.
     let or = |asked: &Option<String>, kept: Option<String>| asked.clone().or(kept);
     Ok(S3Response::new(GetObjectOutput {
@@ -219,6 +247,10 @@ pub(super) async fn get_object(
         checksum_sha1: sha1,
         checksum_sha256: sha256,
         checksum_crc64nvme: crc64nvme,
+        checksum_type,
+        parts_count: part
+            .as_ref()
+            .map(|p| i32::try_from(p.count).unwrap_or(i32::MAX)),
         cache_control: or(&input.response_cache_control, a.cache_control.clone()),
         content_disposition: or(
             &input.response_content_disposition,
@@ -230,9 +262,7 @@ pub(super) async fn get_object(
         accept_ranges: Some("bytes".into()),
         body: Some(StreamingBlob::new(body)),
         content_length: Some(len.try_into().unwrap_or(i64::MAX)),
-        content_range: input
-            .range
-            .is_some()
+        content_range: (input.range.is_some() || part.is_some())
             .then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
         content_type: Some(
             input

@@ -107,7 +107,7 @@ pub(super) async fn put_object(
         )
         .await?;
     let sums = gw.checksums_of(&info).unwrap_or_default();
-    let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.0;
+    let [crc32, crc32c, sha1, sha256, crc64nvme] = sums.values;
     Ok(S3Response::new(PutObjectOutput {
         e_tag: Some(gw.tags_of(&info).reported),
         size: Some(info.size.try_into().unwrap_or(i64::MAX)),
@@ -481,7 +481,7 @@ impl Gateway {
         // is reported with it (see `Aliases`). The version is the write's own answer, not a
         // stat's, which may already see another writer's object.
         match version {
-            Some(v) => self.aliases.set(path, &v, &md5, checksums),
+            Some(v) => self.aliases.set(path, &v, &md5, checksums, Vec::new()),
             None => self.aliases.forget(path),
         }
         ufs.stat(path).await.map_err(store_error)
@@ -542,7 +542,8 @@ impl Gateway {
         .await;
         match result {
             Ok((info, (md5, checksums))) => {
-                self.aliases.set(path, &info.version, &md5, checksums);
+                self.aliases
+                    .set(path, &info.version, &md5, checksums, Vec::new());
                 Ok(info)
             }
             Err(e) => {

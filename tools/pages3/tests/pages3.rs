@@ -971,11 +971,95 @@ check(os.path.isdir(os.path.join(DATA, "cond/gone")))
 check(status(put("cond/gone", b"a file now")) == 200 and local("cond/gone") == b"a file now")
 check(get("cond/gone")["Body"].read() == b"a file now")
 
-# --- partNumber: every object is one part; part 1 is all of it, any other part 416
+# --- partNumber: an object written in one piece is one part: part 1 is all of it, no other
 check(get("cond/gone", PartNumber=1)["Body"].read() == b"a file now")
 check(head("cond/gone", PartNumber=1)["ContentLength"] == len(b"a file now"))
-check(err(lambda: get("cond/gone", PartNumber=2)) == (416, "InvalidPartNumber"))
-check(err(lambda: head("cond/gone", PartNumber=2))[0] == 416)
+check(err(lambda: get("cond/gone", PartNumber=2)) == (400, "InvalidPart"))
+check(err(lambda: head("cond/gone", PartNumber=2))[0] == 400)
+
+# --- multipart checksums (COMPOSITE: of the parts' checksums) and reads of one part. Part
+# numbers 1, 3 and 7: a part keeps its number. The parts name no checksum: the gateway
+# computes the upload's algorithm for each.
+import base64, zlib
+b64 = lambda d: base64.b64encode(d).decode()
+sha = lambda d: hashlib.sha256(d).digest()
+key = "sums/composite.bin"
+r = s3.create_multipart_upload(Bucket="data", Key=key, ChecksumAlgorithm="SHA256")
+check(r["ChecksumAlgorithm"] == "SHA256" and r["ChecksumType"] == "COMPOSITE", r)
+uid = r["UploadId"]
+parts = {1: os.urandom(5 * 1024 * 1024), 3: os.urandom(5 * 1024 * 1024 + 3), 7: os.urandom(1234)}
+listed = []
+for n, p in parts.items():
+    r = s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=n, Body=p)
+    check(r["ChecksumSHA256"] == b64(sha(p)), "the part's checksum by the upload's algorithm", n, r)
+    listed.append({"PartNumber": n, "ETag": r["ETag"], "ChecksumSHA256": r["ChecksumSHA256"]})
+lp = s3.list_parts(Bucket="data", Key=key, UploadId=uid)["Parts"]
+check([p.get("ChecksumSHA256") for p in lp] == [b64(sha(p)) for p in parts.values()], lp)
+composite = b64(sha(b"".join(sha(p) for p in parts.values()))) + "-3"
+# A part checksum or an object checksum that does not match: refused, nothing written.
+wrong = [dict(listed[0], ChecksumSHA256=b64(sha(b"other")))] + listed[1:]
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+      MultipartUpload={"Parts": wrong})) == (400, "InvalidPart"))
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+      MultipartUpload={"Parts": listed}, ChecksumSHA256=b64(sha(b"other")) + "-3")) == (400, "BadDigest"))
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+      MultipartUpload={"Parts": listed}, ChecksumCRC32="AAAAAA==")) == (400, "InvalidArgument"))
+check(not os.path.exists(os.path.join(DATA, key)), "a refused completion writes nothing")
+r = s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+                                 MultipartUpload={"Parts": listed}, ChecksumSHA256=composite)
+check(r["ChecksumSHA256"] == composite and r["ChecksumType"] == "COMPOSITE", r)
+etag = r["ETag"]
+check(local(key) == b"".join(parts.values()))
+h = head(key, ChecksumMode="ENABLED")
+check(h["ChecksumSHA256"] == composite and h["ChecksumType"] == "COMPOSITE", h)
+check("ChecksumSHA256" not in head(key), "checksums only when asked")
+start = 0
+for n, p in parts.items():
+    g = get(key, PartNumber=n, ChecksumMode="ENABLED")
+    check(g["Body"].read() == p and g["PartsCount"] == 3 and g["ETag"] == etag, "part", n)
+    check(g["ContentRange"] == "bytes %d-%d/%d" % (start, start + len(p) - 1, len(local(key))), g)
+    check(g["ChecksumSHA256"] == b64(sha(p)), "the part's checksum", n)
+    h = head(key, PartNumber=n)
+    check(h["ContentLength"] == len(p) and h["PartsCount"] == 3, "head of part", n, h)
+    start += len(p)
+for n in (2, 8, 10000):
+    check(err(lambda: get(key, PartNumber=n)) == (400, "InvalidPart"), "no part", n)
+check(err(lambda: get(key, PartNumber=1, Range="bytes=0-9"))[0] == 400, "a Range and a part")
+a = s3.get_object_attributes(Bucket="data", Key=key, ObjectAttributes=["ObjectParts", "Checksum"],
+                             MaxParts=1, PartNumberMarker=1)
+op = a["ObjectParts"]
+check(op["TotalPartsCount"] == 3 and op["IsTruncated"] and op["NextPartNumberMarker"] == 3, a)
+check([(p["PartNumber"], p["Size"], p["ChecksumSHA256"]) for p in op["Parts"]]
+      == [(3, len(parts[3]), b64(sha(parts[3])))], a)
+check(a["Checksum"]["ChecksumSHA256"] == composite and a["Checksum"]["ChecksumType"] == "COMPOSITE", a)
+
+# FULL_OBJECT (CRC32): the checksum of the bytes, computed while they are sent, checked before
+# the object is committed; a refused completion can be completed again.
+key = "sums/full.bin"
+r = s3.create_multipart_upload(Bucket="data", Key=key, ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT")
+check(r["ChecksumType"] == "FULL_OBJECT", r)
+uid = r["UploadId"]
+ps = [os.urandom(5 * 1024 * 1024), os.urandom(777)]
+listed = [{"PartNumber": i + 1, "ETag": s3.upload_part(Bucket="data", Key=key, UploadId=uid,
+          PartNumber=i + 1, Body=p)["ETag"]} for i, p in enumerate(ps)]
+crc = lambda d: b64((zlib.crc32(d) & 0xffffffff).to_bytes(4, "big"))
+check(err(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+      MultipartUpload={"Parts": listed}, ChecksumCRC32=crc(b"other"))) == (400, "BadDigest"))
+check(not os.path.exists(os.path.join(DATA, key)), "a wrong whole-object checksum writes nothing")
+r = s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+                                 MultipartUpload={"Parts": listed}, ChecksumCRC32=crc(b"".join(ps)))
+check(r["ChecksumCRC32"] == crc(b"".join(ps)) and r["ChecksumType"] == "FULL_OBJECT", r)
+check(head(key, ChecksumMode="ENABLED")["ChecksumCRC32"] == crc(b"".join(ps)))
+check(local(key) == b"".join(ps))
+# What S3 refuses at creation: no FULL_OBJECT of SHA-256, no COMPOSITE of CRC64NVME, no type
+# without an algorithm.
+for kw in ({"ChecksumAlgorithm": "SHA256", "ChecksumType": "FULL_OBJECT"},
+           {"ChecksumAlgorithm": "CRC64NVME", "ChecksumType": "COMPOSITE"},
+           {"ChecksumType": "COMPOSITE"}):
+    check(err(lambda: s3.create_multipart_upload(Bucket="data", Key=key, **kw))[0] == 400, kw)
+r = s3.create_multipart_upload(Bucket="data", Key=key, ChecksumAlgorithm="CRC64NVME")
+check(r["ChecksumType"] == "FULL_OBJECT", "CRC64NVME has no composite form", r)
+s3.abort_multipart_upload(Bucket="data", Key=key, UploadId=r["UploadId"])
 print("ALL OK")
 "#;
 
@@ -2215,6 +2299,25 @@ r = s3.delete_objects(Bucket="ck", Delete={"Objects": [
 check([x["Key"] for x in r.get("Deleted", [])] == ["del/d2"], r)
 check([(x["Key"], x["Code"]) for x in r.get("Errors", [])] == [("del/d1", "PreconditionFailed")], r)
 check(exists("del/d1") and not exists("del/d2"))
+# A multipart upload with a whole-object CRC32 through the cluster: a wrong one commits
+# nothing; the right one is answered and kept.
+import base64, zlib
+crc = lambda d: base64.b64encode((zlib.crc32(d) & 0xffffffff).to_bytes(4, "big")).decode()
+r = s3.create_multipart_upload(Bucket="ck", Key="sum/full", ChecksumAlgorithm="CRC32",
+                               ChecksumType="FULL_OBJECT")
+uid = r["UploadId"]
+ps = [os.urandom(5 << 20), os.urandom(1000)]
+parts = [{"PartNumber": i + 1, "ETag": s3.upload_part(Bucket="ck", Key="sum/full", UploadId=uid,
+          PartNumber=i + 1, Body=p)["ETag"]} for i, p in enumerate(ps)]
+check(err(lambda: s3.complete_multipart_upload(Bucket="ck", Key="sum/full", UploadId=uid,
+      MultipartUpload={"Parts": parts}, ChecksumCRC32=crc(b"x"))) == (400, "BadDigest"))
+check(not exists("sum/full"), "nothing committed with a wrong checksum")
+r = s3.complete_multipart_upload(Bucket="ck", Key="sum/full", UploadId=uid,
+                                 MultipartUpload={"Parts": parts}, ChecksumCRC32=crc(b"".join(ps)))
+check(r["ChecksumCRC32"] == crc(b"".join(ps)), r)
+g = s3.get_object(Bucket="ck", Key="sum/full", PartNumber=2, ChecksumMode="ENABLED")
+check(g["Body"].read() == ps[1] and g["PartsCount"] == 2 and g["ChecksumCRC32"] == crc(ps[1]), g)
+check(s3.get_object(Bucket="ck", Key="sum/full")["Body"].read() == b"".join(ps))
 print("ALL OK")
 "#;
 
