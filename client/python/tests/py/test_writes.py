@@ -94,6 +94,32 @@ def test_large_and_small_writes_of_every_type_interleave_in_order(fs):
     assert fs.cat_file("/ck/mix/f.bin") == want
 
 
+def test_small_writes_are_copied_when_written_and_handed_over_by_flush_and_commit(fs):
+    # Small writes wait in the file's buffer: a caller may reuse its buffer at once, any
+    # buffer of bytes is taken (here an int array), and commit hands them over first.
+    import array
+    buf = bytearray(b"a" * 1000)
+    ints = array.array("i", range(300))
+    want = bytearray()
+    with fs.open("/ck/small/f.bin", "wb") as f:
+        for i in range(3 * PAGE // 1000):
+            buf[:4] = i.to_bytes(4, "little")
+            f.write(buf)
+            want += buf
+        buf[:] = b"z" * 1000
+        f.write(ints)
+        want += ints.tobytes()
+        f.flush()
+        f.commit()
+        assert fs.cat_file("/ck/small/f.bin") == want, "every small write, once committed"
+        f.write(b"1")
+        f.write(content(3, 300 << 10))
+        f.write(b"22")
+        want += b"1" + content(3, 300 << 10) + b"22"
+        assert f.tell() == len(want)
+    assert fs.cat_file("/ck/small/f.bin") == want
+
+
 def test_a_file_is_visible_from_open_and_whole_at_close(fs):
     with fs.open("/ck/vis/a.bin", "wb") as f:
         assert fs.exists("/ck/vis/a.bin") and fs.info("/ck/vis/a.bin")["size"] == 0
