@@ -70,6 +70,17 @@ impl S3Server {
         secret_key: &str,
         port: u16,
     ) -> io::Result<S3Server> {
+        S3Server::serve(root, Some((access_key, secret_key)), port)
+    }
+
+    /// [`S3Server::start`] taking requests unsigned (no credentials checked): the stand-in for
+    /// Google Cloud Storage's XML API, which `object_store` speaks to `gs://` buckets and which
+    /// answers as S3 does, for a client without credentials (`anonymous=true`).
+    pub fn start_unsigned(root: &Path) -> io::Result<S3Server> {
+        S3Server::serve(root, None, 0)
+    }
+
+    fn serve(root: &Path, auth: Option<(&str, &str)>, port: u16) -> io::Result<S3Server> {
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| {
             io::Error::other(format!(
                 "s3 test server: cannot serve {}: {e:?}",
@@ -78,7 +89,9 @@ impl S3Server {
         })?;
         let service = {
             let mut b = S3ServiceBuilder::new(fs);
-            b.set_auth(SimpleAuth::from_single(access_key, secret_key));
+            if let Some((access_key, secret_key)) = auth {
+                b.set_auth(SimpleAuth::from_single(access_key, secret_key));
+            }
             b.build()
         };
         // Bind here, before the thread exists, so that a failure reaches the caller and the

@@ -243,7 +243,7 @@ struct Mount {
     store: Arc<dyn ObjectStore>,
     /// The store itself for `file://` mounts (file modes for `pagefs`).
     local: Option<Arc<LocalStore>>,
-    /// For `s3://` and `az://` mounts: the bucket, listed a page at a time for the heads of
+    /// For `s3://`, `gs://` and `az://` mounts: the bucket, listed a page at a time for the heads of
     /// listings.
     paged: Option<Paged>,
     emulate: Emulation,
@@ -505,9 +505,9 @@ fn with_prefix<S: ObjectStore>(store: S, prefix: &str) -> Arc<dyn ObjectStore> {
 /// A mount's store (its key prefix applied) and its bucket, listed a page at a time.
 type PagedMount = (Arc<dyn ObjectStore>, Paged);
 
-/// For the mounts of stores that list a page at a time (`s3://`, `az://`): the store with the
-/// mount's key prefix applied, and the bucket itself for the heads of listings. `None` for the
-/// other schemes.
+/// For the mounts of stores that list a page at a time (`s3://`, `gs://`, `az://`): the store
+/// with the mount's key prefix applied, and the bucket itself for the heads of listings. `None`
+/// for the other schemes.
 fn paged_mount(url: &str, u: &url::Url) -> Result<Option<PagedMount>, UfsError> {
     fn both<S>(bucket: S, prefix: String) -> PagedMount
     where
@@ -525,6 +525,10 @@ fn paged_mount(url: &str, u: &url::Url) -> Result<Option<PagedMount>, UfsError> 
     Ok(match u.scheme() {
         "s3" => {
             let (bucket, prefix) = s3_bucket(&shown, u, &q)?;
+            Some(both(bucket, prefix))
+        }
+        "gs" => {
+            let (bucket, prefix) = gcs_bucket(&shown, u, &q)?;
             Some(both(bucket, prefix))
         }
         "az" | "abfs" => {
@@ -582,6 +586,16 @@ fn s3_bucket(
 
 /// `gs://bucket/prefix`: a service account key (file or JSON), or anonymous.
 fn gcs_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>, UfsError> {
+    let (gcs, prefix) = gcs_bucket(url, u, q)?;
+    Ok(with_prefix(gcs, &prefix))
+}
+
+/// The bucket of a `gs://` URL and the mount's key prefix in it (no slashes around it).
+fn gcs_bucket(
+    url: &str,
+    u: &url::Url,
+    q: &Query,
+) -> Result<(object_store::gcp::GoogleCloudStorage, String), UfsError> {
     let bucket = u
         .host_str()
         .ok_or_else(|| UfsError::Config(format!("{url}: no bucket")))?;
@@ -590,7 +604,9 @@ fn gcs_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>,
         .with_retry(retry_config())
         .with_bucket_name(bucket);
     if let Some(e) = q.get("endpoint") {
-        b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
+        b = b
+            .with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e)
+            .with_client_options(client_options().with_allow_http(e.starts_with("http://")));
     }
     let anonymous = q.get("anonymous").is_some_and(|v| v == "true");
     let key_file = q
@@ -611,7 +627,7 @@ fn gcs_store(url: &str, u: &url::Url, q: &Query) -> Result<Arc<dyn ObjectStore>,
         }
     };
     let gcs = b.build().map_err(|e| UfsError::Store(url.into(), e))?;
-    Ok(with_prefix(gcs, u.path().trim_matches('/')))
+    Ok((gcs, u.path().trim_matches('/').to_string()))
 }
 
 /// `az://container/prefix?account=..`: an account key, a SAS token, or anonymous.
@@ -1366,7 +1382,7 @@ impl MountTable {
 
     /// Whether [`MountTable::list_head`] can give the head of `dir`'s listing sooner than
     /// [`MountTable::list_entries`] gives all of it: where `dir` is in a `file://`, an
-    /// `s3://` or an `az://` mount.
+    /// `s3://`, a `gs://` or an `az://` mount.
     pub fn has_list_head(&self, dir: &str) -> bool {
         self.resolve(dir)
             .is_ok_and(|(m, _)| m.local.is_some() || m.paged.is_some())
@@ -1374,7 +1390,7 @@ impl MountTable {
 
     /// The first entries (at most `max`, at least one) of what [`MountTable::list_entries`]
     /// gives for `dir`, and whether more may follow them, without examining the rest of a
-    /// large directory (`file://`, `s3://` and `az://` mounts; elsewhere the whole listing is
+    /// large directory (`file://`, `s3://`, `gs://` and `az://` mounts; elsewhere the whole listing is
     /// made and cut).
     pub async fn list_head(
         &self,

@@ -1,5 +1,6 @@
 //! The heads of listings over real object-store servers: an S3-protocol server (s3s-fs, in
-//! process) and Azurite (Azure Blob Storage). A head is one store request, cut where the store's
+//! process; also as the XML API `object_store` speaks to `gs://` buckets) and Azurite (Azure
+//! Blob Storage). A head is one store request, cut where the store's
 //! key order and the listing's name order could disagree; it must always be the start of the
 //! whole listing.
 
@@ -11,7 +12,7 @@ use pagestore_testkit::{azurite::Azurite, S3Server};
 /// Names where the store's key order and the listing's name order differ: directory `a` (key
 /// `a/`) comes after `a-b` and `a.txt` in key order, before them by name; then enough files for
 /// heads of many sizes.
-async fn fill(t: &MountTable) {
+fn objects() -> Vec<(String, Vec<u8>)> {
     let mut objects: Vec<(String, Vec<u8>)> = [
         ("a/x", &b"x"[..]),
         ("a-b", b"ab"),
@@ -27,7 +28,12 @@ async fn fill(t: &MountTable) {
     .map(|(n, d)| (n.to_string(), d.to_vec()))
     .collect();
     objects.extend((0..40).map(|i| (format!("f{i:02}"), vec![b'f'; i])));
-    for (name, data) in objects {
+    objects
+}
+
+/// Writes [`objects`] under `/data/names` through the mount.
+async fn fill(t: &MountTable) {
+    for (name, data) in objects() {
         t.put(&format!("/data/names/{name}"), data.into())
             .await
             .unwrap();
@@ -72,6 +78,28 @@ async fn s3_heads_are_the_start_of_the_whole_listing() {
         server.endpoint()
     ));
     fill(&t).await;
+    heads_start_the_listing(&t).await;
+}
+
+#[tokio::test]
+async fn gcs_heads_are_the_start_of_the_whole_listing() {
+    // object_store lists (and reads and writes) a `gs://` bucket through Google Cloud
+    // Storage's XML API, which answers as S3's does: an S3 server taking unsigned requests
+    // stands in for it, reached over http:// at the mount's endpoint.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("bucket")).unwrap();
+    let server = S3Server::start_unsigned(dir.path()).unwrap();
+    let t = table(&format!(
+        "gs://bucket/prefix?endpoint={}&anonymous=true",
+        server.endpoint()
+    ));
+    // Written as the server's files (object_store asks for a token to write to GCS even
+    // without credentials; a public bucket is read-only anyway).
+    for (name, data) in objects() {
+        let f = dir.path().join("bucket/prefix/names").join(name);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, data).unwrap();
+    }
     heads_start_the_listing(&t).await;
 }
 
