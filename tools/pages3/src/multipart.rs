@@ -507,6 +507,29 @@ struct Wanted {
     checksums: [Option<String>; 5],
 }
 
+/// A digest of a CompleteMultipartUpload's part list: two lists have the same one only if they
+/// name the same parts with the same ETags and checksums.
+fn list_digest(parts: &[Wanted]) -> [u8; 16] {
+    let mut h = Md5::new();
+    for p in parts {
+        h.update(&p.number.to_le_bytes());
+        for field in std::iter::once(&p.etag).chain(&p.checksums) {
+            // Each field as its length (or none) and its bytes, so that no two lists run
+            // together into the same bytes.
+            match field {
+                Some(v) => {
+                    h.update(&(v.len() as u64).to_le_bytes());
+                    h.update(v.as_bytes());
+                }
+                None => h.update(&u64::MAX.to_le_bytes()),
+            }
+        }
+    }
+    let mut out = [0u8; 16];
+    out.copy_from_slice(h.finalize().as_ref());
+    out
+}
+
 /// The whole object's checksum a CompleteMultipartUpload names (by algorithm) and the type.
 struct WholeSum {
     values: [Option<String>; 5],
@@ -517,7 +540,9 @@ struct WholeSum {
 /// A completed upload, for retries of its CompleteMultipartUpload.
 struct Done {
     path: String,
-    parts: Vec<Wanted>,
+    /// The MD5 of the part list it was completed with ([`list_digest`]): 16 bytes, however
+    /// many parts.
+    parts: [u8; 16],
     etag: String,
     checksums: Checksums,
 }
@@ -871,7 +896,7 @@ impl Uploads {
             _ => {
                 let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
                 return match done.0.get(id) {
-                    Some(d) if d.path == path && d.parts == wanted => {
+                    Some(d) if d.path == path && d.parts == list_digest(wanted) => {
                         Ok(Begun::Again(d.etag.clone(), d.checksums.clone()))
                     }
                     Some(_) => Err(S3Error::with_message(
@@ -981,7 +1006,7 @@ impl Uploads {
                         id.to_string(),
                         Done {
                             path: u.path.clone(),
-                            parts: parts.to_vec(),
+                            parts: list_digest(parts),
                             etag: etag.to_string(),
                             checksums: checksums.clone(),
                         },
@@ -1024,5 +1049,95 @@ impl Uploads {
             let _ = tokio::fs::remove_dir_all(dir).await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn wanted(number: i32, etag: &str, sha256: Option<&str>) -> Wanted {
+        let mut checksums: [Option<String>; 5] = Default::default();
+        checksums[3] = sha256.map(str::to_string);
+        Wanted {
+            number,
+            etag: Some(etag.to_string()),
+            checksums,
+        }
+    }
+
+    #[test]
+    fn a_part_lists_digest_changes_with_any_field_and_not_otherwise() {
+        let a = [wanted(1, "ab", None), wanted(2, "c", Some("x"))];
+        assert_eq!(list_digest(&a), list_digest(&a.clone()));
+        let others = [
+            vec![wanted(1, "ab", None)],
+            vec![wanted(1, "a", None), wanted(2, "bc", Some("x"))],
+            vec![wanted(1, "ab", None), wanted(3, "c", Some("x"))],
+            vec![wanted(1, "ab", None), wanted(2, "c", Some("y"))],
+            vec![wanted(1, "ab", None), wanted(2, "c", None)],
+        ];
+        for o in others {
+            assert_ne!(list_digest(&a), list_digest(&o), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn upload_checksums_follow_s3s_defaults_and_refusals() {
+        let alg = |a: &'static str| ChecksumAlgorithm::from_static(a);
+        let kind = |k: &'static str| ChecksumType::from_static(k);
+        let sum = |a: Option<&'static str>, k: Option<&'static str>| {
+            upload_sum(a.map(alg).as_ref(), k.map(kind).as_ref())
+        };
+        assert_eq!(sum(None, None).unwrap(), None);
+        let s = sum(Some("SHA256"), None).unwrap().unwrap();
+        assert!(s.composite && algorithm_name(s.algorithm) == "SHA256");
+        assert!(!sum(Some("CRC64NVME"), None).unwrap().unwrap().composite);
+        assert!(
+            !sum(Some("CRC32"), Some("FULL_OBJECT"))
+                .unwrap()
+                .unwrap()
+                .composite
+        );
+        assert!(
+            sum(Some("CRC32C"), Some("COMPOSITE"))
+                .unwrap()
+                .unwrap()
+                .composite
+        );
+        for (a, k) in [
+            (Some("SHA256"), Some("FULL_OBJECT")),
+            (Some("SHA1"), Some("FULL_OBJECT")),
+            (Some("CRC64NVME"), Some("COMPOSITE")),
+            (None, Some("COMPOSITE")),
+            (Some("MD5"), None),
+            (Some("CRC32"), Some("PARTIAL")),
+        ] {
+            assert!(sum(a, k).is_err(), "{a:?} {k:?}");
+        }
+    }
+
+    #[test]
+    fn a_composite_checksum_is_the_digest_of_the_parts_digests() {
+        // SHA-256 of three 5 MiB parts of 'A', 'B' and 'C', and their composite, as the Ceph
+        // conformance suite has them.
+        let parts = [
+            "275VF5loJr1YYawit0XSHREhkFXYkkPKGuoK0x9VKxI=",
+            "mrHwOfjTL5Zwfj74F05HOQGLdUb7E5szdCbxgUSq6NM=",
+            "Vw7oB/nKQ5xWb3hNgbyfkvDiivl+U+/Dft48nfJfDow=",
+        ];
+        let sha256 = algorithm_index("SHA256").unwrap();
+        let c = composite(sha256, &parts).unwrap();
+        assert_eq!(c, "uWBwpe1dxI4Vw8Gf0X9ynOdw/SS6VBzfWm9giiv1sf4=-3");
+        assert!(same_object_checksum(&c, &c, 3));
+        assert!(same_object_checksum(
+            "uWBwpe1dxI4Vw8Gf0X9ynOdw/SS6VBzfWm9giiv1sf4=",
+            &c,
+            3
+        ));
+        assert!(!same_object_checksum(&c, &c, 2), "another part count");
+        assert!(!same_object_checksum("bad", &c, 3));
+        assert_eq!(composite(sha256, &["not base64!"]), None);
     }
 }
