@@ -662,8 +662,14 @@ fn object_sum(sum: Option<UploadSum>, whole: &WholeSum, parts: &[PartInfo]) -> S
     Ok(ObjectSum::Known(Checksums::one(a, value, true)))
 }
 
+/// Multipart uploads under way at once in one gateway (each holds memory and a staging
+/// directory until it is completed or aborted).
+const MAX_OPEN_UPLOADS: usize = 10_000;
+
 pub(super) struct Uploads {
     dir: PathBuf,
+    /// At most this many uploads under way ([`MAX_OPEN_UPLOADS`]).
+    max_open: usize,
     open: Mutex<HashMap<String, Upload>>,
     done: Mutex<(HashMap<String, Done>, std::collections::VecDeque<String>)>,
 }
@@ -717,6 +723,7 @@ impl Uploads {
         }
         Ok(Uploads {
             dir: dir.to_path_buf(),
+            max_open: MAX_OPEN_UPLOADS,
             open: Mutex::new(HashMap::new()),
             done: Mutex::new((HashMap::new(), std::collections::VecDeque::new())),
         })
@@ -732,23 +739,48 @@ impl Uploads {
         attributes: Attributes,
         sum: Option<UploadSum>,
     ) -> S3Result<String> {
+        let full = || {
+            S3Error::with_message(
+                S3ErrorCode::SlowDown,
+                format!(
+                    "this gateway has {} multipart uploads under way, as many as it takes: \
+                     complete or abort some (ListMultipartUploads lists them)",
+                    self.max_open
+                ),
+            )
+        };
+        if self.lock().len() >= self.max_open {
+            return Err(full());
+        }
         let id = random_id();
         let dir = self.dir.join(format!("{UPLOAD_DIR_PREFIX}{id}"));
         tokio::fs::create_dir_all(&dir)
             .await
             .map_err(|e| internal(format!("staging directory {}: {e}", dir.display())))?;
-        self.lock().insert(
-            id.clone(),
-            Upload {
-                path,
-                dir,
-                parts: BTreeMap::new(),
-                completing: false,
-                initiated: SystemTime::now(),
-                attributes,
-                sum,
-            },
-        );
+        // Others may have begun meanwhile.
+        let taken = {
+            let mut open = self.lock();
+            let room = open.len() < self.max_open;
+            if room {
+                open.insert(
+                    id.clone(),
+                    Upload {
+                        path,
+                        dir: dir.clone(),
+                        parts: BTreeMap::new(),
+                        completing: false,
+                        initiated: SystemTime::now(),
+                        attributes,
+                        sum,
+                    },
+                );
+            }
+            room
+        };
+        if !taken {
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            return Err(full());
+        }
         Ok(id)
     }
 
@@ -1116,6 +1148,22 @@ mod tests {
         ] {
             assert!(sum(a, k).is_err(), "{a:?} {k:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn uploads_under_way_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut u = Uploads::open(dir.path()).unwrap();
+        u.max_open = 2;
+        let new = || u.create("/b/k".into(), Attributes::new(), None);
+        let a = new().await.unwrap();
+        new().await.unwrap();
+        let e = new().await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::SlowDown);
+        let staged = || std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(staged(), 2, "a refused upload leaves no directory");
+        u.abort(&a, "/b/k").await.unwrap();
+        new().await.unwrap();
     }
 
     #[test]
