@@ -58,7 +58,7 @@ use s3s::{
     auth::{S3Auth, SecretKey},
     dto::{
         AbortMultipartUploadInput, AbortMultipartUploadOutput, Bucket, BucketLocationConstraint,
-        ChecksumType, CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
+        CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyObjectInput,
         CopyObjectOutput, CreateBucketInput, CreateBucketOutput, CreateMultipartUploadInput,
         CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput, DeleteObjectInput,
         DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag, GetBucketAclInput,
@@ -1182,13 +1182,7 @@ impl S3 for Gateway {
             key: Some(input.key),
             upload_id: Some(id),
             checksum_algorithm: input.checksum_algorithm.filter(|_| sum.is_some()),
-            checksum_type: sum.map(|s| {
-                ChecksumType::from_static(if s.composite {
-                    ChecksumType::COMPOSITE
-                } else {
-                    ChecksumType::FULL_OBJECT
-                })
-            }),
+            checksum_type: sum.map(multipart::UploadSum::checksum_type),
             ..CreateMultipartUploadOutput::default()
         }))
     }

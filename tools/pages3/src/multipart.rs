@@ -449,6 +449,17 @@ pub(super) struct UploadSum {
     pub(super) composite: bool,
 }
 
+impl UploadSum {
+    /// S3's name of the object checksum's type.
+    pub(super) fn checksum_type(self) -> ChecksumType {
+        ChecksumType::from_static(if self.composite {
+            ChecksumType::COMPOSITE
+        } else {
+            ChecksumType::FULL_OBJECT
+        })
+    }
+}
+
 /// The checksum CreateMultipartUpload asks for: S3's defaults (COMPOSITE, but FULL_OBJECT for
 /// CRC64NVME, which has no composite form) and its refusals (no FULL_OBJECT of SHA-1 or
 /// SHA-256, no type without an algorithm) apply.
@@ -634,11 +645,7 @@ fn object_sum(sum: Option<UploadSum>, whole: &WholeSum, parts: &[PartInfo]) -> S
     if whole.composite.is_some_and(|c| c != sum.composite) {
         return Err(invalid(format!(
             "the upload was created with checksum type {}",
-            if sum.composite {
-                "COMPOSITE"
-            } else {
-                "FULL_OBJECT"
-            }
+            sum.checksum_type().as_str()
         )));
     }
     let given = whole.values[a].clone();
