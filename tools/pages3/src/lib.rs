@@ -996,6 +996,7 @@ impl S3 for Gateway {
                 .map(|p| i32::try_from(p.count).unwrap_or(i32::MAX)),
             content_range: part
                 .as_ref()
+                .filter(|p| p.end > p.start)
                 .map(|_| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
             accept_ranges: Some("bytes".into()),
             content_length: Some((end - start).try_into().unwrap_or(i64::MAX)),

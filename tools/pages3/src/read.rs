@@ -262,7 +262,8 @@ pub(super) async fn get_object(
         accept_ranges: Some("bytes".into()),
         body: Some(StreamingBlob::new(body)),
         content_length: Some(len.try_into().unwrap_or(i64::MAX)),
-        content_range: (input.range.is_some() || part.is_some())
+        // (An empty part has no range to give: 200 with no bytes.)
+        content_range: (input.range.is_some() || part.as_ref().is_some_and(|p| p.end > p.start))
             .then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), info.size)),
         content_type: Some(
             input

@@ -1033,6 +1033,15 @@ check([(p["PartNumber"], p["Size"], p["ChecksumSHA256"]) for p in op["Parts"]]
       == [(3, len(parts[3]), b64(sha(parts[3])))], a)
 check(a["Checksum"]["ChecksumSHA256"] == composite and a["Checksum"]["ChecksumType"] == "COMPOSITE", a)
 
+# An upload of one empty part: its part 1 is empty (no range to give).
+uid = s3.create_multipart_upload(Bucket="data", Key="sums/empty.bin")["UploadId"]
+t = s3.upload_part(Bucket="data", Key="sums/empty.bin", UploadId=uid, PartNumber=1, Body=b"")["ETag"]
+s3.complete_multipart_upload(Bucket="data", Key="sums/empty.bin", UploadId=uid,
+                             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": t}]})
+g = get("sums/empty.bin", PartNumber=1)
+check(g["Body"].read() == b"" and g["PartsCount"] == 1 and status(g) == 200 and "ContentRange" not in g, g)
+check(head("sums/empty.bin", PartNumber=1)["ContentLength"] == 0)
+
 # FULL_OBJECT (CRC32): the checksum of the bytes, computed while they are sent, checked before
 # the object is committed; a refused completion can be completed again.
 key = "sums/full.bin"
