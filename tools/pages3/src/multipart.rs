@@ -311,7 +311,7 @@ pub(super) async fn list_multipart_uploads(
 async fn send_parts_through_cluster(
     gw: &Gateway,
     path: &str,
-    files: &[PathBuf],
+    files: &[Staged],
     expect: pagestore_protocol::frame::Expect,
     attributes: &Attributes,
     mut sum: ObjectSum,
@@ -330,23 +330,21 @@ async fn send_parts_through_cluster(
     let mut at = 0u64;
     let mut buf = vec![0u8; 4 << 20];
     for f in files {
-        let mut file = tokio::fs::File::open(f)
-            .await
-            .map_err(|e| internal(format!("staged part {}: {e}", f.display())))?;
+        let mut file = f.open().await?;
+        let mut check = ReadBack::default();
         loop {
-            let n = file
-                .read(&mut buf)
-                .await
-                .map_err(|e| internal(format!("staged part {}: {e}", f.display())))?;
+            let n = file.read(&mut buf).await.map_err(|e| f.io_error(&e))?;
             if n == 0 {
                 break;
             }
+            check.update(&buf[..n]);
             sum.update(&buf[..n]);
             w.write_at(at, &buf[..n])
                 .await
                 .map_err(super::errors::client_error)?;
             at += n as u64;
         }
+        f.verify(check)?;
     }
     // A wrong checksum drops the writer uncommitted: the file never appears.
     let sums = sum.finish()?;
@@ -361,13 +359,12 @@ async fn send_parts_through_cluster(
 async fn send_parts(
     ufs: &pagestore_client::ufs::MountTable,
     path: &str,
-    files: &[PathBuf],
+    files: &[Staged],
     mode: PutMode,
     attributes: Attributes,
     mut sum: ObjectSum,
 ) -> S3Result<(Option<String>, Checksums)> {
     use tokio::io::AsyncReadExt;
-    let fail = internal;
     let mut upload = ufs
         .put_multipart_if(path, mode, attributes)
         .await
@@ -378,21 +375,18 @@ async fn send_parts(
         let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
         let mut sent_any = false;
         for f in files {
-            let mut file = tokio::fs::File::open(f)
-                .await
-                .map_err(|e| fail(format!("staged part {}: {e}", f.display())))?;
+            let mut file = f.open().await?;
+            let mut check = ReadBack::default();
             loop {
                 if buf.capacity() - buf.len() == 0 {
                     buf.reserve(WRITE_CHUNK - buf.len());
                 }
-                let n = file
-                    .read_buf(&mut buf)
-                    .await
-                    .map_err(|e| fail(format!("staged part {}: {e}", f.display())))?;
+                let n = file.read_buf(&mut buf).await.map_err(|e| f.io_error(&e))?;
                 if n == 0 {
                     break;
                 }
                 let len = buf.len();
+                check.update(&buf[len - n..]);
                 sum.update(&buf[len - n..]);
                 if buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
@@ -403,6 +397,8 @@ async fn send_parts(
                     sent_any = true;
                 }
             }
+            // Before the store's upload completes: a damaged part aborts it.
+            f.verify(check)?;
         }
         if !buf.is_empty() || !sent_any {
             pending
@@ -434,10 +430,72 @@ struct StagedPart {
 struct PartFile {
     etag: String,
     size: u64,
+    /// The CRC32 of the bytes written to `file`, checked when they are read back.
+    crc: u32,
     file: PathBuf,
     staged: SystemTime,
     /// The checksums the part's request named, and the upload's algorithm's.
     checksums: Checksums,
+}
+
+/// A staged part as a completion sends it: its file, and the length and CRC32 of the bytes
+/// UploadPart wrote there, checked as the file is read back (a staging disk that damaged or
+/// cut them must not send them to the store).
+struct Staged {
+    number: i32,
+    file: PathBuf,
+    size: u64,
+    crc: u32,
+}
+
+/// What was read back of a staged part.
+#[derive(Default)]
+struct ReadBack {
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl ReadBack {
+    fn update(&mut self, data: &[u8]) {
+        self.len += data.len() as u64;
+        self.crc.update(data);
+    }
+}
+
+impl Staged {
+    async fn open(&self) -> S3Result<tokio::fs::File> {
+        tokio::fs::File::open(&self.file)
+            .await
+            .map_err(|e| self.io_error(&e))
+    }
+
+    fn io_error(&self, e: &io::Error) -> S3Error {
+        internal(format!("staged part {}: {e}", self.file.display()))
+    }
+
+    /// 400 InvalidPart unless the bytes read back are the ones written: the part must be
+    /// uploaded again (the completion can then be retried).
+    fn verify(&self, read: ReadBack) -> S3Result<()> {
+        let crc = read.crc.finalize();
+        if read.len == self.size && crc == self.crc {
+            return Ok(());
+        }
+        tracing::error!(
+            part = self.number,
+            file = %self.file.display(),
+            bytes = read.len,
+            expected = self.size,
+            "a staged part changed on disk after it was uploaded; the completion is refused"
+        );
+        Err(S3Error::with_message(
+            S3ErrorCode::InvalidPart,
+            format!(
+                "part {}: its copy in the gateway's staging directory changed after it was \
+                 uploaded ({} bytes read back of {}, or other bytes); upload the part again",
+                self.number, read.len, self.size
+            ),
+        ))
+    }
 }
 
 /// The checksum an upload was created with (`x-amz-checksum-algorithm` and `-type`): every
@@ -561,7 +619,7 @@ struct Done {
 /// An upload whose parts are being sent.
 struct Completing {
     /// The part files in order.
-    files: Vec<PathBuf>,
+    files: Vec<Staged>,
     /// The object's ETag.
     etag: String,
     /// The attributes to keep with the object.
@@ -869,9 +927,11 @@ impl Uploads {
             }
         };
         let mut size = 0u64;
+        let mut crc = crc32fast::Hasher::new();
         let written: S3Result<(String, Checksums)> = async {
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
+                crc.update(&chunk);
                 size += chunk.len() as u64;
                 file.write_all(&chunk).await.map_err(fail)?;
             }
@@ -900,6 +960,7 @@ impl Uploads {
                     PartFile {
                         etag: etag.clone(),
                         size,
+                        crc: crc.finalize(),
                         file: dest,
                         staged: SystemTime::now(),
                         checksums: checksums.clone(),
@@ -998,7 +1059,12 @@ impl Uploads {
                     ),
                 ));
             }
-            files.push(part.file.clone());
+            files.push(Staged {
+                number,
+                file: part.file.clone(),
+                size: part.size,
+                crc: part.crc,
+            });
             parts.push(PartInfo {
                 number,
                 size: part.size,

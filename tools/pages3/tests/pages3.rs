@@ -1033,6 +1033,32 @@ check([(p["PartNumber"], p["Size"], p["ChecksumSHA256"]) for p in op["Parts"]]
       == [(3, len(parts[3]), b64(sha(parts[3])))], a)
 check(a["Checksum"]["ChecksumSHA256"] == composite and a["Checksum"]["ChecksumType"] == "COMPOSITE", a)
 
+# A staged part damaged on the gateway's disk after its upload (one byte flipped, or cut short):
+# the completion is refused and nothing is written; uploaded again, the part completes.
+key = "sums/staged.bin"
+uid = s3.create_multipart_upload(Bucket="data", Key=key)["UploadId"]
+ps = [os.urandom(5 * 1024 * 1024), os.urandom(1000)]
+tags = [s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=i + 1, Body=p)["ETag"]
+        for i, p in enumerate(ps)]
+listed = {"Parts": [{"PartNumber": i + 1, "ETag": t} for i, t in enumerate(tags)]}
+staged = [os.path.join(os.environ["STAGING"], "upload-" + uid, "part-%05d" % (i + 1)) for i in range(2)]
+with open(staged[0], "r+b") as f:
+    f.seek(12345)
+    b = f.read(1)
+    f.seek(12345)
+    f.write(bytes([b[0] ^ 1]))
+with open(staged[1], "r+b") as f:
+    f.truncate(999)
+for damaged, again in ((0, ps[0]), (1, ps[1])):
+    r = error_of(lambda: s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid,
+                                                      MultipartUpload=listed))
+    check(r["ResponseMetadata"]["HTTPStatusCode"] == 400 and r["Error"]["Code"] == "InvalidPart"
+          and "part %d:" % (damaged + 1) in r["Error"]["Message"], damaged, r)
+    check(not os.path.exists(os.path.join(DATA, key)), "nothing written from a damaged part")
+    s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=damaged + 1, Body=again)
+s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid, MultipartUpload=listed)
+check(local(key) == b"".join(ps))
+
 # An upload of one empty part: its part 1 is empty (no range to give).
 uid = s3.create_multipart_upload(Bucket="data", Key="sums/empty.bin")["UploadId"]
 t = s3.upload_part(Bucket="data", Key="sums/empty.bin", UploadId=uid, PartNumber=1, Body=b"")["ETag"]
@@ -1238,6 +1264,10 @@ async fn boto3_s3fs_and_object_store_through_pages3() {
         ("KEY", KEY.to_string()),
         ("SECRET", SECRET.to_string()),
         ("DATA", data.display().to_string()),
+        (
+            "STAGING",
+            c.dir.path().join("gw-staging").display().to_string(),
+        ),
         ("TREE", TREE.join(",")),
         ("BIG", BIG_DIR_FILES.to_string()),
     ];
