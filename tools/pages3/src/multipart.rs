@@ -1,5 +1,8 @@
 //! Multipart uploads staged on local disk: parts wait in the staging directory until
 //! CompleteMultipartUpload sends them, in order, to a multipart upload of the under storage.
+//! Uploads outlive the gateway (`staging.rs`).
+
+mod staging;
 
 use std::{
     collections::{hash_map::RandomState, BTreeMap, HashMap},
@@ -775,21 +778,13 @@ impl Uploads {
     pub(super) fn open(dir: &Path) -> Result<Uploads, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("staging directory {}: {e}", dir.display()))?;
-        // Uploads of an earlier run cannot be completed (their state was in its memory).
-        let entries = std::fs::read_dir(dir)
+        // The uploads an earlier run left go on.
+        let open = staging::recover(dir)
             .map_err(|e| format!("staging directory {}: {e}", dir.display()))?;
-        for e in entries.flatten() {
-            if e.file_name()
-                .to_string_lossy()
-                .starts_with(UPLOAD_DIR_PREFIX)
-            {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
         Ok(Uploads {
             dir: dir.to_path_buf(),
             max_open: MAX_OPEN_UPLOADS,
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(open),
             done: Mutex::new((HashMap::new(), std::collections::VecDeque::new())),
         })
     }
@@ -819,9 +814,20 @@ impl Uploads {
         }
         let id = random_id();
         let dir = self.dir.join(format!("{UPLOAD_DIR_PREFIX}{id}"));
-        tokio::fs::create_dir_all(&dir)
-            .await
-            .map_err(|e| internal(format!("staging directory {}: {e}", dir.display())))?;
+        let initiated = SystemTime::now();
+        let meta = staging::upload_meta(&path, initiated, &attributes, sum);
+        let made = async {
+            tokio::fs::create_dir_all(&dir).await?;
+            staging::write_whole(&dir.join(staging::UPLOAD_META), &meta)
+        }
+        .await;
+        if let Err(e) = made {
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            return Err(internal(format!(
+                "staging directory {}: {e}",
+                dir.display()
+            )));
+        }
         // Others may have begun meanwhile.
         let taken = {
             let mut open = self.lock();
@@ -834,7 +840,7 @@ impl Uploads {
                         dir: dir.clone(),
                         parts: BTreeMap::new(),
                         completing: false,
-                        initiated: SystemTime::now(),
+                        initiated,
                         attributes,
                         sum,
                     },
@@ -950,17 +956,28 @@ impl Uploads {
             }
         };
         let dest = dir.join(format!("part-{number:05}"));
+        let crc = crc.finalize();
+        let meta = staging::part_meta(&etag, size, crc, &checksums);
         let mut open = self.lock();
         // Aborted or completed while the body was arriving: drop the part.
         match open.get_mut(id) {
             Some(u) if !u.completing => {
+                // The part, then what describes it: a part without its meta file is removed at
+                // the next start (this request was not answered).
                 std::fs::rename(&tmp, &dest).map_err(fail)?;
+                let mut meta_path = dest.as_os_str().to_owned();
+                meta_path.push(".meta");
+                if let Err(e) = staging::write_whole(Path::new(&meta_path), &meta) {
+                    let _ = std::fs::remove_file(&dest);
+                    u.parts.remove(&number);
+                    return Err(fail(e));
+                }
                 u.parts.insert(
                     number,
                     PartFile {
                         etag: etag.clone(),
                         size,
-                        crc: crc.finalize(),
+                        crc,
                         file: dest,
                         staged: SystemTime::now(),
                         checksums: checksums.clone(),

@@ -1986,6 +1986,95 @@ fn a_gateway_over_the_root_makes_and_removes_buckets() {
     assert_eq!(std::fs::read(root.join("old/kept.txt")).unwrap(), b"kept");
 }
 
+/// Both halves of `multipart_uploads_outlive_a_killed_gateway` (`PHASE` 1 before the kill,
+/// 2 after the restart; the upload id passes through the file `STATE`).
+const MP_RESTART_SCRIPT: &str = r#"
+import os, random, hashlib, base64
+import boto3
+from botocore.config import Config
+EP, KEY, SECRET, DATA, PHASE, STATE = (os.environ[k] for k in ("EP", "KEY", "SECRET", "DATA", "PHASE", "STATE"))
+s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                  config=Config(s3={"addressing_style": "path"}, region_name="us-east-1",
+                                retries={"max_attempts": 1, "mode": "standard"}))
+def check(ok, *what):
+    if not ok:
+        raise SystemExit("FAILED: " + " ".join(map(str, what)))
+key = "ck/model.bin"
+parts = [random.Random(n).randbytes(5 << 20 if n < 3 else 1000) for n in (1, 2, 3)]
+sha = lambda d: base64.b64encode(hashlib.sha256(d).digest()).decode()
+if PHASE == "1":
+    uid = s3.create_multipart_upload(Bucket="data", Key=key, ContentType="text/x-ckpt",
+                                     Metadata={"step": "7"}, ChecksumAlgorithm="SHA256")["UploadId"]
+    for n in (1, 2):
+        s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=n, Body=parts[n - 1])
+    open(STATE, "w").write(uid)
+else:
+    uid = open(STATE).read()
+    ups = s3.list_multipart_uploads(Bucket="data").get("Uploads", [])
+    check([(u["Key"], u["UploadId"]) for u in ups] == [(key, uid)], "the upload is back", ups)
+    listed = s3.list_parts(Bucket="data", Key=key, UploadId=uid)["Parts"]
+    check([(p["PartNumber"], p["Size"], p["ETag"], p["ChecksumSHA256"]) for p in listed]
+          == [(n, len(parts[n - 1]), '"%s"' % hashlib.md5(parts[n - 1]).hexdigest(), sha(parts[n - 1]))
+              for n in (1, 2)], "its parts are back, and only those", listed)
+    r = s3.upload_part(Bucket="data", Key=key, UploadId=uid, PartNumber=3, Body=parts[2])
+    check(r["ChecksumSHA256"] == sha(parts[2]), "the upload's checksum algorithm is back", r)
+    done = [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in listed] + \
+           [{"PartNumber": 3, "ETag": r["ETag"]}]
+    r = s3.complete_multipart_upload(Bucket="data", Key=key, UploadId=uid, MultipartUpload={"Parts": done})
+    want = base64.b64encode(hashlib.sha256(b"".join(hashlib.sha256(p).digest() for p in parts)).digest()).decode() + "-3"
+    check(r["ChecksumSHA256"] == want, "the composite checksum", r)
+    check(open(os.path.join(DATA, key), "rb").read() == b"".join(parts), "the object's bytes")
+    h = s3.head_object(Bucket="data", Key=key)
+    check(h["ContentType"] == "text/x-ckpt" and h["Metadata"] == {"step": "7"}, "its attributes", h)
+print("ALL OK")
+"#;
+
+/// A multipart upload outlives its gateway: the parts staged before a SIGKILL are taken back by
+/// the next start (ListMultipartUploads, ListParts, the upload's attributes and checksum
+/// algorithm), a part is added and the completion writes the whole object. A part file whose
+/// meta file the kill never let be written is not taken (and is removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_uploads_outlive_a_killed_gateway() {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("ck")).unwrap();
+    let mount = format!("/data=file://{}", data.display());
+    s.mounts = vec![mount.clone()];
+    let c = Cluster::start(dir, s);
+    let state = c.dir.path().join("mp-state");
+    let env = |gw: &Gateway, phase: &str| {
+        vec![
+            ("EP", gw.endpoint.clone()),
+            ("KEY", KEY.to_string()),
+            ("SECRET", SECRET.to_string()),
+            ("DATA", data.display().to_string()),
+            ("PHASE", phase.to_string()),
+            ("STATE", state.display().to_string()),
+        ]
+    };
+    let mut gw = Gateway::writable(&c, "mp-kill", &mount);
+    run_python("mp-before", MP_RESTART_SCRIPT, &env(&gw, "1"), &[&gw]);
+    gw.child.kill().unwrap();
+    let _ = gw.child.wait();
+    let uid = std::fs::read_to_string(&state).unwrap();
+    let upload = c
+        .dir
+        .path()
+        .join("mp-kill-staging")
+        .join(format!("upload-{uid}"));
+    assert!(upload.join("part-00002.meta").exists(), "{upload:?}");
+    // As if the kill came between a part's rename and its meta file.
+    let orphan = upload.join("part-00009");
+    std::fs::write(&orphan, b"never answered").unwrap();
+    let gw = Gateway::writable(&c, "mp-kill", &mount);
+    assert!(
+        !orphan.exists(),
+        "a part without its meta file is removed at start"
+    );
+    run_python("mp-after", MP_RESTART_SCRIPT, &env(&gw, "2"), &[&gw]);
+    assert!(!upload.exists(), "a completed upload's files are gone");
+}
+
 /// `Last-Modified` (HeadObject, GetObject) and a listing's `LastModified` are the object's
 /// modification time in the store, not the gateway's start time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
