@@ -1989,16 +1989,8 @@ fn a_gateway_over_the_root_makes_and_removes_buckets() {
 /// Both halves of `multipart_uploads_outlive_a_killed_gateway` (`PHASE` 1 before the kill,
 /// 2 after the restart; the upload id passes through the file `STATE`).
 const MP_RESTART_SCRIPT: &str = r#"
-import os, random, hashlib, base64
-import boto3
-from botocore.config import Config
-EP, KEY, SECRET, DATA, PHASE, STATE = (os.environ[k] for k in ("EP", "KEY", "SECRET", "DATA", "PHASE", "STATE"))
-s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                  config=Config(s3={"addressing_style": "path"}, region_name="us-east-1",
-                                retries={"max_attempts": 1, "mode": "standard"}))
-def check(ok, *what):
-    if not ok:
-        raise SystemExit("FAILED: " + " ".join(map(str, what)))
+import random, hashlib, base64
+DATA, PHASE, STATE = (os.environ[k] for k in ("DATA", "PHASE", "STATE"))
 key = "ck/model.bin"
 parts = [random.Random(n).randbytes(5 << 20 if n < 3 else 1000) for n in (1, 2, 3)]
 sha = lambda d: base64.b64encode(hashlib.sha256(d).digest()).decode()
@@ -2053,7 +2045,8 @@ async fn multipart_uploads_outlive_a_killed_gateway() {
         ]
     };
     let mut gw = Gateway::writable(&c, "mp-kill", &mount);
-    run_python("mp-before", MP_RESTART_SCRIPT, &env(&gw, "1"), &[&gw]);
+    let script = format!("{BOTO3_CLIENT}{MP_RESTART_SCRIPT}");
+    run_python("mp-before", &script, &env(&gw, "1"), &[&gw]);
     gw.child.kill().unwrap();
     let _ = gw.child.wait();
     let uid = std::fs::read_to_string(&state).unwrap();
@@ -2071,7 +2064,7 @@ async fn multipart_uploads_outlive_a_killed_gateway() {
         !orphan.exists(),
         "a part without its meta file is removed at start"
     );
-    run_python("mp-after", MP_RESTART_SCRIPT, &env(&gw, "2"), &[&gw]);
+    run_python("mp-after", &script, &env(&gw, "2"), &[&gw]);
     assert!(!upload.exists(), "a completed upload's files are gone");
 }
 
@@ -2341,7 +2334,12 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
         ("KEY", KEY.to_string()),
         ("SECRET", SECRET.to_string()),
     ];
-    run_python("wb-deletes", WB_DELETES_SCRIPT, &env, &[&gw]);
+    run_python(
+        "wb-deletes",
+        &format!("{BOTO3_CLIENT}{WB_DELETES_SCRIPT}"),
+        &env,
+        &[&gw],
+    );
 
     // A key beneath an object, or an object where keys lie beneath, is a 409 as on a store
     // written through: the flush could never write it to a file system store.
@@ -2393,10 +2391,11 @@ async fn a_write_back_bucket_takes_puts_and_multipart_uploads_through_the_cluste
 }
 
 /// Conditional deletes on the write-back bucket `ck` (see the test above).
-const WB_DELETES_SCRIPT: &str = r#"
+/// The start of the small boto3 scripts below: a client of the gateway at `EP` (path-style, no
+/// retries) and `check`.
+const BOTO3_CLIENT: &str = r#"
 import os, boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
 EP, KEY, SECRET = (os.environ[k] for k in ("EP", "KEY", "SECRET"))
 s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
                   config=Config(s3={"addressing_style": "path"}, region_name="us-east-1",
@@ -2404,6 +2403,10 @@ s3 = boto3.client("s3", endpoint_url=EP, aws_access_key_id=KEY, aws_secret_acces
 def check(ok, *what):
     if not ok:
         raise SystemExit("FAILED: " + " ".join(map(str, what)))
+"#;
+
+const WB_DELETES_SCRIPT: &str = r#"
+from botocore.exceptions import ClientError
 def err(fn):
     try:
         fn()
