@@ -809,7 +809,7 @@ impl Uploads {
                 ),
             )
         };
-        if self.lock().len() >= self.max_open {
+        if self.lock().len() >= self.max_open && self.expire().await == 0 {
             return Err(full());
         }
         let id = random_id();
@@ -853,6 +853,32 @@ impl Uploads {
             return Err(full());
         }
         Ok(id)
+    }
+
+    /// Removes the uploads begun more than [`staging::MAX_AGE`] ago (and not completing);
+    /// returns how many.
+    async fn expire(&self) -> usize {
+        let old: Vec<(String, PathBuf)> = {
+            let mut open = self.lock();
+            let ids: Vec<String> = open
+                .iter()
+                .filter(|(_, u)| {
+                    !u.completing
+                        && u.initiated
+                            .elapsed()
+                            .is_ok_and(|age| age > staging::MAX_AGE)
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| open.remove(&id).map(|u| (id, u.dir)))
+                .collect()
+        };
+        for (id, dir) in &old {
+            tracing::info!(upload = %id, "a multipart upload older than 7 days is removed");
+            let _ = tokio::fs::remove_dir_all(dir).await;
+        }
+        old.len()
     }
 
     /// The staged parts of upload `id` for `path` after part `marker`, at most `max`; and
@@ -1253,7 +1279,20 @@ mod tests {
         let staged = || std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(staged(), 2, "a refused upload leaves no directory");
         u.abort(&a, "/b/k").await.unwrap();
+        let b = new().await.unwrap();
+        // Full again: an upload begun more than 7 days ago makes room.
+        assert!(new().await.is_err());
+        {
+            let mut open = u.lock();
+            let old = open.get_mut(&b).unwrap();
+            old.initiated -= staging::MAX_AGE + std::time::Duration::from_secs(60);
+        }
         new().await.unwrap();
+        assert!(
+            !dir.path().join(format!("upload-{b}")).exists(),
+            "its files are gone"
+        );
+        assert_eq!(staged(), 2);
     }
 
     #[test]

@@ -31,9 +31,9 @@ use super::{Checksums, PartFile, Upload, UploadSum, UPLOAD_DIR_PREFIX};
 /// The file that describes an upload, in its directory.
 pub(super) const UPLOAD_META: &str = "upload.meta";
 
-/// Uploads begun longer ago than this are removed at start, not resumed (as a bucket's
-/// lifecycle rule would abort them).
-const MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Uploads begun longer ago than this are removed at start, not resumed, and when the gateway
+/// has as many uploads under way as it takes (as a bucket's lifecycle rule would abort them).
+pub(super) const MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 fn enc(s: &str) -> String {
     utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
