@@ -1073,6 +1073,29 @@ impl Client {
         let Some(probe) = self.usable(addr) else {
             return Attempt::Failed(format!("{addr} is backed off after failures"));
         };
+        self.ask_now(addr, body, payload, probe).await
+    }
+
+    /// [`Client::ask_with`] to a member even while it is backed off after failures: for a
+    /// change that no other member took, where one more try costs at most a call timeout.
+    pub(crate) async fn ask_despite_backoff(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        payload: Bytes,
+    ) -> Attempt<(ResponseBody, Bytes)> {
+        self.ask_now(addr, body, payload, None).await
+    }
+
+    /// Sends `body` to `addr` (`probe`: held while this is the one request that probes a
+    /// member after its back-off) and classifies the outcome.
+    async fn ask_now(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        payload: Bytes,
+        probe: Option<ProbeGuard<'_>>,
+    ) -> Attempt<(ResponseBody, Bytes)> {
         let hot = matches!(
             body,
             RequestBody::Fetch {

@@ -525,11 +525,23 @@ impl Client {
             .filter_map(|m| layout.membership.addr_of(m))
             .collect();
         let mut why = Vec::new();
-        for addr in members {
-            match self
-                .ask_with(addr, RequestBody::Change { op: op.clone() }, Bytes::new())
-                .await
-            {
+        // Members backed off after failures are passed over first, then asked anyway if no
+        // other took the change: after a moment of overload they may well be alive, and the
+        // change was never sent to them.
+        let (ready, backed_off): (Vec<_>, Vec<_>) =
+            members.into_iter().partition(|a| self.reachable(*a));
+        let tries = ready
+            .into_iter()
+            .map(|a| (a, false))
+            .chain(backed_off.into_iter().map(|a| (a, true)));
+        for (addr, despite) in tries {
+            let body = RequestBody::Change { op: op.clone() };
+            let attempt = if despite {
+                self.ask_despite_backoff(addr, body, Bytes::new()).await
+            } else {
+                self.ask_with(addr, body, Bytes::new()).await
+            };
+            match attempt {
                 Attempt::Answer(Ok((ResponseBody::Applied { hlc }, _))) => return Ok(hlc),
                 Attempt::Answer(Ok((other, _))) => {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))

@@ -1551,3 +1551,59 @@ async fn a_random_writer_spills_pages_to_a_local_file_and_loses_none() {
     );
     assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
 }
+
+/// A change that no ready member takes goes to the members backed off after failures too: a
+/// moment when every member failed to answer (here all three stalled, as under heavy load)
+/// must not refuse the changes that come after it without one try, and the change never
+/// reached them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_reaches_members_backed_off_after_a_stall() {
+    use pagestore_protocol::frame::Expect;
+    let (c, _store) = cluster(3, &["--write-replicas", "2"], "");
+    let a = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(1),
+            // Backed off longer than this test runs.
+            min_backoff: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(60),
+            ..ClientOptions::default()
+        })
+        .await;
+    a.write_file("/ck/stall/f", b"x".to_vec().into())
+        .await
+        .unwrap();
+    let v = a.stat("/ck/stall/f").await.unwrap().version;
+    // The members that keep the path's records (its metadata owner and the next two).
+    let membership = a.membership();
+    let members: Vec<_> = membership
+        .ring()
+        .replicas_of_hash(path_hash("/ck/stall/f"), 3)
+        .into_iter()
+        .filter_map(|m| membership.addr_of(m))
+        .collect();
+    assert_eq!(members.len(), 3);
+    for i in 0..3 {
+        c.inner.signal(i, libc::SIGSTOP).unwrap();
+    }
+    // A change while every node is stalled (on a version the file does not have: harmless
+    // when they take it up later): each member fails to answer within the call timeout and is
+    // backed off.
+    let r = a
+        .remove_file_if("/ck/stall/f", Expect::Version("v0".into()))
+        .await;
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    for i in 0..3 {
+        c.inner.signal(i, libc::SIGCONT).unwrap();
+    }
+    assert!(
+        members.iter().all(|m| !a.reachable(*m)),
+        "every member backed off: {members:?}"
+    );
+    a.remove_file_if("/ck/stall/f", Expect::Version(v))
+        .await
+        .unwrap();
+    assert!(matches!(
+        a.stat("/ck/stall/f").await,
+        Err(Error::NotFound(_))
+    ));
+}
