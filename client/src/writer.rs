@@ -937,6 +937,16 @@ impl Writer {
         self.mtime_ns = mtime_ns;
     }
 
+    /// Replaces the file's attributes ([`WriteOptions::attrs`], checked as there), sent with
+    /// the next commit: a writer that learns them from the bytes (a digest) sets them before
+    /// [`Writer::close`].
+    pub fn set_attrs(&mut self, attrs: Vec<Attr>) -> Result<(), Error> {
+        frame::check_attrs("attributes", &attrs)
+            .map_err(|e| Error::Invalid(format!("{}: {e}", self.path)))?;
+        self.options.attrs = attrs;
+        Ok(())
+    }
+
     /// The write-back version this writer writes.
     pub fn version(&self) -> &str {
         &self.tag

@@ -28,8 +28,12 @@
 //!   version tag and replace (or remove) the file under the lock.
 //! - Object attributes (Content-Type, Cache-Control, Content-Disposition, Content-Encoding,
 //!   Content-Language, user metadata) are kept in one user extended attribute of the file
-//!   ([`ATTRIBUTES_XATTR`], JSON), written on the temporary file before the rename and copied
-//!   with the file. On a file system without user extended attributes they are not kept.
+//!   ([`ATTRIBUTES_XATTR`], JSON), written on the temporary file once all its bytes are, before
+//!   the rename, and copied with the file. They carry a stamp of the bytes they were written
+//!   with (the file's mtime and size then): a file rewritten in place since (which keeps its
+//!   extended attributes) reads as having none, as an object replaced in a store would. A
+//!   multipart write may be given its attributes late ([`LateAttributes`]), when its bytes
+//!   are known. On a file system without user extended attributes they are not kept.
 //! - Version tags (the e-tag) are `inode-mtime_ns-ctime_ns-size` (hex) from `fstat` of the
 //!   opened file. A read reports the tag of the descriptor it reads and checks the tag again
 //!   after reading: a file rewritten in place during the read is a
@@ -740,38 +744,100 @@ fn attribute_of(name: &str) -> Option<Attribute> {
     })
 }
 
-/// The JSON form of `attrs` (`None` when there is nothing to keep).
-fn encode_attributes(attrs: &Attributes) -> Result<Option<Vec<u8>>> {
-    let map: serde_json::Map<String, serde_json::Value> = attrs
-        .iter()
-        .filter_map(|(k, v)| Some((attribute_name(k)?, serde_json::Value::from(v.as_ref()))))
-        .collect();
-    if map.is_empty() {
-        return Ok(None);
-    }
-    let bytes = serde_json::to_vec(&map).map_err(|e| object_store::Error::Generic {
-        store: STORE,
-        source: Box::new(e),
-    })?;
-    if bytes.len() > MAX_ATTRIBUTES {
-        return Err(object_store::Error::Generic {
-            store: STORE,
-            source: format!("object attributes over {MAX_ATTRIBUTES} bytes").into(),
-        });
-    }
-    Ok(Some(bytes))
+/// The JSON key of the stamp of the bytes the attributes were written with (never an
+/// attribute's name: those are the headers' names and `meta:` ones).
+const STAMP_KEY: &str = "@written";
+
+/// Room kept in [`MAX_ATTRIBUTES`] for the stamp.
+const STAMP_ROOM: usize = 64;
+
+/// The stamp of the bytes of the file `st` describes: its mtime (ns) and size, in hex. A
+/// rewrite in place changes the mtime (or the size); a copy that keeps both keeps the bytes.
+fn stamp(st: &std::fs::Metadata) -> String {
+    let ns = (st.mtime() as i128) * 1_000_000_000 + st.mtime_nsec() as i128;
+    format!("{ns:x}-{:x}", st.size())
 }
 
-fn decode_attributes(bytes: &[u8]) -> Attributes {
+/// Attributes ready to be kept: their JSON form, without its stamp (`None`: nothing to keep).
+struct Blob(Option<serde_json::Map<String, serde_json::Value>>);
+
+impl Blob {
+    /// `attrs`' JSON form; over [`MAX_ATTRIBUTES`] (with the stamp) is an error.
+    fn of(attrs: &Attributes) -> Result<Blob> {
+        let map: serde_json::Map<String, serde_json::Value> = attrs
+            .iter()
+            .filter_map(|(k, v)| Some((attribute_name(k)?, serde_json::Value::from(v.as_ref()))))
+            .collect();
+        if map.is_empty() {
+            return Ok(Blob(None));
+        }
+        let len = serde_json::to_vec(&map).map_or(usize::MAX, |b| b.len());
+        if len > MAX_ATTRIBUTES - STAMP_ROOM {
+            return Err(object_store::Error::Generic {
+                store: STORE,
+                source: format!(
+                    "object attributes over {} bytes",
+                    MAX_ATTRIBUTES - STAMP_ROOM
+                )
+                .into(),
+            });
+        }
+        Ok(Blob(Some(map)))
+    }
+
+    /// Sets the attributes on `file`, whose bytes are all written, stamped with them.
+    fn set_on(&self, file: &File, location: &Path) -> Result<()> {
+        let Some(map) = &self.0 else { return Ok(()) };
+        let st = file.metadata().map_err(|e| to_error(location, e))?;
+        let mut map = map.clone();
+        map.insert(STAMP_KEY.into(), stamp(&st).into());
+        let bytes = serde_json::to_vec(&map).map_err(|e| object_store::Error::Generic {
+            store: STORE,
+            source: Box::new(e),
+        })?;
+        set_attributes(file, &bytes, location)
+    }
+}
+
+/// The attributes in `bytes` kept with the file `file`: none when they were stamped with other
+/// bytes than the file's now (it was rewritten in place since); unstamped ones (kept by an
+/// older version) as they are.
+fn decode_attributes(bytes: &[u8], file: &File, location: &Path) -> Result<Attributes> {
     let mut out = Attributes::new();
-    if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(bytes) {
-        for (k, v) in map {
-            if let (Some(a), serde_json::Value::String(v)) = (attribute_of(&k), v) {
-                out.insert(a, v.into());
-            }
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(bytes) else {
+        return Ok(out);
+    };
+    if let Some(written) = map.get(STAMP_KEY) {
+        let st = file.metadata().map_err(|e| to_error(location, e))?;
+        if written.as_str() != Some(stamp(&st).as_str()) {
+            tracing::debug!(path = %location, "attributes of bytes rewritten since: not kept");
+            return Ok(out);
         }
     }
-    out
+    for (k, v) in map {
+        if let (Some(a), serde_json::Value::String(v)) = (attribute_of(&k), v) {
+            out.insert(a, v.into());
+        }
+    }
+    Ok(out)
+}
+
+/// Attributes a multipart write of a [`LocalStore`] takes at its completion instead of the
+/// ones it was started with, if they were set by then: given as an extension of its
+/// `PutMultipartOptions` and set by the writer once it knows them (a digest of the bytes).
+/// Other stores ignore it: they keep the attributes the write started with.
+#[derive(Clone, Debug, Default)]
+pub struct LateAttributes(Arc<std::sync::Mutex<Option<Attributes>>>);
+
+impl LateAttributes {
+    /// The attributes the write completes with.
+    pub fn set(&self, attrs: Attributes) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(attrs);
+    }
+
+    fn take(&self) -> Option<Attributes> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// Sets the attributes blob on `file`. A file system without user extended attributes keeps
@@ -897,9 +963,10 @@ impl LocalStore {
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (file, _) = LocalStore::open_file(&root, &location)?;
-            Ok(get_attributes(&file, &location)?
-                .map(|b| decode_attributes(&b))
-                .unwrap_or_default())
+            match get_attributes(&file, &location)? {
+                Some(b) => decode_attributes(&b, &file, &location),
+                None => Ok(Attributes::new()),
+            }
         })
         .await
     }
@@ -1068,7 +1135,7 @@ impl ObjectStore for LocalStore {
         opts: PutOptions,
     ) -> Result<PutResult> {
         let mode = opts.mode;
-        let attrs = encode_attributes(&opts.attributes)?;
+        let attrs = Blob::of(&opts.attributes)?;
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (dir, name) = parent_for_write(&root, &location)?;
@@ -1078,9 +1145,7 @@ impl ObjectStore for LocalStore {
                     .write_all(b)
                     .map_err(|e| to_error(&location, e))?;
             }
-            if let Some(blob) = &attrs {
-                set_attributes(&tmp.file, blob, &location)?;
-            }
+            attrs.set_on(&tmp.file, &location)?;
             tmp.commit(&location, &name, &mode).map(put_result)
         })
         .await
@@ -1095,20 +1160,21 @@ impl ObjectStore for LocalStore {
             .extensions
             .get::<CommitMode>()
             .map_or(PutMode::Overwrite, |m| m.0.clone());
-        let attrs = encode_attributes(&opts.attributes)?;
+        // Checked now, kept at the completion (stamped with the bytes written by then).
+        let attrs = Blob::of(&opts.attributes)?;
+        let late = opts.extensions.get::<LateAttributes>().cloned();
         let (root, location) = (self.root.clone(), location.clone());
         blocking(move || {
             let (dir, name) = parent_for_write(&root, &location)?;
             let tmp = TmpFile::create(dir).map_err(|e| to_error(&location, e))?;
-            if let Some(blob) = &attrs {
-                set_attributes(&tmp.file, blob, &location)?;
-            }
             Ok(Box::new(LocalUpload {
                 location,
                 name,
                 tmp: Some(tmp),
                 offset: 0,
                 mode,
+                attrs,
+                late,
             }) as Box<dyn MultipartUpload>)
         })
         .await
@@ -1205,12 +1271,15 @@ impl ObjectStore for LocalStore {
             let (dir, name) = parent_for_write(&root, &to)?;
             let tmp = TmpFile::create(dir).map_err(|e| to_error(&to, e))?;
             let copied = io::copy(&mut &*src, &mut &*tmp.file).map_err(|e| to_error(&from, e))?;
-            if let Some(blob) = get_attributes(&src, &from)? {
-                set_attributes(&tmp.file, &blob, &to)?;
-            }
             let st = src.metadata().map_err(|e| to_error(&from, e))?;
             if copied != meta.size || Some(version_tag(&st)) != meta.e_tag {
                 return Err(changed(&from));
+            }
+            // The source's attributes (if they still describe its bytes), stamped anew with
+            // the copy's.
+            if let Some(blob) = get_attributes(&src, &from)? {
+                let attrs = decode_attributes(&blob, &src, &from)?;
+                Blob::of(&attrs)?.set_on(&tmp.file, &to)?;
             }
             tmp.commit(&to, &name, &mode).map(|_| ())
         })
@@ -1272,6 +1341,9 @@ struct LocalUpload {
     tmp: Option<TmpFile>,
     offset: u64,
     mode: PutMode,
+    /// The attributes it started with, and those it may be given by its completion.
+    attrs: Blob,
+    late: Option<LateAttributes>,
 }
 
 impl std::fmt::Debug for LocalUpload {
@@ -1313,7 +1385,15 @@ impl MultipartUpload for LocalUpload {
                 source: "the upload is finished".into(),
             })?;
         let (location, name, mode) = (self.location.clone(), self.name.clone(), self.mode.clone());
-        blocking(move || tmp.commit(&location, &name, &mode).map(put_result)).await
+        let attrs = match self.late.as_ref().and_then(LateAttributes::take) {
+            Some(a) => Blob::of(&a)?,
+            None => std::mem::replace(&mut self.attrs, Blob(None)),
+        };
+        blocking(move || {
+            attrs.set_on(&tmp.file, &location)?;
+            tmp.commit(&location, &name, &mode).map(put_result)
+        })
+        .await
     }
 
     async fn abort(&mut self) -> Result<()> {

@@ -1237,11 +1237,27 @@ impl MountTable {
         mode: object_store::PutMode,
         attributes: object_store::Attributes,
     ) -> Result<Box<dyn object_store::MultipartUpload>, UfsError> {
+        self.put_multipart_late(path, mode, attributes, None).await
+    }
+
+    /// [`MountTable::put_multipart_if`] whose object, on a `file://` mount, takes the
+    /// attributes set in `late` before its completion instead of `attributes` (other stores
+    /// keep `attributes`, which they take at the start).
+    pub async fn put_multipart_late(
+        &self,
+        path: &str,
+        mode: object_store::PutMode,
+        attributes: object_store::Attributes,
+        late: Option<&crate::localfs::LateAttributes>,
+    ) -> Result<Box<dyn object_store::MultipartUpload>, UfsError> {
         let (m, p) = self.resolve(path)?;
         let mut opts = object_store::PutMultipartOptions {
             attributes,
             ..Default::default()
         };
+        if let Some(late) = late {
+            opts.extensions.insert(late.clone());
+        }
         if mode != object_store::PutMode::Overwrite {
             if m.local.is_none() {
                 return Err(not_implemented(path, "a conditional multipart write"));

@@ -469,6 +469,60 @@ fn attributes_are_kept_with_objects_of_file_mounts_and_copied_with_them() {
             .unwrap();
         u.complete().await.unwrap();
         assert_eq!(t.object_attributes("/data/attr/c").await.unwrap(), attrs);
+        // A multipart write given late attributes keeps those it was given last, set before
+        // its completion; given none, those it started with.
+        for late_too in [true, false] {
+            let late = pagestore_mounts::localfs::LateAttributes::default();
+            let mut u = t
+                .put_multipart_late(
+                    "/data/attr/d",
+                    PutMode::Overwrite,
+                    attrs.clone(),
+                    Some(&late),
+                )
+                .await
+                .unwrap();
+            u.put_part(bytes::Bytes::from_static(b"late").into())
+                .await
+                .unwrap();
+            let mut later = Attributes::new();
+            later.insert(Attribute::Metadata("digest".into()), "abc".into());
+            if late_too {
+                late.set(later.clone());
+            }
+            u.complete().await.unwrap();
+            let want = if late_too { later } else { attrs.clone() };
+            assert_eq!(t.object_attributes("/data/attr/d").await.unwrap(), want);
+        }
+        // The attributes describe the bytes they were written with: a copy keeping the bytes,
+        // size and mtime (`cp -a`) keeps them; the file rewritten in place (which keeps its
+        // extended attributes) has none, whatever its size.
+        let a = d.path().join("a/attr/a");
+        let kept = d.path().join("a/attr/kept");
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&a)
+            .arg(&kept)
+            .status()
+            .unwrap()
+            .success());
+        assert_eq!(t.object_attributes("/data/attr/kept").await.unwrap(), attrs);
+        for (bytes, what) in [(&b"HELLO"[..], "same size"), (b"hello, again", "longer")] {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::os::unix::fs::FileExt::write_all_at(
+                &std::fs::File::options().write(true).open(&kept).unwrap(),
+                bytes,
+                0,
+            )
+            .unwrap();
+            assert!(
+                t.object_attributes("/data/attr/kept")
+                    .await
+                    .unwrap()
+                    .is_empty(),
+                "{what}"
+            );
+        }
         // An object written without attributes has none.
         t.put("/data/attr/plain", "x".into()).await.unwrap();
         assert!(t

@@ -74,6 +74,11 @@ impl Aliases {
         m.by_path.get(path).filter(|a| a.version == version).map(f)
     }
 
+    /// Whether version `version` of `path` is known here.
+    pub(super) fn knows(&self, path: &str, version: &str) -> bool {
+        self.with(path, version, |_| ()).is_some()
+    }
+
     /// The S3 ETag of version `version` of `path`, if this gateway wrote it.
     pub(super) fn get(&self, path: &str, version: &str) -> Option<String> {
         self.with(path, version, |a| a.etag.clone())

@@ -59,6 +59,12 @@ impl Asked<'_> {
                     format!("the user metadata has {size} bytes; at most {MAX_METADATA} are kept"),
                 ));
             }
+            if let Some(k) = m.keys().find(|k| super::record::is_reserved(k)) {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::InvalidArgument,
+                    format!("x-amz-meta-{k}: this metadata name is the gateway's own"),
+                ));
+            }
             for (k, v) in m {
                 a.insert(
                     Attribute::Metadata(k.to_ascii_lowercase().into()),
@@ -87,7 +93,9 @@ impl Served {
         let metadata: HashMap<String, String> = a
             .iter()
             .filter_map(|(k, v)| match k {
-                Attribute::Metadata(name) => Some((name.to_string(), v.to_string())),
+                Attribute::Metadata(name) if !super::record::is_reserved(name) => {
+                    Some((name.to_string(), v.to_string()))
+                }
                 _ => None,
             })
             .collect();

@@ -21,6 +21,7 @@ use super::{
     keys::{key_path, KeyPath},
     multipart::check_part_number,
     read::object_blob,
+    record,
     write::BodyReader,
     Gateway, SourceBucket, MAX_KEYS, SOURCE_STAND_IN,
 };
@@ -155,7 +156,8 @@ pub(super) async fn copy_object(
         let body = object_blob(gw.client.clone(), info.clone(), 0, info.size);
         let attributes = match replaced {
             Some(a) => a,
-            None => gw.attributes_of(&info).await,
+            // The source's record describes the source: the write records its own.
+            None => record::without(gw.attributes_of(&info).await),
         };
         let new = gw
             .write_object(
@@ -190,7 +192,7 @@ pub(super) async fn copy_object(
             // as a PutObject would be.
             let attributes = match replaced {
                 Some(a) => a,
-                None => gw.attributes_of(&info).await,
+                None => record::without(gw.attributes_of(&info).await),
             };
             let body = object_blob(gw.client.clone(), info.clone(), 0, info.size);
             gw.write_object(
@@ -207,6 +209,8 @@ pub(super) async fn copy_object(
     }
     gw.aliases.forget(&dst);
     let new = ufs.stat(&dst).await.map_err(store_error)?;
+    // A copy in the store keeps the source's record (same bytes); one written here, its own.
+    gw.recall(&new).await;
     Ok(result(&new))
 }
 

@@ -39,6 +39,7 @@ use super::{
     },
     cond::WriteCondition,
     errors::{internal, invalid, io_failure, store_error, upload_error},
+    record::{self, Record},
     write::{BodyReader, WRITE_CHUNK},
     Gateway, MAX_KEYS,
 };
@@ -158,17 +159,29 @@ pub(super) async fn complete_multipart_upload(
         parts,
         sum,
     } = *c;
+    // What the object is recorded with (its checksum too, once known).
+    let recorded = Record {
+        size: parts.iter().map(|p| p.size).sum(),
+        etag: tag.clone(),
+        checksums: sum.known(),
+        parts: parts.clone(),
+    };
     let sent = async {
+        let to_send = ToSend {
+            files: &files,
+            attributes,
+            recorded,
+            sum,
+        };
         if gw.cached(&path) {
             // The condition is checked again, atomically, when the cluster commits the file.
             let expect = gw.cached_expect(&path, &cond).await?;
-            let (version, sums) =
-                send_parts_through_cluster(gw, &path, &files, expect, &attributes, sum).await?;
+            let (version, sums) = send_parts_through_cluster(gw, &path, to_send, expect).await?;
             return Ok::<_, S3Error>((None, Some(version), sums));
         }
         let ufs = gw.writable()?;
         let (mode, old) = gw.write_mode(&path, &cond).await?;
-        let (version, sums) = send_parts(ufs, &path, &files, mode, attributes, sum).await?;
+        let (version, sums) = send_parts(ufs, &path, to_send, mode).await?;
         Ok::<_, S3Error>((old, version, sums))
     }
     .await;
@@ -314,15 +327,19 @@ pub(super) async fn list_multipart_uploads(
 async fn send_parts_through_cluster(
     gw: &Gateway,
     path: &str,
-    files: &[Staged],
+    to_send: ToSend<'_>,
     expect: pagestore_protocol::frame::Expect,
-    attributes: &Attributes,
-    mut sum: ObjectSum,
 ) -> S3Result<(String, Checksums)> {
     use tokio::io::AsyncReadExt;
+    let ToSend {
+        files,
+        attributes,
+        recorded,
+        mut sum,
+    } = to_send;
     let options = pagestore_client::WriteOptions {
         expect,
-        attrs: pagestore_client::ufs::wire_attrs(attributes),
+        attrs: pagestore_client::ufs::wire_attrs(&attributes),
         ..Default::default()
     };
     let mut w = gw
@@ -351,6 +368,9 @@ async fn send_parts_through_cluster(
     }
     // A wrong checksum drops the writer uncommitted: the file never appears.
     let sums = sum.finish()?;
+    let recorded = record::with_record(attributes, &recorded.with_checksums(&sums));
+    w.set_attrs(pagestore_client::ufs::wire_attrs(&recorded))
+        .map_err(super::errors::client_error)?;
     let info = w.close().await.map_err(super::errors::client_error)?;
     Ok((info.version, sums))
 }
@@ -362,14 +382,24 @@ async fn send_parts_through_cluster(
 async fn send_parts(
     ufs: &pagestore_client::ufs::MountTable,
     path: &str,
-    files: &[Staged],
+    to_send: ToSend<'_>,
     mode: PutMode,
-    attributes: Attributes,
-    mut sum: ObjectSum,
 ) -> S3Result<(Option<String>, Checksums)> {
     use tokio::io::AsyncReadExt;
+    let ToSend {
+        files,
+        attributes,
+        recorded,
+        mut sum,
+    } = to_send;
+    // A `file://` mount takes the attributes at the end, with the object's checksum recorded;
+    // another store those recorded before the bytes are sent (a FULL_OBJECT checksum is not).
+    let late = ufs
+        .is_local(path)
+        .then(pagestore_client::localfs::LateAttributes::default);
+    let first = record::with_record(attributes.clone(), &recorded);
     let mut upload = ufs
-        .put_multipart_if(path, mode, attributes)
+        .put_multipart_late(path, mode, first, late.as_ref())
         .await
         .map_err(store_error)?;
     let result: S3Result<(Option<String>, Checksums)> = async {
@@ -411,6 +441,12 @@ async fn send_parts(
         }
         pending.finish().await.map_err(|e| upload_error(path, e))?;
         let sums = sum.finish()?;
+        if let Some(late) = &late {
+            late.set(record::with_record(
+                attributes,
+                &recorded.with_checksums(&sums),
+            ));
+        }
         let done = upload.complete().await.map_err(|e| upload_error(path, e))?;
         Ok((written_version(&done), sums))
     }
@@ -619,6 +655,15 @@ struct Done {
     checksums: Checksums,
 }
 
+/// What a completion sends: the part files in order, the attributes to keep with the object,
+/// what to record with it ([`record`]) and its checksum, known or to compute.
+struct ToSend<'a> {
+    files: &'a [Staged],
+    attributes: Attributes,
+    recorded: Record,
+    sum: ObjectSum,
+}
+
 /// An upload whose parts are being sent.
 struct Completing {
     /// The part files in order.
@@ -651,6 +696,14 @@ enum ObjectSum {
 }
 
 impl ObjectSum {
+    /// The checksums known before the bytes are sent (none for FULL_OBJECT).
+    fn known(&self) -> Checksums {
+        match self {
+            ObjectSum::Known(c) => c.clone(),
+            ObjectSum::Full { .. } => Checksums::default(),
+        }
+    }
+
     fn update(&mut self, data: &[u8]) {
         if let ObjectSum::Full { hasher, .. } = self {
             hasher.update(data);

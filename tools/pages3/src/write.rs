@@ -30,6 +30,7 @@ use super::{
     cond::{precondition_failed, WriteCondition},
     errors::{client_error, conflict, invalid, store_error, upload_error},
     keys::{key_path, percent_decode, KeyPath},
+    record::{self, Record},
     Gateway,
 };
 
@@ -252,6 +253,7 @@ impl Gateway {
             }
             Err(e) => return Err(store_error(e)),
         };
+        self.recall(&info).await;
         if WriteCondition::Match(cond.clone())
             .mode(Some((&info.version, &self.tags_of(&info))))
             .is_err()
@@ -290,6 +292,7 @@ impl Gateway {
             }
             Err(e) => return Err(client_error(e)),
         };
+        self.recall(&info).await;
         if WriteCondition::Match(cond.clone())
             .mode(Some((&info.version, &self.tags_of(&info))))
             .is_err()
@@ -318,6 +321,9 @@ impl Gateway {
             Err(_) if *cond == WriteCondition::None => None,
             Err(e) => return Err(store_error(e)),
         };
+        if let Some(i) = current.as_ref().filter(|_| *cond != WriteCondition::None) {
+            self.recall(i).await;
+        }
         let mode = self.mode_on(cond, current.as_ref())?;
         Ok((mode, current.map(|i| i.file_id)))
     }
@@ -412,20 +418,31 @@ impl Gateway {
         };
         let mut buf = BytesMut::new();
         let mut upload = None;
+        // A `file://` mount takes the object's attributes at the end, with its record.
+        let late = ufs
+            .is_local(path)
+            .then(pagestore_client::localfs::LateAttributes::default);
         // Two parts upload at once, each on its own, while the body's next part arrives.
         let mut pending = PartUploads::new(2);
+        let mut size = 0u64;
         // The MD5 and checksums of the body and the version the write gave the object.
         let result: Result<((String, Checksums), Option<String>), S3Error> = async {
             while let Some(chunk) = body.next().await? {
                 digests.update(&chunk);
+                size += chunk.len() as u64;
                 buf.extend_from_slice(&chunk);
                 while buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
                     if upload.is_none() {
                         upload = Some(
-                            ufs.put_multipart_if(path, mode.clone(), attributes.clone())
-                                .await
-                                .map_err(store_error)?,
+                            ufs.put_multipart_late(
+                                path,
+                                mode.clone(),
+                                attributes.clone(),
+                                late.as_ref(),
+                            )
+                            .await
+                            .map_err(store_error)?,
                         );
                     }
                     if let Some(u) = upload.as_mut() {
@@ -437,9 +454,13 @@ impl Gateway {
                 }
             }
             let md5 = digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
+            let recorded = record::with_record(attributes.clone(), &Record::of_put(size, &md5));
+            if let Some(late) = &late {
+                late.set(recorded.clone());
+            }
             let version = match upload.as_mut() {
                 None => match ufs
-                    .put_if(path, buf.split().freeze(), mode.clone(), attributes.clone())
+                    .put_if(path, buf.split().freeze(), mode.clone(), recorded)
                     .await
                     .map_err(store_error)?
                 {
@@ -533,6 +554,9 @@ impl Gateway {
                 at += chunk.len() as u64;
             }
             let md5 = digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
+            let recorded = record::with_record(attributes, &Record::of_put(at, &md5));
+            w.set_attrs(pagestore_client::ufs::wire_attrs(&recorded))
+                .map_err(client_error)?;
             let info = w
                 .close()
                 .await
@@ -569,6 +593,9 @@ impl Gateway {
             Err(pagestore_client::Error::NotFound(_)) => None,
             Err(e) => return Err(client_error(e)),
         };
+        if let Some(i) = &current {
+            self.recall(i).await;
+        }
         Ok(match self.mode_on(cond, current.as_ref())? {
             PutMode::Overwrite => Expect::Any,
             PutMode::Create => Expect::Absent,
