@@ -8,7 +8,10 @@ use std::{collections::HashMap, sync::Mutex};
 use object_store::{Attribute, Attributes};
 use pagestore_client::ufs::{self, ObjectInfo};
 use pagestore_protocol::frame::FileState;
-use s3s::{S3Error, S3ErrorCode, S3Result};
+use s3s::{
+    dto::{Timestamp, TimestampFormat},
+    S3Error, S3ErrorCode, S3Result,
+};
 
 use super::Gateway;
 
@@ -27,6 +30,16 @@ pub(super) struct Asked<'a> {
     pub(super) content_encoding: Option<&'a str>,
     pub(super) content_language: Option<&'a str>,
     pub(super) metadata: Option<&'a HashMap<String, String>>,
+    pub(super) expires: Option<&'a Timestamp>,
+}
+
+/// The user metadata name `Expires` is kept under (the stores' attribute sets have no place
+/// for it); never shown as metadata, and refused as a client's.
+const EXPIRES_KEY: &str = "pages3expires";
+
+/// Whether a user metadata name is one the gateway keeps its own things under.
+pub(super) fn is_reserved(name: &str) -> bool {
+    super::record::is_reserved(name) || name.eq_ignore_ascii_case(EXPIRES_KEY)
 }
 
 impl Asked<'_> {
@@ -53,13 +66,19 @@ impl Asked<'_> {
         put(Attribute::ContentLanguage, self.content_language);
         if let Some(m) = self.metadata {
             let size: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
-            if size > MAX_METADATA {
+            // Expires is kept as metadata too (as much as its name and an HTTP date take).
+            let expires = self.expires.map_or(0, |_| EXPIRES_KEY.len() + 29);
+            if size + expires > MAX_METADATA {
+                let with = if expires > 0 { " (with Expires)" } else { "" };
                 return Err(S3Error::with_message(
                     S3ErrorCode::MetadataTooLarge,
-                    format!("the user metadata has {size} bytes; at most {MAX_METADATA} are kept"),
+                    format!(
+                        "the user metadata{with} has {} bytes; at most {MAX_METADATA} are kept",
+                        size + expires
+                    ),
                 ));
             }
-            if let Some(k) = m.keys().find(|k| super::record::is_reserved(k)) {
+            if let Some(k) = m.keys().find(|k| is_reserved(k)) {
                 return Err(S3Error::with_message(
                     S3ErrorCode::InvalidArgument,
                     format!("x-amz-meta-{k}: this metadata name is the gateway's own"),
@@ -69,6 +88,15 @@ impl Asked<'_> {
                 a.insert(
                     Attribute::Metadata(k.to_ascii_lowercase().into()),
                     v.clone().into(),
+                );
+            }
+        }
+        if let Some(t) = self.expires {
+            let mut date = Vec::new();
+            if t.format(TimestampFormat::HttpDate, &mut date).is_ok() {
+                a.insert(
+                    Attribute::Metadata(EXPIRES_KEY.into()),
+                    String::from_utf8_lossy(&date).into_owned().into(),
                 );
             }
         }
@@ -85,6 +113,7 @@ pub(super) struct Served {
     pub(super) content_encoding: Option<String>,
     pub(super) content_language: Option<String>,
     pub(super) metadata: Option<HashMap<String, String>>,
+    pub(super) expires: Option<Timestamp>,
 }
 
 impl Served {
@@ -93,7 +122,7 @@ impl Served {
         let metadata: HashMap<String, String> = a
             .iter()
             .filter_map(|(k, v)| match k {
-                Attribute::Metadata(name) if !super::record::is_reserved(name) => {
+                Attribute::Metadata(name) if !is_reserved(name) => {
                     Some((name.to_string(), v.to_string()))
                 }
                 _ => None,
@@ -106,6 +135,9 @@ impl Served {
             content_encoding: get(&Attribute::ContentEncoding),
             content_language: get(&Attribute::ContentLanguage),
             metadata: (!metadata.is_empty()).then_some(metadata),
+            expires: a
+                .get(&Attribute::Metadata(EXPIRES_KEY.into()))
+                .and_then(|v| Timestamp::parse(TimestampFormat::HttpDate, v).ok()),
         }
     }
 
@@ -217,6 +249,31 @@ mod tests {
         .attributes()
         .unwrap();
         assert!(only_chunked.is_empty());
+        // Expires is kept under the gateway's own name, served as Expires, not as metadata;
+        // a client's metadata of either of the gateway's names is refused.
+        let when =
+            Timestamp::parse(TimestampFormat::HttpDate, "Wed, 21 Oct 2037 07:28:00 GMT").unwrap();
+        let a = Asked {
+            metadata: Some(&meta),
+            expires: Some(&when),
+            ..Asked::default()
+        }
+        .attributes()
+        .unwrap();
+        let s = Served::of(&a);
+        assert_eq!(s.expires, Some(when));
+        assert_eq!(s.metadata.unwrap().keys().collect::<Vec<_>>(), ["mtime"]);
+        for name in ["pages3expires", "Pages3Object"] {
+            let mut forged = HashMap::new();
+            forged.insert(name.to_string(), "1".to_string());
+            let e = Asked {
+                metadata: Some(&forged),
+                ..Asked::default()
+            }
+            .attributes()
+            .unwrap_err();
+            assert_eq!(*e.code(), S3ErrorCode::InvalidArgument, "{name}");
+        }
         meta.insert("big".into(), "x".repeat(2100));
         let e = Asked {
             metadata: Some(&meta),

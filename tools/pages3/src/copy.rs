@@ -144,6 +144,7 @@ pub(super) async fn copy_object(
                 content_encoding: input.content_encoding.as_deref(),
                 content_language: input.content_language.as_deref(),
                 metadata: input.metadata.as_ref(),
+                expires: input.expires.as_ref(),
             }
             .attributes()?,
         )

@@ -1024,6 +1024,7 @@ impl S3 for Gateway {
             content_encoding: a.content_encoding,
             content_language: a.content_language,
             metadata: a.metadata,
+            expires: a.expires,
             e_tag: Some(tags.reported),
             last_modified: Some(modified.into()),
             ..HeadObjectOutput::default()
@@ -1189,6 +1190,7 @@ impl S3 for Gateway {
             content_encoding: input.content_encoding.as_deref(),
             content_language: input.content_language.as_deref(),
             metadata: input.metadata.as_ref(),
+            expires: input.expires.as_ref(),
         }
         .attributes()?;
         let sum = multipart::upload_sum(

@@ -259,6 +259,7 @@ pub(super) async fn get_object(
         content_encoding: or(&input.response_content_encoding, a.content_encoding.clone()),
         content_language: or(&input.response_content_language, a.content_language.clone()),
         metadata: a.metadata.clone(),
+        expires: input.response_expires.clone().or(a.expires.clone()),
         accept_ranges: Some("bytes".into()),
         body: Some(StreamingBlob::new(body)),
         content_length: Some(len.try_into().unwrap_or(i64::MAX)),

@@ -188,7 +188,7 @@ pub(super) fn without(mut attrs: Attributes) -> Attributes {
     attrs
 }
 
-/// Whether a user metadata name is the record's (which a client may not set).
+/// Whether a user metadata name is the record's.
 pub(super) fn is_reserved(name: &str) -> bool {
     name.eq_ignore_ascii_case(KEY)
 }

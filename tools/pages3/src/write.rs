@@ -95,6 +95,7 @@ pub(super) async fn put_object(
         content_encoding: input.content_encoding.as_deref(),
         content_language: input.content_language.as_deref(),
         metadata: input.metadata.as_ref(),
+        expires: input.expires.as_ref(),
     }
     .attributes()?;
     let info = gw

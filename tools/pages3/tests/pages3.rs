@@ -2069,7 +2069,7 @@ async fn multipart_uploads_outlive_a_killed_gateway() {
 }
 
 const RECORD_SCRIPT: &str = r#"
-import random, json, time
+import random, json, time, datetime
 from botocore.exceptions import ClientError
 PHASE, STATE = os.environ["PHASE"], os.environ["STATE"]
 def err(fn):
@@ -2096,12 +2096,14 @@ def facts(bucket, key):
     a = s3.get_object_attributes(Bucket=bucket, Key=key,
                                  ObjectAttributes=["ETag", "Checksum", "ObjectParts", "ObjectSize"])
     parts = a.get("ObjectParts", {})
-    return {"etag": h["ETag"], "sums": {k: h.get(k) for k in SUMS}, "meta": h["Metadata"],
+    expires = h.get("ExpiresString") or (str(h["Expires"]) if "Expires" in h else None)
+    return {"etag": h["ETag"], "sums": {k: h.get(k) for k in SUMS}, "meta": h["Metadata"], "expires": expires,
             "parts": p.get("PartsCount"), "part1": [p["ContentLength"]] + [p.get(k) for k in SUMS],
             "attr": [a["ETag"], a.get("Checksum"), parts.get("TotalPartsCount"),
                      [[x["PartNumber"], x["Size"], x.get("ChecksumCRC32")] for x in parts.get("Parts", [])]]}
 if PHASE == "1":
-    s3.put_object(Bucket="data", Key="t/small", Body=blob(0, 100_000), Metadata={"a": "1"}, ChecksumAlgorithm="CRC32")
+    s3.put_object(Bucket="data", Key="t/small", Body=blob(0, 100_000), Metadata={"a": "1"}, ChecksumAlgorithm="CRC32",
+                  Expires=datetime.datetime(2037, 10, 21, 7, 28, tzinfo=datetime.timezone.utc))
     s3.put_object(Bucket="data", Key="t/large", Body=blob(1, 20 << 20), ChecksumAlgorithm="SHA256")
     multipart("data", "t/mp", [5 << 20, 5 << 20, 1000])
     multipart("data", "t/mpfull", [5 << 20, 77], ChecksumType="FULL_OBJECT")
@@ -2112,6 +2114,7 @@ if PHASE == "1":
         check(f["sums"]["ChecksumType"] is not None, k, "has a checksum", f)
     check(got["data/t/mp"]["parts"] == 3 and got["data/t/mp"]["etag"].endswith('-3"'), got["data/t/mp"])
     check(got["data/t/small"]["meta"] == {"a": "1"}, "the record is not shown as metadata", got["data/t/small"])
+    check("2037" in got["data/t/small"]["expires"] and got["data/t/large"]["expires"] is None, "Expires is kept")
     check(err(lambda: s3.put_object(Bucket="data", Key="t/forged", Body=b"x", Metadata={"pages3object": "1 size=1 etag=00"}))
           == (400, "InvalidArgument"), "the record's name is refused as a client's metadata")
     json.dump(got, open(STATE, "w"))
@@ -2137,7 +2140,8 @@ else:
         if f["part1"][1] != old["part1"][1]:
             break
         time.sleep(0.1)
-    check(f["etag"] != old["etag"] and f["sums"]["ChecksumType"] is None and f["meta"] == {},
+    check(f["etag"] != old["etag"] and f["sums"]["ChecksumType"] is None and f["meta"] == {}
+          and f["expires"] is None,
           "a rewritten file keeps nothing of the object it replaced", f)
     check(s3.get_object(Bucket="data", Key="t/small")["Body"].read() == blob(9, 100_000))
 print("ALL OK")
