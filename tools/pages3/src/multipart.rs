@@ -327,19 +327,14 @@ pub(super) async fn list_multipart_uploads(
 async fn send_parts_through_cluster(
     gw: &Gateway,
     path: &str,
-    to_send: ToSend<'_>,
+    mut to_send: ToSend<'_>,
     expect: pagestore_protocol::frame::Expect,
 ) -> S3Result<(String, Checksums)> {
     use tokio::io::AsyncReadExt;
-    let ToSend {
-        files,
-        attributes,
-        recorded,
-        mut sum,
-    } = to_send;
+    let files = to_send.files;
     let options = pagestore_client::WriteOptions {
         expect,
-        attrs: pagestore_client::ufs::wire_attrs(&attributes),
+        attrs: pagestore_client::ufs::wire_attrs(&to_send.attributes),
         ..Default::default()
     };
     let mut w = gw
@@ -358,7 +353,7 @@ async fn send_parts_through_cluster(
                 break;
             }
             check.update(&buf[..n]);
-            sum.update(&buf[..n]);
+            to_send.sum.update(&buf[..n]);
             w.write_at(at, &buf[..n])
                 .await
                 .map_err(super::errors::client_error)?;
@@ -367,9 +362,8 @@ async fn send_parts_through_cluster(
         f.verify(check)?;
     }
     // A wrong checksum drops the writer uncommitted: the file never appears.
-    let sums = sum.finish()?;
-    let recorded = record::with_record(attributes, &recorded.with_checksums(&sums));
-    w.set_attrs(pagestore_client::ufs::wire_attrs(&recorded))
+    let (sums, kept) = to_send.done()?;
+    w.set_attrs(pagestore_client::ufs::wire_attrs(&kept))
         .map_err(super::errors::client_error)?;
     let info = w.close().await.map_err(super::errors::client_error)?;
     Ok((info.version, sums))
@@ -382,22 +376,17 @@ async fn send_parts_through_cluster(
 async fn send_parts(
     ufs: &pagestore_client::ufs::MountTable,
     path: &str,
-    to_send: ToSend<'_>,
+    mut to_send: ToSend<'_>,
     mode: PutMode,
 ) -> S3Result<(Option<String>, Checksums)> {
     use tokio::io::AsyncReadExt;
-    let ToSend {
-        files,
-        attributes,
-        recorded,
-        mut sum,
-    } = to_send;
+    let files = to_send.files;
     // A `file://` mount takes the attributes at the end, with the object's checksum recorded;
     // another store those recorded before the bytes are sent (a FULL_OBJECT checksum is not).
     let late = ufs
         .is_local(path)
         .then(pagestore_client::localfs::LateAttributes::default);
-    let first = record::with_record(attributes.clone(), &recorded);
+    let first = record::with_record(to_send.attributes.clone(), &to_send.recorded);
     let mut upload = ufs
         .put_multipart_late(path, mode, first, late.as_ref())
         .await
@@ -420,7 +409,7 @@ async fn send_parts(
                 }
                 let len = buf.len();
                 check.update(&buf[len - n..]);
-                sum.update(&buf[len - n..]);
+                to_send.sum.update(&buf[len - n..]);
                 if buf.len() >= WRITE_CHUNK {
                     let part = buf.split_to(WRITE_CHUNK).freeze();
                     pending
@@ -440,12 +429,9 @@ async fn send_parts(
                 .map_err(|e| upload_error(path, e))?;
         }
         pending.finish().await.map_err(|e| upload_error(path, e))?;
-        let sums = sum.finish()?;
+        let (sums, kept) = to_send.done()?;
         if let Some(late) = &late {
-            late.set(record::with_record(
-                attributes,
-                &recorded.with_checksums(&sums),
-            ));
+            late.set(kept);
         }
         let done = upload.complete().await.map_err(|e| upload_error(path, e))?;
         Ok((written_version(&done), sums))
@@ -662,6 +648,16 @@ struct ToSend<'a> {
     attributes: Attributes,
     recorded: Record,
     sum: ObjectSum,
+}
+
+impl ToSend<'_> {
+    /// Once every byte went through `sum`: the object's checksums (400 BadDigest if the client
+    /// named another) and the attributes to keep, with the record and those checksums.
+    fn done(self) -> S3Result<(Checksums, Attributes)> {
+        let sums = self.sum.finish()?;
+        let kept = record::with_record(self.attributes, &self.recorded.with_checksums(&sums));
+        Ok((sums, kept))
+    }
 }
 
 /// An upload whose parts are being sent.

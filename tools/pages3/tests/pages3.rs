@@ -1988,6 +1988,18 @@ fn a_gateway_over_the_root_makes_and_removes_buckets() {
 
 /// Both halves of `multipart_uploads_outlive_a_killed_gateway` (`PHASE` 1 before the kill,
 /// 2 after the restart; the upload id passes through the file `STATE`).
+/// The environment of a boto3 script run in phases (`BOTO3_CLIENT`): the gateway's endpoint
+/// and keys, the phase, and the file the phases share what they saw in.
+fn phase_env(gw: &Gateway, phase: &str, state: &std::path::Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("EP", gw.endpoint.clone()),
+        ("KEY", KEY.to_string()),
+        ("SECRET", SECRET.to_string()),
+        ("PHASE", phase.to_string()),
+        ("STATE", state.display().to_string()),
+    ]
+}
+
 const MP_RESTART_SCRIPT: &str = r#"
 import random, hashlib, base64
 DATA, PHASE, STATE = (os.environ[k] for k in ("DATA", "PHASE", "STATE"))
@@ -2035,20 +2047,14 @@ async fn multipart_uploads_outlive_a_killed_gateway() {
     let c = Cluster::start(dir, s);
     let state = c.dir.path().join("mp-state");
     let env = |gw: &Gateway, phase: &str| {
-        vec![
-            ("EP", gw.endpoint.clone()),
-            ("KEY", KEY.to_string()),
-            ("SECRET", SECRET.to_string()),
-            ("DATA", data.display().to_string()),
-            ("PHASE", phase.to_string()),
-            ("STATE", state.display().to_string()),
-        ]
+        let mut env = phase_env(gw, phase, &state);
+        env.push(("DATA", data.display().to_string()));
+        env
     };
-    let mut gw = Gateway::writable(&c, "mp-kill", &mount);
+    let gw = Gateway::writable(&c, "mp-kill", &mount);
     let script = format!("{BOTO3_CLIENT}{MP_RESTART_SCRIPT}");
     run_python("mp-before", &script, &env(&gw, "1"), &[&gw]);
-    gw.child.kill().unwrap();
-    let _ = gw.child.wait();
+    drop(gw); // SIGKILLed (see `Drop`)
     let uid = std::fs::read_to_string(&state).unwrap();
     let upload = c
         .dir
@@ -2166,23 +2172,13 @@ async fn objects_read_the_same_after_the_gateway_restarts() {
     ];
     let c = Cluster::start(dir, s);
     let state = c.dir.path().join("record-state");
-    let env = |gw: &Gateway, phase: &str| {
-        vec![
-            ("EP", gw.endpoint.clone()),
-            ("KEY", KEY.to_string()),
-            ("SECRET", SECRET.to_string()),
-            ("PHASE", phase.to_string()),
-            ("STATE", state.display().to_string()),
-        ]
-    };
     let script = format!("{BOTO3_CLIENT}{RECORD_SCRIPT}");
-    let mut gw = Gateway::writable(&c, "rec", &mount);
-    run_python("rec-1", &script, &env(&gw, "1"), &[&gw]);
-    gw.child.kill().unwrap();
-    let _ = gw.child.wait();
     let gw = Gateway::writable(&c, "rec", &mount);
-    run_python("rec-2", &script, &env(&gw, "2"), &[&gw]);
-    let mut rewrite = env(&gw, "3");
+    run_python("rec-1", &script, &phase_env(&gw, "1", &state), &[&gw]);
+    drop(gw); // SIGKILLed (see `Drop`)
+    let gw = Gateway::writable(&c, "rec", &mount);
+    run_python("rec-2", &script, &phase_env(&gw, "2", &state), &[&gw]);
+    let mut rewrite = phase_env(&gw, "3", &state);
     rewrite.push(("SMALL", data.join("t/small").display().to_string()));
     run_python("rec-3", &script, &rewrite, &[&gw]);
 }
