@@ -149,7 +149,8 @@ impl Record {
                 part.checksums = Checksums::one(i, s.to_string(), false);
             }
         }
-        if !r.parts.is_empty() && r.parts.iter().map(|p| p.size).sum::<u64>() != r.size {
+        let total = r.parts.iter().try_fold(0u64, |t, p| t.checked_add(p.size));
+        if !r.parts.is_empty() && total != Some(r.size) {
             return None;
         }
         Some(r)
@@ -376,6 +377,8 @@ mod tests {
             "1 size=0 etag=ab parts=1:0x0".into(),
             "1 size=0 etag=ab parts=0:0x1".into(),
             "1 size=0 etag=ab parts=1:0x10001".into(),
+            // Sizes that add up only by wrapping around.
+            format!("1 size=0 etag=ab parts=1:{}x2", 1u64 << 63),
         ];
         for v in &bad {
             assert_eq!(Record::decode(v), None, "{v:?}");
