@@ -234,7 +234,7 @@ fn parse_runs(v: &str) -> Option<Vec<PartInfo>> {
         let (size, count) = rest.split_once('x')?;
         let (first, size, count): (i32, u64, usize) =
             (first.parse().ok()?, size.parse().ok()?, count.parse().ok()?);
-        if count == 0 || parts.len() + count > MAX_PARTS {
+        if count == 0 || count > MAX_PARTS - parts.len() {
             return None;
         }
         // Part numbers ascend.
@@ -377,6 +377,8 @@ mod tests {
             "1 size=0 etag=ab parts=1:0x0".into(),
             "1 size=0 etag=ab parts=0:0x1".into(),
             "1 size=0 etag=ab parts=1:0x10001".into(),
+            // Counts that add up only by wrapping around.
+            format!("1 size=0 etag=ab parts=1:0x1,2:0x{}", usize::MAX),
             // Sizes that add up only by wrapping around.
             format!("1 size=0 etag=ab parts=1:{}x2", 1u64 << 63),
         ];
@@ -386,6 +388,29 @@ mod tests {
         let (head, psums) = good.split_once(" psums=").unwrap();
         let one_less = psums.rsplit_once(',').unwrap().0;
         assert_eq!(Record::decode(&format!("{head} psums={one_less}")), None);
+    }
+
+    #[test]
+    fn any_record_cut_or_changed_decodes_without_a_panic() {
+        let good = multipart(&[(1, 5 << 20), (2, 5 << 20), (3, 7)], true)
+            .encode(ROOM)
+            .unwrap();
+        for i in 0..good.len() {
+            let _ = Record::decode(&good[..i]);
+            for c in ['9', 'x', ',', ':', '=', ' ', '-', '0'] {
+                let mut v = good.clone().into_bytes();
+                v[i] = c as u8;
+                if let Ok(v) = String::from_utf8(v) {
+                    if let Some(r) = Record::decode(&v) {
+                        // What decodes adds up.
+                        assert!(
+                            r.parts.is_empty()
+                                || r.parts.iter().map(|p| p.size).sum::<u64>() == r.size
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
