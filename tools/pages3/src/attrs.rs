@@ -13,7 +13,7 @@ use s3s::{
     S3Error, S3ErrorCode, S3Result,
 };
 
-use super::Gateway;
+use super::{record::Record, Gateway};
 
 /// S3's limit on user metadata (keys and values together).
 const MAX_METADATA: usize = 2048;
@@ -36,6 +36,9 @@ pub(super) struct Asked<'a> {
 /// The user metadata name `Expires` is kept under (the stores' attribute sets have no place
 /// for it); never shown as metadata, and refused as a client's.
 const EXPIRES_KEY: &str = "pages3expires";
+
+/// Bytes of an HTTP date (`Wed, 21 Oct 2037 07:28:00 GMT`).
+const HTTP_DATE_LEN: usize = 29;
 
 /// Whether a user metadata name is one the gateway keeps its own things under.
 pub(super) fn is_reserved(name: &str) -> bool {
@@ -66,8 +69,11 @@ impl Asked<'_> {
         put(Attribute::ContentLanguage, self.content_language);
         if let Some(m) = self.metadata {
             let size: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
-            // Expires is kept as metadata too (as much as its name and an HTTP date take).
-            let expires = self.expires.map_or(0, |_| EXPIRES_KEY.len() + 29);
+            // Expires is kept as metadata too (its name and an HTTP date,
+            // `Wed, 21 Oct 2037 07:28:00 GMT`).
+            let expires = self
+                .expires
+                .map_or(0, |_| EXPIRES_KEY.len() + HTTP_DATE_LEN);
             if size + expires > MAX_METADATA {
                 let with = if expires > 0 { " (with Expires)" } else { "" };
                 return Err(S3Error::with_message(
@@ -161,6 +167,17 @@ impl AttrCache {
             .map(|(_, a)| a.clone())
     }
 
+    /// The record kept with version `version` of `path` ([`record`]), if its attributes are
+    /// cached: `Some(None)` when they hold none. Nothing is copied.
+    ///
+    /// [`record`]: super::record
+    pub(super) fn record(&self, path: &str, version: &str) -> Option<Option<Record>> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(path)
+            .filter(|(v, _)| v == version)
+            .map(|(_, a)| super::record::of(a))
+    }
+
     fn set(&self, path: &str, version: &str, a: Attributes) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= MAX_CACHED && !m.contains_key(path) {
@@ -227,6 +244,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_cached_versions_record_is_found_where_it_is_cached() {
+        let cache = AttrCache::default();
+        let r = Record {
+            size: 3,
+            etag: "acbd18db4cc2f85cedef654fccc4a4d8".into(),
+            ..Record::default()
+        };
+        let mut with = Attributes::new();
+        with.insert(Attribute::ContentType, "text/plain".into());
+        cache.set(
+            "/b/k",
+            "v1",
+            super::super::record::with_record(with.clone(), &r),
+        );
+        assert_eq!(cache.record("/b/k", "v1"), Some(Some(r)));
+        assert_eq!(
+            cache.record("/b/k", "v2"),
+            None,
+            "another version: not cached"
+        );
+        cache.set("/b/k", "v2", with);
+        assert_eq!(
+            cache.record("/b/k", "v2"),
+            Some(None),
+            "cached, without a record"
+        );
+        assert_eq!(cache.record("/b/other", "v1"), None);
+    }
+
+    #[test]
     fn asked_attributes_drop_the_chunked_coding_and_limit_metadata() {
         let mut meta = HashMap::new();
         meta.insert("Mtime".to_string(), "1700000000".to_string());
@@ -260,6 +307,8 @@ mod tests {
         }
         .attributes()
         .unwrap();
+        let kept = a.get(&Attribute::Metadata(EXPIRES_KEY.into())).unwrap();
+        assert_eq!(kept.len(), HTTP_DATE_LEN);
         let s = Served::of(&a);
         assert_eq!(s.expires, Some(when));
         assert_eq!(s.metadata.unwrap().keys().collect::<Vec<_>>(), ["mtime"]);

@@ -814,8 +814,13 @@ impl Gateway {
         if info.path.ends_with('/') || self.aliases.knows(&info.path, &info.version) {
             return;
         }
-        let attrs = self.attributes_of(info).await;
-        if let Some(r) = record::of(&attrs).filter(|r| r.size == info.size) {
+        // Attributes read lately are looked at where they are cached (a read of an object with
+        // no record does this on every request: no copy of them).
+        let found = match self.attr_cache.record(&info.path, &info.version) {
+            Some(r) => r,
+            None => record::of(&self.attributes_of(info).await),
+        };
+        if let Some(r) = found.filter(|r| r.size == info.size) {
             self.aliases
                 .set(&info.path, &info.version, &r.etag, r.checksums, r.parts);
         }

@@ -456,9 +456,6 @@ impl Gateway {
             }
             let md5 = digests.verify(trailers.and_then(TrailingHeaders::take).as_ref())?;
             let recorded = record::with_record(attributes.clone(), &Record::of_put(size, &md5));
-            if let Some(late) = &late {
-                late.set(recorded.clone());
-            }
             let version = match upload.as_mut() {
                 None => match ufs
                     .put_if(path, buf.split().freeze(), mode.clone(), recorded)
@@ -480,6 +477,9 @@ impl Gateway {
                             .map_err(|e| upload_error(path, e))?;
                     }
                     pending.finish().await.map_err(|e| upload_error(path, e))?;
+                    if let Some(late) = &late {
+                        late.set(recorded);
+                    }
                     let done = u.complete().await.map_err(|e| upload_error(path, e))?;
                     written_version(&done)
                 }
