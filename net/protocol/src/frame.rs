@@ -137,12 +137,17 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// (`mtime_ns`, 0 where none is known), and `ChangeOp::SetTime` with an
 /// empty `version_tag` sets the time of a directory made through the
 /// cluster.
-pub const PROTOCOL_VERSION: u16 = 13;
+///
+/// Version 14: a new request, `RecordsOf`, appended after every other: a
+/// node asks its peers for their records of the paths a change touches
+/// before it judges the change, so a node that missed a record does not
+/// judge a conditional change without it.
+pub const PROTOCOL_VERSION: u16 = 14;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/13";
+pub const ALPN: &[u8] = b"pagestore/14";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -257,6 +262,10 @@ pub const MAX_URL_LEN: usize = 1024;
 
 /// Most [`FileRecord`]s one `Replicate` request or `Records` answer carries.
 pub const MAX_RECORD_BATCH: usize = 1000;
+
+/// Most paths one `RecordsOf` request names (a change's paths and their
+/// ancestors).
+pub const MAX_RECORDS_OF: usize = 64;
 
 /// Most [`Attr`]s a write-back file keeps.
 pub const MAX_ATTRS: usize = 32;
@@ -840,6 +849,15 @@ pub enum RequestBody {
         /// A write-back version tag ([`crate::writeback::is_wb_tag`]); at
         /// most [`MAX_VERSION_TAG_LEN`] bytes.
         version_tag: String,
+    },
+    /// Node to node: the write-back records of `paths` the receiver holds
+    /// (none for a path it has no record of), as [`ResponseBody::Records`]
+    /// (`more` false) + payload. Asked before a node judges a change, so it
+    /// judges it on what its peers hold of the paths too.
+    RecordsOf {
+        /// One to [`MAX_RECORDS_OF`] absolute logical paths, each at most
+        /// [`MAX_PATH_LEN`] bytes.
+        paths: Vec<String>,
     },
 }
 
@@ -2007,6 +2025,18 @@ impl Request {
                 bounded_str("Renew version_tag", version_tag, MAX_VERSION_TAG_LEN)?;
                 no_payload("Renew", payload_len)
             }
+            RequestBody::RecordsOf { paths } => {
+                if paths.is_empty() || paths.len() > MAX_RECORDS_OF {
+                    return Err(FrameError::Limit(format!(
+                        "RecordsOf names {} paths, 1 to {MAX_RECORDS_OF} allowed",
+                        paths.len()
+                    )));
+                }
+                for p in paths {
+                    bounded_str("RecordsOf path", p, MAX_PATH_LEN)?;
+                }
+                no_payload("RecordsOf", payload_len)
+            }
             RequestBody::WriteBackState { prefix } => {
                 bounded_str("WriteBackState prefix", prefix, MAX_PATH_LEN)?;
                 no_payload("WriteBackState", payload_len)
@@ -2264,7 +2294,10 @@ impl ResponseBody {
             (RequestBody::Change { .. } | RequestBody::Replicate, ResponseBody::Applied { .. }) => {
                 true
             }
-            (RequestBody::PullRecords { .. }, ResponseBody::Records { .. }) => true,
+            (
+                RequestBody::PullRecords { .. } | RequestBody::RecordsOf { .. },
+                ResponseBody::Records { .. },
+            ) => true,
             (
                 RequestBody::FilePages { .. } | RequestBody::Discard { .. },
                 ResponseBody::Removed { .. },

@@ -402,6 +402,7 @@ fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
         // pages.
         RequestBody::Replicate
         | RequestBody::PullRecords { .. }
+        | RequestBody::RecordsOf { .. }
         | RequestBody::FilePages { .. } => Role::Node,
         // Reading the job records is open; adding one is a change others see.
         RequestBody::Jobs if !payload.is_empty() => Role::Writer,
@@ -432,6 +433,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::Change { .. } => "Change",
         RequestBody::Replicate => "Replicate",
         RequestBody::PullRecords { .. } => "PullRecords",
+        RequestBody::RecordsOf { .. } => "RecordsOf",
         RequestBody::FilePages { .. } => "FilePages",
         RequestBody::Discard { .. } => "Discard",
         RequestBody::WriteBackState { .. } => "WriteBackState",
@@ -501,7 +503,9 @@ impl Service for ShardService {
                     files.len() as u64 * (16 + frame::MAX_OUTCOME_MESSAGE_LEN as u64)
                 }
                 // A page of records at most.
-                RequestBody::PullRecords { .. } => u64::from(frame::MAX_RECORDS_PAYLOAD),
+                RequestBody::PullRecords { .. } | RequestBody::RecordsOf { .. } => {
+                    u64::from(frame::MAX_RECORDS_PAYLOAD)
+                }
                 // Job listings and counters are charged when ready; the rest carry no body.
                 _ => 0,
             },
@@ -681,10 +685,13 @@ impl ShardService {
                     return no_writeback(id);
                 };
                 let (records, more) = wb.pull(&after);
-                match frame::encode_file_records(&records) {
-                    Ok(p) => reply(id, ResponseBody::Records { more }, Body::Bytes(p)),
-                    Err(e) => error(id, ErrorCode::Internal, format!("records: {e}")),
-                }
+                records_answer(id, &records, more)
+            }
+            RequestBody::RecordsOf { paths } => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                records_answer(id, &wb.records_of(&paths), false)
             }
             RequestBody::FilePages { file_id, action } => {
                 self.file_pages(id, file_id.as_u128(), action).await
@@ -1551,6 +1558,14 @@ fn no_writeback(id: u64) -> Reply {
         ErrorCode::Unavailable,
         "this node takes no write-back requests",
     )
+}
+
+/// A `Records` answer of `records` (`more`: whether the asker should ask again after them).
+fn records_answer(id: u64, records: &[frame::FileRecord], more: bool) -> Reply {
+    match frame::encode_file_records(records) {
+        Ok(p) => reply(id, ResponseBody::Records { more }, Body::Bytes(p)),
+        Err(e) => error(id, ErrorCode::Internal, format!("records: {e}")),
+    }
 }
 
 fn no_source(id: u64) -> Reply {

@@ -732,6 +732,44 @@ fn only_writers_change_what_other_clients_read() {
     });
 }
 
+/// What nodes tell each other (the write-back records, what to do with a version's pages)
+/// needs a node certificate: a writer or an anonymous client asking for a path's records, or
+/// handing records on, is refused. A node's own certificate is let through (this node keeps no
+/// write-back records, which it says).
+#[test]
+fn what_nodes_tell_each_other_needs_the_node_role() {
+    let t = start_node(false, no_ring());
+    let addr = t.node.addrs()[0];
+    tokio().block_on(async {
+        let bodies = [
+            RequestBody::Replicate,
+            RequestBody::PullRecords { after: "".into() },
+            RequestBody::RecordsOf {
+                paths: vec!["/ck/lock".into()],
+            },
+            RequestBody::FilePages {
+                file_id: FileId::from_u128(100),
+                action: frame::PageAction::Drop,
+            },
+        ];
+        let writer = pool(&t.ca, Some(&t.ca.issue("w", tls::Role::Writer).unwrap()));
+        let anonymous = pool(&t.ca, None);
+        let node = pool(&t.ca, Some(&t.ca.issue("n2", tls::Role::Node).unwrap()));
+        for body in bodies {
+            let req = Request {
+                request_id: 1,
+                body: body.clone(),
+            };
+            for who in [&writer, &anonymous] {
+                let (resp, _) = who.request(addr, &req, bytes::Bytes::new()).await.unwrap();
+                assert!(forbidden(&resp.body), "{body:?}: {:?}", resp.body);
+            }
+            let (resp, _) = node.request(addr, &req, bytes::Bytes::new()).await.unwrap();
+            assert!(!forbidden(&resp.body), "{body:?}: {:?}", resp.body);
+        }
+    });
+}
+
 #[test]
 fn counters_and_job_records_travel_typed_and_malformed_records_are_refused() {
     let t = start_node(false, no_ring());

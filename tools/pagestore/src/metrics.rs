@@ -460,6 +460,12 @@ const WRITE_BACK: &[WriteBackFamily] = &[
         |w| w.forgotten,
     ),
     (
+        "pagestore_writeback_records_caught_up_total",
+        Kind::Counter,
+        "Records of a change's paths this node had missed and took from its peers before judging the change.",
+        |w| w.caught_up,
+    ),
+    (
         "pagestore_writeback_records_limit",
         Kind::Gauge,
         "Records past which changes that add a path are refused (--write-records-max).",

@@ -619,16 +619,124 @@ async fn conditional_changes_hold_when_the_paths_metadata_owner_is_killed() {
     assert_eq!(read_all(&b, "/ck/m/gone").await, b"back");
 }
 
-/// This node's `pagestore_writeback_clock_lead_seconds`.
-fn clock_lead(c: &Cluster, i: usize) -> f64 {
+/// A member that missed a file's record judges the next conditional changes of the path: it
+/// was down when the file was committed (the owner and the third node acknowledged it), and
+/// came back while the owner was dead and the third node frozen, so its pull at start found
+/// nobody to pull from. Asked once the third node is back, it takes the path's record from it
+/// first (`RecordsOf`), so a create-only commit is refused and a swap of the version there is
+/// taken. Judged on its own records, it took the create-only commit or refused the swap (the
+/// store holds no such file, or the flushed object under the store's version).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with_it() {
+    use pagestore_protocol::frame::Expect;
+    let (mut c, _store) = cluster(3, &["--write-replicas", "2"], "");
+    let patient = ClientOptions {
+        call_timeout: Duration::from_secs(15),
+        ..ClientOptions::default()
+    };
+    let a = c.client(patient.clone()).await;
+    let path = "/ck/lag/lock";
+    let order: Vec<usize> = a
+        .membership()
+        .ring()
+        .replicas_of_hash(path_hash(path), 3)
+        .iter()
+        .map(|m| node_index(&c, m.node))
+        .collect();
+    let (owner, lagging, third) = (order[0], order[1], order[2]);
+    let swap = |v: &str| WriteOptions {
+        expect: Expect::Version(v.to_string()),
+        ..WriteOptions::default()
+    };
+    let absent = || WriteOptions {
+        expect: Expect::Absent,
+        ..WriteOptions::default()
+    };
+    c.inner.kill(lagging);
+    let mut w = a.create(path, absent()).await.unwrap();
+    w.write_at(0, b"one").await.unwrap();
+    w.close().await.unwrap();
+    let one = a.stat(path).await.unwrap().version;
+    c.inner.kill(owner);
+    c.signal(third, libc::SIGSTOP).unwrap();
+    c.start_node(lagging);
+    // Its pull at start asks the peers for 15 s, then gives up; the next is 30 s after start.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    c.signal(third, libc::SIGCONT).unwrap();
+    assert_eq!(
+        writeback_metric(&c, lagging, "records_caught_up_total"),
+        0.0
+    );
+
+    // The owner does not answer: the member that missed the record, next in ring order, judges.
+    let b = c.client(patient).await;
+    let write = |opts: WriteOptions, data: &'static [u8]| {
+        let b = &b;
+        async move {
+            let mut w = b.create(path, opts).await?;
+            w.write_at(0, data).await?;
+            w.close().await.map(|_| ())
+        }
+    };
+    let r = write(absent(), b"two").await;
+    assert!(
+        matches!(r, Err(Error::Precondition(_))),
+        "create-only: {r:?}"
+    );
+    assert!(
+        writeback_metric(&c, lagging, "records_caught_up_total") >= 1.0,
+        "the lagging member did not judge the change"
+    );
+    write(swap(&one), b"three").await.unwrap();
+    assert_eq!(read_all(&b, path).await, b"three");
+    let r = write(swap(&one), b"four").await;
+    assert!(
+        matches!(r, Err(Error::Precondition(_))),
+        "stale swap: {r:?}"
+    );
+
+    // With the third node frozen too, a conditional change cannot be judged: the member asked
+    // refuses it as unavailable (the client would try again), not judge it on its own records.
+    let three = b.stat(path).await.unwrap().version;
+    let addr = b
+        .membership()
+        .nodes()
+        .find(|n| format_uuid(n.id) == c.nodes[lagging].id)
+        .unwrap()
+        .shard_addr(0);
+    let delete = frame::RequestBody::Change {
+        op: frame::ChangeOp::Delete {
+            path: path.into(),
+            dir: false,
+            expect: Expect::Version(three),
+        },
+    };
+    c.signal(third, libc::SIGSTOP).unwrap();
+    let r = b.call(addr, delete, bytes::Bytes::new()).await;
+    c.signal(third, libc::SIGCONT).unwrap();
+    assert!(
+        matches!(r, Err(Error::Unavailable { .. })),
+        "judged alone: {r:?}"
+    );
+    assert_eq!(read_all(&b, path).await, b"three");
+}
+
+/// Node `i`'s `pagestore_writeback_<name>`.
+fn writeback_metric(c: &Cluster, i: usize, name: &str) -> f64 {
     let admin = c.nodes[i].admin.as_deref().unwrap();
     let text = pagestore_testkit::local_cluster::http_get(admin, "/metrics")
         .unwrap()
         .1;
+    let family = format!("pagestore_writeback_{name}{{");
     text.lines()
-        .find_map(|l| l.strip_prefix("pagestore_writeback_clock_lead_seconds{"))
+        .find_map(|l| l.strip_prefix(family.as_str()))
         .and_then(|rest| rest.split_whitespace().last()?.parse().ok())
-        .unwrap_or_else(|| panic!("no clock lead in {text}"))
+        .unwrap_or_else(|| panic!("no {family} in {text}"))
+}
+
+/// This node's `pagestore_writeback_clock_lead_seconds`.
+fn clock_lead(c: &Cluster, i: usize) -> f64 {
+    writeback_metric(c, i, "clock_lead_seconds")
 }
 
 /// Nodes whose wall clocks disagree by minutes (libfaketime: node 0 three minutes fast, node 1

@@ -251,6 +251,9 @@ fn sample_requests() -> Vec<Request> {
         RequestBody::Renew {
             version_tag: crate::writeback::new_tag(9),
         },
+        RequestBody::RecordsOf {
+            paths: vec!["/ckpt/model.pt".into(), "/ckpt".into(), "/".into()],
+        },
     ];
     bodies
         .into_iter()
@@ -783,7 +786,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(13, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(14, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -802,8 +805,8 @@ fn preamble_rejections() {
     // `IsDir`, `NotDir`, `Unverified` or `Recovered`; 6: no attributes of
     // write-back files; 7: no `since` in commits; 8: none in `WriteDirty`;
     // 9: no `Discard`; 10: no `SetTime`; 11: no `Renew`; 12: no directory
-    // times) and the next are refused.
-    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14] {
+    // times; 13: no `RecordsOf`) and the next are refused.
+    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -1342,7 +1345,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    505354460d0001006000000000000000\
+    505354460e0001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1354,7 +1357,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    505354460d0001006000000000000000\
+    505354460e0001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1367,7 +1370,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, route: Fallback } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    505354460d0001006000000000000000\
+    505354460e0001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1418,7 +1421,7 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    505354460d0002005000000000000000\
+    505354460e0002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1429,7 +1432,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    505354460d0001009000000000000000\
+    505354460e0001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1444,7 +1447,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    505354460d0002006000000000000000\
+    505354460e0002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
@@ -1492,7 +1495,7 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    505354460d0002005000000000000000\
+    505354460e0002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
@@ -1505,7 +1508,7 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    505354460d0002008000000000000000\
+    505354460e0002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
@@ -2288,6 +2291,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
             .prop_map(|(path, version_tag)| { RequestBody::Attributes { path, version_tag } }),
         arb_string(40).prop_map(|version_tag| RequestBody::Discard { version_tag }),
         arb_string(40).prop_map(|version_tag| RequestBody::Renew { version_tag }),
+        prop::collection::vec(arb_string(60), 1..=4)
+            .prop_map(|paths| RequestBody::RecordsOf { paths }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -3681,7 +3686,31 @@ fn write_back_requests_keep_their_limits() {
             1,
         ),
         (RequestBody::Replicate, MAX_RECORDS_PAYLOAD + 1),
-        (RequestBody::PullRecords { after: long_path }, 0),
+        (
+            RequestBody::PullRecords {
+                after: long_path.clone(),
+            },
+            0,
+        ),
+        (RequestBody::RecordsOf { paths: vec![] }, 0),
+        (
+            RequestBody::RecordsOf {
+                paths: vec!["/a".into(); MAX_RECORDS_OF + 1],
+            },
+            0,
+        ),
+        (
+            RequestBody::RecordsOf {
+                paths: vec!["/a".into(), long_path],
+            },
+            0,
+        ),
+        (
+            RequestBody::RecordsOf {
+                paths: vec!["/a".into()],
+            },
+            1,
+        ),
         (
             RequestBody::FilePages {
                 file_id: FILE_A,
@@ -4051,7 +4080,7 @@ fn load_files_layouts_are_as_documented() {
 /// pages pointer -56 leads from header 56 to 0), the root (64-159, its files
 /// pointer -68 from header 76 to 8).
 const GOLDEN_LOAD_FILES: &str = "\
-    505354460d000100a000000000000000\
+    505354460e000100a000000000000000\
     00000000000000001817161514131211\
     2827262524232221ffffffffffffffff\
     2f642f78ffffffff7631ffffffffffff\
@@ -4068,7 +4097,7 @@ const GOLDEN_LOAD_FILES: &str = "\
 /// "gone" }] } }`. header_len 112: the two 16-byte outcomes (header 0-31),
 /// then the root (32-111), whose pointer -44 leads from header 44 to 0.
 const GOLDEN_FILES_LOADED: &str = "\
-    505354460d0002007000000000000000\
+    505354460e0002007000000000000000\
     00000000010000000300000000000000\
     0103000000000000676f6e65ffffffff\
     090000000000000014000000d4ffffff\

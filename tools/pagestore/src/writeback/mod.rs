@@ -34,7 +34,7 @@ use pagestore_protocol::{
     frame::{
         encode_file_records, Attr, ChangeOp, ErrorCode, Expect, FileId, FileRecord, FileState,
         PageAction, PathKind, RecordEntry, RecordState, RequestBody, ResponseBody,
-        WriteBackSummary, MAX_RECORD_BATCH,
+        WriteBackSummary, MAX_RECORDS_OF, MAX_RECORD_BATCH,
     },
     ring::path_hash,
     source::{SourceError, SourceFuture},
@@ -172,6 +172,8 @@ pub struct FlushStats {
     pub orphans_dropped: AtomicU64,
     /// Settled records forgotten ([`WriteBackSettings::keep_records`]).
     pub forgotten: AtomicU64,
+    /// Records of a change's paths taken from the peers before the change was judged.
+    pub caught_up: AtomicU64,
 }
 
 /// A snapshot for `/metrics`.
@@ -201,6 +203,9 @@ pub struct WriteBackMetrics {
     pub journal_bytes: u64,
     /// How far ahead of the wall clock the change stamps run ([`Hlc::lead_ms`]).
     pub clock_lead_ms: u64,
+    /// Records of a change's paths this node lacked, or held older, and took from its peers
+    /// before it judged the change ([`WriteBackNode::gather`]).
+    pub caught_up: u64,
 }
 
 /// A node's write-back side (see the module docs).
@@ -226,6 +231,46 @@ pub struct WriteBackNode {
     wake: tokio::sync::Notify,
     /// Where this node's futures run (the shards call in from their own threads).
     runtime: tokio::runtime::Handle,
+}
+
+/// The paths whose records judge `op`: those it names, then their ancestors nearest first
+/// (a file or a deleted directory above a path decides too), at most [`MAX_RECORDS_OF`].
+fn touched_paths(op: &ChangeOp) -> Vec<String> {
+    let named: Vec<&str> = match op {
+        ChangeOp::Commit { path, .. }
+        | ChangeOp::Delete { path, .. }
+        | ChangeOp::MakeDir { path, .. }
+        | ChangeOp::SetTime { path, .. } => vec![path],
+        ChangeOp::Rename { from, to, .. } => vec![from, to],
+    };
+    let mut paths: Vec<String> = named.iter().map(|p| p.to_string()).collect();
+    for p in named {
+        let mut cur = p;
+        while let Some(a) = pagestore_protocol::writeback::parent(cur) {
+            if paths.len() == MAX_RECORDS_OF {
+                return paths;
+            }
+            if !paths.iter().any(|q| q == a) {
+                paths.push(a.to_string());
+            }
+            cur = a;
+        }
+    }
+    paths
+}
+
+/// Whether what `op` does depends on what its path holds now, so that a node that missed a
+/// record of it would answer wrongly: a conditional commit or delete, a rename that must not
+/// replace, a new directory.
+fn judged(op: &ChangeOp) -> bool {
+    match op {
+        ChangeOp::Commit { expect, .. } | ChangeOp::Delete { expect, .. } => {
+            !matches!(expect, Expect::Any)
+        }
+        ChangeOp::Rename { replace, .. } => !replace,
+        ChangeOp::MakeDir { .. } => true,
+        ChangeOp::SetTime { .. } => false,
+    }
 }
 
 fn refused(r: Refused) -> SourceError {
@@ -632,6 +677,7 @@ impl WriteBackNode {
             }
         }
         let transient = policy == pagestore_protocol::writeback::WritePolicy::Transient;
+        self.gather(&op).await?;
         let _one = self.change_lock.lock().await;
         let keep = self.settings.keep_records.as_millis() as u64;
         let plan = {
@@ -656,6 +702,78 @@ impl WriteBackNode {
             .table()
             .with_parent_times(records, pagestore_protocol::writeback::unix_ns());
         self.commit_change(records).await
+    }
+
+    /// Asks every other node for its records of the paths `op` touches (and their ancestors)
+    /// and keeps those that rank higher than this node's, so that the change is judged on the
+    /// path as the cluster holds it, not as this node does: a node that missed a change's
+    /// `Replicate` (down, frozen or not yet told of the committing node at the time) learns it
+    /// here, before the periodic pull. A change is acknowledged once `replicas` nodes hold it,
+    /// so this node and any `nodes - replicas` others hold every acknowledged record of the
+    /// paths: a change whose outcome depends on what the path holds ([`judged`]) needs that
+    /// many answers, else it is `Unavailable` (the client tries again). Others go on with what
+    /// came (their order is the stamps', which the records taken here advance).
+    async fn gather(&self, op: &ChangeOp) -> Result<(), SourceError> {
+        let others = self.other_nodes();
+        let Some(client) = self.peers().filter(|_| !others.is_empty()) else {
+            return Ok(());
+        };
+        let paths = touched_paths(op);
+        let body = RequestBody::RecordsOf {
+            paths: paths.clone(),
+        };
+        let mut asks: FuturesUnordered<_> = others
+            .iter()
+            .map(|&(_, addr)| {
+                let body = body.clone();
+                async move { (addr, client.call(addr, body, Bytes::new()).await) }
+            })
+            .collect();
+        let (mut answered, mut failures, mut records) = (0, Vec::new(), Vec::new());
+        while let Some((addr, r)) = asks.next().await {
+            match r {
+                Ok((ResponseBody::Records { .. }, payload)) => {
+                    match pagestore_protocol::frame::decode_file_records(&payload) {
+                        Ok(r) => {
+                            answered += 1;
+                            records.extend(r);
+                        }
+                        Err(e) => failures.push(format!("{addr}: malformed records: {e}")),
+                    }
+                }
+                Ok((other, _)) => failures.push(format!("{addr}: {other:?}")),
+                Err(e) => failures.push(format!("{addr}: {e}")),
+            }
+        }
+        // Only what was asked for: a peer's answer changes no other path here.
+        records.retain(|r| paths.contains(&r.path));
+        if !records.is_empty() {
+            let applied = self.keep(records, false).await?;
+            if !applied.taken.is_empty() {
+                self.stats
+                    .caught_up
+                    .fetch_add(applied.taken.len() as u64, Ordering::Relaxed);
+                tracing::info!(
+                    paths = ?applied.taken,
+                    "took records of a change's paths from the peers before judging it (this node had missed them)"
+                );
+            }
+        }
+        let need = self.nodes().saturating_sub(self.replicas());
+        if answered < need && judged(op) {
+            return Err(SourceError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "{}: {answered} other node(s) told their records of the path, {need} needed                      to judge a conditional change: {}",
+                    paths[0],
+                    failures.join("; ")
+                ),
+            ));
+        }
+        if !failures.is_empty() {
+            tracing::debug!(failures = ?failures, "some nodes did not tell their records of a change's paths");
+        }
+        Ok(())
     }
 
     /// The checks of a planned change that only the under storage can answer, for paths the
@@ -1418,6 +1536,7 @@ impl WriteBackNode {
             records_limit: self.settings.max_records as u64,
             journal_bytes,
             clock_lead_ms: self.hlc.lead_ms(),
+            caught_up: g(&s.caught_up),
         }
     }
 
@@ -1486,6 +1605,11 @@ impl WriteBack for WriteBackNode {
         self.table().after(after, MAX_RECORD_BATCH)
     }
 
+    fn records_of(&self, paths: &[String]) -> Vec<FileRecord> {
+        let t = self.table();
+        paths.iter().filter_map(|p| t.get(p).cloned()).collect()
+    }
+
     fn summary(&self, prefix: &str) -> WriteBackSummary {
         self.summary_of(&self.table(), prefix)
     }
@@ -1538,6 +1662,48 @@ impl WriteBackNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_is_judged_on_its_paths_and_their_ancestors() {
+        let rename = ChangeOp::Rename {
+            from: "/ck/run/tmp.pt".into(),
+            to: "/ck/model.pt".into(),
+            replace: false,
+        };
+        assert_eq!(
+            touched_paths(&rename),
+            ["/ck/run/tmp.pt", "/ck/model.pt", "/ck/run", "/ck", "/"]
+        );
+        assert!(judged(&rename));
+        assert!(!judged(&ChangeOp::Rename {
+            from: "/a".into(),
+            to: "/b".into(),
+            replace: true,
+        }));
+        // A deep path: the paths it names first, then as many ancestors as one request holds.
+        let deep = format!("/ck{}", "/d".repeat(100));
+        let delete = |expect| ChangeOp::Delete {
+            path: deep.clone(),
+            dir: false,
+            expect,
+        };
+        let paths = touched_paths(&delete(Expect::Any));
+        assert_eq!(paths.len(), MAX_RECORDS_OF);
+        assert_eq!(paths[0], deep);
+        assert_eq!(paths[1], deep[..deep.len() - 2]);
+        assert!(!judged(&delete(Expect::Any)));
+        assert!(judged(&delete(Expect::Absent)));
+        assert!(judged(&delete(Expect::Version("wb1-2".into()))));
+        assert!(judged(&ChangeOp::MakeDir {
+            path: "/ck/d".into(),
+            mtime_ns: 0,
+        }));
+        assert!(!judged(&ChangeOp::SetTime {
+            path: "/ck/f".into(),
+            version_tag: String::new(),
+            mtime_ns: 0,
+        }));
+    }
 
     #[test]
     fn many_small_files_flush_at_once_and_large_ones_four_at_a_time() {
