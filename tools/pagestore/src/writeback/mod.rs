@@ -711,8 +711,8 @@ impl WriteBackNode {
     /// here, before the periodic pull. A change is acknowledged once `replicas` nodes hold it,
     /// so this node and any `nodes - replicas` others hold every acknowledged record of the
     /// paths: a change whose outcome depends on what the path holds ([`judged`]) needs that
-    /// many answers, else it is `Unavailable` (the client tries again). Others go on with what
-    /// came (their order is the stamps', which the records taken here advance).
+    /// many answers. Every change needs `replicas - 1` (the nodes that are to hold it with this
+    /// one). Fewer: `Unavailable` (the client tries again), and nothing is kept.
     async fn gather(&self, op: &ChangeOp) -> Result<(), SourceError> {
         let others = self.other_nodes();
         let Some(client) = self.peers().filter(|_| !others.is_empty()) else {
@@ -759,12 +759,26 @@ impl WriteBackNode {
                 );
             }
         }
-        let need = self.nodes().saturating_sub(self.replicas());
-        if answered < need && judged(op) {
+        // A change no write set can take now is refused before it is stamped and kept: kept
+        // here alone, never acknowledged, it could still rank above a later acknowledged
+        // change of the path once this node is back among the others.
+        let replicas = self.replicas();
+        let to_hold = replicas - 1;
+        let to_judge = if judged(op) {
+            self.nodes().saturating_sub(replicas)
+        } else {
+            0
+        };
+        if answered < to_hold.max(to_judge) {
+            let why = if answered < to_hold {
+                format!("{to_hold} needed to hold the change ({replicas} write replicas)")
+            } else {
+                format!("{to_judge} needed to judge a conditional change")
+            };
             return Err(SourceError::new(
                 ErrorCode::Unavailable,
                 format!(
-                    "{}: {answered} other node(s) told their records of the path, {need} needed                      to judge a conditional change: {}",
+                    "{}: {answered} other node(s) answered, {why}: {}",
                     paths[0],
                     failures.join("; ")
                 ),
@@ -1166,8 +1180,6 @@ impl WriteBackNode {
         futures_util::future::join_all(asks).await;
     }
 
-    /// Writes the file `path` at write-back version `tag` (`size` bytes) to the under storage,
-    /// reading it from the cluster. Returns the store's version of the object written.
     /// Writes version `tag` (`size` bytes) of `path` to the store with its attributes
     /// `attrs`, reading it from the cluster; the store's version of the object written.
     async fn upload(
