@@ -740,12 +740,13 @@ fn clock_lead(c: &Cluster, i: usize) -> f64 {
 }
 
 /// Nodes whose wall clocks disagree by minutes (libfaketime: node 0 three minutes fast, node 1
-/// two minutes slow, node 2 right). Every node's change stamps follow the fastest clock it has
-/// seen, so when node 0, the metadata owner of a file, stamps a delete of it that no other node
-/// takes (both are down) and dies, the file written again once the others are back (and
-/// acknowledged) is what everyone reads, and what the store holds, once node 0 is back with the
-/// unacknowledged delete in its journal. With stamps on each node's own clock, the new write
-/// (stamped three minutes behind node 0's clock) would lose to the delete.
+/// two minutes slow, node 2 right): every node's change stamps follow the fastest clock it has
+/// seen. Node 0, the metadata owner of a file, is asked to delete it while both others are
+/// down, and dies; the file is written again once the others are back (and acknowledged), and
+/// that is what everyone reads, and what the store holds, once node 0 is back. The delete is
+/// refused before node 0 stamps or keeps it (no other node answers: no write set can take it);
+/// were it kept, stamped three minutes ahead of the slow node's clock, it would win over the
+/// new write unless the slow node's stamps followed the fast clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_delete_by_a_fast_clocked_owner_that_died_loses_to_a_later_write() {
     use pagestore_testkit::local_cluster::faketime;
@@ -774,7 +775,7 @@ async fn an_unacknowledged_delete_by_a_fast_clocked_owner_that_died_loses_to_a_l
     assert!((leads[1] - 300.0).abs() < 20.0, "{leads:?}");
     assert!((leads[2] - 180.0).abs() < 20.0, "{leads:?}");
 
-    // The owner takes a delete alone: the others are down, so it is never acknowledged.
+    // The owner is asked for a delete alone: the others are down, so it is refused.
     c.inner.kill(1);
     c.inner.kill(2);
     let r = tokio::time::timeout(Duration::from_secs(10), a.remove_file(&path)).await;
