@@ -1,8 +1,9 @@
 //! ListObjects and ListObjectsV2: pages of keys in key order, walked from the directories of
 //! the logical namespace.
 
-use pagestore_client::Error as ClientError;
-use pagestore_protocol::frame::DirEntry;
+use futures_util::StreamExt;
+use pagestore_client::{ufs::ObjectInfo, Error as ClientError};
+use pagestore_protocol::{frame::DirEntry, writeback::is_wb_tag};
 use s3s::{
     dto::{
         CommonPrefix, EncodingType, ListObjectVersionsInput, ListObjectVersionsOutput,
@@ -281,13 +282,52 @@ impl Gateway {
         }
     }
 
-    fn split_page(
+    /// Reads back the records (`record.rs`) of the listed objects this gateway does not know,
+    /// where they are at hand, so that a listing gives each object the ETag HeadObject gives it
+    /// (after a restart, or for another gateway's writes): a `file://` mount keeps an object's
+    /// record in an extended attribute of its file, the cluster's records keep those of files
+    /// written through a write-back mount. On a cloud store it would cost a request per
+    /// object, and the ETag listed is the store's own (for an object written in one piece, its
+    /// MD5, as recorded).
+    async fn recall_listed(&self, bucket: &str, page: &Page) {
+        /// Records read at once.
+        const AT_ONCE: usize = 16;
+        let table = self.client.ufs_table();
+        let unknown: Vec<ObjectInfo> = page
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Object(o) => ObjectInfo::listed(
+                    format!("/{bucket}/{}", o.key),
+                    &DirEntry {
+                        name: String::new(),
+                        is_dir: false,
+                        size: o.size,
+                        version_tag: o.version.clone(),
+                        mtime_ns: o.mtime_ns,
+                    },
+                ),
+                Item::Prefix(_) => None,
+            })
+            .filter(|info| {
+                is_wb_tag(&info.version) || table.is_some_and(|t| t.is_local(&info.path))
+            })
+            .filter(|info| !self.aliases.knows(&info.path, &info.version))
+            .collect();
+        let mut reads = futures_util::stream::iter(unknown)
+            .map(|info| async move { self.recall(&info).await })
+            .buffer_unordered(AT_ONCE);
+        while reads.next().await.is_some() {}
+    }
+
+    async fn split_page(
         &self,
         bucket: &str,
         page: Page,
         enc: bool,
         owner: bool,
     ) -> (Vec<Object>, Vec<CommonPrefix>) {
+        self.recall_listed(bucket, &page).await;
         let mut objects = Vec::new();
         let mut prefixes = Vec::new();
         for item in page.items {
@@ -364,7 +404,7 @@ pub(super) async fn list_objects_v2(
     let truncated = page.truncated;
     let count = page.items.len();
     let owner = input.fetch_owner == Some(true);
-    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc, owner);
+    let (contents, prefixes) = gw.split_page(&input.bucket, page, enc, owner).await;
     let code = |s: String| if enc { url_encode(&s) } else { s };
     Ok(S3Response::new(ListObjectsV2Output {
         name: Some(input.bucket),
@@ -420,7 +460,7 @@ async fn marker_page(
         .then(|| page.items.last().map(|i| i.key().to_string()))
         .flatten()
         .map(|k| if enc { url_encode(&k) } else { k });
-    let (contents, prefixes) = gw.split_page(bucket, page, enc, true);
+    let (contents, prefixes) = gw.split_page(bucket, page, enc, true).await;
     Ok(MarkerPage {
         max,
         enc,

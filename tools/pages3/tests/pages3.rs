@@ -2126,6 +2126,15 @@ if PHASE == "1":
     json.dump(got, open(STATE, "w"))
 elif PHASE == "2":
     want = json.load(open(STATE))
+    # Listed first (nothing read since the restart): each object with the ETag it was given.
+    for bucket in ("data", "wb"):
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, PaginationConfig={"PageSize": 2}):
+            for o in page.get("Contents", []):
+                k = "%s/%s" % (bucket, o["Key"])
+                check(k not in want or o["ETag"] == want[k]["etag"], k, "is listed with", o["ETag"], "not", want[k]["etag"])
+    v1 = s3.list_objects(Bucket="data", Prefix="t/")["Contents"]
+    check([o["ETag"] for o in v1 if "data/" + o["Key"] in want]
+          == [want["data/" + o["Key"]]["etag"] for o in v1 if "data/" + o["Key"] in want], "ListObjects", v1)
     for o in OBJECTS:
         k = "%s/%s" % o
         check(facts(*o) == want[k], k, "reads as before the restart:", facts(*o), "instead of", want[k])
