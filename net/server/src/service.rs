@@ -503,8 +503,11 @@ impl Service for ShardService {
                     files.len() as u64 * (16 + frame::MAX_OUTCOME_MESSAGE_LEN as u64)
                 }
                 // A page of records at most.
-                RequestBody::PullRecords { .. } | RequestBody::RecordsOf { .. } => {
-                    u64::from(frame::MAX_RECORDS_PAYLOAD)
+                RequestBody::PullRecords { .. } => u64::from(frame::MAX_RECORDS_PAYLOAD),
+                // A record per path at most (a page holds `MAX_RECORD_BATCH` of the largest).
+                RequestBody::RecordsOf { paths } => {
+                    (paths.len() as u64 + 1) * u64::from(frame::MAX_RECORDS_PAYLOAD)
+                        / frame::MAX_RECORD_BATCH as u64
                 }
                 // Job listings and counters are charged when ready; the rest carry no body.
                 _ => 0,
