@@ -485,20 +485,43 @@ async fn a_first_write_with_one_member_dead_and_one_frozen_completes_when_the_fr
     assert_eq!(std::fs::read(store.join("dead/ckpt.bin")).unwrap(), data);
 }
 
+/// Create-only: the commit is refused if the path holds a file.
+fn absent() -> WriteOptions {
+    WriteOptions {
+        expect: frame::Expect::Absent,
+        ..WriteOptions::default()
+    }
+}
+
+/// Compare and swap: the commit is refused unless the path holds version `v`.
+fn swap(v: &str) -> WriteOptions {
+    WriteOptions {
+        expect: frame::Expect::Version(v.to_string()),
+        ..WriteOptions::default()
+    }
+}
+
+/// Writes `data` as the whole file `path` with `opts` and closes it.
+async fn write_whole(
+    c: &Arc<Client>,
+    path: &str,
+    opts: WriteOptions,
+    data: &[u8],
+) -> Result<(), Error> {
+    let mut w = c.create(path, opts).await?;
+    w.write_at(0, data).await?;
+    w.close().await.map(|_| ())
+}
+
 /// Conditional commits: of two writers creating one path only if absent, exactly one
 /// succeeds (the check and the commit are one step at the path's metadata owner); a
 /// compare-and-swap takes only the version there now, a file the records know or one only the
 /// store holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_commits_take_a_path_only_as_they_expect() {
-    use pagestore_protocol::frame::Expect;
     let (c, store) = cluster(3, &["--write-replicas", "2"], "");
     let a = c.client(ClientOptions::default()).await;
     let b = c.client(ClientOptions::default()).await;
-    let absent = || WriteOptions {
-        expect: Expect::Absent,
-        ..WriteOptions::default()
-    };
     let mut wa = a.create("/ck/lock", absent()).await.unwrap();
     let mut wb = b.create("/ck/lock", absent()).await.unwrap();
     wa.write_at(0, b"a").await.unwrap();
@@ -513,10 +536,6 @@ async fn conditional_commits_take_a_path_only_as_they_expect() {
 
     // Compare and swap on a file the records know.
     let now = a.stat("/ck/lock").await.unwrap().version;
-    let swap = |v: &str| WriteOptions {
-        expect: Expect::Version(v.to_string()),
-        ..WriteOptions::default()
-    };
     let mut w = b.create("/ck/lock", swap("wb1-0")).await.unwrap();
     w.write_at(0, b"x").await.unwrap();
     assert!(matches!(w.close().await, Err(Error::Precondition(_))));
@@ -550,14 +569,6 @@ async fn conditional_changes_hold_when_the_paths_metadata_owner_is_killed() {
     use pagestore_protocol::frame::Expect;
     let (mut c, _store) = cluster(3, &["--write-replicas", "2"], "");
     let a = c.client(ClientOptions::default()).await;
-    let absent = || WriteOptions {
-        expect: Expect::Absent,
-        ..WriteOptions::default()
-    };
-    let swap = |v: &str| WriteOptions {
-        expect: Expect::Version(v.to_string()),
-        ..WriteOptions::default()
-    };
     let mut w = a.create("/ck/m/lock", absent()).await.unwrap();
     w.write_at(0, b"one").await.unwrap();
     w.close().await.unwrap();
@@ -575,14 +586,7 @@ async fn conditional_changes_hold_when_the_paths_metadata_owner_is_killed() {
             ..ClientOptions::default()
         })
         .await;
-    let write = |opts: WriteOptions, data: &'static [u8]| {
-        let b = &b;
-        async move {
-            let mut w = b.create("/ck/m/lock", opts).await?;
-            w.write_at(0, data).await?;
-            w.close().await.map(|_| ())
-        }
-    };
+    let write = |opts, data| write_whole(&b, "/ck/m/lock", opts, data);
     let r = write(absent(), b"two").await;
     assert!(
         matches!(r, Err(Error::Precondition(_))),
@@ -644,14 +648,6 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
         .map(|m| node_index(&c, m.node))
         .collect();
     let (owner, lagging, third) = (order[0], order[1], order[2]);
-    let swap = |v: &str| WriteOptions {
-        expect: Expect::Version(v.to_string()),
-        ..WriteOptions::default()
-    };
-    let absent = || WriteOptions {
-        expect: Expect::Absent,
-        ..WriteOptions::default()
-    };
     c.inner.kill(lagging);
     let mut w = a.create(path, absent()).await.unwrap();
     w.write_at(0, b"one").await.unwrap();
@@ -670,14 +666,7 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
 
     // The owner does not answer: the member that missed the record, next in ring order, judges.
     let b = c.client(patient).await;
-    let write = |opts: WriteOptions, data: &'static [u8]| {
-        let b = &b;
-        async move {
-            let mut w = b.create(path, opts).await?;
-            w.write_at(0, data).await?;
-            w.close().await.map(|_| ())
-        }
-    };
+    let write = |opts, data| write_whole(&b, path, opts, data);
     let r = write(absent(), b"two").await;
     assert!(
         matches!(r, Err(Error::Precondition(_))),
