@@ -851,9 +851,11 @@ pub enum RequestBody {
         version_tag: String,
     },
     /// Node to node: the write-back records of `paths` the receiver holds
-    /// (none for a path it has no record of), as [`ResponseBody::Records`]
-    /// (`more` false) + payload. Asked before a node judges a change, so it
-    /// judges it on what its peers hold of the paths too.
+    /// (none for a path it has no record of) and, for each path, the first
+    /// live record beneath it (what makes it a directory), as
+    /// [`ResponseBody::Records`] (`more` false) + payload. Asked before a
+    /// node judges a change, so it judges it on what its peers hold of the
+    /// paths too.
     RecordsOf {
         /// One to [`MAX_RECORDS_OF`] absolute logical paths, each at most
         /// [`MAX_PATH_LEN`] bytes.

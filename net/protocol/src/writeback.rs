@@ -261,7 +261,8 @@ pub trait WriteBack: Send + Sync + 'static {
     /// The records whose paths sort after `after`, in path order, as many as one answer holds,
     /// and whether more follow.
     fn pull(&self, after: &str) -> (Vec<crate::frame::FileRecord>, bool);
-    /// The records this node holds of `paths` (none for a path it has no record of).
+    /// The records this node holds of `paths` (none for a path it has no record of), and for
+    /// each path the first live record beneath it, if any (what makes it a directory).
     fn records_of(&self, paths: &[String]) -> Vec<crate::frame::FileRecord>;
     /// What waits to reach the under storage under `prefix`, as this node knows it.
     fn summary(&self, prefix: &str) -> crate::frame::WriteBackSummary;

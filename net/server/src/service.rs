@@ -504,9 +504,10 @@ impl Service for ShardService {
                 }
                 // A page of records at most.
                 RequestBody::PullRecords { .. } => u64::from(frame::MAX_RECORDS_PAYLOAD),
-                // A record per path at most (a page holds `MAX_RECORD_BATCH` of the largest).
+                // Two records per path at most (its own and one beneath it; a page holds
+                // `MAX_RECORD_BATCH` of the largest).
                 RequestBody::RecordsOf { paths } => {
-                    (paths.len() as u64 + 1) * u64::from(frame::MAX_RECORDS_PAYLOAD)
+                    (2 * paths.len() as u64 + 1) * u64::from(frame::MAX_RECORDS_PAYLOAD)
                         / frame::MAX_RECORD_BATCH as u64
                 }
                 // Job listings and counters are charged when ready; the rest carry no body.

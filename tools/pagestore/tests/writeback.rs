@@ -629,11 +629,26 @@ async fn conditional_changes_hold_when_the_paths_metadata_owner_is_killed() {
 /// nobody to pull from. Asked once the third node is back, it takes the path's record from it
 /// first (`RecordsOf`), so a create-only commit is refused and a swap of the version there is
 /// taken. Judged on its own records, it took the create-only commit or refused the swap (the
-/// store holds no such file, or the flushed object under the store's version).
+/// store holds no such file, or the flushed object under the store's version). A directory of a
+/// transient mount written meanwhile is not empty to it either (a peer's answer carries the
+/// first file beneath it; on its own it answered "no such file or directory"), and with the
+/// third node frozen again a conditional change is refused as unavailable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with_it() {
     use pagestore_protocol::frame::Expect;
-    let (mut c, _store) = cluster(3, &["--write-replicas", "2"], "");
+    // `/ck` as usual, and `/scratch` a transient mount: its files never reach the store, so
+    // only the records say what is beneath a directory there.
+    let (dir, mut s) = common::settings();
+    let (store, scratch) = (dir.path().join("store"), dir.path().join("scratch"));
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::create_dir_all(&scratch).unwrap();
+    s.nodes = 3;
+    s.mounts = vec![
+        format!("/ck=file://{}?write=back", store.display()),
+        format!("/scratch=file://{}?write=transient", scratch.display()),
+    ];
+    s.extra = vec!["--write-replicas".into(), "2".into()];
+    let mut c = Cluster::start(dir, s);
     let patient = ClientOptions {
         call_timeout: Duration::from_secs(15),
         ..ClientOptions::default()
@@ -652,12 +667,16 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
     let mut w = a.create(path, absent()).await.unwrap();
     w.write_at(0, b"one").await.unwrap();
     w.close().await.unwrap();
+    a.write_file("/scratch/lagdir/f", b"in a directory".to_vec().into())
+        .await
+        .unwrap();
     let one = a.stat(path).await.unwrap().version;
     c.inner.kill(owner);
     c.signal(third, libc::SIGSTOP).unwrap();
     c.start_node(lagging);
-    // Its pull at start asks the peers for 15 s, then gives up; the next is 30 s after start.
-    tokio::time::sleep(Duration::from_secs(16)).await;
+    // Its pull at start asks the peers for 15 s (a last ask may still wait out its 3 s call
+    // timeout), then gives up; the next pull comes 30 s after the start.
+    tokio::time::sleep(Duration::from_secs(19)).await;
     c.signal(third, libc::SIGCONT).unwrap();
     assert_eq!(
         writeback_metric(&c, lagging, "records_caught_up_total"),
@@ -684,15 +703,28 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
         "stale swap: {r:?}"
     );
 
-    // With the third node frozen too, a conditional change cannot be judged: the member asked
-    // refuses it as unavailable (the client would try again), not judge it on its own records.
-    let three = b.stat(path).await.unwrap().version;
+    // Asked directly: a directory it knows nothing of is not empty, a peer's answer carries a
+    // file beneath it.
     let addr = b
         .membership()
         .nodes()
         .find(|n| format_uuid(n.id) == c.nodes[lagging].id)
         .unwrap()
         .shard_addr(0);
+    let rmdir = frame::RequestBody::Change {
+        op: frame::ChangeOp::Delete {
+            path: "/scratch/lagdir".into(),
+            dir: true,
+            expect: Expect::Any,
+        },
+    };
+    let r = b.call(addr, rmdir, bytes::Bytes::new()).await;
+    assert!(matches!(r, Err(Error::NotEmpty(_))), "rmdir: {r:?}");
+    assert_eq!(read_all(&b, "/scratch/lagdir/f").await, b"in a directory");
+
+    // With the third node frozen too, a conditional change cannot be judged: the member asked
+    // refuses it as unavailable (the client would try again), not judge it on its own records.
+    let three = b.stat(path).await.unwrap().version;
     let delete = frame::RequestBody::Change {
         op: frame::ChangeOp::Delete {
             path: path.into(),

@@ -745,8 +745,16 @@ impl WriteBackNode {
                 Err(e) => failures.push(format!("{addr}: {e}")),
             }
         }
-        // Only what was asked for: a peer's answer changes no other path here.
-        records.retain(|r| paths.contains(&r.path));
+        // Only what was asked for (the paths, and a record beneath each): a peer's answer
+        // changes nothing else here.
+        records.retain(|r| {
+            paths.iter().any(|p| {
+                r.path == *p
+                    || r.path
+                        .strip_prefix(p.trim_end_matches('/'))
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+        });
         if !records.is_empty() {
             let applied = self.keep(records, false).await?;
             if !applied.taken.is_empty() {
@@ -1619,7 +1627,16 @@ impl WriteBack for WriteBackNode {
 
     fn records_of(&self, paths: &[String]) -> Vec<FileRecord> {
         let t = self.table();
-        paths.iter().filter_map(|p| t.get(p).cloned()).collect()
+        let mut out: Vec<FileRecord> = Vec::with_capacity(paths.len());
+        for p in paths {
+            out.extend(t.get(p).cloned());
+            if let Some(r) = t.first_beneath(p) {
+                if !out.iter().any(|o| o.path == r.path) {
+                    out.push(r.clone());
+                }
+            }
+        }
+        out
     }
 
     fn summary(&self, prefix: &str) -> WriteBackSummary {

@@ -209,6 +209,9 @@ pub struct Records {
     limit: Option<usize>,
 }
 
+/// Records beneath a directory [`Records::first_beneath`] looks at, at most.
+pub const BENEATH_SCAN: usize = 256;
+
 fn is_live(r: &FileRecord) -> bool {
     !matches!(r.entry, RecordEntry::Deleted { .. })
 }
@@ -1054,6 +1057,19 @@ impl Records {
         let out: Vec<FileRecord> = it.by_ref().take(max).collect();
         let more = it.next().is_some();
         (out, more)
+    }
+
+    /// The first live record beneath directory `dir` in path order, looking at no more than
+    /// [`BENEATH_SCAN`] records there (deletions before a live one are passed over): what makes
+    /// `dir` a directory to a node that lacks it.
+    pub fn first_beneath(&self, dir: &str) -> Option<&FileRecord> {
+        let prefix = format!("{}/", dir.trim_end_matches('/'));
+        self.by_path
+            .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+            .map(|r| &r.0)
+            .take_while(|r| r.path.starts_with(&prefix))
+            .take(BENEATH_SCAN)
+            .find(|r| is_live(r))
     }
 
     /// The work of a flusher: the records that the under storage lacks, in the order of their

@@ -493,6 +493,48 @@ fn pulls_page_through_the_records_in_path_order() {
 }
 
 #[test]
+fn the_first_live_record_beneath_a_directory_is_found_past_deletions() {
+    let mut t = Records::new();
+    let del = |path: &str| ChangeOp::Delete {
+        path: path.into(),
+        dir: false,
+        expect: Expect::Any,
+    };
+    // "/ck/d-x" and "/ck/d.x" sort between "/ck/d" and "/ck/d/": not beneath it.
+    for (i, p) in [
+        "/ck/d-x", "/ck/d.x", "/ck/d/a", "/ck/d/b", "/ck/d/c", "/ck/e/f",
+    ]
+    .iter()
+    .enumerate()
+    {
+        change(
+            &mut t,
+            commit(p, i as u128 + 1, 1, true),
+            (i as u64 + 1) << 16,
+        )
+        .unwrap();
+    }
+    assert_eq!(t.first_beneath("/ck/d").unwrap().path, "/ck/d/a");
+    assert_eq!(t.first_beneath("/ck/d/").unwrap().path, "/ck/d/a");
+    change(&mut t, del("/ck/d/a"), 10 << 16).unwrap();
+    change(&mut t, del("/ck/d/b"), 11 << 16).unwrap();
+    assert_eq!(t.first_beneath("/ck/d").unwrap().path, "/ck/d/c");
+    change(&mut t, del("/ck/d/c"), 12 << 16).unwrap();
+    assert_eq!(t.first_beneath("/ck/d"), None);
+    assert_eq!(t.first_beneath("/ck/d/a"), None);
+    assert_eq!(t.first_beneath("/ck").unwrap().path, "/ck/d-x");
+    // A run of deletions longer than the scan hides what follows it.
+    let mut u = Records::new();
+    for i in 0..BENEATH_SCAN as u128 {
+        let p = format!("/ck/g/{i:04}");
+        change(&mut u, commit(&p, i + 1, 1, true), (2 * i as u64 + 1) << 16).unwrap();
+        change(&mut u, del(&p), (2 * i as u64 + 2) << 16).unwrap();
+    }
+    change(&mut u, commit("/ck/g/zz", 9999, 1, true), 1 << 40).unwrap();
+    assert_eq!(u.first_beneath("/ck/g"), None);
+}
+
+#[test]
 fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
     let mut t = Records::new();
     change(&mut t, commit("/ck/f", 1, 1, true), 1_000 << 16).unwrap();
