@@ -745,8 +745,8 @@ impl WriteBackNode {
                 Err(e) => failures.push(format!("{addr}: {e}")),
             }
         }
-        // Only what was asked for (the paths, and a record beneath each): a peer's answer
-        // changes nothing else here.
+        // Only what was asked for: records of the paths and beneath them (the root's beneath
+        // is everything, but a peer answers one record beneath each path).
         records.retain(|r| {
             paths.iter().any(|p| {
                 r.path == *p
