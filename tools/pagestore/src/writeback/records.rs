@@ -209,9 +209,6 @@ pub struct Records {
     limit: Option<usize>,
 }
 
-/// Records beneath a directory [`Records::first_beneath`] looks at, at most.
-pub const BENEATH_SCAN: usize = 256;
-
 fn is_live(r: &FileRecord) -> bool {
     !matches!(r.entry, RecordEntry::Deleted { .. })
 }
@@ -1059,16 +1056,20 @@ impl Records {
         (out, more)
     }
 
-    /// The first live record beneath directory `dir` in path order, looking at no more than
-    /// [`BENEATH_SCAN`] records there (deletions before a live one are passed over): what makes
-    /// `dir` a directory to a node that lacks it.
+    /// The first live record beneath directory `dir` in path order (deletions before it passed
+    /// over): what makes `dir` a directory to a node that lacks it. None, without a scan, when
+    /// the live records imply no directory there.
     pub fn first_beneath(&self, dir: &str) -> Option<&FileRecord> {
-        let prefix = format!("{}/", dir.trim_end_matches('/'));
+        let trimmed = dir.trim_end_matches('/');
+        let key = if trimmed.is_empty() { "/" } else { trimmed };
+        if !self.implied.contains_key(key) {
+            return None;
+        }
+        let prefix = format!("{trimmed}/");
         self.by_path
             .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
             .map(|r| &r.0)
             .take_while(|r| r.path.starts_with(&prefix))
-            .take(BENEATH_SCAN)
             .find(|r| is_live(r))
     }
 
