@@ -2550,7 +2550,7 @@ impl Client {
     /// `ufs`), then the cluster drops what it caches of the old version; on a `back` or
     /// `transient` mount it is written through the cluster ([`Client::write_file`]).
     pub async fn put(self: &Arc<Self>, path: &str, data: Bytes) -> Result<ObjectInfo, Error> {
-        check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         if self.write_policy(path).is_cached() {
             return self.write_file(path, data).await;
         }
@@ -2565,7 +2565,7 @@ impl Client {
     /// `through` mount); through the cluster, which deletes it in the under storage later (a
     /// `back` or `transient` mount).
     pub async fn delete(&self, path: &str) -> Result<(), Error> {
-        check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         if self.write_policy(path).is_cached() {
             return self.remove_file(path).await;
         }

@@ -407,7 +407,7 @@ impl Client {
         path: &str,
         options: WriteOptions,
     ) -> Result<Writer, Error> {
-        crate::ufs::check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         self.cached_mount(path)?;
         frame::check_attrs("attributes", &options.attrs)
             .map_err(|e| Error::Invalid(format!("{path}: {e}")))?;
@@ -562,8 +562,8 @@ impl Client {
     /// readers (the write-to-temp-then-rename of checkpoint savers). With `replace` false an
     /// existing `to` is [`Error::Exists`].
     pub async fn rename(&self, from: &str, to: &str, replace: bool) -> Result<(), Error> {
-        crate::ufs::check_path(from)?;
-        crate::ufs::check_path(to)?;
+        crate::ufs::check_written_path(from)?;
+        crate::ufs::check_written_path(to)?;
         self.cached_mount(from)?;
         let same = {
             let layout = self.layout();
@@ -594,7 +594,7 @@ impl Client {
     /// that version of the file), checked and deleted in one step by the path's metadata
     /// owner; otherwise [`Error::Precondition`] and nothing changes.
     pub async fn remove_file_if(&self, path: &str, expect: Expect) -> Result<(), Error> {
-        crate::ufs::check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         self.cached_mount(path)?;
         let op = ChangeOp::Delete {
             path: path.into(),
@@ -616,7 +616,7 @@ impl Client {
         version_tag: &str,
         mtime_ns: i64,
     ) -> Result<(), Error> {
-        crate::ufs::check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         self.cached_mount(path)?;
         let op = ChangeOp::SetTime {
             path: path.into(),
@@ -668,7 +668,7 @@ impl Client {
     /// Makes the directory `path` in a `back` or `transient` mount with the modification time
     /// `mtime_ns` (nanoseconds since the Unix epoch).
     pub async fn make_dir_at(&self, path: &str, mtime_ns: i64) -> Result<(), Error> {
-        crate::ufs::check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         self.cached_mount(path)?;
         let op = ChangeOp::MakeDir {
             path: path.into(),
@@ -679,7 +679,7 @@ impl Client {
 
     /// Removes the empty directory `path` of a `back` or `transient` mount.
     pub async fn remove_dir(&self, path: &str) -> Result<(), Error> {
-        crate::ufs::check_path(path)?;
+        crate::ufs::check_written_path(path)?;
         self.cached_mount(path)?;
         let op = ChangeOp::Delete {
             path: path.into(),

@@ -499,14 +499,17 @@ fn meta_of_stat(location: Path, st: &libc::stat) -> ObjectMeta {
 fn to_error(path: &Path, e: io::Error) -> object_store::Error {
     let p = path.to_string();
     match e.raw_os_error() {
-        // A missing name, a file where a directory was needed, a symlink, or a path leaving the
-        // root: nothing there as far as this store goes.
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::EXDEV) => {
-            object_store::Error::NotFound {
-                path: p,
-                source: Box::new(e),
-            }
-        }
+        // A missing name, a file where a directory was needed, a symlink, a path leaving the
+        // root, or a name longer than the file system holds: nothing there as far as this
+        // store goes.
+        Some(libc::ENOENT)
+        | Some(libc::ENOTDIR)
+        | Some(libc::ELOOP)
+        | Some(libc::EXDEV)
+        | Some(libc::ENAMETOOLONG) => object_store::Error::NotFound {
+            path: p,
+            source: Box::new(e),
+        },
         Some(libc::EACCES) | Some(libc::EPERM) => object_store::Error::PermissionDenied {
             path: p,
             source: Box::new(e),

@@ -767,6 +767,14 @@ pub fn check_path(path: &str) -> Result<(), UfsError> {
     Ok(())
 }
 
+/// Checks a path that a write names (a file created, replaced or deleted, a directory made or
+/// removed, a rename's source and destination): one spelling only, names of at most 255 bytes
+/// ([`pagestore_protocol::writeback::check_change_path`]). Stores spell `/a//b` and `/a/b/`
+/// as `a/b`, so a write of either would reach another path's object.
+pub fn check_written_path(path: &str) -> Result<(), UfsError> {
+    pagestore_protocol::writeback::check_change_path(path).map_err(UfsError::BadPath)
+}
+
 /// The file id of `path` at `version` (see [`pagestore_protocol::ring::file_id`]).
 pub use pagestore_protocol::ring::file_id;
 

@@ -237,6 +237,53 @@ pub fn parent(path: &str) -> Option<&str> {
     }
 }
 
+/// Longest name (path segment) a written path may have, in bytes: a file name on the file
+/// systems under the cache (`NAME_MAX`), and pages3's limit for written keys.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Checks a path a write-back change names (a file committed or deleted, a directory made or
+/// removed, both sides of a rename) and a path written through a `through` mount against the
+/// one spelling the cluster keeps: absolute, not the root, no empty segment (no
+/// `//`, no trailing `/`), no `.` or `..` segment, no NUL byte, names of at most
+/// [`MAX_NAME_LEN`] bytes, at most [`MAX_PATH_LEN`](crate::frame::MAX_PATH_LEN) bytes in all.
+/// Stores spell `/a//b` and `/a/b/` as `a/b`: kept as paths of their own, they would be
+/// second names for one object, each with its own record (a deletion of `/a/b/` would delete
+/// the object behind `/a/b`'s newer record). `Err` says why, naming the path.
+pub fn check_change_path(path: &str) -> Result<(), String> {
+    let why = if !path.starts_with('/') {
+        "it is not absolute".to_string()
+    } else if path == "/" {
+        "it is the root".to_string()
+    } else if path.len() > crate::frame::MAX_PATH_LEN {
+        format!(
+            "it has {} bytes, more than {}",
+            path.len(),
+            crate::frame::MAX_PATH_LEN
+        )
+    } else if path.contains('\0') {
+        "it contains a NUL byte".to_string()
+    } else if let Some(seg) = path[1..]
+        .split('/')
+        .find(|s| s.is_empty() || *s == "." || *s == "..")
+    {
+        if seg.is_empty() {
+            "it has an empty segment (a doubled or trailing /)".to_string()
+        } else {
+            format!("it has a {seg} segment")
+        }
+    } else if let Some(seg) = path[1..].split('/').find(|s| s.len() > MAX_NAME_LEN) {
+        format!(
+            "a name in it has {} bytes, more than {MAX_NAME_LEN}",
+            seg.len()
+        )
+    } else {
+        return Ok(());
+    };
+    let shown: String = path.chars().take(200).collect();
+    let more = if shown.len() < path.len() { "..." } else { "" };
+    Err(format!("{shown:?}{more}: {why}"))
+}
+
 /// A node's write-back side as its shards see it: the namespace of `back` and `transient`
 /// mounts (records of the files, directories and deletions made through the cluster), kept
 /// durably by every node. The daemon implements it on its tokio runtime; the futures it returns
@@ -288,6 +335,39 @@ pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_path_has_one_spelling() {
+        let long = "n".repeat(MAX_NAME_LEN);
+        for good in [
+            "/a",
+            "/a/b.txt",
+            "/ck/.hidden",
+            "/a/...",
+            &format!("/d/{long}"),
+        ] {
+            assert_eq!(check_change_path(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("", "not absolute"),
+            ("a/b", "not absolute"),
+            ("/", "the root"),
+            ("//a", "empty segment"),
+            ("/a//b", "empty segment"),
+            ("/a/b/", "empty segment"),
+            ("/a/./b", "a . segment"),
+            ("/a/../b", "a .. segment"),
+            ("/a/b\0", "NUL"),
+        ] {
+            let e = check_change_path(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let e = check_change_path(&format!("/d/{long}n")).unwrap_err();
+        assert!(e.contains("256 bytes, more than 255"), "{e}");
+        assert!(e.contains("\"...: a name"), "{e}");
+        let e = check_change_path(&format!("/{}", "d/".repeat(2100))).unwrap_err();
+        assert!(e.contains("more than 4096"), "{e}");
+    }
 
     #[test]
     fn tags_have_one_form() {

@@ -960,6 +960,12 @@ fn child(dir: Option<Arc<str>>, name: &OsStr) -> Option<String> {
     Some(join(&dir?, name.to_str()?))
 }
 
+/// Whether a name is too long to be made (ENAMETOOLONG): the cluster and the file systems
+/// under it take names of at most 255 bytes. Looked up, such a name is simply not there.
+fn too_long(name: &OsStr) -> bool {
+    name.len() > pagestore_protocol::writeback::MAX_NAME_LEN
+}
+
 impl Filesystem for PageFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let o = &self.shared.options;
@@ -1462,6 +1468,9 @@ impl Filesystem for PageFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if too_long(name) {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
         let Some(path) = child(self.path(parent), name) else {
             return reply.error(Errno::EINVAL);
         };
@@ -1512,6 +1521,9 @@ impl Filesystem for PageFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        if too_long(name) {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
         let Some(path) = child(self.path(parent), name) else {
             return reply.error(Errno::EINVAL);
         };
@@ -1655,6 +1667,9 @@ impl Filesystem for PageFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if too_long(newname) {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
         let (Some(from), Some(to)) = (
             child(self.path(parent), name),
             child(self.path(newparent), newname),

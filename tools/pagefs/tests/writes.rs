@@ -6,9 +6,9 @@
 //!   before and after `pagectl sync`, and the store then holds exactly those bytes;
 //! - coreutils (cp, dd with seek, truncate, mv, rm, mkdir, rmdir) leave on the mount what they
 //!   leave on a local disk, with the same exit statuses, and the store gets the same files;
-//! - errno as POSIX says (EEXIST, ENOTEMPTY, EXDEV, EROFS, EISDIR, ENOTDIR); random writes
-//!   equal a local reference file; another mount sees a file after its writer's fsync and
-//!   close; a `write=through` mount's files reach the store at close.
+//! - errno as POSIX says (EEXIST, ENOTEMPTY, EXDEV, EROFS, EISDIR, ENOTDIR, ENAMETOOLONG);
+//!   random writes equal a local reference file; another mount sees a file after its writer's
+//!   fsync and close; a `write=through` mount's files reach the store at close.
 //!
 //! Needs root, /dev/fuse and python3 (as in CI).
 #![allow(clippy::unwrap_used)]
@@ -538,6 +538,13 @@ print("rename-across-mounts", e(os.rename, f"{ck}/g", f"{data}/g"))
 print("create-outside-mounts", e(open, f"{root}/new", "w"))
 print("mkdir-outside-mounts", e(os.mkdir, f"{root}/newdir"))
 print("open-missing", e(open, f"{ck}/missing/x", "w"))
+long = "n" * 256
+print("create-long-name", e(open, f"{ck}/{long}", "w"))
+print("create-long-name-through", e(open, f"{data}/{long}", "w"))
+print("mkdir-long-name", e(os.mkdir, f"{ck}/{long}"))
+print("rename-to-long-name", e(os.rename, f"{ck}/g", f"{ck}/{long}"))
+print("stat-long-name", e(os.stat, f"{data}/{long}"))
+print("create-255", e(open, f"{ck}/{'n' * 255}", "w"))
 "#;
 
 #[test]
@@ -574,6 +581,12 @@ fn errnos_random_writes_close_to_open_and_write_through() {
             ("create-outside-mounts", "EROFS"),
             ("mkdir-outside-mounts", "EROFS"),
             ("open-missing", "ENOENT"),
+            ("create-long-name", "ENAMETOOLONG"),
+            ("create-long-name-through", "ENAMETOOLONG"),
+            ("mkdir-long-name", "ENAMETOOLONG"),
+            ("rename-to-long-name", "ENAMETOOLONG"),
+            ("stat-long-name", "ENOENT"),
+            ("create-255", "ok"),
         ]
     );
 

@@ -30,7 +30,7 @@ pub const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
 pub const MAX_KEY_LEN: usize = 1024;
 
 /// Longest path segment of a key, in bytes (a file name on the file systems under the cache).
-pub const MAX_SEGMENT_LEN: usize = 255;
+pub const MAX_SEGMENT_LEN: usize = pagestore_protocol::writeback::MAX_NAME_LEN;
 
 /// Longest path segment of a key that is written (the local store stages a write under a
 /// short temporary name, so the limit is the file system's).

@@ -558,6 +558,99 @@ async fn conditional_commits_take_a_path_only_as_they_expect() {
     assert_eq!(std::fs::read(store.join("old.bin")).unwrap(), b"new");
 }
 
+/// A change names its paths in the one spelling the cluster keeps. Stores spell `/ck//f` and
+/// `/ck/f/` as `ck/f`: a change taken under either would be a second record of that object, so
+/// a client that skips the library's checks (a raw `Change`) is refused with the reason, and
+/// the file, its record and its object stay as they were; the library refuses the same paths
+/// (and names over 255 bytes) before asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_names_its_paths_in_one_spelling_only() {
+    let (c, store) = cluster(1, &["--write-replicas", "1"], "");
+    let a = c.client(ClientOptions::default()).await;
+    write_whole(&a, "/ck/f", WriteOptions::default(), b"kept")
+        .await
+        .unwrap();
+    synced(&a, "/ck", Duration::from_secs(30)).await;
+    let version = a.stat("/ck/f").await.unwrap().version;
+    let addr = a.membership().nodes().next().unwrap().shard_addr(0);
+    let long = format!("/ck/{}", "n".repeat(256));
+    let commit = |path: &str| frame::ChangeOp::Commit {
+        path: path.into(),
+        version_tag: pagestore_protocol::writeback::fresh_tag(),
+        size: 0,
+        mtime_ns: 0,
+        last: true,
+        expect: frame::Expect::Any,
+        attrs: Vec::new(),
+        since: 0,
+    };
+    let delete = |path: &str| frame::ChangeOp::Delete {
+        path: path.into(),
+        dir: false,
+        expect: frame::Expect::Any,
+    };
+    let ops = [
+        (commit("/ck//f"), "empty segment"),
+        (commit("/ck/f/"), "empty segment"),
+        (commit("/ck/./f"), "a . segment"),
+        (commit(&long), "256 bytes, more than 255"),
+        (delete("/ck/f/"), "empty segment"),
+        (delete("/ck//f"), "empty segment"),
+        (
+            frame::ChangeOp::MakeDir {
+                path: "/ck/d/".into(),
+                mtime_ns: 0,
+            },
+            "empty segment",
+        ),
+        (
+            frame::ChangeOp::Rename {
+                from: "/ck/f".into(),
+                to: "/ck//g".into(),
+                replace: true,
+            },
+            "empty segment",
+        ),
+    ];
+    for (op, why) in ops {
+        let shown = format!("{op:?}");
+        let r = a
+            .call(addr, frame::RequestBody::Change { op }, bytes::Bytes::new())
+            .await;
+        match r {
+            Err(Error::BadPath(m)) => assert!(m.contains(why), "{shown}: {m}"),
+            other => panic!("{shown}: {other:?}"),
+        }
+    }
+    for bad in ["/ck//g", "/ck/g/", long.as_str()] {
+        let r = a.create(bad, WriteOptions::default()).await.err();
+        assert!(matches!(r, Some(Error::BadPath(_))), "create {bad}: {r:?}");
+        let r = a.put(bad, bytes::Bytes::from_static(b"x")).await;
+        assert!(matches!(r, Err(Error::BadPath(_))), "put {bad}: {r:?}");
+    }
+    let r = a.delete("/ck/f/").await;
+    assert!(matches!(r, Err(Error::BadPath(_))), "delete: {r:?}");
+
+    assert_eq!(a.stat("/ck/f").await.unwrap().version, version);
+    assert_eq!(read_all(&a, "/ck/f").await, b"kept");
+    let names: Vec<String> = a
+        .list("/ck")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["f"]);
+    synced(&a, "/ck", Duration::from_secs(30)).await;
+    assert_eq!(std::fs::read(store.join("f")).unwrap(), b"kept");
+    let mut in_store: Vec<_> = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    in_store.sort();
+    assert_eq!(in_store, ["f"]);
+}
+
 /// The metadata owner of a path is killed: the next member takes the path's changes with every
 /// acknowledged record, so conditional changes still take the path only as they expect. A
 /// create-only commit of the committed file is refused, a swap of a wrong version refused and

@@ -38,7 +38,7 @@ use pagestore_protocol::{
     },
     ring::path_hash,
     source::{SourceError, SourceFuture},
-    writeback::{effective_replicas, fresh_tag, unix_ms, Hlc, WriteBack},
+    writeback::{check_change_path, effective_replicas, fresh_tag, unix_ms, Hlc, WriteBack},
 };
 use pagestore_server::node::Node;
 
@@ -236,13 +236,7 @@ pub struct WriteBackNode {
 /// The paths whose records judge `op`: those it names, then their ancestors nearest first
 /// (a file or a deleted directory above a path decides too), at most [`MAX_RECORDS_OF`].
 fn touched_paths(op: &ChangeOp) -> Vec<String> {
-    let named: Vec<&str> = match op {
-        ChangeOp::Commit { path, .. }
-        | ChangeOp::Delete { path, .. }
-        | ChangeOp::MakeDir { path, .. }
-        | ChangeOp::SetTime { path, .. } => vec![path],
-        ChangeOp::Rename { from, to, .. } => vec![from, to],
-    };
+    let named = named_paths(op);
     let mut paths: Vec<String> = named.iter().map(|p| p.to_string()).collect();
     for p in named {
         let mut cur = p;
@@ -257,6 +251,17 @@ fn touched_paths(op: &ChangeOp) -> Vec<String> {
         }
     }
     paths
+}
+
+/// The paths `op` names: its path, or a rename's source and destination.
+fn named_paths(op: &ChangeOp) -> Vec<&str> {
+    match op {
+        ChangeOp::Commit { path, .. }
+        | ChangeOp::Delete { path, .. }
+        | ChangeOp::MakeDir { path, .. }
+        | ChangeOp::SetTime { path, .. } => vec![path],
+        ChangeOp::Rename { from, to, .. } => vec![from, to],
+    }
 }
 
 /// Whether what `op` does depends on what its path holds now, so that a node that missed a
@@ -650,13 +655,10 @@ impl WriteBackNode {
     /// A client's change (see [`Records::plan`]), with what only the under storage knows
     /// checked here.
     async fn plan_and_commit(&self, op: ChangeOp) -> Result<u64, SourceError> {
-        let path = match &op {
-            ChangeOp::Commit { path, .. }
-            | ChangeOp::Delete { path, .. }
-            | ChangeOp::MakeDir { path, .. }
-            | ChangeOp::SetTime { path, .. } => path.clone(),
-            ChangeOp::Rename { from, .. } => from.clone(),
-        };
+        for p in named_paths(&op) {
+            check_change_path(p).map_err(|e| SourceError::new(ErrorCode::BadRequest, e))?;
+        }
+        let path = named_paths(&op)[0].to_string();
         let table = self.ufs.table();
         let policy = table.write_policy(&path);
         if !policy.is_cached() {
