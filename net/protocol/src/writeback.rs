@@ -243,9 +243,10 @@ pub const MAX_NAME_LEN: usize = 255;
 
 /// Checks a path a write-back change names (a file committed or deleted, a directory made or
 /// removed, both sides of a rename) and a path written through a `through` mount against the
-/// one spelling the cluster keeps: absolute, not the root, no empty segment (no
-/// `//`, no trailing `/`), no `.` or `..` segment, no NUL byte, names of at most
-/// [`MAX_NAME_LEN`] bytes, at most [`MAX_PATH_LEN`](crate::frame::MAX_PATH_LEN) bytes in all.
+/// one spelling the cluster keeps: absolute, not the root, no empty segment (no `//`, no
+/// trailing `/`), no `.` or `..` segment, no ASCII control character (stores' paths take
+/// none), names of at most [`MAX_NAME_LEN`] bytes, at most
+/// [`MAX_PATH_LEN`](crate::frame::MAX_PATH_LEN) bytes in all.
 /// Stores spell `/a//b` and `/a/b/` as `a/b`: kept as paths of their own, they would be
 /// second names for one object, each with its own record (a deletion of `/a/b/` would delete
 /// the object behind `/a/b`'s newer record). `Err` says why, naming the path.
@@ -260,8 +261,8 @@ pub fn check_change_path(path: &str) -> Result<(), String> {
             path.len(),
             crate::frame::MAX_PATH_LEN
         )
-    } else if path.contains('\0') {
-        "it contains a NUL byte".to_string()
+    } else if let Some(c) = path.chars().find(|c| c.is_ascii_control()) {
+        format!("it contains the control character U+{:04X}", c as u32)
     } else if let Some(seg) = path[1..]
         .split('/')
         .find(|s| s.is_empty() || *s == "." || *s == "..")
@@ -357,7 +358,9 @@ mod tests {
             ("/a/b/", "empty segment"),
             ("/a/./b", "a . segment"),
             ("/a/../b", "a .. segment"),
-            ("/a/b\0", "NUL"),
+            ("/a/b\0", "U+0000"),
+            ("/a/b\nc", "U+000A"),
+            ("/a/\x7f", "U+007F"),
         ] {
             let e = check_change_path(bad).expect_err(bad);
             assert!(e.contains(why), "{bad}: {e}");

@@ -594,6 +594,8 @@ async fn a_change_names_its_paths_in_one_spelling_only() {
         (commit("/ck/f/"), "empty segment"),
         (commit("/ck/./f"), "a . segment"),
         (commit(&long), "256 bytes, more than 255"),
+        (commit("/ck/a\nb"), "control character U+000A"),
+        (commit("/elsewhere/f"), "no mount of this node holds it"),
         (delete("/ck/f/"), "empty segment"),
         (delete("/ck//f"), "empty segment"),
         (

@@ -660,6 +660,12 @@ impl WriteBackNode {
         }
         let path = named_paths(&op)[0].to_string();
         let table = self.ufs.table();
+        if table.mount_of(&path).is_none() {
+            return Err(SourceError::new(
+                ErrorCode::BadRequest,
+                format!("{path}: no mount of this node holds it"),
+            ));
+        }
         let policy = table.write_policy(&path);
         if !policy.is_cached() {
             return Err(SourceError::new(
