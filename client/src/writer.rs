@@ -525,6 +525,10 @@ impl Client {
             .filter_map(|m| layout.membership.addr_of(m))
             .collect();
         let mut why = Vec::new();
+        // A member whose disk has no room for the change's record answers NoSpace; another
+        // member may have room (the change then needs the write replicas' room, not this
+        // one's). NoSpace only when no member took it and one said so.
+        let mut no_space = None;
         // Members backed off after failures are passed over first, then asked anyway if no
         // other took the change: after a moment of overload they may well be alive, and the
         // change was never sent to them.
@@ -546,11 +550,18 @@ impl Client {
                 Attempt::Answer(Ok((other, _))) => {
                     return Err(Error::unavailable(format!("unexpected answer {other:?}")))
                 }
+                Attempt::Answer(Err(Error::NoSpace(m))) => {
+                    why.push(format!("{addr}: {m}"));
+                    no_space.get_or_insert(m);
+                }
                 Attempt::Answer(Err(e)) => return Err(e),
                 Attempt::Failed(w) | Attempt::StoreFailed(w) | Attempt::Unverified(w) => {
                     why.push(w)
                 }
             }
+        }
+        if let Some(m) = no_space {
+            return Err(Error::NoSpace(format!("{path}: {m}")));
         }
         Err(Error::unavailable(format!(
             "{path}: no member took the change ({})",

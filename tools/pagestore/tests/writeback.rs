@@ -1144,6 +1144,90 @@ async fn a_single_node_killed_before_its_flush_keeps_what_it_acknowledged() {
     }
 }
 
+/// A tmpfs of `bytes` mounted at `at` (as root), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &std::path::Path, bytes: u64) -> SmallDisk {
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs at {}", at.display());
+        SmallDisk(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The disk under a node's write-back journal fills up: a change that the journal cannot take
+/// is refused as "no space" with the reason (ENOSPC through pagefs), not as a failed node after
+/// 30 s of retries, and nothing of it is kept; once there is room the same change is taken.
+/// The journal is put on a small tmpfs (the cache files stay where O_DIRECT works) and every
+/// free page of it taken by a filler file, so an append fails once it needs a page of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_the_journal_refuses_changes_as_no_space() {
+    let (mut c, _store) = cluster(1, &["--write-replicas", "1"], "");
+    let a = c.client(ClientOptions::default()).await;
+    write_whole(&a, "/ck/before", WriteOptions::default(), b"kept")
+        .await
+        .unwrap();
+    c.inner.kill(0);
+    let wb = c.nodes[0].cache_dir.join("writeback");
+    let journal = std::fs::read(wb.join("records.log")).unwrap();
+    let _small = SmallDisk::mount(&wb, 256 << 10);
+    std::fs::write(wb.join("records.log"), &journal).unwrap();
+    let filler = wb.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = [0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+    }
+    c.start_node(0);
+    let started = Instant::now();
+    let mut refused = None;
+    for i in 0..200 {
+        let path = format!("/ck/f{i}");
+        match write_whole(&a, &path, WriteOptions::default(), b"x").await {
+            Ok(_) => {}
+            Err(Error::NoSpace(m)) => {
+                refused = Some((path, m));
+                break;
+            }
+            Err(e) => panic!("{path}: {e}"),
+        }
+    }
+    let (path, m) = refused.expect("the journal's disk filled up");
+    assert!(
+        m.contains("No space left on device") && m.contains("cache directory is full"),
+        "{m}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused at once, not retried: {:?}",
+        started.elapsed()
+    );
+    let gone = a.stat(&path).await;
+    assert!(matches!(gone, Err(Error::NotFound(_))), "{path}: {gone:?}");
+
+    std::fs::remove_file(&filler).unwrap();
+    write_whole(&a, &path, WriteOptions::default(), b"now")
+        .await
+        .unwrap();
+    assert_eq!(read_all(&a, &path).await, b"now");
+    assert_eq!(read_all(&a, "/ck/before").await, b"kept");
+    c.inner.kill(0);
+}
+
 const KEY: &str = "wbkey";
 const SECRET: &str = "wbsecret";
 

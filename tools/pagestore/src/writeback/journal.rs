@@ -204,10 +204,14 @@ impl Journal {
         for batch in all.chunks(frame::MAX_RECORD_BATCH) {
             encode_entry(batch, &mut buf).map_err(|e| bad(&self.path, e))?;
         }
-        {
-            let mut f = File::create(&tmp)?;
+        let written = File::create(&tmp).and_then(|mut f| {
             f.write_all(&buf)?;
-            f.sync_all()?;
+            f.sync_all()
+        });
+        if let Err(e) = written {
+            // A full disk, most likely: the part written would only take more of it.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         std::fs::rename(&tmp, &self.path)?;
         File::open(dir)?.sync_all()?;

@@ -323,6 +323,22 @@ fn still_current(
     Ok(())
 }
 
+/// The answer for a journal append that failed: `Full` when the cache directory's disk has no
+/// room for it (the writer sees "no space", ENOSPC through pagefs, not a failed node), `Io`
+/// otherwise. Nothing of the change was kept either way.
+fn journal_error(e: std::io::Error) -> SourceError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => SourceError::new(
+            ErrorCode::Full,
+            format!(
+                "write-back journal: {e}: the disk of this node's cache directory is full \
+                 (the journal grows beside the cache files); free space there"
+            ),
+        ),
+        _ => SourceError::new(ErrorCode::Io, format!("write-back journal: {e}")),
+    }
+}
+
 /// Whether `rec` is a closed (or sealed) file record of write-back version `tag`.
 fn waits_for_flush(rec: &FileRecord, tag: &str) -> bool {
     matches!(
@@ -506,7 +522,7 @@ impl WriteBackNode {
         })
         .await
         .map_err(store_error)?
-        .map_err(|e| SourceError::new(ErrorCode::Io, format!("write-back journal: {e}")))?;
+        .map_err(journal_error)?;
         self.act_on(&applied, drops).await;
         self.wake.notify_one();
         Ok(applied)
