@@ -44,6 +44,16 @@ async fn read_all(c: &Arc<Client>, path: &str) -> Vec<u8> {
     c.read_at(&info, 0, info.size).await.unwrap().to_vec()
 }
 
+/// The names a listing of `dir` gives, in its order.
+async fn names(c: &Client, dir: &str) -> Vec<String> {
+    c.list(dir)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
 /// Waits (up to `limit`) until nothing under `prefix` waits for the store.
 async fn synced(c: &Client, prefix: &str, limit: Duration) {
     let start = Instant::now();
@@ -122,13 +132,7 @@ async fn files_written_through_the_cluster_are_read_everywhere_before_and_after_
             "f{i}"
         );
     }
-    let listed: Vec<String> = reader
-        .list("/ck/sizes")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let listed = names(&reader, "/ck/sizes").await;
     assert_eq!(
         listed,
         (0..sizes.len())
@@ -635,14 +639,7 @@ async fn a_change_names_its_paths_in_one_spelling_only() {
 
     assert_eq!(a.stat("/ck/f").await.unwrap().version, version);
     assert_eq!(read_all(&a, "/ck/f").await, b"kept");
-    let names: Vec<String> = a
-        .list("/ck")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert_eq!(names, ["f"]);
+    assert_eq!(names(&a, "/ck").await, ["f"]);
     synced(&a, "/ck", Duration::from_secs(30)).await;
     assert_eq!(std::fs::read(store.join("f")).unwrap(), b"kept");
     let mut in_store: Vec<_> = std::fs::read_dir(&store)
