@@ -264,18 +264,26 @@ class PagestoreFileSystem(AbstractFileSystem):
                 if not recursive:
                     raise IsADirectoryError(errno.EISDIR, "a directory (rm needs recursive=True)",
                                             p)
-                found = self.find(p, maxdepth=maxdepth, withdirs=True)
+                found = self.find(p, maxdepth=maxdepth, withdirs=True, detail=True)
                 for q in sorted(found, key=lambda q: (-q.count("/"), q)):
                     if q == p:
                         continue
-                    if self.isdir(q):
-                        self.rmdir(q)
+                    if found[q]["type"] == "directory":
+                        self._rmdir_emptied(q)
                     else:
                         self.rm_file(q)
                 if maxdepth is None:
-                    self.rmdir(p)
+                    self._rmdir_emptied(p)
             else:
                 self.rm_file(p)
+
+    def _rmdir_emptied(self, path):
+        """Removes a directory whose contents were just removed: one that only the paths
+        beneath it implied (no mkdir made it) went with the last of them."""
+        try:
+            self.rmdir(path)
+        except FileNotFoundError:
+            pass
 
     def rmdir(self, path):
         path = self._strip_protocol(path)

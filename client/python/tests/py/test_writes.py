@@ -222,6 +222,14 @@ def test_mv_rm_mkdir_rmdir(fs):
         fs.rm_file("/ck/ns/back")
     fs.rm("/ck/ns/z", recursive=True)
     assert not fs.exists("/ck/ns/z")
+    # Directories only their files imply (no mkdir): moved and removed recursively too, each
+    # gone with its last file.
+    fs.pipe_file("/ck/ns/imp/x/y/f", b"deep")
+    fs.pipe_file("/ck/ns/imp/g", b"g")
+    fs.mv("/ck/ns/imp", "/ck/ns/imp2", recursive=True)
+    assert fs.cat_file("/ck/ns/imp2/x/y/f") == b"deep" and not fs.exists("/ck/ns/imp")
+    fs.rm("/ck/ns/imp2", recursive=True)
+    assert not fs.exists("/ck/ns/imp2")
     fs.rmdir("/ck/ns")
     assert not fs.exists("/ck/ns")
     # What the store holds once flushed: the deletions and renames applied too (no objects
