@@ -449,7 +449,9 @@ pub fn egress_lines(mounts: &[MountView], secs: f64) -> String {
         );
     };
     for m in mounts {
-        line(&mut out, &format!("mount {}", m.prefix), m);
+        // The root mount's prefix is empty; it is shown as "/".
+        let shown = if m.prefix.is_empty() { "/" } else { &m.prefix };
+        line(&mut out, &format!("mount {shown}"), m);
     }
     if mounts.len() > 1 {
         let usd: f64 = mounts.iter().map(MountView::kept_off_usd).sum();
@@ -748,6 +750,21 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&v).unwrap();
         assert_eq!(json["nodes"][0]["hot"], true);
         assert_eq!(json["mounts"][0]["kept_off_bytes"], 5_000_000_000_000u64);
+    }
+
+    #[test]
+    fn the_root_mount_is_named_by_its_slash() {
+        let m = |prefix: &str| MountView {
+            prefix: prefix.into(),
+            usd_per_tb: 0.0,
+            kept_off_bytes: 0,
+            store_bytes: 0,
+            kept_off_bytes_interval: 0,
+            store_bytes_interval: 0,
+        };
+        let text = egress_lines(&[m(""), m("/data")], 1.0);
+        let names: Vec<&str> = text.lines().filter_map(|l| l.split(':').next()).collect();
+        assert_eq!(names, ["mount /", "mount /data", "all mounts"], "{text}");
     }
 
     #[test]
