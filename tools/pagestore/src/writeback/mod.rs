@@ -671,10 +671,11 @@ impl WriteBackNode {
     /// A client's change (see [`Records::plan`]), with what only the under storage knows
     /// checked here.
     async fn plan_and_commit(&self, op: ChangeOp) -> Result<u64, SourceError> {
-        for p in named_paths(&op) {
+        let named = named_paths(&op);
+        for p in &named {
             check_change_path(p).map_err(|e| SourceError::new(ErrorCode::BadRequest, e))?;
         }
-        let path = named_paths(&op)[0].to_string();
+        let path = named[0].to_string();
         let table = self.ufs.table();
         if table.mount_of(&path).is_none() {
             return Err(SourceError::new(
