@@ -753,18 +753,11 @@ impl FileRoots {
     }
 }
 
-/// Checks that `path` is an acceptable logical path: absolute, without `.` or `..` segments or
-/// NUL bytes.
+/// Checks that `path` is an acceptable logical path to read: absolute, without `.` or `..`
+/// segments, NUL bytes or empty segments but a trailing `/`
+/// ([`pagestore_protocol::writeback::check_read_path`]).
 pub fn check_path(path: &str) -> Result<(), UfsError> {
-    if !path.starts_with('/') {
-        return Err(UfsError::BadPath(format!("{path:?} is not absolute")));
-    }
-    if path.split('/').any(|s| s == ".." || s == ".") || path.contains('\0') {
-        return Err(UfsError::BadPath(format!(
-            "{path:?} contains . or .. or NUL"
-        )));
-    }
-    Ok(())
+    pagestore_protocol::writeback::check_read_path(path).map_err(UfsError::BadPath)
 }
 
 /// Checks a path that a write names (a file created, replaced or deleted, a directory made or
@@ -1365,6 +1358,7 @@ impl MountTable {
     /// The entries directly under a logical directory as the store lists them (mount points
     /// included), unsorted: files with size, version tag and modification time.
     async fn scan(&self, dir: &str) -> Result<Vec<DirEntry>, UfsError> {
+        check_path(dir)?;
         let dir = dir.trim_end_matches('/');
         let dir = if dir.is_empty() { "/" } else { dir };
         let mut out = self.mount_points_in(dir);
@@ -1461,6 +1455,7 @@ impl MountTable {
     /// What `path` names: an object, or a directory (a mount point, a parent of one, or a
     /// prefix with objects under it).
     pub async fn stat_path(&self, path: &str) -> Result<PathKind, UfsError> {
+        check_path(path)?;
         let trimmed = path.trim_end_matches('/');
         let dir = if trimmed.is_empty() { "/" } else { trimmed };
         // Mount points and their parents are directories.
@@ -1469,7 +1464,10 @@ impl MountTable {
         if dir == "/" || self.prefixes().any(at_or_above) {
             return Ok(PathKind::DIR);
         }
+        // `/a/b/` names a directory: an object at `a/b` is not it.
+        let as_dir = dir.len() < path.len();
         match self.stat(dir).await {
+            Ok(_) if as_dir => {}
             Ok(info) => {
                 return Ok(PathKind::File {
                     size: info.size,

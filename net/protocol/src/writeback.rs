@@ -285,6 +285,33 @@ pub fn check_change_path(path: &str) -> Result<(), String> {
     Err(format!("{shown:?}{more}: {why}"))
 }
 
+/// Checks a path a read names (a stat, a listing, a file's pages): absolute, no `.` or `..`
+/// segment, no NUL, and no empty segment but one trailing `/` (a directory may be named with
+/// its slash). Stores spell `/a//b` as `a/b`: taken as a path of its own it would be a second
+/// name, and a second cached copy, of that object. `Err` says why, naming the path.
+pub fn check_read_path(path: &str) -> Result<(), String> {
+    // The segments after the leading `/`: only the last may be empty (`/`, `/a/`).
+    let segments = || path.get(1..).unwrap_or_default().split('/');
+    let last = segments().count() - 1;
+    let why = if !path.starts_with('/') {
+        "it is not absolute"
+    } else if path.contains('\0') {
+        "it contains a NUL byte"
+    } else if segments()
+        .enumerate()
+        .any(|(i, s)| s.is_empty() && i < last)
+    {
+        "it has an empty segment (a doubled /)"
+    } else if segments().any(|s| s == "." || s == "..") {
+        "it has a . or .. segment"
+    } else {
+        return Ok(());
+    };
+    let shown: String = path.chars().take(200).collect();
+    let more = if shown.len() < path.len() { "..." } else { "" };
+    Err(format!("{shown:?}{more}: {why}"))
+}
+
 /// A node's write-back side as its shards see it: the namespace of `back` and `transient`
 /// mounts (records of the files, directories and deletions made through the cluster), kept
 /// durably by every node. The daemon implements it on its tokio runtime; the futures it returns
@@ -370,6 +397,36 @@ mod tests {
         assert!(e.contains("\"...: a name"), "{e}");
         let e = check_change_path(&format!("/{}", "d/".repeat(2100))).unwrap_err();
         assert!(e.contains("more than 4096"), "{e}");
+    }
+
+    #[test]
+    fn a_read_path_has_one_spelling_but_a_directory_may_end_in_a_slash() {
+        for good in [
+            "/",
+            "/a",
+            "/a/",
+            "/a/b.txt",
+            "/a/b/",
+            "/ck/.hidden",
+            "/a/...",
+        ] {
+            assert_eq!(check_read_path(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("", "not absolute"),
+            ("a/b", "not absolute"),
+            ("//", "empty segment"),
+            ("//a", "empty segment"),
+            ("/a//b", "empty segment"),
+            ("/a/b//", "empty segment"),
+            ("/a/./b", ". or .. segment"),
+            ("/a/..", ". or .. segment"),
+            ("/..", ". or .. segment"),
+            ("/a/b\0", "NUL"),
+        ] {
+            let e = check_read_path(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 
     #[test]

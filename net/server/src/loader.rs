@@ -542,6 +542,25 @@ impl Loader {
 
     /// What `path` names, from the TTL cache or the store. `NotFound` answers are cached too.
     pub async fn stat(self: &Rc<Self>, path: &str) -> Result<PathKind, SourceError> {
+        checked(path)?;
+        // `/a/b/` names the directory `/a/b`, never a file: asked as `/a/b` (one spelling for
+        // the sources and for what is cached).
+        match path.strip_suffix('/').filter(|d| !d.is_empty()) {
+            Some(dir) => match self.stat_canonical(dir).await? {
+                kind @ PathKind::Dir { .. } => Ok(kind),
+                PathKind::File { .. } => Err(SourceError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "{path}: not found ({dir} is a file; a path ending in / names a directory)"
+                    ),
+                )),
+            },
+            None => self.stat_canonical(path).await,
+        }
+    }
+
+    /// [`Loader::stat`] of a path without a trailing `/` (but the root).
+    async fn stat_canonical(self: &Rc<Self>, path: &str) -> Result<PathKind, SourceError> {
         if let Some((at, r)) = self.paths.borrow().get(path) {
             if at.elapsed() < self.options.metadata_ttl {
                 self.stats
@@ -602,6 +621,11 @@ impl Loader {
         path: &str,
         start_after: &str,
     ) -> Result<(Vec<DirEntry>, bool), SourceError> {
+        checked(path)?;
+        let path = path
+            .strip_suffix('/')
+            .filter(|d| !d.is_empty())
+            .unwrap_or(path);
         let cached = self
             .lists
             .borrow()
@@ -715,6 +739,13 @@ pub fn listing_page(all: &[DirEntry], start_after: &str) -> (Vec<DirEntry>, bool
 }
 
 /// `path`'s directory and its name within it (`None` for `/` and relative paths).
+/// A path a client asks about in one spelling only
+/// ([`pagestore_protocol::writeback::check_read_path`]): `BadRequest` otherwise.
+fn checked(path: &str) -> Result<(), SourceError> {
+    pagestore_protocol::writeback::check_read_path(path)
+        .map_err(|e| SourceError::new(ErrorCode::BadRequest, e))
+}
+
 fn split_parent(path: &str) -> Option<(&str, &str)> {
     let (dir, name) = path.rsplit_once('/')?;
     if name.is_empty() {

@@ -1921,3 +1921,69 @@ fn stats_of_many_files_of_a_directory_are_answered_from_one_listing_within_the_t
         pool.close();
     });
 }
+
+/// A path has one spelling on the wire: `/m//a` (which stores read as `m/a`) is refused before
+/// any store is asked, and `/m/a/` names a directory only, answered from the same cache as
+/// `/m/a` (a second spelling would be a second cached copy of one object).
+#[test]
+fn a_path_is_asked_about_in_one_spelling() {
+    let h = Harness::start(Setup::default());
+    h.fake.put_file("/m/a", "v1", vec![1; 1000]);
+    let entry = |name: &str| DirEntry {
+        name: name.to_string(),
+        is_dir: false,
+        size: 1,
+        version_tag: "v1".into(),
+        mtime_ns: MTIME_NS,
+    };
+    h.fake.set_dir("/d", vec![entry("x"), entry("y")]);
+    let addr = h.addr(0);
+    let stat = |p: &str| RequestBody::StatPath { path: p.into() };
+    let list = |p: &str| RequestBody::List {
+        path: p.into(),
+        start_after: String::new(),
+    };
+    h.rt.block_on(async {
+        let pool = h.pool();
+        for bad in ["/m//a", "//m/a", "/m/a//", "/m/./a", "m/a"] {
+            let (body, _) = ask(&pool, addr, stat(bad)).await;
+            assert_error(&body, ErrorCode::BadRequest);
+            let (body, _) = ask(&pool, addr, list(bad)).await;
+            assert_error(&body, ErrorCode::BadRequest);
+        }
+        assert_eq!(
+            (h.fake.stats(), h.fake.lists()),
+            (0, 0),
+            "a refused path reached the store"
+        );
+        let (body, _) = ask(&pool, addr, stat("/m/a")).await;
+        assert!(matches!(
+            body,
+            ResponseBody::PathInfo {
+                kind: PathKind::File { size: 1000, .. }
+            }
+        ));
+        // A file named as a directory is not there; asked from what `/m/a` cached.
+        let (body, _) = ask(&pool, addr, stat("/m/a/")).await;
+        assert_error(&body, ErrorCode::NotFound);
+        assert_eq!(h.fake.stats(), 1, "/m/a/ was asked of the store apart");
+        let (body, _) = ask(&pool, addr, stat("/m/")).await;
+        assert_eq!(
+            body,
+            ResponseBody::PathInfo {
+                kind: PathKind::DIR
+            }
+        );
+        // One listing of `/d` serves both spellings.
+        let names = |body: ResponseBody| match body {
+            ResponseBody::Listing { entries, .. } => {
+                entries.into_iter().map(|e| e.name).collect::<Vec<_>>()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(names(ask(&pool, addr, list("/d/")).await.0), ["x", "y"]);
+        assert_eq!(names(ask(&pool, addr, list("/d")).await.0), ["x", "y"]);
+        assert_eq!(h.fake.lists(), 1);
+        pool.close();
+    });
+}
