@@ -115,14 +115,19 @@ fn out_of_space(e: &(dyn std::error::Error + 'static)) -> bool {
 /// The answer to a write that does not fit: 400 EntityTooLarge (not retried by clients; see
 /// docs/SECURITY.md).
 fn no_space(detail: &dyn std::fmt::Display) -> S3Error {
+    no_space_in(
+        detail,
+        "the object does not fit in the free space of the under storage",
+    )
+}
+
+/// [`no_space`], saying where the space ran out.
+fn no_space_in(detail: &dyn std::fmt::Display, what: &str) -> S3Error {
     let id = incident();
     tracing::warn!(error = %detail, incident = %id, "write refused: out of space");
     S3Error::with_message(
         S3ErrorCode::EntityTooLarge,
-        format!(
-            "the object does not fit in the free space of the under storage (incident {id} in \
-             the gateway's log)"
-        ),
+        format!("{what} (incident {id} in the gateway's log)"),
     )
 }
 
@@ -145,7 +150,11 @@ pub(super) fn store_error(e: pagestore_client::ufs::UfsError) -> S3Error {
 /// A failed file operation of the gateway itself (staging), without server details.
 pub(super) fn io_failure(what: &str, e: io::Error) -> S3Error {
     if out_of_space(&e) {
-        return no_space(&format!("{what}: {e}"));
+        return no_space_in(
+            &format!("{what}: {e}"),
+            "the gateway's staging directory for multipart uploads is full; complete or abort \
+             uploads under way, or retry later",
+        );
     }
     internal(format!("{what}: {e}"))
 }

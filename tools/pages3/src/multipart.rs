@@ -874,10 +874,10 @@ impl Uploads {
         .await;
         if let Err(e) = made {
             let _ = tokio::fs::remove_dir_all(&dir).await;
-            return Err(internal(format!(
-                "staging directory {}: {e}",
-                dir.display()
-            )));
+            return Err(io_failure(
+                &format!("staging directory {}", dir.display()),
+                e,
+            ));
         }
         // Others may have begun meanwhile.
         let taken = {
