@@ -1924,3 +1924,53 @@ async fn a_change_reaches_members_backed_off_after_a_stall() {
     let after = other.stat("/ck/stall/f").await;
     assert!(matches!(after, Err(Error::NotFound(_))), "{after:?}");
 }
+
+/// A reader that opened a file reads on after the file is replaced by a rename (a checkpoint
+/// saver's write-to-temp-then-rename) or deleted before its flush: the version's pages become
+/// ordinary cached pages. They were dropped at once, and the reader's next page failed
+/// ("unavailable: no write member of page 1 ... answered"; EIO through pagefs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_replaced_or_deleted_before_its_flush_is_read_on_by_a_reader_that_opened_it() {
+    // A slow store (2 s a request): nothing here is flushed before it is replaced.
+    let (c, store) = cluster(3, &["--write-replicas", "2"], "&emulate_latency_ms=2000");
+    let saver = c.client(ClientOptions::default()).await;
+    let reader = c.client(ClientOptions::default()).await;
+    let page = saver.page_size() as usize;
+    let path = "/ck/open/latest.pt";
+    let first = bytes(61, 3 * page + 1000);
+    let second = bytes(62, 2 * page + 7);
+    saver.write_file(path, first.clone().into()).await.unwrap();
+    // The reader opens it (the version is pinned) and reads its first page.
+    let opened = reader.stat(path).await.unwrap();
+    let head = reader.read_at(&opened, 0, page as u64).await.unwrap();
+    assert!(head[..] == first[..page]);
+    // Replaced by a rename.
+    saver
+        .write_file("/ck/open/.latest.pt.tmp", second.clone().into())
+        .await
+        .unwrap();
+    saver
+        .rename("/ck/open/.latest.pt.tmp", path, true)
+        .await
+        .unwrap();
+    assert_eq!(read_all(&saver, path).await, second);
+    assert!(
+        std::fs::read(store.join("open/latest.pt")).ok() != Some(first.clone()),
+        "the first version was flushed before the test could replace it"
+    );
+    let rest = reader
+        .read_at(&opened, page as u64, opened.size)
+        .await
+        .unwrap();
+    assert!(rest[..] == first[page..], "the replaced version read on");
+    // Deleted: a reader of the second version reads it whole.
+    let opened = reader.stat(path).await.unwrap();
+    saver.remove_file(path).await.unwrap();
+    assert!(matches!(reader.stat(path).await, Err(Error::NotFound(_))));
+    let got = reader.read_at(&opened, 0, opened.size).await.unwrap();
+    assert!(got[..] == second[..], "the deleted version read on");
+    // The store ends with neither: nothing of a replaced version is flushed.
+    synced(&saver, "/ck", Duration::from_secs(60)).await;
+    assert!(!store.join("open/latest.pt").exists());
+    assert!(!store.join("open/.latest.pt.tmp").exists());
+}

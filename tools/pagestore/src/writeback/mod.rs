@@ -477,8 +477,9 @@ impl WriteBackNode {
     }
 
     /// Keeps `records` durably, applies them, does what they mean for this node's pages and
-    /// caches. `drops`: drop the pages of versions the records leave to no file (only for a
-    /// change's records taken together, never for a page of a pull). Returns what applying did.
+    /// caches. `drops`: leave the pages of versions the records leave to no file to the cache
+    /// as ordinary pages (only for a change's records taken together, never for a page of a
+    /// pull, whose later pages may name them again). Returns what applying did.
     async fn keep(&self, records: Vec<FileRecord>, drops: bool) -> Result<Applied, SourceError> {
         let ranked: Vec<(Rank, FileRecord)> = {
             let t = self.table();
@@ -546,8 +547,8 @@ impl WriteBackNode {
     }
 
     /// What applied records mean for this node's shards: flushed versions become ordinary
-    /// pages, sealed ones take no more pages, versions no file holds any more are dropped
-    /// (`drops`), and the metadata the shards cached of the paths is forgotten.
+    /// pages, sealed ones take no more pages, versions no file holds any more become ordinary
+    /// cached pages too (`drops`), and the metadata the shards cached of the paths is forgotten.
     async fn act_on(&self, applied: &Applied, drops: bool) {
         let Some(node) = self.node() else {
             return;
@@ -563,11 +564,19 @@ impl WriteBackNode {
             }
         }
         if drops {
+            // A version replaced or deleted may still be open for reading: its pages become
+            // ordinary cached pages (never flushed, evicted as any), so a reader that opened it
+            // reads on as long as they stay cached, as a flushed file's readers do once the
+            // store's object is replaced.
             for &id in &applied.gone {
-                match node.file_pages(id, PageAction::Drop).await {
-                    Ok(n) if n > 0 => tracing::debug!(pages = n, "dropped a replaced version"),
+                match node.file_pages(id, PageAction::Clean).await {
+                    Ok(n) if n > 0 => {
+                        tracing::debug!(pages = n, "a replaced version's pages left to the cache")
+                    }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "dropping a replaced version"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "leaving a replaced version's pages to the cache")
+                    }
                 }
             }
         }
