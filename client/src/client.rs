@@ -526,6 +526,9 @@ struct PageRead<'a> {
     /// Members that answered `Unverified`: asked again with [`Route::Recovered`] if no other
     /// member holds the page.
     unverified: std::sync::Mutex<Vec<SocketAddr>>,
+    /// A write member's `Changed` (see [`Client::judge`]): the answer if no member serves
+    /// the page.
+    changed: std::sync::Mutex<Option<Error>>,
 }
 
 /// Where a read goes after an answer.
@@ -1591,6 +1594,7 @@ impl Client {
             written,
             now,
             unverified: std::sync::Mutex::default(),
+            changed: std::sync::Mutex::default(),
         };
         // The picked member first, then the usual order: the owner, then the fallbacks.
         let order =
@@ -1736,6 +1740,14 @@ impl Client {
                     Step::ToStore | Step::Next => {}
                 }
             }
+            if let Some(e) = page_of
+                .changed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                return Err(e);
+            }
             return Err(Error::unavailable(format!(
                 "no write member of page {page} of {} answered, and the file is not in the \
                  under storage yet",
@@ -1773,6 +1785,14 @@ impl Client {
     ) -> Step {
         let info = p.info;
         match answer {
+            // A member that loaded a miss of a flushed file written through the cluster from
+            // the store and found another object there (its record names the other of two
+            // flushes of one version that raced, until the records agree; docs/ARCHITECTURE.md,
+            // "Flushing"): the page's other write members hold the page itself.
+            Attempt::Answer(Err(e @ Error::Changed(_))) if p.written => {
+                *p.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                Step::Next
+            }
             Attempt::Answer(r) => {
                 let (body, payload) = match r {
                     Ok(a) => a,

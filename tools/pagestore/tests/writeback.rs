@@ -1974,3 +1974,39 @@ async fn a_file_replaced_or_deleted_before_its_flush_is_read_on_by_a_reader_that
     assert!(!store.join("open/latest.pt").exists());
     assert!(!store.join("open/.latest.pt.tmp").exists());
 }
+
+/// A write member whose copy of a flushed page is gone and whose store read finds another
+/// object at the path than its record names (as when two flushes of one version raced, until
+/// the records agree) answers `Changed`: the reader asks the page's other write member, which
+/// holds the page itself. (A reader in `tests/etcd.rs` got `Changed` after a frozen owner's
+/// thaw.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_member_that_finds_the_store_changed_is_passed_over_for_one_holding_the_page() {
+    let (c, store) = cluster(3, &["--write-replicas", "2"], "");
+    let a = c.client(ClientOptions::default()).await;
+    let path = "/ck/twice/f.bin";
+    let data = bytes(71, 100_000);
+    a.write_file(path, data.clone().into()).await.unwrap();
+    synced(&a, "/ck", Duration::from_secs(30)).await;
+    let info = a.stat(path).await.unwrap();
+    assert_eq!(info.state, FileState::Clean);
+    // The store's object is replaced by the same bytes: a new file, so another version tag.
+    let object = store.join("twice/f.bin");
+    std::fs::remove_file(&object).unwrap();
+    std::fs::write(&object, &data).unwrap();
+    // The page's first member, which a read asks first, forgets its copy if it has one (an
+    // admin's `RemoveFile` to that shard): its miss finds the store's new object.
+    let first = a.membership().ring().replicas(info.file_id, 0, 1)[0];
+    let addr = a.membership().addr_of(first).unwrap();
+    let body = frame::RequestBody::RemoveFile {
+        file_id: frame::FileId::from_u128(info.file_id),
+        epoch: 0,
+    };
+    let (answer, _) = a.call(addr, body, bytes::Bytes::new()).await.unwrap();
+    assert!(
+        matches!(answer, frame::ResponseBody::Removed { .. }),
+        "{answer:?}"
+    );
+    let got = a.read_at(&info, 0, info.size).await.unwrap();
+    assert!(got[..] == data[..], "read from the other write member");
+}
