@@ -975,9 +975,17 @@ impl Client {
                 continue;
             }
             let limit = l.silence_limit(floor, ceiling);
+            let lone = self.control_member(addr).is_none();
             match self.ping_verdict(addr, limit).await {
                 Verdict::Alive | Verdict::Unknown => continue,
                 Verdict::Silent => {}
+            }
+            if lone {
+                return Ok(format!(
+                    "no answer, not even to a ping within {ceiling:?} (no member of another \
+                     node to compare with; it usually answers within {:?})",
+                    l.usual()
+                ));
             }
             return Ok(format!(
                 "no answer for {limit:?}, not even to a ping that a member of another node \
@@ -993,11 +1001,18 @@ impl Client {
     /// [`Verdict::Silent`]: it did not, and the control did. Otherwise [`Verdict::Unknown`]:
     /// this client or its machine is starved of CPU (every member then looks silent), or every
     /// node is gone at once; no member is judged on that. With no other node to ask, the ping
-    /// alone decides.
+    /// alone decides, and it is given the call timeout (`wait` at least): a lone node busy on
+    /// its machine's every core (a gateway, its readers and the node on one host) misses a
+    /// ping of a few hundred milliseconds, and backing off the only node fails every request
+    /// until the back-off ends, where waiting longer costs only the time to notice a dead one.
     async fn ping_verdict(&self, addr: SocketAddr, wait: Duration) -> Verdict {
         let asked = Instant::now();
         let received = self.pool.received(addr);
         let control = self.control_member(addr);
+        let wait = match control {
+            Some(_) => wait,
+            None => wait.max(self.options.call_timeout),
+        };
         let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
             match control {
                 Some(c) => self.pings(c, wait).await,

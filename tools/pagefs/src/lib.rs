@@ -119,9 +119,23 @@ struct Node {
     path: Arc<str>,
     /// The last kind and size learned (stat or listing), and when.
     seen: Option<(Kind, Instant)>,
-    /// The version (file id, size, mtime) the last open of this inode pinned.
-    opened: Option<(u128, u64, i64)>,
+    /// The version (file id, size, mtime) the last open of this inode pinned, if the kernel
+    /// may keep its cached pages for the next open of that version.
+    opened: Option<Version>,
+    /// The versions open for reading through this inode.
+    readers: Vec<Readers>,
 }
+
+/// The descriptors reading one version of a file through its inode, either all through the
+/// kernel's cache or all past it (direct).
+struct Readers {
+    version: Version,
+    direct: bool,
+    count: u32,
+}
+
+/// A file's version as an open pins it: file id, size, modification time.
+type Version = (u128, u64, i64);
 
 /// Path <-> inode number; inode `n` is `nodes[n - 1]`, the root is 1.
 struct Inodes {
@@ -138,6 +152,7 @@ impl Inodes {
                 path: root,
                 seen: None,
                 opened: None,
+                readers: Vec::new(),
             }],
         }
     }
@@ -161,6 +176,7 @@ impl Inodes {
             path: path.clone(),
             seen: None,
             opened: None,
+            readers: Vec::new(),
         });
         let ino = self.nodes.len() as u64;
         self.by_path.insert(path, ino);
@@ -242,6 +258,10 @@ type PageFetch = SharedFuture<BoxFuture<'static, Result<Bytes, Arc<Error>>>>;
 /// An open file: the version it reads, and its read-ahead window.
 struct OpenFile {
     info: ObjectInfo,
+    /// The inode it was opened through.
+    ino: u64,
+    /// Read past the kernel's cache (another version was open through the inode).
+    direct: bool,
     /// The cluster's page size.
     page_size: u64,
     window: Mutex<Window>,
@@ -758,6 +778,35 @@ impl Shared {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A descriptor open for reading `file` was closed: one reader of its version fewer on
+    /// its inode.
+    fn closed_reader(&self, file: &OpenFile) {
+        let version = (file.info.file_id, file.info.size, file.info.mtime_ns);
+        let mut t = lock(&self.inodes);
+        if let Some(n) = t.node(file.ino) {
+            let mine = |r: &Readers| r.version == version && r.direct == file.direct;
+            if let Some(i) = n.readers.iter().position(mine) {
+                n.readers[i].count -= 1;
+                if n.readers[i].count == 0 {
+                    n.readers.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    /// `kind` for file inode `ino`, or, while descriptors read a version of it through the
+    /// kernel's cache, that version's size and time: the kernel keeps one size per inode, and
+    /// a cached reader stops at it (readers of other versions read past the cache; `open`).
+    fn as_cached(&self, ino: u64, kind: Kind) -> Kind {
+        if !matches!(kind, Kind::File(..)) {
+            return kind;
+        }
+        let mut t = lock(&self.inodes);
+        t.node(ino)
+            .and_then(|n| n.readers.iter().find(|r| !r.direct))
+            .map_or(kind, |r| Kind::File(r.version.1, r.version.2))
+    }
+
     /// A handle on a file this mount writes, and the open flags to answer with:
     /// `FOPEN_DIRECT_IO` for `O_APPEND` (its writes go to the writer's end, which the
     /// kernel's page cache cannot know).
@@ -998,6 +1047,7 @@ impl Filesystem for PageFs {
             );
         }
         if let Some((ino, (kind, left))) = known.and_then(|i| Some((i, sh.fresh(i)?))) {
+            let kind = sh.as_cached(ino, kind);
             return reply.entry(
                 &left,
                 &sh.attr(ino, Some(path.as_str()), kind),
@@ -1008,7 +1058,7 @@ impl Filesystem for PageFs {
             match sh.stat(&path).await {
                 Ok((ino, kind)) => reply.entry(
                     &sh.ttl(),
-                    &sh.attr(ino, Some(path.as_str()), kind),
+                    &sh.attr(ino, Some(path.as_str()), sh.as_cached(ino, kind)),
                     Generation(0),
                 ),
                 // A negative entry: the kernel remembers the miss for the TTL. Only a definite
@@ -1035,7 +1085,7 @@ impl Filesystem for PageFs {
         match fh.and_then(|fh| self.handle(fh)) {
             // An open handle answers for the version it pinned.
             Some(Open::Read(file)) => {
-                let kind = Kind::File(file.info.size, file.info.mtime_ns);
+                let kind = sh.as_cached(ino.0, Kind::File(file.info.size, file.info.mtime_ns));
                 return reply.attr(
                     &sh.ttl(),
                     &sh.attr(ino.0, Some(file.info.path.as_str()), kind),
@@ -1053,11 +1103,15 @@ impl Filesystem for PageFs {
             return reply.error(Errno::ENOENT);
         };
         if let Some((kind, left)) = sh.fresh(ino.0) {
+            let kind = sh.as_cached(ino.0, kind);
             return reply.attr(&left, &sh.attr(ino.0, Some(&*path), kind));
         }
         self.rt.spawn(async move {
             match sh.stat(&path).await {
-                Ok((_, kind)) => reply.attr(&sh.ttl(), &sh.attr(ino.0, Some(&*path), kind)),
+                Ok((_, kind)) => {
+                    let kind = sh.as_cached(ino.0, kind);
+                    reply.attr(&sh.ttl(), &sh.attr(ino.0, Some(&*path), kind))
+                }
                 Err(e) => reply.error(errno("getattr", &path, &e)),
             }
         });
@@ -1109,35 +1163,67 @@ impl Filesystem for PageFs {
             let fh = sh.next_fh();
             // The kernel keeps its cached pages of the file only if this is the version they
             // came from (a file still being written changes under one version), and must
-            // forget its cached size if this version has another one.
-            let (keep, resized) = {
+            // forget its cached size if this version has another one. The kernel has one cache
+            // per inode, and an inode per path: while another version is open for reading
+            // through it (a reader of the file a rename replaced), this one is read past the
+            // cache (direct I/O), or either reader would get pages of the other's version, and
+            // the next open drops what the cache holds.
+            let (keep, direct, resized) = {
                 let mut t = lock(&sh.inodes);
                 let before = t.node(ino.0).and_then(|n| n.seen).map(|(k, _)| k);
                 let now = Kind::File(info.size, info.mtime_ns);
                 t.note(&path, now, Instant::now());
                 let version = (info.file_id, info.size, info.mtime_ns);
-                let keep = t
-                    .node(ino.0)
-                    .map(|n| n.opened.replace(version) == Some(version))
-                    .unwrap_or(false)
-                    && info.state != FileState::Writing;
-                (keep, before != Some(now))
+                let (keep, direct) = match t.node(ino.0) {
+                    Some(n) => {
+                        let direct = n.readers.iter().any(|r| r.version != version);
+                        match n
+                            .readers
+                            .iter_mut()
+                            .find(|r| r.version == version && r.direct == direct)
+                        {
+                            Some(r) => r.count += 1,
+                            None => n.readers.push(Readers {
+                                version,
+                                direct,
+                                count: 1,
+                            }),
+                        }
+                        let last = if direct {
+                            n.opened.take()
+                        } else {
+                            n.opened.replace(version)
+                        };
+                        (!direct && last == Some(version), direct)
+                    }
+                    None => (false, false),
+                };
+                (
+                    keep && info.state != FileState::Writing,
+                    direct,
+                    before != Some(now),
+                )
             };
             lock(&sh.files).insert(
                 fh,
                 Open::Read(Arc::new(OpenFile {
                     info,
+                    ino: ino.0,
+                    direct,
                     page_size: u64::from(sh.client.page_size()),
                     window: Mutex::new(Window::default()),
                 })),
             );
-            let flags = if keep {
+            let flags = if direct {
+                FopenFlags::FOPEN_DIRECT_IO
+            } else if keep {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
                 FopenFlags::empty()
             };
             reply.opened(FileHandle(fh), flags);
-            if resized || !keep {
+            // A reader past the cache leaves the kernel's size to the cached readers'.
+            if !direct && (resized || !keep) {
                 if let Some(n) = sh.notifier.get() {
                     // Attributes only (offset -1): the next read past the old size, or fstat,
                     // asks again and gets this version's size. Fails harmlessly if the kernel
@@ -1277,6 +1363,9 @@ impl Filesystem for PageFs {
         reply: ReplyEmpty,
     ) {
         let open = lock(&self.shared.files).remove(&fh.0);
+        if let Some(Open::Read(file)) = &open {
+            self.shared.closed_reader(file);
+        }
         let Some(Open::Write {
             file, writes: true, ..
         }) = open

@@ -890,3 +890,53 @@ fn fio_reads_and_verified_writes_through_the_mount() {
         );
     }
 }
+
+/// Two versions of one path open at once through one mount (a reader of the file that a
+/// rename replaced, and a reader of the new one) are each read whole and unmixed. Both are
+/// the path's inode to the kernel, whose cache and size of it served either: each reader got
+/// some of the other version's pages (and a reader stopped at, or read on to, the other
+/// version's size).
+#[test]
+fn two_versions_of_a_file_open_at_once_are_each_read_whole() {
+    let _disk = disk_shared();
+    let (c, _store) = cluster("512M", &[]);
+    let m = Mount::start(&c, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt.block_on(c.client(ClientOptions::default()));
+    let page = client.page_size() as usize;
+    // Of different sizes: the kernel keeps one size per inode too.
+    let (old, new) = (bytes(81, 3 * page + 500), bytes(82, 2 * page + 100));
+    rt.block_on(client.write_file("/ck/v/latest.pt", old.clone().into()))
+        .unwrap();
+    let path = m.path("/ck/v/latest.pt");
+    let mut a = std::fs::File::open(&path).unwrap();
+    rt.block_on(client.write_file("/ck/v/.latest.pt.tmp", new.clone().into()))
+        .unwrap();
+    rt.block_on(client.rename("/ck/v/.latest.pt.tmp", "/ck/v/latest.pt", true))
+        .unwrap();
+    let mut b = std::fs::File::open(&path).unwrap();
+    // The new version's reader reads its first half, the old one's reader all of it, then
+    // the new one's the rest.
+    let half = new.len() / 2;
+    let mut got_b = vec![0u8; new.len()];
+    b.read_exact(&mut got_b[..half]).unwrap();
+    let mut got_a = Vec::new();
+    a.read_to_end(&mut got_a).unwrap();
+    b.read_exact(&mut got_b[half..]).unwrap();
+    let mut past = Vec::new();
+    b.read_to_end(&mut past).unwrap();
+    assert_eq!(past.len(), 0, "the new version's reader read past its end");
+    assert!(
+        got_a == old,
+        "the replaced version's reader got other bytes"
+    );
+    assert!(got_b == new, "the new version's reader got other bytes");
+    // Once both are closed, an open reads the new version whole (nothing of the old one
+    // stays cached for it).
+    drop((a, b));
+    assert!(std::fs::read(&path).unwrap() == new);
+    let mut again = std::fs::File::open(&path).unwrap();
+    let mut got = Vec::new();
+    again.read_to_end(&mut got).unwrap();
+    assert!(got == new);
+}

@@ -2010,3 +2010,43 @@ async fn a_write_member_that_finds_the_store_changed_is_passed_over_for_one_hold
     let got = a.read_at(&info, 0, info.size).await.unwrap();
     assert!(got[..] == data[..], "read from the other write member");
 }
+
+/// With one node there is no member of another node to compare its silence with: a node that
+/// does not answer for a second (busy, as on a machine whose every core a gateway, its
+/// readers and the node share) is waited for, up to the call timeout, and not backed off after
+/// a ping of a few hundred milliseconds, which failed every request for up to 30 s after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_node_silent_for_a_second_is_waited_for_not_backed_off() {
+    let (c, _store) = cluster(1, &["--write-replicas", "1"], "");
+    let a = c.client(ClientOptions::default()).await;
+    let data = bytes(91, 1000);
+    a.write_file("/ck/lone/f", data.clone().into())
+        .await
+        .unwrap();
+    let info = a.stat("/ck/lone/f").await.unwrap();
+    // Answers enough for the member's usual answer time.
+    for _ in 0..20 {
+        a.read_at(&info, 0, 1000).await.unwrap();
+    }
+    c.inner.signal(0, libc::SIGSTOP).unwrap();
+    let read = tokio::spawn({
+        let (a, info) = (a.clone(), info.clone());
+        async move { a.read_at(&info, 0, 1000).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.inner.signal(0, libc::SIGCONT).unwrap();
+    let got = read.await.unwrap();
+    assert!(
+        matches!(&got, Ok(b) if b[..] == data[..]),
+        "the read across the pause: {got:?}"
+    );
+    let membership = a.membership();
+    let addrs: Vec<_> = membership
+        .ring()
+        .replicas_of_hash(path_hash("/ck/lone/f"), 2)
+        .into_iter()
+        .filter_map(|m| membership.addr_of(m))
+        .collect();
+    assert!(!addrs.is_empty());
+    assert!(addrs.iter().all(|m| a.reachable(*m)), "a member backed off");
+}
