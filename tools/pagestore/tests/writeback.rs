@@ -77,6 +77,18 @@ fn state_of(k: &PathKind) -> FileState {
     }
 }
 
+/// The addresses of the first `n` members of `path`'s successors on `client`'s ring (its
+/// metadata owner first).
+fn path_members(client: &Client, path: &str, n: usize) -> Vec<std::net::SocketAddr> {
+    let membership = client.membership();
+    membership
+        .ring()
+        .replicas_of_hash(path_hash(path), n)
+        .into_iter()
+        .filter_map(|m| membership.addr_of(m))
+        .collect()
+}
+
 /// The index of the node that is `path`'s metadata owner (and so its flusher while alive).
 fn owner_of(c: &Cluster, client: &Client, path: &str) -> usize {
     let owner = client.membership().ring().owner_of_hash(path_hash(path));
@@ -1882,13 +1894,7 @@ async fn a_change_reaches_members_backed_off_after_a_stall() {
         .unwrap();
     let v = a.stat("/ck/stall/f").await.unwrap().version;
     // The members that keep the path's records (its metadata owner and the next two).
-    let membership = a.membership();
-    let members: Vec<_> = membership
-        .ring()
-        .replicas_of_hash(path_hash("/ck/stall/f"), 3)
-        .into_iter()
-        .filter_map(|m| membership.addr_of(m))
-        .collect();
+    let members = path_members(&a, "/ck/stall/f", 3);
     assert_eq!(members.len(), 3);
     // A change while every node is stalled (on a version the file does not have: harmless
     // when they take it up later): each member fails to answer within the call timeout and is
@@ -2040,13 +2046,7 @@ async fn a_lone_node_silent_for_a_second_is_waited_for_not_backed_off() {
         matches!(&got, Ok(b) if b[..] == data[..]),
         "the read across the pause: {got:?}"
     );
-    let membership = a.membership();
-    let addrs: Vec<_> = membership
-        .ring()
-        .replicas_of_hash(path_hash("/ck/lone/f"), 2)
-        .into_iter()
-        .filter_map(|m| membership.addr_of(m))
-        .collect();
+    let addrs = path_members(&a, "/ck/lone/f", 2);
     assert!(!addrs.is_empty());
     assert!(addrs.iter().all(|m| a.reachable(*m)), "a member backed off");
 }
