@@ -511,6 +511,8 @@ impl Drop for ProbeGuard<'_> {
 enum Verdict {
     Alive,
     Silent,
+    /// Silent to a ping given the call timeout, with no member of another node to compare.
+    SilentAlone,
     Unknown,
 }
 
@@ -975,12 +977,12 @@ impl Client {
                 continue;
             }
             let limit = l.silence_limit(floor, ceiling);
-            let lone = self.control_member(addr).is_none();
-            match self.ping_verdict(addr, limit).await {
+            let alone = match self.ping_verdict(addr, limit).await {
                 Verdict::Alive | Verdict::Unknown => continue,
-                Verdict::Silent => {}
-            }
-            if lone {
+                Verdict::Silent => false,
+                Verdict::SilentAlone => true,
+            };
+            if alone {
                 return Ok(format!(
                     "no answer, not even to a ping within {ceiling:?} (no member of another \
                      node to compare with; it usually answers within {:?})",
@@ -1001,7 +1003,8 @@ impl Client {
     /// [`Verdict::Silent`]: it did not, and the control did. Otherwise [`Verdict::Unknown`]:
     /// this client or its machine is starved of CPU (every member then looks silent), or every
     /// node is gone at once; no member is judged on that. With no other node to ask, the ping
-    /// alone decides, and it is given the call timeout (`wait` at least): a lone node busy on
+    /// alone decides ([`Verdict::SilentAlone`]), and it is given the call timeout (`wait` at
+    /// least): a lone node busy on
     /// its machine's every core (a gateway, its readers and the node on one host) misses a
     /// ping of a few hundred milliseconds, and backing off the only node fails every request
     /// until the back-off ends, where waiting longer costs only the time to notice a dead one.
@@ -1033,7 +1036,11 @@ impl Client {
             Verdict::Alive
         } else if control_alive {
             self.missed_ping(addr, asked);
-            Verdict::Silent
+            if control.is_some() {
+                Verdict::Silent
+            } else {
+                Verdict::SilentAlone
+            }
         } else {
             Verdict::Unknown
         }
@@ -1929,7 +1936,7 @@ impl Client {
                 // Working on it (perhaps waiting on a slow store): not hedged.
                 Verdict::Alive => return std::future::pending().await,
                 Verdict::Unknown => continue,
-                Verdict::Silent => return,
+                Verdict::Silent | Verdict::SilentAlone => return,
             }
         }
     }
@@ -2001,7 +2008,7 @@ impl Client {
             match c.ping_verdict(addr, limit).await {
                 Verdict::Alive => return,
                 Verdict::Unknown => continue,
-                Verdict::Silent => {}
+                Verdict::Silent | Verdict::SilentAlone => {}
             }
             bump(&c.stats.silent_gives_up, 1);
             c.pool.forget(addr);

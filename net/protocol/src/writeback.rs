@@ -280,9 +280,7 @@ pub fn check_change_path(path: &str) -> Result<(), String> {
     } else {
         return Ok(());
     };
-    let shown: String = path.chars().take(200).collect();
-    let more = if shown.len() < path.len() { "..." } else { "" };
-    Err(format!("{shown:?}{more}: {why}"))
+    Err(refused(path, &why))
 }
 
 /// Checks a path a read names (a stat, a listing, a file's pages): absolute, no `.` or `..`
@@ -307,9 +305,14 @@ pub fn check_read_path(path: &str) -> Result<(), String> {
     } else {
         return Ok(());
     };
+    Err(refused(path, why))
+}
+
+/// Why `path` is refused, naming it (its first 200 characters).
+fn refused(path: &str, why: &str) -> String {
     let shown: String = path.chars().take(200).collect();
     let more = if shown.len() < path.len() { "..." } else { "" };
-    Err(format!("{shown:?}{more}: {why}"))
+    format!("{shown:?}{more}: {why}")
 }
 
 /// A node's write-back side as its shards see it: the namespace of `back` and `transient`

@@ -545,7 +545,7 @@ impl Loader {
         checked(path)?;
         // `/a/b/` names the directory `/a/b`, never a file: asked as `/a/b` (one spelling for
         // the sources and for what is cached).
-        match path.strip_suffix('/').filter(|d| !d.is_empty()) {
+        match slashed_dir(path) {
             Some(dir) => match self.stat_canonical(dir).await? {
                 kind @ PathKind::Dir { .. } => Ok(kind),
                 PathKind::File { .. } => Err(SourceError::new(
@@ -622,10 +622,7 @@ impl Loader {
         start_after: &str,
     ) -> Result<(Vec<DirEntry>, bool), SourceError> {
         checked(path)?;
-        let path = path
-            .strip_suffix('/')
-            .filter(|d| !d.is_empty())
-            .unwrap_or(path);
+        let path = slashed_dir(path).unwrap_or(path);
         let cached = self
             .lists
             .borrow()
@@ -738,7 +735,6 @@ pub fn listing_page(all: &[DirEntry], start_after: &str) -> (Vec<DirEntry>, bool
     (out, false)
 }
 
-/// `path`'s directory and its name within it (`None` for `/` and relative paths).
 /// A path a client asks about in one spelling only
 /// ([`pagestore_protocol::writeback::check_read_path`]): `BadRequest` otherwise.
 fn checked(path: &str) -> Result<(), SourceError> {
@@ -746,6 +742,13 @@ fn checked(path: &str) -> Result<(), SourceError> {
         .map_err(|e| SourceError::new(ErrorCode::BadRequest, e))
 }
 
+/// The directory `path` names with a trailing `/` (`/a/b` for `/a/b/`; `None` for `/` and
+/// paths without one).
+fn slashed_dir(path: &str) -> Option<&str> {
+    path.strip_suffix('/').filter(|d| !d.is_empty())
+}
+
+/// `path`'s directory and its name within it (`None` for `/` and relative paths).
 fn split_parent(path: &str) -> Option<(&str, &str)> {
     let (dir, name) = path.rsplit_once('/')?;
     if name.is_empty() {

@@ -137,6 +137,10 @@ struct Readers {
 /// A file's version as an open pins it: file id, size, modification time.
 type Version = (u128, u64, i64);
 
+fn version_of(info: &ObjectInfo) -> Version {
+    (info.file_id, info.size, info.mtime_ns)
+}
+
 /// Path <-> inode number; inode `n` is `nodes[n - 1]`, the root is 1.
 struct Inodes {
     by_path: HashMap<Arc<str>, u64>,
@@ -781,7 +785,7 @@ impl Shared {
     /// A descriptor open for reading `file` was closed: one reader of its version fewer on
     /// its inode.
     fn closed_reader(&self, file: &OpenFile) {
-        let version = (file.info.file_id, file.info.size, file.info.mtime_ns);
+        let version = version_of(&file.info);
         let mut t = lock(&self.inodes);
         if let Some(n) = t.node(file.ino) {
             let mine = |r: &Readers| r.version == version && r.direct == file.direct;
@@ -1173,7 +1177,7 @@ impl Filesystem for PageFs {
                 let before = t.node(ino.0).and_then(|n| n.seen).map(|(k, _)| k);
                 let now = Kind::File(info.size, info.mtime_ns);
                 t.note(&path, now, Instant::now());
-                let version = (info.file_id, info.size, info.mtime_ns);
+                let version = version_of(&info);
                 let (keep, direct) = match t.node(ino.0) {
                     Some(n) => {
                         let direct = n.readers.iter().any(|r| r.version != version);

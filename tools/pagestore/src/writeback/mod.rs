@@ -477,10 +477,14 @@ impl WriteBackNode {
     }
 
     /// Keeps `records` durably, applies them, does what they mean for this node's pages and
-    /// caches. `drops`: leave the pages of versions the records leave to no file to the cache
+    /// caches. `gone_to_cache`: leave the pages of versions the records leave to no file to the cache
     /// as ordinary pages (only for a change's records taken together, never for a page of a
     /// pull, whose later pages may name them again). Returns what applying did.
-    async fn keep(&self, records: Vec<FileRecord>, drops: bool) -> Result<Applied, SourceError> {
+    async fn keep(
+        &self,
+        records: Vec<FileRecord>,
+        gone_to_cache: bool,
+    ) -> Result<Applied, SourceError> {
         let ranked: Vec<(Rank, FileRecord)> = {
             let t = self.table();
             records
@@ -524,7 +528,7 @@ impl WriteBackNode {
         .await
         .map_err(store_error)?
         .map_err(journal_error)?;
-        self.act_on(&applied, drops).await;
+        self.act_on(&applied, gone_to_cache).await;
         self.wake.notify_one();
         Ok(applied)
     }
@@ -548,8 +552,8 @@ impl WriteBackNode {
 
     /// What applied records mean for this node's shards: flushed versions become ordinary
     /// pages, sealed ones take no more pages, versions no file holds any more become ordinary
-    /// cached pages too (`drops`), and the metadata the shards cached of the paths is forgotten.
-    async fn act_on(&self, applied: &Applied, drops: bool) {
+    /// cached pages too (`gone_to_cache`), and the metadata the shards cached of the paths is forgotten.
+    async fn act_on(&self, applied: &Applied, gone_to_cache: bool) {
         let Some(node) = self.node() else {
             return;
         };
@@ -563,7 +567,7 @@ impl WriteBackNode {
                 tracing::warn!(error = %e, "marking a flushed version's pages clean");
             }
         }
-        if drops {
+        if gone_to_cache {
             // A version replaced or deleted may still be open for reading: its pages become
             // ordinary cached pages (never flushed, evicted as any), so a reader that opened it
             // reads on as long as they stay cached, as a flushed file's readers do once the
