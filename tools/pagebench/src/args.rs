@@ -406,6 +406,10 @@ pub struct Pycmp {
     /// else target/pyenv/bin/python)
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
+    /// Rounds over the same cluster, each the Rust reference then every Python target; the
+    /// table gives each target's median round and lists every round (default 1)
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -610,6 +614,7 @@ impl Command {
             }
             Command::Pycmp(a) => {
                 o.python = a.python;
+                set(&mut o.rounds, a.rounds);
                 o.block = 4 << 20;
                 o.readers = vec![8];
                 ("pycmp", a.common)
@@ -808,6 +813,7 @@ mod tests {
         ("--keep-page-cache", &["fuse"]),
         ("--no-engine", &["fusecmp"]),
         ("--python", &["pycmp"]),
+        ("--rounds", &["pycmp"]),
         ("--ufs", &["ufs", "gen"]),
         ("--endpoint", &["s3"]),
         ("--bucket", &["s3"]),

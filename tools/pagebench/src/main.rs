@@ -134,6 +134,8 @@ pub struct Opts {
     pub cpu_pids: Vec<u32>,
     /// `pycmp`: the Python interpreter (with the pagestore package and s3fs).
     pub python: Option<PathBuf>,
+    /// `pycmp`: rounds of every target over the same cluster (the median round is reported).
+    pub rounds: usize,
     /// `checkpoint`: writers (one file each).
     pub writers: usize,
     /// `checkpoint`: the clusters' write replicas (default 1 and 2, as far as the nodes go).
@@ -200,6 +202,7 @@ impl Default for Opts {
             verify_every: 64,
             cpu_pids: Vec::new(),
             python: None,
+            rounds: 1,
             writers: 4,
             write_replicas: None,
             small_files: 10_000,

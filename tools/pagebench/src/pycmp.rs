@@ -11,6 +11,11 @@
 //! `maturin develop --release` in `client/python`). Every run checks the length of each read;
 //! afterwards the sample ranges of `fusecmp` are read through each Python target and compared
 //! with the generator's crc32.
+//!
+//! `--rounds N` runs all of it (the Rust reference, then the Python targets, then the checks) N
+//! times over the same cluster and reports each target's median round beside every round: on a
+//! machine whose figures move by a quarter from one run to the next, one round's ratio says
+//! little.
 
 use std::{
     io::Write as _,
@@ -136,15 +141,7 @@ pub fn run_pycmp(o: &Opts) -> Result<()> {
         nodes: stack.pids(),
         frontend: Vec::new(),
     };
-    let mut rust: Vec<RunResult> = Vec::new();
-    for &w in &workloads {
-        let spec = Spec {
-            qd: 1,
-            ..Spec::from_opts(o, w, readers, u64::from(o.page_size))
-        };
-        rust.push(bench::run("client", &client_t, &cat, &spec, &probe, &rt)?);
-    }
-    // The Python targets.
+    // The Python targets' configuration.
     let ranges = sample_ranges(&cat);
     let want = crc_expected(&cat, &ranges);
     let files: Vec<_> = cat.files[..cat.flat]
@@ -177,8 +174,59 @@ pub fn run_pycmp(o: &Opts) -> Result<()> {
     });
     let script = o.dir.join("pycmp").join("pycmp.py");
     std::fs::write(&script, SCRIPT).with_context(|| script.display().to_string())?;
-    let mut child = Command::new(&py)
-        .arg(&script)
+    // Each round: the Rust reference, then the Python targets, so that every target of a
+    // round shares that round's conditions.
+    let rounds = o.rounds.max(1);
+    let mut all = Vec::new();
+    for round in 1..=rounds {
+        if rounds > 1 {
+            eprintln!("pycmp: round {round} of {rounds}");
+        }
+        let mut rust = Vec::new();
+        for &w in &workloads {
+            let spec = Spec {
+                qd: 1,
+                ..Spec::from_opts(o, w, readers, u64::from(o.page_size))
+            };
+            rust.push(bench::run("client", &client_t, &cat, &spec, &probe, &rt)?);
+        }
+        let py_runs = run_script(&py, &script, &config)?;
+        all.push(Round { rust, py: py_runs });
+    }
+    drop(mount);
+    drop(gw);
+    drop(stack);
+    let load1 = loadavg();
+    print_report(
+        o,
+        &cat,
+        readers,
+        &workloads,
+        &all,
+        &notes,
+        warning,
+        load0,
+        load1,
+        ranges.len(),
+    );
+    Ok(())
+}
+
+/// One round: the Rust reference's runs (one per workload) and the Python targets' runs.
+struct Round {
+    rust: Vec<RunResult>,
+    py: Vec<PyRun>,
+}
+
+/// Runs the Python side once (every target, every workload, then the checks) and returns its
+/// runs; a failed read or a checksum mismatch is an error.
+fn run_script(
+    py: &std::path::Path,
+    script: &std::path::Path,
+    config: &serde_json::Value,
+) -> Result<Vec<PyRun>> {
+    let mut child = Command::new(py)
+        .arg(script)
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -205,12 +253,12 @@ pub fn run_pycmp(o: &Opts) -> Result<()> {
             String::from_utf8_lossy(&out.stdout)
         )
     })?;
-    let mut py_runs = Vec::new();
+    let mut runs = Vec::new();
     for r in report["runs"].as_array().into_iter().flatten() {
         if let Some(errors) = r["errors"].as_array().filter(|e| !e.is_empty()) {
             bail!("{} {}: {:?}", r["target"], r["workload"], errors);
         }
-        py_runs.push(PyRun {
+        runs.push(PyRun {
             target: r["target"].as_str().unwrap_or_default().to_string(),
             workload: r["workload"].as_str().unwrap_or_default().to_string(),
             bytes: r["bytes"].as_u64().unwrap_or(0),
@@ -225,24 +273,97 @@ pub fn run_pycmp(o: &Opts) -> Result<()> {
             bail!("checksum mismatch through {target}: {bad}");
         }
     }
-    drop(mount);
-    drop(gw);
-    drop(stack);
-    let load1 = loadavg();
-    print_report(
-        o,
-        &cat,
-        readers,
-        &workloads,
-        &rust,
-        &py_runs,
-        &notes,
-        warning,
-        load0,
-        load1,
-        ranges.len(),
-    );
-    Ok(())
+    Ok(runs)
+}
+
+/// The index of the median of `values` (the lower one of an even count).
+fn median_index(values: &[f64]) -> usize {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    order[(order.len().max(1) - 1) / 2]
+}
+
+/// A workload's row: the Rust reference's run and each Python target's.
+struct Cell<'a> {
+    name: String,
+    client: &'a RunResult,
+    native: Option<&'a PyRun>,
+    s3fs: Option<&'a PyRun>,
+    pagefs: Option<&'a PyRun>,
+}
+
+impl Cell<'_> {
+    /// Whether the targets are met in this row (a target not run counts as met).
+    fn met(&self) -> bool {
+        self.native.is_none_or(|n| {
+            n.bw() >= CLIENT_TARGET * self.client.bw()
+                && self.s3fs.is_none_or(|s| n.bw() >= S3FS_TARGET * s.bw())
+        })
+    }
+
+    fn to_json(&self, readers: usize) -> serde_json::Value {
+        let (r, n, s, f) = (self.client, self.native, self.s3fs, self.pagefs);
+        let bw = |x: Option<&PyRun>| x.map(PyRun::bw);
+        serde_json::json!({
+            "workload": self.name, "readers": readers,
+            "client_bytes_per_sec": r.bw(),
+            "native_bytes_per_sec": bw(n), "s3fs_bytes_per_sec": bw(s),
+            "pagefs_bytes_per_sec": bw(f),
+            "native_over_client": n.map(|n| n.bw() / r.bw().max(1e-9)),
+            "native_over_s3fs": n.zip(s).map(|(n, s)| n.bw() / s.bw().max(1e-9)),
+            "native_over_pagefs": n.zip(f).map(|(n, f)| n.bw() / f.bw().max(1e-9)),
+            "p99_us": {"client": r.us(0.99), "native": n.map(|n| n.p99_us),
+                       "s3fs": s.map(|s| s.p99_us), "pagefs": f.map(|f| f.p99_us)},
+        })
+    }
+}
+
+/// One row per workload of one round.
+fn round_cells<'a>(workloads: &[Workload], round: &'a Round) -> Vec<Cell<'a>> {
+    let find = |t: &str, w: &str| round.py.iter().find(|r| r.target == t && r.workload == w);
+    workloads
+        .iter()
+        .zip(&round.rust)
+        .map(|(w, client)| {
+            let name = w.name();
+            Cell {
+                native: find("native", &name),
+                s3fs: find("s3fs", &name),
+                pagefs: find("pagefs", &name),
+                client,
+                name,
+            }
+        })
+        .collect()
+}
+
+/// One row per workload, each target's median round (by bytes per second, over the rounds).
+fn median_cells<'a>(workloads: &[Workload], rounds: &'a [Round]) -> Vec<Cell<'a>> {
+    let per_round: Vec<_> = rounds.iter().map(|r| round_cells(workloads, r)).collect();
+    let pick = |bws: Vec<Option<f64>>, runs: Vec<Option<&'a PyRun>>| -> Option<&'a PyRun> {
+        let have: Vec<usize> = (0..runs.len()).filter(|&i| bws[i].is_some()).collect();
+        let vals: Vec<f64> = have.iter().filter_map(|&i| bws[i]).collect();
+        (!have.is_empty())
+            .then(|| runs[have[median_index(&vals)]])
+            .flatten()
+    };
+    (0..workloads.len())
+        .map(|i| {
+            let col = |f: &dyn Fn(&Cell<'a>) -> Option<&'a PyRun>| {
+                let runs: Vec<_> = per_round.iter().map(|c| f(&c[i])).collect();
+                let bws = runs.iter().map(|r| r.map(PyRun::bw)).collect();
+                pick(bws, runs)
+            };
+            let clients: Vec<f64> = per_round.iter().map(|c| c[i].client.bw()).collect();
+            Cell {
+                name: per_round[0][i].name.clone(),
+                client: per_round[median_index(&clients)][i].client,
+                native: col(&|c| c.native),
+                s3fs: col(&|c| c.s3fs),
+                pagefs: col(&|c| c.pagefs),
+            }
+        })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -251,43 +372,17 @@ fn print_report(
     cat: &Catalog,
     readers: usize,
     workloads: &[Workload],
-    rust: &[RunResult],
-    py: &[PyRun],
+    rounds: &[Round],
     notes: &[String],
     warning: Option<String>,
     load0: [f64; 3],
     load1: [f64; 3],
     checked: usize,
 ) {
-    let find = |t: &str, w: &str| py.iter().find(|r| r.target == t && r.workload == w);
-    let mut cells = Vec::new();
-    for (w, r) in workloads.iter().zip(rust) {
-        let name = w.name();
-        let (n, s, f) = (
-            find("native", &name),
-            find("s3fs", &name),
-            find("pagefs", &name),
-        );
-        cells.push((name, r, n, s, f));
-    }
+    let cells = median_cells(workloads, rounds);
+    let per_round: Vec<_> = rounds.iter().map(|r| round_cells(workloads, r)).collect();
+    let rust: Vec<&RunResult> = rounds.iter().flat_map(|r| &r.rust).collect();
     if o.json {
-        let j: Vec<_> = cells
-            .iter()
-            .map(|(name, r, n, s, f)| {
-                let bw = |x: &Option<&PyRun>| x.map(PyRun::bw);
-                serde_json::json!({
-                    "workload": name, "readers": readers,
-                    "client_bytes_per_sec": r.bw(),
-                    "native_bytes_per_sec": bw(n), "s3fs_bytes_per_sec": bw(s),
-                    "pagefs_bytes_per_sec": bw(f),
-                    "native_over_client": n.map(|n| n.bw() / r.bw().max(1e-9)),
-                    "native_over_s3fs": n.zip(*s).map(|(n, s)| n.bw() / s.bw().max(1e-9)),
-                    "native_over_pagefs": n.zip(*f).map(|(n, f)| n.bw() / f.bw().max(1e-9)),
-                    "p99_us": {"client": r.us(0.99), "native": n.map(|n| n.p99_us),
-                               "s3fs": s.map(|s| s.p99_us), "pagefs": f.map(|f| f.p99_us)},
-                })
-            })
-            .collect();
         println!(
             "{}",
             serde_json::json!({
@@ -295,10 +390,14 @@ fn print_report(
                 "load_average": {"before": load0, "after": load1}, "warning": warning,
                 "targets": {"native_over_client_min": CLIENT_TARGET,
                             "native_over_s3fs_min": S3FS_TARGET},
-                "cells": j,
+                "rounds": rounds.len(),
+                "cells": cells.iter().map(|c| c.to_json(readers)).collect::<Vec<_>>(),
+                "round_cells": per_round.iter().map(|cs| {
+                    cs.iter().map(|c| c.to_json(readers)).collect::<Vec<_>>()
+                }).collect::<Vec<_>>(),
                 "checksums": {"ranges": checked, "paths": ["native", "s3fs", "pagefs"],
-                              "equal_to_generator": true},
-                "rust_runs": rust.iter().map(RunResult::to_json).collect::<Vec<_>>(),
+                              "equal_to_generator": true, "rounds": rounds.len()},
+                "rust_runs": rust.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
             })
         );
         return;
@@ -319,6 +418,38 @@ fn print_report(
         println!("{n}");
     }
     println!("load average {:.2} before, {:.2} after", load0[0], load1[0]);
+    let mb = |x: Option<&PyRun>| x.map_or("-".into(), |x| format!("{:.1}", x.bw() / 1e6));
+    let us = |x: Option<&PyRun>| x.map_or("-".into(), |x| format!("{:.0}", x.p99_us));
+    let ratio = |a: Option<&PyRun>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}x", a.bw() / b.max(1e-9)),
+        _ => "-".into(),
+    };
+    if rounds.len() > 1 {
+        println!(
+            "\n{:<5} {:<9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}  targets",
+            "round", "workload", "client", "native", "s3fs", "pagefs", "native/clnt", "native/s3fs"
+        );
+        for (i, cs) in per_round.iter().enumerate() {
+            for c in cs {
+                println!(
+                    "{:<5} {:<9} {:>10.1} {:>10} {:>10} {:>10} {:>12} {:>11}  {}",
+                    i + 1,
+                    c.name,
+                    c.client.bw() / 1e6,
+                    mb(c.native),
+                    mb(c.s3fs),
+                    mb(c.pagefs),
+                    ratio(c.native, Some(c.client.bw())),
+                    ratio(c.native, c.s3fs.map(PyRun::bw)),
+                    if c.met() { "met" } else { "not met" }
+                );
+            }
+        }
+        println!(
+            "\neach target's median round of {} (the ratios are of those medians):",
+            rounds.len()
+        );
+    }
     println!(
         "\n{:<9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
         "workload",
@@ -334,56 +465,80 @@ fn print_report(
         "s3fs",
         "pagefs"
     );
-    let mb = |x: Option<&PyRun>| x.map_or("-".into(), |x| format!("{:.1}", x.bw() / 1e6));
-    let us = |x: Option<&PyRun>| x.map_or("-".into(), |x| format!("{:.0}", x.p99_us));
-    let ratio = |a: Option<&PyRun>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) => format!("{:.2}x", a.bw() / b.max(1e-9)),
-        _ => "-".into(),
-    };
-    let mut met = true;
-    for (name, r, n, s, f) in &cells {
+    for c in &cells {
         println!(
             "{:<9} {:>10.1} {:>10} {:>10} {:>10} {:>12} {:>11} {:>11} {:>9.0} {:>9} {:>9} {:>9}",
-            name,
-            r.bw() / 1e6,
-            mb(*n),
-            mb(*s),
-            mb(*f),
-            ratio(*n, Some(r.bw())),
-            ratio(*n, s.map(PyRun::bw)),
-            ratio(*n, f.map(PyRun::bw)),
-            r.us(0.99),
-            us(*n),
-            us(*s),
-            us(*f),
+            c.name,
+            c.client.bw() / 1e6,
+            mb(c.native),
+            mb(c.s3fs),
+            mb(c.pagefs),
+            ratio(c.native, Some(c.client.bw())),
+            ratio(c.native, c.s3fs.map(PyRun::bw)),
+            ratio(c.native, c.pagefs.map(PyRun::bw)),
+            c.client.us(0.99),
+            us(c.native),
+            us(c.s3fs),
+            us(c.pagefs),
         );
-        if let Some(n) = n {
-            met &= n.bw() >= CLIENT_TARGET * r.bw();
-            met &= s.is_none_or(|s| n.bw() >= S3FS_TARGET * s.bw());
-        }
     }
+    let met = cells.iter().all(Cell::met);
     println!(
         "\n(MB/s; p99 of one read in us) targets: native >= {CLIENT_TARGET}x the client and >= \
          {S3FS_TARGET}x s3fs: {}",
         if met { "met" } else { "NOT met" }
     );
-    for (_, _, n, s, f) in &cells {
-        for x in [n, s, f].into_iter().flatten() {
-            println!(
-                "  {} {}: {} reads, {:.1} MB in {:.2} s, p50 {:.0} us",
-                x.target,
-                x.workload,
-                x.ops,
-                x.bytes as f64 / 1e6,
-                x.secs,
-                x.p50_us
-            );
+    if rounds.len() > 1 {
+        let rows = per_round.iter().flatten().count();
+        let ok = per_round.iter().flatten().filter(|c| c.met()).count();
+        println!("  met in {ok} of {rows} rows of single rounds");
+    }
+    for (i, cs) in per_round.iter().enumerate() {
+        let round = if rounds.len() > 1 {
+            format!("round {} ", i + 1)
+        } else {
+            String::new()
+        };
+        for c in cs {
+            for x in [c.native, c.s3fs, c.pagefs].into_iter().flatten() {
+                println!(
+                    "  {round}{} {}: {} reads, {:.1} MB in {:.2} s, p50 {:.0} us, p99 {:.0} us",
+                    x.target,
+                    x.workload,
+                    x.ops,
+                    x.bytes as f64 / 1e6,
+                    x.secs,
+                    x.p50_us,
+                    x.p99_us
+                );
+            }
         }
     }
     println!(
-        "checksums: {checked} sample ranges read through native fsspec, s3fs and pagefs: equal \
-         to the generator's bytes; every read's length checked"
+        "checksums: {checked} sample ranges read through native fsspec, s3fs and pagefs after \
+         each of {} round(s): equal to the generator's bytes; every read's length checked",
+        rounds.len()
     );
-    println!("\nRust client runs:");
-    bench::print_table(rust);
+    for (i, r) in rounds.iter().enumerate() {
+        if rounds.len() > 1 {
+            println!("\nRust client runs, round {}:", i + 1);
+        } else {
+            println!("\nRust client runs:");
+        }
+        bench::print_table(&r.rust);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_index;
+
+    #[test]
+    fn the_median_round_is_the_middle_one_or_the_lower_of_the_two_middle_ones() {
+        assert_eq!(median_index(&[7.0]), 0);
+        assert_eq!(median_index(&[5.0, 1.0, 3.0]), 2);
+        // 1, 2, 3, 4: the lower middle (2.0) is at index 3.
+        assert_eq!(median_index(&[4.0, 1.0, 3.0, 2.0]), 3);
+        assert_eq!(median_index(&[105.7, 989.3, 992.7, 797.2, 934.9]), 4);
+    }
 }
