@@ -424,6 +424,18 @@ fn print_report(
         (Some(a), Some(b)) => format!("{:.2}x", a.bw() / b.max(1e-9)),
         _ => "-".into(),
     };
+    // MB/s of the four, native / client, native / s3fs.
+    let columns = |c: &Cell| {
+        format!(
+            "{:>10.1} {:>10} {:>10} {:>10} {:>12} {:>11}",
+            c.client.bw() / 1e6,
+            mb(c.native),
+            mb(c.s3fs),
+            mb(c.pagefs),
+            ratio(c.native, Some(c.client.bw())),
+            ratio(c.native, c.s3fs.map(PyRun::bw)),
+        )
+    };
     if rounds.len() > 1 {
         println!(
             "\n{:<5} {:<9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}  targets",
@@ -432,15 +444,10 @@ fn print_report(
         for (i, cs) in per_round.iter().enumerate() {
             for c in cs {
                 println!(
-                    "{:<5} {:<9} {:>10.1} {:>10} {:>10} {:>10} {:>12} {:>11}  {}",
+                    "{:<5} {:<9} {}  {}",
                     i + 1,
                     c.name,
-                    c.client.bw() / 1e6,
-                    mb(c.native),
-                    mb(c.s3fs),
-                    mb(c.pagefs),
-                    ratio(c.native, Some(c.client.bw())),
-                    ratio(c.native, c.s3fs.map(PyRun::bw)),
+                    columns(c),
                     if c.met() { "met" } else { "not met" }
                 );
             }
@@ -467,14 +474,9 @@ fn print_report(
     );
     for c in &cells {
         println!(
-            "{:<9} {:>10.1} {:>10} {:>10} {:>10} {:>12} {:>11} {:>11} {:>9.0} {:>9} {:>9} {:>9}",
+            "{:<9} {} {:>11} {:>9.0} {:>9} {:>9} {:>9}",
             c.name,
-            c.client.bw() / 1e6,
-            mb(c.native),
-            mb(c.s3fs),
-            mb(c.pagefs),
-            ratio(c.native, Some(c.client.bw())),
-            ratio(c.native, c.s3fs.map(PyRun::bw)),
+            columns(c),
             ratio(c.native, c.pagefs.map(PyRun::bw)),
             c.client.us(0.99),
             us(c.native),
