@@ -30,7 +30,8 @@ pub enum StartError {
     /// The configured capacity does not fit on the file system.
     #[error(
         "{}: not enough space for the cache: need {needed} bytes, {available} available; lower \
-         the cache size or free space",
+         the cache size (pagestored --cache-size, or cache_size in its configuration file) or \
+         free space",
         path.display()
     )]
     NoSpace {
