@@ -1004,10 +1004,10 @@ impl Client {
     /// this client or its machine is starved of CPU (every member then looks silent), or every
     /// node is gone at once; no member is judged on that. With no other node to ask, the ping
     /// alone decides ([`Verdict::SilentAlone`]), and it is given the call timeout (`wait` at
-    /// least): a lone node busy on
-    /// its machine's every core (a gateway, its readers and the node on one host) misses a
-    /// ping of a few hundred milliseconds, and backing off the only node fails every request
-    /// until the back-off ends, where waiting longer costs only the time to notice a dead one.
+    /// least): a lone node busy on its machine's every core (a gateway, its readers and the
+    /// node on one host) misses a ping of a few hundred milliseconds, and backing off the only
+    /// node fails every request until the back-off ends, where waiting longer costs only the
+    /// time to notice a dead one.
     async fn ping_verdict(&self, addr: SocketAddr, wait: Duration) -> Verdict {
         let asked = Instant::now();
         let received = self.pool.received(addr);

@@ -337,30 +337,26 @@ fn round_cells<'a>(workloads: &[Workload], round: &'a Round) -> Vec<Cell<'a>> {
         .collect()
 }
 
-/// One row per workload, each target's median round (by bytes per second, over the rounds).
-fn median_cells<'a>(workloads: &[Workload], rounds: &'a [Round]) -> Vec<Cell<'a>> {
-    let per_round: Vec<_> = rounds.iter().map(|r| round_cells(workloads, r)).collect();
-    let pick = |bws: Vec<Option<f64>>, runs: Vec<Option<&'a PyRun>>| -> Option<&'a PyRun> {
-        let have: Vec<usize> = (0..runs.len()).filter(|&i| bws[i].is_some()).collect();
-        let vals: Vec<f64> = have.iter().filter_map(|&i| bws[i]).collect();
-        (!have.is_empty())
-            .then(|| runs[have[median_index(&vals)]])
-            .flatten()
+/// One row per workload (the rows of `per_round`, one list per round), each target's median
+/// round by bytes per second.
+fn median_cells<'a>(per_round: &[Vec<Cell<'a>>]) -> Vec<Cell<'a>> {
+    let median = |runs: Vec<&'a PyRun>| -> Option<&'a PyRun> {
+        let bws: Vec<f64> = runs.iter().map(|r| r.bw()).collect();
+        (!runs.is_empty()).then(|| runs[median_index(&bws)])
     };
-    (0..workloads.len())
+    let rows = per_round.first().map_or(0, Vec::len);
+    (0..rows)
         .map(|i| {
-            let col = |f: &dyn Fn(&Cell<'a>) -> Option<&'a PyRun>| {
-                let runs: Vec<_> = per_round.iter().map(|c| f(&c[i])).collect();
-                let bws = runs.iter().map(|r| r.map(PyRun::bw)).collect();
-                pick(bws, runs)
+            let col = |f: fn(&Cell<'a>) -> Option<&'a PyRun>| {
+                median(per_round.iter().filter_map(|c| f(&c[i])).collect())
             };
             let clients: Vec<f64> = per_round.iter().map(|c| c[i].client.bw()).collect();
             Cell {
                 name: per_round[0][i].name.clone(),
                 client: per_round[median_index(&clients)][i].client,
-                native: col(&|c| c.native),
-                s3fs: col(&|c| c.s3fs),
-                pagefs: col(&|c| c.pagefs),
+                native: col(|c| c.native),
+                s3fs: col(|c| c.s3fs),
+                pagefs: col(|c| c.pagefs),
             }
         })
         .collect()
@@ -379,8 +375,8 @@ fn print_report(
     load1: [f64; 3],
     checked: usize,
 ) {
-    let cells = median_cells(workloads, rounds);
     let per_round: Vec<_> = rounds.iter().map(|r| round_cells(workloads, r)).collect();
+    let cells = median_cells(&per_round);
     let rust: Vec<&RunResult> = rounds.iter().flat_map(|r| &r.rust).collect();
     if o.json {
         println!(
@@ -533,7 +529,68 @@ fn print_report(
 
 #[cfg(test)]
 mod tests {
-    use super::median_index;
+    use super::{median_cells, median_index, round_cells, Round};
+    use crate::bench::{RunResult, Workload};
+
+    /// A run of `mb` MB in one second.
+    fn client(mb: u64) -> RunResult {
+        RunResult {
+            target: "client".into(),
+            workload: "seq".into(),
+            readers: 8,
+            qd: 1,
+            block: 4 << 20,
+            ops: 1,
+            bytes: mb * 1_000_000,
+            secs: 1.0,
+            hist: hdrhistogram::Histogram::new(3).unwrap(),
+            cpu_bench: 0.0,
+            cpu_frontend: None,
+            cpu_nodes: None,
+            hits: None,
+            verified_ops: 0,
+            verified_bytes: 0,
+            ranges: 0,
+            pages_touched: 0,
+        }
+    }
+
+    fn python(target: &str, mb: u64) -> super::PyRun {
+        super::PyRun {
+            target: target.into(),
+            workload: "seq".into(),
+            bytes: mb * 1_000_000,
+            secs: 1.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_target_is_judged_on_its_median_round() {
+        // Native misses the client target in round 1 (0.5x) and the s3fs one in round 3
+        // (1.5x); each target's median (client 100, native 100, s3fs 40) meets both.
+        let rounds: Vec<Round> = [(100, 50, 40), (110, 100, 30), (90, 120, 80)]
+            .into_iter()
+            .map(|(c, n, s)| Round {
+                rust: vec![client(c)],
+                py: vec![python("native", n), python("s3fs", s)],
+            })
+            .collect();
+        let per_round: Vec<_> = rounds
+            .iter()
+            .map(|r| round_cells(&[Workload::Seq], r))
+            .collect();
+        let met: Vec<bool> = per_round.iter().map(|c| c[0].met()).collect();
+        assert_eq!(met, [false, true, false]);
+        let median = median_cells(&per_round);
+        assert_eq!(median.len(), 1);
+        let m = &median[0];
+        assert_eq!(m.client.bw(), 100e6);
+        assert_eq!(m.native.map(|r| r.bw()), Some(100e6));
+        assert_eq!(m.s3fs.map(|r| r.bw()), Some(40e6));
+        assert!(m.pagefs.is_none(), "a target not run has no median");
+        assert!(m.met());
+    }
 
     #[test]
     fn the_median_round_is_the_middle_one_or_the_lower_of_the_two_middle_ones() {

@@ -141,6 +141,44 @@ fn version_of(info: &ObjectInfo) -> Version {
     (info.file_id, info.size, info.mtime_ns)
 }
 
+impl Node {
+    /// Counts a descriptor opened to read `version`. Returns whether the kernel may keep its
+    /// cached pages (the last open was of this version) and whether it reads past the cache
+    /// (another version is open for reading).
+    fn open_reader(&mut self, version: Version) -> (bool, bool) {
+        let direct = self.readers.iter().any(|r| r.version != version);
+        match self
+            .readers
+            .iter_mut()
+            .find(|r| r.version == version && r.direct == direct)
+        {
+            Some(r) => r.count += 1,
+            None => self.readers.push(Readers {
+                version,
+                direct,
+                count: 1,
+            }),
+        }
+        let last = if direct {
+            self.opened.take()
+        } else {
+            self.opened.replace(version)
+        };
+        (!direct && last == Some(version), direct)
+    }
+
+    /// A descriptor [`Node::open_reader`] counted was closed.
+    fn close_reader(&mut self, version: Version, direct: bool) {
+        let mine = |r: &Readers| r.version == version && r.direct == direct;
+        if let Some(i) = self.readers.iter().position(mine) {
+            self.readers[i].count -= 1;
+            if self.readers[i].count == 0 {
+                self.readers.swap_remove(i);
+            }
+        }
+    }
+}
+
 /// Path <-> inode number; inode `n` is `nodes[n - 1]`, the root is 1.
 struct Inodes {
     by_path: HashMap<Arc<str>, u64>,
@@ -785,16 +823,8 @@ impl Shared {
     /// A descriptor open for reading `file` was closed: one reader of its version fewer on
     /// its inode.
     fn closed_reader(&self, file: &OpenFile) {
-        let version = version_of(&file.info);
-        let mut t = lock(&self.inodes);
-        if let Some(n) = t.node(file.ino) {
-            let mine = |r: &Readers| r.version == version && r.direct == file.direct;
-            if let Some(i) = n.readers.iter().position(mine) {
-                n.readers[i].count -= 1;
-                if n.readers[i].count == 0 {
-                    n.readers.swap_remove(i);
-                }
-            }
+        if let Some(n) = lock(&self.inodes).node(file.ino) {
+            n.close_reader(version_of(&file.info), file.direct);
         }
     }
 
@@ -1177,31 +1207,9 @@ impl Filesystem for PageFs {
                 let before = t.node(ino.0).and_then(|n| n.seen).map(|(k, _)| k);
                 let now = Kind::File(info.size, info.mtime_ns);
                 t.note(&path, now, Instant::now());
-                let version = version_of(&info);
-                let (keep, direct) = match t.node(ino.0) {
-                    Some(n) => {
-                        let direct = n.readers.iter().any(|r| r.version != version);
-                        match n
-                            .readers
-                            .iter_mut()
-                            .find(|r| r.version == version && r.direct == direct)
-                        {
-                            Some(r) => r.count += 1,
-                            None => n.readers.push(Readers {
-                                version,
-                                direct,
-                                count: 1,
-                            }),
-                        }
-                        let last = if direct {
-                            n.opened.take()
-                        } else {
-                            n.opened.replace(version)
-                        };
-                        (!direct && last == Some(version), direct)
-                    }
-                    None => (false, false),
-                };
+                let (keep, direct) = t
+                    .node(ino.0)
+                    .map_or((false, false), |n| n.open_reader(version_of(&info)));
                 (
                     keep && info.state != FileState::Writing,
                     direct,

@@ -477,9 +477,9 @@ impl WriteBackNode {
     }
 
     /// Keeps `records` durably, applies them, does what they mean for this node's pages and
-    /// caches. `gone_to_cache`: leave the pages of versions the records leave to no file to the cache
-    /// as ordinary pages (only for a change's records taken together, never for a page of a
-    /// pull, whose later pages may name them again). Returns what applying did.
+    /// caches. `gone_to_cache`: leave the pages of versions the records leave to no file to the
+    /// cache as ordinary pages (only for a change's records taken together, never for a page of
+    /// a pull, whose later pages may name them again). Returns what applying did.
     async fn keep(
         &self,
         records: Vec<FileRecord>,
@@ -552,7 +552,8 @@ impl WriteBackNode {
 
     /// What applied records mean for this node's shards: flushed versions become ordinary
     /// pages, sealed ones take no more pages, versions no file holds any more become ordinary
-    /// cached pages too (`gone_to_cache`), and the metadata the shards cached of the paths is forgotten.
+    /// cached pages too (`gone_to_cache`), and the metadata the shards cached of the paths is
+    /// forgotten.
     async fn act_on(&self, applied: &Applied, gone_to_cache: bool) {
         let Some(node) = self.node() else {
             return;
