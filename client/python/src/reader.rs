@@ -175,6 +175,19 @@ struct State {
     current: Option<(u64, Bytes)>,
 }
 
+impl Drop for State {
+    /// A closed (or collected) file stops its read-ahead: a dropped `JoinHandle` would leave
+    /// the fetches running for nobody. Not in a forked child, where the tasks belong to the
+    /// parent's runtime (gone with its threads).
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            for h in self.pages.values() {
+                h.abort();
+            }
+        }
+    }
+}
+
 /// An open file of the cluster (`Cluster.open`): seekable, pinned to one version, with
 /// read-ahead while it is read sequentially. Calls from several threads take turns (the lock
 /// is waited for with the GIL released).
