@@ -331,6 +331,10 @@ pub struct ClientStats {
     /// Requests given up before the call timeout because their member went silent (see
     /// [`ClientOptions::min_silence`]); each also counts in `member_failures`.
     pub silent_gives_up: AtomicU64,
+    /// Members found gone when they went silent: their host refused a datagram to their port
+    /// (nothing listens there), so their requests were given up or hedged at once, without
+    /// waiting out a ping (`Pool::port_refused`).
+    pub ports_refused: AtomicU64,
     /// Page requests hedged: asked of a second source because the first was late (see
     /// [`ClientOptions::hedge_min`]).
     pub hedges: AtomicU64,
@@ -371,6 +375,8 @@ pub struct StatsSnapshot {
     pub skipped_dead: u64,
     /// See [`ClientStats::silent_gives_up`].
     pub silent_gives_up: u64,
+    /// See [`ClientStats::ports_refused`].
+    pub ports_refused: u64,
     /// See [`ClientStats::store_errors`].
     pub store_errors: u64,
     /// See [`ClientStats::hedges`].
@@ -513,6 +519,8 @@ enum Verdict {
     Silent,
     /// Silent to a ping given the call timeout, with no member of another node to compare.
     SilentAlone,
+    /// Nothing listens at its address any more ([`Pool::port_refused`]): the process is gone.
+    Gone,
     Unknown,
 }
 
@@ -879,6 +887,7 @@ impl Client {
             skipped_dead: g(&s.skipped_dead),
             ring_updates: g(&s.ring_updates),
             silent_gives_up: g(&s.silent_gives_up),
+            ports_refused: g(&s.ports_refused),
             store_errors: g(&s.store_errors),
             hedges: g(&s.hedges),
             store_hedges: g(&s.store_hedges),
@@ -977,10 +986,21 @@ impl Client {
                 continue;
             }
             let limit = l.silence_limit(floor, ceiling);
+            let asked = Instant::now();
             let alone = match self.ping_verdict(addr, limit).await {
                 Verdict::Alive | Verdict::Unknown => continue,
                 Verdict::Silent => false,
                 Verdict::SilentAlone => true,
+                Verdict::Gone => {
+                    // Given up when a missed ping would have given it up (a lone member's
+                    // ping is otherwise given the call timeout): a hedge sent meanwhile keeps
+                    // as long to answer first.
+                    tokio::time::sleep_until((asked + limit).into()).await;
+                    return Ok(format!(
+                        "no answer for {limit:?}, and its host refuses datagrams to its port \
+                         (nothing listens there: the process is gone)"
+                    ));
+                }
             };
             if alone {
                 return Ok(format!(
@@ -1016,12 +1036,24 @@ impl Client {
             Some(_) => wait,
             None => wait.max(self.options.call_timeout),
         };
-        let (alive, control_alive) = tokio::join!(self.pings(addr, wait), async {
-            match control {
-                Some(c) => self.pings(c, wait).await,
-                None => true,
+        let pings = async {
+            tokio::join!(self.pings(addr, wait), async {
+                match control {
+                    Some(c) => self.pings(c, wait).await,
+                    None => true,
+                }
+            })
+        };
+        // A member whose process is gone is told from one that is stopped or starved without
+        // waiting out the ping: its host refuses a datagram to its port.
+        let (alive, control_alive) = tokio::select! {
+            true = self.pool.port_refused(addr, wait) => {
+                self.missed_ping(addr, asked);
+                bump(&self.stats.ports_refused, 1);
+                return Verdict::Gone;
             }
-        });
+            answers = pings => answers,
+        };
         // A member busy sending this client a backlog of large answers may complete none of
         // them, nor the ping queued behind them on the same connection, for a while: bytes
         // still arriving from it say it is alive.
@@ -1936,7 +1968,7 @@ impl Client {
                 // Working on it (perhaps waiting on a slow store): not hedged.
                 Verdict::Alive => return std::future::pending().await,
                 Verdict::Unknown => continue,
-                Verdict::Silent | Verdict::SilentAlone => return,
+                Verdict::Silent | Verdict::SilentAlone | Verdict::Gone => return,
             }
         }
     }
@@ -2008,7 +2040,7 @@ impl Client {
             match c.ping_verdict(addr, limit).await {
                 Verdict::Alive => return,
                 Verdict::Unknown => continue,
-                Verdict::Silent | Verdict::SilentAlone => {}
+                Verdict::Silent | Verdict::SilentAlone | Verdict::Gone => {}
             }
             bump(&c.stats.silent_gives_up, 1);
             c.pool.forget(addr);

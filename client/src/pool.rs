@@ -360,6 +360,34 @@ impl Pool {
         conns.remove(&addr);
     }
 
+    /// Whether nothing listens at `addr` any more: a one-byte datagram sent there from a
+    /// connected UDP socket of its own is refused within `wait` (the host answered ICMP port
+    /// unreachable, as it does for a process that is gone). A process that is alive but stopped
+    /// or starved still holds its socket, so it is never refused; a host that is gone, or a
+    /// network that drops ICMP, answers nothing, and that says nothing either (`false`). The
+    /// byte is not a QUIC packet: a node drops it unread.
+    pub async fn port_refused(&self, addr: SocketAddr, wait: Duration) -> bool {
+        let refused = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionRefused;
+        let ip = match self.endpoint.local_addr() {
+            Ok(local) if local.is_ipv4() == addr.is_ipv4() => local.ip(),
+            _ if addr.is_ipv4() => std::net::Ipv4Addr::UNSPECIFIED.into(),
+            _ => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let Ok(socket) = tokio::net::UdpSocket::bind(SocketAddr::new(ip, 0)).await else {
+            return false;
+        };
+        if socket.connect(addr).await.is_err() {
+            return false;
+        }
+        if let Err(e) = socket.send(&[0]).await {
+            return refused(&e);
+        }
+        let mut answer = [0u8; 64];
+        matches!(
+            tokio::time::timeout(wait, socket.recv(&mut answer)).await,
+            Ok(Err(e)) if refused(&e)
+        )
+    }
     async fn call_inner(
         &self,
         addr: SocketAddr,

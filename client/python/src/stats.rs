@@ -130,6 +130,7 @@ pub fn stats<'py>(py: Python<'py>, client: &Client) -> PyResult<Bound<'py, PyDic
     c.set_item("member_failures", s.member_failures)?;
     c.set_item("skipped_dead", s.skipped_dead)?;
     c.set_item("silent_gives_up", s.silent_gives_up)?;
+    c.set_item("ports_refused", s.ports_refused)?;
     c.set_item("hedges", s.hedges)?;
     c.set_item("store_hedges", s.store_hedges)?;
     c.set_item("hedges_won", s.hedges_won)?;

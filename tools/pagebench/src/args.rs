@@ -70,10 +70,11 @@ pub enum Command {
     /// against one node with that many shards, warm, per shard count)
     Scale(Plain),
 
-    /// 3 pagestored processes over a local-directory under storage
+    /// --nodes (default 3) pagestored processes over a local-directory under storage
     ///
-    /// 3 pagestored processes over a local-directory under storage: cold and warm reads through
-    /// the client against object_store and the local engine; a node SIGKILLed during a scan.
+    /// --nodes (default 3) pagestored processes over a local-directory under storage: cold and
+    /// warm reads through the client against object_store and the local engine; the last node
+    /// SIGKILLed during a scan.
     Cluster(Plain),
 
     /// Issue 18: one file read whole by many readers over 3 pagestored processes

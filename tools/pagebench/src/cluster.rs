@@ -1,13 +1,14 @@
-//! The `cluster` target: reads through the client library from 3 real `pagestored` processes on
-//! loopback, over a local-directory under storage, against references measured in the same run:
+//! The `cluster` target: reads through the client library from `--nodes` (default 3) real
+//! `pagestored` processes on loopback, over a local-directory under storage, against references measured in the same run:
 //!
 //! - **ufs**: the same pages read straight from the under storage with object_store (the
 //!   no-cache baseline; the cold pass should reach at least 0.9x of it);
 //! - **cold**: every page once through the cluster (each a miss: the owner loads it);
 //! - **warm**: every page again (each a hit);
 //! - **local**: the engine alone reading 4 MiB pages in-process (the ceiling for warm reads);
-//! - **kill**: a long warm scan during which one node is SIGKILLed: throughput before, during
-//!   and after, and how long until the first read falls back.
+//! - **kill**: a long warm scan during which the last node is SIGKILLed: throughput before,
+//!   during and after, and how long until the first read falls back (with one node, every read
+//!   after the kill is a fallback).
 //!
 //! Each pass checks that it read the same bytes as the baseline (a crc32 per page).
 
@@ -143,6 +144,7 @@ pub fn run_cluster(o: &Opts) -> Result<()> {
     };
     let mount = format!("/bench=file://{}{query}", ufs_dir.display());
     let mut settings = Settings::new(&binary, &nodes_dir);
+    settings.nodes = nodes(o);
     settings.shards = o.shards as u16;
     settings.page_size = o.page_size.to_string();
     settings.cache_size = (o.size * 2 / 3 + (256 << 20)).to_string();
@@ -186,6 +188,11 @@ pub fn run_cluster(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// The cluster's nodes.
+fn nodes(o: &Opts) -> usize {
+    o.nodes.unwrap_or(3)
+}
+
 /// Runs the passes and the kill timeline; returns the warm pass's GB/s.
 async fn measure(
     o: &Opts,
@@ -212,15 +219,16 @@ async fn measure(
     let total_bytes: u64 = infos.iter().map(|i| i.size).sum();
     report.insert(
         "setup".into(),
-        serde_json::json!({"nodes": 3, "shards": o.shards, "files": files,
+        serde_json::json!({"nodes": nodes(o), "shards": o.shards, "files": files,
             "bytes": total_bytes, "page_size": page, "in_flight": o.qd,
             "under_storage": pagestore_client::ufs::redact(url)}),
     );
     say(
         o,
         format!(
-            "cluster: 3 nodes x {} shard(s), {} files, {:.2} GB, page {} KiB, {} pages in flight; \
-         under storage {}",
+            "cluster: {} node(s) x {} shard(s), {} files, {:.2} GB, page {} KiB, {} pages in \
+             flight; under storage {}",
+            nodes(o),
             o.shards,
             files,
             total_bytes as f64 / 1e9,
@@ -454,8 +462,8 @@ fn say(o: &Opts, line: String) {
     }
 }
 
-/// A warm scan of everything, one file at a time through file handles (read-ahead), with node 2
-/// SIGKILLed a third of the way through.
+/// A warm scan of everything, one file at a time through file handles (read-ahead), with the
+/// last node SIGKILLed a third of the way through.
 async fn kill_timeline(
     o: &Opts,
     cluster: &mut LocalCluster,
@@ -493,7 +501,7 @@ async fn kill_timeline(
             slot += 1;
             let d = done.fetch_add(got as u64, Ordering::Relaxed) + got as u64;
             if killed_at.is_none() && d >= total / 3 {
-                cluster.kill(2);
+                cluster.kill(nodes(o) - 1);
                 killed_at = Some(start.elapsed().as_secs_f64());
             }
         }
@@ -578,8 +586,9 @@ fn kill_report(
     say(
         o,
         format!(
-            "\nkill run: {:.2} GB warm scan through file handles, node 2 SIGKILLed at {kill:.2} s",
-            total as f64 / 1e9
+            "\nkill run: {:.2} GB warm scan through file handles, node {} SIGKILLed at {kill:.2} s",
+            total as f64 / 1e9,
+            nodes(o) - 1
         ),
     );
     say(
@@ -604,13 +613,14 @@ fn kill_report(
         o,
         format!(
             "  during the scan: hedges {} sent ({} to the store), {} won, {} refused by the \
-             budget; {} requests given up by the silence rule (earlier passes: {} hedges, {} \
-             won)",
+             budget; {} requests given up by the silence rule, {} members found gone (their \
+             port refused) (earlier passes: {} hedges, {} won)",
             st.hedges - st0.hedges,
             st.store_hedges - st0.store_hedges,
             st.hedges_won - st0.hedges_won,
             st.hedges_refused - st0.hedges_refused,
             st.silent_gives_up - st0.silent_gives_up,
+            st.ports_refused - st0.ports_refused,
             st0.hedges,
             st0.hedges_won
         ),
@@ -629,6 +639,7 @@ fn kill_report(
         "hedges_won": st.hedges_won - st0.hedges_won,
         "hedges_refused": st.hedges_refused - st0.hedges_refused,
         "silent_gives_up": st.silent_gives_up - st0.silent_gives_up,
+        "ports_refused": st.ports_refused - st0.ports_refused,
         "hedges_before_scan": st0.hedges,
         "member_failures": st.member_failures, "skipped_dead": st.skipped_dead,
         "byte_exact": true,
