@@ -342,6 +342,10 @@ pub trait WriteBack: Send + Sync + 'static {
     /// The records this node holds of `paths` (none for a path it has no record of), and for
     /// each path the first live record beneath it, if any (what makes it a directory).
     fn records_of(&self, paths: &[String]) -> Vec<crate::frame::FileRecord>;
+    /// Whether this node is still taking its peers' records after its start: what it would
+    /// answer from its records (a summary, attributes) may miss changes the cluster
+    /// acknowledged while it was down, so it refuses such questions as unavailable.
+    fn catching_up(&self) -> bool;
     /// What waits to reach the under storage under `prefix`, as this node knows it.
     fn summary(&self, prefix: &str) -> crate::frame::WriteBackSummary;
     /// The attributes of write-back version `version_tag` of the file at `path`, if the

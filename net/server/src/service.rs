@@ -706,6 +706,9 @@ impl ShardService {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
                 };
+                if wb.catching_up() {
+                    return catching_up(id);
+                }
                 let summary = wb.summary(&prefix);
                 reply(id, ResponseBody::WriteBack { summary }, Body::Empty)
             }
@@ -713,6 +716,9 @@ impl ShardService {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
                 };
+                if wb.catching_up() {
+                    return catching_up(id);
+                }
                 match wb.attributes(&path, &version_tag) {
                     Some(attrs) => reply(id, ResponseBody::Attributes { attrs }, Body::Empty),
                     None => error(
@@ -1561,6 +1567,15 @@ fn no_writeback(id: u64) -> Reply {
         id,
         ErrorCode::Unavailable,
         "this node takes no write-back requests",
+    )
+}
+
+fn catching_up(id: u64) -> Reply {
+    error(
+        id,
+        ErrorCode::Unavailable,
+        "this node is still taking its peers' write-back records after its start (it may have \
+         missed changes while it was down)",
     )
 }
 

@@ -466,6 +466,18 @@ const WRITE_BACK: &[WriteBackFamily] = &[
         |w| w.caught_up,
     ),
     (
+        "pagestore_writeback_pulls_total",
+        Kind::Counter,
+        "Pulls of the peers' records finished (at start, every peer at once, each asked for up to 15 s; then one peer every 30 s).",
+        |w| w.pulls,
+    ),
+    (
+        "pagestore_writeback_records_pulled_total",
+        Kind::Counter,
+        "Records those pulls took from the peers (ranking above what this node held).",
+        |w| w.pulled,
+    ),
+    (
         "pagestore_writeback_records_limit",
         Kind::Gauge,
         "Records past which changes that add a path are refused (--write-records-max).",

@@ -108,6 +108,18 @@ fn write_and_flush(
     })
 }
 
+/// A fresh client that learns the cluster from node `i` (no back-off carried over).
+async fn client_through(c: &Cluster, i: usize) -> Arc<Client> {
+    Client::connect(
+        &pagestore_client::ClusterSource::Addr(c.nodes[i].base),
+        pagestore_client::tls::client_config(&c.ca_dir).unwrap(),
+        None,
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
 /// The index in `c.nodes` of the node whose id is `node`.
 fn node_index(c: &Cluster, node: u128) -> usize {
     c.nodes
@@ -778,10 +790,18 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
     c.inner.kill(owner);
     c.signal(third, libc::SIGSTOP).unwrap();
     c.start_node(lagging);
-    // Its pull at start asks the peers for 15 s (a last ask may still wait out its 3 s call
-    // timeout), then gives up; the next pull comes 30 s after the start.
-    tokio::time::sleep(Duration::from_secs(19)).await;
+    // Its pull at start asks the peers for 15 s (a last ask may still wait out its call
+    // timeout), then gives up, having taken nothing; the next pull comes 30 s after the start.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while writeback_metric(&c, lagging, "pulls_total") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pull at start never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     c.signal(third, libc::SIGCONT).unwrap();
+    assert_eq!(writeback_metric(&c, lagging, "records_pulled_total"), 0.0);
     assert_eq!(
         writeback_metric(&c, lagging, "records_caught_up_total"),
         0.0
@@ -797,7 +817,8 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
     );
     assert!(
         writeback_metric(&c, lagging, "records_caught_up_total") >= 1.0,
-        "the lagging member did not judge the change"
+        "the lagging member did not judge the change (records pulled since: {})",
+        writeback_metric(&c, lagging, "records_pulled_total")
     );
     write(swap(&one), b"three").await.unwrap();
     assert_eq!(read_all(&b, path).await, b"three");
@@ -844,6 +865,66 @@ async fn a_member_that_missed_a_files_record_judges_its_conditional_changes_with
         "judged alone: {r:?}"
     );
     assert_eq!(read_all(&b, path).await, b"three");
+}
+
+/// A node restarted after a file it owns was rewritten without it answers no stat of the
+/// mount, nor a summary of what waits for the store, from its own records until it has taken
+/// its peers' (its pull at start): they would give the version from before it went down. Asked while both its peers are frozen (the pull
+/// cannot end), it refuses as unavailable, which sends a client to the path's next member;
+/// once a peer is back it answers the new version. The store is slowed so that nothing is
+/// flushed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_answers_no_stat_from_its_records_before_it_has_taken_its_peers() {
+    let (mut c, _store) = cluster(3, &["--write-replicas", "2"], "&emulate_latency_ms=2000");
+    let a = c.client(ClientOptions::default()).await;
+    let path = (0..)
+        .map(|i| format!("/ck/restart/f{i}"))
+        .find(|p| owner_of(&c, &a, p) == 0)
+        .unwrap();
+    let owner = path_members(&a, &path, 1)[0];
+    a.write_file(&path, b"before".to_vec().into())
+        .await
+        .unwrap();
+    c.inner.kill(0);
+    let new = b"written while node 0 was down".to_vec();
+    a.write_file(&path, new.clone().into()).await.unwrap();
+    for i in [1, 2] {
+        c.signal(i, libc::SIGSTOP).unwrap();
+    }
+    c.start_node(0);
+    // A client of its own (the first one has node 0 backed off).
+    let direct = client_through(&c, 0).await;
+    let stat = frame::RequestBody::StatPath { path: path.clone() };
+    let r = direct.call(owner, stat.clone(), bytes::Bytes::new()).await;
+    let state = frame::RequestBody::WriteBackState {
+        prefix: "/ck".into(),
+    };
+    let summary = direct.call(owner, state, bytes::Bytes::new()).await;
+    for i in [1, 2] {
+        c.signal(i, libc::SIGCONT).unwrap();
+    }
+    assert!(matches!(r, Err(Error::Unavailable { .. })), "{r:?}");
+    // Nor what waits for the store (`pagectl sync` would take its word for it).
+    assert!(
+        matches!(summary, Err(Error::Unavailable { .. })),
+        "{summary:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match direct.call(owner, stat.clone(), bytes::Bytes::new()).await {
+            Ok((frame::ResponseBody::PathInfo { kind }, _)) => {
+                assert!(
+                    matches!(kind, PathKind::File { size, .. } if size == new.len() as u64),
+                    "{kind:?}"
+                );
+                break;
+            }
+            other => assert!(Instant::now() < deadline, "{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let b = c.client(ClientOptions::default()).await;
+    assert_eq!(read_all(&b, &path).await, new);
 }
 
 /// Node `i`'s `pagestore_writeback_<name>`.
@@ -926,14 +1007,7 @@ async fn an_unacknowledged_delete_by_a_fast_clocked_owner_that_died_loses_to_a_l
 
     // Node 0 comes back (as fast as it was), owner of the path again, with its delete.
     c.start_node(0);
-    let direct = Client::connect(
-        &pagestore_client::ClusterSource::Addr(c.nodes[0].base),
-        pagestore_client::tls::client_config(&c.ca_dir).unwrap(),
-        None,
-        ClientOptions::default(),
-    )
-    .await
-    .unwrap();
+    let direct = client_through(&c, 0).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let kind = loop {
         match direct.stat_path(&path).await {
@@ -1047,15 +1121,7 @@ async fn a_killed_node_loses_nothing_acknowledged_and_another_node_flushes_it() 
     for (p, b) in &files {
         assert_eq!(&read_all(&again, p).await, b, "{p} after the restart");
     }
-    let addr = c.nodes[victim].base;
-    let one = Client::connect(
-        &pagestore_client::ClusterSource::Addr(addr),
-        pagestore_client::tls::client_config(&c.ca_dir).unwrap(),
-        None,
-        ClientOptions::default(),
-    )
-    .await
-    .unwrap();
+    let one = client_through(&c, victim).await;
     let start = Instant::now();
     loop {
         let kind = one.stat_path(&files[0].0).await.unwrap();
@@ -1065,6 +1131,9 @@ async fn a_killed_node_loses_nothing_acknowledged_and_another_node_flushes_it() 
         assert!(start.elapsed() < Duration::from_secs(60), "{kind:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // It learnt of the flushes by pulling the records from its peers.
+    assert!(writeback_metric(&c, victim, "pulls_total") >= 1.0);
+    assert!(writeback_metric(&c, victim, "records_pulled_total") >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -174,6 +174,10 @@ pub struct FlushStats {
     pub forgotten: AtomicU64,
     /// Records of a change's paths taken from the peers before the change was judged.
     pub caught_up: AtomicU64,
+    /// Pulls of the peers' records finished (the one at start included).
+    pub pulls: AtomicU64,
+    /// Records taken by those pulls (ranking above what this node held).
+    pub pulled: AtomicU64,
 }
 
 /// A snapshot for `/metrics`.
@@ -206,6 +210,10 @@ pub struct WriteBackMetrics {
     /// Records of a change's paths this node lacked, or held older, and took from its peers
     /// before it judged the change ([`WriteBackNode::gather`]).
     pub caught_up: u64,
+    /// Pulls of the peers' records finished, the one at start included.
+    pub pulls: u64,
+    /// Records those pulls took.
+    pub pulled: u64,
 }
 
 /// A node's write-back side (see the module docs).
@@ -219,6 +227,10 @@ pub struct WriteBackNode {
     ufs: Arc<UfsSource>,
     node: OnceLock<Weak<Node>>,
     peers: OnceLock<Arc<Client>>,
+    /// Set once enough peers gave all their records at start ([`WriteBackNode::pull_all`]),
+    /// or the pull at start ended: until then this node's records may miss changes made while
+    /// it was down.
+    pulled_at_start: std::sync::atomic::AtomicBool,
     /// Nodes in the ring when no peer client is connected yet.
     initial_nodes: usize,
     /// One change at a time is planned and applied here.
@@ -399,6 +411,7 @@ impl WriteBackNode {
             ufs,
             node: OnceLock::new(),
             peers: OnceLock::new(),
+            pulled_at_start: std::sync::atomic::AtomicBool::new(false),
             initial_nodes: initial_nodes.max(1),
             change_lock: tokio::sync::Mutex::new(()),
             flushing: Mutex::new(HashMap::new()),
@@ -438,6 +451,7 @@ impl WriteBackNode {
         let me = self.clone();
         tasks.push(tokio::spawn(async move {
             me.pull_all(true).await;
+            me.pulled_at_start.store(true, Ordering::Release);
             me.flush_loop().await;
         }));
         let me = self.clone();
@@ -1394,12 +1408,13 @@ impl WriteBackNode {
 
     // -- keeping in step ------------------------------------------------------------------
 
-    /// Pulls every record from the other nodes (`all`, at start: each peer is asked again
-    /// for up to 15 s while it does not answer) or from one of them, and takes what ranks
-    /// higher than ours.
+    /// Pulls every record from the other nodes (`all`, at start: all of them at once, each
+    /// asked again for up to 15 s while it does not answer) or from one of them, and takes what
+    /// ranks higher than ours. At start, once enough peers gave all their records that every
+    /// change acknowledged while this node was down is among them (as many as judge a
+    /// conditional change, at least one), the node answers from its records again
+    /// ([`WriteBackNode::catching_up`]); the pull goes on with the others.
     async fn pull_all(&self, all: bool) {
-        /// How long a starting node keeps asking a peer that does not answer for its records.
-        const START_PULL_WAIT: Duration = Duration::from_secs(15);
         let Some(client) = self.peers().cloned() else {
             return;
         };
@@ -1409,45 +1424,87 @@ impl WriteBackNode {
             others.rotate_left(k);
             others.truncate(1);
         }
-        // At start, peers that are starting too (or whose connection is not up yet) are
-        // asked again for a while: a node that flushed what it took for dirty before it heard
-        // of the peers' flushes would upload the file a second time.
+        // A change acknowledged while this node was down is held by `replicas` of the others:
+        // any `nodes - replicas` of them include one that holds it.
+        let enough = self
+            .nodes()
+            .saturating_sub(self.replicas())
+            .max(1)
+            .min(others.len());
+        let complete = std::sync::atomic::AtomicUsize::new(0);
+        if all && enough == 0 {
+            self.pulled_at_start.store(true, Ordering::Release);
+        }
         let started = Instant::now();
-        for (_, addr) in others {
-            let mut after = String::new();
-            loop {
-                let body = RequestBody::PullRecords {
-                    after: after.clone(),
-                };
-                let mut answer = client.call(addr, body.clone(), Bytes::new()).await;
-                while all && answer.is_err() && started.elapsed() < START_PULL_WAIT {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    answer = client.call(addr, body.clone(), Bytes::new()).await;
+        let pulls = others.iter().map(|&(_, addr)| {
+            let (client, complete) = (&client, &complete);
+            async move {
+                if self.pull_from(client, addr, all, started).await
+                    && all
+                    && complete.fetch_add(1, Ordering::AcqRel) + 1 >= enough
+                {
+                    self.pulled_at_start.store(true, Ordering::Release);
                 }
-                let (more, records) = match answer {
-                    Ok((ResponseBody::Records { more }, payload)) => {
-                        match pagestore_protocol::frame::decode_file_records(&payload) {
-                            Ok(r) => (more, r),
-                            Err(e) => {
-                                tracing::warn!(%addr, error = %e, "a peer's records are malformed");
-                                break;
-                            }
+            }
+        });
+        futures_util::future::join_all(pulls).await;
+        self.stats.pulls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Pulls every record of the peer at `addr` (`at_start`: asking again until 15 s after
+    /// `started` while it does not answer; peers that are starting too, or whose connection is
+    /// not up yet, answer a moment later, and a node that flushed what it took for dirty before
+    /// it heard of the peers' flushes would upload the file a second time). Whether the peer
+    /// gave all its records.
+    async fn pull_from(
+        &self,
+        client: &Client,
+        addr: std::net::SocketAddr,
+        at_start: bool,
+        started: Instant,
+    ) -> bool {
+        /// How long a starting node keeps asking a peer that does not answer for its records.
+        const START_PULL_WAIT: Duration = Duration::from_secs(15);
+        let mut after = String::new();
+        loop {
+            let body = RequestBody::PullRecords {
+                after: after.clone(),
+            };
+            let mut answer = client.call(addr, body.clone(), Bytes::new()).await;
+            while at_start && answer.is_err() && started.elapsed() < START_PULL_WAIT {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                answer = client.call(addr, body.clone(), Bytes::new()).await;
+            }
+            let (more, records) = match answer {
+                Ok((ResponseBody::Records { more }, payload)) => {
+                    match pagestore_protocol::frame::decode_file_records(&payload) {
+                        Ok(r) => (more, r),
+                        Err(e) => {
+                            tracing::warn!(%addr, error = %e, "a peer's records are malformed");
+                            return false;
                         }
                     }
-                    Ok(_) | Err(_) => break,
-                };
-                let Some(last) = records.last().map(|r| r.path.clone()) else {
-                    break;
-                };
-                if let Err(e) = self.keep(records, false).await {
+                }
+                Ok(_) | Err(_) => return false,
+            };
+            let Some(last) = records.last().map(|r| r.path.clone()) else {
+                return true;
+            };
+            match self.keep(records, false).await {
+                Ok(applied) => {
+                    self.stats
+                        .pulled
+                        .fetch_add(applied.taken.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
                     tracing::warn!(%addr, error = %e, "keeping a peer's records");
-                    break;
+                    return false;
                 }
-                if !more {
-                    break;
-                }
-                after = last;
             }
+            if !more {
+                return true;
+            }
+            after = last;
         }
     }
 
@@ -1596,6 +1653,8 @@ impl WriteBackNode {
             journal_bytes,
             clock_lead_ms: self.hlc.lead_ms(),
             caught_up: g(&s.caught_up),
+            pulls: g(&s.pulls),
+            pulled: g(&s.pulled),
         }
     }
 
@@ -1676,6 +1735,12 @@ impl WriteBack for WriteBackNode {
             }
         }
         out
+    }
+
+    /// Until enough peers gave their records at start (or the pull at start ended), or
+    /// before the node serves.
+    fn catching_up(&self) -> bool {
+        !self.pulled_at_start.load(Ordering::Acquire)
     }
 
     fn summary(&self, prefix: &str) -> WriteBackSummary {

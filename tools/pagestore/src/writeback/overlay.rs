@@ -18,7 +18,7 @@ use pagestore_protocol::{
     frame::{DirEntry, ErrorCode, FileId, FileRef, MountEntry, PathKind, RecordEntry, RecordState},
     ring,
     source::{Source, SourceError, SourceFuture},
-    writeback::is_wb_tag,
+    writeback::{is_wb_tag, WriteBack},
 };
 
 use super::{
@@ -68,6 +68,25 @@ fn not_found(path: &str) -> SourceError {
         ErrorCode::NotFound,
         format!("{path}: no such file or directory"),
     )
+}
+
+impl WbSource {
+    /// The error for a stat or listing of `path` while this node is still taking its peers'
+    /// records after its start, if `path` is under a mount written through the cluster (its
+    /// records may miss what the cluster acknowledged while the node was down; the client asks
+    /// the path's next member). `None` when the node can answer.
+    fn catching_up(&self, path: &str) -> Option<SourceError> {
+        if !self.wb.catching_up() || !self.ufs.table().write_policy(path).is_cached() {
+            return None;
+        }
+        Some(SourceError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "{path}: this node is still taking its peers' records after its start (it may \
+                 have missed changes while it was down)"
+            ),
+        ))
+    }
 }
 
 impl Source for WbSource {
@@ -121,6 +140,9 @@ impl Source for WbSource {
     }
 
     fn stat(&self, path: &str) -> SourceFuture<PathKind> {
+        if let Some(e) = self.catching_up(path) {
+            return Box::pin(async move { Err(e) });
+        }
         let known = match self.wb.table().known(path) {
             Known::Record(r) => Some(r.clone()),
             Known::Implied => return Box::pin(async { Ok(PathKind::DIR) }),
@@ -166,6 +188,10 @@ impl Source for WbSource {
     fn list_head(&self, path: &str, max: usize) -> Option<SourceFuture<(Vec<DirEntry>, bool)>> {
         let dir = path.trim_end_matches('/');
         let dir = if dir.is_empty() { "/" } else { dir };
+        if self.catching_up(dir).is_some() {
+            // The whole listing answers it.
+            return None;
+        }
         let t = self.wb.table();
         let (records, implied) = t.children(dir);
         if !records.is_empty() || !implied.is_empty() || !matches!(t.known(dir), Known::Unknown) {
@@ -181,6 +207,9 @@ impl Source for WbSource {
         } else {
             path.trim_end_matches('/').to_string()
         };
+        if let Some(e) = self.catching_up(&dir) {
+            return Box::pin(async move { Err(e) });
+        }
         let (records, implied, is_dir) = {
             let t = self.wb.table();
             let (r, i) = t.children(&dir);
