@@ -741,8 +741,20 @@ impl Shared {
             self.note_written(&w, &info);
         }
         self.forget_writer(&w);
+        self.forget_attributes(w.ino);
+    }
+
+    /// Tells the kernel to forget the attributes (size included) it holds of inode `ino`: its
+    /// next fstat, or read past the size it holds, asks again. Attributes only (offset -1):
+    /// its cached pages stay. Fails harmlessly if the kernel has already forgotten the inode.
+    ///
+    /// An open that needs it sends it before it answers: the kernel drops an attribute
+    /// answer, and a short read's word on the size, when attributes were invalidated while
+    /// the request was out, so one sent after the answer can race the opener's first fstat
+    /// and reads, which then run on the old size (zeros read past a shorter version's end).
+    fn forget_attributes(&self, ino: u64) {
         if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(w.ino), -1, 0);
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
         }
     }
 
@@ -1176,11 +1188,9 @@ impl Filesystem for PageFs {
                     return reply.error(e);
                 }
                 let (fh, flags) = sh.write_handle(w, true, append);
-                reply.opened(FileHandle(fh), flags);
                 // The kernel may hold this file's size from before (another writer's).
-                if let Some(n) = sh.notifier.get() {
-                    let _ = n.inval_inode(ino, -1, 0);
-                }
+                sh.forget_attributes(ino.0);
+                reply.opened(FileHandle(fh), flags);
             });
             return;
         }
@@ -1233,16 +1243,11 @@ impl Filesystem for PageFs {
             } else {
                 FopenFlags::empty()
             };
-            reply.opened(FileHandle(fh), flags);
             // A reader past the cache leaves the kernel's size to the cached readers'.
             if !direct && (resized || !keep) {
-                if let Some(n) = sh.notifier.get() {
-                    // Attributes only (offset -1): the next read past the old size, or fstat,
-                    // asks again and gets this version's size. Fails harmlessly if the kernel
-                    // has already forgotten the inode.
-                    let _ = n.inval_inode(ino, -1, 0);
-                }
+                sh.forget_attributes(ino.0);
             }
+            reply.opened(FileHandle(fh), flags);
         });
     }
 

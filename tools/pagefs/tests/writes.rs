@@ -934,7 +934,16 @@ fn two_versions_of_a_file_open_at_once_are_each_read_whole() {
     // Once both are closed, an open reads the new version whole (nothing of the old one
     // stays cached for it).
     drop((a, b));
-    assert!(std::fs::read(&path).unwrap() == new);
+    let whole = std::fs::read(&path).unwrap();
+    assert!(
+        whole == new,
+        "after both closed: {} bytes read, the new version has {} (the old {}); first \
+         difference at {:?}",
+        whole.len(),
+        new.len(),
+        old.len(),
+        whole.iter().zip(&new).position(|(x, y)| x != y)
+    );
     let mut again = std::fs::File::open(&path).unwrap();
     let mut got = Vec::new();
     again.read_to_end(&mut got).unwrap();
