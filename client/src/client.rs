@@ -447,6 +447,9 @@ pub struct Client {
     /// Members a watcher is settling (after a hedge beat a request to them: see
     /// [`Client::settle`]).
     settling: Mutex<HashSet<SocketAddr>>,
+    /// Port probes of members sent before any member answered this client (see
+    /// [`Client::refused_since`]).
+    fresh_probes: Mutex<FreshProbes>,
     /// This client, for the watchers it spawns.
     me: Weak<Client>,
 }
@@ -510,6 +513,33 @@ impl Drop for ProbeGuard<'_> {
         if let Some(s) = h.get_mut(&self.addr) {
             s.probing = false;
         }
+    }
+}
+
+/// Port probes sent before any member answered a client ([`Client::refused_since`]).
+#[derive(Default)]
+struct FreshProbes {
+    /// Members being probed now.
+    running: HashSet<SocketAddr>,
+    /// When each member's port was last found refused.
+    refused: HashMap<SocketAddr, Instant>,
+}
+
+/// A probe of `addr` under way ([`FreshProbes::running`]) until dropped, even mid-probe
+/// (the request it waited for was answered or cancelled): another request probes then.
+struct FreshProbe<'a> {
+    client: &'a Client,
+    addr: SocketAddr,
+}
+
+impl Drop for FreshProbe<'_> {
+    fn drop(&mut self) {
+        let mut p = self
+            .client
+            .fresh_probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        p.running.remove(&self.addr);
     }
 }
 
@@ -660,6 +690,7 @@ impl Client {
             hot: HotMap::default(),
             hedge_budget,
             settling: Mutex::new(HashSet::new()),
+            fresh_probes: Mutex::new(FreshProbes::default()),
             me: me.clone(),
         });
         if let Some((etcd, state)) = followed {
@@ -964,7 +995,9 @@ impl Client {
     /// not). Before any member answered, there is nothing to judge silence by: the request is
     /// given up at the call timeout unless some member answers before it ends (a fresh client
     /// whose first requests queue behind loads from a slow store keeps them, once the first
-    /// answers arrive). Returns why, for the log: `Ok` when the member was judged silent,
+    /// answers arrive), or the member's host refuses a datagram to its port after the silence
+    /// floor (the process is gone: a fresh client does not wait out the call timeout on a
+    /// killed node). Returns why, for the log: `Ok` when the member was judged silent or gone,
     /// `Err` when no member had answered within the call timeout.
     async fn silence(&self, addr: SocketAddr, sent: Instant) -> Result<String, String> {
         let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
@@ -972,7 +1005,19 @@ impl Client {
             let Some((l, _)) = self.latency_of(addr) else {
                 let at = sent + ceiling;
                 if Instant::now() < at {
-                    tokio::time::sleep_until(at.into()).await;
+                    // A member whose process is gone is told by its port even so, once the
+                    // request has waited the silence floor: only that ends the wait early.
+                    tokio::select! {
+                        true = self.refused_since(addr, sent + floor, at) => {
+                            bump(&self.stats.ports_refused, 1);
+                            return Ok(format!(
+                                "no answer for {floor:?}, and its host refuses datagrams to its \
+                                 port (nothing listens there: the process is gone; no member \
+                                 has answered this client yet)"
+                            ));
+                        }
+                        () = tokio::time::sleep_until(at.into()) => {}
+                    }
                     continue;
                 }
                 return Err(format!(
@@ -1014,6 +1059,39 @@ impl Client {
                  answered (it usually answers within {:?})",
                 l.usual()
             ));
+        }
+    }
+
+    /// Resolves `true` once `addr`'s host refused a port probe sent at `from` or later, `false`
+    /// if none did by `until`. One probe per member at a time: the requests waiting on a
+    /// member share its outcome (a fresh client's first burst, queued behind loads from a slow
+    /// store, would otherwise hold a socket per request).
+    async fn refused_since(&self, addr: SocketAddr, from: Instant, until: Instant) -> bool {
+        tokio::time::sleep_until(from.into()).await;
+        loop {
+            let mine = {
+                let mut p = self.fresh_probes.lock().unwrap_or_else(|e| e.into_inner());
+                if p.refused.get(&addr).is_some_and(|at| *at >= from) {
+                    return true;
+                }
+                p.running.insert(addr)
+            };
+            if mine {
+                let _running = FreshProbe { client: self, addr };
+                let refused = self
+                    .pool
+                    .port_refused(addr, until.saturating_duration_since(Instant::now()))
+                    .await;
+                if refused {
+                    let mut p = self.fresh_probes.lock().unwrap_or_else(|e| e.into_inner());
+                    p.refused.insert(addr, Instant::now());
+                }
+                return refused;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -483,6 +483,37 @@ async fn a_lone_node_that_is_killed_is_left_at_once_but_a_stopped_one_is_waited_
     );
 }
 
+/// A client that has had no answer from any member yet (a process just started, such as a
+/// data-loader worker) has no answer times to judge silence by, so it gives a request the call
+/// timeout; but a node that was SIGKILLed is told by its port all the same, and the client
+/// reads the store at once instead of waiting out that timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_client_does_not_wait_out_its_call_timeout_on_a_killed_node() {
+    let content = bytes(15, 2 * MIB + 3);
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("f"), &content).unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    s.nodes = 1;
+    let mut c = Cluster::start(dir, s);
+    // Connected (the membership is asked outside the requests' timing), nothing asked yet.
+    let client = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(60),
+            ..ClientOptions::default()
+        })
+        .await;
+    let (took, s) = kill_then_read_f(&mut c, &client, 0, &content).await;
+    assert!(s.ports_refused >= 1, "{s:?}");
+    assert!(s.fallbacks + s.metadata_fallbacks >= 1, "{s:?}");
+    // Generous for a loaded machine: without the probe this waits for the call timeout.
+    assert!(
+        took < Duration::from_secs(10),
+        "the dead node was waited for as if it might answer: {took:?} ({s:?})"
+    );
+}
+
 /// The index of the node that owns page `page` of `info` under `client`'s ring.
 fn owner_node(
     c: &Cluster,
