@@ -441,6 +441,17 @@ async fn kill_then_read_f(
     (took, client.stats())
 }
 
+/// A one-node cluster over a local directory mounted at `/data` that holds `f` (`content`).
+fn lone_node_with_f(content: &[u8]) -> Cluster {
+    let (dir, mut s) = common::settings();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("f"), content).unwrap();
+    s.mounts = vec![format!("/data=file://{}", data.display())];
+    s.nodes = 1;
+    Cluster::start(dir, s)
+}
+
 /// A one-node cluster whose node is SIGKILLed: no member of another node can answer a control
 /// ping, so silence alone would be waited on for the call timeout (a lone node that is only
 /// busy must not be backed off, see `writeback.rs`); but the node's host refuses datagrams to
@@ -449,13 +460,7 @@ async fn kill_then_read_f(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_node_that_is_killed_is_left_at_once_but_a_stopped_one_is_waited_for() {
     let content = bytes(14, 3 * MIB + 7);
-    let (dir, mut s) = common::settings();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join("f"), &content).unwrap();
-    s.mounts = vec![format!("/data=file://{}", data.display())];
-    s.nodes = 1;
-    let mut c = Cluster::start(dir, s);
+    let mut c = lone_node_with_f(&content);
     // Only telling the node gone can end the requests that wait on it.
     let (client, _) = patient_reader(&c, &content).await;
 
@@ -490,13 +495,7 @@ async fn a_lone_node_that_is_killed_is_left_at_once_but_a_stopped_one_is_waited_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_client_does_not_wait_out_its_call_timeout_on_a_killed_node() {
     let content = bytes(15, 2 * MIB + 3);
-    let (dir, mut s) = common::settings();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join("f"), &content).unwrap();
-    s.mounts = vec![format!("/data=file://{}", data.display())];
-    s.nodes = 1;
-    let mut c = Cluster::start(dir, s);
+    let mut c = lone_node_with_f(&content);
     // Connected (the membership is asked outside the requests' timing), nothing asked yet.
     let client = c
         .client(ClientOptions {
