@@ -247,6 +247,83 @@ fn start_child(dir: &Path) -> (Child, ClusterCa, SocketAddr) {
     (child, ca, addr)
 }
 
+/// What an attack wave did to the node ([`attack_wave`]).
+struct Wave {
+    /// The node's largest resident size seen during the wave.
+    peak: usize,
+    /// The most request bytes the node held at once.
+    held_max: usize,
+    /// Requests that waited for the budget (the node's count, since its start).
+    waits: u64,
+    /// How long an honest read took during the wave.
+    served: Duration,
+}
+
+/// 60 connections, each starting 4 requests of 960 KB and never finishing them, held for 2 s
+/// while the node's memory and held bytes are sampled and an honest client reads a page; then
+/// the attackers leave, and every byte held for them must be given back within 10 s.
+fn attack_wave(
+    rt: &tokio::runtime::Runtime,
+    ca: &ClusterCa,
+    addr: SocketAddr,
+    child: &mut Child,
+    honest: &Pool,
+) -> Wave {
+    // The send streams are kept (dropping one would finish its request).
+    let (attack, _conns, _streams) = rt.block_on(async {
+        let ep = endpoint(ca, "127.0.0.1:0");
+        let mut conns = Vec::new();
+        let mut streams = Vec::new();
+        for _ in 0..ATTACKERS {
+            let c = ep.connect(addr, tls::SERVER_NAME).unwrap().await.unwrap();
+            for _ in 0..STREAMS_EACH {
+                let (mut send, recv) = c.open_bi().await.unwrap();
+                // quinn takes what the node's flow control allows; the rest would wait.
+                let data = vec![0x5A; 960_000];
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(20), send.write_all(&data)).await;
+                streams.push((send, recv));
+            }
+            conns.push(c);
+        }
+        (ep, conns, streams)
+    });
+    // While the attack holds: the counter stays within the budget, and an honest client is
+    // served.
+    let mut peak = 0;
+    let mut held_max = 0;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        let (held, stalled, _) = child.stats();
+        assert_eq!(stalled, 0, "requests reset before the stall timeout");
+        held_max = held_max.max(held);
+        peak = peak.max(child.rss());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, _, waits) = child.stats();
+    let served = Instant::now();
+    rt.block_on(async {
+        assert_eq!(read_page(honest, addr).await.unwrap(), page_bytes(100, 0));
+    });
+    let served = served.elapsed();
+    attack.close(0u32.into(), b"bye");
+    drop((_conns, _streams));
+    let t = Instant::now();
+    while child.stats().0 != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "request bytes still held after the attackers left"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Wave {
+        peak,
+        held_max,
+        waits,
+        served,
+    }
+}
+
 #[test]
 fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
     let dir = common::tempdir();
@@ -264,105 +341,63 @@ fn stalling_connections_cannot_grow_node_memory_beyond_its_bound() {
     std::thread::sleep(Duration::from_millis(300));
     let before = child.rss();
 
-    // 60 connections, each starting 4 requests of 960 KB and never finishing them. The send
-    // streams are kept (dropping one would finish its request).
-    let (attack, _conns, _streams) = rt.block_on(async {
-        let ep = endpoint(&ca, "127.0.0.1:0");
-        let mut conns = Vec::new();
-        let mut streams = Vec::new();
-        for _ in 0..ATTACKERS {
-            let c = ep.connect(addr, tls::SERVER_NAME).unwrap().await.unwrap();
-            for _ in 0..STREAMS_EACH {
-                let (mut send, recv) = c.open_bi().await.unwrap();
-                // quinn takes what the node's flow control allows; the rest would wait.
-                let data = vec![0x5A; 960_000];
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(20), send.write_all(&data)).await;
-                streams.push((send, recv));
-            }
-            conns.push(c);
-        }
-        (ep, conns, streams)
-    });
-    // While the attack holds: the counter stays within the budget, memory within the bound,
-    // and an honest client is served.
-    let mut peak = 0;
-    let mut held_max = 0;
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(2) {
-        let (held, stalled, _) = child.stats();
-        assert_eq!(stalled, 0, "requests reset before the stall timeout");
-        held_max = held_max.max(held);
-        peak = peak.max(child.rss());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let (_, _, waits) = child.stats();
-    let served = Instant::now();
-    rt.block_on(async {
-        assert_eq!(read_page(&honest, addr).await.unwrap(), page_bytes(100, 0));
-    });
-    let served = served.elapsed();
+    let first = attack_wave(&rt, &ca, addr, &mut child, &honest);
     // The bound: the budget, plus per connection its base receive window (unread in
     // quinn-proto) and its own allowance, twice over for allocator and QUIC overheads, plus
     // 32 MiB for everything else a connection costs.
     let per_conn =
         transport::SERVER_BASE_WINDOW as usize + pagestore_server::endpoint::CONNECTION_ALLOWANCE;
     let bound = CHILD_BUDGET + 2 * ATTACKERS * per_conn + (32 << 20);
-    let grown = peak.saturating_sub(before);
+    let grown = first.peak.saturating_sub(before);
     eprintln!(
         "child RSS before {} MiB, peak {} MiB (+{} MiB, bound {} MiB), request bytes held at \
-         most {} KiB, budget waits {waits}, honest read during the attack {served:?}",
+         most {} KiB, budget waits {}, honest read during the attack {:?}",
         before >> 20,
-        peak >> 20,
+        first.peak >> 20,
         grown >> 20,
         bound >> 20,
-        held_max >> 10
+        first.held_max >> 10,
+        first.waits,
+        first.served
     );
-    assert!(held_max <= CHILD_BUDGET, "held {held_max} > budget");
     assert!(
-        held_max >= CHILD_BUDGET / 2,
+        first.held_max <= CHILD_BUDGET,
+        "held {} > budget",
+        first.held_max
+    );
+    assert!(
+        first.held_max >= CHILD_BUDGET / 2,
         "the attack did not reach the budget"
     );
-    assert!(waits > 0, "no request waited for the budget");
+    assert!(first.waits > 0, "no request waited for the budget");
     assert!(grown <= bound, "RSS grew by {grown} bytes, bound {bound}");
     assert!(
-        served < Duration::from_secs(2),
-        "honest read took {served:?}"
+        first.served < Duration::from_secs(2),
+        "honest read took {:?}",
+        first.served
     );
-
-    // The attackers leave: every byte held for them is given back, and a full-size write from
-    // an honest client goes through.
-    attack.close(0u32.into(), b"bye");
-    drop((_conns, _streams));
-    let t = Instant::now();
-    while child.stats().0 != 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "request bytes still held after the attackers left"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // A full-size write from an honest client goes through once the attackers left.
     rt.block_on(async {
         assert_eq!(write_page(&honest, addr, 1).await, ResponseBody::Written);
     });
-    // The connections' state is freed as their closes complete and the allocator gives the
-    // pages back as it trims: polled (for at most 10 s), not read once after a fixed pause, so
-    // that a loaded machine's slower closes do not read as memory kept.
-    let limit = before + (grown / 2).max(16 << 20);
-    let t = Instant::now();
-    let mut after = child.rss();
-    while after > limit && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(250));
-        after = child.rss();
-    }
+
+    // What the attackers' connections took is given back: a second wave as large grows the
+    // node no further than a fraction of what the first did. (The resident size itself need
+    // not fall when they leave: the allocator keeps freed pages for reuse, and whether it
+    // trims them depends on fragmentation; a CI run kept 16 of 21 MiB. Kept connection state
+    // would add the whole growth again.)
+    let second = attack_wave(&rt, &ca, addr, &mut child, &honest);
     eprintln!(
-        "child RSS after the attackers left: {} MiB ({:.1} s)",
-        after >> 20,
-        t.elapsed().as_secs_f64()
+        "second wave: peak {} MiB (the first {} MiB); RSS now {} MiB",
+        second.peak >> 20,
+        first.peak >> 20,
+        child.rss() >> 20
     );
     assert!(
-        after <= limit,
-        "RSS did not come back: before {before}, peak {peak}, after {after}"
+        second.peak <= first.peak + grown / 2,
+        "the first wave's memory was not given back: peak {} then {}, before {before}",
+        first.peak,
+        second.peak
     );
     honest.close();
     drop(child.proc.stdin.take());
