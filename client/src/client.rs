@@ -495,6 +495,18 @@ pub(crate) enum Attempt<T> {
     Unverified(String),
 }
 
+impl<T> Attempt<T> {
+    /// The answer, or [`Error::Unavailable`] with why the member could not give one.
+    fn into_result(self) -> Result<T, Error> {
+        match self {
+            Attempt::Answer(r) => r,
+            Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
+                Err(Error::unavailable(why))
+            }
+        }
+    }
+}
+
 /// `message` without `suffix` at its end.
 fn without(message: &str, suffix: &str) -> String {
     message.strip_suffix(suffix).unwrap_or(message).to_string()
@@ -1353,12 +1365,20 @@ impl Client {
         body: RequestBody,
         payload: Bytes,
     ) -> Result<(ResponseBody, Bytes), Error> {
-        match self.ask_with(addr, body, payload).await {
-            Attempt::Answer(r) => r,
-            Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
-                Err(Error::unavailable(why))
-            }
-        }
+        self.ask_with(addr, body, payload).await.into_result()
+    }
+
+    /// [`Client::call`] even while `addr` is backed off after failures: for a node that needs
+    /// an answer of every peer it can get (the back-off may well outlast the peer's trouble).
+    pub async fn call_despite_backoff(
+        &self,
+        addr: SocketAddr,
+        body: RequestBody,
+        payload: Bytes,
+    ) -> Result<(ResponseBody, Bytes), Error> {
+        self.ask_despite_backoff(addr, body, payload)
+            .await
+            .into_result()
     }
 
     /// Whether requests may go to `addr` now (it is not backed off after failures).
@@ -2151,17 +2171,10 @@ impl Client {
             epoch: ring.epoch(),
             route: Route::Owner,
         };
-        match self.ask(owner, body).await {
-            Attempt::Answer(r) => {
-                let (_, payload) = r?;
-                bump(&self.stats.cluster_bytes, payload.len() as u64);
-                bump(&self.stats.owner_reads, 1);
-                Ok(payload)
-            }
-            Attempt::Failed(why) | Attempt::StoreFailed(why) | Attempt::Unverified(why) => {
-                Err(Error::unavailable(why))
-            }
-        }
+        let (_, payload) = self.ask(owner, body).await.into_result()?;
+        bump(&self.stats.cluster_bytes, payload.len() as u64);
+        bump(&self.stats.owner_reads, 1);
+        Ok(payload)
     }
 
     /// Reads up to `len` bytes at `offset` of `info` (fewer at the end of the file, none past

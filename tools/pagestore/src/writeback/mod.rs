@@ -18,6 +18,7 @@ pub mod records;
 
 use std::{
     collections::HashMap,
+    net::SocketAddr,
     path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -276,6 +277,51 @@ fn named_paths(op: &ChangeOp) -> Vec<&str> {
     }
 }
 
+/// Sends `body` with `payload` to each of the peers `addrs` at once and sorts their answers
+/// with `take`: what the peers that answered gave, and why the others did not (`addr: why`).
+/// Peers backed off after failures in `client` are asked only when fewer than `need` of the
+/// others gave an answer: a peer that was frozen or restarting may well answer before its
+/// back-off (up to the client's longest, 30 s by default) runs out, and the change or step
+/// that needs it would fail without it.
+async fn ask_peers<T>(
+    client: &Client,
+    addrs: &[SocketAddr],
+    body: &RequestBody,
+    payload: Bytes,
+    need: usize,
+    take: impl Fn(Result<(ResponseBody, Bytes), String>) -> Result<T, String>,
+) -> (Vec<T>, Vec<String>) {
+    let (ready, backed_off): (Vec<SocketAddr>, Vec<SocketAddr>) =
+        addrs.iter().partition(|&&a| client.reachable(a));
+    let (mut given, mut failures) = (Vec::new(), Vec::new());
+    for (round, despite) in [(ready, false), (backed_off, true)] {
+        if despite && given.len() >= need {
+            break;
+        }
+        let mut asks: FuturesUnordered<_> = round
+            .into_iter()
+            .map(|addr| {
+                let (body, payload) = (body.clone(), payload.clone());
+                async move {
+                    let r = if despite {
+                        client.call_despite_backoff(addr, body, payload).await
+                    } else {
+                        client.call(addr, body, payload).await
+                    };
+                    (addr, r)
+                }
+            })
+            .collect();
+        while let Some((addr, r)) = asks.next().await {
+            match take(r.map_err(|e| e.to_string())) {
+                Ok(t) => given.push(t),
+                Err(why) => failures.push(format!("{addr}: {why}")),
+            }
+        }
+    }
+    (given, failures)
+}
+
 /// Whether what `op` does depends on what its path holds now, so that a node that missed a
 /// record of it would answer wrongly: a conditional commit or delete, a rename that must not
 /// replace, a new directory.
@@ -469,7 +515,7 @@ impl WriteBackNode {
     }
 
     /// The other nodes: (id, shard 0's address).
-    fn other_nodes(&self) -> Vec<(u128, std::net::SocketAddr)> {
+    fn other_nodes(&self) -> Vec<(u128, SocketAddr)> {
         let Some(c) = self.peers() else {
             return Vec::new();
         };
@@ -636,25 +682,14 @@ impl WriteBackNode {
             ));
         };
         let payload = Bytes::from(encode_file_records(records).map_err(store_error)?);
-        let mut asks: FuturesUnordered<_> = others
-            .iter()
-            .map(|&(id, addr)| {
-                let payload = payload.clone();
-                async move {
-                    let r = client.call(addr, RequestBody::Replicate, payload).await;
-                    (id, addr, r)
-                }
-            })
-            .collect();
-        let mut held = 0;
-        let mut failures = Vec::new();
-        while let Some((_, addr, r)) = asks.next().await {
-            match r {
-                Ok((ResponseBody::Applied { .. }, _)) => held += 1,
-                Ok((other, _)) => failures.push(format!("{addr}: {other:?}")),
-                Err(e) => failures.push(format!("{addr}: {e}")),
-            }
-        }
+        let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
+        let body = RequestBody::Replicate;
+        let (held, failures) = ask_peers(client, &others, &body, payload, need, |r| match r? {
+            (ResponseBody::Applied { .. }, _) => Ok(()),
+            (other, _) => Err(format!("{other:?}")),
+        })
+        .await;
+        let held = held.len();
         if held >= need {
             if !failures.is_empty() {
                 tracing::warn!(failures = ?failures, "some nodes did not take a change; they catch up by pulling");
@@ -775,29 +810,26 @@ impl WriteBackNode {
         let body = RequestBody::RecordsOf {
             paths: paths.clone(),
         };
-        let mut asks: FuturesUnordered<_> = others
-            .iter()
-            .map(|&(_, addr)| {
-                let body = body.clone();
-                async move { (addr, client.call(addr, body, Bytes::new()).await) }
-            })
-            .collect();
-        let (mut answered, mut failures, mut records) = (0, Vec::new(), Vec::new());
-        while let Some((addr, r)) = asks.next().await {
-            match r {
-                Ok((ResponseBody::Records { .. }, payload)) => {
-                    match pagestore_protocol::frame::decode_file_records(&payload) {
-                        Ok(r) => {
-                            answered += 1;
-                            records.extend(r);
-                        }
-                        Err(e) => failures.push(format!("{addr}: malformed records: {e}")),
-                    }
+        let replicas = self.replicas();
+        let to_hold = replicas - 1;
+        let to_judge = if judged(op) {
+            self.nodes().saturating_sub(replicas)
+        } else {
+            0
+        };
+        let needed = to_hold.max(to_judge);
+        let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
+        let (answers, failures) =
+            ask_peers(client, &others, &body, Bytes::new(), needed, |r| match r? {
+                (ResponseBody::Records { .. }, payload) => {
+                    pagestore_protocol::frame::decode_file_records(&payload)
+                        .map_err(|e| format!("malformed records: {e}"))
                 }
-                Ok((other, _)) => failures.push(format!("{addr}: {other:?}")),
-                Err(e) => failures.push(format!("{addr}: {e}")),
-            }
-        }
+                (other, _) => Err(format!("{other:?}")),
+            })
+            .await;
+        let answered = answers.len();
+        let mut records: Vec<FileRecord> = answers.into_iter().flatten().collect();
         // Only what was asked for: records of the paths and beneath them (the root's beneath
         // is everything, but a peer answers one record beneath each path).
         records.retain(|r| {
@@ -823,14 +855,7 @@ impl WriteBackNode {
         // A change no write set can take now is refused before it is stamped and kept: kept
         // here alone, never acknowledged, it could still rank above a later acknowledged
         // change of the path once this node is back among the others.
-        let replicas = self.replicas();
-        let to_hold = replicas - 1;
-        let to_judge = if judged(op) {
-            self.nodes().saturating_sub(replicas)
-        } else {
-            0
-        };
-        if answered < to_hold.max(to_judge) {
+        if answered < needed {
             let why = if answered < to_hold {
                 format!("{to_hold} needed to hold the change ({replicas} write replicas)")
             } else {
@@ -1459,7 +1484,7 @@ impl WriteBackNode {
     async fn pull_from(
         &self,
         client: &Client,
-        addr: std::net::SocketAddr,
+        addr: SocketAddr,
         at_start: bool,
         started: Instant,
     ) -> bool {
