@@ -331,9 +331,10 @@ pub struct ClientStats {
     /// Requests given up before the call timeout because their member went silent (see
     /// [`ClientOptions::min_silence`]); each also counts in `member_failures`.
     pub silent_gives_up: AtomicU64,
-    /// Members found gone when they went silent: their host refused a datagram to their port
-    /// (nothing listens there), so their requests were given up or hedged at once, without
-    /// waiting out a ping (`Pool::port_refused`).
+    /// Requests that found their member gone when it went silent: its host refused a datagram
+    /// to its port (nothing listens there), so the request was given up or hedged at once,
+    /// without waiting out a ping (`Pool::port_refused`). Counted per request: the requests
+    /// waiting on one member share its probe, and each counts its outcome.
     pub ports_refused: AtomicU64,
     /// Page requests hedged: asked of a second source because the first was late (see
     /// [`ClientOptions::hedge_min`]).
