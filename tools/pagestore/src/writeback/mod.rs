@@ -279,10 +279,10 @@ fn named_paths(op: &ChangeOp) -> Vec<&str> {
 
 /// Sends `body` with `payload` to each of the peers `addrs` at once and sorts their answers
 /// with `take`: what the peers that answered gave, and why the others did not (`addr: why`).
-/// Peers backed off after failures in `client` are asked only when fewer than `need` of the
-/// others gave an answer: a peer that was frozen or restarting may well answer before its
-/// back-off (up to the client's longest, 30 s by default) runs out, and the change or step
-/// that needs it would fail without it.
+/// Peers backed off after failures in `client` are asked too (all at once) as soon as the
+/// others can no longer give `need` answers (they are too few, or enough of them failed): a
+/// peer that was frozen or restarting may well answer before its back-off (up to the client's
+/// longest, 30 s by default) runs out, and the change that needs it would fail without it.
 async fn ask_peers<T>(
     client: &Client,
     addrs: &[SocketAddr],
@@ -293,30 +293,32 @@ async fn ask_peers<T>(
 ) -> (Vec<T>, Vec<String>) {
     let (ready, backed_off): (Vec<SocketAddr>, Vec<SocketAddr>) =
         addrs.iter().partition(|&&a| client.reachable(a));
-    let (mut given, mut failures) = (Vec::new(), Vec::new());
-    for (round, despite) in [(ready, false), (backed_off, true)] {
-        if despite && given.len() >= need {
-            break;
+    let ask = |addr: SocketAddr, despite: bool| {
+        let (body, payload) = (body.clone(), payload.clone());
+        async move {
+            let r = if despite {
+                client.call_despite_backoff(addr, body, payload).await
+            } else {
+                client.call(addr, body, payload).await
+            };
+            (addr, r)
         }
-        let mut asks: FuturesUnordered<_> = round
-            .into_iter()
-            .map(|addr| {
-                let (body, payload) = (body.clone(), payload.clone());
-                async move {
-                    let r = if despite {
-                        client.call_despite_backoff(addr, body, payload).await
-                    } else {
-                        client.call(addr, body, payload).await
-                    };
-                    (addr, r)
-                }
-            })
-            .collect();
-        while let Some((addr, r)) = asks.next().await {
-            match take(r.map_err(|e| e.to_string())) {
-                Ok(t) => given.push(t),
-                Err(why) => failures.push(format!("{addr}: {why}")),
+    };
+    let mut asks: FuturesUnordered<_> = ready.into_iter().map(|a| ask(a, false)).collect();
+    let mut spare = Some(backed_off);
+    let (mut given, mut failures) = (Vec::new(), Vec::new());
+    loop {
+        if given.len() + asks.len() < need {
+            for a in spare.take().unwrap_or_default() {
+                asks.push(ask(a, true));
             }
+        }
+        let Some((addr, r)) = asks.next().await else {
+            break;
+        };
+        match take(r.map_err(|e| e.to_string())) {
+            Ok(t) => given.push(t),
+            Err(why) => failures.push(format!("{addr}: {why}")),
         }
     }
     (given, failures)
