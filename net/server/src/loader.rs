@@ -156,6 +156,9 @@ pub struct Loader {
     /// Directories being listed from the store, each with the requests waiting for its
     /// listing.
     listing: RefCell<HashMap<String, Vec<ListingWaiter>>>,
+    /// How many times [`Loader::forget`] ran: a stat or listing that began before a forget
+    /// is answered but not cached (it may have read the source before the change it forgets).
+    forgets: Cell<u64>,
     recent: RefCell<RecentLoads>,
     stats: LoaderStats,
 }
@@ -190,6 +193,7 @@ impl Loader {
             lists: RefCell::new(HashMap::new()),
             dir_stats: RefCell::new(HashMap::new()),
             listing: RefCell::new(HashMap::new()),
+            forgets: Cell::new(0),
             recent: RefCell::new(RecentLoads::default()),
             stats: LoaderStats::default(),
         })
@@ -581,11 +585,13 @@ impl Loader {
         if let Some(kind) = self.stat_through_listing(path).await {
             return Ok(kind);
         }
+        let forgets = self.forgets.get();
         let r = self.on_tokio(self.source.stat(path)).await;
-        let cacheable = match &r {
-            Ok(_) => true,
-            Err(e) => e.code == ErrorCode::NotFound,
-        };
+        let cacheable = self.forgets.get() == forgets
+            && match &r {
+                Ok(_) => true,
+                Err(e) => e.code == ErrorCode::NotFound,
+            };
         if cacheable {
             self.trim_metadata();
             self.paths
@@ -600,6 +606,7 @@ impl Loader {
     /// new directories makes them exist, and appear in their parents' listings, so a "not
     /// found" cached for one of them must go too). Returns how many entries were dropped.
     pub fn forget(&self, path: &str) -> usize {
+        self.forgets.set(self.forgets.get() + 1);
         let mut paths = self.paths.borrow_mut();
         let mut lists = self.lists.borrow_mut();
         let mut n = 0;
@@ -641,11 +648,14 @@ impl Loader {
         if start_after.is_empty() && !self.listing.borrow().contains_key(path) {
             let head = self.source.list_head(path, crate::frame::MAX_LIST_ENTRIES);
             if let Some(head) = head {
+                let forgets = self.forgets.get();
                 let (entries, more) = self.on_tokio(head).await?;
                 if !more {
                     // The head is the whole listing.
                     let all = Rc::new(entries);
-                    self.keep_listing(path, all.clone());
+                    if self.forgets.get() == forgets {
+                        self.keep_listing(path, all.clone());
+                    }
                     return Ok(listing_page(&all, ""));
                 }
                 // The pages after this one wait for the whole listing, started now; nobody
@@ -701,9 +711,11 @@ impl Loader {
             // right away.
             let (me, path) = (self.clone(), path.to_string());
             glommio::spawn_local(async move {
+                let forgets = me.forgets.get();
                 let listed = me.on_tokio(me.source.list(&path)).await.map(Rc::new);
-                if let Ok(all) = &listed {
-                    me.keep_listing(&path, all.clone());
+                match &listed {
+                    Ok(all) if me.forgets.get() == forgets => me.keep_listing(&path, all.clone()),
+                    _ => {}
                 }
                 let waiters = me.listing.borrow_mut().remove(&path).unwrap_or_default();
                 for tx in waiters {

@@ -75,6 +75,8 @@ struct FakeState {
     /// Whether the fake gives the heads of listings (`Source::list_head`), and how many it gave.
     gives_heads: AtomicBool,
     heads: AtomicU64,
+    /// Delay of each stat's answer, in milliseconds (0: none).
+    stat_delay_ms: AtomicU64,
     /// Delay of each whole listing, in milliseconds, and the whole listings that ended.
     list_delay_ms: AtomicU64,
     lists_done: AtomicU64,
@@ -199,8 +201,14 @@ impl Source for FakeSource {
         let s = self.0.clone();
         let path = path.to_string();
         Box::pin(async move {
+            // The store answers as it is now; the answer takes the delay to arrive.
+            let answer = s.answer_stat(&path);
             s.stats.fetch_add(1, Ordering::SeqCst);
-            s.answer_stat(&path)
+            let delay = s.stat_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            answer
         })
     }
 
@@ -1328,6 +1336,72 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
         )
         .await;
         assert_error(&body, ErrorCode::NotFound);
+        pool.close();
+    });
+}
+
+/// A stat that read the store before the path was invalidated (a write through the cluster
+/// makes every shard forget the path the same way) is answered, but not cached: the next stat
+/// asks the store again and sees the new version, not the old one for the metadata TTL. It
+/// was cached once it ended, after the invalidation had dropped what was cached before.
+#[test]
+fn a_stat_in_flight_when_its_path_is_forgotten_is_not_cached() {
+    let h = Harness::start(Setup {
+        loader: LoaderOptions {
+            metadata_ttl: Duration::from_secs(600),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let path = "/m/raced";
+    h.fake.put_file(path, "v1", vec![1; 10]);
+    let addr = h.addr(0);
+    let stat = || RequestBody::StatPath { path: path.into() };
+    let version = |body: ResponseBody| match body {
+        ResponseBody::PathInfo {
+            kind: PathKind::File { version_tag, .. },
+        } => version_tag,
+        other => panic!("{other:?}"),
+    };
+    h.rt.block_on(async {
+        let pool = h.pool();
+        h.fake.stat_delay_ms.store(500, Ordering::SeqCst);
+        let first = {
+            let pool = pool.clone();
+            tokio::spawn(async move { ask(&pool, addr, stat()).await.0 })
+        };
+        // The stat is in the store's hands; the object changes and the path is invalidated.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while h.fake.stats() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the stat never reached the store"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        h.fake.put_file(path, "v2", vec![2; 20]);
+        let writer =
+            h.ca.issue("writer", pagestore_protocol::tls::Role::Writer)
+                .unwrap();
+        let writer = common::pool(&h.ca, Some(&writer), "127.0.0.1:0");
+        let (body, _) = ask(
+            &writer,
+            addr,
+            RequestBody::Invalidate {
+                path: path.into(),
+                file_id: FileId::from_u128(ring::file_id(path, "v1")),
+            },
+        )
+        .await;
+        assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
+        writer.close();
+        assert_eq!(version(first.await.unwrap()), "v1");
+        h.fake.stat_delay_ms.store(0, Ordering::SeqCst);
+        assert_eq!(version(ask(&pool, addr, stat()).await.0), "v2");
+        assert_eq!(h.fake.stats(), 2);
+        // Cached from then on.
+        assert_eq!(version(ask(&pool, addr, stat()).await.0), "v2");
+        assert_eq!(h.fake.stats(), 2);
         pool.close();
     });
 }
