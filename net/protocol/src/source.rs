@@ -57,6 +57,14 @@ pub trait Source: Send + Sync + 'static {
         let _ = (path, max);
         None
     }
+    /// Work to do before a stat of `path` is answered (from a shard's metadata cache or from
+    /// the source): a node whose answers about `path` may miss what other nodes hold (the
+    /// records of files written through the cluster) takes theirs first. `None` (the default)
+    /// when there is nothing to do. The future ends `Ok` whether or not it could take them.
+    fn catch_up(&self, path: &str) -> Option<SourceFuture<()>> {
+        let _ = path;
+        None
+    }
     /// The mount table, credentials removed.
     fn mounts(&self) -> Vec<MountEntry>;
     /// The whole of page `page` of `file` (at exactly `file.version_tag`) from the ring member

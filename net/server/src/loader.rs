@@ -565,6 +565,10 @@ impl Loader {
 
     /// [`Loader::stat`] of a path without a trailing `/` (but the root).
     async fn stat_canonical(self: &Rc<Self>, path: &str) -> Result<PathKind, SourceError> {
+        if let Some(first) = self.source.catch_up(path) {
+            // Ends Ok; what it takes makes the node forget what it cached of the paths.
+            let _ = self.on_tokio(first).await;
+        }
         if let Some((at, r)) = self.paths.borrow().get(path) {
             if at.elapsed() < self.options.metadata_ttl {
                 self.stats

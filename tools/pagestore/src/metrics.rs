@@ -462,7 +462,7 @@ const WRITE_BACK: &[WriteBackFamily] = &[
     (
         "pagestore_writeback_records_caught_up_total",
         Kind::Counter,
-        "Records of a change's paths this node had missed and took from its peers before judging the change.",
+        "Records of a path this node had missed and took from its peers before judging a change of it or answering a stat of it.",
         |w| w.caught_up,
     ),
     (

@@ -2136,3 +2136,68 @@ async fn a_lone_node_silent_for_a_second_is_waited_for_not_backed_off() {
     assert!(!addrs.is_empty());
     assert!(addrs.iter().all(|m| a.reachable(*m)), "a member backed off");
 }
+
+/// A path's metadata owner frozen while the path is written (the change goes to the next
+/// member, which hands it to the third: two of three hold it, so it is acknowledged) answers
+/// a stat of the path as soon as it is let go with the new file, not from its own records,
+/// which miss it until its next pull (30 s): before it answers a stat of a path written
+/// through the cluster, a node takes the records of the path that enough of its peers hold to
+/// overlap every write set. A second write, a replacement, is read new too. Without this, the
+/// owner answered not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_with_it_once_back() {
+    let (c, _store) = cluster(3, &["--write-replicas", "2"], "");
+    // The writer backs the owner off for longer than the test, once it found it silent: its
+    // changes go to the next member, and none waits in the owner's socket for it to take on
+    // its own once it is let go.
+    let a = c
+        .client(ClientOptions {
+            min_backoff: Duration::from_secs(120),
+            max_backoff: Duration::from_secs(120),
+            ..ClientOptions::default()
+        })
+        .await;
+    // The owner is asked with a client that waits for its answer however long it is busy
+    // after being let go (one that gave it up would ask the next member).
+    let patient = c
+        .client(ClientOptions {
+            call_timeout: Duration::from_secs(15),
+            min_silence: Duration::from_secs(15),
+            ..ClientOptions::default()
+        })
+        .await;
+    let path = "/ck/frozen-owner/f";
+    let owner_addr = path_members(&a, path, 1)[0];
+    let owner = owner_of(&c, &a, path);
+    // Every node has taken its peers' records at start (until then it answers no stat).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (0..3).any(|i| writeback_metric(&c, i, "pulls_total") < 1.0) {
+        assert!(Instant::now() < deadline, "the pulls at start never ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (round, data) in [&b"first"[..], &b"second, longer"[..]]
+        .into_iter()
+        .enumerate()
+    {
+        c.inner.signal(owner, libc::SIGSTOP).unwrap();
+        if a.reachable(owner_addr) {
+            // Found silent, then asked of the next member.
+            let _ = a.stat(path).await;
+            assert!(!a.reachable(owner_addr));
+        }
+        let written = a.write_file(path, data.to_vec().into()).await;
+        c.inner.signal(owner, libc::SIGCONT).unwrap();
+        let version = written.unwrap().version;
+        let stat = frame::RequestBody::StatPath { path: path.into() };
+        let r = patient.call(owner_addr, stat, bytes::Bytes::new()).await;
+        assert!(
+            matches!(
+                &r,
+                Ok((frame::ResponseBody::PathInfo { kind: PathKind::File { version_tag, .. } }, _))
+                    if *version_tag == version
+            ),
+            "round {round}: the owner answered {r:?}, the cluster holds {version}"
+        );
+        assert_eq!(read_all(&patient, path).await, data);
+    }
+}

@@ -249,9 +249,13 @@ pub struct WriteBackNode {
 /// The paths whose records judge `op`: those it names, then their ancestors nearest first
 /// (a file or a deleted directory above a path decides too), at most [`MAX_RECORDS_OF`].
 fn touched_paths(op: &ChangeOp) -> Vec<String> {
-    let named = named_paths(op);
+    with_ancestors(&named_paths(op))
+}
+
+/// `named` and the directories above each, at most [`MAX_RECORDS_OF`] paths.
+fn with_ancestors(named: &[&str]) -> Vec<String> {
     let mut paths: Vec<String> = named.iter().map(|p| p.to_string()).collect();
-    for p in named {
+    for &p in named {
         let mut cur = p;
         while let Some(a) = pagestore_protocol::writeback::parent(cur) {
             if paths.len() == MAX_RECORDS_OF {
@@ -277,6 +281,15 @@ fn named_paths(op: &ChangeOp) -> Vec<&str> {
     }
 }
 
+/// How long [`ask_peers`] waits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Wait {
+    /// For every peer asked to answer or fail.
+    All,
+    /// For `need` answers (or every peer asked to answer or fail); the other asks are dropped.
+    Need,
+}
+
 /// Sends `body` with `payload` to each of the peers `addrs` at once and sorts their answers
 /// with `take`: what the peers that answered gave, and why the others did not (`addr: why`).
 /// Peers backed off after failures in `client` are asked too (all at once) as soon as the
@@ -286,9 +299,9 @@ fn named_paths(op: &ChangeOp) -> Vec<&str> {
 async fn ask_peers<T>(
     client: &Client,
     addrs: &[SocketAddr],
-    body: &RequestBody,
-    payload: Bytes,
+    (body, payload): (&RequestBody, Bytes),
     need: usize,
+    wait: Wait,
     take: impl Fn(Result<(ResponseBody, Bytes), String>) -> Result<T, String>,
 ) -> (Vec<T>, Vec<String>) {
     let (ready, backed_off): (Vec<SocketAddr>, Vec<SocketAddr>) =
@@ -308,6 +321,9 @@ async fn ask_peers<T>(
     let mut spare = Some(backed_off);
     let (mut given, mut failures) = (Vec::new(), Vec::new());
     loop {
+        if wait == Wait::Need && given.len() >= need {
+            break;
+        }
         if given.len() + asks.len() < need {
             for a in spare.take().unwrap_or_default() {
                 asks.push(ask(a, true));
@@ -685,8 +701,8 @@ impl WriteBackNode {
         };
         let payload = Bytes::from(encode_file_records(records).map_err(store_error)?);
         let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
-        let body = RequestBody::Replicate;
-        let (held, failures) = ask_peers(client, &others, &body, payload, need, |r| match r? {
+        let request = (&RequestBody::Replicate, payload);
+        let (held, failures) = ask_peers(client, &others, request, need, Wait::All, |r| match r? {
             (ResponseBody::Applied { .. }, _) => Ok(()),
             (other, _) => Err(format!("{other:?}")),
         })
@@ -804,14 +820,7 @@ impl WriteBackNode {
     /// many answers. Every change needs `replicas - 1` (the nodes that are to hold it with this
     /// one). Fewer: `Unavailable` (the client tries again), and nothing is kept.
     async fn gather(&self, op: &ChangeOp) -> Result<(), SourceError> {
-        let others = self.other_nodes();
-        let Some(client) = self.peers().filter(|_| !others.is_empty()) else {
-            return Ok(());
-        };
         let paths = touched_paths(op);
-        let body = RequestBody::RecordsOf {
-            paths: paths.clone(),
-        };
         let replicas = self.replicas();
         let to_hold = replicas - 1;
         let to_judge = if judged(op) {
@@ -820,40 +829,12 @@ impl WriteBackNode {
             0
         };
         let needed = to_hold.max(to_judge);
-        let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
-        let (answers, failures) =
-            ask_peers(client, &others, &body, Bytes::new(), needed, |r| match r? {
-                (ResponseBody::Records { .. }, payload) => {
-                    pagestore_protocol::frame::decode_file_records(&payload)
-                        .map_err(|e| format!("malformed records: {e}"))
-                }
-                (other, _) => Err(format!("{other:?}")),
-            })
-            .await;
-        let answered = answers.len();
-        let mut records: Vec<FileRecord> = answers.into_iter().flatten().collect();
-        // Only what was asked for: records of the paths and beneath them (the root's beneath
-        // is everything, but a peer answers one record beneath each path).
-        records.retain(|r| {
-            paths.iter().any(|p| {
-                r.path == *p
-                    || r.path
-                        .strip_prefix(p.trim_end_matches('/'))
-                        .is_some_and(|rest| rest.starts_with('/'))
-            })
-        });
-        if !records.is_empty() {
-            let applied = self.keep(records, false).await?;
-            if !applied.taken.is_empty() {
-                self.stats
-                    .caught_up
-                    .fetch_add(applied.taken.len() as u64, Ordering::Relaxed);
-                tracing::info!(
-                    paths = ?applied.taken,
-                    "took records of a change's paths from the peers before judging it (this node had missed them)"
-                );
-            }
-        }
+        let Some((answered, failures)) = self
+            .take_peers_records(&paths, needed, Wait::All, "judging a change of them")
+            .await?
+        else {
+            return Ok(());
+        };
         // A change no write set can take now is refused before it is stamped and kept: kept
         // here alone, never acknowledged, it could still rank above a later acknowledged
         // change of the path once this node is back among the others.
@@ -876,6 +857,101 @@ impl WriteBackNode {
             tracing::debug!(failures = ?failures, "some nodes did not tell their records of a change's paths");
         }
         Ok(())
+    }
+
+    /// Asks the other nodes for their records of `paths` (and one beneath each; see
+    /// [`touched_paths`]) and keeps those that rank higher than this node's (`why`: what for,
+    /// logged with what this node had missed). Returns how many answered and why the others
+    /// did not; `None` when this node has no peer to ask.
+    async fn take_peers_records(
+        &self,
+        paths: &[String],
+        need: usize,
+        wait: Wait,
+        why: &str,
+    ) -> Result<Option<(usize, Vec<String>)>, SourceError> {
+        let others = self.other_nodes();
+        let Some(client) = self.peers().filter(|_| !others.is_empty()) else {
+            return Ok(None);
+        };
+        let body = RequestBody::RecordsOf {
+            paths: paths.to_vec(),
+        };
+        let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
+        let request = (&body, Bytes::new());
+        let (answers, failures) = ask_peers(client, &others, request, need, wait, |r| match r? {
+            (ResponseBody::Records { .. }, payload) => {
+                pagestore_protocol::frame::decode_file_records(&payload)
+                    .map_err(|e| format!("malformed records: {e}"))
+            }
+            (other, _) => Err(format!("{other:?}")),
+        })
+        .await;
+        let answered = answers.len();
+        let mut records: Vec<FileRecord> = answers.into_iter().flatten().collect();
+        // Only what was asked for: records of the paths and beneath them (the root's beneath
+        // is everything, but a peer answers one record beneath each path).
+        records.retain(|r| {
+            paths.iter().any(|p| {
+                r.path == *p
+                    || r.path
+                        .strip_prefix(p.trim_end_matches('/'))
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+        });
+        if !records.is_empty() {
+            let applied = self.keep(records, false).await?;
+            if !applied.taken.is_empty() {
+                self.stats
+                    .caught_up
+                    .fetch_add(applied.taken.len() as u64, Ordering::Relaxed);
+                tracing::info!(
+                    paths = ?applied.taken,
+                    "took records of paths from the peers before {why} (this node had missed them)"
+                );
+            }
+        }
+        Ok(Some((answered, failures)))
+    }
+
+    /// The peers whose records a stat takes first ([`WriteBackNode::catch_up_for_read`]):
+    /// `nodes - write_replicas` (0 when every node is a write replica, or there is no peer).
+    pub(crate) fn peers_for_reads(&self) -> usize {
+        if self.peers().is_none() {
+            return 0;
+        }
+        self.nodes().saturating_sub(self.replicas())
+    }
+
+    /// Before a stat of `path` (of a `back` or `transient` mount) is answered: takes the
+    /// records of the path and its ancestors that `nodes - write_replicas` peers hold, so
+    /// that a node that missed a change's `Replicate` (frozen, or backed off by the node that
+    /// took the change) answers what the cluster acknowledged: a change is acknowledged once
+    /// `write_replicas` nodes hold it, so this node and that many peers overlap every write
+    /// set. Waits for that many answers only. With fewer, the node answers from what it has
+    /// (the periodic pull catches it up later).
+    pub(crate) async fn catch_up_for_read(&self, path: &str) {
+        let need = self.peers_for_reads();
+        if need == 0 {
+            return;
+        }
+        let paths = with_ancestors(&[path]);
+        match self
+            .take_peers_records(&paths, need, Wait::Need, "answering a stat")
+            .await
+        {
+            Ok(Some((answered, failures))) if answered < need => tracing::debug!(
+                %path,
+                answered,
+                need,
+                failures = ?failures,
+                "too few peers told their records of a path before a stat; answered from this node's"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(%path, error = %e, "keeping the peers' records of a path before a stat")
+            }
+        }
     }
 
     /// The checks of a planned change that only the under storage can answer, for paths the

@@ -280,6 +280,22 @@ impl Source for WbSource {
         })
     }
 
+    /// A path of a `back` or `transient` mount: the records of it that enough peers hold
+    /// (once this node has taken its peers' records at start; before, it answers no stat).
+    fn catch_up(&self, path: &str) -> Option<SourceFuture<()>> {
+        if self.wb.peers_for_reads() == 0
+            || self.wb.catching_up()
+            || !self.ufs.table().write_policy(path).is_cached()
+        {
+            return None;
+        }
+        let (wb, path) = (self.wb.clone(), path.to_string());
+        Some(Box::pin(async move {
+            wb.catch_up_for_read(&path).await;
+            Ok(())
+        }))
+    }
+
     fn mounts(&self) -> Vec<MountEntry> {
         self.ufs.mounts()
     }
