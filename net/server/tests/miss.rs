@@ -1340,6 +1340,25 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
     });
 }
 
+/// `Invalidate` of version `version` of `path` at `addr`, sent with a writer's certificate.
+async fn invalidate(h: &Harness, addr: SocketAddr, path: &str, version: &str) {
+    let writer =
+        h.ca.issue("writer", pagestore_protocol::tls::Role::Writer)
+            .unwrap();
+    let writer = common::pool(&h.ca, Some(&writer), "127.0.0.1:0");
+    let (body, _) = ask(
+        &writer,
+        addr,
+        RequestBody::Invalidate {
+            path: path.into(),
+            file_id: FileId::from_u128(ring::file_id(path, version)),
+        },
+    )
+    .await;
+    assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
+    writer.close();
+}
+
 /// A stat that read the store before the path was invalidated (a write through the cluster
 /// makes every shard forget the path the same way) is answered, but not cached: the next stat
 /// asks the store again and sees the new version, not the old one for the metadata TTL. It
@@ -1380,21 +1399,7 @@ fn a_stat_in_flight_when_its_path_is_forgotten_is_not_cached() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         h.fake.put_file(path, "v2", vec![2; 20]);
-        let writer =
-            h.ca.issue("writer", pagestore_protocol::tls::Role::Writer)
-                .unwrap();
-        let writer = common::pool(&h.ca, Some(&writer), "127.0.0.1:0");
-        let (body, _) = ask(
-            &writer,
-            addr,
-            RequestBody::Invalidate {
-                path: path.into(),
-                file_id: FileId::from_u128(ring::file_id(path, "v1")),
-            },
-        )
-        .await;
-        assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
-        writer.close();
+        invalidate(&h, addr, path, "v1").await;
         assert_eq!(version(first.await.unwrap()), "v1");
         h.fake.stat_delay_ms.store(0, Ordering::SeqCst);
         assert_eq!(version(ask(&pool, addr, stat()).await.0), "v2");
@@ -1939,21 +1944,7 @@ fn stats_of_many_files_of_a_directory_are_answered_from_one_listing_within_the_t
         // stat of another file asks the store, which has the rewritten object.
         let (p0, v0, _) = &files[0];
         h.fake.put_file(p0, "tag0b", vec![7; 3]);
-        let writer =
-            h.ca.issue("writer", pagestore_protocol::tls::Role::Writer)
-                .unwrap();
-        let writer = common::pool(&h.ca, Some(&writer), "127.0.0.1:0");
-        let (body, _) = ask(
-            &writer,
-            addr,
-            RequestBody::Invalidate {
-                path: p0.clone(),
-                file_id: FileId::from_u128(ring::file_id(p0, v0)),
-            },
-        )
-        .await;
-        assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
-        writer.close();
+        invalidate(&h, addr, p0, v0).await;
         assert_eq!(ask(&pool, addr, stat(p0)).await.0, info(p0, "tag0b", 3));
         // (files[30] was answered from the listing before, not from a stat of its own.)
         let (p1, v1, d1) = &files[30];
