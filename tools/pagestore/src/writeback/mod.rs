@@ -563,12 +563,16 @@ impl WriteBackNode {
         records: Vec<FileRecord>,
         gone_to_cache: bool,
     ) -> Result<Applied, SourceError> {
+        let (now, keep_ms) = (
+            self.hlc.now_ms(),
+            self.settings.keep_records.as_millis() as u64,
+        );
         let ranked: Vec<(Rank, FileRecord)> = {
             let t = self.table();
             records
                 .into_iter()
                 .map(|r| (t.rank(&r), r))
-                .filter(|(rank, _)| *rank != Rank::Below)
+                .filter(|(rank, r)| *rank != Rank::Below && !t.forgotten_by_now(r, now, keep_ms))
                 .collect()
         };
         let mut fresh = Vec::with_capacity(ranked.len());

@@ -1139,6 +1139,15 @@ impl Records {
             .collect()
     }
 
+    /// Whether `rec` (a peer's) is a record this table has forgotten, or would forget at once:
+    /// the path has no record here and `rec` is settled at `now_ms` ([`Records::settled`]).
+    /// Every node forgets such a record by the same rule, so one a peer has not yet forgotten
+    /// is not taken back (the path would answer its write-back version again, then the
+    /// store's, until the next sweep).
+    pub fn forgotten_by_now(&self, rec: &FileRecord, now_ms: u64, keep_ms: u64) -> bool {
+        self.get(&rec.path).is_none() && settled(rec, now_ms, keep_ms)
+    }
+
     /// Forgets the records of `paths` that are still settled at `now_ms` (see
     /// [`Records::settled`]). Returns how many.
     pub fn forget(&mut self, paths: &[String], now_ms: u64, keep_ms: u64) -> usize {

@@ -833,6 +833,25 @@ fn flushed_files_are_forgotten_after_they_are_kept_long_enough_dirty_ones_never(
     check_indexes(&t);
 }
 
+#[test]
+fn a_peers_record_of_a_file_this_node_forgot_is_not_taken_back() {
+    let keep = 10;
+    let mut t = Records::new();
+    change(&mut t, commit("/ck/a", 1, 1, true), 1_000 << 16).unwrap();
+    flushed(&mut t, "/ck/a", "s1");
+    let theirs = t.get("/ck/a").unwrap().clone();
+    assert!(!t.forgotten_by_now(&theirs, 1_000_000, keep), "held here");
+    assert_eq!(forget_old(&mut t, 1_000_000, keep), 1);
+    assert!(t.forgotten_by_now(&theirs, 1_000_000, keep));
+    // Not settled yet (kept for less than `keep`), or not flushed: taken.
+    assert!(!t.forgotten_by_now(&theirs, 1_005, keep));
+    let mut dirty = theirs.clone();
+    if let RecordEntry::File { state, .. } = &mut dirty.entry {
+        *state = RecordState::Final;
+    }
+    assert!(!t.forgotten_by_now(&dirty, 1_000_000, keep));
+}
+
 /// `op` (a commit) sent by a writer whose first commit was answered at position `since`.
 fn later(mut op: ChangeOp, at: u64) -> ChangeOp {
     if let ChangeOp::Commit { since, .. } = &mut op {
