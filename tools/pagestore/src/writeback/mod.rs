@@ -286,12 +286,15 @@ fn named_paths(op: &ChangeOp) -> Vec<&str> {
 enum Wait {
     /// For every peer asked to answer or fail.
     All,
-    /// For `need` answers (or every peer asked to answer or fail); the other asks are dropped.
+    /// For `need` answers: `need` peers are asked first, another one for each that fails
+    /// (then the peers backed off, as for `All`); asks still out once `need` answered are
+    /// dropped.
     Need,
 }
 
-/// Sends `body` with `payload` to each of the peers `addrs` at once and sorts their answers
-/// with `take`: what the peers that answered gave, and why the others did not (`addr: why`).
+/// Sends `body` with `payload` to each of the peers `addrs` at once (to `need` of them first
+/// with [`Wait::Need`]) and sorts their answers with `take`: what the peers that answered gave,
+/// and why the others did not (`addr: why`).
 /// Peers backed off after failures in `client` are asked too (all at once) as soon as the
 /// others can no longer give `need` answers (they are too few, or enough of them failed): a
 /// peer that was frozen or restarting may well answer before its back-off (up to the client's
@@ -317,12 +320,23 @@ async fn ask_peers<T>(
             (addr, r)
         }
     };
-    let mut asks: FuturesUnordered<_> = ready.into_iter().map(|a| ask(a, false)).collect();
+    let first = match wait {
+        Wait::All => ready.len(),
+        Wait::Need => need,
+    };
+    let mut ready = ready.into_iter();
+    let mut asks: FuturesUnordered<_> = ready.by_ref().take(first).map(|a| ask(a, false)).collect();
     let mut spare = Some(backed_off);
     let (mut given, mut failures) = (Vec::new(), Vec::new());
     loop {
         if wait == Wait::Need && given.len() >= need {
             break;
+        }
+        while given.len() + asks.len() < need {
+            let Some(a) = ready.next() else {
+                break;
+            };
+            asks.push(ask(a, false));
         }
         if given.len() + asks.len() < need {
             for a in spare.take().unwrap_or_default() {
@@ -881,7 +895,12 @@ impl WriteBackNode {
         let body = RequestBody::RecordsOf {
             paths: paths.to_vec(),
         };
-        let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
+        let mut others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
+        if wait == Wait::Need {
+            // Some of them are asked first: a different one each time.
+            let k = (pagestore_protocol::writeback::unix_ns() as usize) % others.len().max(1);
+            others.rotate_left(k);
+        }
         let request = (&body, Bytes::new());
         let (answers, failures) = ask_peers(client, &others, request, need, wait, |r| match r? {
             (ResponseBody::Records { .. }, payload) => {
