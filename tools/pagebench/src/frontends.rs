@@ -69,6 +69,19 @@ impl Stack {
         sizes: impl Iterator<Item = u64>,
         rt: &tokio::runtime::Runtime,
     ) -> Result<Stack> {
+        Stack::start_with(o, work, dataset, nodes, sizes, Vec::new(), rt)
+    }
+
+    /// [`Stack::start`] with `more_mounts` (`PREFIX=URL`) beside the dataset's.
+    pub fn start_with(
+        o: &Opts,
+        work: &Path,
+        dataset: &Path,
+        nodes: usize,
+        sizes: impl Iterator<Item = u64>,
+        more_mounts: Vec<String>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<Stack> {
         let page = u64::from(o.page_size).max(1);
         // The descriptor takes a page too.
         let bytes = sizes.map(|s| s.div_ceil(page).max(1) * page).sum::<u64>() + page;
@@ -87,6 +100,7 @@ impl Stack {
         check_space(work, per_node * s.nodes as u64)?;
         s.cache_size = per_node.to_string();
         s.mounts = vec![format!("{PREFIX}={url}")];
+        s.mounts.extend(more_mounts);
         s.metadata_ttl = "600".into();
         // Every read of a page goes to its owner: the front ends are compared on one path, and
         // a warm run is all hits. Hot-page replicas would copy re-read pages to other nodes

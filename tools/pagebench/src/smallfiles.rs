@@ -56,8 +56,8 @@ enum Route {
         prefix: String,
     },
     /// The client library: `open` (a stat at the file's metadata owner), then `read_at` of
-    /// the whole file.
-    Client(Arc<Client>),
+    /// the whole file, of the files under this prefix.
+    Client(Arc<Client>, &'static str),
     /// Plain files under this root: `open`, `fstat`, `read` to the end.
     Fs(PathBuf),
 }
@@ -170,8 +170,8 @@ async fn pass_async(label: &str, route: &Route, files: &Files, parallel: usize) 
                     .await
                     .with_context(|| path.clone())?
             }
-            Route::Client(client) => {
-                let path = format!("{PREFIX}/{}", e.rel);
+            Route::Client(client, prefix) => {
+                let path = format!("{prefix}/{}", e.rel);
                 let h = client.open(&path).await.with_context(|| path.clone())?;
                 opened = Some(t0.elapsed());
                 client
@@ -247,6 +247,42 @@ fn pass_fs(label: &str, root: &Path, files: &Files, parallel: usize) -> Result<T
         t.add(&r?)?;
     }
     Ok(t)
+}
+
+/// Where the cluster's `write=back` mount of the `client-written` pass is.
+const WRITTEN: &str = "/written";
+
+/// Writes every file through the cluster under [`WRITTEN`], `parallel` at a time, and waits
+/// until the flush has put them all in the store.
+async fn write_through(client: &Arc<Client>, files: &Files, parallel: usize) -> Result<()> {
+    let one = |i: usize| async move {
+        let e = &files.entries[i];
+        let mut buf = vec![0u8; e.size as usize];
+        dataset::fill(e.key, 0, &mut buf);
+        let path = format!("{WRITTEN}/{}", e.rel);
+        client
+            .write_file(&path, Bytes::from(buf))
+            .await
+            .with_context(|| path.clone())?;
+        Ok::<_, anyhow::Error>(())
+    };
+    let mut s = std::pin::pin!(stream::iter(0..files.entries.len())
+        .map(one)
+        .buffer_unordered(parallel.max(1)));
+    while let Some(r) = s.next().await {
+        r?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let state = client.write_back_state(WRITTEN).await?;
+        if state.files_dirty == 0 && state.deletes_pending == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{WRITTEN}: not flushed after 600 s: {state:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// One timed pass of every file through `route`, with what `probe` saw meanwhile.
@@ -407,12 +443,22 @@ fn measure(
     paths.push(pass(o, "direct", &direct, files, &Probe::default(), rt)?);
 
     let nodes = o.nodes.unwrap_or(3);
-    let stack = Stack::start(
+    let written_store = work.join("written-store");
+    let _ = std::fs::remove_dir_all(&written_store);
+    std::fs::create_dir_all(&written_store).with_context(|| written_store.display().to_string())?;
+    let sizes = files.entries.iter().map(|e| e.size);
+    // Room for the dataset's pages, and for the written copies' on every write replica.
+    let sizes = sizes.clone().chain(sizes.clone()).chain(sizes);
+    let stack = Stack::start_with(
         o,
         work,
         data,
         nodes,
-        files.entries.iter().map(|e| e.size),
+        sizes,
+        vec![format!(
+            "{WRITTEN}=file://{}?write=back",
+            written_store.display()
+        )],
         rt,
     )?;
     notes.push(format!(
@@ -426,7 +472,7 @@ fn measure(
         nodes: stack.pids(),
         frontend,
     };
-    let client = Route::Client(stack.client.clone());
+    let client = Route::Client(stack.client.clone(), PREFIX);
     let (_, base) = preload::pages_and_hits(&stack, rt);
     let mut phases = Vec::new();
     let (r, p) = pass_phases(o, "client-cold", &client, files, &probe(vec![]), rt)?;
@@ -454,6 +500,20 @@ fn measure(
     let (r, p) = pass_phases(o, "client-warm", &client, files, &probe(vec![]), rt)?;
     paths.push(r);
     phases.extend(p.map(|p| ("client-warm".to_string(), p)));
+
+    let t0 = Instant::now();
+    rt.block_on(write_through(&stack.client, files, o.parallel))?;
+    notes.push(format!(
+        "client-written: the same files written through the cluster to {WRITTEN} (write=back, \
+         the nodes' default --write-replicas) in {:.1} s and flushed, then read as client-warm \
+         reads: each open's StatPath first takes the path's records from nodes - \
+         write_replicas peers",
+        t0.elapsed().as_secs_f64()
+    ));
+    let written = Route::Client(stack.client.clone(), WRITTEN);
+    let (r, p) = pass_phases(o, "client-written", &written, files, &probe(vec![]), rt)?;
+    paths.push(r);
+    phases.extend(p.map(|p| ("client-written".to_string(), p)));
 
     match FuseMount::start(&stack.cluster, &work.join("mnt"), None) {
         Ok(mount) => {
