@@ -1107,10 +1107,14 @@ async fn a_killed_node_loses_nothing_acknowledged_and_another_node_flushes_it() 
     c.inner.kill(victim);
     let killed_at = Instant::now();
 
-    // Readers keep getting every acknowledged byte (pages from the surviving replicas).
+    // Readers keep getting every acknowledged byte (pages from the surviving replicas). The
+    // killed node's port refuses at once; a survivor busy with the flush, beside the other
+    // tests' clusters on two cores, may be silent for seconds (given up after 2 s, the read
+    // failed once in a run of the whole file: "no write member of page 11 ... answered").
     let reader = c
         .client(ClientOptions {
-            call_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(15),
+            min_silence: Duration::from_secs(2),
             ..ClientOptions::default()
         })
         .await;
@@ -2149,11 +2153,14 @@ async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_with_it_once_
     let (c, _store) = cluster(3, &["--write-replicas", "2"], "");
     // The writer backs the owner off for longer than the test, once it found it silent: its
     // changes go to the next member, and none waits in the owner's socket for it to take on
-    // its own once it is let go.
+    // its own once it is let go. It gives a node up only after 3 s of silence, so that no
+    // other node, slow beside the other tests' clusters, is backed off as long.
     let a = c
         .client(ClientOptions {
             min_backoff: Duration::from_secs(120),
             max_backoff: Duration::from_secs(120),
+            min_silence: Duration::from_secs(3),
+            call_timeout: Duration::from_secs(15),
             ..ClientOptions::default()
         })
         .await;
