@@ -908,7 +908,7 @@ fn smallfiles_reads_every_file_through_every_path_and_preloads_them() {
         .iter()
         .map(|p| p["target"].as_str().unwrap())
         .collect();
-    let mut want = vec!["direct", "client-cold", "client-warm"];
+    let mut want = vec!["direct", "client-cold", "client-warm", "client-written"];
     if fuse_available() {
         want.push("pagefs-warm");
     }
