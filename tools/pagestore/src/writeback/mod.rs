@@ -2005,9 +2005,11 @@ mod tests {
             let rt = tokio::runtime::Handle::current();
             WriteBackNode::open(journal.path(), 1, settings, ufs.clone(), 2, rt).unwrap()
         };
+        // Made now: a flushed record as old as the keep is forgotten, never taken back.
+        let hlc = unix_ms() << 16;
         let flushed = |store_tag: &str| FileRecord {
             path: "/ck/f".into(),
-            hlc: 7,
+            hlc,
             origin: FileId::from_u128(2),
             entry: RecordEntry::File {
                 version_tag: pagestore_protocol::writeback::new_tag(9),
