@@ -877,8 +877,8 @@ impl WriteBackNode {
         Ok(())
     }
 
-    /// Asks the other nodes for their records of `paths` (and one beneath each; see
-    /// [`touched_paths`]) and keeps those that rank higher than this node's (`why`: what for,
+    /// Asks the other nodes for their records of `paths` (a peer answers each path's record
+    /// and the first record beneath it: `records_of`) and keeps those that rank higher than this node's (`why`: what for,
     /// logged with what this node had missed). Returns how many answered and why the others
     /// did not; `None` when this node has no peer to ask.
     async fn take_peers_records(
