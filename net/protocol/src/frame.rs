@@ -142,12 +142,17 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// node asks its peers for their records of the paths a change touches
 /// before it judges the change, so a node that missed a record does not
 /// judge a conditional change without it.
-pub const PROTOCOL_VERSION: u16 = 14;
+///
+/// Version 15: a new request, `RecordsIn`, appended after every other: a
+/// node asks its peers for their records of a directory's entries before it
+/// answers a listing of it, so a node that missed a change lists what the
+/// cluster acknowledged.
+pub const PROTOCOL_VERSION: u16 = 15;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/14";
+pub const ALPN: &[u8] = b"pagestore/15";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -861,6 +866,22 @@ pub enum RequestBody {
         /// [`MAX_PATH_LEN`] bytes.
         paths: Vec<String>,
     },
+    /// Node to node: the write-back records the receiver holds of the
+    /// entries of directory `dir` whose names sort after `after`, in name
+    /// order: each entry's own record, if any, and, for an entry that records
+    /// beneath it make a directory, the first live record beneath it; as
+    /// [`ResponseBody::Records`] + payload, at most [`MAX_RECORD_BATCH`]
+    /// records, `more` when entries were left out (ask again with `after` =
+    /// the name of the last entry answered). Asked before a node answers a
+    /// listing of `dir`, so it lists what its peers hold there too.
+    RecordsIn {
+        /// Absolute logical path of a directory; at most [`MAX_PATH_LEN`]
+        /// bytes.
+        dir: String,
+        /// The last entry name already received ("" for the first page); at
+        /// most [`MAX_NAME_LEN`] bytes.
+        after: String,
+    },
 }
 
 /// One file of a [`RequestBody::LoadFiles`]: where to find it and which of
@@ -1375,8 +1396,9 @@ pub enum ResponseBody {
         /// `Replicate`, the largest one applied.
         hlc: u64,
     },
-    /// Answer to `PullRecords`: the payload is an archived vector of
-    /// [`FileRecord`]s in path order ([`encode_file_records`]).
+    /// Answer to `PullRecords`, `RecordsOf` and `RecordsIn`: the payload is
+    /// an archived vector of [`FileRecord`]s ([`encode_file_records`]; in
+    /// path order for `PullRecords`).
     Records {
         /// Whether more records follow (ask again with `after` = the last
         /// path received).
@@ -2039,6 +2061,11 @@ impl Request {
                 }
                 no_payload("RecordsOf", payload_len)
             }
+            RequestBody::RecordsIn { dir, after } => {
+                bounded_str("RecordsIn dir", dir, MAX_PATH_LEN)?;
+                bounded_str("RecordsIn after", after, MAX_NAME_LEN)?;
+                no_payload("RecordsIn", payload_len)
+            }
             RequestBody::WriteBackState { prefix } => {
                 bounded_str("WriteBackState prefix", prefix, MAX_PATH_LEN)?;
                 no_payload("WriteBackState", payload_len)
@@ -2297,7 +2324,9 @@ impl ResponseBody {
                 true
             }
             (
-                RequestBody::PullRecords { .. } | RequestBody::RecordsOf { .. },
+                RequestBody::PullRecords { .. }
+                | RequestBody::RecordsOf { .. }
+                | RequestBody::RecordsIn { .. },
                 ResponseBody::Records { .. },
             ) => true,
             (

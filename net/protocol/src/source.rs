@@ -65,6 +65,13 @@ pub trait Source: Send + Sync + 'static {
         let _ = path;
         None
     }
+    /// Work to do before a listing of directory `dir` is answered, as [`Source::catch_up`]
+    /// before a stat: a node that may miss what other nodes hold of the directory's entries
+    /// takes theirs first. `None` (the default) when there is nothing to do.
+    fn catch_up_listing(&self, dir: &str) -> Option<SourceFuture<()>> {
+        let _ = dir;
+        None
+    }
     /// The mount table, credentials removed.
     fn mounts(&self) -> Vec<MountEntry>;
     /// The whole of page `page` of `file` (at exactly `file.version_tag`) from the ring member

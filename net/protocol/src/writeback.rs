@@ -342,6 +342,10 @@ pub trait WriteBack: Send + Sync + 'static {
     /// The records this node holds of `paths` (none for a path it has no record of), and for
     /// each path the first live record beneath it, if any (what makes it a directory).
     fn records_of(&self, paths: &[String]) -> Vec<crate::frame::FileRecord>;
+    /// The records this node holds of directory `dir`'s entries named after `after`, in name
+    /// order (each entry's own record and, for a directory records beneath it imply, the first
+    /// live one beneath it), as many as one answer holds, and whether entries were left out.
+    fn records_in(&self, dir: &str, after: &str) -> (Vec<crate::frame::FileRecord>, bool);
     /// Whether this node is still taking its peers' records after its start: what it would
     /// answer from its records (a summary, attributes) may miss changes the cluster
     /// acknowledged while it was down, so it refuses such questions as unavailable.

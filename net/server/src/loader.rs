@@ -634,6 +634,12 @@ impl Loader {
     ) -> Result<(Vec<DirEntry>, bool), SourceError> {
         checked(path)?;
         let path = slashed_dir(path).unwrap_or(path);
+        if start_after.is_empty() {
+            if let Some(first) = self.source.catch_up_listing(path) {
+                // As before a stat; the pages after the first come from the listing it made.
+                let _ = self.on_tokio(first).await;
+            }
+        }
         let cached = self
             .lists
             .borrow()

@@ -403,6 +403,7 @@ fn role_needed(body: &RequestBody, payload: &[u8]) -> Role {
         RequestBody::Replicate
         | RequestBody::PullRecords { .. }
         | RequestBody::RecordsOf { .. }
+        | RequestBody::RecordsIn { .. }
         | RequestBody::FilePages { .. } => Role::Node,
         // Reading the job records is open; adding one is a change others see.
         RequestBody::Jobs if !payload.is_empty() => Role::Writer,
@@ -434,6 +435,7 @@ fn request_name(body: &RequestBody) -> &'static str {
         RequestBody::Replicate => "Replicate",
         RequestBody::PullRecords { .. } => "PullRecords",
         RequestBody::RecordsOf { .. } => "RecordsOf",
+        RequestBody::RecordsIn { .. } => "RecordsIn",
         RequestBody::FilePages { .. } => "FilePages",
         RequestBody::Discard { .. } => "Discard",
         RequestBody::WriteBackState { .. } => "WriteBackState",
@@ -503,7 +505,9 @@ impl Service for ShardService {
                     files.len() as u64 * (16 + frame::MAX_OUTCOME_MESSAGE_LEN as u64)
                 }
                 // A page of records at most.
-                RequestBody::PullRecords { .. } => u64::from(frame::MAX_RECORDS_PAYLOAD),
+                RequestBody::PullRecords { .. } | RequestBody::RecordsIn { .. } => {
+                    u64::from(frame::MAX_RECORDS_PAYLOAD)
+                }
                 // Two records per path at most (its own and one beneath it; a page holds
                 // `MAX_RECORD_BATCH` of the largest).
                 RequestBody::RecordsOf { paths } => {
@@ -696,6 +700,13 @@ impl ShardService {
                     return no_writeback(id);
                 };
                 records_answer(id, &wb.records_of(&paths), false)
+            }
+            RequestBody::RecordsIn { dir, after } => {
+                let Some(wb) = self.writeback() else {
+                    return no_writeback(id);
+                };
+                let (records, more) = wb.records_in(&dir, &after);
+                records_answer(id, &records, more)
             }
             RequestBody::FilePages { file_id, action } => {
                 self.file_pages(id, file_id.as_u128(), action).await

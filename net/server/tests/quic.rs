@@ -747,6 +747,10 @@ fn what_nodes_tell_each_other_needs_the_node_role() {
             RequestBody::RecordsOf {
                 paths: vec!["/ck/lock".into()],
             },
+            RequestBody::RecordsIn {
+                dir: "/ck".into(),
+                after: "".into(),
+            },
             RequestBody::FilePages {
                 file_id: FileId::from_u128(100),
                 action: frame::PageAction::Drop,

@@ -285,6 +285,51 @@ async fn write_through(client: &Arc<Client>, files: &Files, parallel: usize) -> 
     }
 }
 
+/// How many listings `smallfiles` times under each mount (each directory of the dataset at
+/// least once).
+const LISTINGS: usize = 50;
+
+/// Lists the directories of the dataset whole through `client` (every page), in turn until
+/// `at_least` listings were made of each root, alternately under [`WRITTEN`] and under
+/// [`PREFIX`]: how many directories, and the time of each listing in nanoseconds (written
+/// copy, dataset). Both must list the same names.
+async fn time_listings(
+    client: &Client,
+    files: &Files,
+    at_least: usize,
+) -> Result<(usize, [Histogram<u64>; 2])> {
+    let mut dirs: Vec<&str> = files
+        .entries
+        .iter()
+        .map(|e| e.rel.rsplit_once('/').map_or("", |(d, _)| d))
+        .collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    let mut hists = [new_hist(), new_hist()];
+    for d in dirs.iter().cycle().take(at_least.max(dirs.len())) {
+        let mut names: [Vec<String>; 2] = Default::default();
+        for (i, root) in [WRITTEN, PREFIX].into_iter().enumerate() {
+            let path = if d.is_empty() {
+                root.to_string()
+            } else {
+                format!("{root}/{d}")
+            };
+            let t = Instant::now();
+            let listed = client.list(&path).await.with_context(|| path.clone())?;
+            hists[i].record(t.elapsed().as_nanos() as u64)?;
+            names[i] = listed.into_iter().map(|e| e.name).collect();
+        }
+        if names[0] != names[1] {
+            bail!(
+                "{WRITTEN}/{d} lists {} entries, {PREFIX}/{d} {}: the written copy differs",
+                names[0].len(),
+                names[1].len()
+            );
+        }
+    }
+    Ok((dirs.len(), hists))
+}
+
 /// One timed pass of every file through `route`, with what `probe` saw meanwhile.
 fn pass(
     o: &Opts,
@@ -514,6 +559,22 @@ fn measure(
     let (r, p) = pass_phases(o, "client-written", &written, files, &probe(vec![]), rt)?;
     paths.push(r);
     phases.extend(p.map(|p| ("client-written".to_string(), p)));
+    let (dirs, [w, d]) = rt.block_on(time_listings(&stack.client, files, LISTINGS))?;
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    notes.push(format!(
+        "listings: the dataset's {dirs} director(ies) listed whole through the client \
+         (Client::list, every page) {} times under each mount, alternately under {WRITTEN} \
+         (write=back: before the first page of each listing the directory's metadata owner \
+         takes its entries' records from nodes - write_replicas peers) and under {PREFIX} (the \
+         same entries): {WRITTEN} p50 {:.0} us, p99 {:.0} us; {PREFIX} p50 {:.0} us, p99 {:.0} \
+         us ({:.2}x at the median)",
+        w.len(),
+        us(&w, 0.5),
+        us(&w, 0.99),
+        us(&d, 0.5),
+        us(&d, 0.99),
+        us(&w, 0.5) / us(&d, 0.5)
+    ));
 
     match FuseMount::start(&stack.cluster, &work.join("mnt"), None) {
         Ok(mount) => {

@@ -925,6 +925,15 @@ fn smallfiles_reads_every_file_through_every_path_and_preloads_them() {
         assert!(p["latency_us"]["p99"].as_f64().unwrap() > 0.0, "{p}");
     }
     assert_eq!(paths[0]["vs_direct"].as_f64(), Some(1.0));
+    // The written copy's directory lists the same names as the dataset's (checked by the
+    // run), timed.
+    let setup = v["setup"].as_array().unwrap();
+    assert!(
+        setup
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("listings: the dataset's 1 director")),
+        "{v}"
+    );
     // Cold: every file's page a miss; warm: every one a hit.
     assert_eq!(paths[1]["misses"].as_u64(), Some(files), "{}", paths[1]);
     for p in &paths[2..] {

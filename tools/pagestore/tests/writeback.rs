@@ -2141,21 +2141,17 @@ async fn a_lone_node_silent_for_a_second_is_waited_for_not_backed_off() {
     assert!(addrs.iter().all(|m| a.reachable(*m)), "a member backed off");
 }
 
-/// A path's metadata owner frozen while the path is written (the change goes to the next
-/// member, which hands it to the third: two of three hold it, so it is acknowledged) answers
-/// a stat of the path as soon as it is let go with the new file, not from its own records,
-/// which miss it until its next pull (30 s): before it answers a stat of a path written
-/// through the cluster, a node takes the records of the path that enough of its peers hold to
-/// overlap every write set. A second write, a replacement, is read new too. Without this, the
-/// owner answered not found.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_with_it_once_back() {
-    let (c, _store) = cluster(3, &["--write-replicas", "2"], "");
-    // The writer backs the owner off for longer than the test, once it found it silent: its
-    // changes go to the next member, and none waits in the owner's socket for it to take on
-    // its own once it is let go. It gives a node up only after 3 s of silence, so that no
-    // other node, slow beside the other tests' clusters, is backed off as long.
-    let a = c
+/// A cluster of 3 (R = 2) for the tests of a node frozen while the cluster writes, once every
+/// node has taken its peers' records at start (until then it answers no stat), with two
+/// clients: a writer that backs a node off for longer than the test once it found it silent
+/// (its changes go to the next member, and none waits in the frozen node's socket for it to
+/// take on its own once it is let go; it gives a node up only after 3 s of silence, so that no
+/// other node, slow beside the other tests' clusters, is backed off as long), and a patient
+/// one that waits for a node's answer however long it is busy after being let go (one that
+/// gave it up would ask the next member).
+async fn frozen_member_cluster() -> (Cluster, std::path::PathBuf, Arc<Client>, Arc<Client>) {
+    let (c, store) = cluster(3, &["--write-replicas", "2"], "");
+    let writer = c
         .client(ClientOptions {
             min_backoff: Duration::from_secs(120),
             max_backoff: Duration::from_secs(120),
@@ -2164,8 +2160,6 @@ async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_with_it_once_
             ..ClientOptions::default()
         })
         .await;
-    // The owner is asked with a client that waits for its answer however long it is busy
-    // after being let go (one that gave it up would ask the next member).
     let patient = c
         .client(ClientOptions {
             call_timeout: Duration::from_secs(15),
@@ -2173,28 +2167,83 @@ async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_with_it_once_
             ..ClientOptions::default()
         })
         .await;
-    let path = "/ck/frozen-owner/f";
-    let owner_addr = path_members(&a, path, 1)[0];
-    let owner = owner_of(&c, &a, path);
-    // Every node has taken its peers' records at start (until then it answers no stat).
     let deadline = Instant::now() + Duration::from_secs(30);
     while (0..3).any(|i| writeback_metric(&c, i, "pulls_total") < 1.0) {
         assert!(Instant::now() < deadline, "the pulls at start never ended");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    (c, store, writer, patient)
+}
+
+/// Freezes node `i` (SIGSTOP) and has `writer` back it off: `path`, which the node owns, is
+/// asked of it, found silent, then of the next member.
+async fn freeze_and_back_off(c: &Cluster, i: usize, writer: &Client, path: &str) {
+    let addr = path_members(writer, path, 1)[0];
+    c.inner.signal(i, libc::SIGSTOP).unwrap();
+    if writer.reachable(addr) {
+        let _ = writer.stat(path).await;
+        assert!(!writer.reachable(addr));
+    }
+}
+
+/// Every entry of directory `dir` as the node at `addr` lists it (page by page).
+async fn listed_by(client: &Client, addr: std::net::SocketAddr, dir: &str) -> Vec<DirEntry> {
+    let mut all: Vec<DirEntry> = Vec::new();
+    loop {
+        let list = frame::RequestBody::List {
+            path: dir.into(),
+            start_after: all.last().map(|e| e.name.clone()).unwrap_or_default(),
+        };
+        match client.call(addr, list, bytes::Bytes::new()).await {
+            Ok((frame::ResponseBody::Listing { entries, more }, _)) => {
+                all.extend(entries);
+                if !more {
+                    return all;
+                }
+            }
+            other => panic!("{addr} listed {dir}: {other:?}"),
+        }
+    }
+}
+
+/// A path's metadata owner frozen while the path is written (the change goes to the next
+/// member, which hands it to the third: two of three hold it, so it is acknowledged) answers
+/// a stat of the path as soon as it is let go with the new file, not from its own records,
+/// which miss it until its next pull (30 s): before it answers a stat of a path written
+/// through the cluster, a node takes the records of the path that enough of its peers hold to
+/// overlap every write set. A second write, a replacement, is read new too. Without this, the
+/// owner answered not found. The same for a listing of a directory written in the same pause
+/// (`RecordsIn`): without it, the owner listed the store's object (flushed meanwhile) under
+/// the store's version, not the cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_or_listing_with_it_once_back() {
+    let (c, _store, a, patient) = frozen_member_cluster().await;
+    let path = "/ck/frozen-owner/f";
+    // A directory listed through the owner, whose file is written in the same pause.
+    let dir = "/ck/frozen-list";
+    let owner_addr = path_members(&a, path, 1)[0];
+    let owner = owner_of(&c, &a, path);
     for (round, data) in [&b"first"[..], &b"second, longer"[..]]
         .into_iter()
         .enumerate()
     {
-        c.inner.signal(owner, libc::SIGSTOP).unwrap();
-        if a.reachable(owner_addr) {
-            // Found silent, then asked of the next member.
-            let _ = a.stat(path).await;
-            assert!(!a.reachable(owner_addr));
-        }
+        freeze_and_back_off(&c, owner, &a, path).await;
         let written = a.write_file(path, data.to_vec().into()).await;
+        let listed = a
+            .write_file(&format!("{dir}/g"), data.to_vec().into())
+            .await;
         c.inner.signal(owner, libc::SIGCONT).unwrap();
         let version = written.unwrap().version;
+        // First a listing of the other directory (a stat of `path` takes the records of its
+        // ancestors, and so could take the other file's with them).
+        let listed = listed.unwrap().version;
+        let entries = listed_by(&patient, owner_addr, dir).await;
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.name == "g" && e.version_tag == listed),
+            "round {round}: the owner listed {entries:?}, the cluster holds g at {listed}"
+        );
         let stat = frame::RequestBody::StatPath { path: path.into() };
         let r = patient.call(owner_addr, stat, bytes::Bytes::new()).await;
         assert!(
@@ -2207,4 +2256,49 @@ async fn a_member_that_missed_a_change_while_frozen_answers_a_stat_with_it_once_
         );
         assert_eq!(read_all(&patient, path).await, data);
     }
+}
+
+/// A directory of more entries than one `RecordsIn` answer holds (1,000 records), written
+/// while its metadata owner was frozen, is listed whole by the owner once it is let go, each
+/// file under the version the cluster holds: the owner takes every page of its peer's records
+/// of the directory before it lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_a_large_directory_while_frozen_lists_all_of_it_once_back() {
+    use futures_util::StreamExt;
+    let (c, _store, a, patient) = frozen_member_cluster().await;
+    let dir = "/ck/frozen-many";
+    let owner_addr = path_members(&a, dir, 1)[0];
+    let owner = owner_of(&c, &a, dir);
+    freeze_and_back_off(&c, owner, &a, dir).await;
+    let n = frame::MAX_RECORD_BATCH + 150;
+    let written: Vec<(String, String)> = futures_util::stream::iter(0..n)
+        .map(|i| {
+            let a = a.clone();
+            async move {
+                let name = format!("{i:05}");
+                let info = a
+                    .write_file(&format!("{dir}/{name}"), vec![i as u8; 10].into())
+                    .await;
+                (name, info.unwrap().version)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    c.inner.signal(owner, libc::SIGCONT).unwrap();
+    let mut want = written;
+    want.sort();
+    let got: Vec<(String, String)> = listed_by(&patient, owner_addr, dir)
+        .await
+        .into_iter()
+        .map(|e| (e.name, e.version_tag))
+        .collect();
+    assert_eq!(got.len(), n, "the owner listed {} of {n} files", got.len());
+    let wrong: Vec<_> = got.iter().zip(&want).filter(|(g, w)| g != w).collect();
+    assert!(
+        wrong.is_empty(),
+        "the owner listed {} of {n} entries unlike the cluster (listed, held), first: {:?}",
+        wrong.len(),
+        wrong.first()
+    );
 }

@@ -254,6 +254,10 @@ fn sample_requests() -> Vec<Request> {
         RequestBody::RecordsOf {
             paths: vec!["/ckpt/model.pt".into(), "/ckpt".into(), "/".into()],
         },
+        RequestBody::RecordsIn {
+            dir: "/ckpt".into(),
+            after: "model.pt".into(),
+        },
     ];
     bodies
         .into_iter()
@@ -786,7 +790,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(14, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(15, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -805,8 +809,9 @@ fn preamble_rejections() {
     // `IsDir`, `NotDir`, `Unverified` or `Recovered`; 6: no attributes of
     // write-back files; 7: no `since` in commits; 8: none in `WriteDirty`;
     // 9: no `Discard`; 10: no `SetTime`; 11: no `Renew`; 12: no directory
-    // times; 13: no `RecordsOf`) and the next are refused.
-    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15] {
+    // times; 13: no `RecordsOf`; 14: no `RecordsIn`) and the next are
+    // refused.
+    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -1345,7 +1350,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    505354460e0001006000000000000000\
+    505354460f0001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1357,7 +1362,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    505354460e0001006000000000000000\
+    505354460f0001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1370,7 +1375,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, route: Fallback } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    505354460e0001006000000000000000\
+    505354460f0001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1421,7 +1426,7 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    505354460e0002005000000000000000\
+    505354460f0002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1432,7 +1437,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    505354460e0001009000000000000000\
+    505354460f0001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1447,7 +1452,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    505354460e0002006000000000000000\
+    505354460f0002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
@@ -1495,7 +1500,7 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    505354460e0002005000000000000000\
+    505354460f0002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
@@ -1508,7 +1513,7 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    505354460e0002008000000000000000\
+    505354460f0002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
@@ -2293,6 +2298,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
         arb_string(40).prop_map(|version_tag| RequestBody::Renew { version_tag }),
         prop::collection::vec(arb_string(60), 1..=4)
             .prop_map(|paths| RequestBody::RecordsOf { paths }),
+        (arb_string(60), arb_string(20))
+            .prop_map(|(dir, after)| RequestBody::RecordsIn { dir, after }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -3701,13 +3708,34 @@ fn write_back_requests_keep_their_limits() {
         ),
         (
             RequestBody::RecordsOf {
-                paths: vec!["/a".into(), long_path],
+                paths: vec!["/a".into(), long_path.clone()],
             },
             0,
         ),
         (
             RequestBody::RecordsOf {
                 paths: vec!["/a".into()],
+            },
+            1,
+        ),
+        (
+            RequestBody::RecordsIn {
+                dir: long_path.clone(),
+                after: String::new(),
+            },
+            0,
+        ),
+        (
+            RequestBody::RecordsIn {
+                dir: "/a".into(),
+                after: "n".repeat(MAX_NAME_LEN + 1),
+            },
+            0,
+        ),
+        (
+            RequestBody::RecordsIn {
+                dir: "/a".into(),
+                after: String::new(),
             },
             1,
         ),
@@ -4080,7 +4108,7 @@ fn load_files_layouts_are_as_documented() {
 /// pages pointer -56 leads from header 56 to 0), the root (64-159, its files
 /// pointer -68 from header 76 to 8).
 const GOLDEN_LOAD_FILES: &str = "\
-    505354460e000100a000000000000000\
+    505354460f000100a000000000000000\
     00000000000000001817161514131211\
     2827262524232221ffffffffffffffff\
     2f642f78ffffffff7631ffffffffffff\
@@ -4097,7 +4125,7 @@ const GOLDEN_LOAD_FILES: &str = "\
 /// "gone" }] } }`. header_len 112: the two 16-byte outcomes (header 0-31),
 /// then the root (32-111), whose pointer -44 leads from header 44 to 0.
 const GOLDEN_FILES_LOADED: &str = "\
-    505354460e0002007000000000000000\
+    505354460f0002007000000000000000\
     00000000010000000300000000000000\
     0103000000000000676f6e65ffffffff\
     090000000000000014000000d4ffffff\

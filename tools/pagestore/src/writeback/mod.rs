@@ -293,7 +293,8 @@ enum Wait {
 }
 
 /// Sends `body` with `payload` to each of the peers `addrs` at once (to `need` of them first
-/// with [`Wait::Need`]) and sorts their answers with `take`: what the peers that answered gave,
+/// with [`Wait::Need`]) and sorts their answers with `take` (which peer, what it answered):
+/// what the peers that answered gave,
 /// and why the others did not (`addr: why`).
 /// Peers backed off after failures in `client` are asked too (all at once) as soon as the
 /// others can no longer give `need` answers (they are too few, or enough of them failed): a
@@ -305,7 +306,7 @@ async fn ask_peers<T>(
     (body, payload): (&RequestBody, Bytes),
     need: usize,
     wait: Wait,
-    take: impl Fn(Result<(ResponseBody, Bytes), String>) -> Result<T, String>,
+    take: impl Fn(SocketAddr, Result<(ResponseBody, Bytes), String>) -> Result<T, String>,
 ) -> (Vec<T>, Vec<String>) {
     let (ready, backed_off): (Vec<SocketAddr>, Vec<SocketAddr>) =
         addrs.iter().partition(|&&a| client.reachable(a));
@@ -346,12 +347,50 @@ async fn ask_peers<T>(
         let Some((addr, r)) = asks.next().await else {
             break;
         };
-        match take(r.map_err(|e| e.to_string())) {
+        match take(addr, r.map_err(|e| e.to_string())) {
             Ok(t) => given.push(t),
             Err(why) => failures.push(format!("{addr}: {why}")),
         }
     }
     (given, failures)
+}
+
+/// `addrs` as given ([`Wait::All`]), or turned by a different count each time, so that the
+/// first asked ([`Wait::Need`]) change.
+fn rotated(mut addrs: Vec<SocketAddr>, wait: Wait) -> Vec<SocketAddr> {
+    if wait == Wait::Need {
+        let k = (pagestore_protocol::writeback::unix_ns() as usize) % addrs.len().max(1);
+        addrs.rotate_left(k);
+    }
+    addrs
+}
+
+/// A peer's `Records` answer: its records, and whether more follow.
+fn records_page(
+    r: Result<(ResponseBody, Bytes), String>,
+) -> Result<(Vec<FileRecord>, bool), String> {
+    match r? {
+        (ResponseBody::Records { more }, payload) => {
+            pagestore_protocol::frame::decode_file_records(&payload)
+                .map(|v| (v, more))
+                .map_err(|e| format!("malformed records: {e}"))
+        }
+        (other, _) => Err(format!("{other:?}")),
+    }
+}
+
+/// Whether `path` lies beneath directory `dir` (the root: every other path).
+fn beneath(dir: &str, path: &str) -> bool {
+    path.strip_prefix(dir.trim_end_matches('/'))
+        .is_some_and(|rest| rest.starts_with('/') && rest.len() > 1)
+}
+
+/// The name of the entry of directory `dir` that `path` is or lies beneath.
+fn entry_name<'p>(dir: &str, path: &'p str) -> Option<&'p str> {
+    let rest = path
+        .strip_prefix(dir.trim_end_matches('/'))?
+        .strip_prefix('/')?;
+    rest.split('/').next().filter(|n| !n.is_empty())
 }
 
 /// Whether what `op` does depends on what its path holds now, so that a node that missed a
@@ -720,11 +759,12 @@ impl WriteBackNode {
         let payload = Bytes::from(encode_file_records(records).map_err(store_error)?);
         let others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
         let request = (&RequestBody::Replicate, payload);
-        let (held, failures) = ask_peers(client, &others, request, need, Wait::All, |r| match r? {
-            (ResponseBody::Applied { .. }, _) => Ok(()),
-            (other, _) => Err(format!("{other:?}")),
-        })
-        .await;
+        let (held, failures) =
+            ask_peers(client, &others, request, need, Wait::All, |_, r| match r? {
+                (ResponseBody::Applied { .. }, _) => Ok(()),
+                (other, _) => Err(format!("{other:?}")),
+            })
+            .await;
         let held = held.len();
         if held >= need {
             if !failures.is_empty() {
@@ -895,46 +935,36 @@ impl WriteBackNode {
         let body = RequestBody::RecordsOf {
             paths: paths.to_vec(),
         };
-        let mut others: Vec<_> = others.iter().map(|&(_, addr)| addr).collect();
-        if wait == Wait::Need {
-            // Some of them are asked first: a different one each time.
-            let k = (pagestore_protocol::writeback::unix_ns() as usize) % others.len().max(1);
-            others.rotate_left(k);
-        }
+        let others = rotated(others.iter().map(|&(_, addr)| addr).collect(), wait);
         let request = (&body, Bytes::new());
-        let (answers, failures) = ask_peers(client, &others, request, need, wait, |r| match r? {
-            (ResponseBody::Records { .. }, payload) => {
-                pagestore_protocol::frame::decode_file_records(&payload)
-                    .map_err(|e| format!("malformed records: {e}"))
-            }
-            (other, _) => Err(format!("{other:?}")),
-        })
-        .await;
+        let (answers, failures) =
+            ask_peers(client, &others, request, need, wait, |_, r| records_page(r)).await;
         let answered = answers.len();
-        let mut records: Vec<FileRecord> = answers.into_iter().flatten().collect();
+        let mut records: Vec<FileRecord> = answers.into_iter().flat_map(|(v, _)| v).collect();
         // Only what was asked for: records of the paths and beneath them (the root's beneath
         // is everything, but a peer answers one record beneath each path).
-        records.retain(|r| {
-            paths.iter().any(|p| {
-                r.path == *p
-                    || r.path
-                        .strip_prefix(p.trim_end_matches('/'))
-                        .is_some_and(|rest| rest.starts_with('/'))
-            })
-        });
-        if !records.is_empty() {
-            let applied = self.keep(records, false).await?;
-            if !applied.taken.is_empty() {
-                self.stats
-                    .caught_up
-                    .fetch_add(applied.taken.len() as u64, Ordering::Relaxed);
-                tracing::info!(
-                    paths = ?applied.taken,
-                    "took records of paths from the peers before {why} (this node had missed them)"
-                );
-            }
-        }
+        records.retain(|r| paths.iter().any(|p| r.path == *p || beneath(p, &r.path)));
+        self.take_records(records, why).await?;
         Ok(Some((answered, failures)))
+    }
+
+    /// Keeps those of the peers' `records` that rank higher than this node's, and counts and
+    /// logs the paths taken (`why`: what they were asked for).
+    async fn take_records(&self, records: Vec<FileRecord>, why: &str) -> Result<(), SourceError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let applied = self.keep(records, false).await?;
+        if !applied.taken.is_empty() {
+            self.stats
+                .caught_up
+                .fetch_add(applied.taken.len() as u64, Ordering::Relaxed);
+            tracing::info!(
+                paths = ?applied.taken,
+                "took records of paths from the peers before {why} (this node had missed them)"
+            );
+        }
+        Ok(())
     }
 
     /// The peers whose records a stat takes first ([`WriteBackNode::catch_up_for_read`]):
@@ -974,6 +1004,67 @@ impl WriteBackNode {
             Err(e) => {
                 tracing::debug!(%path, error = %e, "keeping the peers' records of a path before a stat")
             }
+        }
+    }
+
+    /// Before a listing of directory `dir` (of a `back` or `transient` mount) is answered:
+    /// takes the records of its entries that `nodes - write_replicas` peers hold
+    /// (`RecordsIn`, every page of each), as a stat takes the records of its path
+    /// ([`WriteBackNode::catch_up_for_read`]), so a node that missed a change in `dir` lists
+    /// what the cluster acknowledged. With fewer answers, the node lists from what it has.
+    pub(crate) async fn catch_up_for_listing(&self, dir: &str) {
+        let need = self.peers_for_reads();
+        let others = self.other_nodes();
+        let Some(client) = self.peers().filter(|_| need > 0 && !others.is_empty()) else {
+            return;
+        };
+        let others = rotated(others.iter().map(|&(_, addr)| addr).collect(), Wait::Need);
+        let ask = |after: String| RequestBody::RecordsIn {
+            dir: dir.to_string(),
+            after,
+        };
+        let first = ask(String::new());
+        let (answers, mut failures) = ask_peers(
+            client,
+            &others,
+            (&first, Bytes::new()),
+            need,
+            Wait::Need,
+            |addr, r| records_page(r).map(|page| (addr, page)),
+        )
+        .await;
+        let answered = answers.len();
+        for (addr, (mut page, mut more)) in answers {
+            // Each page is kept as it comes: a directory's records are not all held at once.
+            loop {
+                page.retain(|r| beneath(dir, &r.path));
+                let after = page.last().and_then(|r| entry_name(dir, &r.path));
+                let next = after.filter(|_| more).map(str::to_string);
+                if let Err(e) = self.take_records(page, "listing their directory").await {
+                    tracing::debug!(%dir, error = %e, "keeping the peers' records of a directory before a listing");
+                    return;
+                }
+                let Some(after) = next else {
+                    break;
+                };
+                let r = client.call(addr, ask(after), Bytes::new()).await;
+                match records_page(r.map_err(|e| e.to_string())) {
+                    Ok(p) => (page, more) = p,
+                    Err(why) => {
+                        failures.push(format!("{addr}: {why}"));
+                        break;
+                    }
+                }
+            }
+        }
+        if answered < need || !failures.is_empty() {
+            tracing::debug!(
+                %dir,
+                answered,
+                need,
+                failures = ?failures,
+                "too few peers told their records of a directory before a listing; listed from this node's"
+            );
         }
     }
 
@@ -1861,6 +1952,10 @@ impl WriteBack for WriteBackNode {
             }
         }
         out
+    }
+
+    fn records_in(&self, dir: &str, after: &str) -> (Vec<FileRecord>, bool) {
+        self.table().in_dir(dir, after, MAX_RECORD_BATCH)
     }
 
     /// Until enough peers gave their records at start (or the pull at start ended), or

@@ -87,6 +87,17 @@ impl WbSource {
             ),
         ))
     }
+
+    /// The node, when a stat or listing of `path` takes its peers' records first: `path` is
+    /// under a `back` or `transient` mount, the node has taken its peers' records at start
+    /// (before, it answers neither), and some peers must be asked
+    /// ([`WriteBackNode::peers_for_reads`]).
+    fn peers_to_catch_up(&self, path: &str) -> Option<Arc<WriteBackNode>> {
+        (self.wb.peers_for_reads() > 0
+            && !self.wb.catching_up()
+            && self.ufs.table().write_policy(path).is_cached())
+        .then(|| self.wb.clone())
+    }
 }
 
 impl Source for WbSource {
@@ -283,15 +294,19 @@ impl Source for WbSource {
     /// A path of a `back` or `transient` mount: the records of it that enough peers hold
     /// (once this node has taken its peers' records at start; before, it answers no stat).
     fn catch_up(&self, path: &str) -> Option<SourceFuture<()>> {
-        if self.wb.peers_for_reads() == 0
-            || self.wb.catching_up()
-            || !self.ufs.table().write_policy(path).is_cached()
-        {
-            return None;
-        }
-        let (wb, path) = (self.wb.clone(), path.to_string());
+        let (wb, path) = (self.peers_to_catch_up(path)?, path.to_string());
         Some(Box::pin(async move {
             wb.catch_up_for_read(&path).await;
+            Ok(())
+        }))
+    }
+
+    /// A directory of a `back` or `transient` mount: the records of its entries that enough
+    /// peers hold, as for a stat.
+    fn catch_up_listing(&self, dir: &str) -> Option<SourceFuture<()>> {
+        let (wb, dir) = (self.peers_to_catch_up(dir)?, dir.to_string());
+        Some(Box::pin(async move {
+            wb.catch_up_for_listing(&dir).await;
             Ok(())
         }))
     }

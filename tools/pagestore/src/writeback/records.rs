@@ -1056,6 +1056,41 @@ impl Records {
         (out, more)
     }
 
+    /// The records of directory `dir`'s entries whose names sort after `after` ("" for all),
+    /// in name order: each entry's own record, if any, then, for an entry that live records
+    /// beneath it make a directory, the first of them ([`Records::first_beneath`]); at most
+    /// `max` records (an entry's two are never split across pages), and whether entries were
+    /// left out. What a node lists `dir` with, so what a peer that missed a change there takes
+    /// before it lists it.
+    pub fn in_dir(&self, dir: &str, after: &str, max: usize) -> (Vec<FileRecord>, bool) {
+        let (own, implied) = self.children(dir);
+        let mut names: Vec<&str> = own
+            .iter()
+            .map(|&(n, _)| n)
+            .chain(implied.iter().copied())
+            .filter(|&n| n > after)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let own: HashMap<&str, &FileRecord> = own.into_iter().collect();
+        let implied: HashSet<&str> = implied.into_iter().collect();
+        let base = dir.trim_end_matches('/');
+        let mut out: Vec<FileRecord> = Vec::new();
+        for name in names {
+            let beneath = implied
+                .contains(name)
+                .then(|| self.first_beneath(&format!("{base}/{name}")))
+                .flatten();
+            let entry: Vec<&FileRecord> =
+                own.get(name).copied().into_iter().chain(beneath).collect();
+            if !out.is_empty() && out.len() + entry.len() > max {
+                return (out, true);
+            }
+            out.extend(entry.into_iter().cloned());
+        }
+        (out, false)
+    }
+
     /// The first live record beneath directory `dir` in path order (deletions before it passed
     /// over): what makes `dir` a directory to a node that lacks it. None, without a scan, when
     /// the live records imply no directory there.

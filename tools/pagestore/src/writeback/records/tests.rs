@@ -536,6 +536,109 @@ fn the_first_live_record_beneath_a_directory_is_found_past_deletions() {
     assert_eq!(u.first_beneath("/").unwrap().path, "/ck/g/zz");
 }
 
+/// A directory's entries as its listing sees them: the records of its direct children and the
+/// directories records beneath it imply.
+fn entries_of(t: &Records, dir: &str) -> (Vec<(String, RecordEntry)>, Vec<String>) {
+    let (own, implied) = t.children(dir);
+    (
+        own.into_iter()
+            .map(|(n, r)| (n.to_string(), r.entry.clone()))
+            .collect(),
+        implied.into_iter().map(str::to_string).collect(),
+    )
+}
+
+#[test]
+fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
+    let mut t = Records::new();
+    // "/ck/d-x" and "/ck/e/z" are not in "/ck/d"; "b-c" sorts before "b/".
+    let files = [
+        "/ck/d/a",
+        "/ck/d/b-c",
+        "/ck/d/b/x",
+        "/ck/d/b/y",
+        "/ck/d/gone",
+        "/ck/d/m/n/o",
+        "/ck/e/z",
+        "/ck/d-x",
+    ];
+    for (i, p) in files.iter().enumerate() {
+        change(
+            &mut t,
+            commit(p, i as u128 + 1, 1, true),
+            (i as u64 + 1) << 16,
+        )
+        .unwrap();
+    }
+    let made = ChangeOp::MakeDir {
+        path: "/ck/d/empty".into(),
+        mtime_ns: 1,
+    };
+    change(&mut t, made, 20 << 16).unwrap();
+    let del = ChangeOp::Delete {
+        path: "/ck/d/gone".into(),
+        dir: false,
+        expect: Expect::Any,
+    };
+    change(&mut t, del, 21 << 16).unwrap();
+    // Each entry's own record, and the first live record beneath an implied directory only.
+    let (all, more) = t.in_dir("/ck/d", "", 1000);
+    assert!(!more);
+    let paths: Vec<&str> = all.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "/ck/d/a",
+            "/ck/d/b/x",
+            "/ck/d/b-c",
+            "/ck/d/empty",
+            "/ck/d/gone",
+            "/ck/d/m/n/o"
+        ]
+    );
+    let (rest, more) = t.in_dir("/ck/d/", "empty", 1000);
+    assert!(!more);
+    let paths: Vec<&str> = rest.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, vec!["/ck/d/gone", "/ck/d/m/n/o"]);
+    // A node with no record lists the directory as this one does once it took every page,
+    // however small the pages.
+    for max in [1, 2, 3, 1000] {
+        let mut u = Records::new();
+        let mut after = String::new();
+        let mut pages = 0;
+        loop {
+            let (page, more) = t.in_dir("/ck/d", &after, max);
+            pages += 1;
+            assert!(
+                !page.is_empty() && page.len() <= max.max(2),
+                "max {max}: {page:?}"
+            );
+            for r in &page {
+                u.apply(r.clone());
+            }
+            if !more {
+                break;
+            }
+            let last = &page[page.len() - 1].path["/ck/d/".len()..];
+            after = last.split('/').next().unwrap().to_string();
+        }
+        assert!(pages <= 6, "max {max}: {pages} pages");
+        assert_eq!(
+            entries_of(&u, "/ck/d"),
+            entries_of(&t, "/ck/d"),
+            "max {max}"
+        );
+    }
+    assert_eq!(t.in_dir("/ck/nothing", "", 1000), (Vec::new(), false));
+    assert_eq!(t.in_dir("/ck/d", "m", 1000), (Vec::new(), false));
+    // The root's entries.
+    let (root, _) = t.in_dir("/", "", 1000);
+    assert_eq!(
+        root.iter().map(|r| r.path.as_str()).collect::<Vec<_>>(),
+        vec!["/ck/d-x"]
+    );
+}
+
 #[test]
 fn applied_deletions_are_forgotten_after_they_are_kept_long_enough() {
     let mut t = Records::new();
