@@ -872,8 +872,11 @@ pub enum RequestBody {
     /// beneath it make a directory, the first live record beneath it; as
     /// [`ResponseBody::Records`] + payload, at most [`MAX_RECORD_BATCH`]
     /// records, `more` when entries were left out (ask again with `after` =
-    /// the name of the last entry answered). Asked before a node answers a
-    /// listing of `dir`, so it lists what its peers hold there too.
+    /// the name of the last entry answered). No record (and `more` false)
+    /// when `digest` is the digest of exactly those records, all pages
+    /// together ([`crate::writeback::records_digest`]): the asker holds the
+    /// same. Asked before a node answers a listing of `dir`, so it lists what
+    /// its peers hold there too.
     RecordsIn {
         /// Absolute logical path of a directory; at most [`MAX_PATH_LEN`]
         /// bytes.
@@ -881,6 +884,8 @@ pub enum RequestBody {
         /// The last entry name already received ("" for the first page); at
         /// most [`MAX_NAME_LEN`] bytes.
         after: String,
+        /// The digest of the asker's records of the same entries; 0 for none.
+        digest: u64,
     },
 }
 
@@ -2061,7 +2066,7 @@ impl Request {
                 }
                 no_payload("RecordsOf", payload_len)
             }
-            RequestBody::RecordsIn { dir, after } => {
+            RequestBody::RecordsIn { dir, after, .. } => {
                 bounded_str("RecordsIn dir", dir, MAX_PATH_LEN)?;
                 bounded_str("RecordsIn after", after, MAX_NAME_LEN)?;
                 no_payload("RecordsIn", payload_len)

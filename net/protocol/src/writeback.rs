@@ -35,6 +35,31 @@ pub fn fresh_tag() -> String {
     new_tag(u128::from_le_bytes(b))
 }
 
+/// The digest of a sequence of write-back records that a `RecordsIn` request carries
+/// (`digest`): 64-bit FNV-1a over each record in turn, its path's bytes, a 0xff byte (never in
+/// UTF-8), then its rank (`FileRecord::order`: hlc as 8 little-endian bytes, origin as 16,
+/// stage as 1); 1 where that comes to 0, which stands for no digest. Two nodes whose records
+/// of a directory's entries have the same digest hold the same changes there.
+pub fn records_digest<'a>(records: impl IntoIterator<Item = &'a crate::frame::FileRecord>) -> u64 {
+    fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h
+    }
+    let mut h = 0xcbf2_9ce4_8422_2325;
+    for r in records {
+        let (hlc, origin, stage) = r.order();
+        h = fnv(h, r.path.as_bytes());
+        h = fnv(h, &[0xff]);
+        h = fnv(h, &hlc.to_le_bytes());
+        h = fnv(h, &origin.to_le_bytes());
+        h = fnv(h, &[stage]);
+    }
+    h.max(1)
+}
+
 /// Whether `tag` is a write-back version tag ([`new_tag`]'s form exactly).
 pub fn is_wb_tag(tag: &str) -> bool {
     tag.len() == WB_TAG_PREFIX.len() + 32
@@ -344,8 +369,14 @@ pub trait WriteBack: Send + Sync + 'static {
     fn records_of(&self, paths: &[String]) -> Vec<crate::frame::FileRecord>;
     /// The records this node holds of directory `dir`'s entries named after `after`, in name
     /// order (each entry's own record and, for a directory records beneath it imply, the first
-    /// live one beneath it), as many as one answer holds, and whether entries were left out.
-    fn records_in(&self, dir: &str, after: &str) -> (Vec<crate::frame::FileRecord>, bool);
+    /// live one beneath it), as many as one answer holds, and whether entries were left out;
+    /// none when `digest` is theirs, all pages together ([`records_digest`]).
+    fn records_in(
+        &self,
+        dir: &str,
+        after: &str,
+        digest: u64,
+    ) -> (Vec<crate::frame::FileRecord>, bool);
     /// Whether this node is still taking its peers' records after its start: what it would
     /// answer from its records (a summary, attributes) may miss changes the cluster
     /// acknowledged while it was down, so it refuses such questions as unavailable.
@@ -374,6 +405,41 @@ pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::{FileId, FileRecord, RecordEntry};
+
+    /// The digest as docs/PROTOCOL.md (`RecordsIn`) spells it, computed there by hand: a
+    /// node built from other code must agree with it byte for byte.
+    #[test]
+    fn the_records_digest_is_the_documented_fnv_1a() {
+        let records = [
+            FileRecord {
+                path: "/ck/d/a".into(),
+                hlc: 0x0102_0304_0506_0708,
+                origin: FileId::from_u128(0x1112_1314_1516_1718_2122_2324_2526_2728),
+                entry: RecordEntry::Dir { mtime_ns: 5 },
+            },
+            FileRecord {
+                path: "/ck/d/b".into(),
+                hlc: 9,
+                origin: FileId::from_u128(1),
+                entry: RecordEntry::Deleted {
+                    prev_tag: String::new(),
+                    pending: false,
+                },
+            },
+        ];
+        assert_eq!(records_digest(&records), 0x4241_2cae_2433_c7f1);
+        // No record: the offset basis.
+        assert_eq!(records_digest(&[]), 0xcbf2_9ce4_8422_2325);
+        // Order matters; so does the stage.
+        assert_ne!(records_digest(records.iter().rev()), 0x4241_2cae_2433_c7f1);
+        let mut applied = records.clone();
+        applied[1].entry = RecordEntry::Deleted {
+            prev_tag: String::new(),
+            pending: true,
+        };
+        assert_ne!(records_digest(&applied), 0x4241_2cae_2433_c7f1);
+    }
 
     #[test]
     fn a_changed_path_has_one_spelling() {

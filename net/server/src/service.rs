@@ -701,11 +701,11 @@ impl ShardService {
                 };
                 records_answer(id, &wb.records_of(&paths), false)
             }
-            RequestBody::RecordsIn { dir, after } => {
+            RequestBody::RecordsIn { dir, after, digest } => {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
                 };
-                let (records, more) = wb.records_in(&dir, &after);
+                let (records, more) = wb.records_in(&dir, &after, digest);
                 records_answer(id, &records, more)
             }
             RequestBody::FilePages { file_id, action } => {

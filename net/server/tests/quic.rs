@@ -750,6 +750,7 @@ fn what_nodes_tell_each_other_needs_the_node_role() {
             RequestBody::RecordsIn {
                 dir: "/ck".into(),
                 after: "".into(),
+                digest: 0,
             },
             RequestBody::FilePages {
                 file_id: FileId::from_u128(100),

@@ -929,9 +929,10 @@ fn smallfiles_reads_every_file_through_every_path_and_preloads_them() {
     // run), timed.
     let setup = v["setup"].as_array().unwrap();
     assert!(
-        setup
-            .iter()
-            .any(|n| n.as_str().unwrap().starts_with("listings: the dataset's 1 director")),
+        setup.iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .starts_with("listings: the dataset's 1 director")),
         "{v}"
     );
     // Cold: every file's page a miss; warm: every one a hit.

@@ -257,6 +257,7 @@ fn sample_requests() -> Vec<Request> {
         RequestBody::RecordsIn {
             dir: "/ckpt".into(),
             after: "model.pt".into(),
+            digest: 0x0123_4567_89ab_cdef,
         },
     ];
     bodies
@@ -2298,8 +2299,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
         arb_string(40).prop_map(|version_tag| RequestBody::Renew { version_tag }),
         prop::collection::vec(arb_string(60), 1..=4)
             .prop_map(|paths| RequestBody::RecordsOf { paths }),
-        (arb_string(60), arb_string(20))
-            .prop_map(|(dir, after)| RequestBody::RecordsIn { dir, after }),
+        (arb_string(60), arb_string(20), any::<u64>())
+            .prop_map(|(dir, after, digest)| RequestBody::RecordsIn { dir, after, digest }),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Request { request_id, body })
 }
@@ -3722,6 +3723,7 @@ fn write_back_requests_keep_their_limits() {
             RequestBody::RecordsIn {
                 dir: long_path.clone(),
                 after: String::new(),
+                digest: 0,
             },
             0,
         ),
@@ -3729,6 +3731,7 @@ fn write_back_requests_keep_their_limits() {
             RequestBody::RecordsIn {
                 dir: "/a".into(),
                 after: "n".repeat(MAX_NAME_LEN + 1),
+                digest: 0,
             },
             0,
         ),
@@ -3736,6 +3739,7 @@ fn write_back_requests_keep_their_limits() {
             RequestBody::RecordsIn {
                 dir: "/a".into(),
                 after: String::new(),
+                digest: 0,
             },
             1,
         ),

@@ -294,8 +294,7 @@ enum Wait {
 
 /// Sends `body` with `payload` to each of the peers `addrs` at once (to `need` of them first
 /// with [`Wait::Need`]) and sorts their answers with `take` (which peer, what it answered):
-/// what the peers that answered gave,
-/// and why the others did not (`addr: why`).
+/// what the peers that answered gave, and why the others did not (`addr: why`).
 /// Peers backed off after failures in `client` are asked too (all at once) as soon as the
 /// others can no longer give `need` answers (they are too few, or enough of them failed): a
 /// peer that was frozen or restarting may well answer before its back-off (up to the client's
@@ -355,8 +354,8 @@ async fn ask_peers<T>(
     (given, failures)
 }
 
-/// `addrs` as given ([`Wait::All`]), or turned by a different count each time, so that the
-/// first asked ([`Wait::Need`]) change.
+/// `addrs` in order for [`Wait::All`]; for [`Wait::Need`], rotated by a count that changes
+/// from call to call, so that the peers asked first differ each time.
 fn rotated(mut addrs: Vec<SocketAddr>, wait: Wait) -> Vec<SocketAddr> {
     if wait == Wait::Need {
         let k = (pagestore_protocol::writeback::unix_ns() as usize) % addrs.len().max(1);
@@ -1019,11 +1018,13 @@ impl WriteBackNode {
             return;
         };
         let others = rotated(others.iter().map(|&(_, addr)| addr).collect(), Wait::Need);
-        let ask = |after: String| RequestBody::RecordsIn {
+        let ask = |after: String, digest: u64| RequestBody::RecordsIn {
             dir: dir.to_string(),
             after,
+            digest,
         };
-        let first = ask(String::new());
+        // A peer that holds the same records of the directory answers none.
+        let first = ask(String::new(), self.table().digest_in(dir, ""));
         let (answers, mut failures) = ask_peers(
             client,
             &others,
@@ -1036,18 +1037,23 @@ impl WriteBackNode {
         let answered = answers.len();
         for (addr, (mut page, mut more)) in answers {
             // Each page is kept as it comes: a directory's records are not all held at once.
+            let mut after = String::new();
             loop {
                 page.retain(|r| beneath(dir, &r.path));
-                let after = page.last().and_then(|r| entry_name(dir, &r.path));
-                let next = after.filter(|_| more).map(str::to_string);
+                let last = page.last().and_then(|r| entry_name(dir, &r.path));
+                // Pages go forward: one that does not is the last asked.
+                let next = last
+                    .filter(|&l| more && l > after.as_str())
+                    .map(str::to_string);
                 if let Err(e) = self.take_records(page, "listing their directory").await {
                     tracing::debug!(%dir, error = %e, "keeping the peers' records of a directory before a listing");
                     return;
                 }
-                let Some(after) = next else {
+                let Some(next) = next else {
                     break;
                 };
-                let r = client.call(addr, ask(after), Bytes::new()).await;
+                after = next;
+                let r = client.call(addr, ask(after.clone(), 0), Bytes::new()).await;
                 match records_page(r.map_err(|e| e.to_string())) {
                     Ok(p) => (page, more) = p,
                     Err(why) => {
@@ -1063,7 +1069,7 @@ impl WriteBackNode {
                 answered,
                 need,
                 failures = ?failures,
-                "too few peers told their records of a directory before a listing; listed from this node's"
+                "not every peer asked told all its records of a directory before a listing; listed with what this node has"
             );
         }
     }
@@ -1954,8 +1960,12 @@ impl WriteBack for WriteBackNode {
         out
     }
 
-    fn records_in(&self, dir: &str, after: &str) -> (Vec<FileRecord>, bool) {
-        self.table().in_dir(dir, after, MAX_RECORD_BATCH)
+    fn records_in(&self, dir: &str, after: &str, digest: u64) -> (Vec<FileRecord>, bool) {
+        let t = self.table();
+        if digest != 0 && t.digest_in(dir, after) == digest {
+            return (Vec::new(), false);
+        }
+        t.in_dir(dir, after, MAX_RECORD_BATCH)
     }
 
     /// Until enough peers gave their records at start (or the pull at start ended), or

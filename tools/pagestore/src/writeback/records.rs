@@ -23,7 +23,7 @@ use pagestore_protocol::{
         WriteBackSummary,
     },
     ring,
-    writeback::{beneath_file, hlc_ms, is_wb_tag, parent},
+    writeback::{beneath_file, hlc_ms, is_wb_tag, parent, records_digest},
 };
 
 /// Why a change cannot be made.
@@ -1063,6 +1063,26 @@ impl Records {
     /// left out. What a node lists `dir` with, so what a peer that missed a change there takes
     /// before it lists it.
     pub fn in_dir(&self, dir: &str, after: &str, max: usize) -> (Vec<FileRecord>, bool) {
+        let mut out: Vec<FileRecord> = Vec::new();
+        for entry in self.entries_in(dir, after) {
+            if !out.is_empty() && out.len() + entry.len() > max {
+                return (out, true);
+            }
+            out.extend(entry.into_iter().cloned());
+        }
+        (out, false)
+    }
+
+    /// The digest of what [`Records::in_dir`] gives of `dir` after `after`, every page
+    /// together ([`records_digest`]): what a node sends with its `RecordsIn` so that a peer
+    /// holding the same answers nothing.
+    pub fn digest_in(&self, dir: &str, after: &str) -> u64 {
+        records_digest(self.entries_in(dir, after).into_iter().flatten())
+    }
+
+    /// The records of each of `dir`'s entries named after `after`, entry by entry in name
+    /// order ([`Records::in_dir`]).
+    fn entries_in(&self, dir: &str, after: &str) -> Vec<Vec<&FileRecord>> {
         let (own, implied) = self.children(dir);
         let mut names: Vec<&str> = own
             .iter()
@@ -1075,20 +1095,16 @@ impl Records {
         let own: HashMap<&str, &FileRecord> = own.into_iter().collect();
         let implied: HashSet<&str> = implied.into_iter().collect();
         let base = dir.trim_end_matches('/');
-        let mut out: Vec<FileRecord> = Vec::new();
-        for name in names {
-            let beneath = implied
-                .contains(name)
-                .then(|| self.first_beneath(&format!("{base}/{name}")))
-                .flatten();
-            let entry: Vec<&FileRecord> =
-                own.get(name).copied().into_iter().chain(beneath).collect();
-            if !out.is_empty() && out.len() + entry.len() > max {
-                return (out, true);
-            }
-            out.extend(entry.into_iter().cloned());
-        }
-        (out, false)
+        names
+            .into_iter()
+            .map(|name| {
+                let beneath = implied
+                    .contains(name)
+                    .then(|| self.first_beneath(&format!("{base}/{name}")))
+                    .flatten();
+                own.get(name).copied().into_iter().chain(beneath).collect()
+            })
+            .collect()
     }
 
     /// The first live record beneath directory `dir` in path order (deletions before it passed

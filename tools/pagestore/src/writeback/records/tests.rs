@@ -629,6 +629,39 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
             "max {max}"
         );
     }
+    // Same records of the entries, same digest: a record deep beneath an entry after its
+    // first live one changes nothing a listing shows; a new time of an entry, a deletion or
+    // a flush does.
+    let copy = || {
+        let mut u = Records::new();
+        for r in t.in_dir("/ck/d", "", 1000).0 {
+            u.apply(r);
+        }
+        u
+    };
+    let mut u = copy();
+    assert_eq!(u.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
+    change(&mut u, commit("/ck/d/b/z", 50, 1, true), 30 << 16).unwrap();
+    assert_eq!(u.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
+    assert_ne!(t.digest_in("/ck/d", ""), t.digest_in("/ck/d", "a"));
+    assert_eq!(
+        t.digest_in("/ck/d", "m"),
+        Records::new().digest_in("/ck/d", "")
+    );
+    let mut v = copy();
+    change(&mut v, commit("/ck/d/a", 51, 2, true), 31 << 16).unwrap();
+    assert_ne!(v.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
+    let mut v = copy();
+    let gone = ChangeOp::Delete {
+        path: "/ck/d/m/n/o".into(),
+        dir: false,
+        expect: Expect::Any,
+    };
+    change(&mut v, gone, 32 << 16).unwrap();
+    assert_ne!(v.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
+    let mut v = copy();
+    flushed(&mut v, "/ck/d/a", "etag-a");
+    assert_ne!(v.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
     assert_eq!(t.in_dir("/ck/nothing", "", 1000), (Vec::new(), false));
     assert_eq!(t.in_dir("/ck/d", "m", 1000), (Vec::new(), false));
     // The root's entries.
