@@ -711,20 +711,11 @@ fn the_memory_tier_serves_hot_pages_without_the_disk_and_forgets_removed_files()
         // Removing the file drops its memory entries too: the next read goes to the store.
         let held = memory().await.memory.pages;
         assert!(held >= 1);
-        let admin_id =
-            h.ca.issue("admin", pagestore_protocol::tls::Role::Admin)
-                .unwrap();
-        let admin = common::pool(&h.ca, Some(&admin_id), "127.0.0.1:0");
-        let (body, _) = ask(
-            &admin,
-            addr,
-            RequestBody::RemoveFile {
-                file_id: f.file_id,
-                epoch: 0,
-            },
-        )
-        .await;
-        admin.close();
+        let remove = RequestBody::RemoveFile {
+            file_id: f.file_id,
+            epoch: 0,
+        };
+        let body = ask_as(&h, pagestore_protocol::tls::Role::Admin, addr, remove).await;
         assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
         assert_eq!(memory().await.memory.bytes, 0);
         for p in 0..4 {
@@ -1342,21 +1333,27 @@ fn path_metadata_is_cached_for_the_ttl_and_listings_page_through_every_entry() {
 
 /// `Invalidate` of version `version` of `path` at `addr`, sent with a writer's certificate.
 async fn invalidate(h: &Harness, addr: SocketAddr, path: &str, version: &str) {
-    let writer =
-        h.ca.issue("writer", pagestore_protocol::tls::Role::Writer)
-            .unwrap();
-    let writer = common::pool(&h.ca, Some(&writer), "127.0.0.1:0");
-    let (body, _) = ask(
-        &writer,
-        addr,
-        RequestBody::Invalidate {
-            path: path.into(),
-            file_id: FileId::from_u128(ring::file_id(path, version)),
-        },
-    )
-    .await;
+    let invalidate = RequestBody::Invalidate {
+        path: path.into(),
+        file_id: FileId::from_u128(ring::file_id(path, version)),
+    };
+    let body = ask_as(h, pagestore_protocol::tls::Role::Writer, addr, invalidate).await;
     assert!(matches!(body, ResponseBody::Removed { .. }), "{body:?}");
-    writer.close();
+}
+
+/// `body` asked of `addr` over a connection of its own, with a certificate of `role`: the
+/// answer's body.
+async fn ask_as(
+    h: &Harness,
+    role: pagestore_protocol::tls::Role,
+    addr: SocketAddr,
+    body: RequestBody,
+) -> ResponseBody {
+    let id = h.ca.issue("as-role", role).unwrap();
+    let pool = common::pool(&h.ca, Some(&id), "127.0.0.1:0");
+    let (answer, _) = ask(&pool, addr, body).await;
+    pool.close();
+    answer
 }
 
 /// A stat that read the store before the path was invalidated (a write through the cluster
