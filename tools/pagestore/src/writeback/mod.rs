@@ -1961,11 +1961,7 @@ impl WriteBack for WriteBackNode {
     }
 
     fn records_in(&self, dir: &str, after: &str, digest: u64) -> (Vec<FileRecord>, bool) {
-        let t = self.table();
-        if digest != 0 && t.digest_in(dir, after) == digest {
-            return (Vec::new(), false);
-        }
-        t.in_dir(dir, after, MAX_RECORD_BATCH)
+        self.table().in_dir(dir, after, MAX_RECORD_BATCH, digest)
     }
 
     /// Until enough peers gave their records at start (or the pull at start ended), or

@@ -1061,10 +1061,21 @@ impl Records {
     /// beneath it make a directory, the first of them ([`Records::first_beneath`]); at most
     /// `max` records (an entry's two are never split across pages), and whether entries were
     /// left out. What a node lists `dir` with, so what a peer that missed a change there takes
-    /// before it lists it.
-    pub fn in_dir(&self, dir: &str, after: &str, max: usize) -> (Vec<FileRecord>, bool) {
+    /// before it lists it. None when `digest` (not 0) is the digest of those records, every
+    /// page together ([`Records::digest_in`]): the asker holds the same.
+    pub fn in_dir(
+        &self,
+        dir: &str,
+        after: &str,
+        max: usize,
+        digest: u64,
+    ) -> (Vec<FileRecord>, bool) {
+        let entries = self.entries_in(dir, after);
+        if digest != 0 && records_digest(entries.iter().flatten().copied()) == digest {
+            return (Vec::new(), false);
+        }
         let mut out: Vec<FileRecord> = Vec::new();
-        for entry in self.entries_in(dir, after) {
+        for entry in entries {
             if !out.is_empty() && out.len() + entry.len() > max {
                 return (out, true);
             }

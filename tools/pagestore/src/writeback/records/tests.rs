@@ -582,7 +582,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
     };
     change(&mut t, del, 21 << 16).unwrap();
     // Each entry's own record, and the first live record beneath an implied directory only.
-    let (all, more) = t.in_dir("/ck/d", "", 1000);
+    let (all, more) = t.in_dir("/ck/d", "", 1000, 0);
     assert!(!more);
     let paths: Vec<&str> = all.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(
@@ -596,7 +596,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
             "/ck/d/m/n/o"
         ]
     );
-    let (rest, more) = t.in_dir("/ck/d/", "empty", 1000);
+    let (rest, more) = t.in_dir("/ck/d/", "empty", 1000, 0);
     assert!(!more);
     let paths: Vec<&str> = rest.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(paths, vec!["/ck/d/gone", "/ck/d/m/n/o"]);
@@ -607,7 +607,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
         let mut after = String::new();
         let mut pages = 0;
         loop {
-            let (page, more) = t.in_dir("/ck/d", &after, max);
+            let (page, more) = t.in_dir("/ck/d", &after, max, 0);
             pages += 1;
             assert!(
                 !page.is_empty() && page.len() <= max.max(2),
@@ -634,7 +634,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
     // a flush does.
     let copy = || {
         let mut u = Records::new();
-        for r in t.in_dir("/ck/d", "", 1000).0 {
+        for r in t.in_dir("/ck/d", "", 1000, 0).0 {
             u.apply(r);
         }
         u
@@ -662,10 +662,17 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
     let mut v = copy();
     flushed(&mut v, "/ck/d/a", "etag-a");
     assert_ne!(v.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
-    assert_eq!(t.in_dir("/ck/nothing", "", 1000), (Vec::new(), false));
-    assert_eq!(t.in_dir("/ck/d", "m", 1000), (Vec::new(), false));
+    // An asker with the same digest gets nothing; one with another, every record.
+    let same = t.digest_in("/ck/d", "");
+    assert_eq!(t.in_dir("/ck/d", "", 1000, same), (Vec::new(), false));
+    assert_eq!(
+        t.in_dir("/ck/d", "", 1000, same ^ 1),
+        t.in_dir("/ck/d", "", 1000, 0)
+    );
+    assert_eq!(t.in_dir("/ck/nothing", "", 1000, 0), (Vec::new(), false));
+    assert_eq!(t.in_dir("/ck/d", "m", 1000, 0), (Vec::new(), false));
     // The root's entries.
-    let (root, _) = t.in_dir("/", "", 1000);
+    let (root, _) = t.in_dir("/", "", 1000, 0);
     assert_eq!(
         root.iter().map(|r| r.path.as_str()).collect::<Vec<_>>(),
         vec!["/ck/d-x"]
