@@ -2149,10 +2149,11 @@ else:
     with open(os.environ["SMALL"], "r+b") as w:
         w.write(blob(9, 100_000))
     old = json.load(open(STATE))["data/t/small"]
-    # The cluster sees the new version once its metadata of the path expires.
+    # The cluster sees the new version once its metadata of the path expires; `facts` asks
+    # three times, so wait until its first HEAD (the ETag) and its part HEAD both see it.
     for _ in range(300):
         f = facts("data", "t/small")
-        if f["part1"][1] != old["part1"][1]:
+        if f["etag"] != old["etag"] and f["part1"][1] != old["part1"][1]:
             break
         time.sleep(0.1)
     check(f["etag"] != old["etag"] and f["sums"]["ChecksumType"] is None and f["meta"] == {}
