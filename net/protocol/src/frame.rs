@@ -147,12 +147,18 @@ use rkyv::{Archive, Deserialize, Portable, Serialize};
 /// node asks its peers for their records of a directory's entries before it
 /// answers a listing of it, so a node that missed a change lists what the
 /// cluster acknowledged.
-pub const PROTOCOL_VERSION: u16 = 15;
+///
+/// Version 16: a new answer, `Same`, appended after every other: a
+/// `RecordsIn` whose digest matches is answered `Same`, not an empty
+/// `Records`, so the asker tells a peer that holds what it holds from one
+/// that holds nothing of the directory (and so may hold deletions beneath
+/// it that the asker missed).
+pub const PROTOCOL_VERSION: u16 = 16;
 
 /// ALPN protocol identifier negotiated during the QUIC/TLS handshake: it
 /// names [`PROTOCOL_VERSION`], so peers of different versions are refused at
 /// the handshake.
-pub const ALPN: &[u8] = b"pagestore/15";
+pub const ALPN: &[u8] = b"pagestore/16";
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"PSTF";
@@ -872,10 +878,9 @@ pub enum RequestBody {
     /// beneath it make a directory, the first live record beneath it; as
     /// [`ResponseBody::Records`] + payload, at most [`MAX_RECORD_BATCH`]
     /// records, `more` when entries were left out (ask again with `after` =
-    /// the name of the last entry answered). No record (and `more` false)
-    /// when `digest` is the digest of exactly those records, all pages
-    /// together ([`crate::writeback::records_digest`]): the asker holds the
-    /// same. Asked before a node answers a listing of `dir`, so it lists what
+    /// the name of the last entry answered). [`ResponseBody::Same`] when
+    /// `digest` is the digest of exactly those records, all pages together
+    /// ([`crate::writeback::records_digest`]): the asker holds the same. Asked before a node answers a listing of `dir`, so it lists what
     /// its peers hold there too.
     RecordsIn {
         /// Absolute logical path of a directory; at most [`MAX_PATH_LEN`]
@@ -1438,6 +1443,9 @@ pub enum ResponseBody {
         /// names. A writer renews well within it.
         grace_ms: u64,
     },
+    /// Answer to `RecordsIn` whose digest is that of the receiver's records
+    /// of the entries asked for: it holds the same.
+    Same,
 }
 
 /// The write-back state under a prefix ([`ResponseBody::WriteBack`]).
@@ -2272,6 +2280,7 @@ impl Response {
             }
             ResponseBody::Applied { .. } => no_payload("Applied", payload_len),
             ResponseBody::Records { .. } => bounded_records_payload("Records", payload_len),
+            ResponseBody::Same => no_payload("Same", payload_len),
             ResponseBody::WriteBack { summary } => {
                 bounded_str("WriteBack last_error", &summary.last_error, MAX_MESSAGE_LEN)?;
                 no_payload("WriteBack", payload_len)
@@ -2334,6 +2343,7 @@ impl ResponseBody {
                 | RequestBody::RecordsIn { .. },
                 ResponseBody::Records { .. },
             ) => true,
+            (RequestBody::RecordsIn { .. }, ResponseBody::Same) => true,
             (
                 RequestBody::FilePages { .. } | RequestBody::Discard { .. },
                 ResponseBody::Removed { .. },

@@ -370,13 +370,14 @@ pub trait WriteBack: Send + Sync + 'static {
     /// The records this node holds of directory `dir`'s entries named after `after`, in name
     /// order (each entry's own record and, for a directory records beneath it imply, the first
     /// live one beneath it), as many as one answer holds, and whether entries were left out;
-    /// none when `digest` is theirs, all pages together ([`records_digest`]).
+    /// `None` when `digest` is theirs, all pages together ([`records_digest`]): the asker
+    /// holds the same.
     fn records_in(
         &self,
         dir: &str,
         after: &str,
         digest: u64,
-    ) -> (Vec<crate::frame::FileRecord>, bool);
+    ) -> Option<(Vec<crate::frame::FileRecord>, bool)>;
     /// Whether this node is still taking its peers' records after its start: what it would
     /// answer from its records (a summary, attributes) may miss changes the cluster
     /// acknowledged while it was down, so it refuses such questions as unavailable.

@@ -705,8 +705,10 @@ impl ShardService {
                 let Some(wb) = self.writeback() else {
                     return no_writeback(id);
                 };
-                let (records, more) = wb.records_in(&dir, &after, digest);
-                records_answer(id, &records, more)
+                match wb.records_in(&dir, &after, digest) {
+                    Some((records, more)) => records_answer(id, &records, more),
+                    None => reply(id, ResponseBody::Same, Body::Empty),
+                }
             }
             RequestBody::FilePages { file_id, action } => {
                 self.file_pages(id, file_id.as_u128(), action).await

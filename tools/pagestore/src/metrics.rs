@@ -466,6 +466,18 @@ const WRITE_BACK: &[WriteBackFamily] = &[
         |w| w.caught_up,
     ),
     (
+        "pagestore_writeback_listings_same_total",
+        Kind::Counter,
+        "Peers' requests for this node's records of a directory's entries (before they list it) answered that it holds what they hold: nothing sent.",
+        |w| w.listings_same,
+    ),
+    (
+        "pagestore_writeback_confirm_rounds_total",
+        Kind::Counter,
+        "Round trips this node spent asking its peers of its live records beneath directories they did not show them under (deletions it may have missed), before a listing, a stat or a change.",
+        |w| w.confirm_rounds,
+    ),
+    (
         "pagestore_writeback_pulls_total",
         Kind::Counter,
         "Pulls of the peers' records finished (at start, every peer at once, each asked for up to 15 s; then one peer every 30 s).",

@@ -2301,4 +2301,94 @@ async fn a_member_that_missed_a_large_directory_while_frozen_lists_all_of_it_onc
         wrong.len(),
         wrong.first()
     );
+    // Caught up, the owner holds what its peers hold of the directory: listed again, a peer
+    // answers that it holds the same (its digest), sending none of the 1,150 records. (The
+    // flushes of the files change their records meanwhile: list until one listing falls
+    // between them.)
+    let same = |c: &Cluster| -> f64 {
+        (0..3)
+            .filter(|&i| i != owner)
+            .map(|i| writeback_metric(c, i, "listings_same_total"))
+            .sum()
+    };
+    let before = same(&c);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while same(&c) == before {
+        assert!(
+            Instant::now() < deadline,
+            "no peer answered a listing's RecordsIn as holding the same records"
+        );
+        assert_eq!(listed_by(&patient, owner_addr, dir).await.len(), n);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Directories whose files were all deleted while a node was frozen are gone from that
+/// node's answers as soon as it is let go, though its records of those files are live: before
+/// it lists a directory (or stats a path), the node confirms its live records beneath each
+/// entry (each path and ancestor) where its peers did not give it the same first live record
+/// there, and takes their deletions. One directory is listed, the other stated first, each
+/// with more files than one `RecordsOf` holds (64). Without it, the node listed and stated the
+/// directories until its next pull.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_a_deep_deletion_while_frozen_lists_and_stats_without_it_once_back() {
+    let (c, _store, a, patient) = frozen_member_cluster().await;
+    let parent = "/ck/frozen-deep";
+    let (listed, stated) = (format!("{parent}/a"), format!("{parent}/b"));
+    let files = |dir: &str| {
+        (0..70)
+            .map(|i| format!("{dir}/x/y/f{i:02}"))
+            .collect::<Vec<_>>()
+    };
+    let files: Vec<String> = [files(&listed), files(&stated)].concat();
+    let kept = [format!("{listed}/keep"), format!("{stated}/keep")];
+    for f in files.iter().chain(&kept) {
+        a.write_file(f, b"bytes".to_vec().into()).await.unwrap();
+    }
+    let owner_addr = path_members(&a, parent, 1)[0];
+    let owner = owner_of(&c, &a, parent);
+    let names = |entries: Vec<DirEntry>| entries.into_iter().map(|e| e.name).collect::<Vec<_>>();
+    // The node holds every file before it is frozen.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for dir in [&listed, &stated] {
+        while listed_by(&patient, owner_addr, &format!("{dir}/x/y"))
+            .await
+            .len()
+            < 70
+        {
+            assert!(Instant::now() < deadline, "the node never held the files");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            names(listed_by(&patient, owner_addr, dir).await),
+            ["keep", "x"]
+        );
+    }
+    freeze_and_back_off(&c, owner, &a, parent).await;
+    for f in &files {
+        a.remove_file(f).await.unwrap();
+    }
+    c.inner.signal(owner, libc::SIGCONT).unwrap();
+    let entries = names(listed_by(&patient, owner_addr, &listed).await);
+    assert_eq!(
+        entries,
+        ["keep"],
+        "the node listed {listed} with the deleted directory"
+    );
+    let gone = format!("{stated}/x");
+    let stat = frame::RequestBody::StatPath { path: gone.clone() };
+    let r = patient.call(owner_addr, stat, bytes::Bytes::new()).await;
+    assert!(
+        matches!(&r, Err(Error::NotFound(_))),
+        "the node answered a stat of the deleted {gone}: {r:?}"
+    );
+    let entries = names(listed_by(&patient, owner_addr, &stated).await);
+    assert_eq!(
+        entries,
+        ["keep"],
+        "the node listed {stated} with the deleted directory"
+    );
+    // 70 files beneath each directory take two rounds of 64 at least.
+    let rounds = writeback_metric(&c, owner, "confirm_rounds_total");
+    assert!(rounds >= 4.0, "{rounds} rounds confirmed 140 files");
 }

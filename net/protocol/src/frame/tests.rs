@@ -433,6 +433,7 @@ fn sample_responses() -> Vec<Response> {
             pages: 12,
             grace_ms: 120_000,
         },
+        ResponseBody::Same,
     ];
     let mut out: Vec<Response> = bodies
         .into_iter()
@@ -791,7 +792,7 @@ fn preamble_round_trips() {
         payload_len: MAX_PAYLOAD,
     };
     assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-    assert_eq!(p.encode(), preamble_bytes(15, 2, 4096, MAX_PAYLOAD));
+    assert_eq!(p.encode(), preamble_bytes(16, 2, 4096, MAX_PAYLOAD));
     assert_eq!(p.header_range(), 16..4112);
     assert_eq!(p.payload_range(), 4112..4112 + MAX_PAYLOAD as usize);
 }
@@ -810,9 +811,9 @@ fn preamble_rejections() {
     // `IsDir`, `NotDir`, `Unverified` or `Recovered`; 6: no attributes of
     // write-back files; 7: no `since` in commits; 8: none in `WriteDirty`;
     // 9: no `Discard`; 10: no `SetTime`; 11: no `Renew`; 12: no directory
-    // times; 13: no `RecordsOf`; 14: no `RecordsIn`) and the next are
-    // refused.
-    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16] {
+    // times; 13: no `RecordsOf`; 14: no `RecordsIn`; 15: no `Same`) and the
+    // next are refused.
+    for version in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17] {
         assert_eq!(
             Preamble::decode(&preamble_bytes(version, 1, 16, 0)),
             Err(FrameError::Version { got: version })
@@ -1302,6 +1303,18 @@ fn answers_table() {
         entries: vec![PageStatus::Miss]
     }
     .answers(&batch));
+    // `Same` answers a `RecordsIn` only.
+    let records_in = RequestBody::RecordsIn {
+        dir: "/ck".into(),
+        after: String::new(),
+        digest: 7,
+    };
+    assert!(ResponseBody::Same.answers(&records_in));
+    assert!(ResponseBody::Records { more: false }.answers(&records_in));
+    let records_of = RequestBody::RecordsOf {
+        paths: vec!["/ck".into()],
+    };
+    assert!(!ResponseBody::Same.answers(&records_of));
 }
 
 #[test]
@@ -1351,7 +1364,7 @@ fn errors_display() {
 /// `Request { request_id: 1, body: Ping { nonce: 0x0123456789abcdef } }`,
 /// no payload. 16-byte preamble + 96-byte header (no front padding).
 const GOLDEN_PING: &str = "\
-    505354460f0001006000000000000000\
+    50535446100001006000000000000000\
     01000000000000000000000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1363,7 +1376,7 @@ const GOLDEN_PING: &str = "\
 /// FileId { hi: 0x1112131415161718, lo: 0x2122232425262728 }, page: 3 },
 /// offset: 4096, len: 8192, epoch: 7 } }`, no payload.
 const GOLDEN_READ_RANGE: &str = "\
-    505354460f0001006000000000000000\
+    50535446100001006000000000000000\
     02000000000000000300000000000000\
     18171615141312112827262524232221\
     03000000000000000010000000200000\
@@ -1376,7 +1389,7 @@ const GOLDEN_READ_RANGE: &str = "\
 /// offset: 16, len: 32, epoch: 7, route: Fallback } }`: strings of at most 8
 /// bytes are stored inline, padded with 0xff.
 const GOLDEN_FETCH: &str = "\
-    505354460f0001006000000000000000\
+    50535446100001006000000000000000\
     04000000000000000800000000000000\
     18171615141312112827262524232221\
     ffffffffffffffff2f642f78ffffffff\
@@ -1427,7 +1440,7 @@ fn golden_fetch() {
 /// no payload. 16-byte preamble + 64-byte header: the root alone, no
 /// padding.
 const GOLDEN_PONG: &str = "\
-    505354460f0002005000000000000000\
+    50535446100002005000000000000000\
     01000000000000000700000000000000\
     efcdab89674523010000000000000000\
     00000000000000000000000000000000\
@@ -1438,7 +1451,7 @@ const GOLDEN_PONG: &str = "\
 /// FILE_A, page: 3 }, Key { file_id: FILE_A, page: 4 }], epoch: 7 } }`,
 /// no payload: the two keys (48 bytes) precede the 80-byte root.
 const GOLDEN_READ_PAGES: &str = "\
-    505354460f0001009000000000000000\
+    50535446100001009000000000000000\
     18171615141312112827262524232221\
     03000000000000001817161514131211\
     28272625242322210400000000000000\
@@ -1453,7 +1466,7 @@ const GOLDEN_READ_PAGES: &str = "\
 /// "offset past end" } }`, no payload: the 15 message bytes (out of line),
 /// 1 byte of alignment, the 64-byte root; no front padding.
 const GOLDEN_ERROR: &str = "\
-    505354460f0002006000000000000000\
+    50535446100002006000000000000000\
     6f6666736574207061737420656e6400\
     02000000000000000a0100008f000000\
     e4ffffff000000000000000000000000\
@@ -1501,7 +1514,7 @@ const GOLDEN_MTIME_NS: i64 = 1_600_000_000_000_000_000;
 /// version_tag: "v1", file_id: FILE_A, mtime_ns: GOLDEN_MTIME_NS } } }`:
 /// the 64-byte root alone.
 const GOLDEN_PATH_INFO: &str = "\
-    505354460f0002005000000000000000\
+    50535446100002005000000000000000\
     05000000000000000b00000000000000\
     00000000000000000004000000000000\
     7631ffffffffffff1817161514131211\
@@ -1514,7 +1527,7 @@ const GOLDEN_PATH_INFO: &str = "\
 /// 40-byte entry, then the root, whose pointer (-52) leads from its field
 /// (header 60) back to the entry (header 8).
 const GOLDEN_LISTING: &str = "\
-    505354460f0002008000000000000000\
+    50535446100002008000000000000000\
     0000000000000000612e62696effffff\
     00000000000000000300000000000000\
     7631ffffffffffff0000a0d885573416\
@@ -2549,6 +2562,7 @@ fn arb_response() -> impl Strategy<Value = Response> {
         .prop_map(|attrs| ResponseBody::Attributes { attrs }),
         (any::<u32>(), any::<u64>())
             .prop_map(|(pages, grace_ms)| ResponseBody::Held { pages, grace_ms }),
+        Just(ResponseBody::Same),
     ];
     (any::<u64>(), body).prop_map(|(request_id, body)| Response { request_id, body })
 }
@@ -4112,7 +4126,7 @@ fn load_files_layouts_are_as_documented() {
 /// pages pointer -56 leads from header 56 to 0), the root (64-159, its files
 /// pointer -68 from header 76 to 8).
 const GOLDEN_LOAD_FILES: &str = "\
-    505354460f000100a000000000000000\
+    5053544610000100a000000000000000\
     00000000000000001817161514131211\
     2827262524232221ffffffffffffffff\
     2f642f78ffffffff7631ffffffffffff\
@@ -4129,7 +4143,7 @@ const GOLDEN_LOAD_FILES: &str = "\
 /// "gone" }] } }`. header_len 112: the two 16-byte outcomes (header 0-31),
 /// then the root (32-111), whose pointer -44 leads from header 44 to 0.
 const GOLDEN_FILES_LOADED: &str = "\
-    505354460f0002007000000000000000\
+    50535446100002007000000000000000\
     00000000010000000300000000000000\
     0103000000000000676f6e65ffffffff\
     090000000000000014000000d4ffffff\

@@ -17,7 +17,7 @@ pub mod overlay;
 pub mod records;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::SocketAddr,
     path::Path,
     sync::{
@@ -108,6 +108,11 @@ const FORGET_BATCH: usize = 4096;
 /// A peer's clock this far ahead of this node's (milliseconds) is logged when first seen.
 const CLOCK_LEAD_WARN_MS: u64 = 1_000;
 
+/// Rounds of `RecordsOf` a node spends confirming its live records beneath directories its
+/// peers did not show them under ([`WriteBackNode::confirm_beneath`]), each of at most
+/// [`MAX_RECORDS_OF`] paths; what is left then waits for the periodic pull.
+const CONFIRM_ROUNDS: usize = 16;
+
 /// Parts of one file's multipart flush sent to the under storage at once.
 pub const FLUSH_PARTS: usize = 4;
 
@@ -179,6 +184,11 @@ pub struct FlushStats {
     pub pulls: AtomicU64,
     /// Records taken by those pulls (ranking above what this node held).
     pub pulled: AtomicU64,
+    /// `RecordsIn` of peers answered `Same` (they held what this node holds of the entries).
+    pub listings_same: AtomicU64,
+    /// Rounds of `RecordsOf` spent confirming this node's live records beneath directories
+    /// ([`WriteBackNode::confirm_beneath`]).
+    pub confirm_rounds: AtomicU64,
 }
 
 /// A snapshot for `/metrics`.
@@ -215,6 +225,10 @@ pub struct WriteBackMetrics {
     pub pulls: u64,
     /// Records those pulls took.
     pub pulled: u64,
+    /// `RecordsIn` of peers answered `Same`.
+    pub listings_same: u64,
+    /// Rounds spent confirming live records beneath directories.
+    pub confirm_rounds: u64,
 }
 
 /// A node's write-back side (see the module docs).
@@ -376,6 +390,22 @@ fn records_page(
         }
         (other, _) => Err(format!("{other:?}")),
     }
+}
+
+/// The records one peer gave, by path and rank ([`FileRecord::order`]).
+type Told = HashSet<(String, (u64, u128, u8))>;
+
+fn told_of(records: &[FileRecord]) -> Told {
+    records
+        .iter()
+        .map(|r| (r.path.clone(), r.order()))
+        .collect()
+}
+
+/// Whether every peer in `told` gave `r`, at its rank: each holds it live too.
+fn told_by_all(told: &[Told], r: &FileRecord) -> bool {
+    let key = (r.path.clone(), r.order());
+    told.iter().all(|t| t.contains(&key))
 }
 
 /// Whether `path` lies beneath directory `dir` (the root: every other path).
@@ -917,9 +947,13 @@ impl WriteBackNode {
     }
 
     /// Asks the other nodes for their records of `paths` (a peer answers each path's record
-    /// and the first record beneath it: `records_of`) and keeps those that rank higher than this node's (`why`: what for,
-    /// logged with what this node had missed). Returns how many answered and why the others
-    /// did not; `None` when this node has no peer to ask.
+    /// and the first live record beneath it: `records_of`) and keeps those that rank higher
+    /// than this node's (`why`: what for, logged with what this node had missed); then, for
+    /// each path (not an ancestor asked with it) beneath which this node's first live record
+    /// is not one that every peer that answered gave, confirms its live records there
+    /// ([`WriteBackNode::confirm_beneath`]), so that a node that missed the deletions of a
+    /// directory's files does not take the directory for one. Returns how many answered and
+    /// why the others did not; `None` when this node has no peer to ask.
     async fn take_peers_records(
         &self,
         paths: &[String],
@@ -927,6 +961,31 @@ impl WriteBackNode {
         wait: Wait,
         why: &str,
     ) -> Result<Option<(usize, Vec<String>)>, SourceError> {
+        let Some((told, failures)) = self.records_from_peers(paths, need, wait, why).await? else {
+            return Ok(None);
+        };
+        if need > 0 && told.len() >= need {
+            // The paths themselves, not the ancestors asked with them: what is beneath an
+            // ancestor that a deleted directory alone implied is beneath the path too.
+            let leaves = paths
+                .iter()
+                .filter(|p| !paths.iter().any(|q| beneath(p, q)))
+                .cloned();
+            let doubted = self.doubted(leaves, &told);
+            self.confirm_beneath(doubted, need, why).await?;
+        }
+        Ok(Some((told.len(), failures)))
+    }
+
+    /// [`WriteBackNode::take_peers_records`] without the confirmation: what each peer that
+    /// answered gave, and why the others did not.
+    async fn records_from_peers(
+        &self,
+        paths: &[String],
+        need: usize,
+        wait: Wait,
+        why: &str,
+    ) -> Result<Option<(Vec<Told>, Vec<String>)>, SourceError> {
         let others = self.other_nodes();
         let Some(client) = self.peers().filter(|_| !others.is_empty()) else {
             return Ok(None);
@@ -938,13 +997,74 @@ impl WriteBackNode {
         let request = (&body, Bytes::new());
         let (answers, failures) =
             ask_peers(client, &others, request, need, wait, |_, r| records_page(r)).await;
-        let answered = answers.len();
+        let told: Vec<Told> = answers.iter().map(|(v, _)| told_of(v)).collect();
         let mut records: Vec<FileRecord> = answers.into_iter().flat_map(|(v, _)| v).collect();
         // Only what was asked for: records of the paths and beneath them (the root's beneath
         // is everything, but a peer answers one record beneath each path).
         records.retain(|r| paths.iter().any(|p| r.path == *p || beneath(p, &r.path)));
         self.take_records(records, why).await?;
-        Ok(Some((answered, failures)))
+        Ok(Some((told, failures)))
+    }
+
+    /// Of `dirs`, those beneath which this node's first live record is not one that every
+    /// peer in `told` gave (at its rank): a peer that holds it live gives it, or gives one
+    /// before it that this node took; one that holds its deletion gives neither.
+    fn doubted(&self, dirs: impl IntoIterator<Item = String>, told: &[Told]) -> Vec<String> {
+        let t = self.table();
+        dirs.into_iter()
+            .filter(|d| t.first_beneath(d).is_some_and(|r| !told_by_all(told, r)))
+            .collect()
+    }
+
+    /// Asks `need` peers for their records of this node's live records beneath each of `dirs`
+    /// (the first ones of each, [`MAX_RECORDS_OF`] paths a round) and keeps those that rank
+    /// higher, until the first live record beneath each is one the peers were asked of and
+    /// did not delete, or none is left: a directory whose files the cluster deleted while
+    /// this node was frozen (or backed off) is then no directory here either. At most
+    /// [`CONFIRM_ROUNDS`] rounds; the periodic pull settles what is left.
+    async fn confirm_beneath(
+        &self,
+        mut dirs: Vec<String>,
+        need: usize,
+        why: &str,
+    ) -> Result<(), SourceError> {
+        for _ in 0..CONFIRM_ROUNDS {
+            let asked: Vec<String> = {
+                let t = self.table();
+                let each = (MAX_RECORDS_OF / dirs.len().max(1)).max(1);
+                let mut asked: Vec<String> = dirs
+                    .iter()
+                    .flat_map(|d| t.live_beneath(d, each))
+                    .map(|r| r.path.clone())
+                    .collect();
+                asked.sort_unstable();
+                asked.dedup();
+                asked.truncate(MAX_RECORDS_OF);
+                asked
+            };
+            if asked.is_empty() {
+                return Ok(());
+            }
+            self.stats.confirm_rounds.fetch_add(1, Ordering::Relaxed);
+            let answered = self
+                .records_from_peers(&asked, need, Wait::Need, why)
+                .await?
+                .map_or(0, |(told, _)| told.len());
+            if answered < need {
+                tracing::debug!(dirs = ?dirs, answered, need, "too few peers told their records beneath directories to confirm them");
+                return Ok(());
+            }
+            let t = self.table();
+            dirs.retain(|d| {
+                t.first_beneath(d)
+                    .is_some_and(|r| asked.binary_search(&r.path).is_err())
+            });
+            if dirs.is_empty() {
+                return Ok(());
+            }
+        }
+        tracing::debug!(dirs = ?dirs, "live records beneath directories left unconfirmed after {CONFIRM_ROUNDS} rounds; the pull settles them");
+        Ok(())
     }
 
     /// Keeps those of the peers' `records` that rank higher than this node's, and counts and
@@ -1010,7 +1130,10 @@ impl WriteBackNode {
     /// takes the records of its entries that `nodes - write_replicas` peers hold
     /// (`RecordsIn`, every page of each), as a stat takes the records of its path
     /// ([`WriteBackNode::catch_up_for_read`]), so a node that missed a change in `dir` lists
-    /// what the cluster acknowledged. With fewer answers, the node lists from what it has.
+    /// what the cluster acknowledged; then confirms the live records beneath each entry that
+    /// they make a directory where a peer did not give the same first one
+    /// ([`WriteBackNode::confirm_beneath`]: a peer that holds only deletions beneath an entry
+    /// gives nothing of it). With fewer answers, the node lists from what it has.
     pub(crate) async fn catch_up_for_listing(&self, dir: &str) {
         let need = self.peers_for_reads();
         let others = self.other_nodes();
@@ -1023,7 +1146,7 @@ impl WriteBackNode {
             after,
             digest,
         };
-        // A peer that holds the same records of the directory answers none.
+        // A peer that holds the same records of the directory answers `Same`.
         let first = ask(String::new(), self.table().digest_in(dir, ""));
         let (answers, mut failures) = ask_peers(
             client,
@@ -1031,15 +1154,25 @@ impl WriteBackNode {
             (&first, Bytes::new()),
             need,
             Wait::Need,
-            |addr, r| records_page(r).map(|page| (addr, page)),
+            |addr, r| match r {
+                Ok((ResponseBody::Same, _)) => Ok((addr, None)),
+                r => records_page(r).map(|page| (addr, Some(page))),
+            },
         )
         .await;
         let answered = answers.len();
-        for (addr, (mut page, mut more)) in answers {
+        // What each peer that does not hold the same gave, every page together.
+        let mut told: Vec<Told> = Vec::new();
+        for (addr, (mut page, mut more)) in answers
+            .into_iter()
+            .filter_map(|(addr, page)| Some((addr, page?)))
+        {
             // Each page is kept as it comes: a directory's records are not all held at once.
             let mut after = String::new();
+            let mut given = Told::new();
             loop {
                 page.retain(|r| beneath(dir, &r.path));
+                given.extend(told_of(&page));
                 let last = page.last().and_then(|r| entry_name(dir, &r.path));
                 // Pages go forward: one that does not is the last asked.
                 let next = last
@@ -1062,6 +1195,7 @@ impl WriteBackNode {
                     }
                 }
             }
+            told.push(given);
         }
         if answered < need || !failures.is_empty() {
             tracing::debug!(
@@ -1071,6 +1205,16 @@ impl WriteBackNode {
                 failures = ?failures,
                 "not every peer asked told all its records of a directory before a listing; listed with what this node has"
             );
+        }
+        if answered >= need && !told.is_empty() {
+            let entries = self.table().implied_entries(dir);
+            let doubted = self.doubted(entries, &told);
+            if let Err(e) = self
+                .confirm_beneath(doubted, need, "listing their directory")
+                .await
+            {
+                tracing::debug!(%dir, error = %e, "keeping the peers' records beneath a directory's entries before a listing");
+            }
         }
     }
 
@@ -1878,6 +2022,8 @@ impl WriteBackNode {
             caught_up: g(&s.caught_up),
             pulls: g(&s.pulls),
             pulled: g(&s.pulled),
+            listings_same: g(&s.listings_same),
+            confirm_rounds: g(&s.confirm_rounds),
         }
     }
 
@@ -1960,8 +2106,12 @@ impl WriteBack for WriteBackNode {
         out
     }
 
-    fn records_in(&self, dir: &str, after: &str, digest: u64) -> (Vec<FileRecord>, bool) {
-        self.table().in_dir(dir, after, MAX_RECORD_BATCH, digest)
+    fn records_in(&self, dir: &str, after: &str, digest: u64) -> Option<(Vec<FileRecord>, bool)> {
+        let answer = self.table().in_dir(dir, after, MAX_RECORD_BATCH, digest);
+        if answer.is_none() {
+            self.stats.listings_same.fetch_add(1, Ordering::Relaxed);
+        }
+        answer
     }
 
     /// Until enough peers gave their records at start (or the pull at start ended), or

@@ -1061,7 +1061,7 @@ impl Records {
     /// beneath it make a directory, the first of them ([`Records::first_beneath`]); at most
     /// `max` records (an entry's two are never split across pages), and whether entries were
     /// left out. What a node lists `dir` with, so what a peer that missed a change there takes
-    /// before it lists it. None when `digest` (not 0) is the digest of those records, every
+    /// before it lists it. `None` when `digest` (not 0) is the digest of those records, every
     /// page together ([`Records::digest_in`]): the asker holds the same.
     pub fn in_dir(
         &self,
@@ -1069,19 +1069,19 @@ impl Records {
         after: &str,
         max: usize,
         digest: u64,
-    ) -> (Vec<FileRecord>, bool) {
+    ) -> Option<(Vec<FileRecord>, bool)> {
         let entries = self.entries_in(dir, after);
         if digest != 0 && records_digest(entries.iter().flatten().copied()) == digest {
-            return (Vec::new(), false);
+            return None;
         }
         let mut out: Vec<FileRecord> = Vec::new();
         for entry in entries {
             if !out.is_empty() && out.len() + entry.len() > max {
-                return (out, true);
+                return Some((out, true));
             }
             out.extend(entry.into_iter().cloned());
         }
-        (out, false)
+        Some((out, false))
     }
 
     /// The digest of what [`Records::in_dir`] gives of `dir` after `after`, every page
@@ -1122,17 +1122,38 @@ impl Records {
     /// over): what makes `dir` a directory to a node that lacks it. None, without a scan, when
     /// the live records imply no directory there.
     pub fn first_beneath(&self, dir: &str) -> Option<&FileRecord> {
+        self.live_beneath(dir, 1).into_iter().next()
+    }
+
+    /// The first `max` live records beneath directory `dir` in path order (deletions passed
+    /// over); none, without a scan, when the live records imply no directory there.
+    pub fn live_beneath(&self, dir: &str, max: usize) -> Vec<&FileRecord> {
         let trimmed = dir.trim_end_matches('/');
         let key = if trimmed.is_empty() { "/" } else { trimmed };
         if !self.implied.contains_key(key) {
-            return None;
+            return Vec::new();
         }
         let prefix = format!("{trimmed}/");
         self.by_path
             .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
             .map(|r| &r.0)
             .take_while(|r| r.path.starts_with(&prefix))
-            .find(|r| is_live(r))
+            .filter(|r| is_live(r))
+            .take(max)
+            .collect()
+    }
+
+    /// The paths of directory `dir`'s entries that live records beneath them make
+    /// directories, in name order.
+    pub fn implied_entries(&self, dir: &str) -> Vec<String> {
+        let prefix = format!("{}/", dir.trim_end_matches('/'));
+        self.implied
+            .range(prefix.clone()..)
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(&prefix))
+            .filter(|p| p.len() > prefix.len() && !p[prefix.len()..].contains('/'))
+            .cloned()
+            .collect()
     }
 
     /// The work of a flusher: the records that the under storage lacks, in the order of their

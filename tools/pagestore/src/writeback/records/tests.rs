@@ -523,6 +523,18 @@ fn the_first_live_record_beneath_a_directory_is_found_past_deletions() {
     assert_eq!(t.first_beneath("/ck/d"), None);
     assert_eq!(t.first_beneath("/ck/d/a"), None);
     assert_eq!(t.first_beneath("/ck").unwrap().path, "/ck/d-x");
+    // The first live records beneath, as many as asked for, deletions passed over; the
+    // entries that live records make directories.
+    let paths = |v: Vec<&FileRecord>| v.into_iter().map(|r| r.path.clone()).collect::<Vec<_>>();
+    assert_eq!(paths(t.live_beneath("/ck", 2)), ["/ck/d-x", "/ck/d.x"]);
+    assert_eq!(
+        paths(t.live_beneath("/ck/", 10)),
+        ["/ck/d-x", "/ck/d.x", "/ck/e/f"]
+    );
+    assert!(t.live_beneath("/ck/d", 10).is_empty());
+    assert_eq!(t.implied_entries("/ck"), ["/ck/e"]);
+    assert_eq!(t.implied_entries("/"), ["/ck"]);
+    assert!(t.implied_entries("/ck/e").is_empty());
     // A long run of deletions does not hide what follows it.
     let mut u = Records::new();
     for i in 0..300u128 {
@@ -582,7 +594,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
     };
     change(&mut t, del, 21 << 16).unwrap();
     // Each entry's own record, and the first live record beneath an implied directory only.
-    let (all, more) = t.in_dir("/ck/d", "", 1000, 0);
+    let (all, more) = t.in_dir("/ck/d", "", 1000, 0).unwrap();
     assert!(!more);
     let paths: Vec<&str> = all.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(
@@ -596,7 +608,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
             "/ck/d/m/n/o"
         ]
     );
-    let (rest, more) = t.in_dir("/ck/d/", "empty", 1000, 0);
+    let (rest, more) = t.in_dir("/ck/d/", "empty", 1000, 0).unwrap();
     assert!(!more);
     let paths: Vec<&str> = rest.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(paths, vec!["/ck/d/gone", "/ck/d/m/n/o"]);
@@ -607,7 +619,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
         let mut after = String::new();
         let mut pages = 0;
         loop {
-            let (page, more) = t.in_dir("/ck/d", &after, max, 0);
+            let (page, more) = t.in_dir("/ck/d", &after, max, 0).unwrap();
             pages += 1;
             assert!(
                 !page.is_empty() && page.len() <= max.max(2),
@@ -634,7 +646,7 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
     // a flush does.
     let copy = || {
         let mut u = Records::new();
-        for r in t.in_dir("/ck/d", "", 1000, 0).0 {
+        for r in t.in_dir("/ck/d", "", 1000, 0).unwrap().0 {
             u.apply(r);
         }
         u
@@ -662,17 +674,23 @@ fn a_directorys_entries_come_in_pages_that_list_it_on_a_node_that_had_none() {
     let mut v = copy();
     flushed(&mut v, "/ck/d/a", "etag-a");
     assert_ne!(v.digest_in("/ck/d", ""), t.digest_in("/ck/d", ""));
-    // An asker with the same digest gets nothing; one with another, every record.
+    // An asker with the same digest is told so; one with another gets every record.
     let same = t.digest_in("/ck/d", "");
-    assert_eq!(t.in_dir("/ck/d", "", 1000, same), (Vec::new(), false));
+    assert_eq!(t.in_dir("/ck/d", "", 1000, same), None);
     assert_eq!(
         t.in_dir("/ck/d", "", 1000, same ^ 1),
         t.in_dir("/ck/d", "", 1000, 0)
     );
-    assert_eq!(t.in_dir("/ck/nothing", "", 1000, 0), (Vec::new(), false));
-    assert_eq!(t.in_dir("/ck/d", "m", 1000, 0), (Vec::new(), false));
+    // A node with no record of the entries answers none (not that it holds the same: the
+    // asker's records there may be what it missed the deletions of).
+    let none = Records::new().digest_in("/ck/nothing", "");
+    for (dir, after) in [("/ck/nothing", ""), ("/ck/d", "m")] {
+        assert_eq!(t.in_dir(dir, after, 1000, 0), Some((Vec::new(), false)));
+        assert_eq!(t.in_dir(dir, after, 1000, none), None);
+        assert_eq!(t.in_dir(dir, after, 1000, same), Some((Vec::new(), false)));
+    }
     // The root's entries.
-    let (root, _) = t.in_dir("/", "", 1000, 0);
+    let (root, _) = t.in_dir("/", "", 1000, 0).unwrap();
     assert_eq!(
         root.iter().map(|r| r.path.as_str()).collect::<Vec<_>>(),
         vec!["/ck/d-x"]
