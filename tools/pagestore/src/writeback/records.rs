@@ -1094,28 +1094,25 @@ impl Records {
     /// The records of each of `dir`'s entries named after `after`, entry by entry in name
     /// order ([`Records::in_dir`]).
     fn entries_in(&self, dir: &str, after: &str) -> Vec<Vec<&FileRecord>> {
+        // Both in name order, each name once: merged, not sorted again.
         let (own, implied) = self.children(dir);
-        let mut names: Vec<&str> = own
-            .iter()
-            .map(|&(n, _)| n)
-            .chain(implied.iter().copied())
-            .filter(|&n| n > after)
-            .collect();
-        names.sort_unstable();
-        names.dedup();
-        let own: HashMap<&str, &FileRecord> = own.into_iter().collect();
-        let implied: HashSet<&str> = implied.into_iter().collect();
+        let mut own = own.into_iter().filter(|&(n, _)| n > after).peekable();
+        let mut implied = implied.into_iter().filter(|&n| n > after).peekable();
         let base = dir.trim_end_matches('/');
-        names
-            .into_iter()
-            .map(|name| {
-                let beneath = implied
-                    .contains(name)
-                    .then(|| self.first_beneath(&format!("{base}/{name}")))
-                    .flatten();
-                own.get(name).copied().into_iter().chain(beneath).collect()
-            })
-            .collect()
+        let mut out = Vec::new();
+        loop {
+            let name = match (own.peek(), implied.peek()) {
+                (None, None) => return out,
+                (Some(&(o, _)), Some(&i)) => o.min(i),
+                (Some(&(o, _)), None) => o,
+                (None, Some(&i)) => i,
+            };
+            let record = own.next_if(|&(o, _)| o == name).map(|(_, r)| r);
+            let beneath = implied
+                .next_if(|&i| i == name)
+                .and_then(|_| self.first_beneath(&format!("{base}/{name}")));
+            out.push(record.into_iter().chain(beneath).collect());
+        }
     }
 
     /// The first live record beneath directory `dir` in path order (deletions before it passed
