@@ -2325,36 +2325,42 @@ async fn a_member_that_missed_a_large_directory_while_frozen_lists_all_of_it_onc
 
 /// Directories whose files were all deleted while a node was frozen are gone from that
 /// node's answers as soon as it is let go, though its records of those files are live: before
-/// it lists a directory (or stats a path), the node confirms its live records beneath each
-/// entry (each path and ancestor) where its peers did not give it the same first live record
-/// there, and takes their deletions. One directory is listed, the other stated first, each
-/// with more files than one `RecordsOf` holds (64). Without it, the node listed and stated the
-/// directories until its next pull.
+/// it lists a directory, stats a path or judges a change of one, the node confirms its live
+/// records beneath each entry (each path) where its peers did not give it the same first live
+/// record there, and takes their deletions. One directory is listed, another stated first,
+/// each with more files than one `RecordsOf` holds (64), and a third made again through the
+/// node, its metadata owner. Without it, the node listed and stated the directories until its
+/// next pull, and refused the new one as existing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_missed_a_deep_deletion_while_frozen_lists_and_stats_without_it_once_back() {
-    let (c, _store, a, patient) = frozen_member_cluster().await;
+    let (c, store, a, patient) = frozen_member_cluster().await;
     let parent = "/ck/frozen-deep";
-    let (listed, stated) = (format!("{parent}/a"), format!("{parent}/b"));
-    let files = |dir: &str| {
-        (0..70)
-            .map(|i| format!("{dir}/x/y/f{i:02}"))
-            .collect::<Vec<_>>()
-    };
-    let files: Vec<String> = [files(&listed), files(&stated)].concat();
-    let kept = [format!("{listed}/keep"), format!("{stated}/keep")];
+    let (listed, stated, made) = (
+        format!("{parent}/a"),
+        format!("{parent}/b"),
+        format!("{parent}/c"),
+    );
+    // The directory made again first: the deletions last handed on may still reach the node
+    // once it is let go (its peers retry them for a while).
+    let files: Vec<String> = [(&made, 5), (&listed, 70), (&stated, 70)]
+        .into_iter()
+        .flat_map(|(dir, n)| (0..n).map(move |i| format!("{dir}/x/y/f{i:02}")))
+        .collect();
+    let kept = [&listed, &stated, &made].map(|d| format!("{d}/keep"));
     for f in files.iter().chain(&kept) {
         a.write_file(f, b"bytes".to_vec().into()).await.unwrap();
     }
-    let owner_addr = path_members(&a, parent, 1)[0];
-    let owner = owner_of(&c, &a, parent);
+    let again = format!("{made}/x");
+    let owner_addr = path_members(&a, &again, 1)[0];
+    let owner = owner_of(&c, &a, &again);
     let names = |entries: Vec<DirEntry>| entries.into_iter().map(|e| e.name).collect::<Vec<_>>();
     // The node holds every file before it is frozen.
     let deadline = Instant::now() + Duration::from_secs(30);
-    for dir in [&listed, &stated] {
+    for (dir, n) in [(&listed, 70), (&stated, 70), (&made, 5)] {
         while listed_by(&patient, owner_addr, &format!("{dir}/x/y"))
             .await
             .len()
-            < 70
+            < n
         {
             assert!(Instant::now() < deadline, "the node never held the files");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -2364,9 +2370,26 @@ async fn a_member_that_missed_a_deep_deletion_while_frozen_lists_and_stats_witho
             ["keep", "x"]
         );
     }
-    freeze_and_back_off(&c, owner, &a, parent).await;
+    // Backed off with a path of its own (the stat that finds it silent is answered once it is
+    // let go, and would take the deletions beneath the path it names).
+    let probe = (0..)
+        .map(|k| format!("{parent}/probe-{k}"))
+        .find(|p| owner_of(&c, &a, p) == owner)
+        .unwrap();
+    freeze_and_back_off(&c, owner, &a, &probe).await;
     for f in &files {
         a.remove_file(f).await.unwrap();
+    }
+    // The deletions reach the store before the node is let go (the store's objects would
+    // make the directory exist whatever the records say).
+    let in_store = store.join("frozen-deep/c/x/y");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_dir(&in_store).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "the deletions never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     c.inner.signal(owner, libc::SIGCONT).unwrap();
     let entries = names(listed_by(&patient, owner_addr, &listed).await);
@@ -2388,7 +2411,9 @@ async fn a_member_that_missed_a_deep_deletion_while_frozen_lists_and_stats_witho
         ["keep"],
         "the node listed {stated} with the deleted directory"
     );
-    // 70 files beneath each directory take two rounds of 64 at least.
+    assert!(patient.reachable(owner_addr));
+    patient.make_dir(&again).await.unwrap();
+    // 70 files beneath each of two directories take two rounds of 64 at least.
     let rounds = writeback_metric(&c, owner, "confirm_rounds_total");
-    assert!(rounds >= 4.0, "{rounds} rounds confirmed 140 files");
+    assert!(rounds >= 5.0, "{rounds} rounds confirmed 145 files");
 }
