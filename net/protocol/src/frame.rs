@@ -880,8 +880,9 @@ pub enum RequestBody {
     /// records, `more` when entries were left out (ask again with `after` =
     /// the name of the last entry answered). [`ResponseBody::Same`] when
     /// `digest` is the digest of exactly those records, all pages together
-    /// ([`crate::writeback::records_digest`]): the asker holds the same. Asked before a node answers a listing of `dir`, so it lists what
-    /// its peers hold there too.
+    /// ([`crate::writeback::records_digest`]): the asker holds the same.
+    /// Asked before a node answers a listing of `dir`, so it lists what its
+    /// peers hold there too.
     RecordsIn {
         /// Absolute logical path of a directory; at most [`MAX_PATH_LEN`]
         /// bytes.

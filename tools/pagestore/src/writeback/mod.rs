@@ -1034,7 +1034,7 @@ impl WriteBackNode {
                 let each = (MAX_RECORDS_OF / dirs.len().max(1)).max(1);
                 let mut asked: Vec<String> = dirs
                     .iter()
-                    .flat_map(|d| t.live_beneath(d, each))
+                    .flat_map(|d| t.live_beneath(d).take(each))
                     .map(|r| r.path.clone())
                     .collect();
                 asked.sort_unstable();

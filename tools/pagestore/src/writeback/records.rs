@@ -536,13 +536,21 @@ impl Records {
             .take_while(|r| r.path.starts_with(prefix.as_str()))
             .filter_map(|r| direct(&r.path).map(|name| (name, r)))
             .collect();
-        let implied = self
-            .implied
-            .range(prefix.clone()..)
-            .take_while(|(p, _)| p.starts_with(prefix.as_str()))
-            .filter_map(|(p, _)| direct(p))
-            .collect();
-        (records, implied)
+        (records, self.implied_names(&prefix))
+    }
+
+    /// The names of the entries beneath `prefix` (a directory and one trailing slash) that
+    /// live records beneath them make directories, in name order.
+    fn implied_names<'a>(&'a self, prefix: &str) -> Vec<&'a str> {
+        self.implied
+            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .map(|(p, _)| p.as_str())
+            .take_while(|p| p.starts_with(prefix))
+            .filter_map(|p| {
+                let rest = &p[prefix.len()..];
+                (!rest.is_empty() && !rest.contains('/')).then_some(rest)
+            })
+            .collect()
     }
 
     /// A planned change's `records` with a new modification time, `now_ns`, for each
@@ -1119,37 +1127,30 @@ impl Records {
     /// over): what makes `dir` a directory to a node that lacks it. None, without a scan, when
     /// the live records imply no directory there.
     pub fn first_beneath(&self, dir: &str) -> Option<&FileRecord> {
-        self.live_beneath(dir, 1).into_iter().next()
+        self.live_beneath(dir).next()
     }
 
-    /// The first `max` live records beneath directory `dir` in path order (deletions passed
-    /// over); none, without a scan, when the live records imply no directory there.
-    pub fn live_beneath(&self, dir: &str, max: usize) -> Vec<&FileRecord> {
+    /// The live records beneath directory `dir` in path order (deletions passed over); none,
+    /// without a scan, when the live records imply no directory there.
+    pub fn live_beneath<'a>(&'a self, dir: &str) -> impl Iterator<Item = &'a FileRecord> + 'a {
         let trimmed = dir.trim_end_matches('/');
         let key = if trimmed.is_empty() { "/" } else { trimmed };
-        if !self.implied.contains_key(key) {
-            return Vec::new();
-        }
+        let implied = self.implied.contains_key(key);
         let prefix = format!("{trimmed}/");
         self.by_path
             .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
             .map(|r| &r.0)
-            .take_while(|r| r.path.starts_with(&prefix))
+            .take_while(move |r| implied && r.path.starts_with(&prefix))
             .filter(|r| is_live(r))
-            .take(max)
-            .collect()
     }
 
     /// The paths of directory `dir`'s entries that live records beneath them make
     /// directories, in name order.
     pub fn implied_entries(&self, dir: &str) -> Vec<String> {
         let prefix = format!("{}/", dir.trim_end_matches('/'));
-        self.implied
-            .range(prefix.clone()..)
-            .map(|(p, _)| p)
-            .take_while(|p| p.starts_with(&prefix))
-            .filter(|p| p.len() > prefix.len() && !p[prefix.len()..].contains('/'))
-            .cloned()
+        self.implied_names(&prefix)
+            .into_iter()
+            .map(|name| format!("{prefix}{name}"))
             .collect()
     }
 

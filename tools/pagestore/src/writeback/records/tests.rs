@@ -526,12 +526,15 @@ fn the_first_live_record_beneath_a_directory_is_found_past_deletions() {
     // The first live records beneath, as many as asked for, deletions passed over; the
     // entries that live records make directories.
     let paths = |v: Vec<&FileRecord>| v.into_iter().map(|r| r.path.clone()).collect::<Vec<_>>();
-    assert_eq!(paths(t.live_beneath("/ck", 2)), ["/ck/d-x", "/ck/d.x"]);
     assert_eq!(
-        paths(t.live_beneath("/ck/", 10)),
+        paths(t.live_beneath("/ck").take(2).collect()),
+        ["/ck/d-x", "/ck/d.x"]
+    );
+    assert_eq!(
+        paths(t.live_beneath("/ck/").collect()),
         ["/ck/d-x", "/ck/d.x", "/ck/e/f"]
     );
-    assert!(t.live_beneath("/ck/d", 10).is_empty());
+    assert_eq!(t.live_beneath("/ck/d").count(), 0);
     assert_eq!(t.implied_entries("/ck"), ["/ck/e"]);
     assert_eq!(t.implied_entries("/"), ["/ck"]);
     assert!(t.implied_entries("/ck/e").is_empty());
