@@ -245,7 +245,7 @@ pub struct ClientOptions {
     /// Time allowed for a request that may wait on the under storage (`Fetch`, `StatPath`,
     /// `List`; default 60 s, at least `call_timeout`) once some member has answered this client
     /// (a request still waiting when the call timeout ends, with no member having answered
-    /// yet, is given up then). The member may be loading from a slow store, or queueing
+    /// yet, not even a member of another node pinged meanwhile, is given up then). The member may be loading from a slow store, or queueing
     /// behind other loads: as long as it answers pings (see `min_silence`) the request is
     /// waited for, because giving it up (and backing the member off) would make a replica and
     /// then this client read the same pages from the store again.
@@ -554,6 +554,14 @@ impl Drop for FreshProbe<'_> {
             .unwrap_or_else(|e| e.into_inner());
         p.running.remove(&self.addr);
     }
+}
+
+/// The position in `membership`'s node list of the node whose shard listens at `addr`.
+fn node_of(membership: &Membership, addr: SocketAddr) -> Option<usize> {
+    membership.nodes().position(|n| {
+        n.addr.ip() == addr.ip()
+            && (n.addr.port()..n.addr.port().saturating_add(n.shards)).contains(&addr.port())
+    })
 }
 
 /// What pinging a member that seems silent says of it ([`Client::ping_verdict`]).
@@ -1005,13 +1013,16 @@ impl Client {
     /// waited for as long as the member answers pings). A member that has not answered this
     /// client yet is judged by the slowest usual answer time of those that have (the ping then
     /// also has to reach it: a live member answers it after its handshake, a stopped one does
-    /// not). Before any member answered, there is nothing to judge silence by: the request is
-    /// given up at the call timeout unless some member answers before it ends (a fresh client
-    /// whose first requests queue behind loads from a slow store keeps them, once the first
-    /// answers arrive), or the member's host refuses a datagram to its port after the silence
-    /// floor (the process is gone: a fresh client does not wait out the call timeout on a
-    /// killed node). Returns why, for the log: `Ok` when the member was judged silent or gone,
-    /// `Err` when no member had answered within the call timeout.
+    /// not). Before any member answered, there is nothing to judge silence by: once the
+    /// request has waited the silence floor, a member of another node is pinged
+    /// ([`Client::stranger_answers`]) and, once it answers, the request is judged by its
+    /// answer times (a fresh client whose first requests queue behind loads from a slow store
+    /// keeps them, since their member answers pings; one whose member answers nothing, not
+    /// even its handshake, leaves it within a second); meanwhile, the member's host refusing a
+    /// datagram to its port ends it at once (the process is gone: a lone node has no other
+    /// node to compare with); with no answer from anyone, it is given up at the call timeout.
+    /// Returns why, for the log: `Ok` when the member was judged silent or gone, `Err` when no
+    /// member had answered within the call timeout.
     async fn silence(&self, addr: SocketAddr, sent: Instant) -> Result<String, String> {
         let (floor, ceiling) = (self.options.min_silence, self.options.call_timeout);
         loop {
@@ -1020,6 +1031,9 @@ impl Client {
                 if Instant::now() < at {
                     // A member whose process is gone is told by its port even so, once the
                     // request has waited the silence floor: only that ends the wait early.
+                    // Nor is a member of another node asked to answer a ping until then: once
+                    // one has, its answer times judge this member's silence (a host gone as a
+                    // whole, or one whose network drops datagrams silently, refuses nothing).
                     tokio::select! {
                         true = self.refused_since(addr, sent + floor, at) => {
                             bump(&self.stats.ports_refused, 1);
@@ -1029,6 +1043,7 @@ impl Client {
                                  has answered this client yet)"
                             ));
                         }
+                        true = self.stranger_answers(addr, sent + floor, at) => {}
                         () = tokio::time::sleep_until(at.into()) => {}
                     }
                     continue;
@@ -1178,6 +1193,47 @@ impl Client {
             Some(l) => Some((*l, true)),
             None => t.values().max_by_key(|l| l.usual()).map(|l| (*l, false)),
         }
+    }
+
+    /// From `from` on, pings a member of another node than `addr`'s that this client has not
+    /// backed off (the first shard of each such node in turn, starting after `addr`'s in the
+    /// member list), until one answers (`true`: answer times now exist to judge `addr` by) or
+    /// `until` passes or every such node failed to (`false`). How a client that no member has
+    /// answered yet tells a member that answers nothing, not even its handshake, from its own
+    /// slowness: a stopped process, a host gone as a whole, a network that drops datagrams
+    /// without a word.
+    async fn stranger_answers(&self, addr: SocketAddr, from: Instant, until: Instant) -> bool {
+        tokio::time::sleep_until(from.into()).await;
+        for stranger in self.strangers(addr) {
+            if self.latency_of(addr).is_some() {
+                return true;
+            }
+            let wait = until.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                break;
+            }
+            if self.pings(stranger, wait).await {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The first shard of each node other than `addr`'s that this client has not backed off,
+    /// starting with the next one after `addr`'s in the member list.
+    fn strangers(&self, addr: SocketAddr) -> Vec<SocketAddr> {
+        let layout = self.layout();
+        let nodes: Vec<SocketAddr> = layout.membership.nodes().map(|n| n.addr).collect();
+        let mine = node_of(&layout.membership, addr);
+        let start = mine.map_or(0, |i| i + 1);
+        let now = Instant::now();
+        let h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        (0..nodes.len())
+            .map(|k| (start + k) % nodes.len())
+            .filter(|&i| Some(i) != mine)
+            .map(|i| nodes[i])
+            .filter(|a| h.get(a).is_none_or(|s| now >= s.dead_until))
+            .collect()
     }
 
     /// `addr` did not answer a ping sent at `at` in time.
@@ -2042,6 +2098,12 @@ impl Client {
         let (floor, ceiling) = (self.options.hedge_min, self.options.call_timeout);
         loop {
             let Some((l, own)) = self.latency_of(addr) else {
+                // No member has answered this client yet: the request is judged once a
+                // member of another node answers a ping, as the silence rule judges it.
+                let (from, at) = (sent + self.options.min_silence / 2, sent + ceiling);
+                if self.stranger_answers(addr, from, at).await {
+                    continue;
+                }
                 return std::future::pending().await;
             };
             let delay = l.hedge_delay(floor, ceiling);
@@ -2076,12 +2138,7 @@ impl Client {
     /// shards are as silent): the one that answered last.
     fn control_member(&self, addr: SocketAddr) -> Option<SocketAddr> {
         let layout = self.layout();
-        let node_of = |a: SocketAddr| {
-            layout.membership.nodes().position(|n| {
-                n.addr.ip() == a.ip()
-                    && (n.addr.port()..n.addr.port().saturating_add(n.shards)).contains(&a.port())
-            })
-        };
+        let node_of = |a: SocketAddr| node_of(&layout.membership, a);
         let mine = node_of(addr);
         let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
         t.iter()

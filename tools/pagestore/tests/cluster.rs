@@ -513,6 +513,67 @@ async fn a_fresh_client_does_not_wait_out_its_call_timeout_on_a_killed_node() {
     );
 }
 
+/// A client that has had no answer from any member yet has no answer times of its own to
+/// judge silence by, and a node whose host is gone as a whole (or whose network drops
+/// datagrams without a word) refuses nothing: a stopped node stands for both here (its socket
+/// takes the datagrams, nothing answers, no port is refused). The client asks a member of
+/// another node for a ping, and once it answers, judges the silent one by that: a fresh
+/// client's stat and read are answered (from the store) well within its call timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_client_does_not_wait_out_its_call_timeout_on_a_node_that_answers_nothing() {
+    let content = bytes(16, 5 * MIB + 11);
+    let c = cluster_with_data(false, |root| {
+        std::fs::write(root.join("f"), &content).unwrap();
+        for i in 0..12 {
+            std::fs::write(root.join(format!("m{i}")), vec![i as u8; i + 1]).unwrap();
+        }
+    });
+    let call_timeout = Duration::from_secs(60);
+    let fresh = || {
+        c.client(ClientOptions {
+            call_timeout,
+            ..ClientOptions::default()
+        })
+    };
+    // Connected (the membership is asked outside the requests' timing), nothing asked yet.
+    let (stats, reads) = (fresh().await, fresh().await);
+    let stopped = 1;
+    let (i, path) = (0..12)
+        .map(|i| (i, format!("/data/m{i}")))
+        .find(|(_, p)| metadata_node(&c, &stats, p) == stopped)
+        .expect("a path whose metadata node 1 owns");
+    c.signal(stopped, libc::SIGSTOP).unwrap();
+
+    let t = std::time::Instant::now();
+    let size = stats.stat(&path).await.map(|info| info.size);
+    let took = t.elapsed();
+    let s = stats.stats();
+    assert_eq!(size.unwrap(), i as u64 + 1, "{s:?}");
+    assert_eq!(
+        s.ports_refused, 0,
+        "a stopped node is not taken for gone: {s:?}"
+    );
+    assert_eq!(s.metadata_fallbacks, 1, "{s:?}");
+    // Generous for a loaded machine (under a second here): without a ping to another node
+    // this waits for the call timeout, or for the 10 s after which QUIC gives up a handshake
+    // that nothing answers.
+    assert!(
+        took < Duration::from_secs(5),
+        "the silent node was waited for as if no member could be compared with: {took:?} \
+         ({s:?})"
+    );
+
+    // A whole file, some of whose pages the stopped node owns: byte-exact, as soon.
+    let t = std::time::Instant::now();
+    let got = read_all(&reads, "/data/f").await;
+    let took = t.elapsed();
+    let s = reads.stats();
+    assert!(got == content, "byte-exact around the stopped node");
+    assert!(s.fallbacks + s.metadata_fallbacks >= 1, "{s:?}");
+    assert!(took < Duration::from_secs(5), "{took:?} ({s:?})");
+    c.signal(stopped, libc::SIGCONT).unwrap();
+}
+
 /// The index of the node that owns page `page` of `info` under `client`'s ring.
 fn owner_node(
     c: &Cluster,
