@@ -731,6 +731,21 @@ impl Index {
         (reclaim, deferred)
     }
 
+    /// Demotes the pages of `file_id` that may be evicted (clean, not held): they go before
+    /// every other page ([`EvictionPolicy::demote`]). Returns how many. No I/O: the order of
+    /// eviction is not kept on disk.
+    pub fn demote_file(&mut self, file_id: u128) -> usize {
+        let range = PageKey::new(file_id, 0)..=PageKey::new(file_id, u64::MAX);
+        let mut n = 0;
+        for &slot in self.map.range(range).map(|(_, s)| s) {
+            if self.policy.contains(slot) {
+                self.policy.demote(slot);
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Keys of the Ready pages of one file, in page order (a B-tree range, not a scan).
     pub fn file_keys(&self, file_id: u128) -> impl Iterator<Item = PageKey> + '_ {
         self.map

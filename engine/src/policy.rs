@@ -43,6 +43,11 @@ pub trait EvictionPolicy {
     /// pinned, dropped as corrupt). Calling it for an untracked slot is a
     /// no-op.
     fn remove(&mut self, slot: SlotId);
+    /// The page in `slot` is unlikely to be read again (a version that a newer one replaced):
+    /// it goes before every page not demoted, demoted pages in the order of their demotion.
+    /// A read of it after its demotion gives it a place as a page read once (a reader that
+    /// opened the old version reads on). O(1); a no-op for an untracked slot.
+    fn demote(&mut self, slot: SlotId);
     /// Chooses and untracks a victim among tracked slots for which
     /// `busy(slot)` is false (busy = a read is in flight). `None` if every
     /// tracked slot is busy or none are tracked. Terminates in a bounded

@@ -838,6 +838,13 @@ impl Shard {
         self.remove_pages(file_id, false).await
     }
 
+    /// Demotes the evictable pages of `file_id` (a version a newer one replaced): they are
+    /// evicted before any other page, while a reader that opened the version may still read
+    /// them. Returns how many. No I/O.
+    pub fn demote_file(&self, file_id: u128) -> usize {
+        self.index.borrow_mut().demote_file(file_id)
+    }
+
     /// Removes every page of a file, dirty ones too: for a write-back version that is gone
     /// (replaced, deleted or abandoned). Returns how many were removed.
     pub async fn discard_file(&self, file_id: u128) -> Result<usize> {

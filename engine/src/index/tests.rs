@@ -246,6 +246,43 @@ fn remove_and_remove_file() {
     assert_eq!(idx.set_pinned(&k, true), None);
 }
 
+#[test]
+fn a_demoted_file_is_evicted_before_any_other_page_but_held_pages_stay() {
+    for kind in PolicyKind::ALL {
+        let mut idx = new_index(kind, 8);
+        // File 1, an old version: page 0 clean, page 1 pinned, page 2 dirty. File 2: the rest,
+        // older than file 1's pages.
+        let others: Vec<PageKey> = (0..5).map(|p| PageKey::new(2, p)).collect();
+        for &k in &others {
+            put(&mut idx, k, 1);
+        }
+        let (clean, pinned, dirty) = (PageKey::new(1, 0), PageKey::new(1, 1), PageKey::new(1, 2));
+        for k in [clean, pinned, dirty] {
+            put(&mut idx, k, 1);
+            idx.read(&k).unwrap();
+            let slot = idx.lookup(&k).unwrap();
+            idx.end_read(slot);
+        }
+        idx.set_pinned(&pinned, true).unwrap();
+        idx.set_dirty(&dirty, true).unwrap();
+        assert_eq!(
+            idx.demote_file(1),
+            1,
+            "{kind}: only the clean page, not the held ones"
+        );
+        assert_eq!(idx.demote_file(3), 0, "{kind}");
+        idx.check_invariants();
+        // Full: the next page takes the demoted page's slot, then another's, never a held one.
+        let r = idx.reserve().unwrap();
+        assert_eq!(r.evicted, Some(clean), "{kind}");
+        idx.commit(r.slot, PageKey::new(3, 0), meta(1, 0), false);
+        let r = idx.reserve().unwrap();
+        assert!(r.evicted.is_some_and(|k| k.file_id == 2), "{kind}: {r:?}");
+        assert!(idx.contains(&pinned) && idx.contains(&dirty), "{kind}");
+        idx.check_invariants();
+    }
+}
+
 // ---------------------------------------------------------------------
 // Model-based property test
 // ---------------------------------------------------------------------

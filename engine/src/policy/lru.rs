@@ -2,7 +2,13 @@
 
 use super::{EvictionPolicy, SlotId, SlotLists};
 
-/// Least-recently-used eviction: one list, most recent at the head.
+/// List index of the pages in use order.
+const USED: usize = 0;
+/// List index of the demoted pages, evicted first.
+const DEMOTED: usize = 1;
+
+/// Least-recently-used eviction: one list, most recent at the head, and the demoted pages
+/// before it (oldest demotion at the tail).
 #[derive(Debug)]
 pub struct Lru {
     pub(super) list: SlotLists,
@@ -23,27 +29,35 @@ impl EvictionPolicy for Lru {
     }
 
     fn insert(&mut self, slot: SlotId, key_hash: u64) {
-        self.list.push_front(0, slot, key_hash);
+        self.list.push_front(USED, slot, key_hash);
     }
 
     fn access(&mut self, slot: SlotId) {
-        self.list.move_to_front(slot, 0);
+        self.list.move_to_front(slot, USED);
     }
 
     fn remove(&mut self, slot: SlotId) {
         self.list.unlink(slot);
     }
 
-    /// Scans from the tail toward the head and evicts the first slot that is
-    /// not busy; busy slots keep their place.
+    fn demote(&mut self, slot: SlotId) {
+        if self.list.list_of(slot) != Some(DEMOTED) {
+            self.list.move_to_front(slot, DEMOTED);
+        }
+    }
+
+    /// Scans the demoted pages, then the others, each from the tail toward the head, and
+    /// evicts the first slot that is not busy; busy slots keep their place.
     fn evict(&mut self, busy: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
-        let mut cur = self.list.tail(0);
-        while let Some(slot) = cur {
-            if !busy(slot) {
-                self.list.unlink(slot);
-                return Some(slot);
+        for list in [DEMOTED, USED] {
+            let mut cur = self.list.tail(list);
+            while let Some(slot) = cur {
+                if !busy(slot) {
+                    self.list.unlink(slot);
+                    return Some(slot);
+                }
+                cur = self.list.newer(slot);
             }
-            cur = self.list.newer(slot);
         }
         None
     }

@@ -9,6 +9,8 @@ use super::{EvictionPolicy, SlotId, SlotLists};
 const SMALL: usize = 0;
 /// List index of the main FIFO.
 const MAIN: usize = 1;
+/// List index of the demoted pages, evicted before both.
+const DEMOTED: usize = 2;
 /// Saturation value of the per-entry access counter.
 const MAX_FREQ: u8 = 3;
 
@@ -20,6 +22,10 @@ const MAX_FREQ: u8 = 3;
 /// A page inserted while its hash is in `G` goes straight to `M`. `M` is
 /// evicted in FIFO order, giving pages whose counter is non-zero another round
 /// (decrementing the counter). One-pass scans therefore only churn `S`.
+///
+/// Demoted pages (a replaced version's) wait in a third FIFO that is evicted before
+/// both, without a ghost entry; one read since its demotion sends a page to `S` instead,
+/// as a page read once.
 #[derive(Debug)]
 pub struct S3Fifo {
     pub(super) queues: SlotLists,
@@ -35,7 +41,7 @@ impl S3Fifo {
         let main_target = nslots.saturating_sub(small_target).max(1);
         Self {
             // `nslots` came from a u32.
-            queues: SlotLists::new(nslots as u32),
+            queues: SlotLists::with_lists(nslots as u32, 3),
             small_target,
             ghost: Ghost::new(main_target),
         }
@@ -82,7 +88,28 @@ impl EvictionPolicy for S3Fifo {
         self.queues.unlink(slot);
     }
 
+    fn demote(&mut self, slot: SlotId) {
+        if self.queues.contains(slot) && self.queues.list_of(slot) != Some(DEMOTED) {
+            self.queues.move_to_front(slot, DEMOTED);
+            self.queues.set_freq(slot, 0);
+        }
+    }
+
     fn evict(&mut self, busy: &mut dyn FnMut(SlotId) -> bool) -> Option<SlotId> {
+        // Demoted pages first, each looked at once: a busy one keeps its turn for the next
+        // eviction, one read since its demotion goes to the small queue as a page read once.
+        for _ in 0..self.queues.len(DEMOTED) {
+            let slot = self.queues.tail(DEMOTED)?;
+            if busy(slot) {
+                self.queues.move_to_front(slot, DEMOTED);
+            } else if self.queues.freq(slot) > 0 {
+                self.queues.move_to_front(slot, SMALL);
+                self.queues.set_freq(slot, 1);
+            } else {
+                self.queues.unlink(slot);
+                return Some(slot);
+            }
+        }
         // Busy entries met in a row at the tail of each queue. Once a queue
         // has shown only busy entries for a full round it is skipped.
         let mut small_busy = 0;

@@ -12,6 +12,7 @@ enum Op {
     Insert(SlotId),
     Access(SlotId),
     Remove(SlotId),
+    Demote(SlotId),
     /// Evict with this busy bit mask over slots.
     Evict(u16),
 }
@@ -21,6 +22,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..N).prop_map(Op::Insert),
         3 => (0..N).prop_map(Op::Access),
         1 => (0..N).prop_map(Op::Remove),
+        1 => (0..N).prop_map(Op::Demote),
         2 => any::<u16>().prop_map(Op::Evict),
     ]
 }
@@ -40,45 +42,63 @@ proptest! {
     #[test]
     fn lru_matches_model(ops in prop::collection::vec(op(), 1..120)) {
         let mut lru = Lru::new(N);
-        // Front = most recently used.
+        // Front = most recently used (demoted: most recently demoted); the demoted go first.
         let mut model: VecDeque<SlotId> = VecDeque::new();
+        let mut demoted: VecDeque<SlotId> = VecDeque::new();
         for op in ops {
             match op {
                 Op::Insert(s) => {
                     lru.insert(s, hash_of(s));
                     model.retain(|&x| x != s);
+                    demoted.retain(|&x| x != s);
                     model.push_front(s);
                 }
                 Op::Access(s) => {
                     lru.access(s);
-                    if let Some(pos) = model.iter().position(|&x| x == s) {
-                        model.remove(pos);
+                    let was = model.len() + demoted.len();
+                    model.retain(|&x| x != s);
+                    demoted.retain(|&x| x != s);
+                    if model.len() + demoted.len() < was {
                         model.push_front(s);
                     }
                 }
                 Op::Remove(s) => {
                     lru.remove(s);
                     model.retain(|&x| x != s);
+                    demoted.retain(|&x| x != s);
+                }
+                Op::Demote(s) => {
+                    lru.demote(s);
+                    if let Some(pos) = model.iter().position(|&x| x == s) {
+                        model.remove(pos);
+                        demoted.push_front(s);
+                    }
                 }
                 Op::Evict(mask) => {
                     let got = lru.evict(&mut |s| is_busy(mask, s));
-                    let want = model.iter().rposition(|&s| !is_busy(mask, s));
-                    let want = want.map(|pos| model.remove(pos).unwrap());
+                    let want = match demoted.iter().rposition(|&s| !is_busy(mask, s)) {
+                        Some(pos) => demoted.remove(pos),
+                        None => model
+                            .iter()
+                            .rposition(|&s| !is_busy(mask, s))
+                            .and_then(|pos| model.remove(pos)),
+                    };
                     prop_assert_eq!(got, want);
                 }
             }
             lru.list.check();
-            prop_assert_eq!(lru.len(), model.len());
-            let order: Vec<SlotId> = {
+            prop_assert_eq!(lru.len(), model.len() + demoted.len());
+            let order = |list: usize| {
                 let mut v = Vec::new();
-                let mut cur = lru.list.head(0);
+                let mut cur = lru.list.head(list);
                 while let Some(s) = cur {
                     v.push(s);
                     cur = lru.list.older(s);
                 }
                 v
             };
-            prop_assert_eq!(order, model.iter().copied().collect::<Vec<_>>());
+            prop_assert_eq!(order(0), model.iter().copied().collect::<Vec<_>>());
+            prop_assert_eq!(order(1), demoted.iter().copied().collect::<Vec<_>>());
         }
     }
 
@@ -97,13 +117,28 @@ proptest! {
                     p.remove(s);
                     tracked.remove(&s);
                 }
+                Op::Demote(s) => p.demote(s),
                 Op::Evict(mask) => {
                     let mut calls = 0;
+                    let demoted = p.queues.len(2);
+                    let was_demoted: BTreeSet<SlotId> =
+                        (0..N).filter(|&s| p.queues.list_of(s) == Some(2)).collect();
+                    let idle_demoted = was_demoted
+                        .iter()
+                        .any(|&s| p.queues.freq(s) == 0 && !is_busy(mask, s));
                     let got = p.evict(&mut |s| {
                         calls += 1;
                         is_busy(mask, s)
                     });
-                    prop_assert!(calls <= 4 * (tracked.len() + 1));
+                    // Each demoted page once, then the two queues' bound.
+                    prop_assert!(calls <= demoted + 4 * (tracked.len() + 1));
+                    if idle_demoted {
+                        prop_assert!(
+                            got.is_some_and(|s| was_demoted.contains(&s)),
+                            "a demoted page that is idle and unread goes first, not {:?}",
+                            got
+                        );
+                    }
                     match got {
                         Some(s) => {
                             prop_assert!(tracked.remove(&s), "victim {} not tracked", s);
@@ -173,6 +208,8 @@ fn remove_and_access_untracked_are_noops() {
     for mut p in all_policies(4) {
         p.remove(3);
         p.access(3);
+        p.demote(3);
+        p.demote(1000);
         p.access(1000);
         p.remove(1000);
         assert!(p.is_empty());
@@ -181,6 +218,40 @@ fn remove_and_access_untracked_are_noops() {
         assert_eq!(p.len(), 1);
         assert_eq!(p.evict(&mut |_| false), Some(1));
         assert_eq!(p.evict(&mut |_| false), None);
+    }
+}
+
+#[test]
+fn demoted_pages_go_first_in_demotion_order_unless_busy_or_read_since() {
+    for mut p in all_policies(100) {
+        let name = p.name();
+        for s in 0..10 {
+            p.insert(s, u64::from(s));
+            // Read often: the S3-FIFO keeps them in its main queue.
+            for _ in 0..3 {
+                p.access(s);
+            }
+        }
+        // The newest pages, and the most read, demoted: they go first all the same.
+        p.demote(9);
+        p.demote(7);
+        p.demote(8);
+        p.demote(7); // demoted again: keeps its place
+        assert_eq!(p.len(), 10, "{name}");
+        assert_eq!(p.evict(&mut |_| false), Some(9), "{name}");
+        // Busy: left for the next eviction, the next demoted one goes.
+        assert_eq!(p.evict(&mut |s| s == 7), Some(8), "{name}");
+        // Read since its demotion (a reader of the old version): kept as a page read once.
+        p.access(7);
+        let next = p.evict(&mut |_| false);
+        assert!(next.is_some_and(|s| s < 7), "{name}: {next:?}");
+        assert!(p.contains(7), "{name}");
+        let mut rest = Vec::new();
+        while let Some(s) = p.evict(&mut |_| false) {
+            rest.push(s);
+        }
+        assert_eq!(rest.len(), 7, "{name}: {rest:?}");
+        assert!(rest.contains(&7), "{name}: {rest:?}");
     }
 }
 

@@ -417,16 +417,34 @@ impl Node {
     /// Does `action` to the pages of write-back version `file_id` on every shard of this node
     /// (the same as a `FilePages` request to each). Returns the pages affected.
     pub async fn file_pages(&self, file_id: u128, action: PageAction) -> Result<u64, EngineError> {
+        self.each_service(move |s| async move { s.page_action(file_id, action).await })
+            .await
+    }
+
+    /// Retires the pages of write-back version `file_id`, replaced or deleted, on every shard
+    /// of this node ([`ShardService::retire`]). Returns the pages demoted.
+    pub async fn retire_file(&self, file_id: u128) -> Result<u64, EngineError> {
+        self.each_service(move |s| async move { s.retire(file_id).await })
+            .await
+    }
+
+    /// Runs `f` on every shard's service in turn; the sum of what it returned.
+    async fn each_service<F, Fut>(&self, f: F) -> Result<u64, EngineError>
+    where
+        F: Fn(Rc<ShardService>) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = Result<usize, EngineError>>,
+    {
         let Some(engine) = &self.engine else {
             return Err(EngineError::ShardGone);
         };
         let mut n = 0;
         for h in engine.shards() {
+            let f = f.clone();
             n += h
                 .run_with(move |_, state| async move {
                     let service = state.borrow().as_ref().map(|net| net.service.clone());
                     match service {
-                        Some(s) => s.page_action(file_id, action).await,
+                        Some(s) => f(s).await,
                         None => Err(EngineError::ShardGone),
                     }
                 })

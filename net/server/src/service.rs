@@ -907,6 +907,14 @@ impl ShardService {
         }
     }
 
+    /// Write-back version `file`, replaced or deleted, may still be open for reading: its
+    /// pages become ordinary cached pages ([`PageAction::Clean`]) that are evicted before
+    /// any other. Returns the pages demoted.
+    pub async fn retire(&self, file: u128) -> Result<usize, EngineError> {
+        self.page_action(file, PageAction::Clean).await?;
+        Ok(self.shard.demote_file(file))
+    }
+
     /// `NotOwner`, counted: the client routed with another ring.
     fn not_owner(&self, id: u64) -> Reply {
         self.not_owner.set(self.not_owner.get() + 1);

@@ -454,6 +454,12 @@ const WRITE_BACK: &[WriteBackFamily] = &[
         |w| w.orphans_dropped,
     ),
     (
+        "pagestore_writeback_pages_retired_total",
+        Kind::Counter,
+        "Cached pages of versions replaced or deleted, demoted: evicted before any other page.",
+        |w| w.pages_retired,
+    ),
+    (
         "pagestore_writeback_records_forgotten_total",
         Kind::Counter,
         "Records forgotten --write-records-keep after their change: files flushed, deletions applied.",

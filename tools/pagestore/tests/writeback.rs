@@ -957,6 +957,25 @@ fn writeback_metric(c: &Cluster, i: usize, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {family} in {text}"))
 }
 
+/// Waits (30 s at most) until the nodes have retired `want` pages of replaced or deleted
+/// versions between them (`pagestore_writeback_pages_retired_total`).
+async fn pages_retired(c: &Cluster, want: usize) {
+    let retired = || -> f64 {
+        (0..c.nodes.len())
+            .map(|i| writeback_metric(c, i, "pages_retired_total"))
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while retired() < want as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} pages retired, not {want}",
+            retired()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// This node's `pagestore_writeback_clock_lead_seconds`.
 fn clock_lead(c: &Cluster, i: usize) -> f64 {
     writeback_metric(c, i, "clock_lead_seconds")
@@ -2059,12 +2078,20 @@ async fn a_file_replaced_or_deleted_before_its_flush_is_read_on_by_a_reader_that
         .await
         .unwrap();
     assert!(rest[..] == first[page..], "the replaced version read on");
+    // Its pages stay readable, demoted on each of its two write members: evicted before any
+    // other page (the engine's tests show the order).
+    pages_retired(&c, 2 * first.len().div_ceil(page)).await;
     // Deleted: a reader of the second version reads it whole.
     let opened = reader.stat(path).await.unwrap();
     saver.remove_file(path).await.unwrap();
     assert!(matches!(reader.stat(path).await, Err(Error::NotFound(_))));
     let got = reader.read_at(&opened, 0, opened.size).await.unwrap();
     assert!(got[..] == second[..], "the deleted version read on");
+    pages_retired(
+        &c,
+        2 * (first.len().div_ceil(page) + second.len().div_ceil(page)),
+    )
+    .await;
     // The store ends with neither: nothing of a replaced version is flushed.
     synced(&saver, "/ck", Duration::from_secs(60)).await;
     assert!(!store.join("open/latest.pt").exists());

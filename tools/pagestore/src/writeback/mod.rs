@@ -176,6 +176,8 @@ pub struct FlushStats {
     pub flushing: AtomicU64,
     /// Dirty pages dropped because no record holds them.
     pub orphans_dropped: AtomicU64,
+    /// Pages of replaced or deleted versions demoted (evicted before any other page).
+    pub pages_retired: AtomicU64,
     /// Settled records forgotten ([`WriteBackSettings::keep_records`]).
     pub forgotten: AtomicU64,
     /// Records of a change's paths taken from the peers before the change was judged.
@@ -210,6 +212,8 @@ pub struct WriteBackMetrics {
     pub seals: u64,
     /// Orphan dirty pages dropped.
     pub orphans_dropped: u64,
+    /// Pages of replaced or deleted versions demoted.
+    pub pages_retired: u64,
     /// Settled records forgotten.
     pub forgotten: u64,
     /// [`WriteBackSettings::max_records`].
@@ -734,12 +738,15 @@ impl WriteBackNode {
         }
         if gone_to_cache {
             // A version replaced or deleted may still be open for reading: its pages become
-            // ordinary cached pages (never flushed, evicted as any), so a reader that opened it
-            // reads on as long as they stay cached, as a flushed file's readers do once the
-            // store's object is replaced.
+            // ordinary cached pages (never flushed), so a reader that opened it reads on as
+            // long as they stay cached, as a flushed file's readers do once the store's object
+            // is replaced; they are evicted before any other page (one read since gives a page
+            // the place of a page read once), so checkpoints rewritten in place do not push the
+            // working set out.
             for &id in &applied.gone {
-                match node.file_pages(id, PageAction::Clean).await {
+                match node.retire_file(id).await {
                     Ok(n) if n > 0 => {
+                        self.stats.pages_retired.fetch_add(n, Ordering::Relaxed);
                         tracing::debug!(pages = n, "a replaced version's pages left to the cache")
                     }
                     Ok(_) => {}
@@ -2015,6 +2022,7 @@ impl WriteBackNode {
             errors: g(&s.errors),
             seals: g(&s.seals),
             orphans_dropped: g(&s.orphans_dropped),
+            pages_retired: g(&s.pages_retired),
             forgotten: g(&s.forgotten),
             records_limit: self.settings.max_records as u64,
             journal_bytes,
