@@ -451,6 +451,8 @@ pub struct Client {
     /// Port probes of members sent before any member answered this client (see
     /// [`Client::refused_since`]).
     fresh_probes: Mutex<FreshProbes>,
+    /// Woken when a probe of [`Client::fresh_probes`] ends.
+    probe_done: tokio::sync::Notify,
     /// This client, for the watchers it spawns.
     me: Weak<Client>,
 }
@@ -553,6 +555,8 @@ impl Drop for FreshProbe<'_> {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         p.running.remove(&self.addr);
+        drop(p);
+        self.client.probe_done.notify_waiters();
     }
 }
 
@@ -712,6 +716,7 @@ impl Client {
             hedge_budget,
             settling: Mutex::new(HashSet::new()),
             fresh_probes: Mutex::new(FreshProbes::default()),
+            probe_done: tokio::sync::Notify::new(),
             me: me.clone(),
         });
         if let Some((etcd, state)) = followed {
@@ -1097,6 +1102,10 @@ impl Client {
     async fn refused_since(&self, addr: SocketAddr, from: Instant, until: Instant) -> bool {
         tokio::time::sleep_until(from.into()).await;
         loop {
+            // Registered before the state is read, so that a probe ending in between wakes it.
+            let done = self.probe_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
             let mine = {
                 let mut p = self.fresh_probes.lock().unwrap_or_else(|e| e.into_inner());
                 if p.refused.get(&addr).is_some_and(|at| *at >= from) {
@@ -1116,10 +1125,10 @@ impl Client {
                 }
                 return refused;
             }
-            if Instant::now() >= until {
-                return false;
+            tokio::select! {
+                () = done => {}
+                () = tokio::time::sleep_until(until.into()) => return false,
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
