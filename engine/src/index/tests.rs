@@ -309,6 +309,7 @@ enum Op {
     CorruptRead(usize),
     Remove(u64),
     RemoveFile(u64),
+    DemoteFile(u64),
     Pin(u64),
     Unpin(u64),
     /// Pin the n-th present key (modulo), if any.
@@ -327,6 +328,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::CorruptRead),
         1 => (0..NKEYS).prop_map(Op::Remove),
         1 => (0..NFILES).prop_map(Op::RemoveFile),
+        1 => (0..NFILES).prop_map(Op::DemoteFile),
         1 => (0..NKEYS).prop_map(Op::Pin),
         2 => any::<usize>().prop_map(Op::PinNth),
         2 => any::<usize>().prop_map(Op::StartReadNth),
@@ -358,6 +360,9 @@ struct Harness {
     readers: Vec<(u64, SlotId)>,
     /// Present keys neither pinned nor dirty, most recently used first.
     recency: VecDeque<u64>,
+    /// Present keys demoted since (neither pinned nor dirty, nor read since), most recently
+    /// demoted first: evicted before `recency`.
+    demoted: VecDeque<u64>,
     step: u64,
 }
 
@@ -369,6 +374,7 @@ impl Harness {
             present: BTreeMap::new(),
             readers: Vec::new(),
             recency: VecDeque::new(),
+            demoted: VecDeque::new(),
             step: 0,
         }
     }
@@ -391,8 +397,14 @@ impl Harness {
     }
 
     fn forget(&mut self, k: u64) -> Option<Entry> {
-        self.recency.retain(|&x| x != k);
+        self.unrank(k);
         self.present.remove(&k)
+    }
+
+    /// `k` leaves the eviction order (to re-enter it at the head of `recency`, or not at all).
+    fn unrank(&mut self, k: u64) {
+        self.recency.retain(|&x| x != k);
+        self.demoted.retain(|&x| x != k);
     }
 
     fn reclaim(&mut self, slot: SlotId, cleared: bool) {
@@ -422,7 +434,7 @@ impl Harness {
                 if e.dirty != d {
                     e.dirty = d;
                     let held = e.held();
-                    self.recency.retain(|&x| x != k);
+                    self.unrank(k);
                     if !held {
                         self.recency.push_front(k);
                     }
@@ -440,7 +452,7 @@ impl Harness {
                         assert_eq!(got, Some((e.slot, e.meta)));
                         self.readers.push((k, e.slot));
                         if !e.held() {
-                            self.recency.retain(|&x| x != k);
+                            self.unrank(k);
                             self.recency.push_front(k);
                         }
                     }
@@ -512,6 +524,22 @@ impl Harness {
                     self.reclaim(slot, cleared);
                 }
             }
+            Op::DemoteFile(f) => {
+                let got = self.idx.demote_file(u128::from(f));
+                let keys: Vec<u64> = self
+                    .present
+                    .iter()
+                    .filter(|(k, e)| *k % NFILES == f && !e.held())
+                    .map(|(k, _)| *k)
+                    .collect();
+                assert_eq!(got, keys.len());
+                for k in keys {
+                    if let Some(pos) = self.recency.iter().position(|&x| x == k) {
+                        self.recency.remove(pos);
+                        self.demoted.push_front(k);
+                    }
+                }
+            }
             Op::PinNth(_) | Op::StartReadNth(_) | Op::DirtyNth(..) => unreachable!(),
             Op::Pin(k) | Op::Unpin(k) => {
                 let pin = matches!(op, Op::Pin(_));
@@ -524,7 +552,7 @@ impl Harness {
                 if e.pinned != pin {
                     e.pinned = pin;
                     let held = e.held();
-                    self.recency.retain(|&x| x != k);
+                    self.unrank(k);
                     if !held {
                         self.recency.push_front(k);
                     }
@@ -542,9 +570,10 @@ impl Harness {
             .values()
             .any(|e| !e.held() && !self.busy(e.slot));
         let lru_victim = self
-            .recency
+            .demoted
             .iter()
             .rev()
+            .chain(self.recency.iter().rev())
             .copied()
             .find(|k| !self.busy(self.present[k].slot));
         let r = match self.idx.reserve() {
