@@ -2098,6 +2098,65 @@ async fn a_file_replaced_or_deleted_before_its_flush_is_read_on_by_a_reader_that
     assert!(!store.join("open/.latest.pt.tmp").exists());
 }
 
+/// A checkpoint rewritten in place again and again (as a trainer saves `latest.pt` every few
+/// minutes) does not push the data read before it out of the cache: each version a newer one
+/// replaces is demoted, and the next version's pages take its room, not the working set's.
+/// One shard of 16 pages of 64 KiB: a working set of 6 pages read once, then a checkpoint of
+/// 4 pages written 5 times; under LRU, the versions flushed after the working set was read
+/// would be younger than it, and from the third version on it would lose pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_rewritten_in_place_leaves_the_working_set_in_the_cache() {
+    let (dir, mut s) = common::settings();
+    let store = dir.path().join("store");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    const PAGE: usize = 64 << 10;
+    let working = bytes(71, 6 * PAGE);
+    std::fs::write(data.join("w"), &working).unwrap();
+    s.nodes = 1;
+    s.shards = 1;
+    s.page_size = "64K".into();
+    s.cache_size = "2M".into();
+    s.mounts = vec![
+        format!("/ck=file://{}?write=back", store.display()),
+        format!("/data=file://{}", data.display()),
+    ];
+    let c = Cluster::start(dir, s);
+    let client = c.client(ClientOptions::default()).await;
+    let store_reads = || async {
+        client
+            .shard_counters()
+            .await
+            .into_iter()
+            .map(|(_, _, s)| s.expect("the shard answers").ufs_reads)
+            .sum::<u64>()
+    };
+    assert_eq!(read_all(&client, "/data/w").await, working);
+    assert_eq!(
+        store_reads().await,
+        6,
+        "the working set read once, from the store"
+    );
+    let mut last = Vec::new();
+    for round in 0..5u8 {
+        last = bytes(72 + u64::from(round), 4 * PAGE);
+        client
+            .write_file("/ck/latest.pt", last.clone().into())
+            .await
+            .unwrap();
+        synced(&client, "/ck", Duration::from_secs(60)).await;
+    }
+    pages_retired(&c, 4 * 4).await;
+    assert_eq!(read_all(&client, "/ck/latest.pt").await, last);
+    assert_eq!(read_all(&client, "/data/w").await, working);
+    assert_eq!(
+        store_reads().await,
+        6,
+        "the working set was evicted for replaced versions of the checkpoint"
+    );
+}
+
 /// A write member whose copy of a flushed page is gone and whose store read finds another
 /// object at the path than its record names (as when two flushes of one version raced, until
 /// the records agree) answers `Changed`: the reader asks the page's other write member, which
