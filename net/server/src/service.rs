@@ -909,9 +909,11 @@ impl ShardService {
 
     /// Write-back version `file`, replaced or deleted, may still be open for reading: its
     /// pages become ordinary cached pages ([`PageAction::Clean`]) that are evicted before
-    /// any other. Returns the pages demoted.
+    /// any other, and leave the memory tier and the hot copies (a reader of the old version
+    /// reads them from disk, or from the owner). Returns the pages demoted.
     pub async fn retire(&self, file: u128) -> Result<usize, EngineError> {
         self.page_action(file, PageAction::Clean).await?;
+        self.forget_memory(file);
         Ok(self.shard.demote_file(file))
     }
 

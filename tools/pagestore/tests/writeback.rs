@@ -976,6 +976,19 @@ async fn pages_retired(c: &Cluster, want: usize) {
     }
 }
 
+/// Node `i`'s metric `name`, summed over its series (shards).
+fn node_metric(c: &Cluster, i: usize, name: &str) -> f64 {
+    let admin = c.nodes[i].admin.as_deref().unwrap();
+    let text = pagestore_testkit::local_cluster::http_get(admin, "/metrics")
+        .unwrap()
+        .1;
+    let family = format!("{name}{{");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(family.as_str()))
+        .filter_map(|rest| rest.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// This node's `pagestore_writeback_clock_lead_seconds`.
 fn clock_lead(c: &Cluster, i: usize) -> f64 {
     writeback_metric(c, i, "clock_lead_seconds")
@@ -1099,6 +1112,39 @@ async fn a_rewritten_page_is_never_served_from_the_memory_tier() {
     }
     w.close().await.unwrap();
     assert_eq!(read_all(&reader, path).await, model);
+}
+
+/// A version replaced while its pages sit in the memory tier leaves the tier (RAM is for
+/// what is read now), and a reader that opened it reads on from disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_version_leaves_the_memory_tier_and_is_read_on_from_disk() {
+    let (c, _store) = cluster(1, &["--memory-cache", "64M"], "");
+    let writer = c.client(ClientOptions::default()).await;
+    let reader = c.client(ClientOptions::default()).await;
+    let path = "/ck/mem/latest.pt";
+    let first = bytes(33, 3 * MIB + 100);
+    writer.write_file(path, first.clone().into()).await.unwrap();
+    synced(&writer, "/ck", Duration::from_secs(60)).await;
+    let opened = reader.stat(path).await.unwrap();
+    let in_memory = || node_metric(&c, 0, "pagestore_memory_bytes");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while in_memory() == 0.0 {
+        assert!(Instant::now() < deadline, "the tier never took the pages");
+        let got = reader.read_at(&opened, 0, opened.size).await.unwrap();
+        assert!(got[..] == first[..]);
+    }
+    writer
+        .write_file(path, bytes(34, MIB).into())
+        .await
+        .unwrap();
+    pages_retired(&c, first.len().div_ceil(MIB)).await;
+    assert_eq!(
+        in_memory(),
+        0.0,
+        "the replaced version stayed in the memory tier"
+    );
+    let got = reader.read_at(&opened, 0, opened.size).await.unwrap();
+    assert!(got[..] == first[..], "the replaced version read on");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
