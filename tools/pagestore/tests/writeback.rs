@@ -18,13 +18,24 @@ use pagestore_protocol::{
     node_id::format_uuid,
     ring::{self, path_hash},
 };
-use pagestore_testkit::S3Server;
+use pagestore_testkit::{local_cluster::Settings, S3Server};
 
 const MIB: usize = 1 << 20;
 
 /// A cluster with `/ck` a write-back mount over `store` (URL parameters `params` added) and
 /// `/data` an ordinary one.
 fn cluster(nodes: usize, extra: &[&str], params: &str) -> (Cluster, std::path::PathBuf) {
+    cluster_with(nodes, extra, params, |_, _| {})
+}
+
+/// [`cluster`], with `tune` given the settings and the `/data` directory before the nodes
+/// start.
+fn cluster_with(
+    nodes: usize,
+    extra: &[&str],
+    params: &str,
+    tune: impl FnOnce(&mut Settings, &std::path::Path),
+) -> (Cluster, std::path::PathBuf) {
     let (dir, mut s) = common::settings();
     let store = dir.path().join("store");
     let data = dir.path().join("data");
@@ -36,6 +47,7 @@ fn cluster(nodes: usize, extra: &[&str], params: &str) -> (Cluster, std::path::P
         format!("/data=file://{}", data.display()),
     ];
     s.extra = extra.iter().map(|x| x.to_string()).collect();
+    tune(&mut s, &data);
     (Cluster::start(dir, s), store)
 }
 
@@ -946,10 +958,7 @@ async fn a_restarted_node_answers_no_stat_from_its_records_before_it_has_taken_i
 
 /// Node `i`'s `pagestore_writeback_<name>`.
 fn writeback_metric(c: &Cluster, i: usize, name: &str) -> f64 {
-    let admin = c.nodes[i].admin.as_deref().unwrap();
-    let text = pagestore_testkit::local_cluster::http_get(admin, "/metrics")
-        .unwrap()
-        .1;
+    let text = metrics_text(c, i);
     let family = format!("pagestore_writeback_{name}{{");
     text.lines()
         .find_map(|l| l.strip_prefix(family.as_str()))
@@ -976,12 +985,17 @@ async fn pages_retired(c: &Cluster, want: usize) {
     }
 }
 
+/// Node `i`'s `/metrics`.
+fn metrics_text(c: &Cluster, i: usize) -> String {
+    let admin = c.nodes[i].admin.as_deref().unwrap();
+    pagestore_testkit::local_cluster::http_get(admin, "/metrics")
+        .unwrap()
+        .1
+}
+
 /// Node `i`'s metric `name`, summed over its series (shards).
 fn node_metric(c: &Cluster, i: usize, name: &str) -> f64 {
-    let admin = c.nodes[i].admin.as_deref().unwrap();
-    let text = pagestore_testkit::local_cluster::http_get(admin, "/metrics")
-        .unwrap()
-        .1;
+    let text = metrics_text(c, i);
     let family = format!("{name}{{");
     text.lines()
         .filter_map(|l| l.strip_prefix(family.as_str()))
@@ -2152,23 +2166,14 @@ async fn a_file_replaced_or_deleted_before_its_flush_is_read_on_by_a_reader_that
 /// would be younger than it, and from the third version on it would lose pages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_rewritten_in_place_leaves_the_working_set_in_the_cache() {
-    let (dir, mut s) = common::settings();
-    let store = dir.path().join("store");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&store).unwrap();
-    std::fs::create_dir_all(&data).unwrap();
     const PAGE: usize = 64 << 10;
     let working = bytes(71, 6 * PAGE);
-    std::fs::write(data.join("w"), &working).unwrap();
-    s.nodes = 1;
-    s.shards = 1;
-    s.page_size = "64K".into();
-    s.cache_size = "2M".into();
-    s.mounts = vec![
-        format!("/ck=file://{}?write=back", store.display()),
-        format!("/data=file://{}", data.display()),
-    ];
-    let c = Cluster::start(dir, s);
+    let (c, _store) = cluster_with(1, &[], "", |s, data| {
+        std::fs::write(data.join("w"), &working).unwrap();
+        s.shards = 1;
+        s.page_size = "64K".into();
+        s.cache_size = "2M".into();
+    });
     let client = c.client(ClientOptions::default()).await;
     let store_reads = || async {
         client
