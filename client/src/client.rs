@@ -245,10 +245,11 @@ pub struct ClientOptions {
     /// Time allowed for a request that may wait on the under storage (`Fetch`, `StatPath`,
     /// `List`; default 60 s, at least `call_timeout`) once some member has answered this client
     /// (a request still waiting when the call timeout ends, with no member having answered
-    /// yet, not even a member of another node pinged meanwhile, is given up then). The member may be loading from a slow store, or queueing
-    /// behind other loads: as long as it answers pings (see `min_silence`) the request is
-    /// waited for, because giving it up (and backing the member off) would make a replica and
-    /// then this client read the same pages from the store again.
+    /// yet, not even a member of another node pinged meanwhile, is given up then). The
+    /// member may be loading from a slow store, or queueing behind other loads: as long as it
+    /// answers pings (see `min_silence`) the request is waited for, because giving it up (and
+    /// backing the member off) would make a replica and then this client read the same pages
+    /// from the store again.
     pub store_timeout: Duration,
     /// A page request still unanswered after its member's usual answer time (never sooner than
     /// this, default 20 ms, nor later than `call_timeout`) may be hedged: asked of a second

@@ -89,7 +89,7 @@ impl EvictionPolicy for S3Fifo {
     }
 
     fn demote(&mut self, slot: SlotId) {
-        if self.queues.contains(slot) && self.queues.list_of(slot) != Some(DEMOTED) {
+        if self.queues.list_of(slot).is_some_and(|l| l != DEMOTED) {
             self.queues.move_to_front(slot, DEMOTED);
             self.queues.set_freq(slot, 0);
         }
